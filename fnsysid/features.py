@@ -1,0 +1,185 @@
+"""Feature libraries phi(x, u) for the dense (matrix-parameter) systems, in the style of PySINDy.
+
+A library maps states ``x`` (..., n_x) and inputs ``u`` (..., n_u) to features (..., n_phi) and
+names its features, so a system's true model can be located inside any library that contains
+its features. Libraries compose with ``+``.
+
+Examples
+--------
+>>> import numpy as np
+>>> lib = Fourier(variables="x", cos=False) + Identity(variables="u")
+>>> lib.feature_names(2, 1)
+['sin(x0)', 'sin(x1)', 'u0']
+>>> lib.transform(np.zeros((4, 2)), np.ones((4, 1))).shape
+(4, 3)
+"""
+
+from __future__ import annotations
+
+from itertools import combinations_with_replacement
+
+import numpy as np
+
+_VARIABLES = ("x", "u", "xu")
+
+
+def _check_variables(variables: str) -> str:
+    if variables not in _VARIABLES:
+        raise ValueError(f"variables={variables!r}; allowed: {', '.join(_VARIABLES)}")
+    return variables
+
+
+def _inputs(variables: str, x: np.ndarray, u: np.ndarray) -> np.ndarray:
+    parts = {"x": [x], "u": [u], "xu": [x, u]}[variables]
+    return np.concatenate(parts, axis=-1)
+
+
+def _names(variables: str, n_x: int, n_u: int) -> list[str]:
+    xs = [f"x{j}" for j in range(n_x)]
+    us = [f"u{j}" for j in range(n_u)]
+    return {"x": xs, "u": us, "xu": xs + us}[variables]
+
+
+class Library:
+    """Base class: ``transform(x, u)`` and ``feature_names(n_x, n_u)``."""
+
+    def transform(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError
+
+    def feature_names(self, n_x: int, n_u: int) -> list[str]:  # pragma: no cover
+        raise NotImplementedError
+
+    def __call__(self, x, u):
+        return self.transform(x, u)
+
+    def __add__(self, other: "Library") -> "Concat":
+        return Concat([self, other])
+
+
+class Identity(Library):
+    """The variables themselves: ``x0, x1, ..., u0, ...``.
+
+    Parameters
+    ----------
+    variables : {"x", "u", "xu"}
+        Which variables enter the library.
+    bias : bool
+        Prepend the constant feature ``1``.
+    """
+
+    def __init__(self, variables: str = "xu", bias: bool = False):
+        self.variables = _check_variables(variables)
+        self.bias = bool(bias)
+
+    def transform(self, x, u):
+        z = _inputs(self.variables, x, u)
+        if self.bias:
+            z = np.concatenate([np.ones(z.shape[:-1] + (1,)), z], axis=-1)
+        return z
+
+    def feature_names(self, n_x, n_u):
+        return (["1"] if self.bias else []) + _names(self.variables, n_x, n_u)
+
+
+class Polynomial(Library):
+    """All monomials of the variables up to ``degree`` (``x0*x1``, ``x0^2``, ...).
+
+    Parameters
+    ----------
+    degree : int
+        Highest total degree, >= 1.
+    variables : {"x", "u", "xu"}
+    bias : bool
+        Include the constant monomial ``1``.
+    """
+
+    def __init__(self, degree: int = 2, variables: str = "xu", bias: bool = True):
+        if int(degree) < 1:
+            raise ValueError(f"feature_map.degree={degree}; allowed: an integer >= 1")
+        self.degree = int(degree)
+        self.variables = _check_variables(variables)
+        self.bias = bool(bias)
+
+    def _terms(self, n: int) -> list[tuple[int, ...]]:
+        terms = [()] if self.bias else []
+        for d in range(1, self.degree + 1):
+            terms += list(combinations_with_replacement(range(n), d))
+        return terms
+
+    def transform(self, x, u):
+        z = _inputs(self.variables, x, u)
+        cols = [np.prod(z[..., list(t)], axis=-1) for t in self._terms(z.shape[-1])]
+        return np.stack(cols, axis=-1)
+
+    def feature_names(self, n_x, n_u):
+        base = _names(self.variables, n_x, n_u)
+        out = []
+        for t in self._terms(len(base)):
+            if not t:
+                out.append("1")
+                continue
+            parts = []
+            for j in sorted(set(t)):
+                c = t.count(j)
+                parts.append(base[j] if c == 1 else f"{base[j]}^{c}")
+            out.append("*".join(parts))
+        return out
+
+
+class Fourier(Library):
+    """``sin(k z)`` and ``cos(k z)`` of each variable for ``k = 1..n_frequencies``.
+
+    Parameters
+    ----------
+    variables : {"x", "u", "xu"}
+    n_frequencies : int
+        Number of harmonics, >= 1.
+    sin, cos : bool
+        Which of the two functions to include (at least one).
+    """
+
+    def __init__(self, variables: str = "x", n_frequencies: int = 1, sin: bool = True,
+                 cos: bool = True):
+        if int(n_frequencies) < 1:
+            raise ValueError(f"feature_map.n_frequencies={n_frequencies}; allowed: >= 1")
+        if not (sin or cos):
+            raise ValueError("feature_map: at least one of sin, cos must be true")
+        self.variables = _check_variables(variables)
+        self.n_frequencies = int(n_frequencies)
+        self.sin, self.cos = bool(sin), bool(cos)
+
+    def _fns(self):
+        for k in range(1, self.n_frequencies + 1):
+            if self.sin:
+                yield ("sin", k, np.sin)
+            if self.cos:
+                yield ("cos", k, np.cos)
+
+    def transform(self, x, u):
+        z = _inputs(self.variables, x, u)
+        return np.concatenate([f(k * z) for _, k, f in self._fns()], axis=-1)
+
+    def feature_names(self, n_x, n_u):
+        base = _names(self.variables, n_x, n_u)
+        out = []
+        for name, k, _ in self._fns():
+            out += [f"{name}({'' if k == 1 else k}{v})" for v in base]
+        return out
+
+
+class Concat(Library):
+    """Features of several libraries side by side (what ``a + b`` builds)."""
+
+    def __init__(self, libraries):
+        libs = []
+        for lib in libraries:
+            libs += lib.libraries if isinstance(lib, Concat) else [lib]
+        if not libs:
+            raise ValueError("feature_map.libraries is empty; give at least one library")
+        self.libraries = libs
+
+    def transform(self, x, u):
+        return np.concatenate([lib.transform(x, u) for lib in self.libraries], axis=-1)
+
+    def feature_names(self, n_x, n_u):
+        return [n for lib in self.libraries for n in lib.feature_names(n_x, n_u)]

@@ -1,0 +1,196 @@
+"""The regression problem of one (system, feature map) pair, and client data built from it.
+
+The estimated parameter is a vector ``theta`` (p,). A sample contributes
+``y_t = Theta(theta) phi_t + noise`` with ``Theta[j, k] = sum_p S[j, k, p] theta[p]``, so the
+least-squares loss of a client is ``f(theta) = 1/2 theta^T H theta - b^T theta + c`` with the
+sufficient statistics ``H = sum_t G_t^T G_t`` and ``b = sum_t G_t^T y_t`` (``G_t`` the
+n_y x p Jacobian). Gradient steps on least squares therefore never touch the raw samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import random as rnd
+from .features import Library
+from .systems import System, dense_structure
+
+
+class FeatureMapError(ValueError):
+    """A feature map that cannot represent the chosen system."""
+
+
+@dataclass
+class Model:
+    """Linear-in-parameters model of a system.
+
+    Attributes
+    ----------
+    system : the client family.
+    library : a generic feature library, or None for the system's own features.
+    param_names : names of the p estimated parameters.
+    structure : (n_y, n_phi, p) map from theta to the matrix Theta.
+    embed : (p0, p) map from the system's own parameters to the estimated ones.
+    """
+
+    system: System
+    library: Library | None
+    param_names: list[str]
+    structure: np.ndarray
+    embed: np.ndarray
+
+    @property
+    def p(self) -> int:
+        return len(self.param_names)
+
+    def regression(self, x, u):
+        """Features ``Phi`` (..., T, n_phi) and targets ``Y`` (..., T, n_y) of trajectories."""
+        if self.library is None:
+            return self.system.regression(x, u)
+        return self.library.transform(x[..., :-1, :], u), x[..., 1:, :]
+
+    def theta_matrix(self, theta: np.ndarray) -> np.ndarray:
+        """``Theta`` (..., n_y, n_phi) of parameter vectors ``theta`` (..., p)."""
+        return np.einsum("jkp,...p->...jk", self.structure, theta)
+
+    def stats(self, Phi, Y, weight):
+        """Sufficient statistics of samples.
+
+        Parameters
+        ----------
+        Phi : (..., n, n_phi); Y : (..., n, n_y); weight : (..., n) 0/1 sample mask.
+
+        Returns
+        -------
+        H (..., p, p), b (..., p), yy (...) = sum ||y||^2 and n (...) = number of samples.
+        """
+        Pw = Phi * weight[..., None]
+        gram = np.einsum("...nk,...nl->...kl", Pw, Phi)
+        cross = np.einsum("...ny,...nk->...yk", Y, Pw)
+        S = self.structure
+        H = np.einsum("jkp,...kl,jlq->...pq", S, gram, S)
+        b = np.einsum("jkp,...jk->...p", S, cross)
+        yy = np.einsum("...ny,...ny,...n->...", Y, Y, weight)
+        return H, b, yy, weight.sum(axis=-1)
+
+
+def build_model(system: System, library: Library | None = None) -> Model:
+    """Model of ``system`` with its own features, or with a generic ``library``.
+
+    Raises
+    ------
+    FeatureMapError
+        If the system admits no generic features, or the library lacks one of the system's
+        own features (then the true parameters are not representable).
+    """
+    p0 = len(system.param_names)
+    if library is None:
+        return Model(system, None, list(system.param_names), system.structure, np.eye(p0))
+    if not system.generic_features:
+        raise FeatureMapError(
+            f"system={system.name} identifies physical parameters with its own features; "
+            "allowed feature_map: default")
+    names = library.feature_names(system.n_x, system.n_u)
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise FeatureMapError(f"feature_map repeats features {', '.join(dup)}; "
+                              "each feature may appear once")
+    missing = [f for f in system.feature_names if f not in names]
+    if missing:
+        raise FeatureMapError(
+            f"feature_map with features [{', '.join(names)}] cannot represent system="
+            f"{system.name}: it lacks {', '.join(missing)}")
+    n_y, n_phi = len(system.target_names), len(names)
+    param_names = [f"{t}:{f}" for t in system.target_names for f in names]
+    own_S = system.structure
+    embed = np.zeros((p0, n_y * n_phi))
+    for j in range(n_y):
+        for k_own, f in enumerate(system.feature_names):
+            k = names.index(f)
+            embed[:, j * n_phi + k] = own_S[j, k_own, :]
+    return Model(system, library, param_names, dense_structure(n_y, n_phi), embed)
+
+
+@dataclass
+class ClientData:
+    """Everything the clients of ``S`` repeats hold, stacked as (S, M, ...).
+
+    ``theta_true`` are the clients' true parameters in the model's basis; ``H, b, yy, n`` their
+    sufficient statistics; ``Phi, Y, mask`` the samples (kept only when an optimizer needs them).
+    """
+
+    theta_true: np.ndarray
+    H: np.ndarray
+    b: np.ndarray
+    yy: np.ndarray
+    n: np.ndarray
+    Phi: np.ndarray | None = None
+    Y: np.ndarray | None = None
+    mask: np.ndarray | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.theta_true.shape[:2]
+
+    def client(self, m: int) -> "ClientData":
+        """The data of client ``m`` alone, shape (S, 1, ...)."""
+        sl = slice(m, m + 1)
+        take = (lambda a: None if a is None else a[:, sl])
+        return ClientData(*(take(getattr(self, f)) for f in
+                            ("theta_true", "H", "b", "yy", "n", "Phi", "Y", "mask")))
+
+
+def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: int,
+             keep_samples: bool = False, shared_noise: bool = False) -> ClientData:
+    """Draw client systems and trajectories and reduce them to per-client statistics.
+
+    Parameters
+    ----------
+    model : the regression model (system and features).
+    M : number of clients.
+    N : int or sequence of M ints, trajectories per client.
+    T : trajectory length (samples per trajectory).
+    eps : heterogeneity; ``gamma ~ U(0, eps)`` per client and direction.
+    repeats : independent repetitions (new systems and data each).
+    seed : root seed; see :mod:`fnsysid.random` for how streams are derived.
+    keep_samples : also return the per-sample arrays (needed by mini-batch SGD).
+    shared_noise : every client draws the same trajectory noise (the published pendulum code's
+        behaviour); client parameters still differ.
+    """
+    system = model.system
+    N = np.broadcast_to(np.asarray(N, dtype=int), (M,))
+    n_max = int(N.max())
+    S, p = repeats, model.p
+    theta_true = np.empty((S, M, p))
+    H, b = np.empty((S, M, p, p)), np.empty((S, M, p))
+    yy, n = np.empty((S, M)), np.empty((S, M))
+    traj_mask = (np.arange(n_max)[None, :] < N[:, None]).astype(float)  # (M, n_max)
+    if keep_samples:
+        n_phi, n_y = model.structure.shape[1], model.structure.shape[0]
+        Phi = np.zeros((S, M, n_max * T, n_phi))
+        Y = np.zeros((S, M, n_max * T, n_y))
+        mask = np.repeat(traj_mask, T, axis=1)[None].repeat(S, axis=0)
+    for s in range(S):
+        for blk, lo, hi in rnd.blocks(M):
+            size = hi - lo
+            gamma = eps * rnd.stream(seed, rnd.PARAMS, s, blk).random((rnd.BLOCK, system.n_gamma))
+            own = system.client_params(gamma[:size])
+            theta_true[s, lo:hi] = own @ model.embed
+            n_draw, key = (1, 0) if shared_noise else (rnd.BLOCK, blk)
+            draws = [system.draw(rnd.stream(seed, rnd.TRAJECTORY, s, key, j), n_draw, T)
+                     for j in range(n_max)]
+            x0, eta, w = (np.broadcast_to(a, (rnd.BLOCK,) + a.shape[1:])[:size] for a in
+                          (np.stack([d[i] for d in draws], axis=1) for i in range(3)))
+            x, u = system.simulate(own, x0, eta, w)
+            Phi_b, Y_b = model.regression(x, u)          # (size, n_max, T, .)
+            Phi_b = Phi_b.reshape(size, n_max * T, -1)
+            Y_b = Y_b.reshape(size, n_max * T, -1)
+            wgt = np.repeat(traj_mask[lo:hi], T, axis=1)
+            H[s, lo:hi], b[s, lo:hi], yy[s, lo:hi], n[s, lo:hi] = model.stats(Phi_b, Y_b, wgt)
+            if keep_samples:
+                Phi[s, lo:hi], Y[s, lo:hi] = Phi_b * wgt[..., None], Y_b * wgt[..., None]
+    if keep_samples:
+        return ClientData(theta_true, H, b, yy, n, Phi, Y, mask)
+    return ClientData(theta_true, H, b, yy, n)

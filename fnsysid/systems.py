@@ -1,0 +1,238 @@
+"""Client system families: nominal parameters, heterogeneity, policies and dynamics.
+
+Every family is linear in its physical parameters ``theta`` (paper eq. 1). Client ``i`` has
+``theta_i* = theta_0 + gamma_i @ directions`` with ``gamma_i ~ U(0, eps)`` drawn per client and
+per direction. A system simulates batches of trajectories with externally drawn noise (so that
+the random streams stay in :mod:`fnsysid.random`) and writes its own regression
+``y_t = Theta phi_t + noise`` whose matrix ``Theta`` is a linear function of ``theta``:
+``Theta[j, k] = sum_p structure[j, k, p] * theta[p]``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .features import Fourier, Identity, Library
+from .random import Noise
+
+
+class System:
+    """Base class of a client family.
+
+    Subclasses set ``name``, ``n_x``, ``n_u``, ``param_names``, ``nominal`` (p0,) and
+    ``directions`` (n_gamma, p0), and implement ``policy``, ``step``, ``regression`` and
+    ``structure``. Arrays carry any leading batch axes (clients, trajectories).
+    """
+
+    name = "system"
+    n_x = n_u = n_w = 0
+    param_names: list[str] = []
+    #: True when generic feature libraries may replace the system's own features
+    generic_features = False
+
+    def __init__(self, x0, inputs, disturbance, dt: float = 1.0):
+        self.x0 = Noise.from_spec(x0)
+        self.inputs = Noise.from_spec(inputs)
+        self.disturbance = Noise.from_spec(disturbance)
+        self.dt = float(dt)
+
+    # --- parameters -------------------------------------------------------------------------
+    def client_params(self, gamma: np.ndarray) -> np.ndarray:
+        """``theta_0 + gamma @ directions`` for gamma of shape (..., n_gamma)."""
+        return self.nominal + np.asarray(gamma) @ self.directions
+
+    @property
+    def n_gamma(self) -> int:
+        return self.directions.shape[0]
+
+    # --- data -------------------------------------------------------------------------------
+    def draw(self, rng: np.random.Generator, size: int, T: int):
+        """Draw one trajectory's randomness for ``size`` clients, in time order.
+
+        Returns ``x0`` (size, n_x), ``eta`` (size, T, n_u) and ``w`` (size, T, n_w). Values for
+        step ``t`` are drawn before those of step ``t + 1``, so a longer horizon extends a
+        shorter one.
+        """
+        x0 = self.x0.sample(rng, (size, self.n_x))
+        eta = np.empty((size, T, self.n_u))
+        w = np.empty((size, T, self.n_w))
+        for t in range(T):
+            eta[:, t] = self.inputs.sample(rng, (size, self.n_u))
+            w[:, t] = self.disturbance.sample(rng, (size, self.n_w))
+        return x0, eta, w
+
+    def simulate(self, theta, x0, eta, w):
+        """Roll out trajectories.
+
+        Parameters
+        ----------
+        theta : (B, p0) client parameters.
+        x0 : (B, N, n_x); eta : (B, N, T, n_u); w : (B, N, T, n_w).
+
+        Returns
+        -------
+        x : (B, N, T + 1, n_x) states; u : (B, N, T, n_u) applied inputs.
+        """
+        B, N, T = eta.shape[:3]
+        x = np.empty((B, N, T + 1, self.n_x))
+        u = np.empty((B, N, T, self.n_u))
+        x[:, :, 0] = x0
+        th = np.asarray(theta)[:, None, :]
+        for t in range(T):
+            u[:, :, t] = self.policy(x[:, :, t], eta[:, :, t])
+            x[:, :, t + 1] = self.step(x[:, :, t], u[:, :, t], w[:, :, t], th)
+        return x, u
+
+    def policy(self, x, eta):
+        """Input applied at state ``x`` given exploration noise ``eta`` (default: ``u = eta``)."""
+        return eta
+
+    def step(self, x, u, w, theta):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def regression(self, x, u):  # pragma: no cover - abstract
+        """Return ``Phi`` (..., T, n_phi) and targets ``Y`` (..., T, n_y) of a trajectory batch."""
+        raise NotImplementedError
+
+    @property
+    def structure(self) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def feature_names(self) -> list[str]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def target_names(self) -> list[str]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class DenseSystem(System):
+    """``x_{t+1} = A f(x_t) + B u_t + w_t`` with a dense parameter matrix ``[A B]``.
+
+    The own parameter vector is ``[A B]`` flattened row by row. ``f`` is the system's own
+    library on the states; generic libraries may replace it when they contain its features.
+    """
+
+    generic_features = True
+
+    def __init__(self, A0, B0, V, U, x0=None, inputs=None, disturbance=None):
+        A0, B0 = np.asarray(A0, float), np.asarray(B0, float)
+        V, U = np.asarray(V, float), np.asarray(U, float)
+        self.n_x, self.n_u = B0.shape
+        self.n_w = self.n_x
+        if A0.shape != (self.n_x, self.n_x) or V.shape != A0.shape or U.shape != B0.shape:
+            raise ValueError(f"system: A0 {A0.shape}, V {V.shape} must be square n_x x n_x and "
+                             f"B0 {B0.shape}, U {U.shape} must be n_x x n_u")
+        unit = {"kind": "normal", "scale": 1.0}
+        super().__init__(x0 or unit, inputs or unit, disturbance or unit, dt=1.0)
+        theta0 = np.concatenate([A0, B0], axis=1)
+        self.nominal = theta0.ravel()
+        dA = np.concatenate([V, np.zeros_like(B0)], axis=1).ravel()
+        dB = np.concatenate([np.zeros_like(A0), U], axis=1).ravel()
+        self.directions = np.stack([dA, dB])
+        feats = self.feature_names
+        self.param_names = [f"{t}:{f}" for t in self.target_names for f in feats]
+
+    #: library of the state part of the model (the input part is always ``u``)
+    state_library: Library = Identity("x")
+
+    @property
+    def library(self) -> Library:
+        """The system's own feature map ``[f(x); u]``."""
+        return self.state_library + Identity("u")
+
+    @property
+    def feature_names(self):
+        return self.library.feature_names(self.n_x, self.n_u)
+
+    @property
+    def target_names(self):
+        return [f"x{j}+" for j in range(self.n_x)]
+
+    @property
+    def structure(self):
+        n_phi = self.n_x + self.n_u
+        return dense_structure(self.n_x, n_phi)
+
+    def step(self, x, u, w, theta):
+        Theta = theta.reshape(theta.shape[:-1] + (self.n_x, self.n_x + self.n_u))
+        phi = self.library.transform(x, u)
+        return np.einsum("...jk,...k->...j", Theta, phi) + w
+
+    def regression(self, x, u):
+        return self.library.transform(x[..., :-1, :], u), x[..., 1:, :]
+
+
+def dense_structure(n_y: int, n_phi: int) -> np.ndarray:
+    """Structure tensor of a dense ``n_y x n_phi`` matrix flattened row by row."""
+    S = np.zeros((n_y, n_phi, n_y * n_phi))
+    for j in range(n_y):
+        for k in range(n_phi):
+            S[j, k, j * n_phi + k] = 1.0
+    return S
+
+
+class Synthetic(DenseSystem):
+    """The paper's synthetic family ``x_{t+1} = A_i sin(x_t) + B_i u_t + w_t`` (Sec. IV-A-1)."""
+
+    name = "synthetic"
+    state_library = Fourier("x", cos=False)
+
+
+class Linear(DenseSystem):
+    """FedSysID's linear family ``x_{t+1} = A_i x_t + B_i u_t + w_t``."""
+
+    name = "linear"
+    state_library = Identity("x")
+
+
+class Pendulum(System):
+    """Damped-by-feedback pendulum, forward Euler (paper Sec. IV-A-2, Musavi et al. Sec. 4).
+
+    ``alpha' = omega``, ``omega' = -A g sin(alpha) + B u`` with ``A = 1/l`` and
+    ``B = 1/(m l^2)``; ``u = -gain * omega + eta``. The regression is written on the velocity:
+    ``omega_{t+1} - omega_t = [A, B] . dt [-g sin(alpha_t), u_t] + dt w2_t``.
+    """
+
+    name = "pendulum"
+    n_x, n_u, n_w = 2, 1, 2
+    param_names = ["A", "B"]
+
+    def __init__(self, m: float, l: float, g: float, dt: float, gain: float,  # noqa: E741
+                 x0, inputs, disturbance):
+        super().__init__(x0, inputs, disturbance, dt=dt)
+        if m <= 0 or l <= 0:
+            raise ValueError(f"system: m={m}, l={l}; allowed: positive values")
+        self.m, self.l, self.g, self.gain = float(m), float(l), float(g), float(gain)
+        self.nominal = np.array([1.0 / l, 1.0 / (m * l * l)])
+        self.directions = np.eye(2)
+
+    def policy(self, x, eta):
+        return -self.gain * x[..., 1:2] + eta
+
+    def step(self, x, u, w, theta):
+        alpha, omega = x[..., 0], x[..., 1]
+        A, B = theta[..., 0], theta[..., 1]
+        dt = self.dt
+        alpha_next = alpha + dt * (omega + w[..., 0])
+        omega_next = omega + dt * (-A * self.g * np.sin(alpha) + B * u[..., 0] + w[..., 1])
+        return np.stack([alpha_next, omega_next], axis=-1)
+
+    def regression(self, x, u):
+        alpha = x[..., :-1, 0]
+        phi = self.dt * np.stack([-self.g * np.sin(alpha), u[..., 0]], axis=-1)
+        y = x[..., 1:, 1:2] - x[..., :-1, 1:2]
+        return phi, y
+
+    @property
+    def structure(self):
+        return dense_structure(1, 2)
+
+    @property
+    def feature_names(self):
+        return ["-g*sin(alpha)*dt", "u*dt"]
+
+    @property
+    def target_names(self):
+        return ["d_omega"]

@@ -1,0 +1,6 @@
+"""Entry point: ``python run.py [overrides]``; see ``python run.py --help``."""
+
+from fnsysid.cli import main
+
+if __name__ == "__main__":
+    main()
