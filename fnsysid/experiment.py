@@ -49,10 +49,39 @@ def build(cfg: DictConfig):
     try:
         model = build_model(system, library)
     except FeatureMapError as exc:
-        raise ConfigError(str(exc)) from exc
+        name = _option_name("feature_map", cfg.feature_map)
+        raise ConfigError(f"feature_map={name} does not fit system={system.name}: {exc}; "
+                          f"options that fit: {', '.join(fitting_feature_maps(system))}") from exc
     optimizer = _build(cfg.optimizer, "optimizer")
     strategy = _build(cfg.strategy, "strategy")
     return model, optimizer, strategy
+
+
+def _option_name(group: str, node) -> str:
+    """Name of the group option whose YAML equals ``node`` ("custom" if none does)."""
+    from .cli import CONF_DIR, options
+
+    plain = OmegaConf.to_container(node, resolve=True)
+    for name in options(group):
+        if OmegaConf.to_container(OmegaConf.load(CONF_DIR / group / f"{name}.yaml")) == plain:
+            return name
+    return "custom"
+
+
+def fitting_feature_maps(system) -> list[str]:
+    """Options of the feature_map group that can represent ``system``."""
+    from .cli import CONF_DIR, options
+
+    fit = []
+    for name in options("feature_map"):
+        node = OmegaConf.load(CONF_DIR / "feature_map" / f"{name}.yaml")
+        lib = instantiate(node, _convert_="all") if node.get("_target_") else None
+        try:
+            build_model(system, lib)
+            fit.append(name)
+        except FeatureMapError:
+            pass
+    return fit
 
 
 def initial_model(model: Model, data: ClientData, init) -> np.ndarray:
@@ -166,9 +195,6 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path) -> dict:
         from .plotting import plot_run
 
         plot_run(errors, out / "error.png", title=run_title(cfg, model))
-    else:
-        log.warning("diverged at round %d (NaN or inf in the model); rows up to round %d are "
-                    "kept in errors.csv; try a smaller lr than %g", diverged, diverged - 1, cfg.lr)
     return summary
 
 

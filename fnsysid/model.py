@@ -90,8 +90,7 @@ def build_model(system: System, library: Library | None = None) -> Model:
         return Model(system, None, list(system.param_names), system.structure, np.eye(p0))
     if not system.generic_features:
         raise FeatureMapError(
-            f"system={system.name} identifies physical parameters with its own features; "
-            "allowed feature_map: default")
+            f"system={system.name} identifies physical parameters with its own features")
     names = library.feature_names(system.n_x, system.n_u)
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
@@ -100,8 +99,7 @@ def build_model(system: System, library: Library | None = None) -> Model:
     missing = [f for f in system.feature_names if f not in names]
     if missing:
         raise FeatureMapError(
-            f"feature_map with features [{', '.join(names)}] cannot represent system="
-            f"{system.name}: it lacks {', '.join(missing)}")
+            f"its features lack {', '.join(missing)}")
     n_y, n_phi = len(system.target_names), len(names)
     param_names = [f"{t}:{f}" for t in system.target_names for f in names]
     own_S = system.structure
