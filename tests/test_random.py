@@ -1,0 +1,61 @@
+"""Random streams: heterogeneity draws, independence, invariance when M or N grows."""
+
+import numpy as np
+
+from fnsysid import random as rnd
+from fnsysid.model import generate
+from tests.conftest import make
+
+
+def test_gamma_draws_lie_in_zero_eps():
+    _, model, *_ = make("system=pendulum")
+    data = generate(model, M=2000, N=1, T=1, eps=0.3, repeats=2, seed=0)
+    gamma = data.theta_true - model.system.nominal              # directions = identity
+    assert gamma.min() >= 0.0 and gamma.max() <= 0.3
+    # uniform on [0, eps]: mean eps/2 and spread close to the ends
+    assert abs(gamma.mean() - 0.15) < 0.01 and gamma.min() < 0.003 and gamma.max() > 0.297
+
+
+def test_client_data_unchanged_when_m_grows_across_a_block():
+    _, model, *_ = make("system=synthetic")
+    small = generate(model, M=3, N=4, T=5, eps=0.1, repeats=2, seed=7)
+    big = generate(model, M=rnd.BLOCK + 5, N=4, T=5, eps=0.1, repeats=2, seed=7)
+    for name in ("theta_true", "H", "b", "yy"):
+        np.testing.assert_array_equal(getattr(big, name)[:, :3], getattr(small, name))
+    # clients of the second block are new draws, not copies of the first block
+    assert not np.allclose(big.H[:, rnd.BLOCK], big.H[:, 0])
+
+
+def test_trajectories_unchanged_when_n_grows():
+    _, model, *_ = make("system=pendulum")
+    few = generate(model, M=2, N=2, T=5, eps=0.1, repeats=1, seed=3, keep_samples=True)
+    many = generate(model, M=2, N=[5, 2], T=5, eps=0.1, repeats=1, seed=3, keep_samples=True)
+    np.testing.assert_array_equal(many.Phi[:, :, :10], few.Phi)
+    np.testing.assert_array_equal(many.theta_true, few.theta_true)
+    assert many.n[0].tolist() == [25, 10]
+
+
+def test_noise_is_independent_across_clients_repeats_and_seeds():
+    _, model, *_ = make("system=linear")
+    d = generate(model, M=3, N=2, T=5, eps=0.1, repeats=2, seed=0, keep_samples=True)
+    assert not np.allclose(d.Phi[0, 0], d.Phi[0, 1])       # clients
+    assert not np.allclose(d.Phi[0, 0], d.Phi[1, 0])       # repeats
+    assert not np.allclose(d.theta_true[0], d.theta_true[1])
+    other = generate(model, M=3, N=2, T=5, eps=0.1, repeats=2, seed=1, keep_samples=True)
+    assert not np.allclose(other.Phi, d.Phi)
+    again = generate(model, M=3, N=2, T=5, eps=0.1, repeats=2, seed=0, keep_samples=True)
+    np.testing.assert_array_equal(again.Phi, d.Phi)
+
+
+def test_shared_noise_gives_every_client_the_same_noise():
+    _, model, *_ = make("system=linear", "system.x0.scale=0.0")
+    d = generate(model, M=3, N=2, T=5, eps=0.0, repeats=1, seed=0, keep_samples=True,
+                 shared_noise=True)
+    np.testing.assert_array_equal(d.Phi[0, 0], d.Phi[0, 2])   # eps = 0: identical clients
+
+
+def test_truncated_normal_respects_its_cut():
+    z = rnd.Noise(kind="truncnormal", scale=1.0, clip=1.0).sample(np.random.default_rng(0),
+                                                                   (20000,))
+    assert np.abs(z).max() <= 1.0
+    assert 0.25 < z.std() < 0.6          # std of N(0,1) cut at +-1 is 0.54
