@@ -119,7 +119,7 @@ def preflight(argv: list[str]) -> None:
             keys = list(dims)
             combos = itertools.islice(itertools.product(*(dims[k] for k in keys)), MAX_CHECKED)
             for combo in combos:
-                ovr = [f"{k}={v}" for k, v in zip(keys, combo)]
+                ovr = [f"{k}={v}" for k, v in zip(keys, combo, strict=True)]
                 try:
                     cfg = compose("config", overrides=ovr)
                 except (HydraException, OmegaConfBaseException) as exc:

@@ -134,10 +134,9 @@ class ClientData:
 
     def client(self, m: int) -> "ClientData":
         """The data of client ``m`` alone, shape (S, 1, ...)."""
-        sl = slice(m, m + 1)
-        take = (lambda a: None if a is None else a[:, sl])
-        return ClientData(*(take(getattr(self, f)) for f in
-                            ("theta_true", "H", "b", "yy", "n", "Phi", "Y", "mask")))
+        fields = ("theta_true", "H", "b", "yy", "n", "Phi", "Y", "mask")
+        return ClientData(*(None if getattr(self, f) is None else getattr(self, f)[:, m:m + 1]
+                            for f in fields))
 
 
 def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: int,

@@ -13,7 +13,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
@@ -107,14 +106,15 @@ def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | No
     return rows
 
 
-def sweep_figure(sweep_dir: Path, out: Path, metric: str = "e_max", title: str | None = None):
-    """Draw one panel for a multirun folder into ``out`` (PNG or PDF by suffix)."""
+def sweep_figure(sweep_dir: Path, outs, metric: str = "e_max", title: str | None = None):
+    """Draw one panel for a multirun folder into each path of ``outs`` (format by suffix)."""
     jobs = read_sweep(sweep_dir)
     if not jobs:
         raise FileNotFoundError(f"no finished jobs (errors.csv) under {sweep_dir}")
     fig, ax = plt.subplots(figsize=(5, 3.6), layout="constrained")
     rows = plot_sweep(jobs, ax, metric, title=title)
-    fig.savefig(out, dpi=120)
+    for out in outs:
+        fig.savefig(out, dpi=120)
     plt.close(fig)
     return pd.DataFrame(rows)
 

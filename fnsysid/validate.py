@@ -21,8 +21,8 @@ def _is_num(v) -> bool:
 KNOBS = {
     "M": ("number of clients", lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
     "N": ("trajectories per client",
-          lambda v: (_is_int(v) and v >= 1)
-          or (isinstance(v, (list, tuple)) and len(v) > 0 and all(_is_int(x) and x >= 1 for x in v)),
+          lambda v: (_is_int(v) and v >= 1) or (isinstance(v, (list, tuple)) and len(v) > 0
+                                                and all(_is_int(x) and x >= 1 for x in v)),
           "an integer >= 1, or a list of M such integers"),
     "T": ("trajectory length", lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
     "eps": ("heterogeneity", lambda v: _is_num(v) and v >= 0, "a number >= 0"),

@@ -1,0 +1,159 @@
+"""The command line end to end: outputs, --help, sweeps, bad input and divergence."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from fnsysid.cli import GROUPS, options
+from fnsysid.experiment import build, run_experiment
+from fnsysid.validate import KNOBS, ConfigError
+from tests.conftest import compose_cfg
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_end_to_end_run_writes_tidy_outputs_and_error_falls(tmp_path):
+    res = cli("system=synthetic", "M=5", "R=40", "repeats=2", f"hydra.run.dir={tmp_path}")
+    assert res.returncode == 0, res.stderr
+    assert "final e_R" in res.stdout and str(tmp_path) in res.stdout
+    errors = pd.read_csv(tmp_path / "errors.csv")
+    assert list(errors.columns) == ["repeat", "round", "e_max", "e_mean"]
+    assert len(errors) == 2 * 41 and errors["round"].max() == 40
+    for _, e in errors.groupby("repeat"):
+        assert e["e_max"].iloc[-1] < 0.5 * e["e_max"].iloc[0]
+        assert (e["e_max"] >= e["e_mean"]).all()
+    clients = pd.read_csv(tmp_path / "clients.csv")
+    assert list(clients.columns) == ["repeat", "round", "client", "error"]
+    last = clients[clients["round"] == 40].groupby("repeat")["error"].max()
+    assert last.tolist() == errors[errors["round"] == 40]["e_max"].tolist()
+    est = pd.read_csv(tmp_path / "estimates.csv")
+    assert len(est) == 2 * 15 and set(est.columns) >= {"parameter", "estimate", "true_mean"}
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["system"] == "synthetic"
+    assert summary["final_e_max_mean"] == pytest.approx(errors[errors["round"] == 40]["e_max"]
+                                                        .mean())
+    assert (tmp_path / "error.png").stat().st_size > 10_000
+    assert "M: 5" in (tmp_path / "config.yaml").read_text()     # resolved config
+
+
+def test_same_config_writes_byte_identical_csvs(tmp_path):
+    cfg = compose_cfg("system=pendulum", "M=3", "R=5", "repeats=2", "output.plot=false")
+    run_experiment(cfg, tmp_path / "a")
+    run_experiment(cfg, tmp_path / "b")
+    for name in ("errors.csv", "clients.csv", "estimates.csv"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_large_m_writes_no_per_client_rows(tmp_path):
+    cfg = compose_cfg("system=pendulum", "M=21", "R=2", "repeats=1", "output.plot=false")
+    run_experiment(cfg, tmp_path)
+    assert not (tmp_path / "clients.csv").exists()
+
+
+#: a system each feature map fits
+FITS = {"default": "pendulum", "fourier": "synthetic", "polynomial": "linear", "affine": "linear"}
+
+
+@pytest.mark.parametrize("group", GROUPS[:-1])
+def test_every_group_option_composes_and_instantiates(group):
+    for option in options(group):
+        system = FITS[option] if group == "feature_map" else "pendulum"
+        extra = [] if group == "system" else [f"system={system}"]
+        model, optimizer, strategy = build(compose_cfg(f"{group}={option}", *extra))
+        assert model.p >= 2 and optimizer is not None and strategy is not None
+        if group == "feature_map" and option != "default":
+            assert model.library is not None and model.p > len(model.system.param_names)
+
+
+def test_help_lists_groups_options_and_knobs():
+    res = cli("--help")
+    assert res.returncode == 0
+    for group in GROUPS[:-1]:
+        assert f"{group}: {', '.join(options(group))}" in res.stdout
+    for knob in KNOBS:
+        assert f"\n  {knob}=" in res.stdout
+
+
+def test_multirun_one_job_per_value_and_sweep_plot(tmp_path):
+    res = cli("-m", "system=pendulum", "M=1,4", "R=3", "repeats=2",
+              f"hydra.sweep.dir={tmp_path}")
+    assert res.returncode == 0, res.stderr
+    jobs = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
+    assert jobs == ["M=1,R=3,repeats=2,system=pendulum", "M=4,R=3,repeats=2,system=pendulum"]
+    plot = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_sweep.py"),
+                           str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
+    assert plot.returncode == 0, plot.stderr
+    table = pd.read_csv(tmp_path / "sweep.csv")
+    assert table["curve"].tolist() == ["M=1", "M=4"]
+    assert (tmp_path / "sweep.png").exists() and (tmp_path / "sweep.pdf").exists()
+
+
+BAD = [
+    (["M=0"], "M=0 is not allowed"),
+    (["N=0"], "N=0 is not allowed"),
+    (["T=0"], "T=0 is not allowed"),
+    (["K=0"], "K=0 is not allowed"),
+    (["R=0"], "R=0 is not allowed"),
+    (["repeats=0"], "repeats=0 is not allowed"),
+    (["lr=0"], "lr=0 is not allowed"),
+    (["lr=-1e-3"], "lr=-0.001 is not allowed"),
+    (["eps=-0.1"], "eps=-0.1 is not allowed"),
+    (["optimizer=sgd", "optimizer.batch_size=0"], "optimizer.batch_size=0"),
+    (["optimizer=sgd", "optimizer.batch_size=51"], "1..N*T = 1..50"),
+    (["system=quadcopter"], "allowed: linear, pendulum, quadrotor, synthetic"),
+    (["optimizer=adam"], "allowed: gd, sgd"),
+    (["system=synthetic", "feature_map=polynomial"], "options that fit: default, fourier"),
+    (["system=pendulum", "feature_map=affine"], "options that fit: default"),
+    (["-m", "M=1,0"], "M=0 is not allowed"),
+    (["N=[1,2]"], "N has 2 entries but M=20"),
+    (["Mx=3"], "unknown setting 'Mx'"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD)
+def test_bad_input_is_one_line_nonzero_and_writes_nothing(tmp_path, args, message):
+    res = cli(*args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep")
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fnsysid: error: ") and message in lines[0]
+    assert "Traceback" not in res.stderr + res.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_settings_checked_inside_a_job_leave_no_folder(tmp_path):
+    """A cross-setting error met only at run time removes Hydra's job folder too."""
+    from fnsysid.cli import _remove_outputs
+
+    job = tmp_path / "sweep" / "M=1"
+    (job / ".hydra").mkdir(parents=True)
+    (tmp_path / "sweep" / "multirun.yaml").write_text("x")
+    cfg = compose_cfg("N=[1,2]", "M=3")
+    with pytest.raises(ConfigError, match="N has 2 entries"):
+        run_experiment(cfg, job)
+    _remove_outputs(job)
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_divergence_is_reported_rows_kept_and_not_plotted(tmp_path):
+    res = cli("system=synthetic", "lr=1", "M=2", "R=30", "repeats=1",
+              f"hydra.run.dir={tmp_path}")
+    assert res.returncode == 3
+    assert "diverged at round" in res.stdout and "smaller lr" in res.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "diverged"
+    r = summary["diverged_round"]
+    errors = pd.read_csv(tmp_path / "errors.csv")
+    assert 1 < r <= 30 and errors["round"].max() == r - 1 == summary["rounds_completed"]
+    assert errors["e_max"].notna().all()
+    assert not (tmp_path / "error.png").exists()
