@@ -126,7 +126,7 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
 
     Returns (history, diverged_round or None).
     """
-    strategy.setup(theta0, data, optimizer, cfg.K, cfg.lr)
+    strategy.setup(theta0, data, model, optimizer, cfg.K, cfg.lr, cfg.seed)
     hist = History(per_client=[] if keep_clients else None)
     hist.record(client_errors(strategy.estimate(), data.theta_true))
     diverged = None
@@ -168,7 +168,6 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path) -> dict:
                     cfg.N, cfg.T, cfg.eps, cfg.repeats, cfg.seed,
                     keep_samples=optimizer.needs_samples,
                     shared_noise=bool(cfg.data.shared_noise))
-    optimizer.setup(data, model, cfg.seed)
     theta0 = initial_model(model, data, cfg.system.init)
     t_data = time.perf_counter() - t0
 

@@ -139,6 +139,21 @@ class ClientData:
                             for f in fields))
 
 
+def pooled(data: ClientData) -> ClientData:
+    """All clients' data pooled into one client per repeat, shape (S, 1, ...)."""
+    def cat(a):
+        return None if a is None else a.reshape(a.shape[0], 1, -1, *a.shape[3:])
+    return ClientData(data.theta_true.mean(axis=1, keepdims=True),
+                      data.H.sum(axis=1, keepdims=True), data.b.sum(axis=1, keepdims=True),
+                      data.yy.sum(axis=1, keepdims=True), data.n.sum(axis=1, keepdims=True),
+                      cat(data.Phi), cat(data.Y), cat(data.mask))
+
+
+def least_squares(H: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Exact least-squares solutions ``H^+ b`` (..., p), batched; minimum norm if singular."""
+    return np.einsum("...pq,...q->...p", np.linalg.pinv(H, hermitian=True), b)
+
+
 def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: int,
              keep_samples: bool = False, shared_noise: bool = False) -> ClientData:
     """Draw client systems and trajectories and reduce them to per-client statistics.

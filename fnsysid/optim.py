@@ -116,6 +116,15 @@ class LocalSolver:
         """Run K local steps for ``data`` clients ``clients`` starting from ``theta``."""
         raise NotImplementedError
 
+    def gradient(self, theta, data, clients=slice(None)):
+        """Full-batch gradient of the clients' losses at ``theta`` (with this reduction)."""
+        g = lsq_gradient(theta, data.H[:, clients], data.b[:, clients])
+        return g / data.n[:, clients, None] if self.reduction == "mean" else g
+
+    def step_total(self, lr, K) -> float:
+        """Sum of the K step sizes of a round (``K lr`` for a constant schedule)."""
+        return float(step_sizes(lr, K, self.schedule).sum())
+
     def _precond(self, clients):
         return None if self.precond is None else self.precond[:, clients]
 

@@ -18,8 +18,7 @@ def _data(system="synthetic", M=4, N=5, eps=0.2, keep=False, repeats=2, **kw):
 
 def _fedavg(data, model, optimizer, theta0, K, lr, R):
     strat = FedAvg()
-    optimizer.setup(data, model, seed=0)
-    strat.setup(theta0, data, optimizer, K, lr)
+    strat.setup(theta0, data, model, optimizer, K, lr, seed=0)
     for r in range(1, R + 1):
         strat.round(r)
     return strat.server

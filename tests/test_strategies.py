@@ -1,0 +1,109 @@
+"""Strategies beyond FedAvg against closed forms: lstsq, pooled solution, special cases."""
+
+import numpy as np
+import pytest
+
+from fnsysid.model import generate, least_squares, pooled
+from fnsysid.optim import GD, SGD
+from fnsysid.strategies import Centralized, Cyclic, FedAvg, FedLin, FedProx, Local, OneShot, \
+    Scaffold
+from tests.conftest import make
+
+
+def _data(system="synthetic", M=4, N=5, eps=0.2, repeats=2, seed=0, keep=True):
+    cfg, model, *_ = make(f"system={system}")
+    return model, generate(model, M=M, N=N, T=5, eps=eps, repeats=repeats, seed=seed,
+                           keep_samples=keep)
+
+
+def _run(strategy, model, data, optimizer, K=3, lr=1e-3, R=10, theta0=None):
+    theta0 = np.zeros((data.shape[0], model.p)) if theta0 is None else theta0
+    strategy.setup(theta0, data, model, optimizer, K, lr, seed=0)
+    for r in range(1, R + 1):
+        strategy.round(r)
+    return strategy
+
+
+def _lstsq(model, Phi, Y, mask):
+    """Least squares from raw samples with numpy.linalg.lstsq (vec(Theta) regression)."""
+    keep = mask > 0
+    X = np.einsum("nk,jkp->njp", Phi[keep], model.structure).reshape(-1, model.p)
+    return np.linalg.lstsq(X, Y[keep].reshape(-1), rcond=None)[0]
+
+
+def test_oneshot_is_the_average_of_per_client_lstsq():
+    model, d = _data()
+    s = _run(OneShot(), model, d, GD(), R=3)
+    ref = np.array([[_lstsq(model, d.Phi[r, m], d.Y[r, m], d.mask[r, m]) for m in range(4)]
+                    for r in range(2)]).mean(axis=1)
+    np.testing.assert_allclose(s.server, ref, rtol=1e-9, atol=1e-11)
+
+
+def test_centralized_exact_is_pooled_lstsq_and_gd_approaches_it():
+    model, d = _data()
+    exact = _run(Centralized(exact=True), model, d, GD(), R=1).server
+    P = pooled(d)
+    ref = np.array([_lstsq(model, P.Phi[r, 0], P.Y[r, 0], P.mask[r, 0]) for r in range(2)])
+    np.testing.assert_allclose(exact, ref, rtol=1e-9, atol=1e-11)
+    gd = _run(Centralized(), model, d, GD(reduction="mean"), K=10, lr=0.2, R=200).server
+    np.testing.assert_allclose(gd, ref, atol=1e-8)
+
+
+def test_fedprox_with_zero_mu_equals_fedavg():
+    model, d = _data()
+    a = _run(FedProx(mu=0.0), model, d, GD(), K=4, lr=2e-3).server
+    b = _run(FedAvg(), model, d, GD(), K=4, lr=2e-3).server
+    np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)
+    c = _run(FedProx(mu=5.0), model, d, GD(), K=4, lr=2e-3).server
+    assert np.abs(c - b).max() > 1e-6                     # the proximal term does act
+
+
+@pytest.mark.parametrize("strategy", [FedLin, Scaffold])
+def test_drift_corrected_strategies_reach_the_centralized_solution_at_eps_0(strategy):
+    model, d = _data(M=5, N=3, eps=0.0)
+    target = least_squares(pooled(d).H, pooled(d).b)[:, 0]
+    kw = dict(K=10, lr=0.1, R=400)
+    fixed = _run(strategy(), model, d, GD(reduction="mean"), **kw).server
+    np.testing.assert_allclose(fixed, target, atol=1e-8)
+    drift = _run(FedAvg(), model, d, GD(reduction="mean"), **kw).server
+    assert np.abs(drift - target).max() > 1e-3            # FedAvg stops elsewhere (K > 1)
+
+
+def test_scaffold_with_feature_scaling_still_reaches_the_pooled_solution():
+    model, d = _data(system="pendulum", M=4, N=4, eps=0.0)
+    target = least_squares(pooled(d).H, pooled(d).b)[:, 0]
+    opt = GD(reduction="mean", scale_features=True)
+    got = _run(Scaffold(), model, d, opt, K=5, lr=0.1, R=3000).server
+    np.testing.assert_allclose(got, target, rtol=1e-6)
+
+
+def test_cyclic_with_one_client_equals_fedavg():
+    model, d = _data(M=1)
+    for opt in (lambda: GD(), lambda: SGD(batch_size=7)):
+        a = _run(Cyclic(), model, d, opt(), K=3).server
+        b = _run(FedAvg(), model, d, opt(), K=3).server
+        np.testing.assert_allclose(a, b, rtol=1e-13)
+
+
+def test_cyclic_runs_clients_in_sequence():
+    model, d = _data(M=3)
+    got = _run(Cyclic(), model, d, GD(), K=2, R=1).server
+    theta = np.zeros((2, model.p))
+    for m in range(3):
+        for _ in range(2):
+            theta = theta - 1e-3 * (np.einsum("spq,sq->sp", d.H[:, m], theta) - d.b[:, m])
+    np.testing.assert_allclose(got, theta, rtol=1e-13)
+
+
+def test_local_clients_converge_to_their_own_least_squares():
+    model, d = _data(M=3)
+    s = _run(Local(), model, d, GD(reduction="mean"), K=10, lr=0.2, R=300)
+    assert s.estimate().shape == d.theta_true.shape
+    np.testing.assert_allclose(s.estimate(), least_squares(d.H, d.b), atol=1e-8)
+
+
+def test_strategy_options_are_checked():
+    with pytest.raises(ValueError, match="strategy.mu"):
+        FedProx(mu=-1)
+    with pytest.raises(ValueError, match="strategy.weighting"):
+        FedAvg(weighting="median")
