@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from .model import ClientData, FeatureMapError, Model, build_model, generate
+from .theory import theorem1
 from .validate import ConfigError, check_run
 
 log = logging.getLogger(__name__)
@@ -154,7 +155,8 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path) -> dict:
 
     Files: ``config.yaml`` (resolved), ``errors.csv`` (repeat, round, e_max, e_mean),
     ``clients.csv`` (repeat, round, client, error; small M or ``output.per_client=true``),
-    ``estimates.csv`` (final server estimate per repeat and parameter), ``summary.json`` and
+    ``estimates.csv`` (final server estimate per repeat and parameter), ``theory.csv`` (the
+    right-hand side of Theorem 1 per repeat, see :mod:`fnsysid.theory`), ``summary.json`` and
     ``error.png``. Returns the summary. Raises :class:`ConfigError` before writing anything if
     a setting is not allowed.
     """
@@ -176,6 +178,7 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path) -> dict:
     hist, diverged = train(strategy, data, theta0, optimizer, model, cfg,
                            progress=cfg.progress, keep_clients=keep_clients)
     t_train = time.perf_counter() - t0
+    theory = theorem1(data, model, float(cfg.theory.delta))
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -186,9 +189,14 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path) -> dict:
     final = np.broadcast_to(strategy.estimate(), data.theta_true.shape)
     if diverged is None:
         estimates_frame(model, final, data, theta0).to_csv(out / "estimates.csv", index=False)
+    theory.to_csv(out / "theory.csv", index=False)
     summary = make_summary(cfg, model, hist, diverged, errors,
                            runtime=dict(data_s=t_data, train_s=t_train,
                                         total_s=time.perf_counter() - t_start))
+    summary["theorem1"] = {k: float(theory[k].mean()) for k in
+                           ("bound_rel", "bound", "noise_term", "sigma_w", "s_phi2", "b_phi",
+                            "eps", "N_tot")}
+    summary["theorem1"]["delta"] = float(cfg.theory.delta)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if diverged is None and cfg.output.plot:
         from .plotting import plot_run

@@ -116,7 +116,8 @@ class ClientData:
     """Everything the clients of ``S`` repeats hold, stacked as (S, M, ...).
 
     ``theta_true`` are the clients' true parameters in the model's basis; ``H, b, yy, n`` their
-    sufficient statistics; ``Phi, Y, mask`` the samples (kept only when an optimizer needs them).
+    sufficient statistics; ``Phi, Y, mask`` the samples (kept only when an optimizer needs them);
+    ``phi2max`` the largest squared feature norm ``max_t ||phi_t||^2`` of each client.
     """
 
     theta_true: np.ndarray
@@ -127,6 +128,7 @@ class ClientData:
     Phi: np.ndarray | None = None
     Y: np.ndarray | None = None
     mask: np.ndarray | None = None
+    phi2max: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -134,7 +136,7 @@ class ClientData:
 
     def client(self, m: int) -> "ClientData":
         """The data of client ``m`` alone, shape (S, 1, ...)."""
-        fields = ("theta_true", "H", "b", "yy", "n", "Phi", "Y", "mask")
+        fields = ("theta_true", "H", "b", "yy", "n", "Phi", "Y", "mask", "phi2max")
         return ClientData(*(None if getattr(self, f) is None else getattr(self, f)[:, m:m + 1]
                             for f in fields))
 
@@ -146,7 +148,8 @@ def pooled(data: ClientData) -> ClientData:
     return ClientData(data.theta_true.mean(axis=1, keepdims=True),
                       data.H.sum(axis=1, keepdims=True), data.b.sum(axis=1, keepdims=True),
                       data.yy.sum(axis=1, keepdims=True), data.n.sum(axis=1, keepdims=True),
-                      cat(data.Phi), cat(data.Y), cat(data.mask))
+                      cat(data.Phi), cat(data.Y), cat(data.mask),
+                      None if data.phi2max is None else data.phi2max.max(axis=1, keepdims=True))
 
 
 def least_squares(H: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -177,7 +180,7 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
     S, p = repeats, model.p
     theta_true = np.empty((S, M, p))
     H, b = np.empty((S, M, p, p)), np.empty((S, M, p))
-    yy, n = np.empty((S, M)), np.empty((S, M))
+    yy, n, phi2max = np.empty((S, M)), np.empty((S, M)), np.empty((S, M))
     traj_mask = (np.arange(n_max)[None, :] < N[:, None]).astype(float)  # (M, n_max)
     if keep_samples:
         n_phi, n_y = model.structure.shape[1], model.structure.shape[0]
@@ -201,8 +204,9 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
             Y_b = Y_b.reshape(size, n_max * T, -1)
             wgt = np.repeat(traj_mask[lo:hi], T, axis=1)
             H[s, lo:hi], b[s, lo:hi], yy[s, lo:hi], n[s, lo:hi] = model.stats(Phi_b, Y_b, wgt)
+            phi2max[s, lo:hi] = (np.einsum("mnk,mnk->mn", Phi_b, Phi_b) * wgt).max(axis=1)
             if keep_samples:
                 Phi[s, lo:hi], Y[s, lo:hi] = Phi_b * wgt[..., None], Y_b * wgt[..., None]
-    if keep_samples:
-        return ClientData(theta_true, H, b, yy, n, Phi, Y, mask)
-    return ClientData(theta_true, H, b, yy, n)
+    if not keep_samples:
+        Phi = Y = mask = None
+    return ClientData(theta_true, H, b, yy, n, Phi, Y, mask, phi2max)

@@ -1,0 +1,33 @@
+"""Theorem 1 quantities computed from data against direct numpy computations."""
+
+import numpy as np
+
+from fnsysid.model import generate
+from fnsysid.theory import heterogeneity, theorem1
+from tests.conftest import make
+
+
+def test_theorem1_ingredients_match_direct_computation():
+    _, model, *_ = make("system=synthetic", "system.disturbance.scale=0.3")
+    d = generate(model, M=6, N=40, T=5, eps=0.2, repeats=2, seed=0, keep_samples=True)
+    th = theorem1(d, model, delta=0.05)
+    # sigma_w: the disturbance's standard deviation, recovered from pooled residuals
+    np.testing.assert_allclose(th["sigma_w"], 0.3, rtol=0.1)
+    Phi = d.Phi[0].reshape(-1, 5)[d.mask[0].reshape(-1) > 0]
+    assert th["N_tot"][0] == len(Phi) == 6 * 40 * 5
+    np.testing.assert_allclose(th["s_phi2"][0], 2 * np.linalg.eigvalsh(Phi.T @ Phi)[0] / len(Phi))
+    np.testing.assert_allclose(th["b_phi"][0], (Phi ** 2).sum(axis=1).max())
+    row = th.iloc[0]
+    expect = (8 * row.sigma_w / row.s_phi2 * np.sqrt((3 + 5 + np.log(2 * 6 / 0.05)) / 1200)
+              + (row.b_phi / row.s_phi2 + 0.5) * row.eps)
+    np.testing.assert_allclose(row.bound, expect)
+    np.testing.assert_allclose(row.bound_rel, row.bound / np.linalg.norm(d.theta_true[0],
+                                                                          axis=-1).min())
+
+
+def test_heterogeneity_is_the_largest_pairwise_distance():
+    theta = np.array([[[0.0, 0.0], [3.0, 4.0], [1.0, 1.0]]])
+    np.testing.assert_allclose(heterogeneity(theta), [5.0])
+    big = np.zeros((1, 2500, 2))
+    big[0, 0], big[0, 1] = [1.0, 0.0], [-1.0, 0.0]
+    assert heterogeneity(big)[0] >= 2.0                    # upper bound for large M
