@@ -90,7 +90,7 @@ def preflight(argv: list[str]) -> None:
         key = o.key_or_group
         if o.is_delete() or o.package is not None:
             continue
-        top = key.split(".")[0]
+        top = key.split(".")[0].split("/")[0]
         if top not in TOP_LEVEL and not o.is_add() and not o.is_force_add():
             raise ConfigError(f"unknown setting '{key}'; knobs: {', '.join(KNOBS)}; groups: "
                               f"{', '.join(GROUPS[:-1])} (see --help)")

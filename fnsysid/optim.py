@@ -7,7 +7,8 @@ sufficient statistics is ``H theta - b`` (``reduction="sum"``, the paper's eq. 1
 by the number of samples (``reduction="mean"``).
 
 Extra terms used by federated strategies enter every step:
-``g <- g + correction + mu (theta - anchor)`` (FedLin/SCAFFOLD corrections, FedProx).
+``d = P (g + correction) + mu (theta - anchor)`` (FedLin/SCAFFOLD corrections, FedProx), with
+``P`` the optional diagonal feature scaling.
 """
 
 from __future__ import annotations
@@ -78,12 +79,19 @@ def gd_steps(theta, H, b, n, lrs, *, reduction="sum", precond=None, mu=0.0, anch
 
 
 def _finish(g, theta, precond, mu, anchor, correction):
+    """Add the strategy's terms to a loss gradient ``g`` and precondition.
+
+    The preconditioner (feature scaling) acts on loss gradients and gradient corrections,
+    which live in feature units; the proximal term does not: with z-scored features
+    ``theta' = D theta`` a proximal term ``mu/2 ||theta' - theta_s'||^2`` turns into
+    ``mu (theta - theta_s)`` after mapping the step back to physical units.
+    """
     if correction is not None:
         g = g + correction
-    if mu:
-        g = g + mu * (theta - anchor)
     if precond is not None:
         g = g * precond
+    if mu:
+        g = g + mu * (theta - anchor)
     return g
 
 

@@ -106,6 +106,91 @@ def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | No
     return rows
 
 
+def final_errors(jobs: list[dict], metric: str = "e_max") -> pd.DataFrame:
+    """One row per finished job: its overrides and the final error (mean, std over repeats)."""
+    rows = []
+    for j in jobs:
+        if j["summary"]["status"] != "ok":
+            continue
+        e = j["errors"]
+        last = e[e["round"] == e["round"].max()][metric]
+        rows.append({**j["overrides"], "final_mean": float(last.mean()),
+                     "final_std": float(last.std(ddof=0)), "R": int(e["round"].max()),
+                     "bound_rel": j["summary"].get("theorem1", {}).get("bound_rel")})
+    return pd.DataFrame(rows)
+
+
+def slope(x, y) -> float:
+    """Least-squares slope of log(y) against log(x)."""
+    return float(np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)), 1)[0])
+
+
+def plot_final(jobs: list[dict], ax, x: str, metric: str = "e_max", sqrt: bool = False,
+               loglog: bool = True, title: str | None = None) -> list[dict]:
+    """Final error against swept knob ``x``; one line per combination of the other swept
+    knobs, with the fitted log-log slope in the legend. Returns the table of slopes."""
+    df = final_errors(jobs, metric)
+    others = [k for k in swept_keys(jobs) if k != x]
+    df["_x"] = df[x].astype(float)
+    rows = []
+    groups = df.groupby(others, sort=False) if others else [((), df)]
+    keyed = sorted(groups, key=lambda g: [_sort_value(str(v)) for v in
+                                          (g[0] if isinstance(g[0], tuple) else (g[0],))])
+    for key, g in keyed:
+        g = g.sort_values("_x")
+        key = key if isinstance(key, tuple) else (key,)
+        label = ", ".join(f"{k}={v}" for k, v in zip(others, key, strict=True)) or metric
+        xs = np.sqrt(g["_x"]) if sqrt else g["_x"]
+        b = slope(g["_x"], g["final_mean"]) if len(g) > 1 and loglog else None
+        (line,) = ax.plot(xs, g["final_mean"], "o-", ms=4,
+                          label=label + (f" (slope {b:+.2f})" if b is not None else ""))
+        ax.fill_between(xs, g["final_mean"] - g["final_std"], g["final_mean"] + g["final_std"],
+                        color=line.get_color(), alpha=0.15, lw=0)
+        rows.append({"series": label, "slope_vs_" + x: b,
+                     **{f"e_{x}={int(v) if float(v).is_integer() else v}": e
+                        for v, e in zip(g["_x"], g["final_mean"], strict=True)}})
+    ax.set_xlabel(f"$\\sqrt{{{x}}}$" if sqrt else x)
+    ax.set_ylabel(f"final {METRICS.get(metric, metric)}")
+    if loglog:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    return rows
+
+
+def figure(panels: list[dict], out_base: Path, metric: str = "e_max") -> pd.DataFrame:
+    """Panels side by side, saved as ``out_base``.png and .pdf; returns the table of finals.
+
+    Each panel is a dict with ``dir`` (a multirun folder), ``title`` and optionally ``x``
+    (draw the final error against that knob instead of curves over rounds), ``sqrt`` and
+    ``loglog``.
+    """
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.3 * len(panels), 3.5),
+                             layout="constrained", squeeze=False)
+    tables = []
+    for ax, panel in zip(axes[0], panels, strict=True):
+        jobs = read_sweep(panel["dir"])
+        if not jobs:
+            raise FileNotFoundError(f"no finished jobs (errors.csv) under {panel['dir']}")
+        if panel.get("x"):
+            rows = plot_final(jobs, ax, panel["x"], metric, sqrt=panel.get("sqrt", False),
+                              loglog=panel.get("loglog", True), title=panel.get("title"))
+        else:
+            rows = plot_sweep(jobs, ax, metric, title=panel.get("title"))
+        tables.append(pd.DataFrame(rows).assign(panel=panel.get("title", "")))
+    out_base = Path(out_base)
+    out_base.parent.mkdir(parents=True, exist_ok=True)
+    for suffix in (".png", ".pdf"):
+        fig.savefig(out_base.with_suffix(suffix), dpi=110)
+    plt.close(fig)
+    table = pd.concat(tables, ignore_index=True)
+    cols = ["panel"] + [c for c in table.columns if c != "panel"]
+    return table[cols]
+
+
 def sweep_figure(sweep_dir: Path, outs, metric: str = "e_max", title: str | None = None):
     """Draw one panel for a multirun folder into each path of ``outs`` (format by suffix)."""
     jobs = read_sweep(sweep_dir)

@@ -142,3 +142,12 @@ def test_client_errors_follow_eq_9():
 def test_bad_solver_settings(bad):
     with pytest.raises(ValueError, match=list(bad)[0]):
         GD(**bad)
+
+
+def test_proximal_term_is_not_feature_scaled():
+    H, b = np.diag([4.0, 1e-6]), np.zeros(2)
+    P = preconditioner(H, np.array(1.0))
+    th = gd_steps(np.array([1.0, 1.0]), H, b, 1.0, [0.1], reduction="mean", precond=P, mu=0.5,
+                  anchor=np.zeros(2))
+    # P g = [1, 1] (unit curvature after scaling); prox adds 0.5 * theta unscaled
+    np.testing.assert_allclose(th, [1.0 - 0.1 * 1.5, 1.0 - 0.1 * 1.5])

@@ -107,3 +107,17 @@ def test_strategy_options_are_checked():
         FedProx(mu=-1)
     with pytest.raises(ValueError, match="strategy.weighting"):
         FedAvg(weighting="median")
+
+
+@pytest.mark.parametrize("system", ["pendulum", "synthetic", "linear", "quadrotor"])
+def test_every_strategy_runs_on_every_system(system, tmp_path):
+    from fnsysid.cli import options
+    from fnsysid.experiment import run_experiment
+    from tests.conftest import compose_cfg
+
+    for strategy in options("strategy"):
+        cfg = compose_cfg(f"system={system}", f"strategy={strategy}", "M=3", "R=3",
+                          "repeats=2", "output.plot=false")
+        summary = run_experiment(cfg, tmp_path / strategy)
+        assert summary["status"] == "ok" and summary["rounds_completed"] == 3
+        assert 0 < summary["final_e_max_mean"] < 10
