@@ -27,18 +27,41 @@ def step_sizes(lr: float, K: int, schedule: str = "constant") -> np.ndarray:
     return np.full(K, float(lr)) if schedule == "constant" else lr / k
 
 
-def preconditioner(H: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """Diagonal feature scaling ``n / diag(H)`` (..., p).
+SCALINGS = ("none", "diagonal", "whiten")
 
-    Running GD on features divided by their root mean square ``sqrt(H_pp / n)`` and mapping the
-    result back to physical units is GD with this diagonal preconditioner, so the iterates and
-    the reported estimates stay in physical units. Directions without data keep scale 1.
+
+def preconditioner(H: np.ndarray, n: np.ndarray, kind: str = "diagonal") -> np.ndarray:
+    """Feature-scaling preconditioner of each client: (..., p) diagonal or (..., p, p) matrix.
+
+    ``diagonal``: ``n / diag(H)``. Running GD on features divided by their root mean square
+    ``sqrt(H_pp / n)`` (the published code's per-client z-scoring, without centring) and mapping
+    the iterate back to physical units is GD with this preconditioner. Directions without data
+    keep scale 1.
+
+    ``whiten``: ``n H^+``. GD on whitened features ``(H / n)^(-1/2) phi`` mapped back to
+    physical units; it removes the correlation between features that diagonal scaling leaves
+    (large transients when uncentred features are strongly correlated, as in the quadrotor).
     """
+    nn = np.asarray(n, float)
+    if kind == "whiten":
+        return nn[..., None, None] * np.linalg.pinv(H, hermitian=True)
     d = np.diagonal(H, axis1=-2, axis2=-1)
-    nn = np.asarray(n)[..., None]
     with np.errstate(divide="ignore", invalid="ignore"):
-        P = np.where(d > 0, nn / d, 1.0)
-    return P
+        return np.where(d > 0, nn[..., None] / d, 1.0)
+
+
+def apply_preconditioner(P: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """``P g`` for a diagonal (..., p) or full (..., p, p) preconditioner."""
+    if P.ndim == g.ndim:
+        return P * g
+    return np.einsum("...pq,...q->...p", P, g)
+
+
+def undo_preconditioner(P: np.ndarray, H: np.ndarray, n: np.ndarray, d: np.ndarray):
+    """``P^-1 d`` (for whitening, ``H d / n``, exact where ``H`` is invertible)."""
+    if P.ndim == d.ndim:
+        return d / P
+    return np.einsum("...pq,...q->...p", H, d) / np.asarray(n, float)[..., None]
 
 
 def lsq_gradient(theta, H, b):
@@ -56,7 +79,7 @@ def gd_steps(theta, H, b, n, lrs, *, reduction="sum", precond=None, mu=0.0, anch
     H, b, n : (..., p, p), (..., p), (...) sufficient statistics of the client.
     lrs : (K,) step sizes, see :func:`step_sizes`.
     reduction : "sum" or "mean" over samples.
-    precond : (..., p) diagonal preconditioner or None.
+    precond : (..., p) diagonal or (..., p, p) preconditioner, or None.
     mu, anchor : proximal weight and centre (FedProx); ``anchor`` broadcastable to theta.
     correction : (..., p) constant gradient correction or None.
 
@@ -89,7 +112,7 @@ def _finish(g, theta, precond, mu, anchor, correction):
     if correction is not None:
         g = g + correction
     if precond is not None:
-        g = g * precond
+        g = apply_preconditioner(precond, g)
     if mu:
         g = g + mu * (theta - anchor)
     return g
@@ -102,23 +125,30 @@ class LocalSolver:
     ----------
     schedule : "constant" or "inverse_k" (lr / k at local step k, restarting each round).
     reduction : "sum" or "mean" of the per-sample gradients.
-    scale_features : precondition by the client's feature scales (see :func:`preconditioner`).
+    scale_features : "none" (or false), "diagonal" (or true) or "whiten": local steps on
+        rescaled features, iterates kept in physical units (see :func:`preconditioner`).
     """
 
     needs_samples = False
 
     def __init__(self, schedule: str = "constant", reduction: str = "sum",
-                 scale_features: bool = False):
+                 scale_features: bool | str = False):
         if schedule not in SCHEDULES:
             raise ValueError(f"optimizer.schedule={schedule}; allowed: {', '.join(SCHEDULES)}")
         if reduction not in REDUCTIONS:
             raise ValueError(f"optimizer.reduction={reduction}; allowed: {', '.join(REDUCTIONS)}")
         self.schedule, self.reduction = schedule, reduction
-        self.scale_features = bool(scale_features)
+        if isinstance(scale_features, bool):
+            scale_features = "diagonal" if scale_features else "none"
+        if scale_features not in SCALINGS:
+            raise ValueError(f"optimizer.scale_features={scale_features}; allowed: "
+                             f"{', '.join(SCALINGS)} (true = diagonal, false = none)")
+        self.scale_features = scale_features
 
     def setup(self, data, model, seed: int) -> None:
         """Prepare per-client state (preconditioners, shuffles) once before the first round."""
-        self.precond = preconditioner(data.H, data.n) if self.scale_features else None
+        self.precond = (None if self.scale_features == "none" else
+                        preconditioner(data.H, data.n, self.scale_features))
 
     def local_steps(self, theta, data, K, lr, clients=slice(None), **extra):  # pragma: no cover
         """Run K local steps for ``data`` clients ``clients`` starting from ``theta``."""

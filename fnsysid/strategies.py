@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .model import least_squares, pooled
+from .optim import undo_preconditioner
 
 WEIGHTINGS = ("uniform", "samples")
 
@@ -122,7 +123,7 @@ class Scaffold(FedAvg):
         local = self.local(correction=self.c[:, None, :] - self.c_i)
         delta = (self.server[:, None, :] - local) / self.optimizer.step_total(self.lr, self.K)
         if self.optimizer.precond is not None:      # steps were P (g + c - c_i): undo P
-            delta = delta / self.optimizer.precond
+            delta = undo_preconditioner(self.optimizer.precond, self.data.H, self.data.n, delta)
         self.c_i = self.c_i - self.c[:, None, :] + delta
         self.c = aggregate(self.c_i, self.weights)
         self.server = aggregate(local, self.weights)

@@ -151,3 +151,13 @@ def test_proximal_term_is_not_feature_scaled():
                   anchor=np.zeros(2))
     # P g = [1, 1] (unit curvature after scaling); prox adds 0.5 * theta unscaled
     np.testing.assert_allclose(th, [1.0 - 0.1 * 1.5, 1.0 - 0.1 * 1.5])
+
+
+def test_whitening_makes_a_unit_step_land_on_least_squares():
+    model, d = _data(system="quadrotor", M=2, N=3)
+    P = preconditioner(d.H, d.n, "whiten")
+    theta = gd_steps(np.zeros_like(d.b), d.H, d.b, d.n, [1.0], reduction="mean", precond=P)
+    np.testing.assert_allclose(theta, np.linalg.solve(d.H, d.b[..., None])[..., 0], rtol=1e-7,
+                               atol=1e-9)
+    with pytest.raises(ValueError, match="scale_features"):
+        GD(scale_features="pca")

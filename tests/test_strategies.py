@@ -121,3 +121,11 @@ def test_every_strategy_runs_on_every_system(system, tmp_path):
         summary = run_experiment(cfg, tmp_path / strategy)
         assert summary["status"] == "ok" and summary["rounds_completed"] == 3
         assert 0 < summary["final_e_max_mean"] < 10
+
+
+def test_scaffold_with_whitening_reaches_the_pooled_solution():
+    model, d = _data(system="linear", M=4, N=3, eps=0.0)
+    target = least_squares(pooled(d).H, pooled(d).b)[:, 0]
+    opt = GD(reduction="mean", scale_features="whiten")
+    got = _run(Scaffold(), model, d, opt, K=5, lr=0.3, R=300).server
+    np.testing.assert_allclose(got, target, atol=1e-8)
