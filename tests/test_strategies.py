@@ -127,5 +127,5 @@ def test_scaffold_with_whitening_reaches_the_pooled_solution():
     model, d = _data(system="linear", M=4, N=3, eps=0.0)
     target = least_squares(pooled(d).H, pooled(d).b)[:, 0]
     opt = GD(reduction="mean", scale_features="whiten")
-    got = _run(Scaffold(), model, d, opt, K=5, lr=0.3, R=300).server
+    got = _run(Scaffold(), model, d, opt, K=5, lr=0.1, R=300).server
     np.testing.assert_allclose(got, target, atol=1e-8)
