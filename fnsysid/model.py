@@ -117,7 +117,9 @@ class ClientData:
 
     ``theta_true`` are the clients' true parameters in the model's basis; ``H, b, yy, n`` their
     sufficient statistics; ``Phi, Y, mask`` the samples (kept only when an optimizer needs them);
-    ``phi2max`` the largest squared feature norm ``max_t ||phi_t||^2`` of each client.
+    ``phi2max`` the largest squared feature norm ``max_t ||phi_t||^2`` of each client;
+    ``phi_mean`` (S, M, n_phi) and ``y_mean`` (S, M, n_y) the sample means of features and
+    targets (for centred feature scaling).
     """
 
     theta_true: np.ndarray
@@ -129,6 +131,8 @@ class ClientData:
     Y: np.ndarray | None = None
     mask: np.ndarray | None = None
     phi2max: np.ndarray | None = None
+    phi_mean: np.ndarray | None = None
+    y_mean: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -136,7 +140,8 @@ class ClientData:
 
     def client(self, m: int) -> "ClientData":
         """The data of client ``m`` alone, shape (S, 1, ...)."""
-        fields = ("theta_true", "H", "b", "yy", "n", "Phi", "Y", "mask", "phi2max")
+        fields = ("theta_true", "H", "b", "yy", "n", "Phi", "Y", "mask", "phi2max", "phi_mean",
+                  "y_mean")
         return ClientData(*(None if getattr(self, f) is None else getattr(self, f)[:, m:m + 1]
                             for f in fields))
 
@@ -145,11 +150,33 @@ def pooled(data: ClientData) -> ClientData:
     """All clients' data pooled into one client per repeat, shape (S, 1, ...)."""
     def cat(a):
         return None if a is None else a.reshape(a.shape[0], 1, -1, *a.shape[3:])
+
+    def mean(a):
+        if a is None:
+            return None
+        w = data.n[..., None]
+        return (a * w).sum(axis=1, keepdims=True) / w.sum(axis=1, keepdims=True)
+
     return ClientData(data.theta_true.mean(axis=1, keepdims=True),
                       data.H.sum(axis=1, keepdims=True), data.b.sum(axis=1, keepdims=True),
                       data.yy.sum(axis=1, keepdims=True), data.n.sum(axis=1, keepdims=True),
                       cat(data.Phi), cat(data.Y), cat(data.mask),
-                      None if data.phi2max is None else data.phi2max.max(axis=1, keepdims=True))
+                      None if data.phi2max is None else data.phi2max.max(axis=1, keepdims=True),
+                      mean(data.phi_mean), mean(data.y_mean))
+
+
+def centred_stats(data: ClientData, structure: np.ndarray):
+    """``H`` and ``b`` of the clients' samples after subtracting their means.
+
+    With centred features and targets the least-squares problem is the slope part of a
+    regression with an intercept: ``H_c = H - n Gbar' Gbar``, ``b_c = b - n Gbar' ybar`` with
+    ``Gbar`` the mean regressor in parameter space.
+    """
+    Gbar = np.einsum("jkp,...k->...jp", structure, data.phi_mean)
+    n = np.asarray(data.n, float)
+    H = data.H - n[..., None, None] * np.einsum("...jp,...jq->...pq", Gbar, Gbar)
+    b = data.b - n[..., None] * np.einsum("...jp,...j->...p", Gbar, data.y_mean)
+    return H, b
 
 
 def least_squares(H: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -181,9 +208,10 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
     theta_true = np.empty((S, M, p))
     H, b = np.empty((S, M, p, p)), np.empty((S, M, p))
     yy, n, phi2max = np.empty((S, M)), np.empty((S, M)), np.empty((S, M))
+    n_y, n_phi = model.structure.shape[:2]
+    phi_mean, y_mean = np.empty((S, M, n_phi)), np.empty((S, M, n_y))
     traj_mask = (np.arange(n_max)[None, :] < N[:, None]).astype(float)  # (M, n_max)
     if keep_samples:
-        n_phi, n_y = model.structure.shape[1], model.structure.shape[0]
         Phi = np.zeros((S, M, n_max * T, n_phi))
         Y = np.zeros((S, M, n_max * T, n_y))
         mask = np.repeat(traj_mask, T, axis=1)[None].repeat(S, axis=0)
@@ -205,8 +233,10 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
             wgt = np.repeat(traj_mask[lo:hi], T, axis=1)
             H[s, lo:hi], b[s, lo:hi], yy[s, lo:hi], n[s, lo:hi] = model.stats(Phi_b, Y_b, wgt)
             phi2max[s, lo:hi] = (np.einsum("mnk,mnk->mn", Phi_b, Phi_b) * wgt).max(axis=1)
+            phi_mean[s, lo:hi] = np.einsum("mnk,mn->mk", Phi_b, wgt) / n[s, lo:hi, None]
+            y_mean[s, lo:hi] = np.einsum("mny,mn->my", Y_b, wgt) / n[s, lo:hi, None]
             if keep_samples:
                 Phi[s, lo:hi], Y[s, lo:hi] = Phi_b * wgt[..., None], Y_b * wgt[..., None]
     if not keep_samples:
         Phi = Y = mask = None
-    return ClientData(theta_true, H, b, yy, n, Phi, Y, mask, phi2max)
+    return ClientData(theta_true, H, b, yy, n, Phi, Y, mask, phi2max, phi_mean, y_mean)

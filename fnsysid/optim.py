@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import random as rnd
+from .model import centred_stats
 
 SCHEDULES = ("constant", "inverse_k")
 REDUCTIONS = ("sum", "mean")
@@ -27,7 +28,7 @@ def step_sizes(lr: float, K: int, schedule: str = "constant") -> np.ndarray:
     return np.full(K, float(lr)) if schedule == "constant" else lr / k
 
 
-SCALINGS = ("none", "diagonal", "whiten")
+SCALINGS = ("none", "diagonal", "zscore", "whiten")
 
 
 def preconditioner(H: np.ndarray, n: np.ndarray, kind: str = "diagonal") -> np.ndarray:
@@ -37,6 +38,10 @@ def preconditioner(H: np.ndarray, n: np.ndarray, kind: str = "diagonal") -> np.n
     ``sqrt(H_pp / n)`` (the published code's per-client z-scoring, without centring) and mapping
     the iterate back to physical units is GD with this preconditioner. Directions without data
     keep scale 1.
+
+    ``zscore`` (the published code's per-client standardization) uses the same diagonal
+    preconditioner on centred statistics; the solver then also optimizes the centred loss (see
+    :class:`LocalSolver`).
 
     ``whiten``: ``n H^+``. GD on whitened features ``(H / n)^(-1/2) phi`` mapped back to
     physical units; it removes the correlation between features that diagonal scaling leaves
@@ -125,8 +130,11 @@ class LocalSolver:
     ----------
     schedule : "constant" or "inverse_k" (lr / k at local step k, restarting each round).
     reduction : "sum" or "mean" of the per-sample gradients.
-    scale_features : "none" (or false), "diagonal" (or true) or "whiten": local steps on
-        rescaled features, iterates kept in physical units (see :func:`preconditioner`).
+    scale_features : "none" (or false), "diagonal" (or true), "zscore" or "whiten": local
+        steps on rescaled features, iterates kept in physical units (see
+        :func:`preconditioner`). ``zscore`` also centres each client's features and targets
+        (as the published code does): the local loss becomes the slope part of a regression
+        with an intercept, which has the same minimizer only when the means are zero.
     """
 
     needs_samples = False
@@ -146,9 +154,12 @@ class LocalSolver:
         self.scale_features = scale_features
 
     def setup(self, data, model, seed: int) -> None:
-        """Prepare per-client state (preconditioners, shuffles) once before the first round."""
-        self.precond = (None if self.scale_features == "none" else
-                        preconditioner(data.H, data.n, self.scale_features))
+        """Prepare per-client state (loss statistics, preconditioners, shuffles) once."""
+        self.H, self.b, self.n = data.H, data.b, data.n
+        if self.scale_features == "zscore":
+            self.H, self.b = centred_stats(data, model.structure)
+        kind = "diagonal" if self.scale_features == "zscore" else self.scale_features
+        self.precond = None if kind == "none" else preconditioner(self.H, self.n, kind)
 
     def local_steps(self, theta, data, K, lr, clients=slice(None), **extra):  # pragma: no cover
         """Run K local steps for ``data`` clients ``clients`` starting from ``theta``."""
@@ -156,8 +167,8 @@ class LocalSolver:
 
     def gradient(self, theta, data, clients=slice(None)):
         """Full-batch gradient of the clients' losses at ``theta`` (with this reduction)."""
-        g = lsq_gradient(theta, data.H[:, clients], data.b[:, clients])
-        return g / data.n[:, clients, None] if self.reduction == "mean" else g
+        g = lsq_gradient(theta, self.H[:, clients], self.b[:, clients])
+        return g / self.n[:, clients, None] if self.reduction == "mean" else g
 
     def step_total(self, lr, K) -> float:
         """Sum of the K step sizes of a round (``K lr`` for a constant schedule)."""
@@ -171,7 +182,7 @@ class GD(LocalSolver):
     """Full-batch gradient descent on the client's sufficient statistics."""
 
     def local_steps(self, theta, data, K, lr, clients=slice(None), **extra):
-        return gd_steps(theta, data.H[:, clients], data.b[:, clients], data.n[:, clients],
+        return gd_steps(theta, self.H[:, clients], self.b[:, clients], self.n[:, clients],
                         step_sizes(lr, K, self.schedule), reduction=self.reduction,
                         precond=self._precond(clients), **extra)
 
@@ -200,6 +211,11 @@ class SGD(LocalSolver):
         self.pos = np.zeros((S, M), dtype=int)                         # next batch in epoch
         self.perm = np.zeros(data.mask.shape, dtype=int)
         self.mask = data.mask
+        self.Phi, self.Y = data.Phi, data.Y
+        if self.scale_features == "zscore":
+            m = data.mask[..., None]
+            self.Phi = (data.Phi - data.phi_mean[:, :, None, :]) * m
+            self.Y = (data.Y - data.y_mean[:, :, None, :]) * m
         self.t = 0                                                     # global step counter
 
     def _reshuffle(self, clients):
@@ -226,8 +242,8 @@ class SGD(LocalSolver):
             valid = (idx < self.n_i[:, clients, None]).astype(float)
             idx = np.minimum(idx, self.perm.shape[-1] - 1)
             sample = np.take_along_axis(self.perm[:, clients], idx, axis=-1)
-            Phi = np.take_along_axis(data.Phi[:, clients], sample[..., None], axis=-2)
-            Y = np.take_along_axis(data.Y[:, clients], sample[..., None], axis=-2)
+            Phi = np.take_along_axis(self.Phi[:, clients], sample[..., None], axis=-2)
+            Y = np.take_along_axis(self.Y[:, clients], sample[..., None], axis=-2)
             g = self._batch_gradient(theta, Phi, Y, valid)
             if scale_mean:
                 g = g / valid.sum(axis=-1, keepdims=True)

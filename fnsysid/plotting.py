@@ -13,6 +13,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
@@ -165,14 +166,15 @@ def figure(panels: list[dict], out_base: Path, metric: str = "e_max") -> pd.Data
     """Panels side by side, saved as ``out_base``.png and .pdf; returns the table of finals.
 
     Each panel is a dict with ``dir`` (a multirun folder), ``title`` and optionally ``x``
-    (draw the final error against that knob instead of curves over rounds), ``sqrt`` and
-    ``loglog``.
+    (draw the final error against that knob instead of curves over rounds), ``sqrt``,
+    ``loglog`` and ``where`` (keep the jobs whose overrides have these values).
     """
     fig, axes = plt.subplots(1, len(panels), figsize=(4.3 * len(panels), 3.5),
                              layout="constrained", squeeze=False)
     tables = []
     for ax, panel in zip(axes[0], panels, strict=True):
-        jobs = read_sweep(panel["dir"])
+        jobs = [j for j in read_sweep(panel["dir"])
+                if all(j["overrides"].get(k) == v for k, v in panel.get("where", {}).items())]
         if not jobs:
             raise FileNotFoundError(f"no finished jobs (errors.csv) under {panel['dir']}")
         if panel.get("x"):

@@ -123,7 +123,8 @@ class Scaffold(FedAvg):
         local = self.local(correction=self.c[:, None, :] - self.c_i)
         delta = (self.server[:, None, :] - local) / self.optimizer.step_total(self.lr, self.K)
         if self.optimizer.precond is not None:      # steps were P (g + c - c_i): undo P
-            delta = undo_preconditioner(self.optimizer.precond, self.data.H, self.data.n, delta)
+            delta = undo_preconditioner(self.optimizer.precond, self.optimizer.H,
+                                        self.optimizer.n, delta)
         self.c_i = self.c_i - self.c[:, None, :] + delta
         self.c = aggregate(self.c_i, self.weights)
         self.server = aggregate(local, self.weights)

@@ -1,0 +1,91 @@
+"""Build the figures of scripts/figures.yaml: run their experiments, then draw them.
+
+Usage: python scripts/make_figure.py NAME [NAME ...] | --all   [--plot-only] [--out figures]
+
+Each experiment (conf/experiment/<name>.yaml, a Hydra multirun) runs once per invocation into
+outputs/sweeps/<name>/ (cleared first). Each figure is written as <out>/<NAME>.png and .pdf,
+with <out>/<NAME>.csv holding the final error of every curve (mean and std over repeats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from fnsysid.plotting import figure, read_sweep
+
+ROOT = Path(__file__).resolve().parent.parent
+REGISTRY = Path(__file__).with_name("figures.yaml")
+SWEEPS = ROOT / "outputs" / "sweeps"
+
+
+def load_registry() -> dict:
+    return yaml.safe_load(REGISTRY.read_text())
+
+
+def run_experiment(name: str) -> float:
+    """Run one experiment's sweep from scratch; return its wall time."""
+    import shutil
+
+    shutil.rmtree(SWEEPS / name, ignore_errors=True)
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, str(ROOT / "run.py"), f"experiment={name}",
+                          "progress=false"], cwd=ROOT, capture_output=True, text=True)
+    if res.returncode != 0:
+        sys.stderr.write(res.stdout[-2000:] + res.stderr[-4000:])
+        raise SystemExit(f"make_figure: experiment {name} failed (exit {res.returncode})")
+    return time.perf_counter() - t0
+
+
+def draw(name: str, spec: dict, out: Path) -> pd.DataFrame:
+    panels = []
+    for p in spec["panels"]:
+        sweep = SWEEPS / p["experiment"]
+        where = {k: str(v) for k, v in (p.get("where") or {}).items()}
+        panels.append({**p, "dir": sweep, "where": where})
+    table = figure(panels, out / name)
+    table.insert(0, "figure", name)
+    table.to_csv((out / name).with_suffix(".csv"), index=False, float_format="%.4g")
+    return table
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", help="figure names (keys of scripts/figures.yaml)")
+    ap.add_argument("--all", action="store_true", help="every figure")
+    ap.add_argument("--plot-only", action="store_true", help="redraw from existing sweeps")
+    ap.add_argument("--out", type=Path, default=ROOT / "figures")
+    args = ap.parse_args(argv)
+    registry = load_registry()
+    names = list(registry) if args.all else args.names
+    unknown = [n for n in names if n not in registry]
+    if not names or unknown:
+        print(f"make_figure: error: unknown or no figure {', '.join(unknown)}; allowed: "
+              f"{', '.join(registry)}", file=sys.stderr)
+        return 2
+    experiments = list(dict.fromkeys(p["experiment"] for n in names
+                                     for p in registry[n]["panels"]))
+    if not args.plot_only:
+        for e in experiments:
+            print(f"running experiment {e} ... ", end="", flush=True)
+            print(f"{run_experiment(e):.1f} s", flush=True)
+    missing = [e for e in experiments if not read_sweep(SWEEPS / e)]
+    if missing:
+        print(f"make_figure: error: no results for {', '.join(missing)}; run without "
+              "--plot-only", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    for n in names:
+        table = draw(n, registry[n], args.out)
+        print(f"wrote {args.out / n}.png/.pdf/.csv ({len(table)} curves)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
