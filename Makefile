@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-slow lint bench clean
+.PHONY: help install run test test-slow lint bench figures clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -32,6 +32,19 @@ lint: $(STAMP)  ## ruff
 
 bench: $(STAMP)  ## time and peak memory of the benchmark cases (docs/PERFORMANCE.md)
 	$(PY) scripts/bench.py
+
+figures: $(STAMP)  ## run every experiment and redraw every figure in figures/ (about 70 s)
+	$(PY) scripts/make_figure.py --all
+
+# fig-<name> for each figure of scripts/figures.yaml, e.g. make fig-pendulum-gd
+FIGS := pendulum-gd pendulum-gd-long pendulum-gd-published pendulum-sgd synthetic-gd \
+        synthetic-gd-published error-vs-sqrt-m rate error-vs-k quadrotor-gd strategies
+.PHONY: $(addprefix fig-,$(FIGS))
+$(addprefix fig-,$(FIGS)): fig-%: $(STAMP)  ## one figure: fig-<name> (see `make figures-list`)
+	$(PY) scripts/make_figure.py $(subst -,_,$*)
+
+figures-list:  ## the fig-<name> targets
+	@for f in $(FIGS); do echo "  make fig-$$f"; done
 
 clean:  ## remove results and caches (keeps .venv)
 	rm -rf outputs multirun .pytest_cache .ruff_cache

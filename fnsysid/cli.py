@@ -97,12 +97,12 @@ def preflight(argv: list[str]) -> None:
         values = _sweep_values(o)
         for v in values:
             _check_value(key, v)
-        dims[o.input_line.split("=", 1)[0]] = [_encode(v) for v in values]
+        dims[o.input_line.split("=", 1)[0]] = values
 
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            first = [f"{k}={v[0]}" for k, v in dims.items()]
+            first = [f"{k}={_encode(v[0])}" for k, v in dims.items()]
             try:
                 base = compose("config", overrides=first, return_hydra_config=True)
             except (HydraException, OmegaConfBaseException) as exc:
@@ -115,19 +115,46 @@ def preflight(argv: list[str]) -> None:
                 values = _sweep_values(o)
                 for val in values:
                     _check_value(o.key_or_group, val)
-                dims[k] = [_encode(val) for val in values]
-            keys = list(dims)
-            combos = itertools.islice(itertools.product(*(dims[k] for k in keys)), MAX_CHECKED)
-            for combo in combos:
-                ovr = [f"{k}={v}" for k, v in zip(keys, combo, strict=True)]
-                try:
-                    cfg = compose("config", overrides=ovr)
-                except (HydraException, OmegaConfBaseException) as exc:
-                    raise ConfigError(_first_line(exc)) from exc
-                check_run(cfg)
-                build(cfg)
+                dims[k] = values
+            _check_combinations(dims, compose)
     finally:
         GlobalHydra.instance().clear()
+
+
+def _check_combinations(dims: dict, compose) -> None:
+    """Compose every combination of group options once; apply plain values on a copy."""
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from .experiment import build
+    from .validate import check_run
+
+    def is_group(key: str) -> bool:
+        return key.lstrip("+~") in GROUPS or "/" in key
+
+    groups = [k for k in dims if is_group(k)]
+    values = [k for k in dims if not is_group(k) and not k.startswith("hydra")]
+    checked = 0
+    for gcombo in itertools.product(*(dims[k] for k in groups)):
+        ovr = [f"{k}={_encode(v)}" for k, v in zip(groups, gcombo, strict=True)]
+        ovr += [f"{k}={_encode(dims[k][0])}" for k in values]
+        try:
+            base = compose("config", overrides=ovr)
+        except (HydraException, OmegaConfBaseException) as exc:
+            raise ConfigError(_first_line(exc)) from exc
+        for vcombo in itertools.product(*(dims[k] for k in values)):
+            cfg = base.copy()
+            try:
+                for k, v in zip(values, vcombo, strict=True):
+                    OmegaConf.update(cfg, k.lstrip("+"), v, force_add=k.startswith("+"))
+            except OmegaConfBaseException as exc:
+                raise ConfigError(_first_line(exc)) from exc
+            check_run(cfg)
+            build(cfg)
+            checked += 1
+            if checked >= MAX_CHECKED:
+                return
 
 
 def _encode(v) -> str:

@@ -17,6 +17,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
+#: colour and line-style cycle: neighbouring curves differ in both
+STYLE = (plt.cycler(color=plt.get_cmap("tab10").colors)
+         + plt.cycler(linestyle=["-", "--", "-.", ":", (0, (5, 1))] * 2))
+
 METRICS = {"e_max": r"$e_r = \max_i e_r^{(i)}$", "e_mean": r"mean$_i\, e_r^{(i)}$"}
 
 
@@ -85,6 +89,7 @@ def _sort_value(v: str):
 def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | None = None,
                title: str | None = None) -> list[dict]:
     """One curve per swept value (legend ``M=9``), on ``ax``. Returns a final-error table."""
+    ax.set_prop_cycle(STYLE)
     keys = keys or swept_keys(jobs)
     jobs = sorted(jobs, key=lambda j: [_sort_value(j["overrides"].get(k, "")) for k in keys])
     rows = []
@@ -103,7 +108,11 @@ def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | No
     style_axes(ax, metric)
     if title:
         ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+    if len(jobs) > 6:
+        ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3,
+                  frameon=False)
+    else:
+        ax.legend(fontsize=7)
     return rows
 
 
@@ -116,7 +125,8 @@ def final_errors(jobs: list[dict], metric: str = "e_max") -> pd.DataFrame:
         e = j["errors"]
         last = e[e["round"] == e["round"].max()][metric]
         rows.append({**j["overrides"], "final_mean": float(last.mean()),
-                     "final_std": float(last.std(ddof=0)), "R": int(e["round"].max()),
+                     "final_std": float(last.std(ddof=0)), "final_min": float(last.min()),
+                     "final_max": float(last.max()), "R": int(e["round"].max()),
                      "bound_rel": j["summary"].get("theorem1", {}).get("bound_rel")})
     return pd.DataFrame(rows)
 
@@ -130,6 +140,7 @@ def plot_final(jobs: list[dict], ax, x: str, metric: str = "e_max", sqrt: bool =
                loglog: bool = True, title: str | None = None) -> list[dict]:
     """Final error against swept knob ``x``; one line per combination of the other swept
     knobs, with the fitted log-log slope in the legend. Returns the table of slopes."""
+    ax.set_prop_cycle(STYLE)
     df = final_errors(jobs, metric)
     others = [k for k in swept_keys(jobs) if k != x]
     df["_x"] = df[x].astype(float)
@@ -145,8 +156,8 @@ def plot_final(jobs: list[dict], ax, x: str, metric: str = "e_max", sqrt: bool =
         b = slope(g["_x"], g["final_mean"]) if len(g) > 1 and loglog else None
         (line,) = ax.plot(xs, g["final_mean"], "o-", ms=4,
                           label=label + (f" (slope {b:+.2f})" if b is not None else ""))
-        ax.fill_between(xs, g["final_mean"] - g["final_std"], g["final_mean"] + g["final_std"],
-                        color=line.get_color(), alpha=0.15, lw=0)
+        ax.fill_between(xs, g["final_min"], g["final_max"], color=line.get_color(), alpha=0.12,
+                        lw=0)
         rows.append({"series": label, "slope_vs_" + x: b,
                      **{f"e_{x}={int(v) if float(v).is_integer() else v}": e
                         for v, e in zip(g["_x"], g["final_mean"], strict=True)}})
@@ -158,7 +169,8 @@ def plot_final(jobs: list[dict], ax, x: str, metric: str = "e_max", sqrt: bool =
     ax.grid(True, which="both", alpha=0.3)
     if title:
         ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2,
+              frameon=False)
     return rows
 
 

@@ -36,7 +36,7 @@ def run_experiment(name: str) -> float:
     shutil.rmtree(SWEEPS / name, ignore_errors=True)
     t0 = time.perf_counter()
     res = subprocess.run([sys.executable, str(ROOT / "run.py"), f"experiment={name}",
-                          "progress=false"], cwd=ROOT, capture_output=True, text=True)
+                          "progress=false", "output.plot=false"], cwd=ROOT, capture_output=True, text=True)
     if res.returncode != 0:
         sys.stderr.write(res.stdout[-2000:] + res.stderr[-4000:])
         raise SystemExit(f"make_figure: experiment {name} failed (exit {res.returncode})")
