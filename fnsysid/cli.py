@@ -76,8 +76,6 @@ def preflight(argv: list[str]) -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from .experiment import build
-    from .validate import check_run
 
     args = _overrides(argv)
     parser = OverridesParser.create()

@@ -137,9 +137,9 @@ def slope(x, y) -> float:
 
 
 def plot_final(jobs: list[dict], ax, x: str, metric: str = "e_max", sqrt: bool = False,
-               loglog: bool = True, title: str | None = None) -> list[dict]:
+               loglog: bool = True, title: str | None = None, fit: bool = True) -> list[dict]:
     """Final error against swept knob ``x``; one line per combination of the other swept
-    knobs, with the fitted log-log slope in the legend. Returns the table of slopes."""
+    knobs, with the fitted log-log slope in the legend (``fit``). Returns the table."""
     ax.set_prop_cycle(STYLE)
     df = final_errors(jobs, metric)
     others = [k for k in swept_keys(jobs) if k != x]
@@ -153,7 +153,7 @@ def plot_final(jobs: list[dict], ax, x: str, metric: str = "e_max", sqrt: bool =
         key = key if isinstance(key, tuple) else (key,)
         label = ", ".join(f"{k}={v}" for k, v in zip(others, key, strict=True)) or metric
         xs = np.sqrt(g["_x"]) if sqrt else g["_x"]
-        b = slope(g["_x"], g["final_mean"]) if len(g) > 1 and loglog else None
+        b = slope(g["_x"], g["final_mean"]) if len(g) > 1 and loglog and fit else None
         (line,) = ax.plot(xs, g["final_mean"], "o-", ms=4,
                           label=label + (f" (slope {b:+.2f})" if b is not None else ""))
         ax.fill_between(xs, g["final_min"], g["final_max"], color=line.get_color(), alpha=0.12,
@@ -179,7 +179,8 @@ def figure(panels: list[dict], out_base: Path, metric: str = "e_max") -> pd.Data
 
     Each panel is a dict with ``dir`` (a multirun folder), ``title`` and optionally ``x``
     (draw the final error against that knob instead of curves over rounds), ``sqrt``,
-    ``loglog`` and ``where`` (keep the jobs whose overrides have these values).
+    ``loglog``, ``fit`` (print the log-log slope) and ``where`` (keep the jobs whose overrides
+    have these values).
     """
     fig, axes = plt.subplots(1, len(panels), figsize=(4.3 * len(panels), 3.5),
                              layout="constrained", squeeze=False)
@@ -191,7 +192,8 @@ def figure(panels: list[dict], out_base: Path, metric: str = "e_max") -> pd.Data
             raise FileNotFoundError(f"no finished jobs (errors.csv) under {panel['dir']}")
         if panel.get("x"):
             rows = plot_final(jobs, ax, panel["x"], metric, sqrt=panel.get("sqrt", False),
-                              loglog=panel.get("loglog", True), title=panel.get("title"))
+                              loglog=panel.get("loglog", True), title=panel.get("title"),
+                              fit=panel.get("fit", True))
         else:
             rows = plot_sweep(jobs, ax, metric, title=panel.get("title"))
         tables.append(pd.DataFrame(rows).assign(panel=panel.get("title", "")))

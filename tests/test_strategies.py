@@ -5,8 +5,16 @@ import pytest
 
 from fnsysid.model import generate, least_squares, pooled
 from fnsysid.optim import GD, SGD
-from fnsysid.strategies import Centralized, Cyclic, FedAvg, FedLin, FedProx, Local, OneShot, \
-    Scaffold
+from fnsysid.strategies import (
+    Centralized,
+    Cyclic,
+    FedAvg,
+    FedLin,
+    FedProx,
+    Local,
+    OneShot,
+    Scaffold,
+)
 from tests.conftest import make
 
 

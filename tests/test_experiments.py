@@ -1,0 +1,71 @@
+"""Experiment files (paper figures and studies) compose; the slow test runs them all."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from fnsysid.cli import CONF_DIR, options
+from fnsysid.experiment import build
+from fnsysid.model import centred_stats, generate
+from fnsysid.validate import check_run
+from tests.conftest import compose_cfg, make
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPERIMENTS = options("experiment")
+REGISTRY = yaml.safe_load((ROOT / "scripts" / "figures.yaml").read_text())
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_experiment_composes_as_a_multirun_sweep(name):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True)
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    assert cfg.hydra.sweep.dir == f"outputs/sweeps/{name}"
+    params = cfg.hydra.sweeper.params
+    assert params and all("," in str(v) for v in params.values())
+    first = [f"{k}={str(v).split(',')[0]}" for k, v in params.items()]
+    run_cfg = compose_cfg(f"experiment={name}", *first)
+    check_run(run_cfg)
+    build(run_cfg)
+
+
+def test_every_experiment_is_drawn_and_every_panel_names_an_experiment():
+    used = {p["experiment"] for fig in REGISTRY.values() for p in fig["panels"]}
+    assert used == set(EXPERIMENTS)
+
+
+def test_centred_stats_equal_statistics_of_centred_samples():
+    _, model, *_ = make("system=pendulum", "system.x0.scale=[0.3,0.3]")
+    d = generate(model, M=2, N=[3, 6], T=5, eps=0.1, repeats=1, seed=0, keep_samples=True)
+    H, b = centred_stats(d, model.structure)
+    m = d.mask[0, 0] > 0
+    Phi = d.Phi[0, 0][m] - d.Phi[0, 0][m].mean(axis=0)
+    Y = d.Y[0, 0][m] - d.Y[0, 0][m].mean(axis=0)
+    np.testing.assert_allclose(H[0, 0], Phi.T @ Phi, rtol=1e-10, atol=1e-18)
+    np.testing.assert_allclose(b[0, 0], Phi.T @ Y[:, 0], rtol=1e-10, atol=1e-18)
+
+
+@pytest.mark.slow
+def test_every_figure_builds_from_a_short_run_of_every_experiment(tmp_path):
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_figure.py"), "--all",
+                          "--sweeps", str(tmp_path / "sweeps"), "--out", str(tmp_path / "figs"),
+                          "--override", "R=2", "--override", "repeats=2"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert res.returncode == 0, res.stderr[-3000:]
+    import pandas as pd
+
+    for name, spec in REGISTRY.items():
+        for suffix in (".png", ".pdf"):
+            assert (tmp_path / "figs" / f"{name}{suffix}").stat().st_size > 5000
+        table = pd.read_csv(tmp_path / "figs" / f"{name}.csv")
+        assert set(table["panel"]) == {p["title"] for p in spec["panels"]}
