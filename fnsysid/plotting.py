@@ -137,9 +137,11 @@ def slope(x, y) -> float:
 
 
 def plot_final(jobs: list[dict], ax, x: str, metric: str = "e_max", sqrt: bool = False,
-               loglog: bool = True, title: str | None = None, fit: bool = True) -> list[dict]:
+               loglog: bool = True, title: str | None = None, fit: bool = True,
+               bound: bool = False) -> list[dict]:
     """Final error against swept knob ``x``; one line per combination of the other swept
-    knobs, with the fitted log-log slope in the legend (``fit``). Returns the table."""
+    knobs, with the fitted log-log slope in the legend (``fit``) and, with ``bound``, the
+    right-hand side of Theorem 1 (relative form, dotted). Returns the table."""
     ax.set_prop_cycle(STYLE)
     df = final_errors(jobs, metric)
     others = [k for k in swept_keys(jobs) if k != x]
@@ -158,9 +160,15 @@ def plot_final(jobs: list[dict], ax, x: str, metric: str = "e_max", sqrt: bool =
                           label=label + (f" (slope {b:+.2f})" if b is not None else ""))
         ax.fill_between(xs, g["final_min"], g["final_max"], color=line.get_color(), alpha=0.12,
                         lw=0)
-        rows.append({"series": label, "slope_vs_" + x: b,
-                     **{f"e_{x}={int(v) if float(v).is_integer() else v}": e
-                        for v, e in zip(g["_x"], g["final_mean"], strict=True)}})
+        row = {"series": label, "slope_vs_" + x: b,
+               **{f"e_{x}={int(v) if float(v).is_integer() else v}": e
+                  for v, e in zip(g["_x"], g["final_mean"], strict=True)}}
+        if bound:
+            ax.plot(xs, g["bound_rel"], ":", color=line.get_color(), lw=1.5,
+                    label=f"Theorem 1 bound, {label}")
+            row.update({f"bound_{x}={int(v) if float(v).is_integer() else v}": e
+                        for v, e in zip(g["_x"], g["bound_rel"], strict=True)})
+        rows.append(row)
     ax.set_xlabel(f"$\\sqrt{{{x}}}$" if sqrt else x)
     ax.set_ylabel(f"final {METRICS.get(metric, metric)}")
     if loglog:
@@ -179,8 +187,8 @@ def figure(panels: list[dict], out_base: Path, metric: str = "e_max") -> pd.Data
 
     Each panel is a dict with ``dir`` (a multirun folder), ``title`` and optionally ``x``
     (draw the final error against that knob instead of curves over rounds), ``sqrt``,
-    ``loglog``, ``fit`` (print the log-log slope) and ``where`` (keep the jobs whose overrides
-    have these values).
+    ``loglog``, ``fit`` (print the log-log slope), ``bound`` (Theorem 1's right-hand side) and
+    ``where`` (keep the jobs whose overrides have these values).
     """
     fig, axes = plt.subplots(1, len(panels), figsize=(4.3 * len(panels), 3.5),
                              layout="constrained", squeeze=False)
@@ -193,14 +201,15 @@ def figure(panels: list[dict], out_base: Path, metric: str = "e_max") -> pd.Data
         if panel.get("x"):
             rows = plot_final(jobs, ax, panel["x"], metric, sqrt=panel.get("sqrt", False),
                               loglog=panel.get("loglog", True), title=panel.get("title"),
-                              fit=panel.get("fit", True))
+                              fit=panel.get("fit", True), bound=panel.get("bound", False))
         else:
             rows = plot_sweep(jobs, ax, metric, title=panel.get("title"))
         tables.append(pd.DataFrame(rows).assign(panel=panel.get("title", "")))
     out_base = Path(out_base)
     out_base.parent.mkdir(parents=True, exist_ok=True)
-    for suffix in (".png", ".pdf"):
-        fig.savefig(out_base.with_suffix(suffix), dpi=110)
+    for suffix in (".png", ".pdf"):   # no creation date: regenerated files differ only if data do
+        meta = {"CreationDate": None} if suffix == ".pdf" else {}
+        fig.savefig(out_base.with_suffix(suffix), dpi=110, metadata=meta)
     plt.close(fig)
     table = pd.concat(tables, ignore_index=True)
     cols = ["panel"] + [c for c in table.columns if c != "panel"]

@@ -1,6 +1,7 @@
 """Theorem 1 quantities computed from data against direct numpy computations."""
 
 import numpy as np
+import pytest
 
 from fnsysid.model import generate
 from fnsysid.theory import heterogeneity, theorem1
@@ -31,3 +32,24 @@ def test_heterogeneity_is_the_largest_pairwise_distance():
     big = np.zeros((1, 2500, 2))
     big[0, 0], big[0, 1] = [1.0, 0.0], [-1.0, 0.0]
     assert heterogeneity(big)[0] >= 2.0                    # upper bound for large M
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy, extra", [
+    ("oneshot", ["R=1"]),
+    ("fedavg", ["optimizer.reduction=mean", "optimizer.scale_features=diagonal", "lr=0.2",
+                "R=200"]),
+])
+def test_error_falls_as_one_over_sqrt_m_without_heterogeneity(strategy, extra, tmp_path):
+    """Theorem 1 at eps = 0 with independent noise per client: slope -1/2 in M (log-log)."""
+    from fnsysid.experiment import run_experiment
+    from fnsysid.plotting import slope
+    from tests.conftest import compose_cfg
+
+    Ms, finals = [1, 4, 16, 64, 256], []
+    for M in Ms:
+        cfg = compose_cfg("system=synthetic", f"strategy={strategy}", "eps=0.0", f"M={M}",
+                          "repeats=20", "output.plot=false", *extra)
+        finals.append(run_experiment(cfg, tmp_path / f"M{M}")["final_e_max_mean"])
+    b = slope(Ms, finals)
+    assert -0.6 <= b <= -0.4, (b, finals)
