@@ -53,3 +53,9 @@ def test_error_falls_as_one_over_sqrt_m_without_heterogeneity(strategy, extra, t
         finals.append(run_experiment(cfg, tmp_path / f"M{M}")["final_e_max_mean"])
     b = slope(Ms, finals)
     assert -0.6 <= b <= -0.4, (b, finals)
+
+
+def test_heterogeneity_matches_brute_force():
+    theta = np.random.default_rng(0).normal(size=(3, 50, 4))
+    d = np.linalg.norm(theta[:, :, None] - theta[:, None], axis=-1).max(axis=(1, 2))
+    np.testing.assert_allclose(heterogeneity(theta), d, rtol=1e-10)
