@@ -91,6 +91,9 @@ def main(argv=None) -> int:
     for n in names:
         table = draw(n, registry[n], args.out, args.sweeps)
         print(f"wrote {args.out / n}.png/.pdf/.csv ({len(table)} curves)")
+        slopes = [c for c in table.columns if c.startswith("slope_vs_")]
+        if slopes and table[slopes].notna().any().any():
+            print(table[["panel", "series", *slopes]].to_string(index=False, float_format="%.3f"))
     return 0
 
 
