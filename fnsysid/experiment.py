@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +18,7 @@ from tqdm.auto import tqdm
 
 from .model import ClientData, FeatureMapError, Model, build_model, generate
 from .theory import theorem1
-from .validate import ConfigError, check_run
-
-log = logging.getLogger(__name__)
+from .validate import ConfigError, check_run, plain
 
 #: keys of a system config that configure the run, not the system object
 SYSTEM_RUN_KEYS = ("knobs", "solver", "init")
@@ -166,8 +163,7 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path) -> dict:
     out = Path(output_dir)
 
     t0 = time.perf_counter()
-    data = generate(model, cfg.M, OmegaConf.to_object(cfg.N) if OmegaConf.is_list(cfg.N) else
-                    cfg.N, cfg.T, cfg.eps, cfg.repeats, cfg.seed,
+    data = generate(model, cfg.M, plain(cfg.N), cfg.T, cfg.eps, cfg.repeats, cfg.seed,
                     keep_samples=optimizer.needs_samples,
                     shared_noise=bool(cfg.data.shared_noise))
     theta0 = initial_model(model, data, cfg.system.init)
@@ -186,17 +182,13 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path) -> dict:
     errors.to_csv(out / "errors.csv", index=False)
     if keep_clients:
         clients_frame(hist).to_csv(out / "clients.csv", index=False)
-    final = np.broadcast_to(strategy.estimate(), data.theta_true.shape)
     if diverged is None:
-        estimates_frame(model, final, data, theta0).to_csv(out / "estimates.csv", index=False)
+        estimates_frame(model, strategy.estimate(), data, theta0,
+                        keep_clients).to_csv(out / "estimates.csv", index=False)
     theory.to_csv(out / "theory.csv", index=False)
-    summary = make_summary(cfg, model, hist, diverged, errors,
+    summary = make_summary(cfg, model, diverged, errors, theory,
                            runtime=dict(data_s=t_data, train_s=t_train,
                                         total_s=time.perf_counter() - t_start))
-    summary["theorem1"] = {k: float(theory[k].mean()) for k in
-                           ("bound_rel", "bound", "noise_term", "sigma_w", "s_phi2", "b_phi",
-                            "eps", "N_tot")}
-    summary["theorem1"]["delta"] = float(cfg.theory.delta)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if diverged is None and cfg.output.plot:
         from .plotting import plot_run
@@ -232,23 +224,35 @@ def clients_frame(hist: History) -> pd.DataFrame:
     return df.sort_values(["repeat", "round", "client"], kind="stable").reset_index(drop=True)
 
 
-def estimates_frame(model, final, data, theta0) -> pd.DataFrame:
-    """Final estimates with the nominal model, the mean truth over clients and the start."""
-    S = final.shape[0]
-    server = final[:, 0]                       # same for every client unless strategy is local
+def estimates_frame(model, estimate, data, theta0, per_client: bool) -> pd.DataFrame:
+    """Final estimates with the clients' mean truth, the nominal model and the start.
+
+    One row per (repeat, parameter) with ``client = "server"``; a strategy that evaluates each
+    client with its own model (``local``) gets one row per client when per-client output is on,
+    else its mean over clients (``client = "mean"``).
+    """
+    S, M, p = data.theta_true.shape
+    estimate = np.asarray(estimate)
+    if estimate.shape[1] == 1:
+        labels, est = ["server"], estimate
+    elif per_client:
+        labels, est = [str(m) for m in range(M)], estimate
+    else:
+        labels, est = ["mean"], estimate.mean(axis=1, keepdims=True)
+    C = len(labels)
     nominal = model.system.nominal @ model.embed
-    rows = {
-        "repeat": np.repeat(np.arange(S), model.p),
-        "parameter": np.tile(model.param_names, S),
-        "estimate": server.ravel(),
-        "true_mean": data.theta_true.mean(axis=1).ravel(),
-        "nominal": np.tile(nominal, S),
-        "initial": theta0.ravel(),
-    }
-    return pd.DataFrame(rows)
+    return pd.DataFrame({
+        "repeat": np.repeat(np.arange(S), C * p),
+        "client": np.tile(np.repeat(labels, p), S),
+        "parameter": np.tile(model.param_names, S * C),
+        "estimate": est.ravel(),
+        "true_mean": np.repeat(data.theta_true.mean(axis=1), C, axis=0).ravel(),
+        "nominal": np.tile(nominal, S * C),
+        "initial": np.repeat(theta0, C, axis=0).ravel(),
+    })
 
 
-def make_summary(cfg, model, hist, diverged, errors, runtime) -> dict:
+def make_summary(cfg, model, diverged, errors, theory, runtime) -> dict:
     last = errors[errors["round"] == errors["round"].max()]
     choices = _choices()
     return {
@@ -263,11 +267,15 @@ def make_summary(cfg, model, hist, diverged, errors, runtime) -> dict:
         "feature_map": choices.get("feature_map"),
         "optimizer": choices.get("optimizer"),
         "strategy": choices.get("strategy"),
-        "M": cfg.M, "N": OmegaConf.to_object(cfg.N) if OmegaConf.is_list(cfg.N) else cfg.N,
+        "M": cfg.M, "N": plain(cfg.N),
         "T": cfg.T, "eps": cfg.eps, "K": cfg.K, "lr": cfg.lr, "R": cfg.R,
         "repeats": cfg.repeats, "seed": cfg.seed,
         "parameters": list(model.param_names),
         "runtime_s": {k: round(v, 4) for k, v in runtime.items()},
+        "theorem1": {"delta": float(cfg.theory.delta),
+                     **{k: float(theory[k].mean()) for k in
+                        ("bound_rel", "bound", "noise_term", "sigma_w", "s_phi2", "b_phi", "eps",
+                         "N_tot")}},
     }
 
 

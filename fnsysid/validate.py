@@ -58,8 +58,8 @@ def _show(value) -> str:
 def check_run(cfg) -> None:
     """Check every knob and the cross-setting constraints of a composed run config."""
     for name in KNOBS:
-        check_knob(name, _plain(cfg[name]))
-    N = _plain(cfg.N)
+        check_knob(name, plain(cfg[name]))
+    N = plain(cfg.N)
     if isinstance(N, list) and len(N) != cfg.M:
         raise ConfigError(f"N has {len(N)} entries but M={cfg.M}: a list N gives one "
                           "trajectory count per client")
@@ -71,7 +71,8 @@ def check_run(cfg) -> None:
                               f"in 1..N*T = 1..{n_min}")
 
 
-def _plain(v):
+def plain(v):
+    """A config value as a plain Python object (lists of a ListConfig become lists)."""
     from omegaconf import ListConfig, OmegaConf
 
     return OmegaConf.to_container(v) if isinstance(v, ListConfig) else v
