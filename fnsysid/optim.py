@@ -219,18 +219,27 @@ class SGD(LocalSolver):
         self.t = 0                                                     # global step counter
 
     def _reshuffle(self, clients):
-        """New permutations for clients at an epoch start; padded samples sort last."""
+        """New permutations for the selected clients that start an epoch now.
+
+        Step ``t`` of block ``b`` in repeat ``s`` draws its keys from its own stream, so skipping
+        the blocks where no client starts an epoch changes no other draw. Padded samples sort
+        last and are never drawn.
+        """
         S, M, n_max = self.mask.shape
-        keys = np.empty((S, M, n_max))
-        for s in range(S):
-            for blk, lo, hi in rnd.blocks(M):
-                g = rnd.stream(self.seed, rnd.SHUFFLE, s, blk, self.t)
-                keys[s, lo:hi] = g.random((rnd.BLOCK, n_max))[: hi - lo]
-        keys = np.where(self.mask > 0, keys, 2.0)
         selected = np.zeros(M, dtype=bool)
         selected[clients] = True
         fresh = (self.pos == 0) & selected
-        self.perm = np.where(fresh[..., None], np.argsort(keys, axis=-1), self.perm)
+        if not fresh.any():
+            return
+        for s in range(S):
+            for blk, lo, hi in rnd.blocks(M):
+                if not fresh[s, lo:hi].any():
+                    continue
+                g = rnd.stream(self.seed, rnd.SHUFFLE, s, blk, self.t)
+                keys = np.where(self.mask[s, lo:hi] > 0, g.random((rnd.BLOCK, n_max))[: hi - lo],
+                                2.0)
+                new = np.argsort(keys, axis=-1)
+                self.perm[s, lo:hi] = np.where(fresh[s, lo:hi, None], new, self.perm[s, lo:hi])
 
     def local_steps(self, theta, data, K, lr, clients=slice(None), **extra):
         B = self.batch_size
