@@ -182,7 +182,8 @@ def plot_final(jobs: list[dict], ax, x: str, metric: str = "e_max", sqrt: bool =
     return rows
 
 
-def figure(panels: list[dict], out_base: Path, metric: str = "e_max") -> pd.DataFrame:
+def figure(panels: list[dict], out_base: Path, metric: str = "e_max",
+           suptitle: str | None = None) -> pd.DataFrame:
     """Panels side by side, saved as ``out_base``.png and .pdf; returns the table of finals.
 
     Each panel is a dict with ``dir`` (a multirun folder), ``title`` and optionally ``x``
@@ -205,6 +206,8 @@ def figure(panels: list[dict], out_base: Path, metric: str = "e_max") -> pd.Data
         else:
             rows = plot_sweep(jobs, ax, metric, title=panel.get("title"))
         tables.append(pd.DataFrame(rows).assign(panel=panel.get("title", "")))
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=10)
     out_base = Path(out_base)
     out_base.parent.mkdir(parents=True, exist_ok=True)
     for suffix in (".png", ".pdf"):   # no creation date: regenerated files differ only if data do
