@@ -206,6 +206,11 @@ def task(cfg: DictConfig) -> float | None:
 def main() -> None:
     """Console entry point (``fnsysid`` or ``python run.py``)."""
     argv = sys.argv[1:]
+    if not CONF_DIR.is_dir():
+        print(f"fnsysid: error: config folder {CONF_DIR} not found; install from a checkout "
+              "with `make install` (editable), which keeps conf/ beside the package",
+              file=sys.stderr)
+        sys.exit(2)
     if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
                      "--shell-completion", "-sc") for a in argv):
         try:
