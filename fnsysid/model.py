@@ -138,13 +138,6 @@ class ClientData:
     def shape(self) -> tuple[int, int]:
         return self.theta_true.shape[:2]
 
-    def client(self, m: int) -> "ClientData":
-        """The data of client ``m`` alone, shape (S, 1, ...)."""
-        fields = ("theta_true", "H", "b", "yy", "n", "Phi", "Y", "mask", "phi2max", "phi_mean",
-                  "y_mean")
-        return ClientData(*(None if getattr(self, f) is None else getattr(self, f)[:, m:m + 1]
-                            for f in fields))
-
 
 def pooled(data: ClientData) -> ClientData:
     """All clients' data pooled into one client per repeat, shape (S, 1, ...)."""
