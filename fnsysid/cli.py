@@ -16,7 +16,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from .validate import KNOBS, ConfigError, check_knob
+from .validate import KNOBS, ConfigError, check_batch_size, check_knob
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("system", "feature_map", "optimizer", "strategy", "experiment")
@@ -57,9 +57,7 @@ def _check_value(key: str, value) -> None:
     elif key in KNOBS:
         check_knob(key, value)
     elif key == "optimizer.batch_size":
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"optimizer.batch_size={value} is not allowed: it must be an "
-                              "integer in 1..N*T")
+        check_batch_size(value)
 
 
 def _sweep_values(override) -> list:

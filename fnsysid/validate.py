@@ -65,10 +65,15 @@ def check_run(cfg) -> None:
                           "trajectory count per client")
     bs = cfg.optimizer.get("batch_size")
     if bs is not None:
-        n_min = (min(N) if isinstance(N, list) else N) * cfg.T
-        if not (_is_int(bs) and 1 <= bs <= n_min):
-            raise ConfigError(f"optimizer.batch_size={bs} is not allowed: it must be an integer "
-                              f"in 1..N*T = 1..{n_min}")
+        check_batch_size(bs, (min(N) if isinstance(N, list) else N) * cfg.T)
+
+
+def check_batch_size(bs, n_min: int | None = None) -> None:
+    """``optimizer.batch_size`` must lie in ``1..N*T`` (``n_min`` = smallest N_i T, if known)."""
+    if not (_is_int(bs) and bs >= 1 and (n_min is None or bs <= n_min)):
+        upper = "N*T" if n_min is None else f"N*T = 1..{n_min}"
+        raise ConfigError(f"optimizer.batch_size={bs} is not allowed: it must be an integer in "
+                          f"1..{upper}")
 
 
 def plain(v):
