@@ -74,7 +74,6 @@ def preflight(argv: list[str]) -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-
     args = _overrides(argv)
     parser = OverridesParser.create()
     try:

@@ -252,8 +252,13 @@ def estimates_frame(model, estimate, data, theta0, per_client: bool) -> pd.DataF
     })
 
 
+def last_round(errors: pd.DataFrame) -> pd.DataFrame:
+    """Rows of ``errors.csv`` at the last recorded round (one per repeat)."""
+    return errors[errors["round"] == errors["round"].max()]
+
+
 def make_summary(cfg, model, diverged, errors, theory, runtime) -> dict:
-    last = errors[errors["round"] == errors["round"].max()]
+    last = last_round(errors)
     choices = _choices()
     return {
         "status": "diverged" if diverged is not None else "ok",

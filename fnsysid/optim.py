@@ -8,7 +8,7 @@ by the number of samples (``reduction="mean"``).
 
 Extra terms used by federated strategies enter every step:
 ``d = P (g + correction) + mu (theta - anchor)`` (FedLin/SCAFFOLD corrections, FedProx), with
-``P`` the optional diagonal feature scaling.
+``P`` the optional feature-scaling preconditioner (diagonal or full).
 """
 
 from __future__ import annotations
@@ -161,11 +161,12 @@ class LocalSolver:
         kind = "diagonal" if self.scale_features == "zscore" else self.scale_features
         self.precond = None if kind == "none" else preconditioner(self.H, self.n, kind)
 
-    def local_steps(self, theta, data, K, lr, clients=slice(None), **extra):  # pragma: no cover
-        """Run K local steps for ``data`` clients ``clients`` starting from ``theta``."""
+    def local_steps(self, theta, K, lr, clients=slice(None), **extra):  # pragma: no cover
+        """Run K local steps for clients ``clients`` (of the data given to :meth:`setup`)
+        starting from ``theta``."""
         raise NotImplementedError
 
-    def gradient(self, theta, data, clients=slice(None)):
+    def gradient(self, theta, clients=slice(None)):
         """Full-batch gradient of the clients' losses at ``theta`` (with this reduction)."""
         g = lsq_gradient(theta, self.H[:, clients], self.b[:, clients])
         return g / self.n[:, clients, None] if self.reduction == "mean" else g
@@ -181,7 +182,7 @@ class LocalSolver:
 class GD(LocalSolver):
     """Full-batch gradient descent on the client's sufficient statistics."""
 
-    def local_steps(self, theta, data, K, lr, clients=slice(None), **extra):
+    def local_steps(self, theta, K, lr, clients=slice(None), **extra):
         return gd_steps(theta, self.H[:, clients], self.b[:, clients], self.n[:, clients],
                         step_sizes(lr, K, self.schedule), reduction=self.reduction,
                         precond=self._precond(clients), **extra)
@@ -241,7 +242,7 @@ class SGD(LocalSolver):
                 new = np.argsort(keys, axis=-1)
                 self.perm[s, lo:hi] = np.where(fresh[s, lo:hi, None], new, self.perm[s, lo:hi])
 
-    def local_steps(self, theta, data, K, lr, clients=slice(None), **extra):
+    def local_steps(self, theta, K, lr, clients=slice(None), **extra):
         B = self.batch_size
         scale_mean = self.reduction == "mean"
         for lr_k in step_sizes(lr, K, self.schedule):

@@ -17,6 +17,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
+from .experiment import last_round  # noqa: E402
+
 #: colour and line-style cycle: neighbouring curves differ in both
 STYLE = (plt.cycler(color=plt.get_cmap("tab10").colors)
          + plt.cycler(linestyle=["-", "--", "-.", ":", (0, (5, 1))] * 2))
@@ -101,7 +103,7 @@ def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | No
             rows.append({"curve": label, "status": status})
             continue
         draw_curve(ax, j["errors"], label, metric)
-        last = j["errors"][j["errors"]["round"] == j["errors"]["round"].max()]
+        last = last_round(j["errors"])
         rows.append({"curve": label, "status": status, "R": int(last["round"].iloc[0]),
                      f"final_{metric}_mean": float(last[metric].mean()),
                      f"final_{metric}_std": float(last[metric].std(ddof=0))})
@@ -122,11 +124,11 @@ def final_errors(jobs: list[dict], metric: str = "e_max") -> pd.DataFrame:
     for j in jobs:
         if j["summary"]["status"] != "ok":
             continue
-        e = j["errors"]
-        last = e[e["round"] == e["round"].max()][metric]
+        final = last_round(j["errors"])
+        last = final[metric]
         rows.append({**j["overrides"], "final_mean": float(last.mean()),
                      "final_std": float(last.std(ddof=0)), "final_min": float(last.min()),
-                     "final_max": float(last.max()), "R": int(e["round"].max()),
+                     "final_max": float(last.max()), "R": int(final["round"].iloc[0]),
                      "bound_rel": j["summary"].get("theorem1", {}).get("bound_rel")})
     return pd.DataFrame(rows)
 

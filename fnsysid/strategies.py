@@ -79,7 +79,7 @@ class FedAvg(Strategy):
     steps on its own data, and the server averages the local models."""
 
     def local(self, **extra) -> np.ndarray:
-        return self.optimizer.local_steps(self.broadcast(), self.data, self.K, self.lr, **extra)
+        return self.optimizer.local_steps(self.broadcast(), self.K, self.lr, **extra)
 
     def round(self, r):
         self.server = aggregate(self.local(), self.weights)
@@ -104,7 +104,7 @@ class FedLin(FedAvg):
     (Mitra et al. 2021), so the local steps follow the global gradient."""
 
     def round(self, r):
-        g = self.optimizer.gradient(self.broadcast(), self.data)          # (S, M, p)
+        g = self.optimizer.gradient(self.broadcast())          # (S, M, p)
         correction = aggregate(g, self.weights)[:, None, :] - g
         self.server = aggregate(self.local(correction=correction), self.weights)
 
@@ -151,7 +151,7 @@ class Local(Strategy):
         self.models = np.array(self.broadcast())
 
     def round(self, r):
-        self.models = self.optimizer.local_steps(self.models, self.data, self.K, self.lr)
+        self.models = self.optimizer.local_steps(self.models, self.K, self.lr)
 
     def estimate(self):
         return self.models
@@ -172,7 +172,7 @@ class Centralized(Strategy):
 
     def round(self, r):
         if not self.exact:
-            self.server = self.optimizer.local_steps(self.broadcast(), self.data, self.K,
+            self.server = self.optimizer.local_steps(self.broadcast(), self.K,
                                                      self.lr)[:, 0]
 
 
@@ -183,6 +183,6 @@ class Cyclic(Strategy):
     def round(self, r):
         theta = self.server[:, None, :]
         for m in range(self.data.shape[1]):
-            theta = self.optimizer.local_steps(theta, self.data, self.K, self.lr,
+            theta = self.optimizer.local_steps(theta, self.K, self.lr,
                                                clients=slice(m, m + 1))
         self.server = theta[:, 0]
