@@ -16,9 +16,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from .options import CONF_DIR, options
 from .validate import KNOBS, ConfigError, check_batch_size, check_knob
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("system", "feature_map", "optimizer", "strategy", "experiment")
 TOP_LEVEL = set(KNOBS) | set(GROUPS) | {"data", "output", "progress", "hydra"}
 #: Hydra flags followed by a value
@@ -28,11 +28,6 @@ _VALUE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", 
 MAX_CHECKED = 256
 
 log = logging.getLogger("fnsysid")
-
-
-def options(group: str) -> list[str]:
-    """Options of a config group: the YAML files in ``conf/<group>/``."""
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
 def _overrides(argv: list[str]) -> list[str]:
@@ -122,7 +117,7 @@ def _check_combinations(dims: dict, compose) -> None:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from .experiment import build
+    from .build import build
     from .validate import check_run
 
     def is_group(key: str) -> bool:

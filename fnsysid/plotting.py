@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
-from .experiment import last_round  # noqa: E402
+from .tables import last_round  # noqa: E402
 
 #: colour and line-style cycle: neighbouring curves differ in both
 STYLE = (plt.cycler(color=plt.get_cmap("tab10").colors)

@@ -42,8 +42,8 @@ def worker(case: str, ms: list[int]) -> None:
     import hydra
     from hydra.core.global_hydra import GlobalHydra
 
-    from fnsysid.cli import CONF_DIR
     from fnsysid.experiment import run_experiment
+    from fnsysid.options import CONF_DIR
 
     overrides, _, _ = CASES[case]
     runs = []

@@ -10,8 +10,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fnsysid.cli import GROUPS, options
-from fnsysid.experiment import build, run_experiment
+from fnsysid.build import build
+from fnsysid.cli import GROUPS
+from fnsysid.experiment import run_experiment
+from fnsysid.options import options
 from fnsysid.validate import KNOBS, ConfigError
 from tests.conftest import compose_cfg
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import yaml
 
-from fnsysid.cli import CONF_DIR, options
-from fnsysid.experiment import build
+from fnsysid.build import build
 from fnsysid.model import centred_stats, generate
+from fnsysid.options import CONF_DIR, options
 from fnsysid.validate import check_run
 from tests.conftest import compose_cfg, make
 

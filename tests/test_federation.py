@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fnsysid.experiment import client_errors
+from fnsysid.metrics import client_errors
 from fnsysid.model import generate
 from fnsysid.optim import GD, SGD, gd_steps, preconditioner, step_sizes
 from fnsysid.strategies import FedAvg, aggregate

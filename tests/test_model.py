@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fnsysid.experiment import fitting_feature_maps
+from fnsysid.build import fitting_feature_maps
 from fnsysid.features import Fourier, Identity, Polynomial
 from fnsysid.model import FeatureMapError, build_model, generate
 from tests.conftest import make

@@ -119,8 +119,8 @@ def test_strategy_options_are_checked():
 
 @pytest.mark.parametrize("system", ["pendulum", "synthetic", "linear", "quadrotor"])
 def test_every_strategy_runs_on_every_system(system, tmp_path):
-    from fnsysid.cli import options
     from fnsysid.experiment import run_experiment
+    from fnsysid.options import options
     from tests.conftest import compose_cfg
 
     for strategy in options("strategy"):
