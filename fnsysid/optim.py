@@ -9,6 +9,11 @@ by the number of samples (``reduction="mean"``).
 Extra terms used by federated strategies enter every step:
 ``d = P (g + correction) + mu (theta - anchor)`` (FedLin/SCAFFOLD corrections, FedProx), with
 ``P`` the optional feature-scaling preconditioner (diagonal or full).
+
+Full-batch GD is affine in the starting model, so its K local steps are one precomputed map
+``theta_K = P theta_0 + q - C correction`` per client (:class:`LocalMap`, built by
+:meth:`GD.local_map`); a strategy that uses the map pays O(M p^2) per round whatever K is.
+:func:`gd_steps` is the step-by-step path (SGD's analogue, and the reference in tests).
 """
 
 from __future__ import annotations
@@ -22,10 +27,19 @@ SCHEDULES = ("constant", "inverse_k")
 REDUCTIONS = ("sum", "mean")
 
 
-def step_sizes(lr: float, K: int, schedule: str = "constant") -> np.ndarray:
-    """Step sizes of the K local steps of a round: constant, or ``lr / k`` (published code)."""
-    k = np.arange(1, K + 1, dtype=float)
-    return np.full(K, float(lr)) if schedule == "constant" else lr / k
+def step_sizes(lr: float, K, schedule: str = "constant") -> np.ndarray:
+    """Step sizes of the K local steps of a round: constant, or ``lr / k`` (published code).
+
+    ``K`` an int gives (K,). ``K`` an array of per-client step counts (..., M) gives
+    (..., M, max K) with zeros after a client's own ``K_i`` steps (a zero step leaves the
+    model unchanged, so every client can run ``max K`` steps).
+    """
+    K = np.asarray(K)
+    k = np.arange(1, int(K.max()) + 1, dtype=float)
+    lrs = np.full(k.shape, float(lr)) if schedule == "constant" else lr / k
+    if K.ndim == 0:
+        return lrs
+    return np.where(k <= K[..., None], lrs, 0.0)
 
 
 SCALINGS = ("none", "diagonal", "zscore", "whiten")
@@ -69,6 +83,11 @@ def undo_preconditioner(P: np.ndarray, H: np.ndarray, n: np.ndarray, d: np.ndarr
     return np.einsum("...pq,...q->...p", H, d) / np.asarray(n, float)[..., None]
 
 
+def matvec(A: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``A x`` for stacks of matrices (..., p, q) and vectors (..., q) (broadcasting)."""
+    return np.einsum("...pq,...q->...p", A, x)
+
+
 def lsq_gradient(theta, H, b):
     """Gradient ``H theta - b`` of the summed least-squares loss (broadcasting)."""
     return np.einsum("...pq,...q->...p", H, theta) - b
@@ -82,7 +101,8 @@ def gd_steps(theta, H, b, n, lrs, *, reduction="sum", precond=None, mu=0.0, anch
     ----------
     theta : (..., p) starting models (not modified).
     H, b, n : (..., p, p), (..., p), (...) sufficient statistics of the client.
-    lrs : (K,) step sizes, see :func:`step_sizes`.
+    lrs : (K,) step sizes, or (..., K) per client (zeros past a client's own K_i), see
+        :func:`step_sizes`.
     reduction : "sum" or "mean" over samples.
     precond : (..., p) diagonal or (..., p, p) preconditioner, or None.
     mu, anchor : proximal weight and centre (FedProx); ``anchor`` broadcastable to theta.
@@ -100,7 +120,9 @@ def gd_steps(theta, H, b, n, lrs, *, reduction="sum", precond=None, mu=0.0, anch
     array([1.])
     """
     scale = 1.0 / np.asarray(n, float)[..., None] if reduction == "mean" else 1.0
-    for lr in lrs:
+    lrs = np.asarray(lrs, float)
+    for k in range(lrs.shape[-1]):
+        lr = lrs[..., k, None] if lrs.ndim > 1 else lrs[k]
         g = lsq_gradient(theta, H, b) * scale
         theta = theta - lr * _finish(g, theta, precond, mu, anchor, correction)
     return theta
@@ -121,6 +143,137 @@ def _finish(g, theta, precond, mu, anchor, correction):
     if mu:
         g = g + mu * (theta - anchor)
     return g
+
+
+class LocalMap:
+    """K local steps of a batch of clients as one affine map of the starting model.
+
+    ``theta_K = P theta_0 + q - C c`` where ``c`` is a gradient correction held fixed during
+    the round (FedLin, SCAFFOLD). ``P`` (..., p, p) and ``q`` (..., p) carry the loss, the
+    step sizes, the reduction, the preconditioner and a proximal term anchored at the starting
+    model (FedProx); ``C`` (..., p, p) is the response to ``c`` (None when not kept).
+
+    How a strategy uses it: per-client maps for per-client state (``local``, SCAFFOLD);
+    :meth:`aggregate` for the server map of averaging strategies (FedAvg: ``theta_s <-
+    Pbar theta_s + qbar``, O(p^2) per round); :meth:`compose_clients` for clients updated in
+    sequence. A correction that is itself affine in the server model (FedLin) folds into
+    ``P`` and ``q`` once.
+
+    Examples
+    --------
+    >>> m = LocalMap(np.array([[0.5]]), np.array([1.0]), np.array([[2.0]]))
+    >>> m(np.array([4.0]), correction=np.array([0.5]))
+    array([2.])
+    """
+
+    def __init__(self, P: np.ndarray, q: np.ndarray, C: np.ndarray | None = None):
+        self.P, self.q, self.C = P, q, C
+
+    def __call__(self, theta: np.ndarray, correction: np.ndarray | None = None) -> np.ndarray:
+        out = matvec(self.P, theta) + self.q
+        if correction is not None:
+            out = out - matvec(self.C, correction)
+        return out
+
+    def aggregate(self, weights: np.ndarray | None = None) -> LocalMap:
+        """Map to the weighted mean over the clients axis (-3 of ``P``) of the local models.
+
+        With ``weights`` (..., M) or None (plain mean); the clients axis is kept with length 1.
+        """
+        def avg(a, extra):
+            if a is None:
+                return None
+            if weights is None:
+                return a.mean(axis=-2 - extra, keepdims=True)
+            w = np.asarray(weights, float)
+            w = (w / w.sum(axis=-1, keepdims=True)).reshape(w.shape + (1,) * (1 + extra))
+            return (w * a).sum(axis=-2 - extra, keepdims=True)
+
+        return LocalMap(avg(self.P, 1), avg(self.q, 0), avg(self.C, 1))
+
+    def compose_clients(self) -> LocalMap:
+        """One map for the clients run one after another, client 0 first (no correction).
+
+        Composed pairwise, ``(P2, q2) o (P1, q1) = (P2 P1, P2 q1 + q2)``, in log2(M) levels.
+        """
+        P, q = self.P, self.q
+        while P.shape[-3] > 1:
+            m = P.shape[-3] // 2 * 2
+            first, second = P[..., 0:m:2, :, :], P[..., 1:m:2, :, :]
+            Pn = second @ first
+            qn = matvec(second, q[..., 0:m:2, :]) + q[..., 1:m:2, :]
+            if P.shape[-3] > m:                                        # odd: carry the last
+                Pn = np.concatenate([Pn, P[..., m:, :, :]], axis=-3)
+                qn = np.concatenate([qn, q[..., m:, :]], axis=-2)
+            P, q = Pn, qn
+        return LocalMap(P, q)
+
+
+def affine_gd(H, b, n, lr: float, K, *, schedule="constant", reduction="sum", precond=None,
+              mu=0.0, correction=True) -> LocalMap:
+    """The map of :func:`gd_steps` (``anchor`` = the starting model) as a :class:`LocalMap`.
+
+    A step is ``theta <- A_k theta + l_k u`` with ``A_k = I - l_k (s D H + mu I)`` and
+    ``u = s D b - D c + mu theta_0`` (``s`` = 1 or 1/n, ``D`` the preconditioner). After K steps
+    ``theta_K = P theta_0 + G u`` with ``P = A_K ... A_1`` and ``G = sum_k A_K ... A_{k+1} l_k``,
+    so ``q = G s D b`` and ``C = G D``; the proximal term ``mu (theta - theta_0)`` adds
+    ``mu G theta_0`` (``P + mu G``).
+
+    ``K`` is an int or per-client step counts (..., M) broadcasting against ``n``. A constant
+    schedule uses binary powering (O(log K) products of (..., p, p) stacks); ``inverse_k``
+    multiplies the K step matrices in sequence. ``correction=False`` leaves ``C`` out.
+    """
+    p = H.shape[-1]
+    eye = np.eye(p)
+    DH = H if precond is None else (precond[..., :, None] * H if precond.ndim == b.ndim
+                                    else precond @ H)
+    Db = b if precond is None else apply_preconditioner(precond, b)
+    if reduction == "mean":
+        inv_n = 1.0 / np.asarray(n, float)
+        DH, Db = DH * inv_n[..., None, None], Db * inv_n[..., None]
+    B = DH + mu * eye
+    if schedule == "constant":
+        P, S = _power_sum(eye - lr * B, np.asarray(K))
+        G = lr * S
+    else:
+        lrs = step_sizes(lr, K, schedule)                          # (K,) or (..., M, K)
+        P, G = np.broadcast_to(eye, B.shape).copy(), np.zeros(B.shape)
+        for k in range(lrs.shape[-1]):
+            lk = lrs[..., k, None, None] if lrs.ndim > 1 else lrs[k]
+            A = eye - lk * B
+            P, G = A @ P, A @ G + lk * eye
+    if mu:
+        P = P + mu * G                                 # the anchor is the starting model
+    q = matvec(G, Db)
+    C = None
+    if correction:
+        C = G if precond is None else (G * precond[..., None, :] if precond.ndim == b.ndim
+                                       else G @ precond)
+    return LocalMap(P, q, C)
+
+
+def _power_sum(A: np.ndarray, K: np.ndarray):
+    """``A^K`` and ``sum_{j<K} A^j`` by binary powering; ``K`` an int or per-client counts
+    (..., M) broadcasting against ``A`` (..., M, p, p)."""
+    eye = np.eye(A.shape[-1])
+    P = np.broadcast_to(eye, A.shape).copy()           # A^k and sum_{j<k} A^j of the bits
+    S = np.zeros(A.shape)                              # taken so far (k = 0)
+    Apow, Tpow = A, np.broadcast_to(eye, A.shape)      # A^(2^i) and sum_{j<2^i} A^j
+    Kmax = int(K.max())
+    i = 0
+    while Kmax >> i:
+        bit = (K >> i) & 1
+        if bit.ndim == 0:
+            if bit:
+                P, S = Apow @ P, S + P @ Tpow
+        elif bit.any():
+            take = bit.astype(bool)[..., None, None]
+            P, S = np.where(take, Apow @ P, P), np.where(take, S + P @ Tpow, S)
+        i += 1
+        if Kmax >> i:
+            Tpow = Tpow + Apow @ Tpow
+            Apow = Apow @ Apow
+    return P, S
 
 
 class LocalSolver:
@@ -166,10 +319,24 @@ class LocalSolver:
         starting from ``theta``."""
         raise NotImplementedError
 
+    def local_map(self, K, lr, mu: float = 0.0, correction: bool = True) -> LocalMap | None:
+        """The K local steps of every client as one :class:`LocalMap` (proximal term
+        ``mu (theta - theta_0)`` anchored at the starting model), or None when the steps are
+        not affine in the starting model (SGD) or the solver is told to step (``affine=false``).
+        ``K`` an int or per-client counts (S, M) or (M,)."""
+        return None
+
     def gradient(self, theta, clients=slice(None)):
         """Full-batch gradient of the clients' losses at ``theta`` (with this reduction)."""
         g = lsq_gradient(theta, self.H[:, clients], self.b[:, clients])
         return g / self.n[:, clients, None] if self.reduction == "mean" else g
+
+    def gradient_map(self):
+        """``(A, c)`` with gradient ``A theta - c`` for every client (this reduction)."""
+        if self.reduction == "mean":
+            inv_n = 1.0 / self.n
+            return self.H * inv_n[..., None, None], self.b * inv_n[..., None]
+        return self.H, self.b
 
     def step_total(self, lr, K) -> float:
         """Sum of the K step sizes of a round (``K lr`` for a constant schedule)."""
@@ -180,7 +347,24 @@ class LocalSolver:
 
 
 class GD(LocalSolver):
-    """Full-batch gradient descent on the client's sufficient statistics."""
+    """Full-batch gradient descent on the client's sufficient statistics.
+
+    ``affine`` (default true): strategies run the K local steps as one precomputed affine map
+    (:meth:`local_map`); false: step by step (:meth:`local_steps`, the reference).
+    """
+
+    def __init__(self, affine: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        if not isinstance(affine, (bool, np.bool_)):
+            raise ValueError(f"optimizer.affine={affine}; allowed: true, false")
+        self.affine = bool(affine)
+
+    def local_map(self, K, lr, mu=0.0, correction=True):
+        if not self.affine:
+            return None
+        return affine_gd(self.H, self.b, self.n, lr, K, schedule=self.schedule,
+                         reduction=self.reduction, precond=self.precond, mu=mu,
+                         correction=correction)
 
     def local_steps(self, theta, K, lr, clients=slice(None), **extra):
         return gd_steps(theta, self.H[:, clients], self.b[:, clients], self.n[:, clients],

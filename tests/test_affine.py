@@ -1,0 +1,114 @@
+"""K local GD steps as one affine map equal the step-by-step path (every strategy, system)."""
+
+import numpy as np
+import pytest
+
+from fnsysid.model import generate
+from fnsysid.optim import GD, affine_gd, gd_steps, step_sizes
+from fnsysid.strategies import (
+    Centralized,
+    Cyclic,
+    FedAvg,
+    FedLin,
+    FedProx,
+    Local,
+    Scaffold,
+)
+from tests.conftest import make
+
+STRATEGIES = {
+    "fedavg": FedAvg, "fedprox": lambda: FedProx(mu=0.3), "fedlin": FedLin,
+    "scaffold": Scaffold, "local": Local, "centralized": Centralized, "cyclic": Cyclic,
+    "fedavg_samples": lambda: FedAvg(weighting="samples"),
+}
+
+
+def _rel(a, b):
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+def _trajectory(strategy, model, data, optimizer, K, lr, R):
+    theta0 = np.zeros((data.shape[0], model.p))
+    strategy.setup(theta0, data, model, optimizer, K, lr, seed=0)
+    out = []
+    for r in range(1, R + 1):
+        strategy.round(r)
+        out.append(np.broadcast_to(strategy.estimate(), data.theta_true.shape).copy())
+    return np.array(out)
+
+
+@pytest.mark.parametrize("system", ["pendulum", "synthetic", "linear", "quadrotor"])
+def test_affine_rounds_equal_the_step_path_for_every_strategy(system):
+    cfg, model, opt, _ = make(f"system={system}")
+    data = generate(model, M=5, N=3, T=cfg.T, eps=0.1, repeats=2, seed=1)
+    solver = {k: cfg.optimizer[k] for k in ("schedule", "reduction", "scale_features")}
+    K, lr = max(int(cfg.K), 3), float(cfg.lr)
+    for name, make_strategy in STRATEGIES.items():
+        ref = _trajectory(make_strategy(), model, data, GD(affine=False, **solver), K, lr, 15)
+        fast_strategy = make_strategy()
+        got = _trajectory(fast_strategy, model, data, GD(**solver), K, lr, 15)
+        assert np.isfinite(ref).all() and np.abs(ref[-1] - ref[0]).max() > 0, name
+        assert _rel(got, ref) < 1e-10, (name, _rel(got, ref))
+
+
+@pytest.mark.parametrize("options", [
+    dict(schedule="inverse_k"), dict(scale_features="whiten", reduction="mean"),
+    dict(scale_features="zscore", reduction="mean"), dict(scale_features="diagonal"),
+])
+def test_affine_rounds_equal_the_step_path_for_every_solver_option(options):
+    cfg, model, *_ = make("system=synthetic")
+    data = generate(model, M=4, N=3, T=5, eps=0.3, repeats=2, seed=2)
+    lr = 1e-3 if options.get("reduction") != "mean" else 0.05
+    for name, make_strategy in STRATEGIES.items():
+        ref = _trajectory(make_strategy(), model, data, GD(affine=False, **options), 6, lr, 10)
+        got = _trajectory(make_strategy(), model, data, GD(**options), 6, lr, 10)
+        assert _rel(got, ref) < 1e-10, (name, options, _rel(got, ref))
+
+
+@pytest.mark.parametrize("schedule", ["constant", "inverse_k"])
+@pytest.mark.parametrize("K", [1, 2, 7, 50])
+def test_affine_map_of_per_client_k_equals_the_steps(schedule, K):
+    rng = np.random.default_rng(0)
+    S, M, p = 2, 5, 3
+    X = rng.standard_normal((S, M, 8, p))
+    H, b = np.einsum("smnp,smnq->smpq", X, X), rng.standard_normal((S, M, p))
+    n = np.full((S, M), 8.0)
+    Ks = np.array([K, 1, 3, max(K - 1, 1), 2])             # per-client K_i
+    theta, c = rng.standard_normal((S, 1, p)), rng.standard_normal((S, M, p))
+    for kw in (dict(), dict(reduction="mean", precond=1.0 / np.diagonal(H, axis1=-2,
+                                                                         axis2=-1), mu=0.5)):
+        lrs = step_sizes(0.01, Ks, schedule)                # (M, max K), zeros past K_i
+        ref = gd_steps(np.broadcast_to(theta, (S, M, p)), H, b, n, lrs, correction=c,
+                       anchor=theta, **kw)
+        got = affine_gd(H, b, n, 0.01, Ks, schedule=schedule, **kw)(theta, correction=c)
+        np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-14)
+        for m in range(M):                                  # each client as if alone
+            kw_m = {k: v[:, m] if k == "precond" else v for k, v in kw.items()}
+            alone = gd_steps(theta[:, 0], H[:, m], b[:, m], n[:, m],
+                             step_sizes(0.01, int(Ks[m]), schedule), correction=c[:, m],
+                             anchor=theta[:, 0], **kw_m)
+            np.testing.assert_allclose(got[:, m], alone, rtol=1e-12, atol=1e-14)
+
+
+def test_server_map_of_fedavg_is_the_average_of_the_client_maps():
+    cfg, model, *_ = make("system=linear")
+    data = generate(model, M=3, N=2, T=5, eps=0.1, repeats=1, seed=0)
+    s = FedAvg()
+    s.setup(np.zeros((1, model.p)), data, model, GD(), 4, 1e-4, 0)
+    client = s.optimizer.local_map(4, 1e-4)
+    np.testing.assert_allclose(s.server_map.P[:, 0], client.P.mean(axis=1), rtol=1e-14)
+    theta = np.ones((1, 1, model.p))
+    np.testing.assert_allclose(s.server_map(theta)[:, 0], client(theta).mean(axis=1),
+                               rtol=1e-12)
+
+
+def test_sgd_and_stepping_gd_have_no_map():
+    from fnsysid.optim import SGD
+
+    cfg, model, *_ = make("system=linear")
+    data = generate(model, M=2, N=2, T=5, eps=0.1, repeats=1, seed=0, keep_samples=True)
+    for opt in (SGD(batch_size=3), GD(affine=False)):
+        opt.setup(data, model, 0)
+        assert opt.local_map(3, 1e-3) is None
+    with pytest.raises(ValueError, match="optimizer.affine"):
+        GD(affine="yes")
