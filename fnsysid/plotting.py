@@ -6,7 +6,6 @@ Plotting only reads what runs wrote (``errors.csv``, ``.hydra/overrides.yaml``,
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import matplotlib
@@ -15,8 +14,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-import yaml  # noqa: E402
 
+from .sweep import read_sweep, swept_keys, typed  # noqa: E402, F401
 from .tables import last_round  # noqa: E402
 
 #: colour and line-style cycle: neighbouring curves differ in both
@@ -61,26 +60,6 @@ def plot_run(errors: pd.DataFrame, path: Path, title: str = "") -> None:
     plt.close(fig)
 
 
-def read_sweep(sweep_dir: Path) -> list[dict]:
-    """Jobs of a multirun folder: overrides, summary and errors of each finished job."""
-    jobs = []
-    for ov in sorted(Path(sweep_dir).glob("**/.hydra/overrides.yaml")):
-        job = ov.parent.parent
-        if not (job / "errors.csv").exists():
-            continue
-        overrides = dict(o.split("=", 1) for o in yaml.safe_load(ov.read_text()) or [])
-        summary = json.loads((job / "summary.json").read_text())
-        jobs.append({"dir": job, "overrides": overrides, "summary": summary,
-                     "errors": pd.read_csv(job / "errors.csv")})
-    return jobs
-
-
-def swept_keys(jobs: list[dict]) -> list[str]:
-    """Override keys whose value differs between jobs."""
-    keys = sorted({k for j in jobs for k in j["overrides"]})
-    return [k for k in keys if len({j["overrides"].get(k) for j in jobs}) > 1]
-
-
 def _sort_value(v: str):
     try:
         return (0, float(v), "")
@@ -89,10 +68,13 @@ def _sort_value(v: str):
 
 
 def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | None = None,
-               title: str | None = None) -> list[dict]:
-    """One curve per swept value (legend ``M=9``), on ``ax``. Returns a final-error table."""
+               title: str | None = None, legend: bool = True) -> list[dict]:
+    """One curve per swept value (legend ``M=9``), on ``ax``. Returns a final-error table.
+
+    ``keys`` name the curves (default: the keys whose values differ between ``jobs``).
+    """
     ax.set_prop_cycle(STYLE)
-    keys = keys or swept_keys(jobs)
+    keys = swept_keys(jobs) if keys is None else keys
     jobs = sorted(jobs, key=lambda j: [_sort_value(j["overrides"].get(k, "")) for k in keys])
     rows = []
     for j in jobs:
@@ -110,6 +92,8 @@ def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | No
     style_axes(ax, metric)
     if title:
         ax.set_title(title, fontsize=9)
+    if not legend:
+        return rows
     if len(jobs) > 6:
         ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3,
                   frameon=False)
@@ -129,6 +113,7 @@ def final_errors(jobs: list[dict], metric: str = "e_max") -> pd.DataFrame:
         rows.append({**j["overrides"], "final_mean": float(last.mean()),
                      "final_std": float(last.std(ddof=0)), "final_min": float(last.min()),
                      "final_max": float(last.max()), "R": int(final["round"].iloc[0]),
+                     "n_repeats": int(last.size),
                      "bound_rel": j["summary"].get("theorem1", {}).get("bound_rel")})
     return pd.DataFrame(rows)
 
@@ -162,15 +147,18 @@ def plot_final(jobs: list[dict], ax, x: str, metric: str = "e_max", sqrt: bool =
                           label=label + (f" (slope {b:+.2f})" if b is not None else ""))
         ax.fill_between(xs, g["final_min"], g["final_max"], color=line.get_color(), alpha=0.12,
                         lw=0)
-        row = {"series": label, "slope_vs_" + x: b,
-               **{f"e_{x}={int(v) if float(v).is_integer() else v}": e
-                  for v, e in zip(g["_x"], g["final_mean"], strict=True)}}
+        for _, r in g.iterrows():                       # tidy: one row per (curve, x)
+            row = {"series": label, **{k: typed(v) for k, v in zip(others, key, strict=True)},
+                   x: typed(r[x]), "final_mean": r["final_mean"],
+                   "final_std": r["final_std"], "final_min": r["final_min"],
+                   "final_max": r["final_max"], "n_repeats": r["n_repeats"],
+                   "slope_vs_" + x: b}
+            if bound:
+                row["bound_rel"] = r["bound_rel"]
+            rows.append(row)
         if bound:
             ax.plot(xs, g["bound_rel"], ":", color=line.get_color(), lw=1.5,
                     label=f"Theorem 1 bound, {label}")
-            row.update({f"bound_{x}={int(v) if float(v).is_integer() else v}": e
-                        for v, e in zip(g["_x"], g["bound_rel"], strict=True)})
-        rows.append(row)
     ax.set_xlabel(f"$\\sqrt{{{x}}}$" if sqrt else x)
     ax.set_ylabel(f"final {METRICS.get(metric, metric)}")
     if loglog:
@@ -221,16 +209,86 @@ def figure(panels: list[dict], out_base: Path, metric: str = "e_max",
     return table[cols]
 
 
-def sweep_figure(sweep_dir: Path, outs, metric: str = "e_max", title: str | None = None):
-    """Draw one panel for a multirun folder into each path of ``outs`` (format by suffix)."""
-    jobs = read_sweep(sweep_dir)
-    if not jobs:
-        raise FileNotFoundError(f"no finished jobs (errors.csv) under {sweep_dir}")
-    fig, ax = plt.subplots(figsize=(5, 3.6), layout="constrained")
-    rows = plot_sweep(jobs, ax, metric, title=title)
+def _label(keys, values) -> str:
+    return ", ".join(f"{k}={v}" for k, v in zip(keys, values, strict=True))
+
+
+def sweep_figure(jobs: list[dict], keys: list[str], outs, metric: str = "e_max",
+                 title: str | None = None, panel_key: str | None = None) -> pd.DataFrame:
+    """Curves of a sweep, saved to each path of ``outs`` (format by suffix).
+
+    One swept key: one panel, one curve per value. Two or more: one panel per value of
+    ``panel_key`` (default: the first swept key), one curve per combination of the others,
+    with a single legend for the figure. Only swept keys (``keys``) appear in labels.
+    Returns the final-error table (one row per curve, with the panel).
+    """
+    if panel_key is not None and panel_key not in keys:
+        raise ValueError(f"panel key {panel_key} is not swept; swept: {', '.join(keys)}")
+    if panel_key is None and len(keys) > 1:
+        panel_key = keys[0]
+    curve_keys = [k for k in keys if k != panel_key]
+    groups = {"": jobs}
+    if panel_key is not None:
+        values = sorted({j["overrides"].get(panel_key) for j in jobs}, key=_sort_value)
+        groups = {f"{panel_key}={v}": [j for j in jobs if j["overrides"].get(panel_key) == v]
+                  for v in values}
+    n = len(groups)
+    ncol = min(n, 3)
+    nrow = -(-n // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.2 * nrow + 0.6),
+                             layout="constrained", squeeze=False, sharex=True, sharey=True)
+    tables = []
+    for ax, (name, group) in zip(axes.flat, groups.items(), strict=False):
+        rows = plot_sweep(group, ax, metric, keys=curve_keys, title=name or title,
+                          legend=False)
+        tables.append(pd.DataFrame(rows).assign(panel=name))
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6),
+               fontsize=7, frameon=False)
+    n_rep = jobs[0]["errors"]["repeat"].nunique()
+    head = f"{title}\n" if title and panel_key else ""
+    fig.suptitle(f"{head}mean over {n_rep} repeats, band = min..max", fontsize=9)
     for out in outs:
         fig.savefig(out, dpi=120)
     plt.close(fig)
-    return pd.DataFrame(rows)
+    table = pd.concat(tables, ignore_index=True)
+    return table[["panel"] + [c for c in table.columns if c != "panel"]]
 
 
+def sweep_heatmap(jobs: list[dict], keys: list[str], outs, metric: str = "e_max",
+                  title: str | None = None) -> pd.DataFrame:
+    """Final error (mean over repeats) of a two-key sweep as a heat map: ``keys[0]`` across,
+    ``keys[1]`` down, the value written in each cell. Returns the table of finals."""
+    if len(keys) != 2:
+        raise ValueError(f"a heat map needs exactly two swept keys; this sweep has "
+                         f"{len(keys)}: {', '.join(keys) or 'none'}")
+    x, y = keys
+    df = final_errors(jobs, metric)[[x, y, "final_mean", "final_min", "final_max"]]
+    xs = sorted(df[x].unique(), key=_sort_value)
+    ys = sorted(df[y].unique(), key=_sort_value)
+    grid = df.pivot(index=y, columns=x, values="final_mean").reindex(index=ys, columns=xs)
+    fig, ax = plt.subplots(figsize=(1.0 * len(xs) + 2.4, 0.6 * len(ys) + 1.6),
+                           layout="constrained")
+    vals = grid.to_numpy(float)
+    positive = vals[np.isfinite(vals) & (vals > 0)]
+    norm = None
+    if positive.size and positive.max() / positive.min() > 10:
+        norm = matplotlib.colors.LogNorm(positive.min(), positive.max())
+    im = ax.imshow(vals, cmap="viridis", norm=norm, aspect="auto")
+    for (r, c), v in np.ndenumerate(vals):
+        if np.isfinite(v):
+            ax.text(c, r, f"{v:.3g}", ha="center", va="center", fontsize=7,
+                    color="white" if im.norm(v) < 0.5 else "black")
+    ax.set_xticks(range(len(xs)), xs)
+    ax.set_yticks(range(len(ys)), ys)
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    fig.colorbar(im, ax=ax, label=f"final {METRICS.get(metric, metric)}")
+    n_rep = jobs[0]["errors"]["repeat"].nunique()
+    ax.set_title((f"{title}\n" if title else "") + f"mean over {n_rep} repeats", fontsize=9)
+    for out in outs:
+        fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return df.reset_index(drop=True)

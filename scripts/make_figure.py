@@ -93,7 +93,8 @@ def main(argv=None) -> int:
         print(f"wrote {args.out / n}.png/.pdf/.csv ({len(table)} curves)")
         slopes = [c for c in table.columns if c.startswith("slope_vs_")]
         if slopes and table[slopes].notna().any().any():
-            print(table[["panel", "series", *slopes]].to_string(index=False, float_format="%.3f"))
+            print(table[["panel", "series", *slopes]].drop_duplicates()
+                  .to_string(index=False, float_format="%.3f"))
     return 0
 
 

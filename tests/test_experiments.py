@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +31,9 @@ def test_experiment_composes_as_a_multirun_sweep(name):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True)
     assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
-    assert cfg.hydra.sweep.dir == f"outputs/sweeps/{name}"
+    # a stored sweep gets its own timestamped folder: a rerun never adds jobs to an older sweep
+    assert re.fullmatch(rf"outputs/sweeps/{name}/\d{{4}}-\d\d-\d\d_\d\d-\d\d-\d\d",
+                        cfg.hydra.sweep.dir)
     params = cfg.hydra.sweeper.params
     assert params and all("," in str(v) for v in params.values())
     first = [f"{k}={str(v).split(',')[0]}" for k, v in params.items()]

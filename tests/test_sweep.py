@@ -1,0 +1,107 @@
+"""Sweeps as tables and figures: results.csv at the sweep root, the plot grid, stored sweeps."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fnsysid.plot_sweep import main as plot_main
+from fnsysid.sweep import declared_keys, find_sweep, read_sweep, results_table
+
+ROOT = Path(__file__).resolve().parent.parent
+QUIET = ["progress=false", "output.plot=false", "hydra.launcher.n_jobs=1"]
+
+
+def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    res = subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res
+
+
+@pytest.fixture(scope="module")
+def two_key_sweep(tmp_path_factory) -> Path:
+    """M x eps sweep, 2 x 2 jobs, 3 rounds, 2 repeats; constant overrides R, repeats, ..."""
+    sweep = tmp_path_factory.mktemp("sweep")
+    run("-m", "system=synthetic", "M=1,4", "eps=0,0.1", "R=3", "repeats=2", *QUIET,
+        f"hydra.sweep.dir={sweep}")
+    return sweep
+
+
+def test_results_csv_one_row_per_job_and_round_one_column_per_swept_key(two_key_sweep):
+    table = pd.read_csv(two_key_sweep / "results.csv")
+    assert list(table.columns[:5]) == ["job", "M", "eps", "status", "round"]
+    for unswept in ("R", "repeats", "system", "progress", "output.plot"):
+        assert unswept not in table.columns
+    assert len(table) == 4 * 4                                   # 4 jobs x rounds 0..3
+    assert sorted(set(zip(table["M"], table["eps"], strict=True))) == [
+        (1, 0.0), (1, 0.1), (4, 0.0), (4, 0.1)]
+    assert table["M"].dtype == np.int64 and table["eps"].dtype == np.float64
+    assert table.groupby("job")["final"].sum().eq(1).all()
+    assert (table.loc[table["final"], "round"] == 3).all()
+    # each row is the mean (and spread) over repeats of that job's errors.csv
+    row = table[(table["M"] == 4) & (table["eps"] == 0.1) & (table["round"] == 2)].iloc[0]
+    errors = pd.read_csv(two_key_sweep / row["job"] / "errors.csv")
+    at = errors[errors["round"] == 2]["e_max"]
+    assert row["e_max"] == pytest.approx(at.mean(), rel=1e-5)
+    assert row["e_max_lo"] == pytest.approx(at.min(), rel=1e-5)
+    assert row["e_max_hi"] == pytest.approx(at.max(), rel=1e-5)
+    assert row["e_max_se"] == pytest.approx(at.std(ddof=1) / np.sqrt(2), rel=1e-4)
+    assert row["n_repeats"] == 2 and row["status"] == "ok"
+
+
+def test_declared_keys_come_from_the_sweep_not_from_constant_overrides(two_key_sweep):
+    assert declared_keys(two_key_sweep) == ["M", "eps"]
+    table = results_table(two_key_sweep)
+    assert table.equals(results_table(two_key_sweep))          # deterministic order
+    assert table[["M", "eps"]].drop_duplicates().values.tolist() == [
+        [1, 0.0], [1, 0.1], [4, 0.0], [4, 0.1]]
+
+
+def test_plot_grid_one_panel_per_value_curves_labelled_by_swept_keys_only(two_key_sweep,
+                                                                           tmp_path, capsys):
+    out = tmp_path / "grid.png"
+    assert plot_main([str(two_key_sweep), "--out", str(out)]) == 0
+    table = pd.read_csv(out.with_suffix(".csv"))
+    assert table["panel"].tolist() == ["M=1", "M=1", "M=4", "M=4"]
+    assert table["curve"].tolist() == ["eps=0", "eps=0.1"] * 2
+    labels = " ".join(table["panel"].tolist() + table["curve"].tolist())
+    for unswept in ("R=", "repeats=", "system=", "progress", "output.plot"):
+        assert unswept not in labels
+    assert out.exists() and out.with_suffix(".pdf").exists()
+    assert plot_main([str(two_key_sweep), "--out", str(out), "--panels", "eps"]) == 0
+    table = pd.read_csv(out.with_suffix(".csv"))
+    assert table["panel"].tolist() == ["eps=0", "eps=0", "eps=0.1", "eps=0.1"]
+    assert table["curve"].tolist() == ["M=1", "M=4"] * 2
+    jobs = read_sweep(two_key_sweep)
+    final = {(j["overrides"]["M"], j["overrides"]["eps"]): j["summary"]["final_e_max_mean"]
+             for j in jobs}
+    assert table["final_e_max_mean"].tolist() == pytest.approx(
+        [final["1", "0"], final["4", "0"], final["1", "0.1"], final["4", "0.1"]])
+
+
+def test_heat_map_of_the_final_error(two_key_sweep, tmp_path, capsys):
+    out = tmp_path / "heat.png"
+    assert plot_main([str(two_key_sweep), "--out", str(out), "--heatmap"]) == 0
+    table = pd.read_csv(out.with_suffix(".csv"))
+    assert len(table) == 4 and out.exists()
+    assert plot_main([str(two_key_sweep), "--panels", "K"]) == 2
+    assert "panel key K is not swept; swept: M, eps" in capsys.readouterr().err
+
+
+def test_stored_sweep_holds_only_its_own_jobs(tmp_path):
+    """A rerun of a stored experiment, with or without extra overrides, gets its own folder."""
+    run("experiment=synthetic_gd_M", "R=2", "repeats=1", *QUIET, cwd=tmp_path)
+    run("experiment=synthetic_gd_M", "M=3", "R=2", "repeats=1", *QUIET, cwd=tmp_path)
+    stored = tmp_path / "outputs" / "sweeps" / "synthetic_gd_M"
+    first, second = sorted(p for p in stored.iterdir())
+    assert sorted(j["overrides"]["M"] for j in read_sweep(first)) == ["1", "100", "2", "25", "5"]
+    assert [j["overrides"]["M"] for j in read_sweep(second)] == ["3"]
+    assert pd.read_csv(first / "results.csv")["M"].unique().tolist() == [1, 2, 5, 25, 100]
+    assert "M" not in pd.read_csv(second / "results.csv").columns    # one job: nothing swept
+    assert find_sweep(stored) == second                                 # newest is plotted
