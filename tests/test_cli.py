@@ -87,20 +87,6 @@ def test_help_lists_groups_options_and_knobs():
         assert f"\n  {knob}=" in res.stdout
 
 
-def test_multirun_one_job_per_value_and_sweep_plot(tmp_path):
-    res = cli("-m", "system=pendulum", "M=1,4", "R=3", "repeats=2",
-              f"hydra.sweep.dir={tmp_path}")
-    assert res.returncode == 0, res.stderr
-    jobs = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
-    assert jobs == ["M=1,R=3,repeats=2,system=pendulum", "M=4,R=3,repeats=2,system=pendulum"]
-    plot = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_sweep.py"),
-                           str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
-    assert plot.returncode == 0, plot.stderr
-    table = pd.read_csv(tmp_path / "sweep.csv")
-    assert table["curve"].tolist() == ["M=1", "M=4"]
-    assert (tmp_path / "sweep.png").exists() and (tmp_path / "sweep.pdf").exists()
-
-
 BAD = [
     (["M=0"], "M=0 is not allowed"),
     (["N=0"], "N=0 is not allowed"),

@@ -33,6 +33,15 @@ def two_key_sweep(tmp_path_factory) -> Path:
     return sweep
 
 
+def test_multirun_one_job_per_value_and_the_script_wraps_the_command(two_key_sweep):
+    jobs = sorted(p.name for p in two_key_sweep.iterdir() if p.is_dir())
+    assert jobs == [f"M={m},R=3,eps={e},repeats=2,system=synthetic"
+                    for m in (1, 4) for e in ("0", "0.1")]
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_sweep.py"), "--help"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0 and "usage: fnsysid-plot" in res.stdout
+
+
 def test_results_csv_one_row_per_job_and_round_one_column_per_swept_key(two_key_sweep):
     table = pd.read_csv(two_key_sweep / "results.csv")
     assert list(table.columns[:5]) == ["job", "M", "eps", "status", "round"]
