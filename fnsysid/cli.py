@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from .options import CONF_DIR, options
 from .validate import KNOBS, ConfigError, check_batch_size, check_knob
 
-GROUPS = ("system", "feature_map", "optimizer", "strategy", "experiment")
+GROUPS = ("data", "system", "feature_map", "optimizer", "strategy", "experiment")
 TOP_LEVEL = set(KNOBS) | set(GROUPS) | {"data", "output", "progress", "hydra"}
 #: Hydra flags followed by a value
 _VALUE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
@@ -189,9 +189,18 @@ def task(cfg: DictConfig) -> float | None:
         if hc.mode == RunMode.RUN:
             sys.exit(3)
         return None
-    log.info("final e_R at R=%d (max over clients; mean +- std over %d repeats): %.4f +- %.4f"
-             " | mean over clients: %.4f", cfg.R, cfg.repeats, summary["final_e_max_mean"],
-             summary["final_e_max_std"], summary["final_e_mean_mean"])
+    if summary["final_e_max_mean"] is not None:
+        log.info("final e_R at R=%d (max over clients; mean +- std over %d repeats): %.4f +- "
+                 "%.4f | mean over clients: %.4f", cfg.R, summary["repeats"],
+                 summary["final_e_max_mean"], summary["final_e_max_std"],
+                 summary["final_e_mean_mean"])
+    if summary["final_nrmse_1step_max"] is not None:
+        log.info("final held-out NRMSE (max | mean over clients, mean over repeats): one-step "
+                 "%.4f | %.4f, free run %.4f | %.4f", summary["final_nrmse_1step_max"],
+                 summary["final_nrmse_1step_mean"], summary["final_nrmse_sim_max"],
+                 summary["final_nrmse_sim_mean"])
+    if summary["final_e_max_mean"] is None:
+        return summary["final_nrmse_1step_max"]
     return summary["final_e_max_mean"]
 
 

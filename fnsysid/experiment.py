@@ -9,42 +9,63 @@ lives in its own module: :mod:`fnsysid.build` (objects from the config),
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 from omegaconf import DictConfig
 
 from .build import build, initial_model
-from .data_source import load_data
-from .output_files import write_run
-from .tables import clients_frame, errors_frame, estimates_frame, make_summary, run_title
+from .data_source import Dataset, load_data
+from .model import Model
+from .output_files import check_output, write_outputs
+from .tables import clients_frame, errors_frame, estimates_frame, make_summary
 from .theory import theorem1
 from .training import keep_per_client, train
 from .validate import check_run
 
 
-def run_experiment(cfg: DictConfig, output_dir: str | Path) -> dict:
-    """Run the experiment described by ``cfg`` and write its results into ``output_dir``.
+@dataclass
+class Result:
+    """Everything a run produces, in memory.
 
-    Files: ``config.yaml`` (resolved), ``errors.csv`` (repeat, round, e_max, e_mean),
-    ``clients.csv`` (repeat, round, client, error; small M or ``output.per_client=true``),
-    ``estimates.csv`` (final server estimate per repeat and parameter), ``theory.csv`` (the
-    right-hand side of Theorem 1 per repeat, see :mod:`fnsysid.theory`), ``summary.json`` and
-    ``error.png``. Returns the summary. Raises :class:`ConfigError` before writing anything if
-    a setting is not allowed.
+    ``tables``: name -> DataFrame (``errors``, ``theory``, and ``clients``/``estimates`` when
+    written); ``summary``: what ``summary.json`` holds; ``model``, ``estimate`` (final
+    estimates, (S, 1 or M, p)) and ``dataset`` for plots and exports.
+    """
+
+    tables: dict[str, pd.DataFrame]
+    summary: dict
+    model: Model
+    estimate: np.ndarray
+    dataset: Dataset
+    diverged: int | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def execute(cfg: DictConfig) -> Result:
+    """Check the settings, load the data, run the rounds and build the result tables.
+
+    Writes nothing. Raises :class:`~fnsysid.validate.ConfigError` (or its subclass
+    :class:`~fnsysid.trajectory_files.DataError`) with a one-line message for bad input.
     """
     t_start = time.perf_counter()
     check_run(cfg)
     model, optimizer, strategy = build(cfg)
+    check_output(cfg)
 
     t0 = time.perf_counter()
-    data = load_data(cfg, model, optimizer)
+    dataset = load_data(cfg, model, optimizer)
+    data = dataset.train
     theta0 = initial_model(model, data, cfg.system.init)
     t_data = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    keep_clients = keep_per_client(cfg)
+    keep_clients = keep_per_client(cfg, data.shape[1])
     hist, diverged = train(strategy, data, theta0, optimizer, model, cfg,
-                           progress=cfg.progress, keep_clients=keep_clients)
+                           progress=cfg.progress, keep_clients=keep_clients,
+                           heldout=dataset.heldout, eval_every=int(cfg.output.eval_every))
     t_train = time.perf_counter() - t0
     theory = theorem1(data, model, float(cfg.theory.delta))
 
@@ -57,7 +78,23 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path) -> dict:
     tables["theory"] = theory
     summary = make_summary(cfg, model, diverged, tables["errors"], theory,
                            runtime=dict(data_s=t_data, train_s=t_train,
-                                        total_s=time.perf_counter() - t_start))
-    plot = diverged is None and cfg.output.plot
-    write_run(output_dir, cfg, tables, summary, run_title(cfg, model) if plot else None)
-    return summary
+                                        total_s=time.perf_counter() - t_start),
+                           settings=dataset.settings)
+    return Result(tables, summary, model, strategy.estimate(), dataset, diverged)
+
+
+def run_experiment(cfg: DictConfig, output_dir: str | Path) -> dict:
+    """Run the experiment described by ``cfg`` and write its results into ``output_dir``.
+
+    Files (see :func:`fnsysid.output_files.write_outputs`): ``config.yaml`` (resolved),
+    ``errors.csv`` (repeat, round, e_max, e_mean and the held-out NRMSE columns),
+    ``clients.csv`` (repeat, round, client, error; small M or ``output.per_client=true``),
+    ``estimates.csv`` (final server estimate per repeat and parameter), ``theory.csv`` (the
+    right-hand side of Theorem 1 per repeat, see :mod:`fnsysid.theory`), ``summary.json``,
+    ``error.png``, ``fit.png`` (held-out fit of one client) and, with
+    ``output.trajectories=true``, ``trajectories.parquet`` and ``truth.csv``. Returns the
+    summary. Raises :class:`ConfigError` before writing anything if a setting is not allowed.
+    """
+    result = execute(cfg)
+    write_outputs(output_dir, cfg, result)
+    return result.summary

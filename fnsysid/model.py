@@ -51,6 +51,17 @@ class Model:
             return self.system.regression(x, u)
         return self.library.transform(x[..., :-1, :], u), x[..., 1:, :]
 
+    def features(self, x, u):
+        """Features ``phi`` (..., n_phi) of states (..., n_x) and inputs (..., n_u)."""
+        if self.library is None:
+            return self.system.features(x, u)
+        return self.library.transform(x, u)
+
+    def predict(self, x, u, theta):
+        """One-step prediction of the next state (..., n_x) with parameters ``theta`` (..., p)."""
+        y = np.einsum("...jk,...k->...j", self.theta_matrix(theta), self.features(x, u))
+        return self.system.predict(x, u, y)
+
     def theta_matrix(self, theta: np.ndarray) -> np.ndarray:
         """``Theta`` (..., n_y, n_phi) of parameter vectors ``theta`` (..., p)."""
         return np.einsum("jkp,...p->...jk", self.structure, theta)
@@ -91,12 +102,14 @@ def build_model(system: System, library: Library | None = None) -> Model:
     if not system.generic_features:
         raise FeatureMapError(
             f"system={system.name} identifies physical parameters with its own features")
-    names = library.feature_names(system.n_x, system.n_u)
+    names = system.name_features(library.feature_names(system.n_x, system.n_u))
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise FeatureMapError(f"feature_map repeats features {', '.join(dup)}; "
                               "each feature may appear once")
-    missing = [f for f in system.feature_names if f not in names]
+    # a system without a nominal model (generic) has no truth that must be representable
+    own = system.feature_names if system.simulates else []
+    missing = [f for f in own if f not in names]
     if missing:
         raise FeatureMapError(
             f"its features lack {', '.join(missing)}")
@@ -105,7 +118,7 @@ def build_model(system: System, library: Library | None = None) -> Model:
     own_S = system.structure
     embed = np.zeros((p0, n_y * n_phi))
     for j in range(n_y):
-        for k_own, f in enumerate(system.feature_names):
+        for k_own, f in enumerate(own):
             k = names.index(f)
             embed[:, j * n_phi + k] = own_S[j, k_own, :]
     return Model(system, library, param_names, dense_structure(n_y, n_phi), embed)
@@ -194,7 +207,6 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
     shared_noise : every client draws the same trajectory noise (the published pendulum code's
         behaviour); client parameters still differ.
     """
-    system = model.system
     N = np.broadcast_to(np.asarray(N, dtype=int), (M,))
     n_max = int(N.max())
     S, p = repeats, model.p
@@ -211,25 +223,47 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
     for s in range(S):
         for blk, lo, hi in rnd.blocks(M):
             size = hi - lo
-            gamma = eps * rnd.stream(seed, rnd.PARAMS, s, blk).random((rnd.BLOCK, system.n_gamma))
-            own = system.client_params(gamma[:size])
+            own, x, u = simulate_block(model, s, blk, size, n_max, T, eps, seed, shared_noise)
             theta_true[s, lo:hi] = own @ model.embed
-            n_draw, key = (1, 0) if shared_noise else (rnd.BLOCK, blk)
-            draws = [system.draw(rnd.stream(seed, rnd.TRAJECTORY, s, key, j), n_draw, T)
-                     for j in range(n_max)]
-            x0, eta, w = (np.broadcast_to(a, (rnd.BLOCK,) + a.shape[1:])[:size] for a in
-                          (np.stack([d[i] for d in draws], axis=1) for i in range(3)))
-            x, u = system.simulate(own, x0, eta, w)
             Phi_b, Y_b = model.regression(x, u)          # (size, n_max, T, .)
             Phi_b = Phi_b.reshape(size, n_max * T, -1)
             Y_b = Y_b.reshape(size, n_max * T, -1)
             wgt = np.repeat(traj_mask[lo:hi], T, axis=1)
-            H[s, lo:hi], b[s, lo:hi], yy[s, lo:hi], n[s, lo:hi] = model.stats(Phi_b, Y_b, wgt)
-            phi2max[s, lo:hi] = (np.einsum("mnk,mnk->mn", Phi_b, Phi_b) * wgt).max(axis=1)
-            phi_mean[s, lo:hi] = np.einsum("mnk,mn->mk", Phi_b, wgt) / n[s, lo:hi, None]
-            y_mean[s, lo:hi] = np.einsum("mny,mn->my", Y_b, wgt) / n[s, lo:hi, None]
+            (H[s, lo:hi], b[s, lo:hi], yy[s, lo:hi], n[s, lo:hi], phi2max[s, lo:hi],
+             phi_mean[s, lo:hi], y_mean[s, lo:hi]) = sample_stats(model, Phi_b, Y_b, wgt)
             if keep_samples:
                 Phi[s, lo:hi], Y[s, lo:hi] = Phi_b * wgt[..., None], Y_b * wgt[..., None]
     if not keep_samples:
         Phi = Y = mask = None
     return ClientData(theta_true, H, b, yy, n, Phi, Y, mask, phi2max, phi_mean, y_mean)
+
+
+def simulate_block(model: Model, s: int, blk: int, size: int, n_traj: int, T: int, eps: float,
+                   seed: int, shared_noise: bool = False, purpose: int = rnd.TRAJECTORY):
+    """Client parameters and trajectories of the first ``size`` clients of block ``blk``.
+
+    Returns the clients' own parameters (size, p0), states ``x`` (size, n_traj, T + 1, n_x)
+    and inputs ``u`` (size, n_traj, T, n_u). Trajectory ``j`` of repeat ``s`` is drawn from
+    stream ``(purpose, s, blk, j)``; held-out trajectories use their own ``purpose``.
+    """
+    system = model.system
+    gamma = eps * rnd.stream(seed, rnd.PARAMS, s, blk).random((rnd.BLOCK, system.n_gamma))
+    own = system.client_params(gamma[:size])
+    n_draw, key = (1, 0) if shared_noise else (rnd.BLOCK, blk)
+    draws = [system.draw(rnd.stream(seed, purpose, s, key, j), n_draw, T)
+             for j in range(n_traj)]
+    x0, eta, w = (np.broadcast_to(a, (rnd.BLOCK,) + a.shape[1:])[:size] for a in
+                  (np.stack([d[i] for d in draws], axis=1) for i in range(3)))
+    x, u = system.simulate(own, x0, eta, w)
+    return own, x, u
+
+
+def sample_stats(model: Model, Phi, Y, wgt):
+    """Per-client statistics of padded samples ``Phi`` (m, n, n_phi), ``Y`` (m, n, n_y) with
+    0/1 weights ``wgt`` (m, n): ``H, b, yy, n`` (see :meth:`Model.stats`), ``phi2max``,
+    ``phi_mean`` and ``y_mean`` (the fields of :class:`ClientData`)."""
+    H, b, yy, n = model.stats(Phi, Y, wgt)
+    phi2max = (np.einsum("mnk,mnk->mn", Phi, Phi) * wgt).max(axis=1)
+    phi_mean = np.einsum("mnk,mn->mk", Phi, wgt) / n[:, None]
+    y_mean = np.einsum("mny,mn->my", Y, wgt) / n[:, None]
+    return H, b, yy, n, phi2max, phi_mean, y_mean

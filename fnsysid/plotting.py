@@ -22,7 +22,9 @@ from .tables import last_round  # noqa: E402
 STYLE = (plt.cycler(color=plt.get_cmap("tab10").colors)
          + plt.cycler(linestyle=["-", "--", "-.", ":", (0, (5, 1))] * 2))
 
-METRICS = {"e_max": r"$e_r = \max_i e_r^{(i)}$", "e_mean": r"mean$_i\, e_r^{(i)}$"}
+METRICS = {"e_max": r"$e_r = \max_i e_r^{(i)}$", "e_mean": r"mean$_i\, e_r^{(i)}$",
+           "nrmse_1step_max": "one-step NRMSE (held-out), max over clients",
+           "nrmse_sim_max": "free-run NRMSE (held-out), max over clients"}
 
 
 def band(errors: pd.DataFrame, metric: str = "e_max") -> pd.DataFrame:
@@ -48,11 +50,16 @@ def style_axes(ax, metric: str = "e_max", log: bool = True) -> None:
 
 
 def plot_run(errors: pd.DataFrame, path: Path, title: str = "") -> None:
-    """e_r against r for one run: max over clients (solid) and mean over clients (dashed)."""
+    """e_r against r for one run: max over clients (solid) and mean over clients (dashed).
+
+    Without ground truth (``e_max`` empty) the held-out one-step NRMSE is drawn instead.
+    """
     fig, ax = plt.subplots(figsize=(5, 3.6), layout="constrained")
-    line = draw_curve(ax, errors, "max over clients", "e_max")
-    draw_curve(ax, errors, "mean over clients", "e_mean", ls="--", color=line.get_color())
-    style_axes(ax)
+    metric = "e_max" if errors["e_max"].notna().any() else "nrmse_1step_max"
+    mean = metric.replace("_max", "_mean")
+    line = draw_curve(ax, errors, "max over clients", metric)
+    draw_curve(ax, errors, "mean over clients", mean, ls="--", color=line.get_color())
+    style_axes(ax, metric)
     n_rep = errors["repeat"].nunique()
     ax.set_title(f"{title}\nmean over {n_rep} repeats, band = min..max", fontsize=8)
     ax.legend(fontsize=8)
@@ -292,3 +299,35 @@ def sweep_heatmap(jobs: list[dict], keys: list[str], outs, metric: str = "e_max"
         fig.savefig(out, dpi=120)
     plt.close(fig)
     return df.reset_index(drop=True)
+
+
+
+
+def plot_fit(measured, one_step, free_run, names, path: Path, title: str = "") -> None:
+    """Held-out fit of one trajectory: measured states, one-step-ahead predictions and the
+    free-run simulation from the first state, one panel per state."""
+    measured = np.asarray(measured)
+    n_x = measured.shape[-1]
+    cols = min(n_x, 4)
+    rows = -(-n_x // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False,
+                             layout="constrained")
+    t = np.arange(len(measured))
+    for k, ax in enumerate(axes.ravel()):
+        if k >= n_x:
+            ax.set_visible(False)
+            continue
+        ax.plot(t, measured[:, k], "k-", lw=1.2, label="measured")
+        ax.plot(t[1:], one_step[:, k], "o", ms=2.5, label="one-step")
+        with np.errstate(invalid="ignore"):
+            ax.plot(t, np.where(np.isfinite(free_run[:, k]), free_run[:, k], np.nan), "--",
+                    lw=1.2, label="free run")
+        ax.set_title(names[k], fontsize=8)
+        ax.set_xlabel("sample", fontsize=7)
+        ax.tick_params(labelsize=7)
+        ax.grid(True, alpha=0.3)
+    axes[0, 0].legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

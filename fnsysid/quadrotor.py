@@ -153,30 +153,57 @@ class Quadrotor(System):
                           th[2] * tau[..., 1] + th[3] * wx * wz,
                           th[4] * tau[..., 2] + th[5] * wx * wy], axis=-1) + w[..., 3:6]
         # q (x) (0, omega): body rates act on the right
-        qw, qv = q[..., 0:1], q[..., 1:4]
-        q_dot = 0.5 * np.concatenate([-np.sum(qv * omega, axis=-1, keepdims=True),
-                                      qw * omega + np.cross(qv, omega)], axis=-1)
-        q_next = q + dt * q_dot
-        q_next = q_next / np.linalg.norm(q_next, axis=-1, keepdims=True)
+        q_next = self._attitude_step(q, omega)
         return np.concatenate([p + dt * v, v + dt * accel, q_next, omega + dt * alpha], axis=-1)
 
     # --- regression -------------------------------------------------------------------------
+    def features(self, x, u):
+        """Features ``phi`` (..., 12) of states (..., 13) and inputs (..., 4)."""
+        v, q, omega = x[..., 3:6], x[..., 6:10], x[..., 10:13]
+        wx, wy, wz = omega[..., 0], omega[..., 1], omega[..., 2]
+        return self.dt * np.concatenate([rotate_ez(q) * u[..., 0:1], v,
+                                         np.stack([wy * wz, wx * wz, wx * wy], axis=-1),
+                                         u[..., 1:4]], axis=-1)
+
     def regression(self, x, u):
         """Features ``Phi`` (..., T, 12) and targets ``Y`` (..., T, 6) of trajectories.
 
         ``x`` has shape (..., T + 1, 13) and ``u`` (..., T, 4).
         """
-        dt = self.dt
-        xt = x[..., :-1, :]
-        v, q, omega = xt[..., 3:6], xt[..., 6:10], xt[..., 10:13]
-        wx, wy, wz = omega[..., 0], omega[..., 1], omega[..., 2]
-        phi = dt * np.concatenate([rotate_ez(q) * u[..., 0:1], v,
-                                   np.stack([wy * wz, wx * wz, wx * wy], axis=-1),
-                                   u[..., 1:4]], axis=-1)
+        phi = self.features(x[..., :-1, :], u)
         dv = x[..., 1:, 3:6] - x[..., :-1, 3:6]
-        dv[..., 2] += dt * self.g
+        dv[..., 2] += self.dt * self.g
         domega = x[..., 1:, 10:13] - x[..., :-1, 10:13]
         return phi, np.concatenate([dv, domega], axis=-1)
+
+    def predict(self, x, u, y):
+        """Next state from predicted velocity and body-rate increments ``y`` (..., 6)."""
+        dt = self.dt
+        p, v, q, omega = x[..., 0:3], x[..., 3:6], x[..., 6:10], x[..., 10:13]
+        v_next = v + y[..., 0:3]
+        v_next[..., 2] -= dt * self.g
+        return np.concatenate([p + dt * v, v_next, self._attitude_step(q, omega),
+                               omega + y[..., 3:6]], axis=-1)
+
+    def _attitude_step(self, q, omega):
+        """``q + dt/2 q (x) (0, omega)``, renormalized."""
+        qw, qv = q[..., 0:1], q[..., 1:4]
+        q_dot = 0.5 * np.concatenate([-np.sum(qv * omega, axis=-1, keepdims=True),
+                                      qw * omega + np.cross(qv, omega)], axis=-1)
+        q_next = q + self.dt * q_dot
+        return q_next / np.linalg.norm(q_next, axis=-1, keepdims=True)
+
+    @property
+    def state_names(self):
+        return ["px", "py", "pz", "vx", "vy", "vz", "qw", "qx", "qy", "qz", "wx", "wy", "wz"]
+
+    @property
+    def input_names(self):
+        return ["f", "tau_x", "tau_y", "tau_z"]
+
+    @property
+    def target_states(self):
+        return [3, 4, 5, 10, 11, 12]
 
     @property
     def structure(self):

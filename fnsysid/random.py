@@ -17,7 +17,7 @@ import numpy as np
 BLOCK = 1024
 
 # purposes of streams; part of the spawn key so that streams never collide
-PARAMS, TRAJECTORY, SHUFFLE = 0, 1, 2
+PARAMS, TRAJECTORY, SHUFFLE, HOLDOUT = 0, 1, 2, 3
 
 
 def stream(seed: int, purpose: int, *key: int) -> np.random.Generator:

@@ -10,6 +10,8 @@ the random streams stay in :mod:`fnsysid.random`) and writes its own regression
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from .features import Fourier, Identity, Library
@@ -29,6 +31,8 @@ class System:
     param_names: list[str] = []
     #: True when generic feature libraries may replace the system's own features
     generic_features = False
+    #: False for a system without a nominal model or simulator (data come from files)
+    simulates = True
 
     def __init__(self, x0, inputs, disturbance, dt: float = 1.0):
         self.x0 = Noise.from_spec(x0)
@@ -86,6 +90,42 @@ class System:
     def policy(self, x, eta):
         """Input applied at state ``x`` given exploration noise ``eta`` (default: ``u = eta``)."""
         return eta
+
+    # --- names of the columns of trajectory files --------------------------------------------
+    @property
+    def state_names(self) -> list[str]:
+        """Names of the states (columns of trajectory files), ``x0, x1, ...`` by default."""
+        return [f"x{j}" for j in range(self.n_x)]
+
+    @property
+    def input_names(self) -> list[str]:
+        """Names of the inputs (columns of trajectory files), ``u0, u1, ...`` by default."""
+        return [f"u{j}" for j in range(self.n_u)]
+
+    def name_features(self, names: list[str]) -> list[str]:
+        """Names of a generic library's features as shown in parameter names (unchanged)."""
+        return names
+
+    # --- prediction ---------------------------------------------------------------------------
+    @property
+    def target_states(self) -> list[int]:
+        """Index of the state whose next value each regression target predicts (n_y,).
+
+        The one-step error of these states depends on the parameters; default: target ``j``
+        is state ``j``.
+        """
+        return list(range(len(self.target_names)))
+
+    def features(self, x, u):  # pragma: no cover - abstract
+        """Regression features ``phi`` (..., n_phi) of states ``x`` and inputs ``u``."""
+        raise NotImplementedError
+
+    def predict(self, x, u, y):
+        """Next state (..., n_x) from the state, the input and predicted targets ``y`` (..., n_y).
+
+        The inverse of the regression's targets; default: the targets are the next state.
+        """
+        return y
 
     def step(self, x, u, w, theta):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -160,8 +200,11 @@ class DenseSystem(System):
         phi = self.library.transform(x, u)
         return np.einsum("...jk,...k->...j", Theta, phi) + w
 
+    def features(self, x, u):
+        return self.library.transform(x, u)
+
     def regression(self, x, u):
-        return self.library.transform(x[..., :-1, :], u), x[..., 1:, :]
+        return self.features(x[..., :-1, :], u), x[..., 1:, :]
 
 
 def dense_structure(n_y: int, n_phi: int) -> np.ndarray:
@@ -219,11 +262,28 @@ class Pendulum(System):
         omega_next = omega + dt * (-A * self.g * np.sin(alpha) + B * u[..., 0] + w[..., 1])
         return np.stack([alpha_next, omega_next], axis=-1)
 
+    def features(self, x, u):
+        return self.dt * np.stack([-self.g * np.sin(x[..., 0]), u[..., 0]], axis=-1)
+
     def regression(self, x, u):
-        alpha = x[..., :-1, 0]
-        phi = self.dt * np.stack([-self.g * np.sin(alpha), u[..., 0]], axis=-1)
         y = x[..., 1:, 1:2] - x[..., :-1, 1:2]
-        return phi, y
+        return self.features(x[..., :-1, :], u), y
+
+    def predict(self, x, u, y):
+        alpha, omega = x[..., 0], x[..., 1]
+        return np.stack([alpha + self.dt * omega, omega + y[..., 0]], axis=-1)
+
+    @property
+    def state_names(self):
+        return ["alpha", "omega"]
+
+    @property
+    def input_names(self):
+        return ["u"]
+
+    @property
+    def target_states(self):
+        return [1]
 
     @property
     def structure(self):
@@ -236,3 +296,77 @@ class Pendulum(System):
     @property
     def target_names(self):
         return ["d_omega"]
+
+
+class Generic(System):
+    """Unknown dynamics ``x_{t+1} = Theta phi(x_t, u_t)`` of named states and inputs.
+
+    No nominal model and no simulator: the data come from files (``data=files``). Its own
+    features are ``[x; u]``; any generic feature map may replace them. Parameter names use the
+    column names, e.g. ``x1+:x2*u``.
+
+    Parameters
+    ----------
+    states : list of str
+        Names of the state columns (at least one).
+    inputs : list of str
+        Names of the input columns (may be empty).
+    """
+
+    name = "generic"
+    generic_features = True
+    simulates = False
+
+    def __init__(self, states, inputs=()):
+        states, inputs = list(states or []), list(inputs or [])
+        if not states:
+            raise ValueError("system=generic needs the names of the state columns: "
+                             "data.states=[x1,x2,...]")
+        names = states + inputs
+        if len(set(names)) != len(names) or not all(isinstance(n, str) and n for n in names):
+            raise ValueError(f"data.states={states}, data.inputs={inputs}: names must be "
+                             "distinct non-empty strings")
+        zero = {"kind": "zero"}
+        super().__init__(zero, zero, zero)
+        self._states, self._inputs = states, inputs
+        self.n_x, self.n_u = len(states), len(inputs)
+        self.n_w = self.n_x
+        self.library = Identity("xu")
+        self.param_names = [f"{t}:{f}" for t in self.target_names for f in self.feature_names]
+        self.nominal = np.zeros(len(self.param_names))
+        self.directions = np.zeros((0, self.nominal.size))
+
+    @property
+    def state_names(self):
+        return list(self._states)
+
+    @property
+    def input_names(self):
+        return list(self._inputs)
+
+    def name_features(self, names):
+        """``x0``, ``u1`` inside feature names become the column names."""
+        cols = {"x": self._states, "u": self._inputs}
+        return [re.sub(r"(?<![A-Za-z0-9_])([xu])(\d+)(?![0-9])",
+                       lambda m: cols[m.group(1)][int(m.group(2))], n) for n in names]
+
+    @property
+    def feature_names(self):
+        return self.name_features(self.library.feature_names(self.n_x, self.n_u))
+
+    @property
+    def target_names(self):
+        return [f"{s}+" for s in self._states]
+
+    @property
+    def structure(self):
+        return dense_structure(self.n_x, self.n_x + self.n_u)
+
+    def features(self, x, u):
+        return self.library.transform(x, u)
+
+    def regression(self, x, u):
+        return self.features(x[..., :-1, :], u), x[..., 1:, :]
+
+    def step(self, x, u, w, theta):
+        raise ValueError("system=generic has no dynamics to simulate; use data=files")

@@ -9,14 +9,14 @@ from .validate import plain
 
 
 def errors_frame(hist) -> pd.DataFrame:
-    """Tidy table: one row per (repeat, round) with the max and mean error over clients."""
-    e_max, e_mean = np.array(hist.e_max), np.array(hist.e_mean)   # (rounds, S)
-    R1, S = e_max.shape
+    """Tidy table: one row per (repeat, round) with the max and mean over clients of the
+    parameter error and of the held-out NRMSE (empty where not computed)."""
+    cols = {name: np.array(v) for name, v in hist.rows.items()}   # (rounds, S) each
+    R1, S = cols["e_max"].shape
     return pd.DataFrame({
         "repeat": np.tile(np.arange(S), R1),
         "round": np.repeat(np.arange(R1), S),
-        "e_max": e_max.ravel(),
-        "e_mean": e_mean.ravel(),
+        **{name: v.ravel() for name, v in cols.items()},
     }).sort_values(["repeat", "round"], kind="stable").reset_index(drop=True)
 
 
@@ -63,38 +63,69 @@ def last_round(errors: pd.DataFrame) -> pd.DataFrame:
     return errors[errors["round"] == errors["round"].max()]
 
 
-def run_title(cfg, model) -> str:
+def run_title(cfg, model, settings: dict | None = None) -> str:
     """One-line description of a run's settings (plot titles)."""
-    return (f"{model.system.name}, M={cfg.M}, N={cfg.N}, eps={cfg.eps:g}, K={cfg.K}, "
+    st = {"M": cfg.M, "N": cfg.N, "eps": cfg.eps, **(settings or {})}
+    if st.get("T", 0) is None:               # data from files
+        return f"{model.system.name}, M={st['M']} clients from files, K={cfg.K}, lr={cfg.lr:g}"
+    return (f"{model.system.name}, M={st['M']}, N={st['N']}, eps={st['eps']:g}, K={cfg.K}, "
             f"lr={cfg.lr:g}")
 
 
-def make_summary(cfg, model, diverged, errors, theory, runtime) -> dict:
-    """``summary.json``: status, final errors (mean and std over repeats), settings, runtime."""
+def _final(last: pd.DataFrame, col: str) -> float | None:
+    """Mean over repeats of a last-round column; None where it is empty."""
+    v = last[col].to_numpy(float)
+    return None if np.isnan(v).any() else float(v.mean())
+
+
+def _final_std(last: pd.DataFrame, col: str) -> float | None:
+    v = last[col].to_numpy(float)
+    return None if not np.isfinite(v).all() else float(v.std())
+
+
+def make_summary(cfg, model, diverged, errors, theory, runtime,
+                 settings: dict | None = None) -> dict:
+    """``summary.json``: status, final errors (mean and std over repeats), settings, runtime.
+
+    Values that a run does not have (parameter errors without ground truth, NRMSE without
+    held-out data) are null. ``settings`` (the data's M, N, T, eps) replaces the config's
+    knobs when the data come from files.
+    """
     last = last_round(errors)
     choices = _choices()
+    st = {"M": cfg.M, "N": plain(cfg.N), "T": cfg.T, "eps": cfg.eps, "repeats": cfg.repeats,
+          **(settings or {})}
+    finals = {}
+    for col in ("e_max", "e_mean"):
+        finals[f"final_{col}_mean"] = _final(last, col)
+        finals[f"final_{col}_std"] = _final_std(last, col)
+    for col in ("nrmse_1step_max", "nrmse_1step_mean", "nrmse_sim_max", "nrmse_sim_mean"):
+        finals[f"final_{col}"] = _final(last, col)
     return {
         "status": "diverged" if diverged is not None else "ok",
         "diverged_round": diverged,
         "rounds_completed": int(errors["round"].max()),
-        "final_e_max_mean": float(last["e_max"].mean()),
-        "final_e_max_std": float(last["e_max"].std(ddof=0)),
-        "final_e_mean_mean": float(last["e_mean"].mean()),
-        "final_e_mean_std": float(last["e_mean"].std(ddof=0)),
+        **finals,
         "system": choices.get("system", model.system.name),
         "feature_map": choices.get("feature_map"),
         "optimizer": choices.get("optimizer"),
         "strategy": choices.get("strategy"),
-        "M": cfg.M, "N": plain(cfg.N),
-        "T": cfg.T, "eps": cfg.eps, "K": cfg.K, "lr": cfg.lr, "R": cfg.R,
-        "repeats": cfg.repeats, "seed": cfg.seed,
+        "data": choices.get("data", cfg.data.get("source")),
+        **st,
+        "K": cfg.K, "lr": cfg.lr, "R": cfg.R, "seed": cfg.seed,
         "parameters": list(model.param_names),
         "runtime_s": {k: round(v, 4) for k, v in runtime.items()},
         "theorem1": {"delta": float(cfg.theory.delta),
-                     **{k: float(theory[k].mean()) for k in
+                     **{k: _number(theory[k].mean()) for k in
                         ("bound_rel", "bound", "noise_term", "sigma_w", "s_phi2", "b_phi", "eps",
                          "N_tot")}},
     }
+
+
+def _number(v) -> float | None:
+    """A float for JSON; None for NaN (e.g. Theorem 1 terms that need the truth)."""
+    v = float(v)
+    return None if np.isnan(v) else v
 
 
 def _choices() -> dict:

@@ -64,7 +64,8 @@ def check_run(cfg) -> None:
         raise ConfigError(f"N has {len(N)} entries but M={cfg.M}: a list N gives one "
                           "trajectory count per client")
     bs = cfg.optimizer.get("batch_size")
-    if bs is not None:
+    if bs is not None and cfg.data.get("source", "simulated") == "simulated":
+        # with data from files the check runs once the files are read
         check_batch_size(bs, (min(N) if isinstance(N, list) else N) * cfg.T)
 
 

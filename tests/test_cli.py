@@ -30,7 +30,8 @@ def test_end_to_end_run_writes_tidy_outputs_and_error_falls(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "final e_R" in res.stdout and str(tmp_path) in res.stdout
     errors = pd.read_csv(tmp_path / "errors.csv")
-    assert list(errors.columns) == ["repeat", "round", "e_max", "e_mean"]
+    assert list(errors.columns) == ["repeat", "round", "e_max", "e_mean", "nrmse_1step_max",
+                                    "nrmse_1step_mean", "nrmse_sim_max", "nrmse_sim_mean"]
     assert len(errors) == 2 * 41 and errors["round"].max() == 40
     for _, e in errors.groupby("repeat"):
         assert e["e_max"].iloc[-1] < 0.5 * e["e_max"].iloc[0]
@@ -72,6 +73,8 @@ def test_every_group_option_composes_and_instantiates(group):
     for option in options(group):
         system = FITS[option] if group == "feature_map" else "pendulum"
         extra = [] if group == "system" else [f"system={system}"]
+        if option == "generic":       # unknown dynamics: named columns of trajectory files
+            extra = ["data=files", "data.states=[x1,x2]", "data.inputs=[u]"]
         model, optimizer, strategy = build(compose_cfg(f"{group}={option}", *extra))
         assert model.p >= 2 and optimizer is not None and strategy is not None
         if group == "feature_map" and option != "default":
@@ -99,7 +102,7 @@ BAD = [
     (["eps=-0.1"], "eps=-0.1 is not allowed"),
     (["optimizer=sgd", "optimizer.batch_size=0"], "optimizer.batch_size=0"),
     (["optimizer=sgd", "optimizer.batch_size=51"], "1..N*T = 1..50"),
-    (["system=quadcopter"], "allowed: linear, pendulum, quadrotor, synthetic"),
+    (["system=quadcopter"], "allowed: generic, linear, pendulum, quadrotor, synthetic"),
     (["optimizer=adam"], "allowed: gd, sgd"),
     (["system=synthetic", "feature_map=polynomial"], "options that fit: default, fourier"),
     (["system=pendulum", "feature_map=affine"], "options that fit: default"),
