@@ -1,0 +1,238 @@
+"""Trajectories from files: the layout, every bad-data case, the export round trip, held-out
+NRMSE against known answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fnsysid.experiment import run_experiment
+from fnsysid.trajectory_files import DataError, load_trajectories
+from tests.conftest import compose_cfg
+from tests.test_cli import cli
+
+
+def linear_fleet(n_clients=3, n_traj=4, length=30, noise=0.0, seed=0, A=None, B=None):
+    """Long-format samples of x+ = A x + B u + noise for a few clients (A, B shared)."""
+    rng = np.random.default_rng(seed)
+    A = np.array([[0.9, 0.2], [-0.1, 0.8]]) if A is None else A
+    B = np.array([[0.0], [0.5]]) if B is None else B
+    rows = []
+    for c in range(n_clients):
+        for j in range(n_traj):
+            x = rng.standard_normal(2)
+            for t in range(length):
+                u = rng.standard_normal(1)
+                rows.append({"client": f"robot{c}", "trajectory": j, "t": 0.1 * t,
+                             "x1": x[0], "x2": x[1], "u": u[0]})
+                x = A @ x + B @ u + noise * rng.standard_normal(2)
+    return pd.DataFrame(rows), np.concatenate([A, B], axis=1)
+
+
+def write_per_client(df: pd.DataFrame, folder, fmt="csv"):
+    folder.mkdir(parents=True, exist_ok=True)
+    for c, g in df.groupby("client"):
+        g = g.drop(columns="client")
+        if fmt == "csv":
+            g.to_csv(folder / f"{c}.csv", index=False)
+        else:
+            g.to_parquet(folder / f"{c}.parquet", index=False)
+    return folder
+
+
+GENERIC = ["system=generic", "data=files", "data.states=[x1,x2]", "data.inputs=[u]",
+           "output.plot=false"]
+
+
+def test_folder_and_single_file_give_the_same_data(tmp_path):
+    df, _ = linear_fleet()
+    write_per_client(df, tmp_path / "csv")
+    write_per_client(df, tmp_path / "pq", fmt="parquet")
+    df.to_csv(tmp_path / "all.csv", index=False)
+    a = load_trajectories(tmp_path / "csv", ["x1", "x2"], ["u"])
+    b = load_trajectories(tmp_path / "pq", ["x1", "x2"], ["u"])
+    c = load_trajectories(tmp_path / "all.csv", ["x1", "x2"], ["u"])
+    cols = ["repeat", "client", "trajectory", "t", "split", "x1", "x2", "u"]
+    pd.testing.assert_frame_equal(a[cols], b[cols], check_dtype=False)
+    pd.testing.assert_frame_equal(a[cols], c[cols], check_dtype=False)
+    assert a["client"].unique().tolist() == ["robot0", "robot1", "robot2"]
+    assert len(a) == 3 * 4 * 30
+
+
+def test_generic_system_recovers_a_noiseless_linear_fleet(tmp_path):
+    df, theta = linear_fleet(noise=0.0)
+    write_per_client(df, tmp_path / "logs")
+    truth = pd.DataFrame([{"client": f"robot{c}", "parameter": f"{s}+:{f}",
+                           "value": theta[i, k]}
+                          for c in range(3) for i, s in enumerate(["x1", "x2"])
+                          for k, f in enumerate(["x1", "x2", "u"])])
+    truth.to_csv(tmp_path / "truth.csv", index=False)
+    cfg = compose_cfg(*GENERIC, f"data.path={tmp_path / 'logs'}", "R=30",
+                      f"data.truth={tmp_path / 'truth.csv'}", "strategy=fedavg")
+    summary = run_experiment(cfg, tmp_path / "run")
+    # identical clients, whitened GD with lr 0.5, K 5: the error shrinks by 2^-5 a round
+    assert summary["status"] == "ok" and summary["final_e_max_mean"] < 1e-8
+    assert summary["M"] == 3 and summary["N"] == 3          # 4 trajectories, 1 held out
+    # a model fitted exactly predicts the held-out data exactly (no noise): NRMSE ~ 0
+    assert summary["final_nrmse_1step_max"] < 1e-6 and summary["final_nrmse_sim_max"] < 1e-6
+    est = pd.read_csv(tmp_path / "run" / "estimates.csv")
+    assert est["parameter"].tolist() == ["x1+:x1", "x1+:x2", "x1+:u", "x2+:x1", "x2+:x2",
+                                         "x2+:u"]
+    np.testing.assert_allclose(est["estimate"], theta.ravel(), atol=1e-8)
+
+
+def test_without_truth_the_run_is_judged_by_prediction(tmp_path):
+    noise = 0.1
+    df, theta = linear_fleet(noise=noise, n_traj=10, length=100, seed=3)
+    write_per_client(df, tmp_path / "logs")
+    cfg = compose_cfg(*GENERIC, f"data.path={tmp_path / 'logs'}", "R=20")
+    summary = run_experiment(cfg, tmp_path / "run")
+    assert summary["status"] == "ok" and summary["final_e_max_mean"] is None
+    errors = pd.read_csv(tmp_path / "run" / "errors.csv")
+    assert errors["e_max"].isna().all() and errors["e_mean"].isna().all()
+    # round 0 is the zero model: its one-step NRMSE is ||x+|| / std(x), about 1
+    first = errors[errors["round"] == 0].iloc[0]
+    assert 0.8 < first["nrmse_1step_mean"] < 1.3
+    # the fitted model's one-step residual is the noise: NRMSE ~ noise / std(x)
+    held = df[df["trajectory"] >= 8]
+    level = np.mean([noise / held[s].std(ddof=0) for s in ("x1", "x2")])
+    last = errors[errors["round"] == 20].iloc[0]
+    assert last["nrmse_1step_mean"] == pytest.approx(level, rel=0.15)
+    assert last["nrmse_sim_mean"] < 1.0 and np.isfinite(last["nrmse_sim_max"])
+    # free run only at round 0, every eval_every rounds and at the last
+    assert errors["nrmse_sim_max"].notna().tolist() == [r % 10 == 0 or r == 20
+                                                         for r in errors["round"]]
+
+
+def test_one_step_nrmse_from_statistics_equals_the_direct_computation(tmp_path):
+    from fnsysid.build import build
+    from fnsysid.data_source import load_data
+    from fnsysid.metrics import nrmse_one_step, one_step
+
+    df, _ = linear_fleet(noise=0.3, seed=5)
+    write_per_client(df, tmp_path / "logs")
+    cfg = compose_cfg(*GENERIC, f"data.path={tmp_path / 'logs'}", "data.holdout=0.5")
+    model, optimizer, _ = build(cfg)
+    ds = load_data(cfg, model, optimizer)
+    theta = np.random.default_rng(0).standard_normal((1, 3, model.p))   # one model per client
+    ho = ds.heldout
+    got = nrmse_one_step(model, theta, ho)
+    pred = one_step(model, theta, ho.x, ho.u)                          # (1, 3, J, L-1, 2)
+    err = pred - ho.x[..., 1:, :]
+    rmse = np.sqrt((err ** 2).mean(axis=(2, 3)))
+    want = (rmse / ho.std).mean(axis=-1)
+    np.testing.assert_allclose(got, want, rtol=1e-10)
+    # the same model for every client takes the matrix-product path
+    np.testing.assert_allclose(nrmse_one_step(model, theta[:, :1], ho),
+                               nrmse_one_step(model, np.repeat(theta[:, :1], 3, 1), ho),
+                               rtol=1e-12)
+
+
+def test_a_rollout_that_blows_up_is_inf_not_a_crash(tmp_path):
+    from fnsysid.build import build
+    from fnsysid.data_source import load_data
+    from fnsysid.metrics import nrmse_free_run
+
+    df, _ = linear_fleet(length=200)
+    write_per_client(df, tmp_path / "logs")
+    cfg = compose_cfg(*GENERIC, f"data.path={tmp_path / 'logs'}")
+    model, optimizer, _ = build(cfg)
+    ho = load_data(cfg, model, optimizer).heldout
+    unstable = np.tile([1e3, 0, 0, 0, 1e3, 0], (1, 1, 1))                 # x+ = 1000 x
+    assert np.isinf(nrmse_free_run(model, unstable, ho)).all()
+
+
+def test_round_trip_export_then_import_gives_the_same_errors(tmp_path):
+    run = ["system=pendulum", "R=15", "output.plot=false"]
+    sim = ["M=4", "N=[3,5,4,2]", "repeats=2", "system.x0.scale=[0.3,0.3]", "data.val_N=2"]
+    run_experiment(compose_cfg(*run, *sim, "output.trajectories=true"), tmp_path / "a")
+    a = tmp_path / "a"
+    assert (a / "trajectories.parquet").exists() and (a / "truth.csv").exists()
+    traj = pd.read_parquet(a / "trajectories.parquet")
+    assert list(traj.columns) == ["repeat", "client", "trajectory", "t", "split", "alpha",
+                                  "omega", "u"]
+    run_experiment(compose_cfg(*run, "data=files", f"data.path={a / 'trajectories.parquet'}",
+                               f"data.truth={a / 'truth.csv'}"), tmp_path / "b")
+    ea, eb = (pd.read_csv(tmp_path / d / "errors.csv") for d in "ab")
+    assert list(ea.columns) == list(eb.columns) and len(ea) == len(eb) == 2 * 16
+    assert ea["nrmse_sim_max"].notna().any()
+    np.testing.assert_allclose(eb.to_numpy(float), ea.to_numpy(float), rtol=0, atol=1e-9)
+
+
+def test_simulated_holdout_does_not_change_the_training_data(tmp_path):
+    base = ["system=synthetic", "M=3", "R=5", "output.plot=false"]
+    run_experiment(compose_cfg(*base, "data.val_N=0"), tmp_path / "a")
+    run_experiment(compose_cfg(*base, "data.val_N=3"), tmp_path / "b")
+    ea, eb = (pd.read_csv(tmp_path / d / "errors.csv") for d in "ab")
+    pd.testing.assert_frame_equal(ea[["e_max", "e_mean"]], eb[["e_max", "e_mean"]])
+    assert ea["nrmse_1step_max"].isna().all() and eb["nrmse_1step_max"].notna().all()
+
+
+# --- bad data: one line naming the file and row or column, exit 2, no folder ------------------
+
+def _bad_cases(tmp_path):
+    df, _ = linear_fleet(n_clients=2, n_traj=2, length=5)
+    cases = {}
+
+    def case(name, frame, message, extra=()):
+        folder = tmp_path / name
+        write_per_client(frame, folder)
+        cases[name] = ([f"data.path={folder}", *extra], message)
+
+    case("missing_column", df.drop(columns="x2"), "robot0.csv: column 'x2' (data.states) is "
+         "missing")
+    case("misspelt_column", df.rename(columns={"x2": "x_2"}), "did you mean 'x_2'?")
+    nan = df.copy()
+    nan.loc[3, "x1"] = np.nan
+    case("nan", nan, "robot0.csv: row 4, column 'x1' is empty or NaN")
+    inf = df.copy()
+    inf.loc[12, "u"] = np.inf
+    case("inf", inf, "robot1.csv: row 3, column 'u' is inf")
+    text = df.astype({"x2": object})
+    text.loc[2, "x2"] = "abc"
+    case("text", text, "robot0.csv: row 3, column 'x2': 'abc' is not a number")
+    t = df.copy()
+    t.loc[2, "t"] = 0.0
+    case("t_not_increasing", t, "robot0.csv: row 3: t=0 does not increase within client "
+         "'robot0', trajectory 0")
+    short = df[~((df["client"] == "robot1") & (df["trajectory"] == 1) & (df["t"] > 0))]
+    case("short_trajectory", short, "robot1.csv: row 6: client 'robot1', trajectory 1 has 1 "
+         "sample")
+    case("feature_map", df, "feature_map=polynomial does not fit system=pendulum",
+         extra=["system=pendulum", "feature_map=polynomial"])
+    (tmp_path / "empty").mkdir()
+    cases["empty_dir"] = ([f"data.path={tmp_path / 'empty'}"], "holds no .csv or .parquet")
+    cases["no_path"] = ([f"data.path={tmp_path / 'nowhere'}"], "nowhere does not exist")
+    one = tmp_path / "one.csv"
+    df.drop(columns="client").to_csv(one, index=False)
+    cases["no_client_column"] = ([f"data.path={one}"], "one.csv: column 'client'")
+    return cases
+
+
+CASES = ["missing_column", "misspelt_column", "nan", "inf", "text", "t_not_increasing",
+         "short_trajectory", "feature_map", "empty_dir", "no_path", "no_client_column"]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_bad_data_is_one_line_and_raises_before_writing(tmp_path, name):
+    args, message = _bad_cases(tmp_path)[name]
+    args = [a for a in args if not a.startswith("system=")] + (
+        [a for a in args if a.startswith("system=")] or ["system=generic"])
+    overrides = [o for o in GENERIC if not o.startswith("system=")] + args
+    if "system=pendulum" in args:
+        overrides = [o for o in overrides if not o.startswith("data.states")
+                     and not o.startswith("data.inputs")]
+    with pytest.raises(DataError if name != "feature_map" else Exception) as exc:
+        run_experiment(compose_cfg(*overrides), tmp_path / "out")
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_data_on_the_command_line_exits_2_without_a_folder(tmp_path):
+    args, message = _bad_cases(tmp_path)["nan"]
+    res = cli(*GENERIC, *args, f"hydra.run.dir={tmp_path}/run")
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fnsysid: error: ") and message in lines[0]
+    assert not (tmp_path / "run").exists()
