@@ -28,7 +28,7 @@ test-slow: $(STAMP)  ## the slow tests too
 	$(PY) -m pytest -q -m "slow or not slow"
 
 lint: $(STAMP)  ## ruff
-	$(PY) -m ruff check fnsysid scripts tests run.py
+	$(PY) -m ruff check fnsysid scripts tests examples run.py
 
 bench: $(STAMP)  ## time and peak memory of the benchmark cases (docs/PERFORMANCE.md)
 	$(PY) scripts/bench.py

@@ -1,3 +1,20 @@
-"""fnsysid: federated identification of linearly-parameterized nonlinear systems."""
+"""fnsysid: federated identification of linearly-parameterized nonlinear systems.
+
+Python API: :func:`run` (one experiment, as the command line runs it) and
+:func:`load_trajectories` (read and check trajectory files).
+"""
 
 __version__ = "0.1.0"
+__all__ = ["run", "load_trajectories", "ConfigError"]
+
+
+def __getattr__(name):          # imported on first use: `import fnsysid` stays light
+    if name in ("run", "load_trajectories"):
+        from . import api
+
+        return getattr(api, name)
+    if name == "ConfigError":
+        from .validate import ConfigError
+
+        return ConfigError
+    raise AttributeError(f"module 'fnsysid' has no attribute {name!r}")

@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from . import random as rnd
 from .heldout import HeldOut, heldout_from_trajectories
 from .model import ClientData, Model, generate, sample_stats, simulate_block
-from .trajectory_files import DataError, load_trajectories, load_truth
+from .trajectory_files import DataError, read_trajectories, load_truth
 from .validate import ConfigError, check_batch_size, plain
 
 log = logging.getLogger("fnsysid")
@@ -158,11 +158,11 @@ def from_files(cfg: DictConfig, model: Model, optimizer) -> Dataset:
     if cfg.data.get("path") in (None, "", "???"):
         raise ConfigError("data=files needs data.path=DIR_OR_FILE")
     states, inputs = column_names(cfg, model)
-    df = load_trajectories(cfg.data.path, states, inputs)
+    df = read_trajectories(cfg.data.path, states, inputs)
     clients = [str(c) for c in df.drop_duplicates("_client").sort_values("_client")["client"]]
     S, M = int(df["repeat"].max()) + 1, len(clients)
     if cfg.data.get("val_path"):
-        val = load_trajectories(cfg.data.val_path, states, inputs)
+        val = read_trajectories(cfg.data.val_path, states, inputs)
         val_clients = pd.Index(clients).get_indexer(val["client"])
         if (val_clients < 0).any():
             bad = val["client"].to_numpy()[val_clients < 0][0]

@@ -9,7 +9,7 @@ lives in its own module: :mod:`fnsysid.build` (objects from the config),
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,13 +41,43 @@ class Result:
     estimate: np.ndarray
     dataset: Dataset
     diverged: int | None = None
-    extra: dict = field(default_factory=dict)
+    config: DictConfig | None = None
+
+    @property
+    def errors(self) -> pd.DataFrame:
+        """One row per (repeat, round): parameter errors and held-out NRMSE (errors.csv)."""
+        return self.tables["errors"]
+
+    @property
+    def clients(self) -> pd.DataFrame | None:
+        """One row per (repeat, round, client) (clients.csv), or None when not kept."""
+        return self.tables.get("clients")
+
+    @property
+    def estimates(self) -> pd.DataFrame | None:
+        """Final estimates per repeat and parameter (estimates.csv); None after divergence."""
+        return self.tables.get("estimates")
+
+    @property
+    def theory(self) -> pd.DataFrame:
+        """Theorem 1's right-hand side per repeat (theory.csv)."""
+        return self.tables["theory"]
+
+    def plot_fit(self, path, repeat: int = 0) -> None:
+        """Save the held-out fit of the first client with held-out data (as ``fit.png``)."""
+        from .output_files import write_fit_plot
+
+        if self.dataset.heldout is None:
+            raise ValueError("this run has no held-out trajectories (data.val_N=0 or "
+                             "data.holdout=0)")
+        write_fit_plot(path, self.model, self.estimate, self.dataset, repeat)
 
 
-def execute(cfg: DictConfig) -> Result:
+def execute(cfg: DictConfig, choices: dict | None = None) -> Result:
     """Check the settings, load the data, run the rounds and build the result tables.
 
-    Writes nothing. Raises :class:`~fnsysid.validate.ConfigError` (or its subclass
+    ``choices`` (group -> option) names the options in the summary (default: Hydra's record
+    of the running job). Writes nothing. Raises :class:`~fnsysid.validate.ConfigError` (or its subclass
     :class:`~fnsysid.trajectory_files.DataError`) with a one-line message for bad input.
     """
     t_start = time.perf_counter()
@@ -79,8 +109,8 @@ def execute(cfg: DictConfig) -> Result:
     summary = make_summary(cfg, model, diverged, tables["errors"], theory,
                            runtime=dict(data_s=t_data, train_s=t_train,
                                         total_s=time.perf_counter() - t_start),
-                           settings=dataset.settings)
-    return Result(tables, summary, model, strategy.estimate(), dataset, diverged)
+                           settings=dataset.settings, choices=choices)
+    return Result(tables, summary, model, strategy.estimate(), dataset, diverged, cfg)
 
 
 def run_experiment(cfg: DictConfig, output_dir: str | Path) -> dict:

@@ -63,8 +63,9 @@ def write_trajectories(out: Path, trajectories: pd.DataFrame, truth: pd.DataFram
 
 
 def write_fit_plot(out: Path, model, estimate, dataset, repeat: int = 0) -> None:
-    """``fit.png``: measured, one-step and free-run states of the first client with held-out
-    data (first held-out trajectory, repeat 0)."""
+    """``fit.png`` in folder ``out`` (or the file ``out`` if it ends in an image suffix):
+    measured, one-step and free-run states of the first client with held-out data (first
+    held-out trajectory, repeat 0)."""
     import numpy as np
 
     from .metrics import free_run, one_step
@@ -82,6 +83,8 @@ def write_fit_plot(out: Path, model, estimate, dataset, repeat: int = 0) -> None
     L = int(mask.sum())
     sim = free_run(model, est, x, u)[0, 0, 0, :L]
     step = one_step(model, est, x, u)[0, 0, 0, :L - 1]
-    plot_fit(x[0, 0, 0, :L], step, sim, model.system.state_names, Path(out) / "fit.png",
+    out = Path(out)
+    path = out if out.suffix in (".png", ".pdf", ".svg") else out / "fit.png"
+    plot_fit(x[0, 0, 0, :L], step, sim, model.system.state_names, path,
              title=f"client {dataset.clients[m]}, held-out trajectory 1"
                    + (f", repeat {repeat}" if ho.n.shape[0] > 1 else ""))

@@ -84,15 +84,16 @@ def _final_std(last: pd.DataFrame, col: str) -> float | None:
 
 
 def make_summary(cfg, model, diverged, errors, theory, runtime,
-                 settings: dict | None = None) -> dict:
+                 settings: dict | None = None, choices: dict | None = None) -> dict:
     """``summary.json``: status, final errors (mean and std over repeats), settings, runtime.
 
     Values that a run does not have (parameter errors without ground truth, NRMSE without
     held-out data) are null. ``settings`` (the data's M, N, T, eps) replaces the config's
-    knobs when the data come from files.
+    knobs when the data come from files. ``choices`` (group -> option) defaults to Hydra's
+    record of the running job.
     """
     last = last_round(errors)
-    choices = _choices()
+    choices = _choices() if choices is None else choices
     st = {"M": cfg.M, "N": plain(cfg.N), "T": cfg.T, "eps": cfg.eps, "repeats": cfg.repeats,
           **(settings or {})}
     finals = {}

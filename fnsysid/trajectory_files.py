@@ -24,6 +24,8 @@ from .validate import ConfigError
 SUFFIXES = (".csv", ".parquet")
 OPTIONAL = ("repeat", "trajectory", "t", "split")
 SPLITS = ("train", "val")
+#: columns of a validated trajectory table before the states and inputs
+PUBLIC_COLUMNS = ["repeat", "client", "trajectory", "t", "split"]
 
 
 class DataError(ConfigError):
@@ -57,7 +59,7 @@ def data_files(path) -> list[Path]:
     return files
 
 
-def load_trajectories(path, states, inputs=()) -> pd.DataFrame:
+def read_trajectories(path, states, inputs=()) -> pd.DataFrame:
     """Read and check trajectories: the validated samples as one DataFrame.
 
     Parameters
@@ -68,13 +70,10 @@ def load_trajectories(path, states, inputs=()) -> pd.DataFrame:
     Returns
     -------
     DataFrame with columns ``repeat, client, trajectory, t, split``, the states and the inputs,
-    sorted by (repeat, client, trajectory) with the file's order kept within a trajectory.
-    ``client`` holds strings (file stems or the ``client`` column's values); ``repeat`` is 0
-    and ``split`` is ``train`` where the file has no such column. Raises :class:`DataError`.
-
-    Examples
-    --------
-    >>> df = load_trajectories("logs/", states=["x1", "x2"], inputs=["u"])  # doctest: +SKIP
+    sorted by (repeat, client, trajectory) with the file's order kept within a trajectory,
+    and the helper columns ``_client``, ``_trajectory`` (sort ranks). ``client`` holds strings
+    (file stems or the ``client`` column's values); ``repeat`` is 0 and ``split`` is ``train``
+    where the file has no such column. Raises :class:`DataError`.
     """
     states, inputs = list(states), list(inputs or [])
     files = data_files(path)

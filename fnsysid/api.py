@@ -1,0 +1,132 @@
+"""Python API for notebooks and scripts: the command line's runs as function calls.
+
+>>> import fnsysid
+>>> res = fnsysid.run({"system": "pendulum", "M": 5, "R": 10})        # doctest: +SKIP
+>>> res.errors.tail(1)                                                # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import pandas as pd
+
+from .experiment import Result, execute
+from .output_files import write_outputs
+from .trajectory_files import PUBLIC_COLUMNS, read_trajectories
+from .validate import ConfigError
+
+
+def _encode(value) -> str:
+    """A Python value as a Hydra override value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_encode(v) for v in value) + "]"
+    if isinstance(value, (str, Path)):
+        text = str(value)
+        if text and all(c.isalnum() or c in "_-./+:@~" for c in text):
+            return text
+        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def as_overrides(overrides) -> list[str]:
+    """Overrides as the command line's strings: a list of ``key=value`` or a mapping."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, str):
+        raise ConfigError("overrides must be a list of 'key=value' strings or a dict, not one "
+                          "string")
+    if isinstance(overrides, Mapping):
+        return [f"{k}={_encode(v)}" for k, v in overrides.items()]
+    return [str(o) for o in overrides]
+
+
+def compose(overrides, config_dir=None):
+    """The checked, composed run config of ``overrides`` and the chosen group options.
+
+    Runs the command line's pre-run check (one-line :class:`ConfigError` for bad input);
+    ``config_dir`` adds a folder of your own config groups, like ``--config-dir``.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
+    from .cli import preflight
+    from .options import CONF_DIR
+
+    args = as_overrides(overrides)
+    try:
+        parsed = OverridesParser.create().parse_overrides(args)
+    except HydraException as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from exc
+    sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
+    if sweeps:
+        raise ConfigError(f"{sweeps[0]}: fnsysid.run runs one job; call it once per value "
+                          "(sweeps are for the command line's -m)")
+    extra = []
+    if config_dir is not None:
+        folder = Path(config_dir).resolve()
+        if not folder.is_dir():
+            raise ConfigError(f"config_dir={config_dir}: no such folder")
+        extra = ["--config-dir", str(folder)]
+        args = args + [f"hydra.searchpath=[file://{folder}]"]
+    preflight(args + extra)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = hydra_compose("config", overrides=args, return_hydra_config=True)
+    finally:
+        GlobalHydra.instance().clear()
+    choices = {k: v for k, v in cfg.hydra.runtime.choices.items()
+               if not k.startswith("hydra/")}
+    with_hydra = OmegaConf.to_container(cfg, resolve=False)
+    with_hydra.pop("hydra")
+    return OmegaConf.create(with_hydra), choices
+
+
+def run(overrides=(), output_dir=None, config_dir=None) -> Result:
+    """Run one experiment, as ``python run.py <overrides>`` does, and return its results.
+
+    Parameters
+    ----------
+    overrides : list of ``"key=value"`` strings (exactly the command line's) or a dict
+        ``{"system": "pendulum", "M": 5, "data.states": ["x1", "x2"]}``.
+    output_dir : folder to write the run's files into (as the command line does); None
+        writes nothing.
+    config_dir : a folder of your own config groups (like ``--config-dir``).
+
+    Returns
+    -------
+    :class:`~fnsysid.experiment.Result` with the DataFrames ``errors``, ``clients``,
+    ``estimates``, ``theory`` and the ``summary`` dict (which names the chosen group options).
+
+    Raises
+    ------
+    ConfigError
+        With the command line's one-line message for a bad setting or bad data; nothing is
+        written then.
+    """
+    cfg, choices = compose(overrides, config_dir)
+    result = execute(cfg, choices)
+    if output_dir is not None:
+        write_outputs(Path(output_dir), cfg, result)
+    return result
+
+
+def load_trajectories(path, states, inputs=()) -> pd.DataFrame:
+    """Read and check trajectory files (the ``data=files`` layout) into one DataFrame.
+
+    Columns ``repeat, client, trajectory, t, split``, the states and the inputs; raises
+    :class:`~fnsysid.trajectory_files.DataError` (a :class:`ConfigError`) naming the file and
+    row or column of the first problem.
+    """
+    df = read_trajectories(path, states, inputs)
+    return df[PUBLIC_COLUMNS + list(states) + list(inputs or [])].reset_index(drop=True)

@@ -1,0 +1,72 @@
+"""The Python API: fnsysid.run and fnsysid.load_trajectories, and the own-data example."""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import fnsysid
+from fnsysid.experiment import run_experiment
+from tests.conftest import compose_cfg
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = {"system": "synthetic", "M": 3, "R": 8, "repeats": 2, "progress": False}
+
+
+def test_run_returns_the_tables_of_the_command_line_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = fnsysid.run(SMALL)
+    assert list(tmp_path.iterdir()) == []                        # nothing written
+    run_experiment(compose_cfg(*[f"{k}={v}" for k, v in SMALL.items()], "output.plot=false"),
+                   tmp_path / "cli")
+    for name in ("errors", "clients", "estimates", "theory"):
+        pd.testing.assert_frame_equal(getattr(res, name),
+                                      pd.read_csv(tmp_path / "cli" / f"{name}.csv"),
+                                      check_dtype=False, rtol=1e-12)
+    assert res.summary["system"] == "synthetic" and res.summary["strategy"] == "fedavg"
+    assert res.summary["data"] == "simulated" and res.summary["feature_map"] == "default"
+
+
+def test_list_and_dict_overrides_agree_and_output_dir_writes_the_run(tmp_path):
+    a = fnsysid.run([f"{k}={v}" for k, v in SMALL.items()], output_dir=tmp_path / "out")
+    b = fnsysid.run(SMALL)
+    pd.testing.assert_frame_equal(a.errors, b.errors)
+    files = {p.name for p in (tmp_path / "out").iterdir()}
+    assert {"errors.csv", "summary.json", "config.yaml", "error.png", "fit.png"} <= files
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["M=0"], "M=0 is not allowed"),
+    ({"system": "foo"}, "system=foo is not an option; allowed: generic,"),
+    (["M=1,2"], "fnsysid.run runs one job"),
+    ({"system": "generic"}, "system=generic"),
+])
+def test_bad_settings_raise_the_one_line_message(tmp_path, overrides, message):
+    with pytest.raises(fnsysid.ConfigError) as exc:
+        fnsysid.run(overrides, output_dir=tmp_path / "out")
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_load_trajectories_returns_the_checked_table(tmp_path):
+    df = pd.DataFrame({"client": ["b", "b", "a", "a", "a"], "x": [1.0, 2, 3, 4, 5],
+                       "u": [0.0, 0, 1, 1, np.nan]})
+    df.to_csv(tmp_path / "all.csv", index=False)
+    out = fnsysid.load_trajectories(tmp_path / "all.csv", ["x"], ["u"])
+    assert list(out.columns) == ["repeat", "client", "trajectory", "t", "split", "x", "u"]
+    assert out["client"].tolist() == ["a", "a", "a", "b", "b"]     # sorted clients
+    assert out["x"].tolist() == [3, 4, 5, 1, 2] and out["u"].iloc[2] == 0.0
+
+
+def test_own_data_example_runs_and_fits(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["own_data.py", str(tmp_path)])
+    runpy.run_path(str(ROOT / "examples" / "own_data.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "5 robots" in out and (tmp_path / "fit.png").stat().st_size > 10_000
+    nrmse = float(out.split("one-step ")[1].split(",")[0])
+    assert 0 < nrmse < 0.05       # process noise 0.002 per step, states of size ~0.5
