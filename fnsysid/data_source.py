@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from . import random as rnd
 from .heldout import HeldOut, heldout_from_trajectories
 from .model import ClientData, Model, generate, sample_stats, simulate_block
-from .trajectory_files import DataError, read_trajectories, load_truth
+from .trajectory_files import DataError, load_truth, read_trajectories
 from .validate import ConfigError, check_batch_size, plain
 
 log = logging.getLogger("fnsysid")

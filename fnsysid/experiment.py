@@ -77,8 +77,9 @@ def execute(cfg: DictConfig, choices: dict | None = None) -> Result:
     """Check the settings, load the data, run the rounds and build the result tables.
 
     ``choices`` (group -> option) names the options in the summary (default: Hydra's record
-    of the running job). Writes nothing. Raises :class:`~fnsysid.validate.ConfigError` (or its subclass
-    :class:`~fnsysid.trajectory_files.DataError`) with a one-line message for bad input.
+    of the running job). Writes nothing. Raises :class:`~fnsysid.validate.ConfigError` (or
+    its subclass :class:`~fnsysid.trajectory_files.DataError`) with a one-line message for bad
+    input.
     """
     t_start = time.perf_counter()
     check_run(cfg)

@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fnsysid.experiment import run_experiment
 from fnsysid import load_trajectories
+from fnsysid.experiment import run_experiment
 from fnsysid.trajectory_files import DataError
 from tests.conftest import compose_cfg
 from tests.test_cli import cli
