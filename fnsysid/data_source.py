@@ -17,7 +17,14 @@ from omegaconf import DictConfig
 
 from . import random as rnd
 from .heldout import HeldOut, heldout_from_trajectories
-from .model import ClientData, Model, generate, sample_stats, simulate_block
+from .model import (
+    ClientData,
+    Model,
+    chunk_blocks,
+    generate,
+    sample_stats,
+    simulate_blocks,
+)
 from .trajectory_files import DataError, load_truth, read_trajectories
 from .validate import ConfigError, check_batch_size, plain
 
@@ -80,11 +87,14 @@ def simulate_all(model: Model, cfg, n_traj: int, purpose: int):
     sys = model.system
     x = np.empty((S, M, n_traj, T + 1, sys.n_x))
     u = np.empty((S, M, n_traj, T, sys.n_u))
+    blocks, nb = rnd.blocks(M), chunk_blocks(model, n_traj, T)
     for s in range(S):
-        for blk, lo, hi in rnd.blocks(M):
-            _, x[s, lo:hi], u[s, lo:hi] = simulate_block(
-                model, s, blk, hi - lo, n_traj, T, cfg.eps, cfg.seed,
-                bool(cfg.data.shared_noise), purpose)
+        for c in range(0, len(blocks), nb):
+            chunk = blocks[c:c + nb]
+            lo, hi = chunk[0][1], chunk[-1][2]
+            _, x[s, lo:hi], u[s, lo:hi] = simulate_blocks(
+                model, s, chunk, n_traj, T, cfg.eps, cfg.seed, bool(cfg.data.shared_noise),
+                purpose)
     return x, u
 
 

@@ -220,10 +220,14 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
         Phi = np.zeros((S, M, n_max * T, n_phi))
         Y = np.zeros((S, M, n_max * T, n_y))
         mask = np.repeat(traj_mask, T, axis=1)[None].repeat(S, axis=0)
+    blocks = rnd.blocks(M)
+    nb = chunk_blocks(model, n_max, T)
     for s in range(S):
-        for blk, lo, hi in rnd.blocks(M):
+        for c in range(0, len(blocks), nb):
+            chunk = blocks[c:c + nb]
+            lo, hi = chunk[0][1], chunk[-1][2]
             size = hi - lo
-            own, x, u = simulate_block(model, s, blk, size, n_max, T, eps, seed, shared_noise)
+            own, x, u = simulate_blocks(model, s, chunk, n_max, T, eps, seed, shared_noise)
             theta_true[s, lo:hi] = own @ model.embed
             Phi_b, Y_b = model.regression(x, u)          # (size, n_max, T, .)
             Phi_b = Phi_b.reshape(size, n_max * T, -1)
@@ -238,22 +242,22 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
     return ClientData(theta_true, H, b, yy, n, Phi, Y, mask, phi2max, phi_mean, y_mean)
 
 
-def simulate_block(model: Model, s: int, blk: int, size: int, n_traj: int, T: int, eps: float,
-                   seed: int, shared_noise: bool = False, purpose: int = rnd.TRAJECTORY):
-    """Client parameters and trajectories of the first ``size`` clients of block ``blk``.
+def simulate_blocks(model: Model, s: int, blocks: list[tuple[int, int, int]], n_traj: int,
+                    T: int, eps: float, seed: int, shared_noise: bool = False,
+                    purpose: int = rnd.TRAJECTORY):
+    """Client parameters and trajectories of consecutive blocks ``(blk, lo, hi)`` of clients.
 
-    Returns the clients' own parameters (size, p0), states ``x`` (size, n_traj, T + 1, n_x)
-    and inputs ``u`` (size, n_traj, T, n_u). Trajectory ``j`` of repeat ``s`` is drawn from
-    stream ``(purpose, s, blk, j)``; held-out trajectories use their own ``purpose``.
+    Returns the clients' own parameters (m, p0), states ``x`` (m, n_traj, T + 1, n_x) and
+    inputs ``u`` (m, n_traj, T, n_u) for the ``m`` clients ``blocks[0].lo .. blocks[-1].hi``.
+    Trajectory ``j`` of repeat ``s`` is drawn from stream ``(purpose, s, blk, j)`` for the
+    whole block; held-out trajectories use their own ``purpose``.
     """
     system = model.system
-    gamma = eps * rnd.stream(seed, rnd.PARAMS, s, blk).random((rnd.BLOCK, system.n_gamma))
-    own = system.client_params(gamma[:size])
-    n_draw, key = (1, 0) if shared_noise else (rnd.BLOCK, blk)
-    draws = [system.draw(rnd.stream(seed, purpose, s, key, j), n_draw, T)
-             for j in range(n_traj)]
-    x0, eta, w = (np.broadcast_to(a, (rnd.BLOCK,) + a.shape[1:])[:size] for a in
-                  (np.stack([d[i] for d in draws], axis=1) for i in range(3)))
+    own = np.concatenate([system.client_params(eps * rnd.stream(
+        seed, rnd.PARAMS, s, blk).random((rnd.BLOCK, system.n_gamma))[: hi - lo])
+        for blk, lo, hi in blocks])
+    x0, eta, w = draw_trajectories(system, seed, s, [blk for blk, _, _ in blocks], n_traj, T,
+                                   shared_noise, len(own), purpose)
     x, u = system.simulate(own, x0, eta, w)
     return own, x, u
 
@@ -267,3 +271,41 @@ def sample_stats(model: Model, Phi, Y, wgt):
     phi_mean = np.einsum("mnk,mn->mk", Phi, wgt) / n[:, None]
     y_mean = np.einsum("mny,mn->my", Y, wgt) / n[:, None]
     return H, b, yy, n, phi2max, phi_mean, y_mean
+
+
+#: about how many float64 values one chunk of simulated clients may hold (memory bound)
+CHUNK_VALUES = 1 << 22
+
+
+def chunk_blocks(model: Model, n_max: int, T: int) -> int:
+    """Blocks of clients simulated together: as many as keep a chunk near ``CHUNK_VALUES``."""
+    system = model.system
+    n_y, n_phi = model.structure.shape[:2]
+    per_sample = 2 * system.n_x + system.n_u + system.n_w + 3 * n_phi + 2 * n_y
+    return max(1, CHUNK_VALUES // (rnd.BLOCK * n_max * (T + 1) * per_sample))
+
+
+def draw_trajectories(system: System, seed: int, s: int, blks: list[int], n_max: int, T: int,
+                      shared_noise: bool, size: int, purpose: int = rnd.TRAJECTORY):
+    """Randomness of trajectories ``0..n_max-1`` of the clients of blocks ``blks`` (repeat s).
+
+    Stream (purpose, repeat, block, trajectory) draws for its whole block (stream (repeat, 0,
+    trajectory) once for every client with ``shared_noise``). All streams are read together
+    through one :class:`~fnsysid.random.StreamBatch` when the system's noises allow it, else
+    one after another; the numbers are the same. Returns ``x0`` (size, n_max, n_x), ``eta``
+    (size, n_max, T, n_u) and ``w`` (size, n_max, T, n_w) of the first ``size`` clients.
+    """
+    keys, n_draw = ([0], 1) if shared_noise else (blks, rnd.BLOCK)
+    gens = [rnd.stream(seed, purpose, s, key, j) for key in keys for j in range(n_max)]
+    if system.batchable:
+        batch = rnd.StreamBatch(gens, reserve=int(1.01 * system.expected_draws(n_draw, T)) + 64)
+        draws = system.draw(batch, n_draw, T)
+    else:
+        draws = [np.stack(a) for a in zip(*(system.draw(g, n_draw, T) for g in gens),
+                                            strict=True)]
+    out = []
+    for a in draws:                                   # (keys * n_max, n_draw, ...)
+        a = a.reshape(len(keys), n_max, n_draw, *a.shape[2:]).swapaxes(1, 2)
+        a = a.reshape(len(keys) * n_draw, n_max, *a.shape[3:])
+        out.append(np.broadcast_to(a, (size,) + a.shape[1:]) if shared_noise else a[:size])
+    return out

@@ -5,10 +5,15 @@ blocks of ``BLOCK`` consecutive indices; each (purpose, repeat, block, trajector
 that always draws values for the whole block. Client ``i`` therefore reads the same numbers
 whatever ``M`` is, and trajectory ``j`` the same numbers whatever ``N`` is, while the work stays
 vectorized over a block instead of looping over clients.
+
+A :class:`StreamBatch` draws from many such streams at once and hands out exactly the values
+each stream would give to the same sequence of calls (its standard normals in order), so
+simulating many blocks together changes no number.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +44,86 @@ def blocks(m: int) -> list[tuple[int, int, int]]:
     return [(b, s, min(s + BLOCK, m)) for b, s in enumerate(range(0, m, BLOCK))]
 
 
+class StreamBatch:
+    """Standard normals of ``G`` streams, consumed in lockstep as each stream would draw them.
+
+    ``take(n)`` gives every stream's next ``n`` values (G, n); ``refill(z, bad)`` overwrites
+    the ``True`` entries of each stream's row of ``z`` (in C order) with that stream's next
+    values, as ``z[bad] = rng.standard_normal(bad.sum())`` would, for a different count per
+    stream. A generator's normals do not depend on how the draws are split into calls, so the
+    values are those of the per-stream calls. Values are drawn ahead in chunks (``reserve``
+    per stream at first); the streams must not be used elsewhere.
+
+    Examples
+    --------
+    >>> gens = [stream(0, TRAJECTORY, 0, b, 0) for b in range(2)]
+    >>> z = StreamBatch(gens, reserve=4).take(3)
+    >>> bool((z[1] == stream(0, TRAJECTORY, 0, 1, 0).standard_normal(3)).all())
+    True
+    """
+
+    def __init__(self, gens: list[np.random.Generator], reserve: int = 1024):
+        self.gens = gens
+        self.buf = self._draw(max(int(reserve), 1))
+        self.pos = np.zeros(len(gens), dtype=np.intp)
+
+    def __len__(self) -> int:
+        return len(self.gens)
+
+    def _draw(self, n: int) -> np.ndarray:
+        out = np.empty((len(self.gens), n))
+        for row, g in zip(out, self.gens, strict=True):
+            g.standard_normal(out=row)
+        return out
+
+    def _ensure(self, need: np.ndarray | int) -> None:
+        """Make sure stream g holds ``need[g]`` unread values (drop read ones, draw more)."""
+        short = int(np.max(self.pos + need)) - self.buf.shape[1]
+        if short <= 0:
+            return
+        done = int(self.pos.min())
+        self.buf, self.pos = self.buf[:, done:], self.pos - done
+        extra = int(np.max(self.pos + need)) - self.buf.shape[1]
+        if extra > 0:
+            extra = max(extra, self.buf.shape[1] // 2, 64)
+            self.buf = np.concatenate([self.buf, self._draw(extra)], axis=1)
+
+    def take(self, n: int) -> np.ndarray:
+        """The next ``n`` standard normals of every stream, (G, n)."""
+        self._ensure(n)
+        if not self.pos.any():                        # all streams at the same place
+            out = self.buf[:, :n].copy()
+        elif (self.pos == self.pos[0]).all():
+            out = self.buf[:, self.pos[0]:self.pos[0] + n].copy()
+        else:
+            idx = self.pos[:, None] + np.arange(n)
+            out = np.take_along_axis(self.buf, idx, axis=1)
+        self.pos += n
+        return out
+
+    def refill(self, z: np.ndarray, bad: np.ndarray, cut: np.ndarray | None = None) -> None:
+        """Replace ``z[g][bad[g]]`` by stream g's next values, for every g (in place).
+
+        With ``cut`` (broadcastable to a row of ``z``), repeat until ``|z| <= cut`` everywhere,
+        touching only the entries still out of range (rejection sampling).
+        """
+        G = len(self)
+        zf = z.reshape(G, -1)
+        g, i = np.nonzero(bad.reshape(G, -1))                # C order within each stream
+        cutf = None if cut is None else np.broadcast_to(cut, z.shape[1:]).reshape(-1)
+        while g.size:
+            counts = np.bincount(g, minlength=G)
+            self._ensure(counts)
+            rank = np.arange(g.size) - (np.cumsum(counts) - counts)[g]
+            vals = self.buf[g, self.pos[g] + rank]
+            zf[g, i] = vals
+            self.pos += counts
+            if cutf is None:
+                break
+            still = np.abs(vals) > cutf[i]
+            g, i = g[still], i[still]
+
+
 @dataclass(frozen=True)
 class Noise:
     """A zero-mean (or shifted) distribution with per-coordinate scale.
@@ -62,6 +147,8 @@ class Noise:
     clip: float = float("inf")
 
     KINDS = ("normal", "truncnormal", "uniform", "zero")
+    #: kinds that draw standard normals only (or nothing): can come from a StreamBatch
+    BATCHED_KINDS = ("normal", "truncnormal", "zero")
 
     def __post_init__(self):
         if self.kind not in self.KINDS:
@@ -82,8 +169,15 @@ class Noise:
                 spec[key] = tuple(spec[key])
         return cls(**spec)
 
-    def sample(self, rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-        """Draw an array of ``shape`` (last axis is the coordinate axis)."""
+    def sample(self, rng: np.random.Generator | StreamBatch,
+               shape: tuple[int, ...]) -> np.ndarray:
+        """Draw an array of ``shape`` (last axis is the coordinate axis).
+
+        From a :class:`StreamBatch` of G streams (kinds in ``BATCHED_KINDS``): (G, *shape),
+        row g holding what stream g alone would give.
+        """
+        if isinstance(rng, StreamBatch):
+            return self._sample_batch(rng, shape)
         if self.kind == "zero":
             z = np.zeros(shape)
         elif self.kind == "uniform":
@@ -98,4 +192,29 @@ class Noise:
                 while bad.any():
                     z[bad] = rng.standard_normal(int(bad.sum()))
                     bad = np.abs(z) > cut
+        return self.loc + self.scale * z
+
+    def expected_draws(self, shape: tuple[int, ...]) -> float:
+        """Mean number of standard normals one :meth:`sample` of ``shape`` reads."""
+        if self.kind == "zero":
+            return 0.0
+        if self.kind != "truncnormal":
+            return float(np.prod(shape))
+        with np.errstate(divide="ignore"):
+            cut = np.broadcast_to(self.clip / self.scale, shape[-1:])
+        keep = np.array([math.erf(c / math.sqrt(2.0)) for c in np.minimum(cut, 40.0)])
+        return float(np.prod(shape[:-1]) * np.sum(1.0 / np.maximum(keep, 1e-300)))
+
+    def _sample_batch(self, batch: StreamBatch, shape: tuple[int, ...]) -> np.ndarray:
+        if self.kind not in self.BATCHED_KINDS:
+            raise ValueError(f"noise kind={self.kind!r} cannot be drawn from a StreamBatch")
+        full = (len(batch), *shape)
+        if self.kind == "zero":
+            z = np.zeros(full)
+        else:
+            z = batch.take(int(np.prod(shape))).reshape(full)
+            if self.kind == "truncnormal":
+                with np.errstate(divide="ignore"):
+                    cut = np.broadcast_to(self.clip / self.scale, shape)
+                batch.refill(z, np.abs(z) > cut, cut)
         return self.loc + self.scale * z

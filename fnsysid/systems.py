@@ -15,7 +15,7 @@ import re
 import numpy as np
 
 from .features import Fourier, Identity, Library
-from .random import Noise
+from .random import Noise, StreamBatch
 
 
 class System:
@@ -50,20 +50,34 @@ class System:
         return self.directions.shape[0]
 
     # --- data -------------------------------------------------------------------------------
-    def draw(self, rng: np.random.Generator, size: int, T: int):
+    def draw(self, rng: np.random.Generator | StreamBatch, size: int, T: int):
         """Draw one trajectory's randomness for ``size`` clients, in time order.
 
         Returns ``x0`` (size, n_x), ``eta`` (size, T, n_u) and ``w`` (size, T, n_w). Values for
         step ``t`` are drawn before those of step ``t + 1``, so a longer horizon extends a
-        shorter one.
+        shorter one. From a :class:`~fnsysid.random.StreamBatch` of G streams (see
+        :attr:`batchable`) every array gets a leading axis G, row g being stream g's draw.
         """
+        lead = (len(rng),) if isinstance(rng, StreamBatch) else ()
         x0 = self.x0.sample(rng, (size, self.n_x))
-        eta = np.empty((size, T, self.n_u))
-        w = np.empty((size, T, self.n_w))
+        eta = np.empty(lead + (size, T, self.n_u))
+        w = np.empty(lead + (size, T, self.n_w))
         for t in range(T):
-            eta[:, t] = self.inputs.sample(rng, (size, self.n_u))
-            w[:, t] = self.disturbance.sample(rng, (size, self.n_w))
+            eta[..., t, :] = self.inputs.sample(rng, (size, self.n_u))
+            w[..., t, :] = self.disturbance.sample(rng, (size, self.n_w))
         return x0, eta, w
+
+    def expected_draws(self, size: int, T: int) -> float:
+        """Mean number of standard normals one :meth:`draw` reads."""
+        return (self.x0.expected_draws((size, self.n_x))
+                + T * (self.inputs.expected_draws((size, self.n_u))
+                       + self.disturbance.expected_draws((size, self.n_w))))
+
+    @property
+    def batchable(self) -> bool:
+        """Whether :meth:`draw` can read a StreamBatch (every noise draws normals only)."""
+        return all(n.kind in Noise.BATCHED_KINDS
+                   for n in (self.x0, self.inputs, self.disturbance))
 
     def simulate(self, theta, x0, eta, w):
         """Roll out trajectories.

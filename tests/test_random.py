@@ -59,3 +59,30 @@ def test_truncated_normal_respects_its_cut():
                                                                    (20000,))
     assert np.abs(z).max() <= 1.0
     assert 0.25 < z.std() < 0.6          # std of N(0,1) cut at +-1 is 0.54
+
+
+def test_stream_batch_gives_each_stream_its_own_sequence_of_draws():
+    noises = [rnd.Noise("truncnormal", scale=(1.0, 0.5), clip=0.6), rnd.Noise("zero"),
+              rnd.Noise("normal", scale=2.0, loc=1.0), rnd.Noise("truncnormal", clip=0.3)]
+    gens = lambda: [rnd.stream(5, rnd.TRAJECTORY, 0, b, 1) for b in range(4)]  # noqa: E731
+    batch = rnd.StreamBatch(gens(), reserve=8)              # small: forces extra draws
+    together = [nz.sample(batch, (7, 2)) for nz in noises]
+    for g, alone in enumerate(gens()):
+        for nz, got in zip(noises, together, strict=True):
+            np.testing.assert_array_equal(got[g], nz.sample(alone, (7, 2)))
+    assert (np.abs(together[3]) <= 0.3).all()               # rejection respected
+
+
+def test_simulating_blocks_together_changes_no_number(monkeypatch):
+    from fnsysid import model as model_module
+    from fnsysid.systems import System
+
+    _, model, *_ = make("system=pendulum")
+    kw = dict(M=2 * rnd.BLOCK + 3, N=[2, 3] * rnd.BLOCK + [1, 2, 3], T=4, eps=0.1, repeats=2,
+              seed=11)
+    together = generate(model, **kw)
+    monkeypatch.setattr(model_module, "CHUNK_VALUES", 1)              # one block at a time
+    monkeypatch.setattr(System, "batchable", property(lambda self: False))  # stream by stream
+    alone = generate(model, **kw)
+    for name in ("theta_true", "H", "b", "yy", "n", "phi2max", "phi_mean", "y_mean"):
+        np.testing.assert_array_equal(getattr(together, name), getattr(alone, name))
