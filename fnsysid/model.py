@@ -77,14 +77,7 @@ class Model:
         -------
         H (..., p, p), b (..., p), yy (...) = sum ||y||^2 and n (...) = number of samples.
         """
-        Pw = Phi * weight[..., None]
-        gram = np.einsum("...nk,...nl->...kl", Pw, Phi)
-        cross = np.einsum("...ny,...nk->...yk", Y, Pw)
-        S = self.structure
-        H = np.einsum("jkp,...kl,jlq->...pq", S, gram, S)
-        b = np.einsum("jkp,...jk->...p", S, cross)
-        yy = np.einsum("...ny,...ny,...n->...", Y, Y, weight)
-        return H, b, yy, weight.sum(axis=-1)
+        return sample_stats(self, Phi, Y, weight)[:4]
 
 
 def build_model(system: System, library: Library | None = None) -> Model:
@@ -263,13 +256,27 @@ def simulate_blocks(model: Model, s: int, blocks: list[tuple[int, int, int]], n_
 
 
 def sample_stats(model: Model, Phi, Y, wgt):
-    """Per-client statistics of padded samples ``Phi`` (m, n, n_phi), ``Y`` (m, n, n_y) with
-    0/1 weights ``wgt`` (m, n): ``H, b, yy, n`` (see :meth:`Model.stats`), ``phi2max``,
-    ``phi_mean`` and ``y_mean`` (the fields of :class:`ClientData`)."""
-    H, b, yy, n = model.stats(Phi, Y, wgt)
-    phi2max = (np.einsum("mnk,mnk->mn", Phi, Phi) * wgt).max(axis=1)
-    phi_mean = np.einsum("mnk,mn->mk", Phi, wgt) / n[:, None]
-    y_mean = np.einsum("mny,mn->my", Y, wgt) / n[:, None]
+    """Per-client statistics of padded samples ``Phi`` (..., n, n_phi), ``Y`` (..., n, n_y)
+    with 0/1 weights ``wgt`` (..., n): ``H, b, yy, n`` (see :meth:`Model.stats`),
+    ``phi2max``, ``phi_mean`` and ``y_mean`` (the fields of :class:`ClientData`).
+
+    Sums over samples run along a contiguous axis (features moved first).
+    """
+    F = np.ascontiguousarray(np.moveaxis(Phi, -1, 0))          # (n_phi, ..., n)
+    Z = np.ascontiguousarray(np.moveaxis(Y, -1, 0))            # (n_y, ..., n)
+    full = bool(wgt.all())
+    Fw, Zw = (F, Z) if full else (F * wgt, Z * wgt)
+    gram = np.einsum("k...n,l...n->...kl", Fw, F)
+    cross = np.einsum("y...n,k...n->...yk", Zw, F)
+    S = model.structure
+    H = np.einsum("jkp,...kl,jlq->...pq", S, gram, S, optimize=True)
+    b = np.einsum("jkp,...jk->...p", S, cross, optimize=True)
+    yy = np.einsum("y...n,y...n->...", Zw, Z)
+    n = wgt.sum(axis=-1)
+    phi2 = np.einsum("k...n,k...n->...n", F, F)
+    phi2max = (phi2 if full else phi2 * wgt).max(axis=-1)
+    phi_mean = np.moveaxis(Fw.sum(axis=-1), 0, -1) / n[..., None]
+    y_mean = np.moveaxis(Zw.sum(axis=-1), 0, -1) / n[..., None]
     return H, b, yy, n, phi2max, phi_mean, y_mean
 
 

@@ -91,13 +91,11 @@ class StreamBatch:
     def take(self, n: int) -> np.ndarray:
         """The next ``n`` standard normals of every stream, (G, n)."""
         self._ensure(n)
-        if not self.pos.any():                        # all streams at the same place
-            out = self.buf[:, :n].copy()
-        elif (self.pos == self.pos[0]).all():
+        if (self.pos == self.pos[0]).all():           # all streams at the same place
             out = self.buf[:, self.pos[0]:self.pos[0] + n].copy()
         else:
-            idx = self.pos[:, None] + np.arange(n)
-            out = np.take_along_axis(self.buf, idx, axis=1)
+            start = self.pos + np.arange(len(self)) * self.buf.shape[1]
+            out = np.take(self.buf.reshape(-1), start[:, None] + np.arange(n))
         self.pos += n
         return out
 
