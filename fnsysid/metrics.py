@@ -5,13 +5,44 @@ from __future__ import annotations
 import numpy as np
 
 
+class ParameterErrors:
+    """``||theta_hat - theta_i*|| / ||theta_i*||`` for fixed true parameters ``theta_true``
+    (S, M, p), evaluated once per round.
+
+    The norms of the true parameters are computed once and the parameters kept one
+    coordinate after another, so an evaluation is a few passes over contiguous (S, M) arrays.
+
+    Examples
+    --------
+    >>> err = ParameterErrors(np.array([[[3.0, 4.0], [0.0, 2.0]]]))
+    >>> err(np.zeros((1, 1, 2)))
+    array([[1., 1.]])
+    """
+
+    def __init__(self, theta_true: np.ndarray):
+        self.coords = np.ascontiguousarray(np.moveaxis(theta_true, -1, 0))   # (p, S, M)
+        self.norm = np.linalg.norm(theta_true, axis=-1)
+
+    def __call__(self, estimate: np.ndarray) -> np.ndarray:
+        """Errors (S, M) of ``estimate`` broadcastable to (S, M, p)."""
+        est = np.moveaxis(np.asarray(estimate, float), -1, 0)
+        acc = None
+        for e_k, t_k in zip(est, self.coords, strict=True):
+            d = e_k - t_k
+            np.multiply(d, d, out=d)
+            acc = d if acc is None else np.add(acc, d, out=acc)
+        np.sqrt(acc, out=acc)
+        acc /= self.norm
+        return acc
+
+
 def client_errors(estimate: np.ndarray, theta_true: np.ndarray) -> np.ndarray:
     """Paper eq. 9: ``||theta_hat - theta_i*|| / ||theta_i*||`` per repeat and client, (S, M).
 
     ``estimate`` broadcasts against ``theta_true`` (S, M, p); the norm is the Euclidean norm of
     the parameter vector (the Frobenius norm for matrix parameters).
     """
-    return np.linalg.norm(estimate - theta_true, axis=-1) / np.linalg.norm(theta_true, axis=-1)
+    return ParameterErrors(theta_true)(estimate)
 
 
 # --- prediction on held-out trajectories (no ground truth needed) ------------------------------

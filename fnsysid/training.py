@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm.auto import tqdm
 
-from .metrics import client_errors, nrmse_free_run, nrmse_one_step, over_clients
+from .metrics import ParameterErrors, nrmse_free_run, nrmse_one_step, over_clients
 from .model import ClientData
 
 #: columns of errors.csv after repeat and round
@@ -64,15 +64,16 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
         hist.record(e, nrmse_one_step(model, estimate, heldout),
                     nrmse_free_run(model, estimate, heldout) if sim else None, heldout.valid)
 
+    errors = ParameterErrors(data.theta_true)
     est = strategy.estimate()
-    record(0, est, client_errors(est, data.theta_true))
+    record(0, est, errors(est))
     diverged = None
     with np.errstate(over="ignore", invalid="ignore"):
         for r in tqdm(range(1, cfg.R + 1), desc="rounds", unit="round", leave=False,
                       disable=None if progress else True):
             strategy.round(r)
             est = strategy.estimate()
-            e = client_errors(est, data.theta_true)
+            e = errors(est)
             if not np.isfinite(est).all() or (has_truth and not np.isfinite(e).all()):
                 diverged = r
                 break
