@@ -8,26 +8,51 @@ composed and checked up front.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import shutil
 import sys
 from pathlib import Path
 
 import hydra
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from .options import CONF_DIR, options
+from .options import CONF_DIR, hydra_session, repository
+from .schema import GROUPS, ROOT, leaf_spec, one_line
 from .validate import KNOBS, ConfigError, check_batch_size, check_knob
 
-GROUPS = ("data", "system", "feature_map", "optimizer", "strategy", "experiment")
-TOP_LEVEL = set(KNOBS) | set(GROUPS) | {"data", "output", "progress", "hydra"}
+TOP_LEVEL = set(ROOT.keys) | set(GROUPS) | {"hydra"}
 #: Hydra flags followed by a value
 _VALUE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
                 "--cfg", "-c", "--package", "-p", "--info", "-i", "--experimental-rerun"}
+#: Hydra flags without a value
+_FLAGS = {"-m", "--multirun", "--resolve", "--run", "-r", "--version", "-h", "--help",
+          "--hydra-help", "--shell-completion", "-sc"}
 #: most sweep combinations composed and checked before a multirun starts
 MAX_CHECKED = 256
 
 log = logging.getLogger("fnsysid")
+
+
+class _GroupOptions(dict):
+    """Options of each group (lazily, one search-path scan for all groups of a command)."""
+
+    def __init__(self, loader, config_name: str, searchpath: list[str]):
+        super().__init__()
+        self._repo = None
+        self._args = loader, config_name, searchpath
+
+    def __contains__(self, group) -> bool:
+        return group in GROUPS
+
+    def __missing__(self, group: str) -> list[str]:
+        from hydra.core.object_type import ObjectType
+
+        if self._repo is None:
+            self._repo = repository(*self._args)
+        self[group] = sorted(self._repo.get_group_options(group, ObjectType.CONFIG))
+        return self[group]
 
 
 def _overrides(argv: list[str]) -> list[str]:
@@ -39,85 +64,153 @@ def _overrides(argv: list[str]) -> list[str]:
         if a in _VALUE_FLAGS:
             skip = True
             continue
-        if not a.startswith("-") and "=" in a:
+        if not a.startswith("-") or a.startswith("~"):
             out.append(a)
     return out
 
 
-def _check_value(key: str, value) -> None:
-    if key in GROUPS:
-        allowed = options(key)
-        if str(value) not in allowed and value is not None:
+def _check_args(argv: list[str]) -> None:
+    """Every argument is a known Hydra flag or an override ``key=value`` / ``~key``."""
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in _VALUE_FLAGS:
+            skip = True
+            continue
+        if a in _FLAGS or a.split("=", 1)[0] in _VALUE_FLAGS:
+            continue
+        if a.startswith("-") and not a.startswith("~"):
+            raise ConfigError(f"unknown option '{a}'; see --help")
+        if "=" not in a and not a.startswith("~"):
+            raise ConfigError(f"argument '{a}' is not a setting: write key=value (e.g. M=20), "
+                              "group=option (e.g. system=pendulum) or ~key; see --help")
+
+
+def _check_value(key: str, value, groups: dict) -> None:
+    if key in groups:
+        allowed = groups[key]
+        if value is not None and str(value) not in allowed:
             raise ConfigError(f"{key}={value} is not an option; allowed: {', '.join(allowed)}")
     elif key in KNOBS:
         check_knob(key, value)
     elif key == "optimizer.batch_size":
         check_batch_size(value)
+    else:
+        spec = leaf_spec(key)
+        if spec is not None:
+            spec.check(key, value)
 
 
-def _sweep_values(override) -> list:
+def _sweep_values(override, key: str) -> list:
+    if override.is_interval_sweep():
+        raise ConfigError(f"{override.input_line} is an interval sweep, which needs an optimizing "
+                          f"sweeper; list the values instead (e.g. {key}=0.1,0.5 or "
+                          f"{key}=range(1,5))")
     if override.is_sweep_override():
         return list(override.sweep_iterator())
     return [override.value()]
 
 
+def _is_multirun(argv: list[str]) -> bool:
+    return "-m" in argv or "--multirun" in argv
+
+
 def preflight(argv: list[str]) -> None:
     """Raise :class:`ConfigError` for the first bad setting in ``argv`` (or in its sweeps)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    _check_args(argv)
+    with hydra_session(argv) as (loader, name, searchpath):
+        _preflight(argv, loader, name, searchpath)
+
+
+def _preflight(argv, loader, config_name, searchpath) -> None:
+    from hydra import compose
+    from hydra.core.object_type import ObjectType
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
+    from hydra.types import RunMode
     from omegaconf.errors import OmegaConfBaseException
 
     args = _overrides(argv)
-    parser = OverridesParser.create()
+    parser = OverridesParser.create(config_loader=loader)
     try:
         parsed = parser.parse_overrides(args)
+        if config_name not in loader.get_group_options("", ObjectType.CONFIG, None, searchpath):
+            found = loader.get_group_options("", ObjectType.CONFIG, None, searchpath)
+            raise ConfigError(f"--config-name {config_name}: no such primary config; allowed: "
+                              + ", ".join(n for n in found if not n.startswith("_")))
+        groups = _GroupOptions(loader, config_name, searchpath)
     except HydraException as exc:
-        raise ConfigError(str(exc).splitlines()[0]) from exc
-    dims = {}
+        raise ConfigError(one_line(exc)) from exc
+    dims, fixed = {}, []
     for o in parsed:
         key = o.key_or_group
-        if o.is_delete() or o.package is not None:
-            continue
         top = key.split(".")[0].split("/")[0]
-        if top not in TOP_LEVEL and not o.is_add() and not o.is_force_add():
-            raise ConfigError(f"unknown setting '{key}'; knobs: {', '.join(KNOBS)}; groups: "
-                              f"{', '.join(GROUPS[:-1])} (see --help)")
-        values = _sweep_values(o)
+        if top not in TOP_LEVEL and o.package is None:
+            raise ConfigError(f"unknown setting '{key}'; knobs: {', '.join(KNOBS)}; other "
+                              f"settings: {', '.join(sorted(set(ROOT.keys) - set(KNOBS)))}; "
+                              f"groups: {', '.join(GROUPS)} (see --help)")
+        if o.is_delete() or o.package is not None or not o.is_sweep_override():
+            fixed.append(o.input_line)
+            if not o.is_delete() and o.package is None and not key.startswith("hydra."):
+                _check_value(key, o.value(), groups)
+            continue
+        values = _sweep_values(o, key)
         for v in values:
-            _check_value(key, v)
+            _check_value(key, v, groups)
         dims[o.input_line.split("=", 1)[0]] = values
 
-    GlobalHydra.instance().clear()
+    first = fixed + [f"{k}={_encode(v[0])}" for k, v in dims.items()]
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            first = [f"{k}={_encode(v[0])}" for k, v in dims.items()]
-            try:
-                base = compose("config", overrides=first, return_hydra_config=True)
-            except (HydraException, OmegaConfBaseException) as exc:
-                raise ConfigError(_first_line(exc)) from exc
-            # sweeps stored in experiment files (hydra.sweeper.params); the command line wins
-            for k, v in (base.hydra.sweeper.get("params") or {}).items():
-                if k in dims:
-                    continue
-                o = parser.parse_overrides([f"{k}={v}"])[0]
-                values = _sweep_values(o)
-                for val in values:
-                    _check_value(o.key_or_group, val)
-                dims[k] = values
-            _check_combinations(dims, compose)
-    finally:
-        GlobalHydra.instance().clear()
+        base = compose(config_name, overrides=first, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(one_line(exc)) from exc
+    multirun = _is_multirun(argv) or base.hydra.mode == RunMode.MULTIRUN
+    if dims and not multirun:
+        k = next(iter(dims))
+        raise ConfigError(f"{k}={','.join(_encode(v) for v in dims[k])} is a sweep: add -m to run "
+                          f"one job per value, or write {k}=[...] for a list value")
+    _check_hydra(base, multirun)
+    # sweeps stored in experiment files (hydra.sweeper.params); the command line wins
+    for k, v in (base.hydra.sweeper.get("params") or {}).items():
+        if k in dims or any(f.split("=", 1)[0].lstrip("+~") == k for f in fixed):
+            continue
+        o = parser.parse_overrides([f"{k}={v}"])[0]
+        values = _sweep_values(o, k)
+        for val in values:
+            _check_value(o.key_or_group, val, groups)
+        dims[k] = values
+    _check_combinations(config_name, fixed, dims, compose, base)
 
 
-def _check_combinations(dims: dict, compose) -> None:
-    """Compose every combination of group options once; apply plain values on a copy."""
-    from hydra.errors import HydraException
+def _check_hydra(base, multirun: bool) -> None:
+    """Hydra settings that Hydra itself accepts but that would fail or misplace results."""
     from omegaconf import OmegaConf
+
+    for key in ("hydra.sweep.dir", "hydra.run.dir") if multirun else ("hydra.run.dir",):
+        value = OmegaConf.select(base, key)
+        if value is None or not str(value).strip():
+            raise ConfigError(f"{key} is empty: give a folder for the results "
+                              f"(e.g. {key}=outputs/myrun)")
+    launcher = base.hydra.get("launcher") or {}
+    if multirun and "joblib" in str(launcher.get("_target_", "")):
+        n = launcher.get("n_jobs")
+        if isinstance(n, bool) or not isinstance(n, int) or n == 0:
+            raise ConfigError(f"hydra.launcher.n_jobs={n} is not allowed: an integer >= 1 "
+                              "(workers), or -1 for all cores (-2 all but one, ...)")
+
+
+def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base) -> None:
+    """Compose every combination of group options once; apply plain values on a copy.
+
+    ``base`` is the config composed with the first value of every sweep (with Hydra's node).
+    """
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
 
-    from .build import build
+    from .experiment import build
     from .validate import check_run
 
     def is_group(key: str) -> bool:
@@ -127,19 +220,25 @@ def _check_combinations(dims: dict, compose) -> None:
     values = [k for k in dims if not is_group(k) and not k.startswith("hydra")]
     checked = 0
     for gcombo in itertools.product(*(dims[k] for k in groups)):
-        ovr = [f"{k}={_encode(v)}" for k, v in zip(groups, gcombo, strict=True)]
+        ovr = fixed + [f"{k}={_encode(v)}" for k, v in zip(groups, gcombo, strict=True)]
         ovr += [f"{k}={_encode(dims[k][0])}" for k in values]
-        try:
-            base = compose("config", overrides=ovr)
-        except (HydraException, OmegaConfBaseException) as exc:
-            raise ConfigError(_first_line(exc)) from exc
+        if groups:
+            try:
+                base = compose(config_name, overrides=ovr)
+            except (HydraException, OmegaConfBaseException) as exc:
+                raise ConfigError(one_line(exc)) from exc
+        else:    # nothing to recompose: the run config is ``base`` without Hydra's node
+            base = base.copy()
+            with open_dict(base):
+                base.pop("hydra", None)
         for vcombo in itertools.product(*(dims[k] for k in values)):
             cfg = base.copy()
             try:
-                for k, v in zip(values, vcombo, strict=True):
-                    OmegaConf.update(cfg, k.lstrip("+"), v, force_add=k.startswith("+"))
+                with open_dict(cfg):
+                    for k, v in zip(values, vcombo, strict=True):
+                        OmegaConf.update(cfg, k.lstrip("+"), v, force_add=k.startswith("+"))
             except OmegaConfBaseException as exc:
-                raise ConfigError(_first_line(exc)) from exc
+                raise ConfigError(one_line(exc)) from exc
             check_run(cfg)
             build(cfg)
             checked += 1
@@ -148,14 +247,18 @@ def _check_combinations(dims: dict, compose) -> None:
 
 
 def _encode(v) -> str:
+    """A value as override text that Hydra parses back to the same value."""
     if isinstance(v, (list, tuple)):
         return "[" + ",".join(_encode(x) for x in v) + "]"
-    return str(v)
-
-
-def _first_line(exc: Exception) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return "; ".join(lines[:2]) if lines else type(exc).__name__
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{_encode(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, str):
+        return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return repr(v)
 
 
 def _remove_outputs(job_dir: Path) -> None:
@@ -173,6 +276,7 @@ def task(cfg: DictConfig) -> float | None:
     from hydra.types import RunMode
 
     from .experiment import run_experiment
+    from .training import DIVERGENCE_FACTOR
 
     hc = HydraConfig.get()
     out = Path(hc.runtime.output_dir)
@@ -184,8 +288,10 @@ def task(cfg: DictConfig) -> float | None:
         sys.exit(2)
     log.info("results: %s", out)
     if summary["status"] != "ok":
-        log.error("run diverged at round %s: results up to round %s kept; try a smaller lr "
-                  "than %g", summary["diverged_round"], summary["rounds_completed"], cfg.lr)
+        log.error("run diverged at round %s (an error not finite or above %g times its start):"
+                  " results up to round %s kept; try a smaller lr than %g",
+                  summary["diverged_round"], DIVERGENCE_FACTOR, summary["rounds_completed"],
+                  cfg.lr)
         if hc.mode == RunMode.RUN:
             sys.exit(3)
         return None
@@ -204,9 +310,56 @@ def task(cfg: DictConfig) -> float | None:
     return summary["final_e_max_mean"]
 
 
+#: jobs of the last multirun whose summary is not ``ok`` (set by :class:`SweepStatus`)
+SWEEP_PROBLEMS: dict[str, list[str]] = {}
+
+
+class SweepStatus(Callback):
+    """Hydra callback: after a multirun, collect the jobs that diverged or did not finish."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        SWEEP_PROBLEMS.clear()
+        root = Path(config.hydra.sweep.dir)
+        for job in sorted(p.parent for p in root.glob("**/.hydra")):
+            summary = job / "summary.json"
+            try:
+                status = json.loads(summary.read_text())["status"]
+            except (OSError, ValueError, KeyError):
+                status = "incomplete"
+            if status != "ok":
+                SWEEP_PROBLEMS.setdefault(status, []).append(str(job.relative_to(root)))
+        if SWEEP_PROBLEMS:
+            SWEEP_PROBLEMS["_root"] = [str(root)]
+
+
+def _sweep_exit() -> None:
+    """Exit 3 with one line if the multirun that just ended had jobs that are not ``ok``."""
+    if not SWEEP_PROBLEMS:
+        return
+    root = SWEEP_PROBLEMS.pop("_root")[0]
+    parts = [f"{status}: {', '.join(jobs)}" for status, jobs in sorted(SWEEP_PROBLEMS.items())]
+    print(f"fnsysid: sweep {root} has jobs that are not ok ({'; '.join(parts)}); see their "
+          "summary.json and run.log", file=sys.stderr)
+    sys.exit(3)
+
+
+def _flags_first(argv: list[str]) -> list[str]:
+    """Hydra's argument parser wants its flags before the overrides: put them there."""
+    flags, rest, i = [], [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a in _VALUE_FLAGS and i + 1 < len(argv):
+            flags += argv[i:i + 2]
+            i += 2
+            continue
+        (flags if a in _FLAGS or a.split("=", 1)[0] in _VALUE_FLAGS else rest).append(a)
+        i += 1
+    return flags + rest
+
+
 def main() -> None:
     """Console entry point (``fnsysid`` or ``python run.py``)."""
-    argv = sys.argv[1:]
+    argv = sys.argv[1:] = _flags_first(sys.argv[1:])
     if not CONF_DIR.is_dir():
         print(f"fnsysid: error: config folder {CONF_DIR} not found; install from a checkout "
               "with `make install` (editable), which keeps conf/ beside the package",
@@ -220,3 +373,4 @@ def main() -> None:
             print(f"fnsysid: error: {exc}", file=sys.stderr)
             sys.exit(2)
     task()
+    _sweep_exit()

@@ -1,24 +1,106 @@
 """Config group options: which YAML files each group (system, strategy, ...) offers.
 
-The one place that knows where group options live; the command line, the builders and the
-plotting read group options through :func:`options` and :func:`load_option`.
+The one place that knows where group options live: Hydra's config search path (``conf/``,
+plus ``--config-dir`` and ``hydra.searchpath``), as Hydra's own entry point builds it. The
+command line, the builders and the plotting read group options through :func:`options` and
+:func:`load_option`.
 """
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
+
+from .schema import ConfigError
 
 #: the project's config folder (``conf/`` beside the package)
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
-def options(group: str) -> list[str]:
-    """Options of a config group: the YAML files in ``conf/<group>/``."""
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+def flag_value(argv: list[str], *names: str) -> str | None:
+    """Value of the last Hydra flag among ``names`` in ``argv`` (``--flag v`` or ``--flag=v``)."""
+    value = None
+    for i, a in enumerate(argv):
+        if a in names and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif "=" in a and a.split("=", 1)[0] in names:
+            value = a.split("=", 1)[1]
+    return value
 
 
-def load_option(group: str, name: str) -> DictConfig:
-    """The YAML of option ``name`` of ``group``, unresolved."""
-    return OmegaConf.load(CONF_DIR / group / f"{name}.yaml")
+@contextmanager
+def hydra_session(argv: list[str] | None = None):
+    """Hydra's config loader for the command ``argv``, with its config search path.
+
+    Yields ``(config_loader, config_name, searchpath_overrides)``. The search path is the one
+    Hydra's own entry point builds: ``conf/`` (or ``--config-path``), ``--config-dir`` and
+    ``hydra.searchpath=[...]``. With ``argv=None`` inside a running job, the job's own loader.
+    """
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+
+    if argv is None and GlobalHydra.instance().is_initialized():
+        try:
+            from hydra.core.hydra_config import HydraConfig
+
+            hc = HydraConfig.get()
+            searchpath = [o for o in hc.overrides.hydra if o.startswith("hydra.searchpath")]
+            yield GlobalHydra.instance().config_loader(), hc.job.config_name, searchpath
+            return
+        except ValueError:    # initialized by compose(), not by a run: use conf/ below
+            pass
+    argv = argv or []
+    conf = flag_value(argv, "--config-path", "-cp")
+    conf_dir = CONF_DIR if conf is None else Path(conf) if os.path.isabs(conf) else (
+        Path(__file__).resolve().parent / conf)
+    csp = create_config_search_path(str(conf_dir))
+    extra = flag_value(argv, "--config-dir", "-cd")
+    if extra is not None:
+        if not os.path.isdir(extra):
+            raise ConfigError(f"--config-dir {extra}: no such folder")
+        csp.append("command-line", f"file://{os.path.abspath(extra)}")
+    backup = get_gh_backup()
+    GlobalHydra.instance().clear()
+    try:
+        Hydra.create_main_hydra2(task_name="fnsysid", config_search_path=csp)
+        name = flag_value(argv, "--config-name", "-cn") or "config"
+        searchpath = [a for a in argv if a.lstrip("+").startswith("hydra.searchpath=")]
+        yield GlobalHydra.instance().config_loader(), name, searchpath
+    finally:
+        restore_gh_from_backup(backup)
+
+
+def repository(loader, config_name: str, searchpath: list[str]):
+    """Hydra's config repository for a command: its search path plus ``hydra.searchpath``."""
+    try:
+        return loader._parse_overrides_and_create_caching_repo(config_name, searchpath)[1]
+    except Exception:     # the primary config itself is missing: the search path alone
+        return loader._parse_overrides_and_create_caching_repo(None, [])[1]
+
+
+def options(group: str, argv: list[str] | None = None) -> list[str]:
+    """Options of a config group found through Hydra's config search path.
+
+    ``conf/<group>/`` plus the folders that ``--config-dir`` and ``hydra.searchpath`` in
+    ``argv`` add (inside a running job: the job's own search path).
+    """
+    from hydra.core.object_type import ObjectType
+
+    with hydra_session(argv) as (loader, name, searchpath):
+        return sorted(repository(loader, name, searchpath).get_group_options(
+            group, ObjectType.CONFIG))
+
+
+def load_option(group: str, name: str, argv: list[str] | None = None) -> DictConfig:
+    """The YAML of option ``name`` of ``group``, unresolved, found through the search path."""
+    with hydra_session(argv) as (loader, config_name, searchpath):
+        result = repository(loader, config_name, searchpath).load_config(f"{group}/{name}")
+    if result is None:
+        raise ConfigError(f"{group}={name} is not an option; allowed: "
+                          f"{', '.join(options(group, argv))}")
+    return result.config

@@ -1,14 +1,17 @@
-"""Writing a run's folder: the resolved config, the CSV tables, ``summary.json``, the plots and
-(on request) the simulated trajectories in the import format."""
+"""Writing a run's folder: the resolved config, the CSV tables, the plots, (on request) the
+simulated trajectories in the import format, and ``summary.json`` last.
+
+Every file is written atomically (:mod:`fnsysid.atomic`): a folder without ``summary.json`` is
+known to be incomplete, and no file is ever left truncated."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 from omegaconf import OmegaConf
 
+from .atomic import write_atomic, write_csv, write_json, write_text
 from .validate import ConfigError
 
 
@@ -29,7 +32,7 @@ def write_outputs(out, cfg, result) -> None:
 
     ok = result.diverged is None
     plot = ok and bool(cfg.output.plot)
-    write_run(out, cfg, result.tables, result.summary,
+    write_run(out, cfg, result.tables, None,
               run_title(cfg, result.model, result.dataset.settings) if plot else None)
     if cfg.output.get("trajectories"):
         from .data_source import export_trajectories
@@ -37,29 +40,34 @@ def write_outputs(out, cfg, result) -> None:
         write_trajectories(out, *export_trajectories(result.model, cfg, result.dataset))
     if plot and result.dataset.heldout is not None:
         write_fit_plot(out, result.model, result.estimate, result.dataset)
+    write_json(Path(out) / "summary.json", result.summary)
 
 
-def write_run(out: Path, cfg, tables: dict[str, pd.DataFrame], summary: dict,
+def write_run(out: Path, cfg, tables: dict[str, pd.DataFrame], summary: dict | None,
               plot_title: str | None = None) -> None:
-    """Write ``config.yaml``, ``<name>.csv`` for each table, ``summary.json`` and, with a
-    ``plot_title``, ``error.png`` (drawn from the ``errors`` table)."""
+    """Write ``config.yaml``, ``<name>.csv`` for each table, with a ``plot_title`` also
+    ``error.png`` (drawn from the ``errors`` table), and ``summary.json`` last (if given)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    write_text(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     for name, table in tables.items():
-        table.to_csv(out / f"{name}.csv", index=False)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_csv(out / f"{name}.csv", table)
     if plot_title is not None:
         from .plotting import plot_run
 
-        plot_run(tables["errors"], out / "error.png", title=plot_title)
+        write_atomic(out / "error.png",
+                     lambda tmp: plot_run(tables["errors"], tmp, title=plot_title))
+    if summary is not None:
+        write_json(out / "summary.json", summary)
 
 
 def write_trajectories(out: Path, trajectories: pd.DataFrame, truth: pd.DataFrame) -> None:
     """``trajectories.parquet`` and ``truth.csv`` in the import format of ``data=files``."""
     out = Path(out)
-    trajectories.to_parquet(out / "trajectories.parquet", index=False)
-    truth.to_csv(out / "truth.csv", index=False, float_format="%.17g")
+    write_atomic(out / "trajectories.parquet",
+                 lambda tmp: trajectories.to_parquet(tmp, index=False))
+    write_atomic(out / "truth.csv",
+                 lambda tmp: truth.to_csv(tmp, index=False, float_format="%.17g"))
 
 
 def write_fit_plot(out: Path, model, estimate, dataset, repeat: int = 0) -> None:
@@ -85,6 +93,7 @@ def write_fit_plot(out: Path, model, estimate, dataset, repeat: int = 0) -> None
     step = one_step(model, est, x, u)[0, 0, 0, :L - 1]
     out = Path(out)
     path = out if out.suffix in (".png", ".pdf", ".svg") else out / "fit.png"
-    plot_fit(x[0, 0, 0, :L], step, sim, model.system.state_names, path,
-             title=f"client {dataset.clients[m]}, held-out trajectory 1"
-                   + (f", repeat {repeat}" if ho.n.shape[0] > 1 else ""))
+    title = (f"client {dataset.clients[m]}, held-out trajectory 1"
+             + (f", repeat {repeat}" if ho.n.shape[0] > 1 else ""))
+    write_atomic(path, lambda tmp: plot_fit(x[0, 0, 0, :L], step, sim,
+                                            model.system.state_names, tmp, title=title))

@@ -123,10 +123,10 @@ def make_summary(cfg, model, diverged, errors, theory, runtime,
     }
 
 
-def _number(v) -> float | None:
-    """A float for JSON; None for NaN (e.g. Theorem 1 terms that need the truth)."""
-    v = float(v)
-    return None if np.isnan(v) else v
+def _number(v) -> float:
+    """A float; NaN/inf (e.g. Theorem 1 terms that need the truth) are written as null with
+    the reason in ``null_values`` by :func:`fnsysid.atomic.write_json`."""
+    return float(v)
 
 
 def _choices() -> dict:

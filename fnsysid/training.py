@@ -10,6 +10,8 @@ from tqdm.auto import tqdm
 from .metrics import ParameterErrors, nrmse_free_run, nrmse_one_step, over_clients
 from .model import ClientData
 
+#: a run diverged when some client's error exceeds this many times the largest start error
+DIVERGENCE_FACTOR = 1e3
 #: columns of errors.csv after repeat and round
 COLUMNS = ("e_max", "e_mean", "nrmse_1step_max", "nrmse_1step_mean", "nrmse_sim_max",
            "nrmse_sim_mean")
@@ -46,7 +48,12 @@ class History:
 
 def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=True,
           keep_clients=False, heldout=None, eval_every: int = 1):
-    """Run R rounds; stop at the first round whose model is not finite.
+    """Run R rounds; stop at the first round that diverged.
+
+    A round diverged when the model is not finite or, with a ground truth, some client's error
+    is not finite or exceeds ``DIVERGENCE_FACTOR * max(1, max_i e_0^(i))`` (finite but
+    unbounded growth, e.g. the pendulum at lr = 10); without a ground truth, the same rule on
+    the held-out one-step NRMSE (the loss).
 
     With held-out data, the one-step NRMSE is recorded every round and the free-run NRMSE at
     round 0, every ``eval_every`` rounds and at the last round. Returns (history,
@@ -56,17 +63,37 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
     hist = History(per_client=[] if keep_clients else None)
     has_truth = bool(np.isfinite(data.theta_true).all())
 
-    def record(r: int, estimate, e) -> None:
+    def record(r: int, estimate, e, one_step=None) -> None:
         if heldout is None:
             hist.record(e)
             return
         sim = r == 0 or r == cfg.R or r % eval_every == 0
-        hist.record(e, nrmse_one_step(model, estimate, heldout),
-                    nrmse_free_run(model, estimate, heldout) if sim else None, heldout.valid)
+        if one_step is None:
+            one_step = nrmse_one_step(model, estimate, heldout)
+        hist.record(e, one_step, nrmse_free_run(model, estimate, heldout) if sim else None,
+                    heldout.valid)
+
+    def grown(est, e):
+        """(diverged?, one-step NRMSE if computed) by the rule above."""
+        if has_truth:
+            return not (np.isfinite(e).all() and e.max() <= limit), None
+        if heldout is None:
+            return False, None
+        n1 = nrmse_one_step(model, est, heldout)
+        worst = np.max(over_clients(n1, heldout.valid)[0])
+        return bool(worst > limit), n1       # NaN (no valid client) never diverges
 
     errors = ParameterErrors(data.theta_true)
     est = strategy.estimate()
-    record(0, est, errors(est))
+    e0 = errors(est)
+    record(0, est, e0)
+    if has_truth:
+        start = float(np.max(e0))
+    elif heldout is not None:
+        start = float(np.nanmax(hist.rows["nrmse_1step_max"][0], initial=0.0))
+    else:
+        start = 1.0
+    limit = DIVERGENCE_FACTOR * max(1.0, start)
     diverged = None
     with np.errstate(over="ignore", invalid="ignore"):
         for r in tqdm(range(1, cfg.R + 1), desc="rounds", unit="round", leave=False,
@@ -74,10 +101,11 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
             strategy.round(r)
             est = strategy.estimate()
             e = errors(est)
-            if not np.isfinite(est).all() or (has_truth and not np.isfinite(e).all()):
+            bad, n1 = grown(est, e) if np.isfinite(est).all() else (True, None)
+            if bad:
                 diverged = r
                 break
-            record(r, est, e)
+            record(r, est, e, n1)
     return hist, diverged
 
 

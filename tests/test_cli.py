@@ -137,7 +137,7 @@ def test_settings_checked_inside_a_job_leave_no_folder(tmp_path):
 
 
 def test_divergence_is_reported_rows_kept_and_not_plotted(tmp_path):
-    res = cli("system=synthetic", "lr=1", "M=2", "R=30", "repeats=1",
+    res = cli("system=synthetic", "lr=0.03", "M=2", "R=30", "repeats=1",
               f"hydra.run.dir={tmp_path}")
     assert res.returncode == 3
     assert "diverged at round" in res.stdout and "smaller lr" in res.stdout

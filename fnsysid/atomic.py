@@ -1,0 +1,89 @@
+"""Result files written atomically: a temporary file in the same folder, then a rename.
+
+A reader (or a run killed half-way) sees either the complete old file, the complete new one,
+or none; never a truncated file. A failed write (disk full, read-only folder) raises
+:class:`WriteError` with one line naming the path and the cause, and leaves no temporary file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+
+class WriteError(OSError):
+    """A result file could not be written (one-line message naming path and cause)."""
+
+
+def write_atomic(path: str | Path, write: Callable[[str], None]) -> Path:
+    """Call ``write(tmp_path)`` to fill a temporary file, then rename it to ``path``.
+
+    The temporary name ends with ``path``'s suffix, so writers that pick the format from the
+    name (``savefig``) still work.
+    """
+    path = Path(path)
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}",
+                                   dir=path.parent)
+        os.close(fd)
+        write(tmp)
+        with open(tmp, "rb+") as f:     # on disk before the rename makes it visible
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically."""
+    return write_atomic(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def write_csv(path: str | Path, frame) -> Path:
+    """Write a DataFrame as CSV (no index) atomically."""
+    return write_atomic(path, lambda tmp: frame.to_csv(tmp, index=False))
+
+
+def json_safe(obj, prefix: str = "") -> tuple[object, dict]:
+    """``obj`` with NaN/inf floats replaced by None, and {dotted key: "nan"/"inf"/"-inf"}."""
+    notes: dict = {}
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None, {prefix or "value": str(obj)}
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            out[k], n = json_safe(v, f"{prefix}.{k}" if prefix else str(k))
+            notes.update(n)
+        return out, notes
+    if isinstance(obj, (list, tuple)):
+        out = []
+        for i, v in enumerate(obj):
+            item, n = json_safe(v, f"{prefix}[{i}]")
+            out.append(item)
+            notes.update(n)
+        return out, notes
+    return obj, notes
+
+
+def write_json(path: str | Path, data: dict) -> Path:
+    """Write a dict as strict JSON atomically.
+
+    JSON has no NaN or Infinity: such values are written as ``null`` and listed in the key
+    ``null_values`` (dotted key -> the value it stands for), so a reader knows why.
+    """
+    clean, notes = json_safe(data)
+    if notes:
+        clean["null_values"] = {k: f"{v} (not a finite number; JSON has no NaN/Infinity)"
+                                for k, v in notes.items()}
+    text = json.dumps(clean, indent=2, allow_nan=False) + "\n"
+    return write_text(path, text)

@@ -1,0 +1,222 @@
+"""The typed config schema and the pre-run check: wrong types, ranges, unknown keys, Hydra flags.
+
+Most cases call :func:`fnsysid.cli.preflight` in-process (what ``run.py`` runs before Hydra);
+a few go through the command line end to end.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+
+import pytest
+
+from fnsysid.cli import preflight
+from fnsysid.experiment import run_experiment
+from fnsysid.options import options
+from fnsysid.schema import ROOT, leaf_spec, show
+from fnsysid.validate import ConfigError
+from tests.conftest import compose_cfg
+from tests.test_cli import cli
+
+REFUSED = [
+    # strings, numbers and other types given for booleans
+    (["data.shared_noise='false'"], "data.shared_noise='false' is not allowed", "true or false"),
+    (["data.shared_noise=no"], "data.shared_noise=no", "true or false"),
+    (["data.shared_noise=maybe"], "data.shared_noise=maybe", "true or false"),
+    (["data.shared_noise=0"], "data.shared_noise=0", "true or false"),
+    (["output.plot=no"], "output.plot=no", "true or false"),
+    (["progress=maybe"], "progress=maybe", "true or false"),
+    (["output.per_client=yes"], "output.per_client=yes", "auto, true, false"),
+    (["output.per_client='true'"], "output.per_client='true'", "auto, true, false"),
+    # wrong types for numbers
+    (["M=1.5"], "M=1.5", "an integer >= 1"),
+    (["M='3'"], "M='3'", "an integer >= 1"),
+    (["lr='0.1'"], "lr='0.1'", "a finite number > 0"),
+    (["seed=-1"], "seed=-1", "an integer >= 0"),
+    # non-finite and out-of-range physical constants and settings
+    (["system.dt=0"], "system.dt=0", "a finite number > 0"),
+    (["system.dt=-0.01"], "system.dt=-0.01", "a finite number > 0"),
+    (["system.m=inf"], "system.m=inf", "a finite number > 0"),
+    (["system.l=-1"], "system.l=-1", "> 0"),
+    (["system.gain=nan"], "system.gain=nan", ">= 0"),
+    (["system.disturbance.scale=-1"], "system.disturbance.scale=-1", ">= 0"),
+    (["system.x0.scale=[0.5,inf]"], "system.x0.scale=[0.5,inf]", "finite"),
+    (["system=quadrotor", "system.Ixx=-1"], "system.Ixx=-1", "> 0"),
+    (["system=quadrotor", "system.controller.kp_z=-1"], "system.controller.kp_z=-1", ">= 0"),
+    (["system.init.scale=nan"], "system.init.scale=nan", "a finite number"),
+    (["system.init.reference=nosuch"], "system.init.reference=nosuch", "nominal, client0"),
+    (["strategy=fedprox", "strategy.mu=-1"], "strategy.mu=-1", ">= 0"),
+    (["strategy=fedprox", "strategy.mu=inf"], "strategy.mu=inf", ">= 0"),
+    (["eps=inf"], "eps=inf", "a finite number >= 0"),
+    (["lr=inf"], "lr=inf", "a finite number > 0"),
+    (["theory.delta=0"], "theory.delta=0", "(0, 1)"),
+    (["++theory.delta=-1"], "theory.delta=-1", "(0, 1)"),
+    (["theory.delta=1"], "theory.delta=1", "(0, 1)"),
+    (["optimizer.schedule=fast"], "optimizer.schedule=fast", "constant, inverse_k"),
+    (["system=synthetic", "feature_map=polynomial", "feature_map.degree=0"],
+     "feature_map.degree=0", "an integer >= 1"),
+    # unknown keys, whatever the prefix
+    (["+foo=1"], "unknown setting 'foo'", "M, N, T"),
+    (["++foo=1"], "unknown setting 'foo'", "M, N, T"),
+    (["+system.foo=1"], "unknown setting 'system.foo'", "system has:"),
+    (["++data.foo=1"], "unknown setting 'data.foo'", "data has: source, shared_noise"),
+    # removed keys
+    (["~M"], "setting 'M' is missing", "an integer >= 1"),
+    (["~seed"], "setting 'seed' is missing", "an integer >= 0"),
+    (["~system"], "setting 'system' is missing", "a system option"),
+    (["~data.shared_noise"], "setting 'data.shared_noise' is missing", "true or false"),
+    # Hydra usage: sweeps without -m, interval sweeps, flags, empty arguments, folders
+    (["M=1,2"], "M=1,2 is a sweep: add -m", "M=[...]"),
+    (["-m", "lr=interval(0,1)"], "interval sweep", "lr=0.1,0.5"),
+    (["-m", "M=1,2", "hydra.launcher.n_jobs=0"], "hydra.launcher.n_jobs=0", "-1 for all"),
+    (["--config-name", "nosuch"], "--config-name nosuch: no such primary config", "config"),
+    ([""], "argument '' is not a setting", "key=value"),
+    (["--foo"], "unknown option '--foo'", "--help"),
+    (["hydra.run.dir="], "hydra.run.dir is empty", "hydra.run.dir=outputs/myrun"),
+    (["-m", "M=1,2", "hydra.sweep.dir="], "hydra.sweep.dir is empty", "outputs/myrun"),
+    # a sweep value checked like a single one
+    (["-m", "data.shared_noise=true,maybe"], "data.shared_noise=maybe", "true or false"),
+]
+
+
+#: the cases that exercise the whole pre-run check (Hydra flags, sweeps, composition);
+#: the others apply their override to a cached composed config and run the same check
+THROUGH_PREFLIGHT = ("-m", "--config-name", "--foo", "M=1,2", "hydra.run.dir=", "~system", "+foo=1",
+                     "data.shared_noise='false'", "system=quadrotor")
+
+
+@functools.cache
+def _composed(*groups: str):
+    return compose_cfg(*groups)
+
+
+def _check_overrides(args: list[str]) -> None:
+    """The schema check of ``args`` applied to a cached config (group overrides composed)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf, open_dict
+
+    from fnsysid.validate import check_run
+
+    groups = tuple(a for a in args if a.split("=")[0] in ("system", "strategy", "feature_map"))
+    cfg = _composed(*groups).copy()
+    for o in OverridesParser.create().parse_overrides([a for a in args if a not in groups]):
+        with open_dict(cfg):
+            if o.is_delete():
+                parent, _, leaf = o.key_or_group.rpartition(".")
+                (OmegaConf.select(cfg, parent) if parent else cfg).pop(leaf)
+            else:
+                OmegaConf.update(cfg, o.key_or_group, o.value(), force_add=True)
+    check_run(cfg)
+
+
+@pytest.mark.parametrize("args, names, allowed", REFUSED)
+def test_bad_setting_refused_in_one_line_naming_key_and_allowed_values(args, names, allowed):
+    full = any(a.startswith(THROUGH_PREFLIGHT) if a else True for a in args)
+    with pytest.raises(ConfigError) as info:
+        preflight(args) if full else _check_overrides(args)
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert names in msg and allowed in msg
+
+
+ACCEPTED = [
+    ["theory.delta=0.1"],
+    ["data.shared_noise=true"],
+    ["output.per_client=false", "output.plot=false", "progress=false"],
+    ["hydra.run.dir='q/M=5'"],
+    ["hydra.run.dir='q/a,b'"],
+    ["-m", "M=1,2", "hydra/launcher=basic"],
+    ["-m", "M=1,2", "hydra.launcher.n_jobs=1"],
+    ["R=3", "-m", "M=1,2"],                        # flags after overrides
+    ["system.x0.scale=[0.5,0.5]", "lr=1"],         # an integer for a float
+    ["+feature_map._target_=fnsysid.features.Identity", "system=linear",
+     "+feature_map.bias=true"],                    # a library given by class path
+    ["+system.x0.clip=inf", "system.x0.kind=truncnormal"],
+    ["experiment=pendulum_gd_M"],
+]
+
+
+@pytest.mark.parametrize("args", ACCEPTED)
+def test_valid_settings_pass_the_preflight(args):
+    preflight(args)
+
+
+def test_the_job_checks_the_composed_config_again(tmp_path):
+    """A wrong type that reached a job (e.g. through the API) is refused before any file."""
+    cfg = compose_cfg("system=pendulum", "M=2", "R=2", "data.shared_noise='false'")
+    with pytest.raises(ConfigError, match="data.shared_noise='false'"):
+        run_experiment(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_composed_option_passes_the_schema():
+    """The schema covers every option shipped in conf/ (nothing valid is refused)."""
+    from fnsysid.validate import check_run
+
+    fits = {"fourier": "synthetic", "polynomial": "linear", "affine": "linear"}
+    for group in ("system", "feature_map", "optimizer", "strategy", "experiment"):
+        for option in options(group):
+            extra = [f"system={fits[option]}"] if group == "feature_map" and option in fits \
+                else []
+            check_run(compose_cfg(f"{group}={option}", *extra))
+
+
+def test_leaf_specs_and_display():
+    assert leaf_spec("data.shared_noise").allowed == "true or false"
+    assert leaf_spec("system.dt") is None          # inside a group: checked on the whole node
+    assert leaf_spec("nosuch") is None
+    assert show("false") == "'false'" and show("3") == "'3'" and show("abc") == "abc"
+    assert show([1, True, None]) == "[1,true,null]"
+    assert set(ROOT.keys) >= {"M", "data", "theory", "output", "progress", "system"}
+
+
+def test_unbounded_growth_is_divergence_not_ok(tmp_path):
+    """pendulum lr=10 stays finite for 50 rounds (e_50 ~ 1e50) but diverges: rule in README."""
+    cfg = compose_cfg("system=pendulum", "lr=10", "M=3", "repeats=2", "output.plot=true")
+    summary = run_experiment(cfg, tmp_path)
+    assert summary["status"] == "diverged"
+    assert 1 <= summary["diverged_round"] <= 5
+    assert not (tmp_path / "error.png").exists()
+    # a converging run with the same settings is ok
+    ok = run_experiment(compose_cfg("system=pendulum", "lr=0.5", "M=3", "repeats=2",
+                                    "output.plot=false"), tmp_path / "ok")
+    assert ok["status"] == "ok" and ok["final_e_max_mean"] < 0.01
+
+
+def test_summary_is_strict_json_with_null_and_reason(tmp_path):
+    """One sample per client makes Theorem 1's constants undefined: null, with the reason."""
+    cfg = compose_cfg("system=pendulum", "strategy=oneshot", "M=1", "N=1", "T=1", "R=1",
+                      "repeats=1", "output.plot=false")
+    run_experiment(cfg, tmp_path)
+    text = (tmp_path / "summary.json").read_text()
+    summary = json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in JSON"))
+    assert summary["theorem1"]["noise_term"] is None
+    assert "(not a finite number" in summary["null_values"]["theorem1.noise_term"]
+    assert all(v is None or math.isfinite(v) for v in summary["theorem1"].values())
+
+
+def test_sweep_with_a_diverged_job_names_it_and_exits_3(tmp_path):
+    res = cli("-m", "system=pendulum", "lr=10,0.01", "M=2", "R=20", "repeats=1",
+              f"hydra.sweep.dir={tmp_path}")
+    assert res.returncode == 3, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "diverged: " in lines[0] and "lr=10" in lines[0]
+    assert "lr=0.01" not in lines[0]
+    statuses = {p.parent.name: json.loads(p.read_text())["status"]
+                for p in tmp_path.glob("*/summary.json")}
+    assert sorted(statuses.values()) == ["diverged", "ok"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["data.shared_noise='false'"], "data.shared_noise='false' is not allowed"),
+    (["-m", "M=1,2", "hydra.launcher.n_jobs=0"], "hydra.launcher.n_jobs=0"),
+    (["~system"], "setting 'system' is missing"),
+])
+def test_command_line_refusals_are_one_line_exit_2_nothing_written(tmp_path, args, message):
+    res = cli(*args, cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.strip() == f"fnsysid: error: {res.stderr.strip()[16:]}"
+    assert len(res.stderr.strip().splitlines()) == 1 and message in res.stderr
+    assert list(tmp_path.iterdir()) == []
