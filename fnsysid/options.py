@@ -16,8 +16,10 @@ from omegaconf import DictConfig
 
 from .schema import ConfigError
 
-#: the project's config folder (``conf/`` beside the package)
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+#: the project's config folder: ``conf/`` beside the package in a checkout, ``fnsysid/conf/``
+#: inside an installed wheel
+_HERE = Path(__file__).resolve().parent
+CONF_DIR = _HERE / "conf" if (_HERE / "conf").is_dir() else _HERE.parent / "conf"
 
 
 def flag_value(argv: list[str], *names: str) -> str | None:
