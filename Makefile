@@ -9,6 +9,8 @@ STAMP  := $(VENV)/.installed
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+	@echo "  fig-<name>     one figure of scripts/figures.yaml (experiments, then figures/<name>.*):"
+	@for f in $(FIGS); do echo "                   make fig-$$f"; done
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,12 +40,13 @@ figures: $(STAMP)  ## run every experiment and redraw every figure in figures/ (
 
 # fig-<name> for each figure of scripts/figures.yaml, e.g. make fig-pendulum-gd
 FIGS := pendulum-gd pendulum-gd-long pendulum-gd-published pendulum-sgd synthetic-gd \
-        synthetic-gd-published error-vs-sqrt-m rate theorem1 error-vs-k quadrotor-gd strategies
+        synthetic-gd-published error-vs-sqrt-m rate theorem1 error-vs-k quadrotor-gd strategies \
+        sgd-vs-gd
 .PHONY: $(addprefix fig-,$(FIGS))
-$(addprefix fig-,$(FIGS)): fig-%: $(STAMP)  ## one figure: fig-<name> (see `make figures-list`)
+$(addprefix fig-,$(FIGS)): fig-%: $(STAMP)
 	$(PY) scripts/make_figure.py $(subst -,_,$*)
 
-figures-list:  ## the fig-<name> targets
+figures-list:  ## only the fig-<name> targets
 	@for f in $(FIGS); do echo "  make fig-$$f"; done
 
 clean:  ## remove results and caches (keeps .venv)

@@ -165,9 +165,10 @@ def pooled(data: ClientData) -> ClientData:
 
 
 def centred_stats(data: ClientData, structure: np.ndarray):
-    """``H`` and ``b`` of the clients' samples after subtracting their means.
+    """``H`` and ``b`` of the clients' samples after subtracting the features' means.
 
-    With centred features and targets the least-squares problem is the slope part of a
+    ``b`` is the same whether or not the targets are centred too (centred features sum to zero
+    against a constant). With centred features the least-squares problem is the slope part of a
     regression with an intercept: ``H_c = H - n Gbar' Gbar``, ``b_c = b - n Gbar' ybar`` with
     ``Gbar`` the mean regressor in parameter space.
     """

@@ -285,9 +285,11 @@ class LocalSolver:
     reduction : "sum" or "mean" of the per-sample gradients.
     scale_features : "none" (or false), "diagonal" (or true), "zscore" or "whiten": local
         steps on rescaled features, iterates kept in physical units (see
-        :func:`preconditioner`). ``zscore`` also centres each client's features and targets
-        (as the published code does): the local loss becomes the slope part of a regression
-        with an intercept, which has the same minimizer only when the means are zero.
+        :func:`preconditioner`). ``zscore`` also centres each client's features, as the
+        published code does (it centres the features only; centring the targets as well would
+        change nothing, since the centred features sum to zero against any constant): the
+        local loss becomes the slope part of a regression with an intercept, which has the same
+        minimizer only when the feature means are zero.
     """
 
     needs_samples = False

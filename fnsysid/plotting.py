@@ -6,6 +6,7 @@ Plotting only reads what runs wrote (``errors.csv``, ``.hydra/overrides.yaml``,
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -15,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from .sweep import read_sweep, swept_keys, typed  # noqa: E402, F401
+from .sweep import declared_keys, read_sweep, swept_keys, typed  # noqa: E402, F401
 from .tables import last_round  # noqa: E402
 
 #: colour and line-style cycle: neighbouring curves differ in both
@@ -28,40 +29,70 @@ METRICS = {"e_max": r"$e_r = \max_i e_r^{(i)}$", "e_mean": r"mean$_i\, e_r^{(i)}
 
 
 def band(errors: pd.DataFrame, metric: str = "e_max") -> pd.DataFrame:
-    """Per round: mean, min and max over repeats of ``metric``."""
+    """Per round: mean, median, min and max over repeats of ``metric``."""
     g = errors.groupby("round")[metric]
-    return pd.DataFrame({"mean": g.mean(), "lo": g.min(), "hi": g.max()})
+    return pd.DataFrame({"mean": g.mean(), "median": g.median(), "lo": g.min(), "hi": g.max()})
 
 
-def draw_curve(ax, errors: pd.DataFrame, label: str, metric: str = "e_max", **kw):
-    """Mean over repeats with a min-max band."""
+def draw_curve(ax, errors: pd.DataFrame, label: str, metric: str = "e_max",
+               median: bool = False, **kw):
+    """Mean over repeats with a min-max band (and the median, dotted, with ``median``)."""
     b = band(errors, metric)
     (line,) = ax.plot(b.index, b["mean"], label=label, **kw)
     ax.fill_between(b.index, b["lo"], b["hi"], color=line.get_color(), alpha=0.2, lw=0)
+    if median:
+        ax.plot(b.index, b["median"], ls="none", marker="o", ms=3.5, markevery=5,
+                color=line.get_color())
     return line
 
 
-def style_axes(ax, metric: str = "e_max", log: bool = True) -> None:
+def style_axes(ax, metric: str = "e_max", log: bool | str = "auto") -> None:
+    """Axis labels and grid; ``log="auto"``: a log y-axis only when the curves span more
+    than a decade (over less, a log axis shows one or two tick labels)."""
     ax.set_xlabel("communication round $r$")
     ax.set_ylabel(METRICS.get(metric, metric))
+    if log == "auto":
+        log = decades(ax) > 1
     if log:
         ax.set_yscale("log")
+        readable_log(ax)
     ax.grid(True, which="both", alpha=0.3)
 
 
+def decades(ax) -> float:
+    """How many decades the positive y values of the lines on ``ax`` span."""
+    ys = [np.asarray(line.get_ydata(), float) for line in ax.get_lines()]
+    y = np.concatenate(ys) if ys else np.array([])
+    y = y[np.isfinite(y) & (y > 0)]
+    return float(np.log10(y.max() / y.min())) if y.size else 0.0
+
+
+def wrap(text: str | None, width: int) -> str | None:
+    """``text`` broken into lines of at most ``width`` characters (existing breaks kept)."""
+    if not text:
+        return text
+    return "\n".join(textwrap.fill(part, width) for part in str(text).split("\n"))
+
+
 def plot_run(errors: pd.DataFrame, path: Path, title: str = "") -> None:
-    """e_r against r for one run: max over clients (solid) and mean over clients (dashed).
+    """e_r against r for one run: max over clients and mean over clients, each the mean over
+    repeats with its min..max band, in two colours (the mean line drawn on top).
 
     Without ground truth (``e_max`` empty) the held-out one-step NRMSE is drawn instead.
     """
     fig, ax = plt.subplots(figsize=(5, 3.6), layout="constrained")
     metric = "e_max" if errors["e_max"].notna().any() else "nrmse_1step_max"
     mean = metric.replace("_max", "_mean")
-    line = draw_curve(ax, errors, "max over clients", metric)
-    draw_curve(ax, errors, "mean over clients", mean, ls="--", color=line.get_color())
+    same = np.allclose(errors[metric], errors[mean], rtol=1e-12, atol=0, equal_nan=True)
+    draw_curve(ax, errors, "max over clients" + (" = mean (one client)" if same else ""),
+               metric, color="C0", lw=2.2)
+    if not same:
+        draw_curve(ax, errors, "mean over clients", mean, color="C3", ls="--", lw=1.6,
+                   zorder=3)
     style_axes(ax, metric)
     n_rep = errors["repeat"].nunique()
-    ax.set_title(f"{title}\nmean over {n_rep} repeats, band = min..max", fontsize=8)
+    ax.set_title(wrap(f"{title}\nlines: mean over {n_rep} repeats; bands: min..max over "
+                      "the repeats", 70), fontsize=8)
     ax.legend(fontsize=8)
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -75,10 +106,14 @@ def _sort_value(v: str):
 
 
 def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | None = None,
-               title: str | None = None, legend: bool = True) -> list[dict]:
+               title: str | None = None, legend: bool = True, median: bool = False,
+               published: dict | None = None) -> list[dict]:
     """One curve per swept value (legend ``M=9``), on ``ax``. Returns a final-error table.
 
     ``keys`` name the curves (default: the keys whose values differ between ``jobs``).
+    ``published`` (``{"key": "M", "values": {1: 0.953, ...}, "tol": 0.1}``) marks the published
+    final error of each curve (x at the last round) and adds to the table the fraction of
+    repeats whose final error lies within ``tol`` (relative) of it.
     """
     ax.set_prop_cycle(STYLE)
     keys = swept_keys(jobs) if keys is None else keys
@@ -91,19 +126,36 @@ def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | No
             label += f" (diverged at r={j['summary']['diverged_round']})"
             rows.append({"curve": label, "status": status})
             continue
-        draw_curve(ax, j["errors"], label, metric)
+        draw_curve(ax, j["errors"], label, metric, median=median)
         last = last_round(j["errors"])
-        rows.append({"curve": label, "status": status, "R": int(last["round"].iloc[0]),
-                     f"final_{metric}_mean": float(last[metric].mean()),
-                     f"final_{metric}_std": float(last[metric].std(ddof=0))})
+        v = last[metric]
+        rows.append({"curve": label, **{k: typed(j["overrides"].get(k)) for k in keys},
+                     "status": status, "R": int(last["round"].iloc[0]),
+                     f"final_{metric}_mean": float(v.mean()),
+                     f"final_{metric}_std": float(v.std(ddof=0)),
+                     f"final_{metric}_se": float(v.std(ddof=1) / np.sqrt(v.size))
+                     if v.size > 1 else np.nan,
+                     f"final_{metric}_median": float(v.median()),
+                     f"final_{metric}_min": float(v.min()), f"final_{metric}_max": float(v.max()),
+                     "n_repeats": int(v.size)})
+        if published:
+            pub = {str(k): float(x) for k, x in published["values"].items()}
+            value = pub.get(str(j["overrides"].get(published["key"])))
+            if value is not None:
+                tol = float(published.get("tol", 0.1))
+                near = float((np.abs(v - value) <= tol * value).mean())
+                ax.plot([last["round"].iloc[0]], [value], "X", ms=7, mec="black", mew=0.8,
+                        color=ax.get_lines()[-2 if median else -1].get_color(), zorder=4,
+                        clip_on=False)
+                rows[-1].update({"published": value, "near_tol": tol,
+                                 "fraction_near_published": near})
     style_axes(ax, metric)
     if title:
         ax.set_title(title, fontsize=9)
     if not legend:
         return rows
     if len(jobs) > 6:
-        ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3,
-                  frameon=False)
+        legend_below(ax, ncol=3, fontsize=6.5)
     else:
         ax.legend(fontsize=7)
     return rows
@@ -121,7 +173,8 @@ def final_errors(jobs: list[dict], metric: str = "e_max") -> pd.DataFrame:
                      "final_std": float(last.std(ddof=0)), "final_min": float(last.min()),
                      "final_max": float(last.max()), "R": int(final["round"].iloc[0]),
                      "n_repeats": int(last.size),
-                     "bound_rel": j["summary"].get("theorem1", {}).get("bound_rel")})
+                     "bound_rel": j["summary"].get("theorem1", {}).get("bound_rel"),
+                     "bound_proof_rel": j["summary"].get("theorem1", {}).get("bound_proof_rel")})
     return pd.DataFrame(rows)
 
 
@@ -132,13 +185,17 @@ def slope(x, y) -> float:
 
 def plot_final(jobs: list[dict], ax, x: str, metric: str = "e_max", sqrt: bool = False,
                loglog: bool = True, title: str | None = None, fit: bool = True,
-               bound: bool = False) -> list[dict]:
+               bound: bool = False, keys: list[str] | None = None,
+               ref: bool = False) -> list[dict]:
     """Final error against swept knob ``x``; one line per combination of the other swept
-    knobs, with the fitted log-log slope in the legend (``fit``) and, with ``bound``, the
-    right-hand side of Theorem 1 (relative form, dotted). Returns the table."""
+    knobs (``keys``, default: those that differ), with the fitted log-log slope against ``x``
+    in the legend (``fit``), with ``bound`` the right-hand side of Theorem 1 (relative form,
+    dotted; ``bound_proof`` dash-dotted when present) and with ``ref`` a ``c / sqrt(x)``
+    reference line through the first point of the first curve. ``sqrt`` draws against
+    ``sqrt(x)``. Returns the tidy table (one row per curve and value of ``x``)."""
     ax.set_prop_cycle(STYLE)
     df = final_errors(jobs, metric)
-    others = [k for k in swept_keys(jobs) if k != x]
+    others = [k for k in (swept_keys(jobs) if keys is None else keys) if k != x]
     df["_x"] = df[x].astype(float)
     rows = []
     groups = df.groupby(others, sort=False) if others else [((), df)]
@@ -147,11 +204,16 @@ def plot_final(jobs: list[dict], ax, x: str, metric: str = "e_max", sqrt: bool =
     for key, g in keyed:
         g = g.sort_values("_x")
         key = key if isinstance(key, tuple) else (key,)
-        label = ", ".join(f"{k}={v}" for k, v in zip(others, key, strict=True)) or metric
+        label = ", ".join(f"{k}={v}" for k, v in zip(others, key, strict=True))
+        label = label or "final error"
         xs = np.sqrt(g["_x"]) if sqrt else g["_x"]
         b = slope(g["_x"], g["final_mean"]) if len(g) > 1 and loglog and fit else None
         (line,) = ax.plot(xs, g["final_mean"], "o-", ms=4,
-                          label=label + (f" (slope {b:+.2f})" if b is not None else ""))
+                          label=label + (f" (slope vs {x}: {b:+.2f})" if b is not None else ""))
+        if ref and not rows:
+            x0, y0 = float(g["_x"].iloc[0]), float(g["final_mean"].iloc[0])
+            ax.plot(xs, y0 * np.sqrt(x0 / g["_x"]), color="0.4", ls=(0, (2, 2)), lw=1,
+                    label=f"$c/\\sqrt{{{x}}}$ (slope vs {x}: $-1/2$)", zorder=1)
         ax.fill_between(xs, g["final_min"], g["final_max"], color=line.get_color(), alpha=0.12,
                         lw=0)
         for _, r in g.iterrows():                       # tidy: one row per (curve, x)
@@ -162,49 +224,217 @@ def plot_final(jobs: list[dict], ax, x: str, metric: str = "e_max", sqrt: bool =
                    "slope_vs_" + x: b}
             if bound:
                 row["bound_rel"] = r["bound_rel"]
+                if "bound_proof_rel" in g:
+                    row["bound_proof_rel"] = r["bound_proof_rel"]
             rows.append(row)
         if bound:
             ax.plot(xs, g["bound_rel"], ":", color=line.get_color(), lw=1.5,
-                    label=f"Theorem 1 bound, {label}")
+                    label=f"bound as stated, {label}")
+            if "bound_proof_rel" in g and g["bound_proof_rel"].notna().all():
+                ax.plot(xs, g["bound_proof_rel"], "-.", color=line.get_color(), lw=1,
+                        label=f"bound from the proof, {label}")
     ax.set_xlabel(f"$\\sqrt{{{x}}}$" if sqrt else x)
     ax.set_ylabel(f"final {METRICS.get(metric, metric)}")
     if loglog:
         ax.set_xscale("log")
         ax.set_yscale("log")
+        readable_log(ax)
     ax.grid(True, which="both", alpha=0.3)
     if title:
         ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2,
-              frameon=False)
+    legend_below(ax, ncol=1)
     return rows
 
 
+def legend_below(ax, ncol: int = 1, fontsize: float = 7) -> None:
+    """A legend under ``ax``; its number of rows is kept on the axes so that :func:`figure` can
+    make room for it."""
+    n = len(ax.get_legend_handles_labels()[1])
+    ax.legend(fontsize=fontsize, loc="upper center", bbox_to_anchor=(0.5, -0.24), ncol=ncol,
+              frameon=False, columnspacing=1.0)
+    ax.legend_rows_below = -(-n // ncol)
+
+
+def readable_log(ax) -> None:
+    """Plain numbers (0.2, 0.5, 3, 16) instead of powers of ten on log axes spanning less than
+    two decades, where only one or two powers of ten would be labelled."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    for axis, lim in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+        lo, hi = sorted(lim)
+        if lo > 0 and np.log10(hi / lo) < 2:
+            axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(plain)
+            axis.set_minor_formatter(NullFormatter())
+
+
+def plot_params(jobs: list[dict], ax, x: str, title: str | None = None,
+                column: str = "rel_error_max") -> list[dict]:
+    """Relative error of each identified parameter (``estimates.csv``, mean over repeats)
+    against swept knob ``x``, log-log; one line per parameter. Returns the tidy table."""
+    ax.set_prop_cycle(STYLE)
+    frames = []
+    for j in jobs:
+        est = pd.read_csv(Path(j["dir"]) / "estimates.csv")
+        frames.append(est.assign(**{x: float(j["overrides"][x])}))
+    df = pd.concat(frames, ignore_index=True)
+    g = df.groupby(["parameter", x], sort=False)[column]
+    stats = pd.DataFrame({"mean": g.mean(), "lo": g.min(), "hi": g.max(),
+                          "n_repeats": g.size()}).reset_index()
+    rows = []
+    for name in dict.fromkeys(df["parameter"]):
+        s = stats[stats["parameter"] == name].sort_values(x)
+        if not s["mean"].notna().any():
+            continue                                   # truth 0: relative error undefined
+        (line,) = ax.plot(s[x], s["mean"], "o-", ms=3.5, label=name)
+        ax.fill_between(s[x], s["lo"], s["hi"], color=line.get_color(), alpha=0.1, lw=0)
+        rows += [{"series": name, "parameter": name, x: typed(str(int(v) if v.is_integer()
+                                                                  else v)),
+                  column: m, f"{column}_min": lo, f"{column}_max": hi, "n_repeats": n}
+                 for v, m, lo, hi, n in zip(s[x], s["mean"], s["lo"], s["hi"], s["n_repeats"],
+                                            strict=True)]
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(x)
+    ax.set_ylabel(r"$\max_i |\hat\theta_p - \theta_{i,p}^*| / |\theta_{i,p}^*|$")
+    ax.grid(True, which="both", alpha=0.3)
+    if title:
+        ax.set_title(title, fontsize=9)
+    legend_below(ax, ncol=2)
+    return rows
+
+
+def matches(overrides: dict, where: dict) -> bool:
+    """Whether a job's overrides have the values of ``where`` (a value or a list of values)."""
+    for k, v in where.items():
+        allowed = [str(x) for x in v] if isinstance(v, (list, tuple)) else [str(v)]
+        if overrides.get(k) not in allowed:
+            return False
+    return True
+
+
+def panel_jobs(panel: dict) -> tuple[list[dict], list[str]]:
+    """The jobs of a figure panel (``dir`` filtered by ``where``) and the keys they differ in
+    (the sweep's declared keys that still take more than one value)."""
+    jobs = [j for j in read_sweep(panel["dir"]) if matches(j["overrides"],
+                                                            panel.get("where") or {})]
+    if not jobs:
+        raise FileNotFoundError(f"no finished jobs (errors.csv) under {panel['dir']}")
+    declared = declared_keys(panel["dir"])
+    keys = [k for k in swept_keys(jobs, declared)
+            if len({j["overrides"].get(k) for j in jobs}) > 1]
+    return jobs, keys
+
+
+def solver_label(job_dir: Path, with_strategy: bool = True,
+                 with_optimizer: bool = True) -> str:
+    """The algorithm of a job in words: strategy, local solver, gradient reduction, scaling.
+
+    E.g. ``FedAvg, GD, mean gradient, diagonal feature scaling``, read from its config.yaml.
+    """
+    import yaml
+
+    cfg = yaml.safe_load((Path(job_dir) / "config.yaml").read_text())
+    opt, strat = cfg.get("optimizer", {}), cfg.get("strategy", {})
+    name = strat.get("_target_", "?").rsplit(".", 1)[-1]
+    if with_strategy and name == "OneShot":
+        return "OneShot: each client's least squares, averaged (no local solver)"
+    if with_strategy and name == "Centralized" and strat.get("exact"):
+        return "pooled least squares (no local solver)"
+    parts = [name] if with_strategy else []
+    kind = opt.get("_target_", "?").rsplit(".", 1)[-1]
+    if with_optimizer:
+        parts.append(f"SGD batch {opt['batch_size']}" if kind == "SGD" else kind)
+    parts.append(f"{opt.get('reduction', 'sum')} gradient")
+    scaling = opt.get("scale_features", "none")
+    scaling = {True: "diagonal", False: "none"}.get(scaling, scaling)
+    parts.append({"none": "unscaled features", "diagonal": "diagonal feature scaling",
+                  "zscore": "z-scored features", "whiten": "whitened features"}
+                 .get(scaling, f"{scaling} scaling"))
+    if opt.get("schedule") == "inverse_k":
+        parts.append("lr/k steps")
+    return ", ".join(parts) if with_strategy else "local solver: " + ", ".join(parts)
+
+
+def settle_round(jobs: list[dict], metric: str = "e_max", tol: float = 0.02) -> int:
+    """Last round at which some curve (mean over repeats) is still more than ``tol``
+    (relative) away from its final value: where the curves have settled."""
+    last = 0
+    for j in jobs:
+        b = band(j["errors"], metric)["mean"]
+        off = np.abs(b - b.iloc[-1]) > tol * abs(b.iloc[-1])
+        if off.any():
+            last = max(last, int(b.index[off.to_numpy()].max()))
+    return last
+
+
 def figure(panels: list[dict], out_base: Path, metric: str = "e_max",
-           suptitle: str | None = None) -> pd.DataFrame:
-    """Panels side by side, saved as ``out_base``.png and .pdf; returns the table of finals.
+           suptitle: str | None = None, ncols: int | None = None) -> pd.DataFrame:
+    """Panels in a grid (``ncols`` per row, default all in one row), saved as ``out_base``.png
+    and .pdf; returns the tidy table of final errors.
 
     Each panel is a dict with ``dir`` (a multirun folder), ``title`` and optionally ``x``
     (draw the final error against that knob instead of curves over rounds), ``sqrt``,
-    ``loglog``, ``fit`` (print the log-log slope), ``bound`` (Theorem 1's right-hand side) and
-    ``where`` (keep the jobs whose overrides have these values).
+    ``loglog``, ``fit`` (print the log-log slope), ``bound`` (Theorem 1's right-hand side),
+    ``where`` (keep the jobs whose overrides have these values; a list allows several) and
+    ``xmax`` (``auto``: cut the round axis shortly after the curves settle). Every panel title
+    names the solver; the subtitle says what lines and bands are. When all panels draw the
+    same curves (same labels), the figure has one legend.
     """
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.3 * len(panels), 3.5),
+    n = len(panels)
+    ncols = ncols or n
+    nrows = -(-n // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(max(4.4 * ncols, 6.0), 3.3 * nrows + 0.9),
                              layout="constrained", squeeze=False)
-    tables = []
-    for ax, panel in zip(axes[0], panels, strict=True):
-        jobs = [j for j in read_sweep(panel["dir"])
-                if all(j["overrides"].get(k) == v for k, v in panel.get("where", {}).items())]
-        if not jobs:
-            raise FileNotFoundError(f"no finished jobs (errors.csv) under {panel['dir']}")
-        if panel.get("x"):
+    loaded = [(panel, *panel_jobs(panel)) for panel in panels]
+    curve_panels = [p for p, _, _ in loaded if not p.get("x")]
+    shared = False
+    if len(curve_panels) > 1:
+        labels = [tuple(sorted({j["overrides"].get(k, "") for j in jobs for k in keys}))
+                  for p, jobs, keys in loaded if not p.get("x")]
+        key_sets = {tuple(keys) for p, jobs, keys in loaded if not p.get("x")}
+        shared = len(set(labels)) == 1 and len(key_sets) == 1 and len(curve_panels) == n
+    tables, repeats = [], set()
+    width = 48                                          # characters per panel title line
+    for ax, (panel, jobs, keys) in zip(axes.flat, loaded, strict=False):
+        repeats |= {int(j["errors"]["repeat"].nunique()) for j in jobs}
+        solver = solver_label(jobs[0]["dir"], with_strategy="strategy" not in keys,
+                              with_optimizer="optimizer" not in keys)
+        title = wrap(f"{panel.get('title', '')}\n[{solver}]", width)
+        if panel.get("params"):
+            rows = plot_params(jobs, ax, panel["x"], title=title)
+            readable_log(ax)
+        elif panel.get("x"):
             rows = plot_final(jobs, ax, panel["x"], metric, sqrt=panel.get("sqrt", False),
-                              loglog=panel.get("loglog", True), title=panel.get("title"),
-                              fit=panel.get("fit", True), bound=panel.get("bound", False))
+                              loglog=panel.get("loglog", True), title=title,
+                              fit=panel.get("fit", True), bound=panel.get("bound", False),
+                              keys=keys, ref=panel.get("ref", False))
         else:
-            rows = plot_sweep(jobs, ax, metric, title=panel.get("title"))
+            rows = plot_sweep(jobs, ax, metric, keys=keys, title=title, legend=not shared,
+                              median=panel.get("median", False),
+                              published=panel.get("published"))
+            if panel.get("xmax") == "auto":
+                R = int(max(j["errors"]["round"].max() for j in jobs))
+                ax.set_xlim(0, min(R, max(5, int(1.25 * settle_round(jobs, metric)) + 2)))
+                style_axes(ax, metric)
         tables.append(pd.DataFrame(rows).assign(panel=panel.get("title", "")))
-    if suptitle:
-        fig.suptitle(suptitle, fontsize=10)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    below = [max(getattr(ax, "legend_rows_below", 0) for ax in row) for row in axes]
+    fig.set_size_inches(fig.get_size_inches()[0],
+                        fig.get_size_inches()[1] + 0.24 * sum(below))
+    if shared:
+        handles, labels = axes.flat[0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 8),
+                   fontsize=8, frameon=False)
+    rep = "/".join(str(r) for r in sorted(repeats))
+    what = ("points: final error, mean over {r} repeats; bands: min..max over the repeats"
+            if all(p.get("x") for p in panels) else
+            "lines: mean over {r} repeats; bands: min..max over the repeats")
+    chars = int(12.5 * fig.get_size_inches()[0])        # characters per line of the subtitle
+    head = wrap(suptitle, chars) + "\n" if suptitle else ""
+    fig.suptitle(head + wrap(what.format(r=rep), chars), fontsize=9.5)
     out_base = Path(out_base)
     out_base.parent.mkdir(parents=True, exist_ok=True)
     for suffix in (".png", ".pdf"):   # no creation date: regenerated files differ only if data do

@@ -36,6 +36,11 @@ def estimates_frame(model, estimate, data, theta0, per_client: bool) -> pd.DataF
     One row per (repeat, parameter) with ``client = "server"``; a strategy that evaluates each
     client with its own model (``local``) gets one row per client when per-client output is on,
     else its mean over clients (``client = "mean"``).
+
+    Per parameter: ``rel_error = |estimate - true_mean| / |true_mean|`` (NaN where the truth is
+    0) and ``rel_error_max``, the largest ``|estimate - theta_i| / |theta_i|`` over the clients
+    the estimate serves (its own client for per-client rows). ``e_r`` (a norm over all
+    parameters) can be small while a weakly excited parameter is far off; these columns show it.
     """
     S, M, p = data.theta_true.shape
     estimate = np.asarray(estimate)
@@ -47,6 +52,15 @@ def estimates_frame(model, estimate, data, theta0, per_client: bool) -> pd.DataF
         labels, est = ["mean"], estimate.mean(axis=1, keepdims=True)
     C = len(labels)
     nominal = model.system.nominal @ model.embed
+    truth = data.theta_true                                       # (S, M, p)
+    mean = truth.mean(axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(mean != 0, np.abs(est - mean) / np.abs(mean), np.nan)
+        if C == M and estimate.shape[1] == M:                     # each client its own model
+            per = np.abs(est - truth) / np.abs(truth)
+        else:                                                     # one model for all clients
+            per = (np.abs(est[:, :, None] - truth[:, None]) / np.abs(truth[:, None])).max(axis=2)
+        per = np.where(np.isfinite(per), per, np.nan)
     return pd.DataFrame({
         "repeat": np.repeat(np.arange(S), C * p),
         "client": np.tile(np.repeat(labels, p), S),
@@ -55,6 +69,8 @@ def estimates_frame(model, estimate, data, theta0, per_client: bool) -> pd.DataF
         "true_mean": np.repeat(data.theta_true.mean(axis=1), C, axis=0).ravel(),
         "nominal": np.tile(nominal, S * C),
         "initial": np.repeat(theta0, C, axis=0).ravel(),
+        "rel_error": rel.ravel(),
+        "rel_error_max": per.ravel(),
     })
 
 
@@ -118,8 +134,8 @@ def make_summary(cfg, model, diverged, errors, theory, runtime,
         "runtime_s": {k: round(v, 4) for k, v in runtime.items()},
         "theorem1": {"delta": float(cfg.theory.delta),
                      **{k: _number(theory[k].mean()) for k in
-                        ("bound_rel", "bound", "noise_term", "sigma_w", "s_phi2", "b_phi", "eps",
-                         "N_tot")}},
+                        ("bound_rel", "bound", "bound_proof_rel", "bound_proof", "noise_term",
+                         "sigma_w", "s_phi2", "b_phi", "eps", "N_tot")}},
     }
 
 

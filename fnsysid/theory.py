@@ -13,8 +13,23 @@ determine are estimated from the pooled data of each repeat:
   the upper bound ``2 max_i ||theta_i* - mean_j theta_j*||``;
 - ``n_x`` = number of regression targets, ``n_phi`` = number of features, ``N_tot = sum N_i T``.
 
-The bound is absolute; ``bound_rel`` divides it by ``min_i ||theta_i*||`` so that it bounds the
-relative errors ``e^(i)`` the runs report.
+This is a plug-in evaluation of the bound as the paper states it: the constants are estimated
+from the data, not bounds that hold a priori. The bound is absolute; ``bound_rel`` divides it by
+``min_i ||theta_i*||`` so that it bounds the relative errors ``e^(i)`` the runs report.
+
+``bound_proof`` is the bound that the steps of the paper's own proof (appendix) give once three
+of them are corrected (docs/ALGORITHMS.md, "Theorem 1 in numbers"):
+
+- ``||G^-1|| <= 2 / (s_phi^2 N_tot)`` multiplies the heterogeneity term too, so its constant is
+  ``2 b_phi / s_phi^2``, not ``b_phi / s_phi^2``;
+- Assumption 5 gives ``||theta_i* - theta_bar*|| <= (1 - 1/M) eps`` (the mean of M points lies
+  in their convex hull), not ``eps / 2``: with M - 1 clients at one point and one at distance
+  eps, that client is ``(1 - 1/M) eps`` from the mean;
+- Proposition 2 uses ``||Phi||_F^2 <= N T b_phi <= N T (n_x + n_phi)``; when
+  ``b_phi > n_x + n_phi`` the same tail needs ``t`` larger by ``sqrt(b_phi / (n_x + n_phi))``.
+
+so ``bound_proof = C1' sqrt((n_x + n_phi + log(2M/delta)) / N_tot) + C2' (1 - 1/M) eps`` with
+``C1' = C1 sqrt(max(1, b_phi / (n_x + n_phi)))`` and ``C2' = 2 b_phi / s_phi^2 + 1``.
 """
 
 from __future__ import annotations
@@ -60,11 +75,19 @@ def theorem1(data: ClientData, model: Model, delta: float) -> pd.DataFrame:
     eps = heterogeneity(data.theta_true)
     with np.errstate(divide="ignore"):
         C1, C2 = 8 * sigma_w / s_phi2, b_phi / s_phi2 + 0.5
-    noise_term = C1 * np.sqrt((n_y + n_phi + np.log(2 * M / delta)) / n_tot)
+    root = np.sqrt((n_y + n_phi + np.log(2 * M / delta)) / n_tot)
+    noise_term = C1 * root
     bound = noise_term + C2 * eps
+    # the proof's own steps, corrected (module docstring)
+    C1p = C1 * np.sqrt(np.maximum(1.0, b_phi / (n_y + n_phi)))
+    with np.errstate(divide="ignore"):
+        C2p = 2 * b_phi / s_phi2 + 1.0
+    bound_proof = C1p * root + C2p * (1 - 1 / M) * eps
+    norm_min = np.linalg.norm(data.theta_true, axis=-1).min(axis=1)
     return pd.DataFrame({
         "repeat": np.arange(S), "delta": delta, "N_tot": n_tot, "n_x": n_y, "n_phi": n_phi,
         "sigma_w": sigma_w, "s_phi2": s_phi2, "b_phi": b_phi, "eps": eps, "C1": C1, "C2": C2,
-        "noise_term": noise_term, "bound": bound,
-        "bound_rel": bound / np.linalg.norm(data.theta_true, axis=-1).min(axis=1),
+        "noise_term": noise_term, "bound": bound, "bound_rel": bound / norm_min,
+        "C1_proof": C1p, "C2_proof": C2p, "bound_proof": bound_proof,
+        "bound_proof_rel": bound_proof / norm_min,
     })

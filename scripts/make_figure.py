@@ -51,9 +51,8 @@ def draw(name: str, spec: dict, out: Path, sweeps: Path) -> pd.DataFrame:
     panels = []
     for p in spec["panels"]:
         sweep = sweeps / p["experiment"]
-        where = {k: str(v) for k, v in (p.get("where") or {}).items()}
-        panels.append({**p, "dir": sweep, "where": where})
-    table = figure(panels, out / name, suptitle=spec.get("paper"))
+        panels.append({**p, "dir": sweep, "where": p.get("where") or {}})
+    table = figure(panels, out / name, suptitle=spec.get("paper"), ncols=spec.get("ncols"))
     table.insert(0, "figure", name)
     table.to_csv((out / name).with_suffix(".csv"), index=False, float_format="%.4g")
     return table
