@@ -15,6 +15,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+#: permissions of a new result file (mkstemp makes 0600; results are as readable as open())
+FILE_MODE = 0o666 & ~_umask()
+
+
 class WriteError(OSError):
     """A result file could not be written (one-line message naming path and cause)."""
 
@@ -34,6 +44,7 @@ def write_atomic(path: str | Path, write: Callable[[str], None]) -> Path:
         write(tmp)
         with open(tmp, "rb+") as f:     # on disk before the rename makes it visible
             os.fsync(f.fileno())
+        os.chmod(tmp, FILE_MODE)
         os.replace(tmp, path)
         tmp = None
     except OSError as exc:

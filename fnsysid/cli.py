@@ -18,7 +18,9 @@ import hydra
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from .atomic import WriteError
 from .options import CONF_DIR, hydra_session, repository
+from .resources import check_disk
 from .schema import GROUPS, ROOT, leaf_spec, one_line
 from .validate import KNOBS, ConfigError, check_batch_size, check_knob
 
@@ -130,6 +132,7 @@ def _preflight(argv, loader, config_name, searchpath) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from hydra.types import RunMode
+    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     args = _overrides(argv)
@@ -181,7 +184,12 @@ def _preflight(argv, loader, config_name, searchpath) -> None:
         for val in values:
             _check_value(o.key_or_group, val, groups)
         dims[k] = values
-    _check_combinations(config_name, fixed, dims, compose, base)
+    disk = _check_combinations(config_name, fixed, dims, compose, base)
+    n_jobs = 1
+    for values in dims.values():
+        n_jobs *= len(values)
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    check_disk(key, OmegaConf.select(base, key), disk * n_jobs)
 
 
 def _check_hydra(base, multirun: bool) -> None:
@@ -193,6 +201,8 @@ def _check_hydra(base, multirun: bool) -> None:
         if value is None or not str(value).strip():
             raise ConfigError(f"{key} is empty: give a folder for the results "
                               f"(e.g. {key}=outputs/myrun)")
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    check_output_dir(key, Path(str(OmegaConf.select(base, key))))
     launcher = base.hydra.get("launcher") or {}
     if multirun and "joblib" in str(launcher.get("_target_", "")):
         n = launcher.get("n_jobs")
@@ -201,8 +211,39 @@ def _check_hydra(base, multirun: bool) -> None:
                               "(workers), or -1 for all cores (-2 all but one, ...)")
 
 
-def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base) -> None:
+def check_output_dir(key: str, path: Path) -> None:
+    """The results folder must be (or become) a writable folder: one line naming the cause.
+
+    Writability is probed by creating (and removing) a temporary file, which also catches
+    read-only file systems and runs as root.
+    """
+    import tempfile
+
+    target = path
+    if path.exists() or path.is_symlink():
+        if not path.is_dir():
+            kind = "a device" if path.is_char_device() or path.is_block_device() else \
+                "a file" if path.is_file() else "not a folder"
+            raise ConfigError(f"{key}={path} is {kind}, not a folder for the results")
+    else:
+        target = path.parent
+        while not target.exists():
+            target = target.parent
+        if not target.is_dir():
+            raise ConfigError(f"{key}={path}: {target} is a file, so the folder cannot be made")
+    try:
+        with tempfile.TemporaryFile(dir=target):
+            pass
+    except OSError as exc:
+        where = "" if target == path else f": cannot make it inside {target}"
+        raise ConfigError(f"{key}={path} is not writable{where} ({exc.strerror or exc})") \
+            from exc
+
+
+def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base) -> int:
     """Compose every combination of group options once; apply plain values on a copy.
+
+    Returns the largest disk space a job's result files need (bytes).
 
     ``base`` is the config composed with the first value of every sweep (with Hydra's node).
     """
@@ -210,7 +251,9 @@ def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base
     from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import OmegaConfBaseException
 
-    from .experiment import build
+    from .build import build
+    from .resources import check_memory, estimate_disk_bytes
+    from .training import keep_per_client
     from .validate import check_run
 
     def is_group(key: str) -> bool:
@@ -218,7 +261,7 @@ def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base
 
     groups = [k for k in dims if is_group(k)]
     values = [k for k in dims if not is_group(k) and not k.startswith("hydra")]
-    checked = 0
+    checked = disk = 0
     for gcombo in itertools.product(*(dims[k] for k in groups)):
         ovr = fixed + [f"{k}={_encode(v)}" for k, v in zip(groups, gcombo, strict=True)]
         ovr += [f"{k}={_encode(dims[k][0])}" for k in values]
@@ -240,10 +283,12 @@ def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base
             except OmegaConfBaseException as exc:
                 raise ConfigError(one_line(exc)) from exc
             check_run(cfg)
-            build(cfg)
+            check_memory(cfg, *build(cfg)[:2])
+            disk = max(disk, estimate_disk_bytes(cfg, keep_per_client(cfg)))
             checked += 1
             if checked >= MAX_CHECKED:
-                return
+                return disk
+    return disk
 
 
 def _encode(v) -> str:
@@ -285,6 +330,9 @@ def task(cfg: DictConfig) -> float | None:
     except ConfigError as exc:
         _remove_outputs(out)
         print(f"fnsysid: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except WriteError as exc:      # disk full, folder made read-only during the run
+        print(f"fnsysid: error: {exc}; {out} is incomplete (no summary.json)", file=sys.stderr)
         sys.exit(2)
     log.info("results: %s", out)
     if summary["status"] != "ok":
@@ -360,6 +408,7 @@ def _flags_first(argv: list[str]) -> list[str]:
 def main() -> None:
     """Console entry point (``fnsysid`` or ``python run.py``)."""
     argv = sys.argv[1:] = _flags_first(sys.argv[1:])
+    logging.raiseExceptions = False     # a full disk must not print logging tracebacks
     if not CONF_DIR.is_dir():
         print(f"fnsysid: error: config folder {CONF_DIR} not found; install from a checkout "
               "with `make install` (editable), which keeps conf/ beside the package",

@@ -20,6 +20,7 @@ from .build import build, initial_model
 from .data_source import Dataset, load_data
 from .model import Model
 from .output_files import check_output, write_outputs
+from .resources import check_memory
 from .tables import clients_frame, errors_frame, estimates_frame, make_summary
 from .theory import theorem1
 from .training import keep_per_client, train
@@ -85,6 +86,7 @@ def execute(cfg: DictConfig, choices: dict | None = None) -> Result:
     check_run(cfg)
     model, optimizer, strategy = build(cfg)
     check_output(cfg)
+    check_memory(cfg, model, optimizer)
 
     t0 = time.perf_counter()
     dataset = load_data(cfg, model, optimizer)

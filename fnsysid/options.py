@@ -43,6 +43,7 @@ def hydra_session(argv: list[str] | None = None):
     """
     from hydra._internal.hydra import Hydra
     from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
     from hydra.core.global_hydra import GlobalHydra
     from hydra.initialize import get_gh_backup, restore_gh_from_backup
 
@@ -65,7 +66,8 @@ def hydra_session(argv: list[str] | None = None):
     if extra is not None:
         if not os.path.isdir(extra):
             raise ConfigError(f"--config-dir {extra}: no such folder")
-        csp.append("command-line", f"file://{os.path.abspath(extra)}")
+        csp.prepend(provider="command-line", path=f"file://{os.path.abspath(extra)}",
+                    anchor=SearchPathQuery(provider="schema"))     # as Hydra's own main does
     backup = get_gh_backup()
     GlobalHydra.instance().clear()
     try:

@@ -220,3 +220,93 @@ def test_command_line_refusals_are_one_line_exit_2_nothing_written(tmp_path, arg
     assert res.stderr.strip() == f"fnsysid: error: {res.stderr.strip()[16:]}"
     assert len(res.stderr.strip().splitlines()) == 1 and message in res.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# --- resources: memory, disk, folders -----------------------------------------------------------
+
+@pytest.mark.parametrize("args", [["M=100000000000000000000"], ["M=100000000", "N=1000"],
+                                  ["N=1000000000"], ["T=1000000000"], ["repeats=100000000"]])
+def test_huge_runs_refused_with_the_estimate_and_the_memory_available(args):
+    with pytest.raises(ConfigError) as info:
+        preflight(args)
+    msg = str(info.value)
+    assert msg.startswith("this run needs about ") and " is available (" in msg
+
+
+def test_memory_estimate_grows_with_clients_and_is_checked_against_the_limit(monkeypatch):
+    from fnsysid.build import build
+    from fnsysid.resources import estimate_bytes
+
+    def est(*ov):
+        cfg = compose_cfg("system=pendulum", *ov)
+        model, opt, _ = build(cfg)
+        return estimate_bytes(cfg, model, opt, False)
+
+    gd1, gd2 = est("M=100000", "repeats=1"), est("M=200000", "repeats=1")
+    per_client = (gd2 - gd1) / 100000
+    assert 500 < per_client < 3000               # measured: 0.86 KB per client (README)
+    sgd = (est("M=200000", "repeats=1", "optimizer=sgd")
+           - est("M=100000", "repeats=1", "optimizer=sgd")) / 100000
+    assert sgd > per_client + 8 * 50 * 3         # + N T (n_phi + n_y + 1) samples
+    # twice the repeats costs what twice the clients costs: memory grows with repeats x M
+    assert est("M=100000", "repeats=2") - gd1 == pytest.approx(gd2 - gd1, rel=1e-3)
+    monkeypatch.setenv("FNSYSID_MEMORY_LIMIT", str(gd1 - 1))
+    with pytest.raises(ConfigError, match="needs about .* but .* is available"):
+        preflight(["M=100000", "repeats=1"])
+    monkeypatch.setenv("FNSYSID_MEMORY_LIMIT", str(gd1 + 1))
+    preflight(["M=100000", "repeats=1"])
+
+
+@pytest.mark.parametrize("where, message", [
+    ("/dev/null", "is a device, not a folder"),
+    ("{tmp}/afile", "is a file, not a folder"),
+    ("{tmp}/afile/sub", "afile is a file, so the folder cannot be made"),
+    ("/proc/fnsysid-test", "is not writable"),
+])
+def test_results_folder_that_cannot_be_written_is_refused(tmp_path, where, message):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ConfigError, match=message):
+        preflight([f"hydra.run.dir={where.format(tmp=tmp_path)}", "R=2"])
+
+
+def test_atomic_write_failure_names_path_and_cause_and_leaves_no_file(tmp_path):
+    import errno
+
+    from fnsysid.atomic import WriteError, write_atomic, write_json, write_text
+
+    write_text(tmp_path / "a.csv", "old\n")
+
+    def full(tmp):
+        open(tmp, "w").write("partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(WriteError, match=r"cannot write .*a\.csv: No space left on device"):
+        write_atomic(tmp_path / "a.csv", full)
+    assert (tmp_path / "a.csv").read_text() == "old\n"          # the old file intact
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv"]   # no temporary left
+    write_json(tmp_path / "s.json", {"x": float("inf"), "y": [1.0, float("nan")]})
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert data["x"] is None and data["y"] == [1.0, None]
+    assert set(data["null_values"]) == {"x", "y[1]"}
+
+
+def test_file_size_limit_mid_run_is_one_line_and_no_summary(tmp_path):
+    import resource
+    import subprocess
+    import sys
+
+    from tests.test_cli import ROOT
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (250_000, resource.RLIM_INFINITY))
+
+    out = tmp_path / "run"
+    res = subprocess.run([sys.executable, str(ROOT / "run.py"), "system=synthetic", "M=20",
+                          "R=100", "repeats=5", "output.plot=false", f"hydra.run.dir={out}"],
+                         capture_output=True, text=True, preexec_fn=limit, timeout=120)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot write" in lines[0] and "clients.csv" in lines[0]
+    assert "File too large" in lines[0] and "incomplete (no summary.json)" in lines[0]
+    assert not (out / "summary.json").exists() and not (out / "clients.csv").exists()
+    assert not list(out.glob(".*.tmp*"))
