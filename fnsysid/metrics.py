@@ -52,6 +52,111 @@ def _theta_matrix_per_client(model, theta: np.ndarray) -> np.ndarray:
     return model.theta_matrix(np.asarray(theta, float))
 
 
+class HeldOutScores:
+    """One-step and free-run NRMSE of estimates on fixed held-out data, evaluated every round.
+
+    Everything that does not depend on the estimate is computed once: the held-out statistics
+    one entry after another as contiguous (S, M) arrays (a model shared by all clients then
+    costs a few multiply-adds over them, skipping zero coefficients), and the per-state weights
+    ``1 / (k std sqrt(count))`` of the normalized RMSE (NaN for clients without held-out data
+    or without a varying state).
+    """
+
+    def __init__(self, model, ho):
+        self.model, self.ho = model, ho
+        S, M = ho.n.shape
+        self.valid = ho.n > 0
+        self.n_y, self.n_phi = ho.cross.shape[-2:]
+        self.yy = _first(ho.yy)                                            # (n_y, S, M)
+        self.cross = _first(ho.cross.reshape(S, M, -1)).reshape(self.n_y, self.n_phi, S, M)
+        self.pairs = np.triu_indices(self.n_phi)
+        twice = np.where(self.pairs[0] == self.pairs[1], 1.0, 2.0)
+        self.gram = _first(ho.gram[..., self.pairs[0], self.pairs[1]] * twice)  # (pairs, S, M)
+        self.w_step = _first(self._weights(ho.std[..., model.system.target_states], ho.n))
+        self.mask = ho.mask[..., 1:]
+        self.full = bool(self.mask.all())
+        self.w_run = self._weights(ho.std, np.maximum(self.mask.sum(axis=(2, 3)), 1))
+
+    def _weights(self, std, count):
+        """``1 / (k std_j sqrt(count))`` for the k states with ``std_j > 0``, else 0; NaN rows
+        for clients without held-out data or without a varying state."""
+        use = std > 0
+        k = use.sum(axis=-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            w = np.where(use, 1.0 / np.where(use, std, 1.0), 0.0)
+            w = w / (np.sqrt(count) * np.maximum(k, 1))[..., None]
+        w[~(self.valid & (k > 0))] = np.nan
+        return w
+
+    def one_step(self, theta: np.ndarray) -> np.ndarray:
+        """One-step NRMSE (S, M) of estimates ``theta`` (S, 1 or M, p)."""
+        Th = self.model.theta_matrix(np.asarray(theta, float))           # (S, m, n_y, n_phi)
+        if Th.shape[1] != 1:
+            ho = self.ho
+            quad = np.einsum("smjk,smkl,smjl->smj", Th, ho.gram, Th)
+            lin = np.einsum("smjk,smjk->smj", Th, ho.cross)
+            sse = _first(ho.yy - 2.0 * lin + quad)
+        else:
+            T0 = Th[:, 0]
+            sse = self.yy.copy()
+            row, col = self.pairs
+            for j in range(self.n_y):
+                _add_terms(sse[j], -2.0 * T0[:, j, :].T, self.cross[j])
+                _add_terms(sse[j], (T0[:, j, row] * T0[:, j, col]).T, self.gram)
+        np.maximum(sse, 0.0, out=sse)
+        np.sqrt(sse, out=sse)
+        sse *= self.w_step
+        return sse.sum(axis=0)
+
+    def free_run(self, theta: np.ndarray) -> np.ndarray:
+        """Free-run NRMSE (S, M) of estimates ``theta`` (S, 1 or M, p); ``inf`` for a rollout
+        that blows up."""
+        x, u = self.ho.x, self.ho.u
+        model = self.model
+        Th = model.theta_matrix(np.asarray(theta, float))                  # (S, m, n_y, n_phi)
+        S, M, J = x.shape[:3]
+        state = x[..., 0, :]
+        sse = np.zeros((S, M, J, x.shape[-1]))
+        with np.errstate(all="ignore"):
+            for t in range(x.shape[-2] - 1):
+                phi = model.features(state, u[..., t, :])                  # (S, M, J, n_phi)
+                if Th.shape[1] == 1:
+                    y = np.stack([_combine(phi, Th[:, 0, j]) for j in range(self.n_y)], axis=-1)
+                else:
+                    y = np.einsum("smyk,smjk->smjy", Th, phi)
+                state = model.system.predict(state, u[..., t, :], y)
+                d = state - x[..., t + 1, :]
+                if not self.full:
+                    d = np.where(self.mask[..., t, None], d, 0.0)
+                sse += d * d
+            out = (np.sqrt(sse.sum(axis=2)) * self.w_run).sum(axis=-1)
+        return np.where(np.isnan(out) & self.valid, np.inf, out)
+
+
+def _first(a: np.ndarray) -> np.ndarray:
+    """``a`` (S, M, k) as contiguous (k, S, M)."""
+    return np.ascontiguousarray(np.moveaxis(a, -1, 0))
+
+
+def _add_terms(acc: np.ndarray, coef: np.ndarray, terms: np.ndarray) -> None:
+    """``acc += sum_f coef[f, s] terms[f, s, :]`` (in place), skipping zero coefficients."""
+    tmp = np.empty_like(acc)
+    for c, term in zip(coef, terms, strict=True):
+        if c.any():
+            np.multiply(term, c[:, None], out=tmp)
+            acc += tmp
+
+
+def _combine(phi: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``sum_k phi[..., k] w[s, k]`` for ``phi`` (S, ...) and weights ``w`` (S, n_phi)."""
+    shape = (-1,) + (1,) * (phi.ndim - 2)
+    out = np.zeros(phi.shape[:-1])
+    for k in range(phi.shape[-1]):
+        if w[:, k].any():
+            out += phi[..., k] * w[:, k].reshape(shape)
+    return out
+
+
 def nrmse_one_step(model, theta: np.ndarray, ho) -> np.ndarray:
     """One-step-ahead NRMSE of each client's held-out data, (S, M); NaN without held-out data.
 
@@ -59,24 +164,10 @@ def nrmse_one_step(model, theta: np.ndarray, ho) -> np.ndarray:
     :attr:`System.target_states`): ``RMSE_j / std(x_{s_j})``, averaged over targets, with the
     squared error ``yy_j - 2 Theta_j . cross_j + Theta_j gram Theta_j'`` from held-out
     sufficient statistics: O(n_y n_phi^2) per client, whatever the amount of held-out data.
-    States constant over a client's held-out data are left out of the average.
+    States constant over a client's held-out data are left out of the average. For every
+    round of a run build one :class:`HeldOutScores` instead.
     """
-    Th = _theta_matrix_per_client(model, theta)                # (S, m, n_y, n_phi)
-    S, M = ho.n.shape
-    n_phi = ho.gram.shape[-1]
-    if Th.shape[1] == 1:     # one model for all clients: matrix products over the clients axis
-        outer = np.einsum("sjk,sjl->sjkl", Th[:, 0], Th[:, 0]).reshape(S, -1, n_phi * n_phi)
-        quad = ho.gram.reshape(S, M, -1) @ outer.transpose(0, 2, 1)
-        lin = ho.cross.reshape(S, M, -1) * Th[:, 0].reshape(S, 1, -1)
-        lin = lin.reshape(S, M, -1, n_phi).sum(axis=-1)
-    else:
-        quad = np.einsum("smjk,smkl,smjl->smj", Th, ho.gram, Th)
-        lin = np.einsum("smjk,smjk->smj", Th, ho.cross)
-    sse = np.maximum(ho.yy - 2.0 * lin + quad, 0.0)
-    std = ho.std[..., model.system.target_states]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rmse = np.sqrt(sse / ho.n[..., None])
-        return _mean_over_states(rmse, std, ho.valid)
+    return HeldOutScores(model, ho).one_step(theta)
 
 
 def _mean_over_states(rmse: np.ndarray, std: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -117,19 +208,14 @@ def nrmse_free_run(model, theta: np.ndarray, ho) -> np.ndarray:
     state's standard deviation over the held-out data; averaged over states. A rollout that
     blows up gives ``inf`` for that client (NaN: no held-out data).
     """
-    sim = free_run(model, theta, ho.x, ho.u)
-    m = ho.mask[..., 1:]
-    with np.errstate(all="ignore"):
-        err = np.where(m[..., None], sim[..., 1:, :] - ho.x[..., 1:, :], 0.0)
-        sse = (err * err).sum(axis=(2, 3))                    # (S, M, n_x)
-        rmse = np.sqrt(sse / np.maximum(m.sum(axis=(2, 3)), 1)[..., None])
-        out = _mean_over_states(rmse, ho.std, ho.valid)
-    return np.where(np.isnan(out) & ho.valid, np.inf, out)
+    return HeldOutScores(model, ho).free_run(theta)
 
 
 def over_clients(v: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Max and mean over the clients axis of (S, M) values, counting only ``valid`` clients
     (NaN where a repeat has none); ``inf`` propagates."""
+    if valid.all():
+        return v.max(axis=1), v.mean(axis=1)
     k = valid.sum(axis=1)
     with np.errstate(invalid="ignore"):
         vmax = np.where(valid, v, -np.inf).max(axis=1)

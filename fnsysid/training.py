@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm.auto import tqdm
 
-from .metrics import ParameterErrors, nrmse_free_run, nrmse_one_step, over_clients
+from .metrics import HeldOutScores, ParameterErrors, over_clients
 from .model import ClientData
 
 #: a run diverged when some client's error exceeds this many times the largest start error
@@ -63,24 +63,25 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
     hist = History(per_client=[] if keep_clients else None)
     has_truth = bool(np.isfinite(data.theta_true).all())
 
+    scores = None if heldout is None else HeldOutScores(model, heldout)
+
     def record(r: int, estimate, e, one_step=None) -> None:
-        if heldout is None:
+        if scores is None:
             hist.record(e)
             return
         sim = r == 0 or r == cfg.R or r % eval_every == 0
         if one_step is None:
-            one_step = nrmse_one_step(model, estimate, heldout)
-        hist.record(e, one_step, nrmse_free_run(model, estimate, heldout) if sim else None,
-                    heldout.valid)
+            one_step = scores.one_step(estimate)
+        hist.record(e, one_step, scores.free_run(estimate) if sim else None, scores.valid)
 
     def grown(est, e):
         """(diverged?, one-step NRMSE if computed) by the rule above."""
         if has_truth:
             return not (np.isfinite(e).all() and e.max() <= limit), None
-        if heldout is None:
+        if scores is None:
             return False, None
-        n1 = nrmse_one_step(model, est, heldout)
-        worst = np.max(over_clients(n1, heldout.valid)[0])
+        n1 = scores.one_step(est)
+        worst = np.max(over_clients(n1, scores.valid)[0])
         return bool(worst > limit), n1       # NaN (no valid client) never diverges
 
     errors = ParameterErrors(data.theta_true)

@@ -1,0 +1,69 @@
+"""Held-out scores of a run (precomputed per run) against the straightforward formulas."""
+
+import numpy as np
+import pytest
+
+from fnsysid import random as rnd
+from fnsysid.heldout import heldout_from_trajectories
+from fnsysid.metrics import HeldOutScores, ParameterErrors, free_run, one_step
+from fnsysid.model import simulate_blocks
+from tests.conftest import make
+
+
+def _heldout(model, S=2, M=5, J=3, T=6):
+    xs, us = [], []
+    for s in range(S):
+        _, x, u = simulate_blocks(model, s, [(0, 0, M)], J, T, 0.1, 0, False, rnd.HOLDOUT)
+        xs.append(x)
+        us.append(u)
+    x, u = np.array(xs), np.array(us)
+    mask = np.ones(x.shape[:-1], bool)
+    mask[0, 1, 2, 3:] = False                              # a shorter trajectory
+    mask[1, 2] = False                                     # a client without held-out data
+    return heldout_from_trajectories(model, x, u, mask)
+
+
+def _reference(model, theta, ho):
+    """NRMSE written out from the predictions, state by state."""
+    th = np.broadcast_to(theta, ho.x.shape[:2] + theta.shape[-1:])
+    step = one_step(model, th, ho.x, ho.u)                     # (S, M, J, L-1, n_x)
+    run = free_run(model, th, ho.x, ho.u)
+    pair = ho.mask[..., 1:] & ho.mask[..., :-1]
+    out = np.full((2,) + ho.x.shape[:2], np.nan)
+    for s, m in np.ndindex(*ho.x.shape[:2]):
+        if not ho.mask[s, m].any():
+            continue
+        for i, (pred, keep, states) in enumerate((
+                (step, pair, model.system.target_states),
+                (run[..., 1:, :], ho.mask[..., 1:], range(ho.x.shape[-1])))):
+            ratios = []
+            for k in states:
+                if ho.std[s, m, k] > 0:
+                    e = (pred[s, m, ..., k] - ho.x[s, m, :, 1:, k])[keep[s, m]]
+                    ratios.append(np.sqrt(np.mean(e ** 2)) / ho.std[s, m, k])
+            out[i, s, m] = np.mean(ratios)
+    return out
+
+
+@pytest.mark.parametrize("system", ["pendulum", "synthetic", "quadrotor"])
+def test_heldout_scores_equal_the_predictions(system):
+    _, model, *_ = make(f"system={system}")
+    ho = _heldout(model)
+    scores = HeldOutScores(model, ho)
+    rng = np.random.default_rng(0)
+    truth = model.system.nominal @ model.embed
+    for m in (1, 5):                                        # shared and per-client models
+        theta = truth * (1 + 0.1 * rng.standard_normal((2, m, model.p)))
+        ref = _reference(model, theta, ho)
+        np.testing.assert_allclose(scores.one_step(theta), ref[0], rtol=1e-8)
+        np.testing.assert_allclose(scores.free_run(theta), ref[1], rtol=1e-10)
+        assert np.isnan(scores.one_step(theta)[1, 2]) and np.isfinite(ref[0, 0]).all()
+
+
+def test_parameter_errors_match_the_norm_formula():
+    rng = np.random.default_rng(1)
+    truth = rng.standard_normal((2, 6, 9))
+    err = ParameterErrors(truth)
+    for est in (rng.standard_normal((2, 1, 9)), rng.standard_normal((2, 6, 9))):
+        ref = np.linalg.norm(est - truth, axis=-1) / np.linalg.norm(truth, axis=-1)
+        np.testing.assert_allclose(err(est), ref, rtol=1e-14)
