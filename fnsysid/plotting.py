@@ -90,6 +90,8 @@ def plot_run(errors: pd.DataFrame, path: Path, title: str = "") -> None:
         draw_curve(ax, errors, "mean over clients", mean, color="C3", ls="--", lw=1.6,
                    zorder=3)
     style_axes(ax, metric)
+    if metric == "e_max":
+        ax.set_ylabel(r"$e_r^{(i)}$: max and mean over clients")
     n_rep = errors["repeat"].nunique()
     ax.set_title(wrap(f"{title}\nlines: mean over {n_rep} repeats; bands: min..max over "
                       "the repeats", 70), fontsize=8)
