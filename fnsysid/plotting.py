@@ -244,7 +244,8 @@ def plot_final(jobs: list[dict], ax, x: str, metric: str = "e_max", sqrt: bool =
     ax.grid(True, which="both", alpha=0.3)
     if title:
         ax.set_title(title, fontsize=9)
-    legend_below(ax, ncol=1)
+    if len(ax.get_legend_handles_labels()[1]) > 1 or b is not None:
+        legend_below(ax, ncol=1)
     return rows
 
 

@@ -114,3 +114,19 @@ def test_settle_round_is_where_the_slowest_curve_stops_moving():
     assert settle_round([job(fast)]) == 1
     r = settle_round([job(fast), job(slow)])
     assert abs(slow[r] - slow[-1]) > 0.02 * slow[-1] >= abs(slow[r + 1] - slow[-1])
+
+
+def test_make_help_lists_every_figure_target():
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    import yaml
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    root = Path(__file__).resolve().parent.parent
+    res = subprocess.run(["make", "-s", "help"], cwd=root, capture_output=True, text=True)
+    registry = yaml.safe_load((root / "scripts" / "figures.yaml").read_text())
+    for name in registry:
+        assert f"make fig-{name.replace('_', '-')}" in res.stdout
