@@ -185,7 +185,8 @@ def least_squares(H: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: int,
-             keep_samples: bool = False, shared_noise: bool = False) -> ClientData:
+             keep_samples: bool = False, shared_noise: bool = False,
+             clients=None) -> ClientData:
     """Draw client systems and trajectories and reduce them to per-client statistics.
 
     Parameters
@@ -200,8 +201,15 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
     keep_samples : also return the per-sample arrays (needed by mini-batch SGD).
     shared_noise : every client draws the same trajectory noise (the published pendulum code's
         behaviour); client parameters still differ.
+    clients : indices of the clients to build (default all M, in order); a client's system
+        and data are the same whichever others are built with it (what a federated node that
+        holds one client draws). Costs at most the clients of a block before it.
     """
     N = np.broadcast_to(np.asarray(N, dtype=int), (M,))
+    blocks, keep = rnd.blocks(M), None
+    if clients is not None:
+        blocks, built, keep = _prefix_blocks(np.asarray(clients, dtype=int).reshape(-1))
+        N, M = N[built], len(built)
     n_max = int(N.max())
     S, p = repeats, model.p
     theta_true = np.empty((S, M, p))
@@ -214,8 +222,7 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
         Phi = np.zeros((S, M, n_max * T, n_phi))
         Y = np.zeros((S, M, n_max * T, n_y))
         mask = np.repeat(traj_mask, T, axis=1)[None].repeat(S, axis=0)
-    blocks = rnd.blocks(M)
-    nb = chunk_blocks(model, n_max, T)
+    nb = chunk_blocks(model, n_max, T) if keep is None else 1
     for s in range(S):
         for c in range(0, len(blocks), nb):
             chunk = blocks[c:c + nb]
@@ -233,7 +240,24 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
                 Phi[s, lo:hi], Y[s, lo:hi] = Phi_b * wgt[..., None], Y_b * wgt[..., None]
     if not keep_samples:
         Phi = Y = mask = None
-    return ClientData(theta_true, H, b, yy, n, Phi, Y, mask, phi2max, phi_mean, y_mean)
+    data = ClientData(theta_true, H, b, yy, n, Phi, Y, mask, phi2max, phi_mean, y_mean)
+    if keep is None:
+        return data
+    return ClientData(*(None if a is None else a[:, keep] for a in vars(data).values()))
+
+
+def _prefix_blocks(ids: np.ndarray):
+    """Blocks to simulate for clients ``ids``: in each block touched, its clients up to the
+    last one wanted. Returns the blocks ``(blk, lo, hi)`` with positions in the built arrays,
+    the client index at each position, and the positions of ``ids``."""
+    blocks, built, start = [], [], {}
+    for blk in np.unique(ids // rnd.BLOCK):
+        size = int(ids[ids // rnd.BLOCK == blk].max()) - blk * rnd.BLOCK + 1
+        start[blk] = len(built)
+        blocks.append((int(blk), len(built), len(built) + size))
+        built.extend(range(blk * rnd.BLOCK, blk * rnd.BLOCK + size))
+    keep = np.array([start[i // rnd.BLOCK] + i % rnd.BLOCK for i in ids])
+    return blocks, np.array(built), keep
 
 
 def simulate_blocks(model: Model, s: int, blocks: list[tuple[int, int, int]], n_traj: int,

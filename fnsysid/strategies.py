@@ -12,6 +12,13 @@ precomputes what its round needs once per run: FedAvg and FedProx the averaged m
 ``theta_s``) into ``P_i, q_i``, Cyclic the composition of the clients' maps; Local and
 SCAFFOLD keep per-client state and apply the per-client maps (O(M p^2) a round). Otherwise
 (SGD) the strategy runs ``optimizer.local_steps`` step by step.
+
+The federated strategies (:class:`Federated`: FedAvg, FedProx, FedLin, SCAFFOLD) are also
+written as message exchanges: the server's :meth:`~Federated.message`, each client's
+:meth:`~Federated.client_update` on its own data and state (:class:`Clients`), the server's
+:meth:`~Federated.server_update` on the stacked replies. Rounds without a precomputed server
+map run these exchanges for all clients at once; the Flower runtime
+(:mod:`fnsysid.flower_app`) runs the same functions with one client per ClientApp.
 To add an algorithm, subclass :class:`Strategy`, implement ``round`` (and ``estimate`` if the
 evaluated model is not the server's), and add ``conf/strategy/<name>.yaml``. The update rules
 are written out in ``docs/ALGORITHMS.md``.
@@ -50,6 +57,46 @@ def aggregate(models: np.ndarray, weights: np.ndarray | None = None) -> np.ndarr
     return np.einsum("...m,...mp->...p", w, models) / w.sum(axis=-1)[..., None]
 
 
+class Clients:
+    """The client side of a federated round: the local solver, set up on the data these clients
+    hold, their local work (K steps of size lr, FedProx's ``mu``) and their own state between
+    rounds (SCAFFOLD's ``c_i``).
+
+    In process one object stands for all M clients (arrays (S, M, ...)); a Flower ClientApp
+    holds one for its own client alone (arrays (S, 1, ...)). ``sel`` in the methods below
+    selects among the clients this object holds. The local steps are each client's
+    precomputed affine map when the solver has one (:meth:`fnsysid.optim.LocalSolver.local_map`,
+    built on first use), else the solver's step-by-step ``local_steps``.
+    """
+
+    def __init__(self, solver, K, lr: float, mu: float = 0.0, correction: bool = False):
+        self.solver, self.K, self.lr, self.mu = solver, K, lr, float(mu)
+        self.correction = correction
+        self.state: dict[str, np.ndarray] = {}
+        self._maps = None
+
+    def broadcast(self, server: np.ndarray, sel=slice(None)) -> np.ndarray:
+        """A server array (S, p) as the selected clients' starting point, (S, m, p)."""
+        S, M = self.solver.n.shape
+        return np.broadcast_to(server[:, None, :], (S, len(range(M)[sel]), server.shape[-1]))
+
+    def local_steps(self, start: np.ndarray, sel=slice(None), correction=None) -> np.ndarray:
+        """The K local steps of the selected clients from ``start`` (S, m, p), with a gradient
+        correction held fixed during the round (FedLin, SCAFFOLD) and FedProx's proximal term
+        anchored at ``start``."""
+        if self._maps is None:
+            self._maps = self.solver.local_map(self.K, self.lr, mu=self.mu,
+                                               correction=self.correction) or False
+        if self._maps:
+            m = self._maps
+            return LocalMap(m.P[:, sel], m.q[:, sel],
+                            None if m.C is None else m.C[:, sel])(start, correction)
+        extra = {} if correction is None else {"correction": correction}
+        if self.mu:
+            extra.update(mu=self.mu, anchor=start)
+        return self.solver.local_steps(start, self.K, self.lr, clients=sel, **extra)
+
+
 class Strategy:
     """Base class.
 
@@ -65,15 +112,24 @@ class Strategy:
 
     def setup(self, theta0, data, model, optimizer, K: int, lr: float, seed: int) -> None:
         """Start from server model ``theta0`` (S, p) on ``data`` (S, M clients)."""
-        self.server = np.array(theta0, dtype=float)
         self.data, self.optimizer, self.K, self.lr = data, optimizer, K, lr
-        self.weights = None if self.weighting == "uniform" else data.n
         optimizer.setup(data, model, seed)
+        self.clients = self.make_clients(optimizer, K, lr)
+        self.setup_server(theta0, data.n)
+
+    def make_clients(self, solver, K, lr) -> Clients:
+        """The client side of this strategy on the data ``solver`` was set up with."""
+        return Clients(solver, K, lr)
+
+    def setup_server(self, theta0, n) -> None:
+        """The server's part of :meth:`setup`: start model ``theta0`` (S, p) and the clients'
+        sample counts ``n`` (S, M), the weights of ``weighting=samples``."""
+        self.server = np.array(theta0, dtype=float)
+        self.weights = None if self.weighting == "uniform" else np.asarray(n, float)
 
     def broadcast(self) -> np.ndarray:
         """The server model copied to every client, (S, M, p)."""
-        S, M = self.data.shape
-        return np.broadcast_to(self.server[:, None, :], (S, M, self.server.shape[-1]))
+        return self.clients.broadcast(self.server)
 
     def round(self, r: int) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -83,7 +139,43 @@ class Strategy:
         return self.server[:, None, :]
 
 
-class FedAvg(Strategy):
+class Federated(Strategy):
+    """A strategy whose round is a sequence of message exchanges between server and clients,
+    so that it runs the same in process and on a federated runtime (:mod:`fnsysid.flower_app`).
+
+    Each name in ``exchanges`` is one exchange: the server sends :meth:`message` (arrays
+    (S, ...)) to the clients, each client answers with :meth:`client_update` computed from that
+    message and its own data and state only, and the server combines the answers, stacked over
+    clients to (S, M, ...), in :meth:`server_update`. In process a strategy may instead run a
+    precomputed ``server_map`` (the same round as one affine map of the server model).
+    """
+
+    exchanges: tuple[str, ...] = ("train",)
+    server_map = None
+
+    def message(self, exchange: str) -> dict[str, np.ndarray]:
+        """What the server sends every client in ``exchange``."""
+        return {"theta": self.server}
+
+    def client_update(self, exchange: str, msg: dict, clients: Clients,
+                      sel=slice(None)) -> dict[str, np.ndarray]:
+        """Replies of the selected clients ``sel`` of ``clients`` to ``msg``, arrays (S, m, ...)."""
+        return {"theta": clients.local_steps(clients.broadcast(msg["theta"], sel), sel)}
+
+    def server_update(self, exchange: str, replies: dict[str, np.ndarray]) -> None:
+        """Combine the clients' replies (S, M, ...)."""
+        self.server = aggregate(replies["theta"], self.weights)
+
+    def round(self, r):
+        if self.server_map is not None:
+            self.server = self.server_map(self.server[:, None, :])[:, 0]
+            return
+        for exchange in self.exchanges:
+            replies = self.client_update(exchange, self.message(exchange), self.clients)
+            self.server_update(exchange, replies)
+
+
+class FedAvg(Federated):
     """FNSysId / FedAvg (paper Alg. 1): every client starts from the server model, runs K local
     steps on its own data, and the server averages the local models."""
 
@@ -95,22 +187,12 @@ class FedAvg(Strategy):
         maps = self.client_maps()
         self.server_map = None if maps is None else maps.aggregate(self.weights)
 
+    def make_clients(self, solver, K, lr):
+        return Clients(solver, K, lr, mu=self.mu)
+
     def client_maps(self) -> LocalMap | None:
         """Per-client maps from the server model to the local models (None: step by step)."""
         return self.optimizer.local_map(self.K, self.lr, mu=self.mu, correction=False)
-
-    def local(self, **extra) -> np.ndarray:
-        return self.optimizer.local_steps(self.broadcast(), self.K, self.lr, **extra)
-
-    def local_extra(self) -> dict:
-        """Extra terms of the step-by-step local steps (FedProx, FedLin)."""
-        return {}
-
-    def round(self, r):
-        if self.server_map is not None:
-            self.server = self.server_map(self.server[:, None, :])[:, 0]
-        else:
-            self.server = aggregate(self.local(**self.local_extra()), self.weights)
 
 
 class FedProx(FedAvg):
@@ -121,9 +203,6 @@ class FedProx(FedAvg):
         if not mu >= 0:
             raise ValueError(f"strategy.mu={mu}; allowed: a number >= 0")
         self.mu = float(mu)
-
-    def local_extra(self):
-        return dict(mu=self.mu, anchor=self.server[:, None, :])
 
 
 def _aggregate_matrices(A: np.ndarray, weights) -> np.ndarray:
@@ -136,8 +215,15 @@ class FedLin(FedAvg):
     """FedSysID's FedLin: local gradient corrected by ``mean_j g_j(theta_s) - g_i(theta_s)``
     (Mitra et al. 2021), so the local steps follow the global gradient.
 
-    With affine maps the correction ``(Abar - A_i) theta_s - (cbar - c_i)`` (gradients
-    ``A_i theta - c_i``) is affine in the server model and folds into ``P_i, q_i``."""
+    As exchanges, two a round: the clients' gradients at the server model, then the local steps
+    with the averaged gradient. In process with affine maps the correction
+    ``(Abar - A_i) theta_s - (cbar - c_i)`` (gradients ``A_i theta - c_i``) is affine in the
+    server model and folds into ``P_i, q_i``."""
+
+    exchanges = ("gradient", "train")
+
+    def make_clients(self, solver, K, lr):
+        return Clients(solver, K, lr, correction=True)
 
     def client_maps(self):
         maps = self.optimizer.local_map(self.K, self.lr)
@@ -148,35 +234,64 @@ class FedLin(FedAvg):
         dc = aggregate(c, self.weights)[:, None] - c
         return LocalMap(maps.P - maps.C @ dA, maps.q + matvec(maps.C, dc))
 
-    def local_extra(self):
-        g = self.optimizer.gradient(self.broadcast())          # (S, M, p)
-        return dict(correction=aggregate(g, self.weights)[:, None, :] - g)
+    def message(self, exchange):
+        if exchange == "gradient":
+            return {"theta": self.server}
+        return {"theta": self.server, "g": self.g}
+
+    def client_update(self, exchange, msg, clients, sel=slice(None)):
+        start = clients.broadcast(msg["theta"], sel)
+        g_i = clients.solver.gradient(start, sel)
+        if exchange == "gradient":
+            return {"g": g_i}
+        return {"theta": clients.local_steps(start, sel, correction=msg["g"][:, None, :] - g_i)}
+
+    def server_update(self, exchange, replies):
+        if exchange == "gradient":
+            self.g = aggregate(replies["g"], self.weights)
+        else:
+            super().server_update(exchange, replies)
 
 
 class Scaffold(FedAvg):
     """SCAFFOLD with option II control variates (Karimireddy et al. 2020), full participation,
     global step size 1: local gradient ``g_i + c - c_i``; afterwards
-    ``c_i <- c_i - c + (theta_s - theta_i) / (sum of local step sizes)`` and ``c = mean c_i``."""
+    ``c_i <- c_i - c + (theta_s - theta_i) / (sum of local step sizes)`` and ``c = mean c_i``.
+    Each client keeps its ``c_i`` (per-client maps, O(M p^2) a round); the server keeps ``c``."""
 
-    def setup(self, theta0, data, model, optimizer, K, lr, seed):
-        Strategy.setup(self, theta0, data, model, optimizer, K, lr, seed)
-        self.maps = optimizer.local_map(K, lr)
-        self.c_i = np.zeros(self.broadcast().shape)
+    def make_clients(self, solver, K, lr):
+        return Clients(solver, K, lr, correction=True)
+
+    def client_maps(self):
+        return None                       # per-client state: the rounds run the exchange
+
+    def setup_server(self, theta0, n):
+        super().setup_server(theta0, n)
         self.c = np.zeros(self.server.shape)
 
-    def round(self, r):
-        correction = self.c[:, None, :] - self.c_i
-        if self.maps is not None:
-            local = self.maps(self.server[:, None, :], correction=correction)
-        else:
-            local = self.local(correction=correction)
-        delta = (self.server[:, None, :] - local) / self.optimizer.step_total(self.lr, self.K)
-        if self.optimizer.precond is not None:      # steps were P (g + c - c_i): undo P
-            delta = undo_preconditioner(self.optimizer.precond, self.optimizer.H,
-                                        self.optimizer.n, delta)
-        self.c_i = self.c_i - self.c[:, None, :] + delta
-        self.c = aggregate(self.c_i, self.weights)
-        self.server = aggregate(local, self.weights)
+    def message(self, exchange):
+        return {"theta": self.server, "c": self.c}
+
+    def client_update(self, exchange, msg, clients, sel=slice(None)):
+        start = clients.broadcast(msg["theta"], sel)
+        c = msg["c"][:, None, :]
+        c_i = clients.state.get("c_i")
+        if c_i is None:
+            c_i = np.zeros(clients.broadcast(msg["c"]).shape)
+        local = clients.local_steps(start, sel, correction=c - c_i[:, sel])
+        solver = clients.solver
+        delta = (start - local) / solver.step_total(clients.lr, clients.K)
+        if solver.precond is not None:      # steps were P (g + c - c_i): undo P
+            delta = undo_preconditioner(solver.precond[:, sel], solver.H[:, sel],
+                                        solver.n[:, sel], delta)
+        c_i = np.array(c_i)
+        c_i[:, sel] = c_i[:, sel] - c + delta
+        clients.state["c_i"] = c_i
+        return {"theta": local, "c": c_i[:, sel]}
+
+    def server_update(self, exchange, replies):
+        self.c = aggregate(replies["c"], self.weights)
+        super().server_update(exchange, replies)
 
 
 class OneShot(Strategy):
