@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install run test test-slow lint bench figures clean
+.PHONY: help install install-flower run test test-slow lint bench figures clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)  ## create .venv and install fnsysid with its pinned dependencies
+
+install-flower: $(STAMP)  ## add the Flower extra (runtime=flower, docs/FEDERATED.md)
+	$(PY) -m pip install --quiet -e '.[dev,flower]'
 
 run: $(STAMP)  ## run the default experiment (pendulum, M=20); results in outputs/runs/
 	$(PY) run.py $(ARGS)

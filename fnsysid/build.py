@@ -72,11 +72,17 @@ def fitting_feature_maps(system) -> list[str]:
     return fit
 
 
-def initial_model(model: Model, data: ClientData, init) -> np.ndarray:
-    """Server model of round 0, (S, p): ``init.scale`` times the nominal model or client 0's."""
+def initial_model(model: Model, data: ClientData | None, init,
+                  repeats: int | None = None) -> np.ndarray:
+    """Server model of round 0, (S, p): ``init.scale`` times the nominal model or client 0's.
+
+    Without ``data`` (a federated server sees none) only the nominal reference is possible and
+    ``repeats`` gives S.
+    """
     ref = init.get("reference", "nominal")
     if ref == "nominal":
-        base = np.broadcast_to(model.system.nominal @ model.embed, (data.shape[0], model.p))
+        S = data.shape[0] if data is not None else repeats
+        base = np.broadcast_to(model.system.nominal @ model.embed, (S, model.p))
     elif ref == "client0":
         base = data.theta_true[:, 0]
     else:

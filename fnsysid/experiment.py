@@ -21,6 +21,7 @@ from .data_source import Dataset, load_data
 from .model import Model
 from .output_files import check_output, write_outputs
 from .resources import check_memory
+from .runtime import check_runtime
 from .tables import clients_frame, errors_frame, estimates_frame, make_summary
 from .theory import theorem1
 from .training import keep_per_client, train
@@ -60,9 +61,9 @@ class Result:
         return self.tables.get("estimates")
 
     @property
-    def theory(self) -> pd.DataFrame:
-        """Theorem 1's right-hand side per repeat (theory.csv)."""
-        return self.tables["theory"]
+    def theory(self) -> pd.DataFrame | None:
+        """Theorem 1's right-hand side per repeat (theory.csv); None with runtime=flower."""
+        return self.tables.get("theory")
 
     def plot_fit(self, path, repeat: int = 0) -> None:
         """Save the held-out fit of the first client with held-out data (as ``fit.png``)."""
@@ -81,38 +82,58 @@ def execute(cfg: DictConfig, choices: dict | None = None) -> Result:
     of the running job). Writes nothing. Raises :class:`~fnsysid.validate.ConfigError` (or
     its subclass :class:`~fnsysid.trajectory_files.DataError`) with a one-line message for bad
     input.
+
+    With ``runtime=flower`` the rounds run on Flower (:func:`fnsysid.flower_app.run`): the
+    clients load and keep their own data, so there is no ``theory`` table (the pooled data it
+    needs exist nowhere), ``true_mean`` of the estimates is empty and no held-out NRMSE is
+    recorded.
     """
     t_start = time.perf_counter()
     check_run(cfg)
     model, optimizer, strategy = build(cfg)
     check_output(cfg)
     check_memory(cfg, model, optimizer)
+    check_runtime(cfg, optimizer, strategy)
 
     t0 = time.perf_counter()
-    dataset = load_data(cfg, model, optimizer)
-    data = dataset.train
-    theta0 = initial_model(model, data, cfg.system.init)
-    t_data = time.perf_counter() - t0
+    if cfg.runtime.name == "flower":
+        from . import flower_app
 
-    t0 = time.perf_counter()
-    keep_clients = keep_per_client(cfg, data.shape[1])
-    hist, diverged = train(strategy, data, theta0, optimizer, model, cfg,
-                           progress=cfg.progress, keep_clients=keep_clients,
-                           heldout=dataset.heldout, eval_every=int(cfg.output.eval_every))
+        dataset = flower_app.server_dataset(cfg)
+        keep_clients = keep_per_client(cfg, len(dataset.clients))
+        hist, diverged, theta0 = flower_app.run(cfg, model, strategy, dataset, keep_clients)
+        data, t_data, theory = None, 0.0, None
+    else:
+        dataset = load_data(cfg, model, optimizer)
+        data = dataset.train
+        theta0 = initial_model(model, data, cfg.system.init)
+        t_data = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        keep_clients = keep_per_client(cfg, data.shape[1])
+        hist, diverged = train(strategy, data, theta0, optimizer, model, cfg,
+                               progress=cfg.progress, keep_clients=keep_clients,
+                               heldout=dataset.heldout, eval_every=int(cfg.output.eval_every))
+        with np.errstate(divide="ignore", invalid="ignore"):   # undefined bounds become null
+            theory = theorem1(data, model, float(cfg.theory.delta))
     t_train = time.perf_counter() - t0
-    with np.errstate(divide="ignore", invalid="ignore"):   # undefined bounds become null
-        theory = theorem1(data, model, float(cfg.theory.delta))
+    return make_result(cfg, model, strategy, dataset, hist, diverged, theta0, data, theory,
+                       keep_clients, dict(data_s=t_data, train_s=t_train,
+                                          total_s=time.perf_counter() - t_start), choices)
 
+
+def make_result(cfg, model, strategy, dataset, hist, diverged, theta0, data, theory,
+                keep_clients: bool, runtime: dict, choices: dict | None = None) -> Result:
+    """The tables and the summary of a finished run (``data``: the clients' training data, or
+    None where the run cannot see them; ``theory``: Theorem 1's table, or None)."""
     tables = {"errors": errors_frame(hist)}
     if keep_clients:
         tables["clients"] = clients_frame(hist)
     if diverged is None:
         tables["estimates"] = estimates_frame(model, strategy.estimate(), data, theta0,
                                               keep_clients)
-    tables["theory"] = theory
-    summary = make_summary(cfg, model, diverged, tables["errors"], theory,
-                           runtime=dict(data_s=t_data, train_s=t_train,
-                                        total_s=time.perf_counter() - t_start),
+    if theory is not None:
+        tables["theory"] = theory
+    summary = make_summary(cfg, model, diverged, tables["errors"], theory, runtime=runtime,
                            settings=dataset.settings, choices=choices)
     return Result(tables, summary, model, strategy.estimate(), dataset, diverged, cfg)
 

@@ -1,31 +1,37 @@
 """The Flower runtime (``runtime=flower``): the same experiment as a Flower app.
 
 A :class:`flwr.serverapp.ServerApp` runs the strategy's server side; one
-:class:`flwr.clientapp.ClientApp` per client holds only that client's data, drawn from that
-client's own random streams (:func:`fnsysid.model.generate` with ``clients=[i]``), and answers
-with the strategy's :meth:`~fnsysid.strategies.Federated.client_update`, the function the
-in-process engine calls for all clients at once. Only models, gradients and control variates
-cross the network; the errors ``e_r^(i)`` are computed by each client against its own true
-parameters and sent back as numbers.
+:class:`flwr.clientapp.ClientApp` per client holds only that client's data and answers with
+the strategy's :meth:`~fnsysid.strategies.Federated.client_update`, the function the in-process
+engine calls for all clients at once. A client's data are simulated from that client's own
+random streams (:func:`fnsysid.model.generate` with ``clients=[i]``: the same data as in
+process) or read from its own trajectory file (``data=files``). Only models, gradients and
+control variates cross the network; each client computes its errors ``e_r^(i)`` against its own
+true parameters (when known) and sends back those numbers.
 
 Messages (``message_type``):
 
-- ``query``: a client answers with its index and its sample counts ``n`` (S,) (weights of
-  ``strategy.weighting=samples``);
-- ``train``: one exchange of the strategy (config ``exchange``, ``round``), arrays
-  (S, ...) from :meth:`~fnsysid.strategies.Federated.message`; the reply holds the client's
-  arrays of :meth:`~fnsysid.strategies.Federated.client_update`;
+- ``query``: a client answers with its label and its sample counts ``n`` (S,) (the weights
+  of ``strategy.weighting=samples``);
+- ``train``: one exchange of the strategy (config ``exchange``, ``round``), arrays (S, ...)
+  from :meth:`~fnsysid.strategies.Federated.message`; the reply holds the client's arrays of
+  :meth:`~fnsysid.strategies.Federated.client_update`;
 - ``evaluate``: the model to evaluate (S, p); the reply holds the client's errors (S,).
 
-A client's own state between rounds (SCAFFOLD's ``c_i``) lives in the node's Flower
-``Context.state``. :func:`run` drives Flower's simulation engine from a run of ``run.py``.
+A client's own state between rounds (SCAFFOLD's ``c_i``) lives in its node's Flower
+``Context.state``. :func:`run` drives Flower's simulation engine from ``run.py``;
+``server_app`` and ``client_app`` are the objects ``flwr run`` loads in a deployment
+(``deploy/flower/``, docs/FEDERATED.md).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shlex
 import time
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -33,7 +39,8 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from omegaconf import OmegaConf
 
-from .strategies import Clients
+from .build import build, initial_model
+from .validate import plain
 
 log = logging.getLogger("fnsysid")
 
@@ -48,47 +55,76 @@ def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in record.items()}
 
 
+def client_order(cfg, labels: list[str]) -> list:
+    """Sort keys of client labels: the in-process order (index, or file name for files)."""
+    if cfg.data.get("source", "simulated") == "simulated":
+        return [int(c) for c in labels]
+    return list(labels)
+
+
 # ---------------------------------------------------------------------------------------------
 # client side
 
 
 class ClientNode:
-    """What one client holds: its data, its local solver and the strategy's client side."""
+    """What one client holds: its data, its label, the strategy's client side on its data.
 
-    def __init__(self, cfg_yaml: str, index: int):
-        from .experiment import build
+    ``index``: the client's position among the run's clients (simulated data: its random
+    streams; ``data=files`` with a folder: its file). ``data_path``: its own trajectory file
+    (a deployed node's ``data-path``), which wins over ``index``.
+    """
+
+    def __init__(self, cfg_yaml: str, index: int | None, data_path: str | None = None):
         from .model import generate
-        from .validate import plain
 
         cfg = OmegaConf.create(cfg_yaml)
-        self.index = index
         model, optimizer, self.strategy = build(cfg)
-        self.data = generate(model, cfg.M, plain(cfg.N), cfg.T, cfg.eps, cfg.repeats, cfg.seed,
-                             shared_noise=bool(cfg.data.shared_noise), clients=[index])
+        if cfg.data.get("source", "simulated") == "files":
+            from .data_source import from_files
+            from .trajectory_files import data_files
+
+            path = Path(data_path) if data_path else data_files(cfg.data.path)[index]
+            own = cfg.copy()
+            own.data.path, own.data.val_path = str(path), None
+            dataset = from_files(own, model, optimizer)
+            self.label, self.data = dataset.clients[0], dataset.train
+        else:
+            if index is None:
+                raise ValueError("a node with simulated data needs node config client=<index>")
+            self.label = str(index)
+            self.data = generate(model, cfg.M, plain(cfg.N), cfg.T, cfg.eps, cfg.repeats,
+                                 cfg.seed, shared_noise=bool(cfg.data.shared_noise),
+                                 clients=[index])
         optimizer.setup(self.data, model, cfg.seed)
-        self.clients = Clients(optimizer, cfg.K, cfg.lr)
+        self.clients = self.strategy.make_clients(optimizer, cfg.K, cfg.lr)
 
 
 @lru_cache(maxsize=4096)
-def client_node(cfg_yaml: str, index: int) -> ClientNode:
-    """The node of client ``index`` (built once per process: it is a pure function of both)."""
-    return ClientNode(cfg_yaml, index)
+def client_node(cfg_yaml: str, index: int | None, data_path: str | None) -> ClientNode:
+    """The node of a client, built once per process (a pure function of its arguments)."""
+    return ClientNode(cfg_yaml, index, data_path)
 
 
-def make_client_app(cfg_yaml: str) -> ClientApp:
-    """The ClientApp of a run with resolved config ``cfg_yaml``; a node's client index is its
-    ``partition-id`` (simulation) or ``client`` (deployment) node config."""
+def make_client_app(cfg_yaml: str | None = None) -> ClientApp:
+    """The ClientApp of a run with resolved config ``cfg_yaml`` (None: composed from the run
+    config's ``overrides``, as ``flwr run`` passes it). A node finds its client through its
+    node config: ``data-path`` (its trajectory file), else ``client`` (index), else
+    ``partition-id`` (Flower's simulation engine)."""
     app = ClientApp()
 
     def node(context: Context) -> ClientNode:
-        cfg = context.node_config
-        index = cfg["client"] if "client" in cfg else cfg["partition-id"]
-        return client_node(cfg_yaml, int(index))
+        ncfg = context.node_config
+        text = cfg_yaml if cfg_yaml is not None else OmegaConf.to_yaml(
+            deployed_config(context), resolve=True)
+        index = ncfg.get("client", ncfg.get("partition-id"))
+        path = ncfg.get("data-path")
+        return client_node(text, None if index is None else int(index),
+                           None if path is None else str(path))
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
         me = node(context)
-        return Message(RecordDict({"info": ConfigRecord({"client": me.index}),
+        return Message(RecordDict({"info": ConfigRecord({"client": me.label}),
                                    "arrays": to_record({"n": me.data.n}, True)}),
                        reply_to=msg)
 
@@ -106,11 +142,12 @@ def make_client_app(cfg_yaml: str) -> ClientApp:
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
-        from .experiment import client_errors
+        from .metrics import client_errors
 
         me = node(context)
         theta = from_record(msg.content["arrays"])["theta"]
-        e = client_errors(theta[:, None, :], me.data.theta_true)
+        with np.errstate(invalid="ignore"):
+            e = client_errors(theta[:, None, :], me.data.theta_true)
         return Message(RecordDict({"arrays": to_record({"e": e}, True)}), reply_to=msg)
 
     return app
@@ -124,7 +161,7 @@ class FlowerError(RuntimeError):
     """A client answered with an error, or did not answer."""
 
 
-def wait_for_nodes(grid: Grid, n: int, timeout: float = 120.0) -> list[int]:
+def wait_for_nodes(grid: Grid, n: int, timeout: float = 300.0) -> list[int]:
     """Node ids once ``n`` nodes are connected."""
     t0 = time.monotonic()
     while len(nodes := sorted(grid.get_node_ids())) < n:
@@ -160,77 +197,169 @@ def stacked(replies: list[RecordDict]) -> dict[str, np.ndarray]:
     return {k: np.stack([a[k] for a in arrays], axis=1) for k in arrays[0]}
 
 
-def serve(grid: Grid, strategy, theta0: np.ndarray, M: int, R: int, keep_clients: bool):
-    """The server side of a run: R rounds of ``strategy`` with M client nodes.
+def serve(grid: Grid, cfg, model, strategy, M: int, keep_clients: bool):
+    """The server side of a run: ``cfg.R`` rounds of ``strategy`` with M client nodes.
 
-    Returns (history, diverged round or None), as :func:`fnsysid.experiment.train`.
+    Returns (history, diverged round or None, start model (S, p), client labels); the clients
+    are ordered as in process. A round diverges when the server model is not finite, or when
+    the errors are not (for clients whose truth is known).
     """
-    from .experiment import History
+    from .training import History
 
     nodes = wait_for_nodes(grid, M)
     info = exchange(grid, nodes, "query")
-    index = [int(r["info"]["client"]) for r in info]
-    if sorted(index) != list(range(M)):
-        raise FlowerError(f"the {M} nodes hold clients {sorted(index)}; expected 0..{M - 1}, "
-                          "one each")
-    order = np.argsort(index)
-    nodes = [nodes[i] for i in order]
-    strategy.setup_server(theta0, stacked([info[i] for i in order])["n"])
+    labels = [str(r["info"]["client"]) for r in info]
+    if len(set(labels)) != len(labels):
+        raise FlowerError(f"two nodes hold the same client: {sorted(labels)}")
+    order = np.argsort(client_order(cfg, labels), kind="stable")
+    nodes, labels = [nodes[i] for i in order], [labels[i] for i in order]
+    n = stacked([info[i] for i in order])["n"]
+    theta0 = initial_model(model, None, cfg.system.init, repeats=n.shape[0])
+    strategy.setup_server(theta0, n)
 
     def evaluate():
         return stacked(exchange(grid, nodes, "evaluate", {"theta": strategy.server}))["e"]
 
     hist = History(per_client=[] if keep_clients else None)
-    hist.record(evaluate())
+    e = evaluate()
+    has_truth = bool(np.isfinite(e).all())
+    hist.record(e)
     diverged = None
     with np.errstate(over="ignore", invalid="ignore"):
-        for r in range(1, R + 1):
+        for r in range(1, cfg.R + 1):
             for ex in strategy.exchanges:
                 replies = exchange(grid, nodes, "train", strategy.message(ex),
                                    {"exchange": ex, "round": r})
                 strategy.server_update(ex, stacked(replies))
             e = evaluate()
-            if not np.isfinite(e).all():
+            if not np.isfinite(strategy.server).all() or (has_truth and
+                                                           not np.isfinite(e).all()):
                 diverged = r
                 break
             hist.record(e)
-    return hist, diverged
+    return hist, diverged, theta0, labels
 
 
-def make_server_app(strategy, theta0, M: int, R: int, keep_clients: bool,
+def make_server_app(cfg, model, strategy, M: int, keep_clients: bool,
                     result: dict) -> ServerApp:
     """A ServerApp that runs :func:`serve` and leaves its result in ``result``."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        result["history"], result["diverged"] = serve(grid, strategy, theta0, M, R,
-                                                      keep_clients)
+        result["serve"] = serve(grid, cfg, model, strategy, M, keep_clients)
 
     return app
 
 
+def server_dataset(cfg, labels: list[str] | None = None):
+    """What the server of a Flower run knows of the data: the clients (``labels``, or the
+    file names of a ``data=files`` folder, which are counted, not read) and the settings for
+    the summary."""
+    from .data_source import Dataset
+
+    if cfg.data.get("source", "simulated") == "files":
+        if labels is None:
+            from .trajectory_files import data_files
+
+            labels = [f.stem for f in data_files(cfg.data.path)]
+        settings = {"M": len(labels), "N": None, "T": None, "eps": None, "clients": labels}
+    else:
+        labels = [str(m) for m in range(cfg.M)] if labels is None else labels
+        settings = {"M": cfg.M, "N": plain(cfg.N), "T": cfg.T, "eps": cfg.eps}
+    return Dataset(None, None, list(labels), settings)
+
+
 class _DropDeprecation(logging.Filter):
     def filter(self, record):
-        return "DEPRECATED" not in record.getMessage() and "deprecated" not in record.getMessage()
+        return "deprecated" not in record.getMessage().lower()
 
 
-def run(cfg, strategy, theta0, keep_clients: bool):
-    """Run the rounds of ``cfg`` on Flower's simulation engine (Ray backend), one virtual
-    SuperNode per client. Returns (history, diverged round or None)."""
-    from flwr.simulation import run_simulation
-
+def quiet_flower() -> None:
+    """Flower's and Ray's logs down to warnings (errors still reach the run's log)."""
     flwr_log = logging.getLogger("flwr")
     flwr_log.setLevel(logging.WARNING)
     flwr_log.addFilter(_DropDeprecation())
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+
+
+def run(cfg, model, strategy, dataset, keep_clients: bool):
+    """Run the rounds of ``cfg`` on Flower's simulation engine (Ray backend), one virtual
+    SuperNode per client of ``dataset`` (:func:`server_dataset`).
+
+    Returns (history, diverged round or None, start model); ``dataset.settings`` gets the
+    number of repeats the clients reported.
+    """
+    from flwr.simulation import run_simulation
+
+    quiet_flower()
     result: dict = {}
+    M = len(dataset.clients)
     cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
-    server = make_server_app(strategy, theta0, cfg.M, cfg.R, keep_clients, result)
+    server = make_server_app(cfg, model, strategy, M, keep_clients, result)
     backend = {"client_resources": {"num_cpus": float(cfg.runtime.client_cpus),
                                     "num_gpus": 0.0},
                "init_args": {"logging_level": "ERROR", "log_to_driver": False}}
-    run_simulation(server, make_client_app(cfg_yaml), num_supernodes=cfg.M,
+    run_simulation(server, make_client_app(cfg_yaml), num_supernodes=M,
                    backend_config=backend)
-    if "history" not in result:
+    if "serve" not in result:
         raise FlowerError("the Flower ServerApp stopped before the last round; see the log")
-    return result["history"], result["diverged"]
+    hist, diverged, theta0, labels = result["serve"]
+    dataset.clients[:] = labels
+    dataset.settings.setdefault("repeats", theta0.shape[0])
+    return hist, diverged, theta0
+
+
+# ---------------------------------------------------------------------------------------------
+# deployment: the objects `flwr run` loads (deploy/flower/pyproject.toml)
+
+
+def deployed_config(context: Context):
+    """The run's config composed from the run config: ``overrides`` (a string of ``run.py``
+    overrides, e.g. ``"M=3 strategy=scaffold"``)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from .options import CONF_DIR
+
+    overrides = shlex.split(str(context.run_config.get("overrides", "")))
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["progress=false", *overrides])
+    GlobalHydra.instance().clear()
+    return cfg
+
+
+server_app = ServerApp()
+
+
+@server_app.main()
+def deployed_main(grid: Grid, context: Context) -> None:
+    """Server of a deployed run: waits for ``M`` SuperNodes, runs the rounds and writes the
+    run's files into the run config's ``outdir`` (``summary.json`` says ``runtime: flower``)."""
+    from .experiment import make_result
+    from .output_files import write_outputs
+    from .training import keep_per_client
+
+    t_start = time.perf_counter()
+    quiet_flower()
+    cfg = deployed_config(context)
+    cfg.runtime = {"name": "flower", "client_cpus": 1}
+    model, _, strategy = build(cfg)
+    keep_clients = keep_per_client(cfg)
+    hist, diverged, theta0, labels = serve(grid, cfg, model, strategy, cfg.M, keep_clients)
+    dataset = server_dataset(cfg, labels)
+    dataset.settings["repeats"] = theta0.shape[0]
+    elapsed = time.perf_counter() - t_start
+    choices = {"system": model.system.name, "data": cfg.data.get("source", "simulated"),
+               "strategy": type(strategy).__name__.lower()}
+    result = make_result(cfg, model, strategy, dataset, hist, diverged, theta0, None, None,
+                         keep_clients, dict(data_s=0.0, train_s=elapsed, total_s=elapsed),
+                         choices)
+    out = Path(str(context.run_config.get("outdir", "outputs/flower")))
+    write_outputs(out, cfg, result)
+    log.info("results: %s (final e_max %s)", out.resolve(), result.summary["final_e_max_mean"])
+
+
+client_app = make_client_app()

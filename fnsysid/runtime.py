@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 from .strategies import Federated
 from .validate import ConfigError
@@ -40,3 +41,10 @@ def check_runtime(cfg, optimizer, strategy) -> None:
     if cfg.system.init.get("reference", "nominal") != "nominal":
         raise ConfigError("runtime=flower needs system.init.reference=nominal (the server "
                           "does not see client 0's parameters)")
+    if cfg.output.get("trajectories"):
+        raise ConfigError("output.trajectories=true exports the data of an in-process run; "
+                          "with runtime=flower each client keeps its own")
+    if cfg.data.get("source", "simulated") == "files" and not Path(str(cfg.data.path)).is_dir():
+        raise ConfigError(f"runtime=flower with data=files needs data.path to be a folder with "
+                          f"one file per client (each ClientApp reads its own); got "
+                          f"{cfg.data.path}")

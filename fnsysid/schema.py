@@ -402,6 +402,12 @@ DATA = {
               "holdout": Real(lo=0, hi=1, hi_open=True), "val_path": Optional(Str())},
 }
 
+#: the ``runtime`` group, by ``runtime.name``
+RUNTIMES = {
+    "inprocess": {},
+    "flower": {"client_cpus": POS_REAL},
+}
+
 #: the whole run config (Hydra's own ``hydra`` node is checked by Hydra)
 ROOT = Node({
     **{k: spec for k, (_, spec) in KNOBS.items()},
@@ -410,13 +416,14 @@ ROOT = Node({
     "optimizer": Target(OPTIMIZERS, group="optimizer"),
     "strategy": Target(STRATEGIES, group="strategy"),
     "data": Target(DATA, group="data", key="source", closed=True),
+    "runtime": Target(RUNTIMES, group="runtime", key="name", closed=True),
     "theory": Node({"delta": Real(lo=0, hi=1, lo_open=True, hi_open=True)}),
     "output": Node({"per_client": Choice("auto", True, False), "per_client_max": Int(lo=0),
                     "plot": Bool(), "eval_every": POS_INT, "trajectories": Bool()}),
     "progress": Bool(),
 })
 #: config groups chosen by name (``group=option``); ``experiment`` patches the whole config
-GROUPS = ("data", "system", "feature_map", "optimizer", "strategy", "experiment")
+GROUPS = ("data", "system", "feature_map", "optimizer", "strategy", "runtime", "experiment")
 
 
 def check_config(cfg) -> None:

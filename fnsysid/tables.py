@@ -41,9 +41,12 @@ def estimates_frame(model, estimate, data, theta0, per_client: bool) -> pd.DataF
     0) and ``rel_error_max``, the largest ``|estimate - theta_i| / |theta_i|`` over the clients
     the estimate serves (its own client for per-client rows). ``e_r`` (a norm over all
     parameters) can be small while a weakly excited parameter is far off; these columns show it.
+    Without ``data`` (a federated server sees none) the truth columns are empty.
     """
-    S, M, p = data.theta_true.shape
     estimate = np.asarray(estimate)
+    S, p = estimate.shape[0], estimate.shape[-1]
+    truth = np.full((S, 1, p), np.nan) if data is None else data.theta_true   # (S, M, p)
+    M = truth.shape[1]
     if estimate.shape[1] == 1:
         labels, est = ["server"], estimate
     elif per_client:
@@ -52,7 +55,6 @@ def estimates_frame(model, estimate, data, theta0, per_client: bool) -> pd.DataF
         labels, est = ["mean"], estimate.mean(axis=1, keepdims=True)
     C = len(labels)
     nominal = model.system.nominal @ model.embed
-    truth = data.theta_true                                       # (S, M, p)
     mean = truth.mean(axis=1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = np.where(mean != 0, np.abs(est - mean) / np.abs(mean), np.nan)
@@ -66,7 +68,7 @@ def estimates_frame(model, estimate, data, theta0, per_client: bool) -> pd.DataF
         "client": np.tile(np.repeat(labels, p), S),
         "parameter": np.tile(model.param_names, S * C),
         "estimate": est.ravel(),
-        "true_mean": np.repeat(data.theta_true.mean(axis=1), C, axis=0).ravel(),
+        "true_mean": np.repeat(mean[:, 0], C, axis=0).ravel(),
         "nominal": np.tile(nominal, S * C),
         "initial": np.repeat(theta0, C, axis=0).ravel(),
         "rel_error": rel.ravel(),
@@ -131,11 +133,13 @@ def make_summary(cfg, model, diverged, errors, theory, runtime,
         **st,
         "K": cfg.K, "lr": cfg.lr, "R": cfg.R, "seed": cfg.seed,
         "parameters": list(model.param_names),
+        "runtime": cfg.runtime.name,
         "runtime_s": {k: round(v, 4) for k, v in runtime.items()},
-        "theorem1": {"delta": float(cfg.theory.delta),
-                     **{k: _number(theory[k].mean()) for k in
-                        ("bound_rel", "bound", "bound_proof_rel", "bound_proof", "noise_term",
-                         "sigma_w", "s_phi2", "b_phi", "eps", "N_tot")}},
+        "theorem1": None if theory is None else {
+            "delta": float(cfg.theory.delta),
+            **{k: _number(theory[k].mean()) for k in
+               ("bound_rel", "bound", "bound_proof_rel", "bound_proof", "noise_term",
+                "sigma_w", "s_phi2", "b_phi", "eps", "N_tot")}},
     }
 
 

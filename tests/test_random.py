@@ -26,6 +26,23 @@ def test_client_data_unchanged_when_m_grows_across_a_block():
     assert not np.allclose(big.H[:, rnd.BLOCK], big.H[:, 0])
 
 
+def test_a_client_built_alone_has_the_data_it_has_among_all():
+    """What a federated node holding one client draws: the same system and data."""
+    _, model, *_ = make("system=pendulum")
+    N = [2, 3, 1, 4]
+    full = generate(model, M=rnd.BLOCK + 4, N=N * (rnd.BLOCK // 4 + 1), T=5, eps=0.2,
+                    repeats=2, seed=5)
+    for i in (0, 2, rnd.BLOCK + 1):
+        one = generate(model, M=rnd.BLOCK + 4, N=N * (rnd.BLOCK // 4 + 1), T=5, eps=0.2,
+                       repeats=2, seed=5, clients=[i])
+        assert one.shape == (2, 1)
+        for name in ("theta_true", "H", "b", "yy", "n", "phi2max"):
+            np.testing.assert_allclose(getattr(one, name)[:, 0], getattr(full, name)[:, i],
+                                       rtol=1e-12, atol=1e-14)
+    two = generate(model, M=4, N=N, T=5, eps=0.2, repeats=2, seed=5, clients=[3, 1])
+    np.testing.assert_allclose(two.H, full.H[:, [3, 1]], rtol=1e-12, atol=1e-14)
+
+
 def test_trajectories_unchanged_when_n_grows():
     _, model, *_ = make("system=pendulum")
     few = generate(model, M=2, N=2, T=5, eps=0.1, repeats=1, seed=3, keep_samples=True)

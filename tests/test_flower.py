@@ -1,0 +1,61 @@
+"""The Flower runtime against the in-process engine, and its refusals."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fnsysid import runtime
+from fnsysid.experiment import run_experiment
+from fnsysid.validate import ConfigError
+from tests.conftest import compose_cfg
+
+needs_flower = pytest.mark.skipif(
+    not runtime.flower_installed(),
+    reason="Flower is not installed (extra: pip install -e '.[flower]' or make install-flower)")
+
+#: heterogeneous clients, N_i and sample weights so that weights cross the network too
+SMALL = ["system=synthetic", "M=4", "R=5", "repeats=2", "eps=0.3", "N=[3,5,2,4]", "K=4",
+         "lr=2e-3", "output.plot=false"]
+
+
+@needs_flower
+@pytest.mark.parametrize("strategy", ["fedavg", "fedprox", "fedlin", "scaffold"])
+def test_flower_runtime_matches_inprocess_round_by_round(strategy, tmp_path):
+    extra = [f"strategy={strategy}", "strategy.weighting=samples"]
+    a = run_experiment(compose_cfg(*SMALL, *extra), tmp_path / "a")
+    b = run_experiment(compose_cfg(*SMALL, *extra, "runtime=flower"), tmp_path / "b")
+    assert (a["runtime"], b["runtime"]) == ("inprocess", "flower")
+    ea, eb = (pd.read_csv(tmp_path / d / "errors.csv") for d in "ab")
+    assert len(ea) == len(eb) == 2 * 6
+    np.testing.assert_allclose(eb["e_max"], ea["e_max"], rtol=0, atol=1e-10)
+    np.testing.assert_allclose(eb["e_mean"], ea["e_mean"], rtol=0, atol=1e-10)
+    assert (ea["e_max"].iloc[5] < ea["e_max"].iloc[0] - 0.05)       # the rounds did something
+    ca, cb = (pd.read_csv(tmp_path / d / "clients.csv") for d in "ab")
+    np.testing.assert_allclose(cb["error"], ca["error"], rtol=0, atol=1e-10)
+    sa, sb = (pd.read_csv(tmp_path / d / "estimates.csv") for d in "ab")
+    np.testing.assert_allclose(sb["estimate"], sa["estimate"], rtol=0, atol=1e-10)
+    assert sb["true_mean"].isna().all()               # the server never sees the truth
+    assert not (tmp_path / "b" / "theory.csv").exists()
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["theorem1"] is None
+
+
+def test_flower_runtime_without_the_extra_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setattr(runtime, "flower_installed", lambda: False)
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[flower\]'"):
+        run_experiment(compose_cfg(*SMALL, "runtime=flower"), tmp_path)
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("setting, match", [
+    ("strategy=local", "runs only with runtime=inprocess"),
+    ("strategy=cyclic", "runs only with runtime=inprocess"),
+    ("optimizer=sgd", "optimizer=sgd runs only"),
+])
+def test_flower_runtime_refuses_what_it_cannot_run(monkeypatch, tmp_path, setting, match):
+    monkeypatch.setattr(runtime, "flower_installed", lambda: True)
+    with pytest.raises(ConfigError, match=match):
+        run_experiment(compose_cfg(*SMALL, "runtime=flower", setting), tmp_path)
