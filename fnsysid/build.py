@@ -29,7 +29,10 @@ def _build(node, what: str, drop=()):
         root = exc
         while root.__cause__ is not None:
             root = root.__cause__
-        raise ConfigError(f"{what}: {root}") from exc
+        hint = ""
+        if isinstance(root, ImportError):
+            hint = " (put the folder of your module on PYTHONPATH; see docs/EXTENDING.md)"
+        raise ConfigError(f"{what}: {root}{hint}") from exc
 
 
 def build(cfg: DictConfig):

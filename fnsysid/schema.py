@@ -438,6 +438,7 @@ def check_config(cfg) -> None:
         raw = OmegaConf.to_container(cfg, resolve=False)
         raw.pop("hydra", None)
         _check_present(ROOT, raw)
+        _check_system_present(raw.get("system"))
         try:
             plain = OmegaConf.to_container(cfg, resolve=True)
         except OmegaConfBaseException as exc:
@@ -457,6 +458,23 @@ def _check_present(node: Node, raw: dict) -> None:
         if k not in raw and k not in node.optional:
             raise ConfigError(f"setting '{k}' is missing (removed with ~?); it is required: "
                               f"{_describe(spec)}")
+
+
+def _check_system_present(system) -> None:
+    """Keys every system YAML needs (``knobs``, ``solver``, ``init``), named when missing."""
+    if not isinstance(system, dict):
+        return
+    for k in ("knobs", "solver", "init"):
+        node = SYSTEM_COMMON[k]
+        sub = system.get(k)
+        if sub is None:
+            raise ConfigError(f"system.{k} is missing: every system's YAML needs {k}: "
+                              f"{_describe(node)} (see docs/EXTENDING.md)")
+        missing = [kk for kk in node.keys if isinstance(sub, dict) and kk not in sub
+                   and kk not in node.optional]
+        if missing:
+            raise ConfigError(f"system.{k}.{missing[0]} is missing: system.{k} needs "
+                              f"{', '.join(node.keys)} (see docs/EXTENDING.md)")
 
 
 def leaf_spec(key: str):
