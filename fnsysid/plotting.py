@@ -330,6 +330,16 @@ def panel_jobs(panel: dict) -> tuple[list[dict], list[str]]:
     return jobs, keys
 
 
+def samples_read(job_dir: Path) -> int:
+    """Samples a client reads per round: K steps of ``batch_size`` (SGD) or ``N T`` (GD)."""
+    import yaml
+
+    cfg = yaml.safe_load((Path(job_dir) / "config.yaml").read_text())
+    n = cfg["N"] if isinstance(cfg["N"], int) else max(cfg["N"])
+    per_step = cfg["optimizer"].get("batch_size") or n * cfg["T"]
+    return int(cfg["K"]) * int(per_step)
+
+
 def solver_label(job_dir: Path, with_strategy: bool = True,
                  with_optimizer: bool = True) -> str:
     """The algorithm of a job in words: strategy, local solver, gradient reduction, scaling.
@@ -405,6 +415,10 @@ def figure(panels: list[dict], out_base: Path, metric: str = "e_max",
         solver = solver_label(jobs[0]["dir"], with_strategy="strategy" not in keys,
                               with_optimizer="optimizer" not in keys)
         title = wrap(f"{panel.get('title', '')}\n[{solver}]", width)
+        if panel.get("x") == "samples_read":                # derived from each job's config
+            for j in jobs:
+                j["overrides"] = {**j["overrides"], "samples_read": str(samples_read(j["dir"]))}
+            keys = [k for k in keys if k != "K"]
         if panel.get("params"):
             rows = plot_params(jobs, ax, panel["x"], title=title)
             readable_log(ax)

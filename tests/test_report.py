@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from fnsysid.model import generate, least_squares, pooled
-from fnsysid.plotting import decades, matches, settle_round, solver_label, style_axes, wrap
+from fnsysid.plotting import (decades, matches, samples_read, settle_round, solver_label,
+                              style_axes, wrap)
 from fnsysid.tables import estimates_frame
 from fnsysid.theory import theorem1
 from tests.conftest import make
@@ -130,3 +131,10 @@ def test_make_help_lists_every_figure_target():
     registry = yaml.safe_load((root / "scripts" / "figures.yaml").read_text())
     for name in registry:
         assert f"make fig-{name.replace('_', '-')}" in res.stdout
+
+
+def test_samples_read_per_round_counts_batches_or_full_passes(tmp_path):
+    (tmp_path / "config.yaml").write_text("K: 5\nN: 10\nT: 5\noptimizer: {batch_size: 10}\n")
+    assert samples_read(tmp_path) == 50                      # SGD: K x batch
+    (tmp_path / "config.yaml").write_text("K: 2\nN: [4, 10]\nT: 5\noptimizer: {}\n")
+    assert samples_read(tmp_path) == 100                     # GD: K x N T (largest client)
