@@ -11,8 +11,15 @@ import pandas as pd
 import pytest
 
 from fnsysid.model import generate, least_squares, pooled
-from fnsysid.plotting import (decades, matches, samples_read, settle_round, solver_label,
-                              style_axes, wrap)
+from fnsysid.plotting import (
+    decades,
+    matches,
+    samples_read,
+    settle_round,
+    solver_label,
+    style_axes,
+    wrap,
+)
 from fnsysid.tables import estimates_frame
 from fnsysid.theory import theorem1
 from tests.conftest import make
