@@ -87,7 +87,7 @@ def test_without_truth_the_run_is_judged_by_prediction(tmp_path):
     noise = 0.1
     df, theta = linear_fleet(noise=noise, n_traj=10, length=100, seed=3)
     write_per_client(df, tmp_path / "logs")
-    cfg = compose_cfg(*GENERIC, f"data.path={tmp_path / 'logs'}", "R=20")
+    cfg = compose_cfg(*GENERIC, f"data.path={tmp_path / 'logs'}", "R=20", "output.eval_every=10")
     summary = run_experiment(cfg, tmp_path / "run")
     assert summary["status"] == "ok" and summary["final_e_max_mean"] is None
     errors = pd.read_csv(tmp_path / "run" / "errors.csv")
@@ -237,3 +237,40 @@ def test_bad_data_on_the_command_line_exits_2_without_a_folder(tmp_path):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fnsysid: error: ") and message in lines[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_split_column_val_path_and_holdout_choose_the_same_held_out_data(tmp_path, caplog):
+    from fnsysid.build import build
+    from fnsysid.data_source import load_data
+
+    df, _ = linear_fleet(n_clients=2, n_traj=4, length=10, noise=0.1, seed=2)
+    df["client"] = df["client"].str.replace("robot", "")           # numeric ids 0, 1
+    val = df["trajectory"] == 3
+    df.assign(split=np.where(val, "val", "train")).to_csv(tmp_path / "split.csv", index=False)
+    df[~val].to_csv(tmp_path / "train.csv", index=False)
+    df[val].to_csv(tmp_path / "val.csv", index=False)
+    df.to_csv(tmp_path / "all.csv", index=False)
+    runs = {"split": [f"data.path={tmp_path / 'split.csv'}"],
+            "val_path": [f"data.path={tmp_path / 'train.csv'}",
+                         f"data.val_path={tmp_path / 'val.csv'}"],
+            "holdout": [f"data.path={tmp_path / 'all.csv'}", "data.holdout=0.25"]}
+    got = {}
+    for name, extra in runs.items():
+        cfg = compose_cfg(*GENERIC, *extra)
+        model, optimizer, _ = build(cfg)
+        ds = load_data(cfg, model, optimizer)
+        got[name] = ds
+        assert ds.clients == ["0", "1"] and ds.train.n.tolist() == [[27, 27]]
+    for name in ("val_path", "holdout"):
+        for field in ("gram", "cross", "yy", "n", "std", "x"):
+            np.testing.assert_allclose(getattr(got[name].heldout, field),
+                                       getattr(got["split"].heldout, field), rtol=1e-12)
+    # a client with one trajectory trains on it and is left out of the validation
+    one = df[(df["client"] == "1") | (df["trajectory"] == 0)]
+    one.to_csv(tmp_path / "one.csv", index=False)
+    cfg = compose_cfg(*GENERIC, f"data.path={tmp_path / 'one.csv'}", "data.holdout=0.25")
+    model, optimizer, _ = build(cfg)
+    with caplog.at_level("WARNING", logger="fnsysid"):
+        ds = load_data(cfg, model, optimizer)
+    assert ds.heldout.valid.tolist() == [[False, True]] and ds.train.n[0, 0] == 9
+    assert "left out of the validation: 0" in caplog.text
