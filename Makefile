@@ -38,7 +38,7 @@ lint: $(STAMP)  ## ruff
 bench: $(STAMP)  ## time and peak memory of the benchmark cases (docs/PERFORMANCE.md)
 	$(PY) scripts/bench.py
 
-figures: $(STAMP)  ## run every experiment and redraw every figure in figures/ (about 70 s)
+figures: $(STAMP)  ## run every experiment and redraw every figure in figures/ (both cores, one process per core)
 	$(PY) scripts/make_figure.py --all
 
 # fig-<name> for each figure of scripts/figures.yaml, e.g. make fig-pendulum-gd

@@ -4,6 +4,13 @@ Python API: :func:`run` (one experiment, as the command line runs it) and
 :func:`load_trajectories` (read and check trajectory files).
 """
 
+import os
+
+# Every array operation here is small or memory-bound: BLAS threads only compete with the
+# other jobs of a sweep for the cores (and spin on a busy machine). One thread per process,
+# unless the environment says otherwise; effective when numpy is imported after fnsysid.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 __version__ = "0.1.0"
 __all__ = ["run", "load_trajectories", "ConfigError"]
 

@@ -1,141 +1,259 @@
-"""Benchmark: time and peak memory of fixed experiment cases (see docs/PERFORMANCE.md).
+"""Benchmark: time and peak memory against M, K and p, beside a bare-numpy floor.
 
-Usage: ``python scripts/bench.py [--cases a,b,c] [--quick]`` (``make bench`` runs all cases).
+Usage: ``python scripts/bench.py [--cases paper,M,K,p] [--quick] [--json FILE] [--plot FILE]``
+(``make bench`` runs every case and writes ``outputs/bench/bench.json``; ``--plot`` draws the
+scaling figure of docs/PERFORMANCE.md from such a file without running anything).
 
-Every case (and every M of case c) runs in its own fresh subprocess (``--one``), which composes
-the config with Hydra's compose API, calls ``run_experiment`` into a temporary folder and prints
-one JSON line: per run the ``data_s``/``train_s`` of the summary and the wall time of the call,
-and the process's peak RSS (``ru_maxrss``). A bare interpreter that only imports fnsysid and
-hydra gives the baseline RSS. Goals are printed beside the numbers; the exit status is 0.
+Every measurement is one fresh process, started here and timed from the outside: its wall
+time, and its own peak RSS (``ru_maxrss``, printed by the process as it exits). A run is the
+real command line, ``run.py`` with ``progress=false output.plot=false`` into a temporary folder;
+its ``summary.json`` gives the split into data and rounds. The floor (``scripts/floor.py``)
+does the same arithmetic as the pendulum run by hand; it runs in its own process right after
+the run it is compared with, and the ratio is run compute (``runtime_s.total_s``) over floor
+compute, and process over process.
+
+Cases: **paper** the pendulum M-sweep of the paper (one process, six runs) and the synthetic
+M=100 run; **M** the pendulum run of issue 10 (N=10, T=5, K=5, R=200, repeats=1, lr 1e-2) for
+M = 10^2 .. 10^6, with its floor; **K** the same at M=10^5 for K = 1, 5, 50 (round cost =
+``train_s / R``); **p** the linear system with n_x = 2, 4, 8 (p = n_x (n_x + 2)) and the
+synthetic system with quadratic features (p = 63), M = 1000.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-PEND = ["system=pendulum", "N=10", "T=5"]
-#: case -> (overrides, M values, one subprocess per M)
-CASES = {
-    "a": (PEND + ["K=1", "R=50", "repeats=5"], [1, 9, 25, 49, 64, 81], False),
-    "b": (["system=synthetic", "N=25", "T=5", "K=5", "R=200", "repeats=5"], [100], False),
-    "c": (PEND + ["K=5", "R=200", "repeats=1"], [1000, 10000, 100000], True),
-}
-QUICK_M = {"c": [1000]}
+#: the floor runs with the same BLAS setting as fnsysid (one thread)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+ROOT = Path(__file__).resolve().parent.parent
 COMMON = ["progress=false", "output.plot=false"]
-REFERENCE_S = {"a": 24.0, "b": 1.2}   # published notebooks
-COMPUTE_GOAL_S, E2E_GOAL_S, RSS_GOAL_MIB = 1.0, 10.0, 2048.0
+PEND = ["system=pendulum", "N=10", "T=5", "K=5", "R=200", "repeats=1", "lr=1e-2"]
+M_VALUES = [100, 1000, 10_000, 100_000, 1_000_000]
+K_VALUES = [1, 5, 50]
+NX_VALUES = [2, 4, 8]
+#: goals of issue 10 (2-core machine)
+GOAL_E2E_1E6_S, GOAL_E2E_1E5_S, GOAL_RSS_MIB, GOAL_RATIO = 10.0, 2.0, 1536.0, 1.5
 
 
-def _peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # KiB on Linux
-
-
-def worker(case: str, ms: list[int]) -> None:
-    """Run ``case`` for each M in this process; print one JSON line."""
-    import hydra
-    from hydra.core.global_hydra import GlobalHydra
-
-    from fnsysid.experiment import run_experiment
-    from fnsysid.options import CONF_DIR
-
-    overrides, _, _ = CASES[case]
-    runs = []
-    GlobalHydra.instance().clear()
-    with hydra.initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        for m in ms:
-            cfg = hydra.compose("config", overrides=overrides + COMMON + [f"M={m}"])
-            with tempfile.TemporaryDirectory() as tmp:
-                t0 = time.perf_counter()
-                summary = run_experiment(cfg, tmp)
-                wall = time.perf_counter() - t0
-            rt = summary["runtime_s"]
-            runs.append(dict(M=m, data_s=rt["data_s"], train_s=rt["train_s"], wall_s=wall,
-                             status=summary["status"], rss_mib=_peak_mib()))
-    print(json.dumps(dict(runs=runs, peak_mib=_peak_mib())))
-
-
-def baseline() -> None:
-    import hydra  # noqa: F401
-
-    import fnsysid.experiment  # noqa: F401
-
-    print(json.dumps(dict(peak_mib=_peak_mib())))
-
-
-def _spawn(args: list[str]) -> tuple[dict, float]:
+def measure(cmd: list[str]) -> dict:
+    """Run ``cmd`` to the end; its wall time and stdout."""
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True)
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if p.returncode != 0:
-        sys.exit(f"bench: {' '.join(args)} failed ({p.returncode}):\n{p.stderr}")
-    return json.loads(p.stdout.strip().splitlines()[-1]), wall
+        sys.exit(f"bench: {' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    return dict(wall_s=wall, stdout=p.stdout)
 
 
-def _row(*cells) -> str:
-    widths = (5, 7, 8, 8, 8, 7, 13, 22, 4)
-    return "  ".join(str(c).rjust(w) if i < 7 else str(c).ljust(w)
-                     for i, (c, w) in enumerate(zip(cells, widths, strict=False))).rstrip()
+def run_cmd(overrides: list[str]) -> dict:
+    """``run.py`` with ``overrides``; adds the summary's runtime split."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-c", _WRAP, str(ROOT / "run.py"), *overrides, *COMMON,
+               f"hydra.run.dir={tmp}"]
+        res = measure(cmd)
+        summary = json.loads((Path(tmp) / "summary.json").read_text())
+    res.update(summary["runtime_s"], status=summary["status"])
+    res["rss_mib"] = _peak_from(res.pop("stdout"))
+    return res
 
 
-def _yes(ok: bool) -> str:
-    return "yes" if ok else "no"
+def floor_cmd(M: int, **kw) -> dict:
+    args = ",".join(f"{k}={v}" for k, v in dict(M=M, **kw).items())
+    res = measure([sys.executable, __file__, "--floor", args])
+    out = json.loads(res["stdout"].strip().splitlines()[-1])
+    return dict(wall_s=res["wall_s"], rss_mib=out["peak_mib"], data_s=out["data_s"],
+                train_s=out["train_s"], total_s=out["data_s"] + out["train_s"])
+
+
+#: runs a script as __main__ and prints the process's peak RSS at exit (ru_maxrss, Linux KiB)
+_WRAP = ("import atexit, resource, runpy, sys; atexit.register(lambda: print("
+         "f'peak_mib={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f}', "
+         "flush=True)); sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], "
+         "run_name='__main__')")
+
+
+def _peak_from(stdout: str) -> float:
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("peak_mib="):
+            return float(line.split("=", 1)[1])
+    return float("nan")
+
+
+def floor_main(spec: str) -> None:
+    """Child process: run the floor once and print its timings as JSON."""
+    import resource
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from floor import floor_pendulum
+
+    kw = {k: int(v) if v.isdigit() else float(v) for k, v in
+          (item.split("=") for item in spec.split(","))}
+    _, t = floor_pendulum(**kw)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(dict(data_s=t["data_s"], train_s=t["train_s"], peak_mib=peak)))
+
+
+def dense_system(n_x: int, n_u: int = 2) -> list[str]:
+    """Overrides of a stable linear system with ``n_x`` states (p = n_x (n_x + n_u))."""
+    def mat(rows):
+        return "[" + ",".join("[" + ",".join(f"{v:g}" for v in r) + "]" for r in rows) + "]"
+    A = [[0.5 if i == j else (0.1 if j == i + 1 else 0.0) for j in range(n_x)]
+         for i in range(n_x)]
+    B = [[1.0 if (i + j) % n_u == 0 else 0.5 for j in range(n_u)] for i in range(n_x)]
+    V = [[1.0 if i == j else 0.0 for j in range(n_x)] for i in range(n_x)]
+    U = [[1.0 if j == i % n_u else 0.0 for j in range(n_u)] for i in range(n_x)]
+    return ["system=linear", f"system.A0={mat(A)}", f"system.B0={mat(B)}", f"system.V={mat(V)}",
+            f"system.U={mat(U)}"]
+
+
+def _row(cells, widths=(8, 9, 8, 8, 8, 8, 9, 10, 12)) -> str:
+    return "  ".join(str(c).rjust(w) for c, w in zip(cells, widths, strict=False)).rstrip()
+
+
+def bench(cases: list[str], quick: bool) -> dict:
+    import numpy as np
+
+    results = dict(machine=dict(python=platform.python_version(), numpy=np.__version__,
+                                cpus=os.cpu_count(), date=time.strftime("%Y-%m-%d %H:%M")),
+                   cases={})
+    print(f"python {platform.python_version()}, numpy {np.__version__}, {os.cpu_count()} cpus")
+    print("wall_s: the whole process (interpreter, imports, config, run); compute_s: the run's "
+          "runtime_s.total_s; rss: peak RSS of that process\n")
+    if "paper" in cases:
+        rows = []
+        print("paper: pendulum M-sweep (6 runs, K=1, R=50, repeats=5) and synthetic M=100")
+        for name, ovr in (("pendulum_M", ["experiment=pendulum_gd_M", "hydra/launcher=basic"]),
+                          ("synthetic", ["system=synthetic", "M=100", "N=25", "T=5", "K=5",
+                                         "R=200", "repeats=5"])):
+            if name == "pendulum_M":
+                with tempfile.TemporaryDirectory() as tmp:
+                    res = measure([sys.executable, "-c", _WRAP, str(ROOT / "run.py"), *ovr,
+                                   *COMMON, f"hydra.sweep.dir={tmp}"])
+                    res["rss_mib"] = _peak_from(res.pop("stdout"))
+                    total = sum(json.loads(p.read_text())["runtime_s"]["total_s"]
+                                for p in Path(tmp).glob("*/summary.json"))
+                res["total_s"] = total
+            else:
+                res = run_cmd(ovr)
+            rows.append(dict(name=name, **res))
+            print(f"  {name:11s} wall {res['wall_s']:6.2f} s  compute {res['total_s']:6.3f} s  "
+                  f"rss {res['rss_mib']:7.1f} MiB")
+        results["cases"]["paper"] = rows
+    if "M" in cases:
+        rows = []
+        print("\nM: pendulum N=10 T=5 K=5 R=200 repeats=1 lr=1e-2 (issue 10), beside the floor")
+        print(_row(["M", "wall_s", "data_s", "train_s", "rss_MiB", "fl_wall", "fl_comp",
+                    "ratio_cmp", "ratio_wall"]))
+        for M in ([100, 10_000] if quick else M_VALUES):
+            ours = run_cmd(PEND + [f"M={M}"])
+            fl = floor_cmd(M)
+            row = dict(M=M, ours=ours, floor=fl, ratio_compute=ours["total_s"] / fl["total_s"],
+                       ratio_wall=ours["wall_s"] / fl["wall_s"])
+            rows.append(row)
+            print(_row([M, f"{ours['wall_s']:.2f}", f"{ours['data_s']:.3f}",
+                        f"{ours['train_s']:.3f}", f"{ours['rss_mib']:.0f}",
+                        f"{fl['wall_s']:.2f}", f"{fl['total_s']:.3f}",
+                        f"{row['ratio_compute']:.2f}", f"{row['ratio_wall']:.2f}"]))
+        results["cases"]["M"] = rows
+        for row in rows:
+            goal = {1_000_000: GOAL_E2E_1E6_S, 100_000: GOAL_E2E_1E5_S}.get(row["M"])
+            if goal:
+                o = row["ours"]
+                rss_ok = "yes" if o["rss_mib"] <= GOAL_RSS_MIB else "no"
+                print(f"  goal M={row['M']}: wall {o['wall_s']:.2f} s <= {goal:g} s: "
+                      f"{'yes' if o['wall_s'] <= goal else 'no'}; peak RSS {o['rss_mib']:.0f} "
+                      f"MiB <= {GOAL_RSS_MIB:.0f}: {rss_ok}"
+                      + (f"; ratio {row['ratio_compute']:.2f} <= {GOAL_RATIO}: "
+                         f"{'yes' if row['ratio_compute'] <= GOAL_RATIO else 'no'}"
+                         if row["M"] == 1_000_000 else ""))
+    if "K" in cases:
+        rows = []
+        M = 10_000 if quick else 100_000
+        print(f"\nK: the same run at M={M}; round = train_s / R (precomputing the maps included)")
+        for K in K_VALUES:
+            res = run_cmd([o for o in PEND if not o.startswith("K=")] + [f"K={K}", f"M={M}"])
+            rows.append(dict(K=K, M=M, round_ms=1e3 * res["train_s"] / 200, **res))
+            print(f"  K={K:3d}  train {res['train_s']:.3f} s  round {rows[-1]['round_ms']:.2f} ms"
+                  f"  data {res['data_s']:.3f} s  rss {res['rss_mib']:.0f} MiB")
+        results["cases"]["K"] = rows
+    if "p" in cases:
+        rows = []
+        print("\np: M=1000, N=10, T=5, K=10, R=200, repeats=1")
+        systems = [(f"linear n_x={n}", n * (n + 2), dense_system(n)) for n in NX_VALUES]
+        systems.append(("synthetic poly2", 63, ["system=synthetic", "feature_map=polynomial"]))
+        for name, p, ovr in systems[:2] if quick else systems:
+            res = run_cmd(ovr + ["M=1000", "N=10", "T=5", "K=10", "R=200", "repeats=1",
+                                 "lr=1e-4"])
+            rows.append(dict(name=name, p=p, **res))
+            print(f"  {name:16s} p={p:3d}  data {res['data_s']:.3f} s  train {res['train_s']:.3f}"
+                  f" s  wall {res['wall_s']:.2f} s  rss {res['rss_mib']:.0f} MiB")
+        results["cases"]["p"] = rows
+    return results
+
+
+def plot(results: dict, path: Path) -> None:
+    """Scaling figure: time and memory against M (log-log), round time against K, time
+    against p."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.6), constrained_layout=True)
+    c = results["cases"]
+    if "M" in c:
+        Ms = [r["M"] for r in c["M"]]
+        ax = axes[0]
+        ax.loglog(Ms, [r["ours"]["wall_s"] for r in c["M"]], "o-", label="run.py, process")
+        ax.loglog(Ms, [r["ours"]["total_s"] for r in c["M"]], "s-", label="run compute")
+        ax.loglog(Ms, [r["floor"]["total_s"] for r in c["M"]], "^--", label="bare-numpy floor")
+        ax.set(xlabel="clients M", ylabel="seconds", title="time against M")
+        ax.legend(fontsize=8)
+        ax = axes[1]
+        ax.loglog(Ms, [r["ours"]["rss_mib"] for r in c["M"]], "o-", label="run.py")
+        ax.loglog(Ms, [r["floor"]["rss_mib"] for r in c["M"]], "^--", label="floor")
+        ax.set(xlabel="clients M", ylabel="peak RSS (MiB)", title="memory against M")
+        ax.legend(fontsize=8)
+    if "K" in c:
+        ax = axes[2]
+        ax.semilogx([r["K"] for r in c["K"]], [r["round_ms"] for r in c["K"]], "o-")
+        ax.set(xlabel="local steps K", ylabel="ms per round", ylim=(0, None),
+               title=f"round cost against K (M={c['K'][0]['M']})")
+    if "p" in c:
+        ax = axes[3]
+        ps = [r["p"] for r in c["p"]]
+        ax.loglog(ps, [r["data_s"] for r in c["p"]], "o", label="data")
+        ax.loglog(ps, [r["train_s"] for r in c["p"]], "s", label="rounds")
+        ax.set(xlabel="parameters p", ylabel="seconds", title="time against p (M=1000)")
+        ax.legend(fontsize=8)
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="a,b,c", help="comma-separated subset of a,b,c")
-    ap.add_argument("--quick", action="store_true", help="only the small sizes of case c")
-    ap.add_argument("--one", help=argparse.SUPPRESS)
-    ap.add_argument("--M", help=argparse.SUPPRESS)
-    ap.add_argument("--baseline", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--cases", default="paper,M,K,p", help="comma-separated: paper,M,K,p")
+    ap.add_argument("--quick", action="store_true", help="small sizes only")
+    ap.add_argument("--json", type=Path, default=ROOT / "outputs" / "bench" / "bench.json")
+    ap.add_argument("--plot", type=Path, help="draw the scaling figure from --json and stop")
+    ap.add_argument("--floor", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.baseline:
-        return baseline()
-    if args.one:
-        return worker(args.one, [int(m) for m in args.M.split(",")])
-
-    import numpy as np
-
-    print(f"python {platform.python_version()}, numpy {np.__version__}")
-    base, _ = _spawn(["--baseline"])
-    print(f"baseline RSS (python + import fnsysid.experiment, hydra): {base['peak_mib']:.1f} MiB")
-    print("wall_s: run_experiment call; proc_s: whole subprocess (interpreter start, imports, "
-          "all its runs); peak_rss_MiB: ru_maxrss of the subprocess so far\n")
-    print(_row("case", "M", "data_s", "train_s", "wall_s", "proc_s", "peak_rss_MiB", "goal",
-               "met"))
-    for case in args.cases.split(","):
-        _, ms, split = CASES[case]
-        ms = QUICK_M.get(case, ms) if args.quick else ms
-        jobs = [[m] for m in ms] if split else [ms]
-        tot = dict(data_s=0.0, train_s=0.0, wall_s=0.0, proc=0.0, rss=0.0)
-        for job in jobs:
-            res, proc = _spawn(["--one", case, "--M", ",".join(map(str, job))])
-            tot["proc"] += proc
-            tot["rss"] = max(tot["rss"], res["peak_mib"])
-            for r in res["runs"]:
-                for k in ("data_s", "train_s", "wall_s"):
-                    tot[k] += r[k]
-                goal, met = "", ""
-                if case == "c" and r["M"] == 100000:
-                    goal = f"proc<{E2E_GOAL_S:g}s,rss<2GiB"
-                    met = _yes(proc < E2E_GOAL_S and res["peak_mib"] < RSS_GOAL_MIB)
-                note = "" if r["status"] == "ok" else f" [{r['status']}]"
-                print(_row(case, r["M"], f"{r['data_s']:.4f}", f"{r['train_s']:.4f}",
-                           f"{r['wall_s']:.3f}", f"{proc:.2f}" if len(job) == 1 else "",
-                           f"{r['rss_mib']:.1f}", goal, met) + note)
-        if case in REFERENCE_S:
-            compute = tot["data_s"] + tot["train_s"]
-            print(_row(case, "total", f"{tot['data_s']:.4f}", f"{tot['train_s']:.4f}",
-                       f"{tot['wall_s']:.3f}", f"{tot['proc']:.2f}", f"{tot['rss']:.1f}",
-                       f"compute<{COMPUTE_GOAL_S:g}s", _yes(compute < COMPUTE_GOAL_S))
-                  + f"  (compute={compute:.4f}s; notebook ref {REFERENCE_S[case]:g}s)")
+    if args.floor:
+        return floor_main(args.floor)
+    if args.plot:
+        return plot(json.loads(args.json.read_text()), args.plot)
+    results = bench(args.cases.split(","), args.quick)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"\nwrote {args.json}")
     return None
 
 

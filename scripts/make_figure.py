@@ -6,20 +6,33 @@ Usage: python scripts/make_figure.py NAME [NAME ...] | --all   [--plot-only] [--
 Each experiment (conf/experiment/<name>.yaml, a Hydra multirun) runs once per invocation into
 outputs/sweeps/<name>/ (cleared first). Each figure is written as <out>/<NAME>.png and .pdf,
 with <out>/<NAME>.csv holding the final error of every curve (mean and std over repeats).
+
+Experiments run as ``python run.py experiment=<name>`` would, minus the process start-up:
+Hydra's own multirun (its sweeper, the basic launcher running the jobs one after another, the
+sweep callbacks) is invoked in a worker process that has already imported everything, and
+``--jobs`` workers (default: the number of cores) take whole experiments, then whole figures,
+from one queue. Workers are forked from this process, so nothing is imported twice.
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
+import contextlib
+import io
+import multiprocessing
+import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-import pandas as pd
-import yaml
+# one BLAS thread per worker (the workers already share the cores); set before numpy loads
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from fnsysid.plotting import figure, read_sweep
+import pandas as pd  # noqa: E402
+import yaml  # noqa: E402
+
+from fnsysid.plotting import figure, read_sweep  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 REGISTRY = Path(__file__).with_name("figures.yaml")
@@ -32,19 +45,61 @@ def load_registry() -> dict:
     return yaml.safe_load(REGISTRY.read_text())
 
 
-def run_experiment(name: str, sweeps: Path, extra: list[str]) -> float:
-    """Run one experiment's sweep from scratch into ``sweeps/name``; return its wall time."""
+def run_experiment(name: str, sweeps: Path, extra: list[str]) -> tuple[float, str]:
+    """Run one experiment's sweep from scratch into ``sweeps/name`` in this process.
+
+    Returns (wall time, captured output); raises SystemExit naming the experiment if Hydra
+    reports a failure.
+    """
     import shutil
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    from fnsysid.cli import task
 
     shutil.rmtree(sweeps / name, ignore_errors=True)
     t0 = time.perf_counter()
-    cmd = [sys.executable, str(ROOT / "run.py"), f"experiment={name}",
-           f"hydra.sweep.dir={sweeps / name}", *RUN_OVERRIDES, *extra]
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if res.returncode != 0:
-        sys.stderr.write(res.stdout[-2000:] + res.stderr[-4000:])
-        raise SystemExit(f"make_figure: experiment {name} failed (exit {res.returncode})")
-    return time.perf_counter() - t0
+    argv = [str(ROOT / "run.py"), f"experiment={name}", "hydra/launcher=basic",
+            f"hydra.sweep.dir={sweeps / name}", *RUN_OVERRIDES, *extra]
+    out = io.StringIO()
+    old_argv, code = sys.argv, 0
+    try:
+        sys.argv = argv
+        GlobalHydra.instance().clear()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            task()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = old_argv
+        GlobalHydra.instance().clear()
+    if code:
+        raise SystemExit(f"make_figure: experiment {name} failed (exit {code}):\n"
+                         f"{out.getvalue()[-4000:]}")
+    return time.perf_counter() - t0, out.getvalue()
+
+
+def _pool(jobs: int) -> ProcessPoolExecutor:
+    """Workers forked from this process (imports shared); one task at a time each."""
+    from hydra.core.plugins import Plugins
+
+    import fnsysid.cli
+    import fnsysid.experiment  # noqa: F401 - imported once here, shared by the workers
+
+    Plugins.instance()                       # Hydra's plugin scan, also done once
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork"))
+
+
+def run_all(experiments: list[str], sweeps: Path, extra: list[str], jobs: int) -> None:
+    """Run ``experiments`` over ``jobs`` workers (in this process when ``jobs`` is 1)."""
+    if jobs <= 1:
+        for e in experiments:
+            print(f"ran experiment {e}: {run_experiment(e, sweeps, extra)[0]:.1f} s", flush=True)
+        return
+    with _pool(jobs) as pool:
+        futures = {pool.submit(run_experiment, e, sweeps, extra): e for e in experiments}
+        for f in as_completed(futures):
+            print(f"ran experiment {futures[f]}: {f.result()[0]:.1f} s", flush=True)
 
 
 def draw(name: str, spec: dict, out: Path, sweeps: Path) -> pd.DataFrame:
@@ -67,6 +122,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweeps", type=Path, default=SWEEPS, help="where experiments write")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="extra override for every experiment (e.g. R=2 for a smoke run)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="worker processes (default: the number of cores; 1: this process)")
     args = ap.parse_args(argv)
     registry = load_registry()
     names = list(registry) if args.all else args.names
@@ -78,17 +135,22 @@ def main(argv=None) -> int:
     experiments = list(dict.fromkeys(p["experiment"] for n in names
                                      for p in registry[n]["panels"]))
     if not args.plot_only:
-        for e in experiments:
-            print(f"running experiment {e} ... ", end="", flush=True)
-            print(f"{run_experiment(e, args.sweeps, args.override):.1f} s", flush=True)
+        run_all(experiments, args.sweeps, args.override, args.jobs)
     missing = [e for e in experiments if not read_sweep(args.sweeps / e)]
     if missing:
         print(f"make_figure: error: no results for {', '.join(missing)}; run without "
               "--plot-only", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    for n in names:
-        table = draw(n, registry[n], args.out, args.sweeps)
+    tables = {}
+    if args.jobs <= 1:
+        tables = {n: draw(n, registry[n], args.out, args.sweeps) for n in names}
+    else:
+        with _pool(args.jobs) as pool:
+            futures = {n: pool.submit(draw, n, registry[n], args.out, args.sweeps)
+                       for n in names}
+            tables = {n: f.result() for n, f in futures.items()}
+    for n, table in tables.items():
         print(f"wrote {args.out / n}.png/.pdf/.csv ({len(table)} curves)")
         slopes = [c for c in table.columns if c.startswith("slope_vs_")]
         if slopes and table[slopes].notna().any().any():
