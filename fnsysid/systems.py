@@ -334,8 +334,9 @@ class Generic(System):
     def __init__(self, states, inputs=()):
         states, inputs = list(states or []), list(inputs or [])
         if not states:
-            raise ValueError("system=generic needs the names of the state columns: "
-                             "data.states=[x1,x2,...]")
+            raise ValueError("system=generic identifies trajectories read from files; give "
+                             "data=files data.path=... data.states=[x1,x2,...] and, if any, "
+                             "data.inputs=[u,...]")
         names = states + inputs
         if len(set(names)) != len(names) or not all(isinstance(n, str) and n for n in names):
             raise ValueError(f"data.states={states}, data.inputs={inputs}: names must be "
