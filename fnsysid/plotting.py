@@ -252,9 +252,12 @@ def plot_final(jobs: list[dict], ax, x: str, metric: str = "e_max", sqrt: bool =
 def legend_below(ax, ncol: int = 1, fontsize: float = 7) -> None:
     """A legend under ``ax``; its number of rows is kept on the axes so that :func:`figure` can
     make room for it."""
+    from matplotlib.transforms import offset_copy
+
     n = len(ax.get_legend_handles_labels()[1])
-    ax.legend(fontsize=fontsize, loc="upper center", bbox_to_anchor=(0.5, -0.24), ncol=ncol,
-              frameon=False, columnspacing=1.0)
+    below = offset_copy(ax.transAxes, fig=ax.figure, y=-30, units="points")  # under the x label
+    ax.legend(fontsize=fontsize, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+              bbox_transform=below, ncol=ncol, frameon=False, columnspacing=1.0)
     ax.legend_rows_below = -(-n // ncol)
 
 
@@ -440,7 +443,7 @@ def figure(panels: list[dict], out_base: Path, metric: str = "e_max",
         ax.set_visible(False)
     below = [max(getattr(ax, "legend_rows_below", 0) for ax in row) for row in axes]
     fig.set_size_inches(fig.get_size_inches()[0],
-                        fig.get_size_inches()[1] + 0.24 * sum(below))
+                        fig.get_size_inches()[1] + 0.18 * sum(below) + 0.4 * (sum(below) > 0))
     if shared:
         handles, labels = axes.flat[0].get_legend_handles_labels()
         fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 8),
