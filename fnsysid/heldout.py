@@ -56,12 +56,15 @@ def heldout_from_trajectories(model: Model, x: np.ndarray, u: np.ndarray,
     """
     mask = np.asarray(mask, bool)
     Phi, Y = model.regression(x, u)                               # (S, M, J, L-1, .)
-    w = (mask[..., 1:] & mask[..., :-1]).astype(float)
-    Pw = Phi * w[..., None]
-    gram = np.einsum("smjtk,smjtl->smkl", Pw, Phi)
-    cross = np.einsum("smjty,smjtk->smyk", Y, Pw)
-    yy = np.einsum("smjty,smjty->smy", Y * w[..., None], Y)
-    n = w.sum(axis=(2, 3))
+    S, M = x.shape[:2]
+    w = (mask[..., 1:] & mask[..., :-1]).astype(float).reshape(S, M, -1)
+    F = np.ascontiguousarray(np.moveaxis(Phi, -1, 0)).reshape(-1, S, M, w.shape[-1])
+    Z = np.ascontiguousarray(np.moveaxis(Y, -1, 0)).reshape(-1, S, M, w.shape[-1])
+    Fw, Zw = F * w, Z * w                   # sums over samples along a contiguous axis
+    gram = np.einsum("k...n,l...n->...kl", Fw, F)
+    cross = np.einsum("y...n,k...n->...yk", Zw, F)
+    yy = np.moveaxis(np.einsum("y...n,y...n->y...", Zw, Z), 0, -1)
+    n = w.sum(axis=-1)
     m = mask.astype(float)[..., None]
     cnt = np.maximum(m.sum(axis=(2, 3)), 1.0)
     mean = (x * m).sum(axis=(2, 3)) / cnt

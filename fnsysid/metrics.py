@@ -25,15 +25,30 @@ class ParameterErrors:
 
     def __call__(self, estimate: np.ndarray) -> np.ndarray:
         """Errors (S, M) of ``estimate`` broadcastable to (S, M, p)."""
-        est = np.moveaxis(np.asarray(estimate, float), -1, 0)
-        acc = None
-        for e_k, t_k in zip(est, self.coords, strict=True):
-            d = e_k - t_k
-            np.multiply(d, d, out=d)
-            acc = d if acc is None else np.add(acc, d, out=acc)
-        np.sqrt(acc, out=acc)
-        acc /= self.norm
-        return acc
+        est = np.moveaxis(np.asarray(estimate, float), -1, 0)               # (p, S, 1 or M)
+        out = np.empty(self.norm.shape)
+        tmp = np.empty((out.shape[0], min(CHUNK, out.shape[1])))
+        for sl in _chunks(out.shape[1]):
+            acc, d = out[:, sl], tmp[:, : sl.stop - sl.start]
+            for k, (e_k, t_k) in enumerate(zip(est, self.coords, strict=True)):
+                e_k = e_k if e_k.shape[-1] == 1 else e_k[:, sl]
+                np.subtract(e_k, t_k[:, sl], out=acc if k == 0 else d)
+                if k == 0:
+                    np.multiply(acc, acc, out=acc)
+                else:
+                    np.multiply(d, d, out=d)
+                    acc += d
+            np.sqrt(acc, out=acc)
+            acc /= self.norm[:, sl]
+        return out
+
+
+#: clients evaluated at once per round: temporaries stay in the cache
+CHUNK = 1 << 15
+
+
+def _chunks(m: int) -> list[slice]:
+    return [slice(lo, min(lo + CHUNK, m)) for lo in range(0, m, CHUNK)]
 
 
 def client_errors(estimate: np.ndarray, theta_true: np.ndarray) -> np.ndarray:
@@ -98,14 +113,21 @@ class HeldOutScores:
             sse = _first(ho.yy - 2.0 * lin + quad)
         else:
             T0 = Th[:, 0]
-            sse = self.yy.copy()
             row, col = self.pairs
-            for j in range(self.n_y):
-                _add_terms(sse[j], -2.0 * T0[:, j, :].T, self.cross[j])
-                _add_terms(sse[j], (T0[:, j, row] * T0[:, j, col]).T, self.gram)
-        np.maximum(sse, 0.0, out=sse)
-        np.sqrt(sse, out=sse)
-        sse *= self.w_step
+            lin, quad = -2.0 * T0.transpose(1, 2, 0), (T0[:, :, row] * T0[:, :, col]).transpose(
+                1, 2, 0)                                                # (n_y, terms, S)
+            sse = np.empty(self.yy.shape)
+            tmp = np.empty((sse.shape[1], min(CHUNK, sse.shape[2])))
+            for sl in _chunks(sse.shape[2]):
+                t = tmp[:, : sl.stop - sl.start]
+                for j in range(self.n_y):
+                    acc = sse[j, :, sl]
+                    acc[...] = self.yy[j, :, sl]
+                    _add_terms(acc, lin[j], self.cross[j, ..., sl], t)
+                    _add_terms(acc, quad[j], self.gram[..., sl], t)
+                    _finish(acc, self.w_step[j, :, sl])
+            return sse[0] if self.n_y == 1 else sse.sum(axis=0)
+        _finish(sse, self.w_step)
         return sse.sum(axis=0)
 
     def free_run(self, theta: np.ndarray) -> np.ndarray:
@@ -138,13 +160,20 @@ def _first(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(a, -1, 0))
 
 
-def _add_terms(acc: np.ndarray, coef: np.ndarray, terms: np.ndarray) -> None:
-    """``acc += sum_f coef[f, s] terms[f, s, :]`` (in place), skipping zero coefficients."""
-    tmp = np.empty_like(acc)
+def _add_terms(acc: np.ndarray, coef: np.ndarray, terms: np.ndarray, tmp: np.ndarray) -> None:
+    """``acc += sum_f coef[f, s] terms[f, s, :]`` (in place, ``tmp`` a scratch array like
+    ``acc``), skipping zero coefficients."""
     for c, term in zip(coef, terms, strict=True):
         if c.any():
             np.multiply(term, c[:, None], out=tmp)
             acc += tmp
+
+
+def _finish(sse: np.ndarray, w: np.ndarray) -> None:
+    """``sqrt(max(sse, 0)) * w`` in place."""
+    np.maximum(sse, 0.0, out=sse)
+    np.sqrt(sse, out=sse)
+    sse *= w
 
 
 def _combine(phi: np.ndarray, w: np.ndarray) -> np.ndarray:

@@ -130,17 +130,27 @@ def floor_pendulum(M: int, N: int = 10, T: int = 5, K: int = 5, R: int = 200, lr
     w_run = 0.5 / (std * np.sqrt(val_N * T))
     server = np.zeros(2)
     out = np.empty((R + 1, 6))
+    e, sse, tmp = np.empty(M), np.empty(M), np.empty(M)
     for r in range(R + 1):
         if r:
             server = Pbar @ server + qbar
-        d = (server[0] - A) ** 2
-        d += (server[1] - B) ** 2
-        e = np.sqrt(d) / norm
-        sse = (ho["yy"] - 2 * (server[0] * ho["c0"] + server[1] * ho["c1"])
-               + server[0] ** 2 * ho["g00"] + 2 * server[0] * server[1] * ho["g01"]
-               + server[1] ** 2 * ho["g11"])
-        one = np.sqrt(np.maximum(sse, 0.0)) * w_step
-        out[r, :4] = e.max(), e.mean(), one.max(), one.mean()
+        s0, s1 = server
+        np.subtract(s0, A, out=e)
+        e *= e
+        np.subtract(s1, B, out=tmp)
+        tmp *= tmp
+        e += tmp
+        np.sqrt(e, out=e)
+        e /= norm
+        sse[:] = ho["yy"]
+        for coef, key in ((-2 * s0, "c0"), (-2 * s1, "c1"), (s0 * s0, "g00"),
+                          (2 * s0 * s1, "g01"), (s1 * s1, "g11")):
+            np.multiply(ho[key], coef, out=tmp)
+            sse += tmp
+        np.maximum(sse, 0.0, out=sse)
+        np.sqrt(sse, out=sse)
+        sse *= w_step
+        out[r, :4] = e.max(), e.mean(), sse.max(), sse.mean()
         if r == 0 or r == R or r % eval_every == 0:
             al, om = hx[0, ..., 0].copy(), hx[1, ..., 0].copy()
             sa, so = np.zeros(al.shape), np.zeros(al.shape)
