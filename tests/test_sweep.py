@@ -114,3 +114,17 @@ def test_stored_sweep_holds_only_its_own_jobs(tmp_path):
     assert pd.read_csv(first / "results.csv")["M"].unique().tolist() == [1, 2, 5, 25, 100]
     assert "M" not in pd.read_csv(second / "results.csv").columns    # one job: nothing swept
     assert find_sweep(stored) == second                                 # newest is plotted
+
+
+def test_figure_panels_filter_jobs_share_one_legend_and_label_only_varying_keys(two_key_sweep,
+                                                                                tmp_path):
+    from fnsysid.plotting import figure
+
+    panels = [{"dir": two_key_sweep, "where": {"eps": 0}, "title": "eps 0", "xmax": "auto"},
+              {"dir": two_key_sweep, "where": {"eps": "0.1"}, "title": "eps 0.1"}]
+    table = figure(panels, tmp_path / "fig", suptitle="two panels", ncols=1)
+    assert table["panel"].tolist() == ["eps 0", "eps 0", "eps 0.1", "eps 0.1"]
+    assert table["curve"].tolist() == ["M=1", "M=4"] * 2          # eps fixed by `where`
+    assert table["M"].tolist() == [1, 4, 1, 4] and "eps" not in table.columns
+    assert (table["n_repeats"] == 2).all() and (table["R"] == 3).all()
+    assert (tmp_path / "fig.png").stat().st_size > 5000 and (tmp_path / "fig.pdf").exists()
