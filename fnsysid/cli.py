@@ -11,6 +11,7 @@ import itertools
 import json
 import logging
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -18,9 +19,11 @@ import hydra
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from . import interrupt
 from .atomic import WriteError
 from .options import CONF_DIR, hydra_session, repository
 from .resources import check_disk
+from .run_folder import clear_results, finished_ok, has_results
 from .schema import GROUPS, ROOT, leaf_spec, one_line
 from .validate import KNOBS, ConfigError, check_batch_size, check_knob
 
@@ -202,7 +205,14 @@ def _check_hydra(base, multirun: bool) -> None:
             raise ConfigError(f"{key} is empty: give a folder for the results "
                               f"(e.g. {key}=outputs/myrun)")
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    check_output_dir(key, Path(str(OmegaConf.select(base, key))))
+    folder = Path(str(OmegaConf.select(base, key)))
+    check_output_dir(key, folder)
+    out = base.get("output") or {}
+    if has_results(folder) and not out.get("overwrite") and not (multirun and out.get("resume")):
+        what = "an earlier sweep" if multirun else "an earlier run"
+        raise ConfigError(f"{key}={folder} holds {what}: choose a new folder, or add "
+                          "output.overwrite=true to replace its results"
+                          + (" (output.resume=true to finish it)" if multirun else ""))
     launcher = base.hydra.get("launcher") or {}
     if multirun and "joblib" in str(launcher.get("_target_", "")):
         n = launcher.get("n_jobs")
@@ -325,6 +335,15 @@ def task(cfg: DictConfig) -> float | None:
 
     hc = HydraConfig.get()
     out = Path(hc.runtime.output_dir)
+    if cfg.output.resume and finished_ok(out, cfg):
+        summary = json.loads((out / "summary.json").read_text())
+        log.info("already done (summary ok, same config), skipped: %s", out)
+        return summary.get("final_e_max_mean")
+    if cfg.output.overwrite or cfg.output.resume:
+        cleared = clear_results(out)
+        if cleared:
+            log.info("cleared the earlier results in %s: %s", out, ", ".join(cleared))
+    interrupt.job_handlers()
     try:
         summary = run_experiment(cfg, out)
     except ConfigError as exc:
@@ -334,7 +353,15 @@ def task(cfg: DictConfig) -> float | None:
     except WriteError as exc:      # disk full, folder made read-only during the run
         print(f"fnsysid: error: {exc}; {out} is incomplete (no summary.json)", file=sys.stderr)
         sys.exit(2)
+    finally:
+        interrupt.job_done()
     log.info("results: %s", out)
+    if summary["status"] == "interrupted":
+        signum = interrupt.requested()
+        print(f"fnsysid: interrupted by {summary['interrupted_by']} after round "
+              f"{summary['rounds_completed']} of {cfg.R}: rows so far in {out} (status: "
+              "interrupted)", file=sys.stderr)
+        sys.exit(interrupt.exit_code(signum))
     if summary["status"] != "ok":
         log.error("run diverged at round %s (an error not finite or above %g times its start):"
                   " results up to round %s kept; try a smaller lr than %g",
@@ -414,12 +441,20 @@ def main() -> None:
               "with `make install` (editable), which keeps conf/ beside the package",
               file=sys.stderr)
         sys.exit(2)
-    if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
-                     "--shell-completion", "-sc") for a in argv):
-        try:
-            preflight(argv)
-        except ConfigError as exc:
-            print(f"fnsysid: error: {exc}", file=sys.stderr)
-            sys.exit(2)
-    task()
+    interrupt.parent_handlers()
+    try:
+        if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
+                         "--shell-completion", "-sc") for a in argv):
+            try:
+                preflight(argv)
+            except ConfigError as exc:
+                print(f"fnsysid: error: {exc}", file=sys.stderr)
+                sys.exit(2)
+        task()
+    except (interrupt.Interrupted, KeyboardInterrupt) as exc:
+        signum = getattr(exc, "signum", signal.SIGINT)
+        print(f"fnsysid: interrupted by {signal.Signals(signum).name}: stopped; a job folder "
+              "without summary.json is incomplete (a sweep can be resumed with "
+              "output.resume=true)", file=sys.stderr)
+        sys.exit(interrupt.exit_code(signum))
     _sweep_exit()

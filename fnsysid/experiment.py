@@ -8,6 +8,7 @@ lives in its own module: :mod:`fnsysid.build` (objects from the config),
 
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
+from . import interrupt
 from .build import build, initial_model
 from .data_source import Dataset, load_data
 from .model import Model
@@ -135,6 +137,10 @@ def make_result(cfg, model, strategy, dataset, hist, diverged, theta0, data, the
         tables["theory"] = theory
     summary = make_summary(cfg, model, diverged, tables["errors"], theory, runtime=runtime,
                            settings=dataset.settings, choices=choices)
+    signum = interrupt.requested()
+    if signum is not None and diverged is None:
+        summary["status"] = "interrupted"
+        summary["interrupted_by"] = signal.Signals(signum).name
     return Result(tables, summary, model, strategy.estimate(), dataset, diverged, cfg)
 
 

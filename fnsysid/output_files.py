@@ -30,7 +30,7 @@ def write_outputs(out, cfg, result) -> None:
     """Write every file of a run (``result`` from :func:`fnsysid.experiment.execute`)."""
     from .tables import run_title
 
-    ok = result.diverged is None
+    ok = result.summary["status"] == "ok"        # not diverged, not interrupted
     plot = ok and bool(cfg.output.plot)
     write_run(out, cfg, result.tables, None,
               run_title(cfg, result.model, result.dataset.settings) if plot else None)

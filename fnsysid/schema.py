@@ -419,7 +419,8 @@ ROOT = Node({
     "runtime": Target(RUNTIMES, group="runtime", key="name", closed=True),
     "theory": Node({"delta": Real(lo=0, hi=1, lo_open=True, hi_open=True)}),
     "output": Node({"per_client": Choice("auto", True, False), "per_client_max": Int(lo=0),
-                    "plot": Bool(), "eval_every": POS_INT, "trajectories": Bool()}),
+                    "plot": Bool(), "eval_every": POS_INT, "trajectories": Bool(),
+                    "overwrite": Bool(), "resume": Bool()}),
     "progress": Bool(),
 })
 #: config groups chosen by name (``group=option``); ``experiment`` patches the whole config

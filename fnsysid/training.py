@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm.auto import tqdm
 
+from . import interrupt
 from .metrics import HeldOutScores, ParameterErrors, over_clients
 from .model import ClientData
 
@@ -99,6 +100,8 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
     with np.errstate(over="ignore", invalid="ignore"):
         for r in tqdm(range(1, cfg.R + 1), desc="rounds", unit="round", leave=False,
                       disable=None if progress else True):
+            if interrupt.requested():           # SIGINT/SIGTERM: stop between rounds
+                break
             strategy.round(r)
             est = strategy.estimate()
             e = errors(est)

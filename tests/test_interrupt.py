@@ -1,0 +1,142 @@
+"""Interruption and stale files: signals, orphans, unique sweep folders, resume, overwrite."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.test_cli import ROOT, cli
+
+LONG = ["system=pendulum", "M=500", "R=1000000", "repeats=1", "output.plot=false"]
+
+
+def start(*args: str, cwd: Path = ROOT) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(path: Path, timeout: float = 60) -> None:
+    t0 = time.monotonic()
+    while not path.exists():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"{path} did not appear")
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_stops_at_end_of_round_and_writes_rows_so_far(tmp_path, sig, code):
+    out = tmp_path / "run"
+    proc = start(*LONG, f"hydra.run.dir={out}")
+    wait_for(out / ".hydra" / "overrides.yaml")
+    time.sleep(1.5)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"fnsysid: interrupted by {sig.name}")
+    assert "Traceback" not in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["interrupted_by"] == sig.name
+    errors = pd.read_csv(out / "errors.csv")
+    r = summary["rounds_completed"]
+    assert errors["round"].max() == r < 1_000_000 and len(errors) == r + 1
+    assert f"after round {r} of 1000000" in lines[0]
+    assert not (out / "error.png").exists()                # no plot of a partial run
+    assert not list(out.glob(".*.tmp*"))
+
+
+def test_earlier_run_folder_refused_then_overwritten_cleanly(tmp_path):
+    run = tmp_path / "run"
+    first = cli("system=pendulum", "M=3", "R=2", "repeats=1", f"hydra.run.dir={run}")
+    assert first.returncode == 0 and (run / "clients.csv").exists()
+    again = cli("system=pendulum", "M=3", "R=2", "repeats=1", f"hydra.run.dir={run}")
+    assert again.returncode == 2 and "holds an earlier run" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
+    # M=21 writes no clients.csv and output.plot=false no error.png: the old ones must go
+    new = cli("system=pendulum", "M=21", "R=2", "repeats=1", "output.plot=false",
+              "output.overwrite=true", f"hydra.run.dir={run}")
+    assert new.returncode == 0, new.stderr
+    assert not (run / "clients.csv").exists() and not (run / "error.png").exists()
+    assert json.loads((run / "summary.json").read_text())["M"] == 21
+
+
+def test_resume_skips_finished_jobs_and_reruns_the_rest(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", "system=pendulum", "M=1,2", "R=3", "repeats=1", "hydra/launcher=basic",
+            f"hydra.sweep.dir={sweep}"]
+    assert cli(*args).returncode == 0
+    done, todo = sweep / "M=1,R=3,repeats=1,system=pendulum", sweep / "M=2,R=3,repeats=1," \
+        "system=pendulum"
+    (todo / "summary.json").unlink()                       # as if killed before the end
+    stamp = (done / "errors.csv").stat().st_mtime_ns
+    res = cli(*args, "output.resume=true")
+    assert res.returncode == 0, res.stderr
+    assert "already done" in res.stdout and "skipped" in res.stdout
+    assert (done / "errors.csv").stat().st_mtime_ns == stamp   # not run again
+    assert json.loads((todo / "summary.json").read_text())["status"] == "ok"
+
+
+@pytest.mark.slow
+def test_three_sweeps_in_the_same_second_get_three_folders(tmp_path):
+    procs = [start("-m", "system=pendulum", "M=1", "R=2", "repeats=1", "hydra/launcher=basic",
+                   f"seed={i}", cwd=tmp_path) for i in range(3)]
+    for p in procs:
+        p.communicate(timeout=120)
+        assert p.returncode == 0
+    sweeps = sorted((tmp_path / "outputs" / "multirun").iterdir())
+    assert len(sweeps) == 3
+    seeds = sorted(json.loads(next(s.glob("*/summary.json")).read_text())["seed"]
+                   for s in sweeps)
+    assert seeds == [0, 1, 2]
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def _alive(pids: list[int]) -> list[int]:
+    alive = []
+    for p in pids:
+        try:
+            state = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.append(p)
+    return alive
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_no_joblib_worker_outlives_a_killed_sweep(tmp_path, sig):
+    proc = start("-m", *LONG, "seed=1,2,3", f"hydra.sweep.dir={tmp_path / 's'}")
+    t0 = time.monotonic()
+    while len(list((tmp_path / "s").glob("*/run.log"))) < 2 and time.monotonic() - t0 < 60:
+        time.sleep(0.2)                                    # two jobs running
+    time.sleep(1)
+    kids = _children(proc.pid)
+    assert len(kids) >= 3                                  # loky workers and trackers
+    proc.send_signal(sig)
+    proc.communicate(timeout=60)
+    assert proc.returncode == (-9 if sig == signal.SIGKILL else 143)
+    t0 = time.monotonic()
+    while _alive(kids) and time.monotonic() - t0 < 10:
+        time.sleep(0.2)
+    assert _alive(kids) == []
+    # the jobs that were stopped have no summary.json: known incomplete
+    assert not list((tmp_path / "s").glob("*/summary.json"))
