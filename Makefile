@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-flower run test test-slow lint bench figures clean
+.PHONY: help install install-flower run test test-slow lint bench figures clean flower-deploy
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -31,6 +31,9 @@ test: $(STAMP)  ## fast test suite
 
 test-slow: $(STAMP)  ## the slow tests too
 	$(PY) -m pytest -q -m "slow or not slow"
+
+flower-deploy: $(STAMP)  ## a Flower deployment on 127.0.0.1 (SuperLink + 3 SuperNodes) vs in process
+	$(PY) scripts/flower_deploy.py $(ARGS)
 
 lint: $(STAMP)  ## ruff
 	$(PY) -m ruff check fnsysid scripts tests examples run.py

@@ -70,24 +70,20 @@ class ClientNode:
     """What one client holds: its data, its label, the strategy's client side on its data.
 
     ``index``: the client's position among the run's clients (simulated data: its random
-    streams; ``data=files`` with a folder: its file). ``data_path``: its own trajectory file
-    (a deployed node's ``data-path``), which wins over ``index``.
+    streams; ``data=files`` with a folder: its file). ``data_path``/``truth_path``: its own
+    trajectory file and true parameters (a deployed node's ``data-path``/``truth-path``),
+    which win over ``index``.
     """
 
-    def __init__(self, cfg_yaml: str, index: int | None, data_path: str | None = None):
+    def __init__(self, cfg_yaml: str, index: int | None, data_path: str | None = None,
+                 truth_path: str | None = None):
         from .model import generate
 
         cfg = OmegaConf.create(cfg_yaml)
         model, optimizer, self.strategy = build(cfg)
         if cfg.data.get("source", "simulated") == "files":
-            from .data_source import from_files
-            from .trajectory_files import data_files
-
-            path = Path(data_path) if data_path else data_files(cfg.data.path)[index]
-            own = cfg.copy()
-            own.data.path, own.data.val_path = str(path), None
-            dataset = from_files(own, model, optimizer)
-            self.label, self.data = dataset.clients[0], dataset.train
+            self.label, self.data = self._from_file(cfg, model, optimizer, index, data_path,
+                                                    truth_path)
         else:
             if index is None:
                 raise ValueError("a node with simulated data needs node config client=<index>")
@@ -98,28 +94,56 @@ class ClientNode:
         optimizer.setup(self.data, model, cfg.seed)
         self.clients = self.strategy.make_clients(optimizer, cfg.K, cfg.lr)
 
+    @staticmethod
+    def _from_file(cfg, model, optimizer, index, data_path, truth_path):
+        """This client's training data from its own file; its truth from its own truth file,
+        or its rows of the run's ``data.truth``."""
+        from .data_source import from_files
+        from .trajectory_files import data_files, load_truth
+
+        own = cfg.copy()
+        path = data_path or data_files(cfg.data.path)[index]
+        own.data.path, own.data.val_path, own.data.truth = str(path), None, truth_path
+        dataset = from_files(own, model, optimizer)
+        label, data = dataset.clients[0], dataset.train
+        if truth_path is None and cfg.data.get("truth"):
+            labels = [f.stem for f in data_files(cfg.data.path)]
+            truth = load_truth(cfg.data.truth, labels, model.param_names, data.shape[0])
+            data.theta_true = truth[:, [labels.index(label)]]
+        return label, data
+
+    def errors(self, theta: np.ndarray) -> np.ndarray:
+        """This client's errors ``e^(i)`` (S, 1) of server models ``theta`` (S, p); NaN
+        where its true parameters are unknown."""
+        from .metrics import client_errors
+
+        with np.errstate(invalid="ignore"):
+            return client_errors(theta[:, None, :], self.data.theta_true)
+
 
 @lru_cache(maxsize=4096)
-def client_node(cfg_yaml: str, index: int | None, data_path: str | None) -> ClientNode:
+def client_node(cfg_yaml: str, index: int | None, data_path: str | None,
+                truth_path: str | None) -> ClientNode:
     """The node of a client, built once per process (a pure function of its arguments)."""
-    return ClientNode(cfg_yaml, index, data_path)
+    return ClientNode(cfg_yaml, index, data_path, truth_path)
 
 
 def make_client_app(cfg_yaml: str | None = None) -> ClientApp:
     """The ClientApp of a run with resolved config ``cfg_yaml`` (None: composed from the run
     config's ``overrides``, as ``flwr run`` passes it). A node finds its client through its
-    node config: ``data-path`` (its trajectory file), else ``client`` (index), else
-    ``partition-id`` (Flower's simulation engine)."""
+    node config: ``data-path`` (its trajectory file; ``truth-path`` its true parameters, if
+    known), else ``client`` (index), else ``partition-id`` (Flower's simulation engine)."""
     app = ClientApp()
 
     def node(context: Context) -> ClientNode:
         ncfg = context.node_config
-        text = cfg_yaml if cfg_yaml is not None else OmegaConf.to_yaml(
-            deployed_config(context), resolve=True)
+        text = cfg_yaml if cfg_yaml is not None else _compose(
+            str(context.run_config.get("overrides", "")))
         index = ncfg.get("client", ncfg.get("partition-id"))
-        path = ncfg.get("data-path")
+        path, truth = ncfg.get("data-path"), ncfg.get("truth-path")
         return client_node(text, None if index is None else int(index),
-                           None if path is None else str(path))
+                           None if path is None else str(path),
+                           None if truth is None else str(truth))
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
@@ -131,24 +155,23 @@ def make_client_app(cfg_yaml: str | None = None) -> ClientApp:
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         me = node(context)
-        exchange = str(msg.content["config"]["exchange"])
+        config = msg.content["config"]
+        arrays = from_record(msg.content["arrays"])
         state = context.state.array_records.get("state")
         me.clients.state = {} if state is None else from_record(state)
-        replies = me.strategy.client_update(exchange, from_record(msg.content["arrays"]),
-                                            me.clients)
+        replies = me.strategy.client_update(str(config["exchange"]), arrays, me.clients)
         if me.clients.state:
             context.state["state"] = to_record(me.clients.state)
+        if config.get("evaluate"):
+            replies["_e"] = me.errors(arrays["theta"])
         return Message(RecordDict({"arrays": to_record(replies, True)}), reply_to=msg)
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
-        from .metrics import client_errors
-
         me = node(context)
         theta = from_record(msg.content["arrays"])["theta"]
-        with np.errstate(invalid="ignore"):
-            e = client_errors(theta[:, None, :], me.data.theta_true)
-        return Message(RecordDict({"arrays": to_record({"e": e}, True)}), reply_to=msg)
+        return Message(RecordDict({"arrays": to_record({"_e": me.errors(theta)}, True)}),
+                       reply_to=msg)
 
     return app
 
@@ -200,9 +223,11 @@ def stacked(replies: list[RecordDict]) -> dict[str, np.ndarray]:
 def serve(grid: Grid, cfg, model, strategy, M: int, keep_clients: bool):
     """The server side of a run: ``cfg.R`` rounds of ``strategy`` with M client nodes.
 
-    Returns (history, diverged round or None, start model (S, p), client labels); the clients
-    are ordered as in process. A round diverges when the server model is not finite, or when
-    the errors are not (for clients whose truth is known).
+    The first exchange of a round also asks every client for its error of the model it
+    carries (the previous round's), so a round costs one network round trip per exchange;
+    one ``evaluate`` exchange after the last round gives the final errors. Returns (history,
+    diverged round or None, start model (S, p), client labels); the clients are ordered as in
+    process. A round diverges when the server model is not finite.
     """
     from .training import History
 
@@ -217,26 +242,23 @@ def serve(grid: Grid, cfg, model, strategy, M: int, keep_clients: bool):
     theta0 = initial_model(model, None, cfg.system.init, repeats=n.shape[0])
     strategy.setup_server(theta0, n)
 
-    def evaluate():
-        return stacked(exchange(grid, nodes, "evaluate", {"theta": strategy.server}))["e"]
-
     hist = History(per_client=[] if keep_clients else None)
-    e = evaluate()
-    has_truth = bool(np.isfinite(e).all())
-    hist.record(e)
     diverged = None
     with np.errstate(over="ignore", invalid="ignore"):
         for r in range(1, cfg.R + 1):
-            for ex in strategy.exchanges:
+            for j, ex in enumerate(strategy.exchanges):
                 replies = exchange(grid, nodes, "train", strategy.message(ex),
-                                   {"exchange": ex, "round": r})
-                strategy.server_update(ex, stacked(replies))
-            e = evaluate()
-            if not np.isfinite(strategy.server).all() or (has_truth and
-                                                           not np.isfinite(e).all()):
+                                   {"exchange": ex, "round": r, "evaluate": j == 0})
+                arrays = stacked(replies)
+                if j == 0:
+                    hist.record(arrays.pop("_e"))
+                strategy.server_update(ex, arrays)
+            if not np.isfinite(strategy.server).all():
                 diverged = r
                 break
-            hist.record(e)
+        if diverged is None:
+            hist.record(stacked(exchange(grid, nodes, "evaluate",
+                                         {"theta": strategy.server}))["_e"])
     return hist, diverged, theta0, labels
 
 
@@ -317,18 +339,29 @@ def run(cfg, model, strategy, dataset, keep_clients: bool):
 
 def deployed_config(context: Context):
     """The run's config composed from the run config: ``overrides`` (a string of ``run.py``
-    overrides, e.g. ``"M=3 strategy=scaffold"``)."""
+    overrides, e.g. ``"M=3 strategy=scaffold"``), checked as ``run.py`` checks it."""
+    from .api import compose
+
+    cfg, _ = compose([*shlex.split(str(context.run_config.get("overrides", ""))),
+                      "progress=false"])
+    return cfg
+
+
+@lru_cache(maxsize=16)
+def _compose(overrides: str) -> str:
+    """The resolved config (YAML) of ``run.py`` overrides (on a node: the server checks them)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     from .options import CONF_DIR
 
-    overrides = shlex.split(str(context.run_config.get("overrides", "")))
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=["progress=false", *overrides])
-    GlobalHydra.instance().clear()
-    return cfg
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=[*shlex.split(overrides), "progress=false"])
+    finally:
+        GlobalHydra.instance().clear()
+    return OmegaConf.to_yaml(cfg, resolve=True)
 
 
 server_app = ServerApp()

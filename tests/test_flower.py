@@ -59,3 +59,44 @@ def test_flower_runtime_refuses_what_it_cannot_run(monkeypatch, tmp_path, settin
     monkeypatch.setattr(runtime, "flower_installed", lambda: True)
     with pytest.raises(ConfigError, match=match):
         run_experiment(compose_cfg(*SMALL, "runtime=flower", setting), tmp_path)
+
+
+@needs_flower
+@pytest.mark.slow
+def test_loopback_deployment_matches_inprocess(tmp_path):
+    """SuperLink and three SuperNodes on 127.0.0.1, each reading its own trajectory file."""
+    import importlib.util
+    import time
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "flower_deploy.py"
+    spec = importlib.util.spec_from_file_location("flower_deploy", script)
+    deploy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(deploy)
+    report = deploy.main(["--out", str(tmp_path), "--clients", "3", "system=synthetic", "R=2",
+                          "repeats=2", "strategy=scaffold"])
+    assert report["runtime"] == "flower" and report["clients"] == 3
+    assert report["max_abs_diff"] <= 1e-10
+    flower = pd.read_csv(tmp_path / "flower" / "errors.csv")
+    assert len(flower) == 2 * 3 and flower["e_max"].iloc[2] < flower["e_max"].iloc[0]
+    home = f"FLWR_HOME={tmp_path / 'flwr-home'}".encode()
+    for _ in range(20):                         # helpers stop within seconds of their parents
+        if not _processes_with(home):
+            break
+        time.sleep(1)
+    assert not _processes_with(home), "Flower processes of the deployment still run"
+
+
+def _processes_with(env_entry: bytes) -> list[int]:
+    """Processes whose environment holds ``env_entry``."""
+    from pathlib import Path
+
+    out = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if env_entry in (proc / "environ").read_bytes().split(b"\0"):
+                    out.append(int(proc.name))
+            except OSError:
+                pass
+    return out

@@ -1,0 +1,213 @@
+"""Run one experiment on a local Flower deployment and compare it with the in-process run.
+
+On 127.0.0.1 only: one SuperLink, one SuperNode per client (each with the path of its own
+trajectory file in its node config), and ``flwr run deploy/flower`` submitting the run. The
+same files are then run in process; the per-round errors must agree to 1e-10.
+
+    python scripts/flower_deploy.py [--out DIR] [--clients 3] [run.py overrides ...]
+    make flower-deploy ARGS="strategy=scaffold R=10"
+
+Steps: (1) simulate M clients and write each client's trajectories to ``DIR/data/<i>.parquet``
+and its true parameters to ``DIR/truth/<i>.csv`` (all clients': ``DIR/truth.csv``); (2) the
+in-process run on those files into ``DIR/inprocess``; (3) the deployment
+(``FLWR_HOME=DIR/flwr-home``) writing ``DIR/flower``;
+(4) the comparison. Needs the ``flower`` extra. Every process it starts is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+HOST = "127.0.0.1"
+#: the experiment when no overrides are given: small and quick
+DEFAULT = ["system=synthetic", "R=5", "repeats=2", "eps=0.2", "strategy=fedavg"]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` free TCP ports on the loopback address."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind((HOST, 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def make_data(out: Path, M: int, overrides: list[str]) -> list[str]:
+    """Simulate M clients; one trajectory file per client and the truth. Returns overrides
+    that read them (the same for both runtimes)."""
+    import fnsysid
+
+    sim = out / "simulated"
+    fnsysid.run([*overrides, f"M={M}", "output.trajectories=true", "output.plot=false"], sim)
+    traj = pd.read_parquet(sim / "trajectories.parquet")
+    data = out / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    truth = pd.read_csv(sim / "truth.csv")
+    (out / "truth").mkdir(exist_ok=True)
+    for client, part in traj.groupby("client"):
+        part.to_parquet(data / f"{client}.parquet", index=False)
+        truth[truth["client"] == client].to_csv(out / "truth" / f"{client}.csv", index=False,
+                                                float_format="%.17g")
+    truth.to_csv(out / "truth.csv", index=False, float_format="%.17g")
+    return [*overrides, f"M={M}", "data=files", f"data.path={data}",
+            f"data.truth={out / 'truth.csv'}", "data.holdout=0"]
+
+
+class Federation:
+    """A SuperLink and SuperNodes on the loopback address, stopped on exit."""
+
+    def __init__(self, home: Path, data_files: list[Path], truth: Path, log_dir: Path):
+        self.home, self.truth, self.log_dir = home, truth, log_dir
+        self.procs: list[subprocess.Popen] = []
+        self.link_port, *self.node_ports = free_ports(1 + len(data_files))
+        self.env = {**os.environ, "FLWR_HOME": str(home),
+                    "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "config.toml").write_text(
+            '[superlink]\ndefault = "fnsysid-local"\n\n'
+            f'[superlink.fnsysid-local]\naddress = "{HOST}:{self.link_port}"\n'
+            "insecure = true\n")
+        self.data_files = data_files
+
+    def _start(self, name: str, args: list[str]) -> None:
+        log = open(self.log_dir / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
+        self.procs.append(subprocess.Popen(args, env=self.env, stdout=log,
+                                           stderr=subprocess.STDOUT, cwd=self.log_dir))
+
+    def __enter__(self):
+        self._start("superlink", [str(BIN / "flower-superlink"), "--insecure", "--host", HOST,
+                                  "--port", str(self.link_port),
+                                  "--disable-runtime-dependency-installation"])
+        wait_for_port(self.link_port, self.procs[0])
+        for i, (path, port) in enumerate(zip(self.data_files, self.node_ports, strict=True)):
+            self._start(f"supernode{i}", [
+                str(BIN / "flower-supernode"), "--insecure",
+                "--superlink", f"{HOST}:{self.link_port}", "--host", HOST, "--port", str(port),
+                "--node-config", f"data-path='{path}' "
+                                 f"truth-path='{self.truth / path.stem}.csv'"])
+        return self
+
+    def run(self, overrides: list[str], outdir: Path, timeout: float) -> subprocess.Popen:
+        """``flwr run deploy/flower`` with the experiment's overrides; waits for the end."""
+        run_config = f"overrides='{' '.join(overrides)}' outdir='{outdir}'"
+        return subprocess.run([str(BIN / "flwr"), "run", str(ROOT / "deploy" / "flower"),
+                               "fnsysid-local", "--stream", "--run-config", run_config],
+                              env=self.env, capture_output=True, text=True, timeout=timeout,
+                              cwd=self.log_dir)
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        # the SuperLink and SuperNodes start helper processes in sessions of their own, which
+        # name their parent's pid or our ports on their command lines
+        marks = [f"{HOST}:{p}" for p in (self.link_port, *self.node_ports)]
+        marks += [f"--parent-pid {p.pid}" for p in self.procs]
+        for pid in leftover(marks):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    """Wait until ``proc`` listens on ``port`` (loopback)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if proc.poll() is not None:
+            raise SystemExit(f"the SuperLink stopped (exit {proc.returncode}); see its log")
+        with socket.socket() as s:
+            if s.connect_ex((HOST, port)) == 0:
+                return
+        time.sleep(0.5)
+    raise SystemExit(f"nothing listens on {HOST}:{port} after {timeout:g} s")
+
+
+def leftover(marks: list[str]) -> list[int]:
+    """Flower processes whose command line contains one of ``marks``."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if ("flower-" in cmd or "flwr-" in cmd) and any(m in cmd for m in marks):
+            out.append(int(proc.name))
+    return out
+
+
+def compare(a: Path, b: Path) -> float:
+    """Largest difference of the per-round errors (e_max, e_mean) of two runs."""
+    ea, eb = pd.read_csv(a / "errors.csv"), pd.read_csv(b / "errors.csv")
+    if len(ea) != len(eb):
+        raise SystemExit(f"the runs have {len(ea)} and {len(eb)} rows in errors.csv")
+    return float(max(np.abs(ea[c] - eb[c]).max() for c in ("e_max", "e_mean")))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="outputs/flower-deploy", help="results folder")
+    ap.add_argument("--clients", type=int, default=3, help="SuperNodes (one client each)")
+    ap.add_argument("--timeout", type=float, default=1200, help="seconds for the flwr run")
+    ap.add_argument("overrides", nargs="*", help="run.py overrides (default: a small run)")
+    args = ap.parse_args(argv)
+    from fnsysid.runtime import INSTALL_FLOWER, flower_installed
+
+    if not flower_installed():
+        raise SystemExit(f"flower_deploy: Flower is not installed: {INSTALL_FLOWER}")
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    overrides = make_data(out, args.clients, args.overrides or DEFAULT)
+
+    import fnsysid
+
+    t0 = time.perf_counter()
+    fnsysid.run([*overrides, "output.plot=false"], out / "inprocess")
+    t_inprocess = time.perf_counter() - t0
+
+    files = sorted((out / "data").glob("*.parquet"))
+    t0 = time.perf_counter()
+    with Federation(out / "flwr-home", files, out / "truth", out) as fed:
+        res = fed.run(overrides, out / "flower", args.timeout)
+    t_flower = time.perf_counter() - t0
+    (out / "flwr-run.log").write_text(res.stdout + res.stderr)
+    if res.returncode != 0 or not (out / "flower" / "summary.json").exists():
+        raise SystemExit(f"flwr run failed (exit {res.returncode}); see {out}/flwr-run.log and "
+                         f"{out}/supernode*.log")
+    summary = json.loads((out / "flower" / "summary.json").read_text())
+    diff = compare(out / "inprocess", out / "flower")
+    report = {"clients": len(files), "overrides": overrides, "runtime": summary["runtime"],
+              "final_e_max_mean": summary["final_e_max_mean"], "max_abs_diff": diff,
+              "deployment_s": round(t_flower, 1), "inprocess_s": round(t_inprocess, 2)}
+    (out / "comparison.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"deployment on {HOST} with {len(files)} SuperNodes: {t_flower:.1f} s "
+          f"(in process {t_inprocess:.2f} s); final e_max {summary['final_e_max_mean']:.6f}; "
+          f"max |difference| of e_max/e_mean per round vs in process: {diff:.2e}")
+    if not diff <= 1e-10:
+        raise SystemExit("the deployment and the in-process run differ by more than 1e-10")
+    return report
+
+
+if __name__ == "__main__":
+    main()
