@@ -274,3 +274,24 @@ def test_split_column_val_path_and_holdout_choose_the_same_held_out_data(tmp_pat
         ds = load_data(cfg, model, optimizer)
     assert ds.heldout.valid.tolist() == [[False, True]] and ds.train.n[0, 0] == 9
     assert "left out of the validation: 0" in caplog.text
+
+
+def test_bad_truth_and_unreadable_parquet_are_one_line(tmp_path):
+    df, _ = linear_fleet(n_clients=2, n_traj=2, length=5)
+    write_per_client(df, tmp_path / "logs")
+    truth = pd.DataFrame({"client": ["robot0", "robot1"], "parameter": ["x1+:x1", "x1+:x9"],
+                          "value": [1.0, 2.0]})
+    truth.to_csv(tmp_path / "truth.csv", index=False)
+    cfg = compose_cfg(*GENERIC, f"data.path={tmp_path / 'logs'}",
+                      f"data.truth={tmp_path / 'truth.csv'}")
+    with pytest.raises(DataError, match=r"truth.csv: row 2: parameter 'x1\+:x9' is not in"):
+        run_experiment(cfg, tmp_path / "out")
+    truth.iloc[:1].to_csv(tmp_path / "truth.csv", index=False)
+    with pytest.raises(DataError, match="no value for repeat 0, client 'robot0', parameter "
+                                        "'x1\\+:x2'"):
+        run_experiment(cfg, tmp_path / "out")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "robot0.parquet").write_bytes(b"not a parquet file")
+    with pytest.raises(DataError, match="robot0.parquet: cannot be read as parquet"):
+        load_trajectories(tmp_path / "bad", ["x1", "x2"], ["u"])
+    assert not (tmp_path / "out").exists()
