@@ -45,6 +45,8 @@ class ParameterErrors:
 
 #: clients evaluated at once per round: temporaries stay in the cache
 CHUNK = 1 << 15
+#: below this many clients a shared model is scored like per-client models (fewer calls)
+SMALL = 2048
 
 
 def _chunks(m: int) -> list[slice]:
@@ -106,8 +108,9 @@ class HeldOutScores:
     def one_step(self, theta: np.ndarray) -> np.ndarray:
         """One-step NRMSE (S, M) of estimates ``theta`` (S, 1 or M, p)."""
         Th = self.model.theta_matrix(np.asarray(theta, float))           # (S, m, n_y, n_phi)
-        if Th.shape[1] != 1:
+        if Th.shape[1] != 1 or self.yy.shape[-1] < SMALL:
             ho = self.ho
+            Th = np.broadcast_to(Th, ho.cross.shape)
             quad = np.einsum("smjk,smkl,smjl->smj", Th, ho.gram, Th)
             lin = np.einsum("smjk,smjk->smj", Th, ho.cross)
             sse = _first(ho.yy - 2.0 * lin + quad)

@@ -69,18 +69,21 @@ def test_parameter_errors_match_the_norm_formula():
         np.testing.assert_allclose(err(est), ref, rtol=1e-14)
 
 
-def test_scores_are_evaluated_in_chunks_without_seams():
+@pytest.mark.parametrize("system", ["pendulum", "synthetic"])
+def test_scores_are_evaluated_in_chunks_without_seams(system):
     from fnsysid.metrics import CHUNK
 
-    _, model, *_ = make("system=pendulum")
+    _, model, *_ = make(f"system={system}")
+    sys_ = model.system
     rng = np.random.default_rng(2)
     M = CHUNK + 5
-    x, u = rng.standard_normal((1, M, 1, 4, 2)), rng.standard_normal((1, M, 1, 3, 1))
+    x = rng.standard_normal((1, M, 1, 4, sys_.n_x))
+    u = rng.standard_normal((1, M, 1, 3, sys_.n_u))
     ho = heldout_from_trajectories(model, x, u, np.ones(x.shape[:-1], bool))
     scores = HeldOutScores(model, ho)
-    theta = np.array([[[2.0, 40.0]]])
-    per_client = np.broadcast_to(theta, (1, M, 2))          # the unchunked per-client path
+    theta = (sys_.nominal @ model.embed)[None, None]
+    per_client = np.broadcast_to(theta, (1, M, model.p))     # the unchunked per-client path
     np.testing.assert_allclose(scores.one_step(theta), scores.one_step(per_client), rtol=1e-9)
-    truth = rng.standard_normal((1, M, 2))
+    truth = rng.standard_normal((1, M, model.p))
     ref = np.linalg.norm(theta - truth, axis=-1) / np.linalg.norm(truth, axis=-1)
     np.testing.assert_allclose(ParameterErrors(truth)(theta), ref, rtol=1e-14)
