@@ -135,27 +135,37 @@ class HeldOutScores:
 
     def free_run(self, theta: np.ndarray) -> np.ndarray:
         """Free-run NRMSE (S, M) of estimates ``theta`` (S, 1 or M, p); ``inf`` for a rollout
-        that blows up."""
-        x, u = self.ho.x, self.ho.u
-        model = self.model
-        Th = model.theta_matrix(np.asarray(theta, float))                  # (S, m, n_y, n_phi)
+        that blows up. Rolled out for a chunk of clients at a time (temporaries in cache)."""
+        x = self.ho.x
+        Th = self.model.theta_matrix(np.asarray(theta, float))             # (S, m, n_y, n_phi)
         S, M, J = x.shape[:3]
-        state = x[..., 0, :]
-        sse = np.zeros((S, M, J, x.shape[-1]))
+        sse = np.empty((S, M, x.shape[-1]))
+        step = max(1, CHUNK // (4 * J))
         with np.errstate(all="ignore"):
-            for t in range(x.shape[-2] - 1):
-                phi = model.features(state, u[..., t, :])                  # (S, M, J, n_phi)
-                if Th.shape[1] == 1:
-                    y = np.stack([_combine(phi, Th[:, 0, j]) for j in range(self.n_y)], axis=-1)
-                else:
-                    y = np.einsum("smyk,smjk->smjy", Th, phi)
-                state = model.system.predict(state, u[..., t, :], y)
-                d = state - x[..., t + 1, :]
-                if not self.full:
-                    d = np.where(self.mask[..., t, None], d, 0.0)
-                sse += d * d
-            out = (np.sqrt(sse.sum(axis=2)) * self.w_run).sum(axis=-1)
+            for lo in range(0, M, step):
+                sl = slice(lo, min(lo + step, M))
+                sse[:, sl] = self._rollout(Th if Th.shape[1] == 1 else Th[:, sl], sl)
+            out = (np.sqrt(sse) * self.w_run).sum(axis=-1)
         return np.where(np.isnan(out) & self.valid, np.inf, out)
+
+    def _rollout(self, Th: np.ndarray, sl: slice) -> np.ndarray:
+        """Squared free-run errors of clients ``sl`` summed over their samples, (S, m, n_x)."""
+        model = self.model
+        x, u = self.ho.x[:, sl], self.ho.u[:, sl]
+        state = x[..., 0, :]
+        sse = np.zeros(x.shape[:3] + x.shape[-1:])
+        for t in range(x.shape[-2] - 1):
+            phi = model.features(state, u[..., t, :])                      # (S, m, J, n_phi)
+            if Th.shape[1] == 1:
+                y = np.stack([_combine(phi, Th[:, 0, j]) for j in range(self.n_y)], axis=-1)
+            else:
+                y = np.einsum("smyk,smjk->smjy", Th, phi)
+            state = model.system.predict(state, u[..., t, :], y)
+            d = state - x[..., t + 1, :]
+            if not self.full:
+                d = np.where(self.mask[:, sl, :, t, None], d, 0.0)
+            sse += d * d
+        return sse.sum(axis=2)
 
 
 def _first(a: np.ndarray) -> np.ndarray:

@@ -14,9 +14,10 @@ compute, and process over process.
 
 Cases: **paper** the pendulum M-sweep of the paper (one process, six runs) and the synthetic
 M=100 run; **M** the pendulum run of issue 10 (N=10, T=5, K=5, R=200, repeats=1, lr 1e-2) for
-M = 10^2 .. 10^6, with its floor; **K** the same at M=10^5 for K = 1, 5, 50 (round cost =
-``train_s / R``); **p** the linear system with n_x = 2, 4, 8 (p = n_x (n_x + 2)) and the
-synthetic system with quadratic features (p = 63), M = 1000.
+M = 10^2 .. 10^6, with its floor; **K** the same at M=10^5 for K = 1, 5, 50 (round cost from
+two runs, R=200 and R=20, so that precomputing the maps is apart; and the step-by-step path);
+**p** the linear system with n_x = 2, 4, 8 (p = n_x (n_x + 2)) and the synthetic system with
+quadratic features (p = 63), M = 1000.
 """
 
 from __future__ import annotations
@@ -177,12 +178,21 @@ def bench(cases: list[str], quick: bool) -> dict:
     if "K" in cases:
         rows = []
         M = 10_000 if quick else 100_000
-        print(f"\nK: the same run at M={M}; round = train_s / R (precomputing the maps included)")
+        print(f"\nK: the same run at M={M}; round = (train_s at R=200 - at R=20) / 180, setup = "
+              "the rest (the maps); step path: optimizer.affine=false, train_s / 200")
+        base = [o for o in PEND if not o.startswith(("K=", "R="))] + [f"M={M}"]
         for K in K_VALUES:
-            res = run_cmd([o for o in PEND if not o.startswith("K=")] + [f"K={K}", f"M={M}"])
-            rows.append(dict(K=K, M=M, round_ms=1e3 * res["train_s"] / 200, **res))
-            print(f"  K={K:3d}  train {res['train_s']:.3f} s  round {rows[-1]['round_ms']:.2f} ms"
-                  f"  data {res['data_s']:.3f} s  rss {res['rss_mib']:.0f} MiB")
+            long = run_cmd(base + [f"K={K}", "R=200"])
+            short = run_cmd(base + [f"K={K}", "R=20"])
+            step = run_cmd(base + [f"K={K}", "R=200", "optimizer.affine=false"])
+            round_ms = 1e3 * (long["train_s"] - short["train_s"]) / 180
+            rows.append(dict(K=K, M=M, round_ms=round_ms,
+                             setup_ms=1e3 * short["train_s"] - 20 * round_ms,
+                             step_round_ms=1e3 * step["train_s"] / 200, train_s=long["train_s"],
+                             rss_mib=long["rss_mib"]))
+            print(f"  K={K:3d}  round {round_ms:6.2f} ms  setup {rows[-1]['setup_ms']:7.1f} ms  "
+                  f"(step path: {rows[-1]['step_round_ms']:7.2f} ms a round)  "
+                  f"rss {long['rss_mib']:.0f} MiB")
         results["cases"]["K"] = rows
     if "p" in cases:
         rows = []
@@ -224,9 +234,12 @@ def plot(results: dict, path: Path) -> None:
         ax.legend(fontsize=8)
     if "K" in c:
         ax = axes[2]
-        ax.semilogx([r["K"] for r in c["K"]], [r["round_ms"] for r in c["K"]], "o-")
-        ax.set(xlabel="local steps K", ylabel="ms per round", ylim=(0, None),
+        Ks = [r["K"] for r in c["K"]]
+        ax.loglog(Ks, [r["round_ms"] for r in c["K"]], "o-", label="affine maps (default)")
+        ax.loglog(Ks, [r["step_round_ms"] for r in c["K"]], "^--", label="step by step")
+        ax.set(xlabel="local steps K", ylabel="ms per round",
                title=f"round cost against K (M={c['K'][0]['M']})")
+        ax.legend(fontsize=8)
     if "p" in c:
         ax = axes[3]
         ps = [r["p"] for r in c["p"]]

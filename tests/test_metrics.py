@@ -84,6 +84,10 @@ def test_scores_are_evaluated_in_chunks_without_seams(system):
     theta = (sys_.nominal @ model.embed)[None, None]
     per_client = np.broadcast_to(theta, (1, M, model.p))     # the unchunked per-client path
     np.testing.assert_allclose(scores.one_step(theta), scores.one_step(per_client), rtol=1e-9)
+    run = free_run(model, theta, x, u)                       # all clients in one rollout
+    rmse = np.sqrt(((run[..., 1:, :] - x[..., 1:, :]) ** 2).mean(axis=(2, 3)))
+    np.testing.assert_allclose(scores.free_run(theta), (rmse / ho.std).mean(axis=-1),
+                               rtol=1e-10)
     truth = rng.standard_normal((1, M, model.p))
     ref = np.linalg.norm(theta - truth, axis=-1) / np.linalg.norm(truth, axis=-1)
     np.testing.assert_allclose(ParameterErrors(truth)(theta), ref, rtol=1e-14)
