@@ -90,8 +90,22 @@ def _pool(jobs: int) -> ProcessPoolExecutor:
     return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork"))
 
 
+def expected_cost(name: str) -> float:
+    """Rough relative cost of an experiment from its file: jobs x repeats x rounds."""
+    from fnsysid.cli import CONF_DIR
+
+    spec = yaml.safe_load((CONF_DIR / "experiment" / f"{name}.yaml").read_text()) or {}
+    params = ((spec.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+    jobs = 1
+    for values in params.values():
+        jobs *= len(str(values).split(","))
+    return jobs * float(spec.get("repeats", 5)) * float(spec.get("R", 100))
+
+
 def run_all(experiments: list[str], sweeps: Path, extra: list[str], jobs: int) -> None:
-    """Run ``experiments`` over ``jobs`` workers (in this process when ``jobs`` is 1)."""
+    """Run ``experiments`` over ``jobs`` workers (in this process when ``jobs`` is 1), the
+    costliest first so that the workers finish together."""
+    experiments = sorted(experiments, key=expected_cost, reverse=True)
     if jobs <= 1:
         for e in experiments:
             print(f"ran experiment {e}: {run_experiment(e, sweeps, extra)[0]:.1f} s", flush=True)
