@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-flower run test test-slow lint bench figures clean flower-deploy
+.PHONY: help install install-flower install-cluster run test test-slow lint bench figures clean flower-deploy
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -22,6 +22,9 @@ install: $(STAMP)  ## create .venv and install fnsysid with its pinned dependenc
 
 install-flower: $(STAMP)  ## add the Flower extra (runtime=flower, docs/FEDERATED.md)
 	$(PY) -m pip install --quiet -e '.[dev,flower]'
+
+install-cluster: $(STAMP)  ## add the submitit launcher extra (hydra/launcher=submitit_slurm)
+	$(PY) -m pip install --quiet -e '.[dev,cluster]'
 
 run: $(STAMP)  ## run the default experiment (pendulum, M=20); results in outputs/runs/
 	$(PY) run.py $(ARGS)

@@ -92,7 +92,24 @@ class ClientNode:
                                  cfg.seed, shared_noise=bool(cfg.data.shared_noise),
                                  clients=[index])
         optimizer.setup(self.data, model, cfg.seed)
-        self.clients = self.strategy.make_clients(optimizer, cfg.K, cfg.lr)
+        self.clients = self.strategy.make_clients(optimizer, self._local_steps(cfg, index),
+                                                  cfg.lr)
+
+    def _local_steps(self, cfg, index):
+        """This client's ``K_i`` (S, 1), or ``K`` when all clients share it."""
+        from .local_work import is_heterogeneous, local_steps
+
+        if not is_heterogeneous(cfg.K):
+            return int(cfg.K)
+        if index is None:
+            raise ValueError("per-client K needs the node's position: node config client=<i>")
+        if cfg.data.get("source", "simulated") == "files":
+            from .trajectory_files import data_files
+
+            M = len(data_files(cfg.data.path))
+        else:
+            M = cfg.M
+        return local_steps(cfg.K, M, self.data.shape[0], cfg.seed, clients=[index])
 
     @staticmethod
     def _from_file(cfg, model, optimizer, index, data_path, truth_path):
@@ -194,24 +211,25 @@ def wait_for_nodes(grid: Grid, n: int, timeout: float = 300.0) -> list[int]:
     return nodes
 
 
-def exchange(grid: Grid, nodes: list[int], message_type: str, arrays: dict | None = None,
-             config: dict | None = None) -> list[RecordDict]:
-    """Send one message to each of ``nodes``; the replies' contents in the order of ``nodes``."""
-    content = {"arrays": to_record(arrays or {})}
-    if config:
-        content["config"] = ConfigRecord(config)
-    msgs = [Message(RecordDict(content), dst_node_id=n, message_type=message_type)
-            for n in nodes]
+def exchange(grid: Grid, sends: list[tuple]) -> list[RecordDict]:
+    """Send messages ``(node, message_type, arrays, config or None)``; the replies' contents
+    in the order of ``sends``."""
+    msgs = []
+    for node, message_type, arrays, config in sends:
+        content = {"arrays": to_record(arrays or {})}
+        if config:
+            content["config"] = ConfigRecord(config)
+        msgs.append(Message(RecordDict(content), dst_node_id=node, message_type=message_type))
     by_node = {}
     for rep in grid.send_and_receive(msgs):
         if rep.has_error():
-            raise FlowerError(f"node {rep.metadata.src_node_id} failed on {message_type}: "
-                              f"{rep.error.reason}")
+            raise FlowerError(f"node {rep.metadata.src_node_id} failed on "
+                              f"{rep.metadata.message_type}: {rep.error.reason}")
         by_node[rep.metadata.src_node_id] = rep.content
-    missing = [n for n in nodes if n not in by_node]
+    missing = [node for node, *_ in sends if node not in by_node]
     if missing:
-        raise FlowerError(f"no {message_type} reply from nodes {missing}")
-    return [by_node[n] for n in nodes]
+        raise FlowerError(f"no reply from nodes {missing}")
+    return [by_node[node] for node, *_ in sends]
 
 
 def stacked(replies: list[RecordDict]) -> dict[str, np.ndarray]:
@@ -223,16 +241,18 @@ def stacked(replies: list[RecordDict]) -> dict[str, np.ndarray]:
 def serve(grid: Grid, cfg, model, strategy, M: int, keep_clients: bool):
     """The server side of a run: ``cfg.R`` rounds of ``strategy`` with M client nodes.
 
-    The first exchange of a round also asks every client for its error of the model it
-    carries (the previous round's), so a round costs one network round trip per exchange;
-    one ``evaluate`` exchange after the last round gives the final errors. Returns (history,
-    diverged round or None, start model (S, p), client labels); the clients are ordered as in
-    process. A round diverges when the server model is not finite.
+    Each round the clients the strategy samples (``strategy.fraction``; all by default) get
+    ``train`` messages, with the repeats they take part in (``active``); the first exchange
+    of a round also asks every client for its error of the current server model (the others
+    get an ``evaluate`` message), so the errors cover all clients and a round costs one network
+    round trip per exchange. One ``evaluate`` exchange after the last round gives the final
+    errors. Returns (history, diverged round or None, start model (S, p), client labels); the
+    clients are ordered as in process. A round diverges when the server model is not finite.
     """
     from .training import History
 
     nodes = wait_for_nodes(grid, M)
-    info = exchange(grid, nodes, "query")
+    info = exchange(grid, [(n, "query", None, None) for n in nodes])
     labels = [str(r["info"]["client"]) for r in info]
     if len(set(labels)) != len(labels):
         raise FlowerError(f"two nodes hold the same client: {sorted(labels)}")
@@ -240,25 +260,39 @@ def serve(grid: Grid, cfg, model, strategy, M: int, keep_clients: bool):
     nodes, labels = [nodes[i] for i in order], [labels[i] for i in order]
     n = stacked([info[i] for i in order])["n"]
     theta0 = initial_model(model, None, cfg.system.init, repeats=n.shape[0])
-    strategy.setup_server(theta0, n)
+    strategy.setup_server(theta0, n, cfg.seed)
 
     hist = History(per_client=[] if keep_clients else None)
     diverged = None
     with np.errstate(over="ignore", invalid="ignore"):
         for r in range(1, cfg.R + 1):
+            active = strategy.participants(r)
+            on = np.arange(M) if active is None else np.flatnonzero(active.any(axis=0))
+            off = np.setdiff1d(np.arange(M), on)
             for j, ex in enumerate(strategy.exchanges):
-                replies = exchange(grid, nodes, "train", strategy.message(ex),
-                                   {"exchange": ex, "round": r, "evaluate": j == 0})
-                arrays = stacked(replies)
+                msg = strategy.message(ex)
+                config = {"exchange": ex, "round": r, "evaluate": j == 0}
+                sends = [(nodes[i], "train", msg if active is None else
+                          {**msg, "active": active[:, i]}, config) for i in on]
                 if j == 0:
-                    hist.record(arrays.pop("_e"))
-                strategy.server_update(ex, arrays)
+                    sends += [(nodes[i], "evaluate", {"theta": msg["theta"]}, None) for i in off]
+                replies = exchange(grid, sends)
+                arrays = stacked(replies[:len(on)])
+                if j == 0:
+                    e = np.empty((n.shape[0], M))
+                    e[:, on] = arrays.pop("_e")
+                    if len(off):
+                        e[:, off] = stacked(replies[len(on):])["_e"]
+                    hist.record(e)
+                strategy.server_update(ex, arrays, sel=on,
+                                       active=None if active is None else active[:, on])
             if not np.isfinite(strategy.server).all():
                 diverged = r
                 break
         if diverged is None:
-            hist.record(stacked(exchange(grid, nodes, "evaluate",
-                                         {"theta": strategy.server}))["_e"])
+            final = exchange(grid, [(nd, "evaluate", {"theta": strategy.server}, None)
+                                    for nd in nodes])
+            hist.record(stacked(final)["_e"])
     return hist, diverged, theta0, labels
 
 

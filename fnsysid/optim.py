@@ -340,9 +340,11 @@ class LocalSolver:
             return self.H * inv_n[..., None, None], self.b * inv_n[..., None]
         return self.H, self.b
 
-    def step_total(self, lr, K) -> float:
-        """Sum of the K step sizes of a round (``K lr`` for a constant schedule)."""
-        return float(step_sizes(lr, K, self.schedule).sum())
+    def step_total(self, lr, K):
+        """Sum of the K step sizes of a round (``K lr`` for a constant schedule): a float, or
+        (S, M) for per-client step counts ``K`` (S, M)."""
+        total = step_sizes(lr, K, self.schedule).sum(axis=-1)
+        return float(total) if np.ndim(K) == 0 else total
 
     def _precond(self, clients):
         return None if self.precond is None else self.precond[:, clients]
@@ -369,6 +371,8 @@ class GD(LocalSolver):
                          correction=correction)
 
     def local_steps(self, theta, K, lr, clients=slice(None), **extra):
+        if np.ndim(K):                                   # per-client counts (S, M)
+            K = np.asarray(K)[:, clients]
         return gd_steps(theta, self.H[:, clients], self.b[:, clients], self.n[:, clients],
                         step_sizes(lr, K, self.schedule), reduction=self.reduction,
                         precond=self._precond(clients), **extra)

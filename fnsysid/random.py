@@ -22,7 +22,7 @@ import numpy as np
 BLOCK = 1024
 
 # purposes of streams; part of the spawn key so that streams never collide
-PARAMS, TRAJECTORY, SHUFFLE, HOLDOUT = 0, 1, 2, 3
+PARAMS, TRAJECTORY, SHUFFLE, HOLDOUT, LOCAL_STEPS, PARTICIPATION = 0, 1, 2, 3, 4, 5
 
 
 def stream(seed: int, purpose: int, *key: int) -> np.random.Generator:

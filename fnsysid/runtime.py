@@ -33,8 +33,8 @@ def check_runtime(cfg, optimizer, strategy) -> None:
         raise ConfigError(f"runtime=flower needs Flower, which is not installed: {INSTALL_FLOWER}")
     if not isinstance(strategy, Federated):
         raise ConfigError(f"runtime=flower runs the federated strategies (fedavg, fedprox, "
-                          f"fedlin, scaffold); strategy {type(strategy).__name__} runs only "
-                          f"with runtime=inprocess")
+                          f"fedlin, scaffold, fednova); strategy {type(strategy).__name__} runs "
+                          f"only with runtime=inprocess")
     if optimizer.needs_samples:
         raise ConfigError("runtime=flower supports optimizer=gd; optimizer=sgd runs only with "
                           "runtime=inprocess")

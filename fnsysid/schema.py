@@ -317,13 +317,24 @@ FINITE_VEC = AnyOf(FINITE, ListOf(FINITE))
 NONNEG_VEC = AnyOf(NONNEG_REAL, ListOf(NONNEG_REAL))
 MATRIX = ListOf(ListOf(FINITE))
 
+class StepDistribution(Spec):
+    """``{kind: uniform_int, low: L, high: H}`` with integers ``1 <= L <= H``."""
+
+    allowed = "{kind: uniform_int, low: L, high: H} with integers 1 <= L <= H"
+
+    def ok(self, v) -> bool:
+        return (isinstance(v, Mapping) and set(v) == {"kind", "low", "high"}
+                and v["kind"] == "uniform_int" and _is_int(v["low"]) and _is_int(v["high"])
+                and 1 <= v["low"] <= v["high"])
+
+
 #: top-level knobs: name -> (meaning, spec); also the knobs a system's ``knobs`` node sets
 KNOBS = {
     "M": ("number of clients", POS_INT),
     "N": ("trajectories per client", AnyOf(POS_INT, ListOf(POS_INT))),
     "T": ("trajectory length", POS_INT),
     "eps": ("heterogeneity", NONNEG_REAL),
-    "K": ("local steps per round", POS_INT),
+    "K": ("local steps per round", AnyOf(POS_INT, ListOf(POS_INT), StepDistribution())),
     "lr": ("learning rate", POS_REAL),
     "R": ("communication rounds", POS_INT),
     "repeats": ("independent repetitions", POS_INT),
@@ -383,11 +394,14 @@ OPTIMIZERS = {
 }
 
 WEIGHTING = {"weighting": Choice("uniform", "samples")}
+#: federated strategies: share of clients taking part in each round
+FEDERATED = {**WEIGHTING, "fraction": Real(lo=0, hi=1, lo_open=True)}
 STRATEGIES = {
-    "fnsysid.strategies.FedAvg": WEIGHTING,
-    "fnsysid.strategies.FedProx": {**WEIGHTING, "mu": NONNEG_REAL},
-    "fnsysid.strategies.FedLin": WEIGHTING,
-    "fnsysid.strategies.Scaffold": WEIGHTING,
+    "fnsysid.strategies.FedAvg": FEDERATED,
+    "fnsysid.strategies.FedProx": {**FEDERATED, "mu": NONNEG_REAL},
+    "fnsysid.strategies.FedLin": FEDERATED,
+    "fnsysid.strategies.Scaffold": FEDERATED,
+    "fnsysid.strategies.FedNova": FEDERATED,
     "fnsysid.strategies.OneShot": WEIGHTING,
     "fnsysid.strategies.Local": WEIGHTING,
     "fnsysid.strategies.Centralized": {**WEIGHTING, "exact": Bool()},

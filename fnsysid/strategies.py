@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import random as rnd
 from .model import least_squares, pooled
 from .optim import LocalMap, matvec, undo_preconditioner
+from .validate import ConfigError
 
 WEIGHTINGS = ("uniform", "samples")
 
@@ -80,6 +82,22 @@ class Clients:
         S, M = self.solver.n.shape
         return np.broadcast_to(server[:, None, :], (S, len(range(M)[sel]), server.shape[-1]))
 
+    @staticmethod
+    def active(msg: dict, sel=slice(None)) -> np.ndarray | None:
+        """Where the selected clients take part (S, m) from ``msg["active"]`` ((S, M), or
+        (S,) for a node's own client), or None when everyone does."""
+        a = msg.get("active")
+        if a is None:
+            return None
+        a = np.asarray(a, bool)
+        return a[:, None] if a.ndim == 1 else a[:, sel]
+
+    def step_total(self, sel=slice(None)):
+        """Sum of the local step sizes of the selected clients: a float, or (S, m, 1) for
+        per-client step counts."""
+        total = self.solver.step_total(self.lr, self.K)
+        return total if np.ndim(total) == 0 else total[:, sel, None]
+
     def local_steps(self, start: np.ndarray, sel=slice(None), correction=None) -> np.ndarray:
         """The K local steps of the selected clients from ``start`` (S, m, p), with a gradient
         correction held fixed during the round (FedLin, SCAFFOLD) and FedProx's proximal term
@@ -115,16 +133,18 @@ class Strategy:
         self.data, self.optimizer, self.K, self.lr = data, optimizer, K, lr
         optimizer.setup(data, model, seed)
         self.clients = self.make_clients(optimizer, K, lr)
-        self.setup_server(theta0, data.n)
+        self.setup_server(theta0, data.n, seed)
 
     def make_clients(self, solver, K, lr) -> Clients:
         """The client side of this strategy on the data ``solver`` was set up with."""
         return Clients(solver, K, lr)
 
-    def setup_server(self, theta0, n) -> None:
-        """The server's part of :meth:`setup`: start model ``theta0`` (S, p) and the clients'
-        sample counts ``n`` (S, M), the weights of ``weighting=samples``."""
+    def setup_server(self, theta0, n, seed: int = 0) -> None:
+        """The server's part of :meth:`setup`: start model ``theta0`` (S, p), the clients'
+        sample counts ``n`` (S, M) (the weights of ``weighting=samples``) and the root seed
+        (client sampling)."""
         self.server = np.array(theta0, dtype=float)
+        self.n_clients, self.seed = np.shape(n)[1], seed
         self.weights = None if self.weighting == "uniform" else np.asarray(n, float)
 
     def broadcast(self) -> np.ndarray:
@@ -153,26 +173,58 @@ class Federated(Strategy):
     exchanges: tuple[str, ...] = ("train",)
     server_map = None
 
+    def __init__(self, weighting: str = "uniform", fraction: float = 1.0):
+        super().__init__(weighting)
+        if not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
+            raise ValueError(f"strategy.fraction={fraction}; allowed: a number in (0, 1]")
+        self.fraction = float(fraction)
+
+    def participants(self, r: int) -> np.ndarray | None:
+        """Clients taking part in round ``r``: None (all) or a mask (S, M) with
+        ``max(1, round(fraction M))`` clients per repeat, drawn from the round's own stream
+        (the same on every runtime)."""
+        if self.fraction >= 1.0:
+            return None
+        S, M = self.server.shape[0], self.n_clients
+        m = max(1, int(round(self.fraction * M)))
+        mask = np.zeros((S, M), dtype=bool)
+        for s in range(S):
+            mask[s, rnd.stream(self.seed, rnd.PARTICIPATION, s, r).permutation(M)[:m]] = True
+        return mask
+
     def message(self, exchange: str) -> dict[str, np.ndarray]:
         """What the server sends every client in ``exchange``."""
         return {"theta": self.server}
 
     def client_update(self, exchange: str, msg: dict, clients: Clients,
                       sel=slice(None)) -> dict[str, np.ndarray]:
-        """Replies of the selected clients ``sel`` of ``clients`` to ``msg``, arrays (S, m, ...)."""
+        """Replies of the selected clients ``sel`` of ``clients`` to ``msg``, arrays (S, m, ...).
+        ``msg["active"]``, when present, marks the repeats in which a client takes part."""
         return {"theta": clients.local_steps(clients.broadcast(msg["theta"], sel), sel)}
 
-    def server_update(self, exchange: str, replies: dict[str, np.ndarray]) -> None:
-        """Combine the clients' replies (S, M, ...)."""
-        self.server = aggregate(replies["theta"], self.weights)
+    def server_update(self, exchange: str, replies: dict[str, np.ndarray], sel=slice(None),
+                      active=None) -> None:
+        """Combine the replies (S, m, ...) of clients ``sel`` (active where ``active``)."""
+        self.server = aggregate(replies["theta"], self.weights_of(sel, active))
+
+    def weights_of(self, sel=slice(None), active=None):
+        """Aggregation weights of clients ``sel``, zero where not ``active`` (None: uniform)."""
+        if active is None:
+            return None if self.weights is None else self.weights[:, sel]
+        w = np.ones(active.shape) if self.weights is None else self.weights[:, sel]
+        return w * active
 
     def round(self, r):
-        if self.server_map is not None:
+        active = self.participants(r)
+        if active is None and self.server_map is not None:
             self.server = self.server_map(self.server[:, None, :])[:, 0]
             return
         for exchange in self.exchanges:
-            replies = self.client_update(exchange, self.message(exchange), self.clients)
-            self.server_update(exchange, replies)
+            msg = self.message(exchange)
+            if active is not None:
+                msg = {**msg, "active": active}
+            replies = self.client_update(exchange, msg, self.clients)
+            self.server_update(exchange, replies, active=active)
 
 
 class FedAvg(Federated):
@@ -246,11 +298,11 @@ class FedLin(FedAvg):
             return {"g": g_i}
         return {"theta": clients.local_steps(start, sel, correction=msg["g"][:, None, :] - g_i)}
 
-    def server_update(self, exchange, replies):
+    def server_update(self, exchange, replies, sel=slice(None), active=None):
         if exchange == "gradient":
-            self.g = aggregate(replies["g"], self.weights)
+            self.g = aggregate(replies["g"], self.weights_of(sel, active))
         else:
-            super().server_update(exchange, replies)
+            super().server_update(exchange, replies, sel, active)
 
 
 class Scaffold(FedAvg):
@@ -265,8 +317,8 @@ class Scaffold(FedAvg):
     def client_maps(self):
         return None                       # per-client state: the rounds run the exchange
 
-    def setup_server(self, theta0, n):
-        super().setup_server(theta0, n)
+    def setup_server(self, theta0, n, seed=0):
+        super().setup_server(theta0, n, seed)
         self.c = np.zeros(self.server.shape)
 
     def message(self, exchange):
@@ -280,18 +332,67 @@ class Scaffold(FedAvg):
             c_i = np.zeros(clients.broadcast(msg["c"]).shape)
         local = clients.local_steps(start, sel, correction=c - c_i[:, sel])
         solver = clients.solver
-        delta = (start - local) / solver.step_total(clients.lr, clients.K)
+        delta = (start - local) / clients.step_total(sel)
         if solver.precond is not None:      # steps were P (g + c - c_i): undo P
             delta = undo_preconditioner(solver.precond[:, sel], solver.H[:, sel],
                                         solver.n[:, sel], delta)
+        dc = delta - c                                  # c_i <- c_i - c + delta
+        active = clients.active(msg, sel)
+        if active is not None:                          # clients left out keep their c_i
+            dc = dc * active[..., None]
         c_i = np.array(c_i)
-        c_i[:, sel] = c_i[:, sel] - c + delta
+        c_i[:, sel] = c_i[:, sel] + dc
         clients.state["c_i"] = c_i
-        return {"theta": local, "c": c_i[:, sel]}
+        return {"theta": local, "dc": dc}
 
-    def server_update(self, exchange, replies):
-        self.c = aggregate(replies["c"], self.weights)
-        super().server_update(exchange, replies)
+    def server_update(self, exchange, replies, sel=slice(None), active=None):
+        """``c <- c + sum_i w_i (c_i' - c_i) / sum over all clients of w_i`` (with everyone
+        taking part: ``c = mean c_i``); the model averages the active clients."""
+        w = np.ones(self.server.shape[0:1] + (self.n_clients,)) if self.weights is None \
+            else self.weights
+        self.c = self.c + np.einsum("sm,smp->sp", w[:, sel], replies["dc"]) / \
+            w.sum(axis=-1)[:, None]
+        super().server_update(exchange, replies, sel, active)
+
+
+class FedNova(FedAvg):
+    """FedNova (Wang et al. 2020, "Tackling the objective inconsistency problem in heterogeneous
+    federated optimization"): normalized averaging. Client i's update
+    ``Delta_i = theta_s - theta_i`` is divided by its total step size ``s_i`` (the sum of its
+    local step sizes, ``K_i lr`` for a constant schedule) and the server moves
+    ``theta_s <- theta_s - s_eff sum_i p_i Delta_i / s_i`` with ``s_eff = sum_i p_i s_i``
+    (``p_i`` the normalized weights). With equal ``K_i`` it is FedAvg; with heterogeneous
+    ``K_i`` it removes FedAvg's pull towards the clients that take more steps.
+
+    In process with affine maps each client's normalized update is affine in the server model,
+    so a round is again one averaged map."""
+
+    def client_maps(self):
+        maps = self.optimizer.local_map(self.K, self.lr, correction=False)
+        if maps is None:
+            return None
+        s_i = np.broadcast_to(self.optimizer.step_total(self.lr, self.K), self.data.n.shape)
+        s_eff = (_normalized(self.weights, s_i.shape) * s_i).sum(axis=-1, keepdims=True)
+        scale = s_eff / s_i                                               # (S, M)
+        eye = np.eye(maps.P.shape[-1])
+        return LocalMap(eye + scale[..., None, None] * (maps.P - eye),
+                        scale[..., None] * maps.q)
+
+    def client_update(self, exchange, msg, clients, sel=slice(None)):
+        start = clients.broadcast(msg["theta"], sel)
+        s_i = np.broadcast_to(clients.step_total(sel), start.shape[:-1] + (1,))
+        return {"d": (start - clients.local_steps(start, sel)) / s_i, "s": s_i[..., 0]}
+
+    def server_update(self, exchange, replies, sel=slice(None), active=None):
+        w = self.weights_of(sel, active)
+        s_eff = (_normalized(w, replies["s"].shape) * replies["s"]).sum(axis=-1)
+        self.server = self.server - s_eff[:, None] * aggregate(replies["d"], w)
+
+
+def _normalized(weights, shape) -> np.ndarray:
+    """Aggregation weights ``p_i`` summing to one over the clients axis, (S, M)."""
+    w = np.ones(shape) if weights is None else np.broadcast_to(np.asarray(weights, float), shape)
+    return w / w.sum(axis=-1, keepdims=True)
 
 
 class OneShot(Strategy):
@@ -334,6 +435,9 @@ class Centralized(Strategy):
         self.exact = bool(exact)
 
     def setup(self, theta0, data, model, optimizer, K, lr, seed):
+        if np.ndim(K):
+            raise ConfigError("strategy=centralized runs one K on the pooled data; a list or "
+                              "distribution K is for federated strategies")
         super().setup(theta0, pooled(data), model, optimizer, K, lr, seed)
         self.maps = None
         if self.exact:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .local_work import label as k_label
 from .validate import plain
 
 
@@ -85,8 +86,10 @@ def run_title(cfg, model, settings: dict | None = None) -> str:
     """One-line description of a run's settings (plot titles)."""
     st = {"M": cfg.M, "N": cfg.N, "eps": cfg.eps, **(settings or {})}
     if st.get("T", 0) is None:               # data from files
-        return f"{model.system.name}, M={st['M']} clients from files, K={cfg.K}, lr={cfg.lr:g}"
-    return (f"{model.system.name}, M={st['M']}, N={st['N']}, eps={st['eps']:g}, K={cfg.K}, "
+        return (f"{model.system.name}, M={st['M']} clients from files, K={k_label(cfg.K)}, "
+                f"lr={cfg.lr:g}")
+    return (f"{model.system.name}, M={st['M']}, N={st['N']}, eps={st['eps']:g}, "
+            f"K={k_label(cfg.K)}, "
             f"lr={cfg.lr:g}")
 
 
@@ -131,7 +134,7 @@ def make_summary(cfg, model, diverged, errors, theory, runtime,
         "strategy": choices.get("strategy"),
         "data": choices.get("data", cfg.data.get("source")),
         **st,
-        "K": cfg.K, "lr": cfg.lr, "R": cfg.R, "seed": cfg.seed,
+        "K": plain(cfg.K), "lr": cfg.lr, "R": cfg.R, "seed": cfg.seed,
         "parameters": list(model.param_names),
         "runtime": cfg.runtime.name,
         "runtime_s": {k: round(v, 4) for k, v in runtime.items()},

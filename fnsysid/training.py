@@ -8,6 +8,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from . import interrupt
+from .local_work import local_steps
 from .metrics import HeldOutScores, ParameterErrors, over_clients
 from .model import ClientData
 
@@ -60,7 +61,8 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
     round 0, every ``eval_every`` rounds and at the last round. Returns (history,
     diverged_round or None).
     """
-    strategy.setup(theta0, data, model, optimizer, cfg.K, cfg.lr, cfg.seed)
+    K = local_steps(cfg.K, data.shape[1], data.shape[0], cfg.seed)
+    strategy.setup(theta0, data, model, optimizer, K, cfg.lr, cfg.seed)
     hist = History(per_client=[] if keep_clients else None)
     has_truth = bool(np.isfinite(data.theta_true).all())
 

@@ -22,6 +22,13 @@ def check_run(cfg) -> None:
     if isinstance(N, list) and len(N) != cfg.M:
         raise ConfigError(f"N has {len(N)} entries but M={cfg.M}: a list N gives one "
                           "trajectory count per client")
+    K = plain(cfg.K)
+    if isinstance(K, list) and len(K) != cfg.M and cfg.data.get("source") != "files":
+        raise ConfigError(f"K has {len(K)} entries but M={cfg.M}: a list K gives one "
+                          "step count per client")
+    if isinstance(K, (list, dict)) and cfg.optimizer.get("batch_size") is not None:
+        raise ConfigError("a list or distribution K (per-client local steps) needs "
+                          "optimizer=gd")
     bs = cfg.optimizer.get("batch_size")
     if bs is not None and cfg.data.get("source", "simulated") == "simulated":
         # with data from files the check runs once the files are read
@@ -37,7 +44,8 @@ def check_batch_size(bs, n_min: int | None = None) -> None:
 
 
 def plain(v):
-    """A config value as a plain Python object (lists of a ListConfig become lists)."""
-    from omegaconf import ListConfig, OmegaConf
+    """A config value as a plain Python object (a ListConfig becomes a list, a DictConfig a
+    dict)."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
 
-    return OmegaConf.to_container(v) if isinstance(v, ListConfig) else v
+    return OmegaConf.to_container(v) if isinstance(v, (ListConfig, DictConfig)) else v

@@ -17,15 +17,18 @@ needs_flower = pytest.mark.skipif(
     not runtime.flower_installed(),
     reason="Flower is not installed (extra: pip install -e '.[flower]' or make install-flower)")
 
-#: heterogeneous clients, N_i and sample weights so that weights cross the network too
-SMALL = ["system=synthetic", "M=4", "R=5", "repeats=2", "eps=0.3", "N=[3,5,2,4]", "K=4",
+#: heterogeneous clients, N_i, K_i and sample weights, so that all of them cross the network
+SMALL = ["system=synthetic", "M=4", "R=5", "repeats=2", "eps=0.3", "N=[3,5,2,4]", "K=[2,5,1,4]",
          "lr=2e-3", "output.plot=false"]
 
 
 @needs_flower
-@pytest.mark.parametrize("strategy", ["fedavg", "fedprox", "fedlin", "scaffold"])
-def test_flower_runtime_matches_inprocess_round_by_round(strategy, tmp_path):
-    extra = [f"strategy={strategy}", "strategy.weighting=samples"]
+@pytest.mark.parametrize("strategy, fraction", [
+    ("fedavg", 1.0), ("fedprox", 1.0), ("fedlin", 1.0), ("scaffold", 1.0), ("fednova", 1.0),
+    ("scaffold", 0.5), ("fednova", 0.5)])
+def test_flower_runtime_matches_inprocess_round_by_round(strategy, fraction, tmp_path):
+    extra = [f"strategy={strategy}", "strategy.weighting=samples",
+             f"strategy.fraction={fraction}"]
     a = run_experiment(compose_cfg(*SMALL, *extra), tmp_path / "a")
     b = run_experiment(compose_cfg(*SMALL, *extra, "runtime=flower"), tmp_path / "b")
     assert (a["runtime"], b["runtime"]) == ("inprocess", "flower")
@@ -53,12 +56,12 @@ def test_flower_runtime_without_the_extra_says_how_to_install(monkeypatch, tmp_p
 @pytest.mark.parametrize("setting, match", [
     ("strategy=local", "runs only with runtime=inprocess"),
     ("strategy=cyclic", "runs only with runtime=inprocess"),
-    ("optimizer=sgd", "optimizer=sgd runs only"),
+    ("optimizer=sgd K=2", "optimizer=sgd runs only"),
 ])
 def test_flower_runtime_refuses_what_it_cannot_run(monkeypatch, tmp_path, setting, match):
     monkeypatch.setattr(runtime, "flower_installed", lambda: True)
     with pytest.raises(ConfigError, match=match):
-        run_experiment(compose_cfg(*SMALL, "runtime=flower", setting), tmp_path)
+        run_experiment(compose_cfg(*SMALL, "runtime=flower", *setting.split()), tmp_path)
 
 
 @needs_flower
