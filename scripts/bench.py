@@ -179,16 +179,16 @@ def bench(cases: list[str], quick: bool) -> dict:
         rows = []
         M = 10_000 if quick else 100_000
         print(f"\nK: the same run at M={M}; round = (train_s at R=200 - at R=20) / 180, setup = "
-              "the rest (the maps); step path: optimizer.affine=false, train_s / 200")
+              "the rest (the maps); step path: optimizer.affine=false, train_s / 20 at R=20")
         base = [o for o in PEND if not o.startswith(("K=", "R="))] + [f"M={M}"]
         for K in K_VALUES:
             long = run_cmd(base + [f"K={K}", "R=200"])
             short = run_cmd(base + [f"K={K}", "R=20"])
-            step = run_cmd(base + [f"K={K}", "R=200", "optimizer.affine=false"])
+            step = run_cmd(base + [f"K={K}", "R=20", "optimizer.affine=false"])
             round_ms = 1e3 * (long["train_s"] - short["train_s"]) / 180
             rows.append(dict(K=K, M=M, round_ms=round_ms,
                              setup_ms=1e3 * short["train_s"] - 20 * round_ms,
-                             step_round_ms=1e3 * step["train_s"] / 200, train_s=long["train_s"],
+                             step_round_ms=1e3 * step["train_s"] / 20, train_s=long["train_s"],
                              rss_mib=long["rss_mib"]))
             print(f"  K={K:3d}  round {round_ms:6.2f} ms  setup {rows[-1]['setup_ms']:7.1f} ms  "
                   f"(step path: {rows[-1]['step_round_ms']:7.2f} ms a round)  "
