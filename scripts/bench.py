@@ -16,7 +16,7 @@ Cases: **paper** the pendulum M-sweep of the paper (one process, six runs) and t
 M=100 run; **M** the pendulum run of issue 10 (N=10, T=5, K=5, R=200, repeats=1, lr 1e-2) for
 M = 10^2 .. 10^6, with its floor; **K** the same at M=10^5 for K = 1, 5, 50 (round cost from
 two runs, R=200 and R=20, so that precomputing the maps is apart; and the step-by-step path);
-**p** the linear system with n_x = 2, 4, 8 (p = n_x (n_x + 2)) and the synthetic system with
+**p** the linear system with n_x = 2, 4, 8 (p = n_x (n_x + 2)) and the linear system with
 quadratic features (p = 63), M = 1000.
 """
 
@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -45,13 +46,16 @@ GOAL_E2E_1E6_S, GOAL_E2E_1E5_S, GOAL_RSS_MIB, GOAL_RATIO = 10.0, 2.0, 1536.0, 1.
 
 
 def measure(cmd: list[str]) -> dict:
-    """Run ``cmd`` to the end; its wall time and stdout."""
+    """Run ``cmd`` to the end; its wall time, CPU time (user + system) and stdout."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0:
         sys.exit(f"bench: {' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
-    return dict(wall_s=wall, stdout=p.stdout)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return dict(wall_s=wall, cpu_s=cpu, stdout=p.stdout)
 
 
 def run_cmd(overrides: list[str]) -> dict:
@@ -70,7 +74,8 @@ def floor_cmd(M: int, **kw) -> dict:
     args = ",".join(f"{k}={v}" for k, v in dict(M=M, **kw).items())
     res = measure([sys.executable, __file__, "--floor", args])
     out = json.loads(res["stdout"].strip().splitlines()[-1])
-    return dict(wall_s=res["wall_s"], rss_mib=out["peak_mib"], data_s=out["data_s"],
+    return dict(wall_s=res["wall_s"], cpu_s=res["cpu_s"], rss_mib=out["peak_mib"],
+                data_s=out["data_s"],
                 train_s=out["train_s"], total_s=out["data_s"] + out["train_s"])
 
 
@@ -115,7 +120,7 @@ def dense_system(n_x: int, n_u: int = 2) -> list[str]:
             f"system.U={mat(U)}"]
 
 
-def _row(cells, widths=(8, 9, 8, 8, 8, 8, 9, 10, 12)) -> str:
+def _row(cells, widths=(8, 7, 7, 7, 8, 8, 7, 7, 8, 9, 10, 9)) -> str:
     return "  ".join(str(c).rjust(w) for c, w in zip(cells, widths, strict=False)).rstrip()
 
 
@@ -126,8 +131,8 @@ def bench(cases: list[str], quick: bool) -> dict:
                                 cpus=os.cpu_count(), date=time.strftime("%Y-%m-%d %H:%M")),
                    cases={})
     print(f"python {platform.python_version()}, numpy {np.__version__}, {os.cpu_count()} cpus")
-    print("wall_s: the whole process (interpreter, imports, config, run); compute_s: the run's "
-          "runtime_s.total_s; rss: peak RSS of that process\n")
+    print("wall_s: the whole process (interpreter, imports, config, run); cpu_s: its user + "
+          "system time; comp: the run's runtime_s.total_s; rss: peak RSS of that process\n")
     if "paper" in cases:
         rows = []
         print("paper: pendulum M-sweep (6 runs, K=1, R=50, repeats=5) and synthetic M=100")
@@ -151,18 +156,20 @@ def bench(cases: list[str], quick: bool) -> dict:
     if "M" in cases:
         rows = []
         print("\nM: pendulum N=10 T=5 K=5 R=200 repeats=1 lr=1e-2 (issue 10), beside the floor")
-        print(_row(["M", "wall_s", "data_s", "train_s", "rss_MiB", "fl_wall", "fl_comp",
-                    "ratio_cmp", "ratio_wall"]))
+        print(_row(["M", "wall_s", "cpu_s", "data_s", "train_s", "rss_MiB", "fl_wall", "fl_cpu",
+                    "fl_comp", "ratio_cmp", "ratio_wall", "ratio_cpu"]))
         for M in ([100, 10_000] if quick else M_VALUES):
             ours = run_cmd(PEND + [f"M={M}"])
             fl = floor_cmd(M)
             row = dict(M=M, ours=ours, floor=fl, ratio_compute=ours["total_s"] / fl["total_s"],
-                       ratio_wall=ours["wall_s"] / fl["wall_s"])
+                       ratio_wall=ours["wall_s"] / fl["wall_s"],
+                       ratio_cpu=ours["cpu_s"] / fl["cpu_s"])
             rows.append(row)
-            print(_row([M, f"{ours['wall_s']:.2f}", f"{ours['data_s']:.3f}",
+            print(_row([M, f"{ours['wall_s']:.2f}", f"{ours['cpu_s']:.2f}", f"{ours['data_s']:.3f}",
                         f"{ours['train_s']:.3f}", f"{ours['rss_mib']:.0f}",
-                        f"{fl['wall_s']:.2f}", f"{fl['total_s']:.3f}",
-                        f"{row['ratio_compute']:.2f}", f"{row['ratio_wall']:.2f}"]))
+                        f"{fl['wall_s']:.2f}", f"{fl['cpu_s']:.2f}", f"{fl['total_s']:.3f}",
+                        f"{row['ratio_compute']:.2f}", f"{row['ratio_wall']:.2f}",
+                        f"{row['ratio_cpu']:.2f}"]))
         results["cases"]["M"] = rows
         for row in rows:
             goal = {1_000_000: GOAL_E2E_1E6_S, 100_000: GOAL_E2E_1E5_S}.get(row["M"])
@@ -198,7 +205,7 @@ def bench(cases: list[str], quick: bool) -> dict:
         rows = []
         print("\np: M=1000, N=10, T=5, K=10, R=200, repeats=1")
         systems = [(f"linear n_x={n}", n * (n + 2), dense_system(n)) for n in NX_VALUES]
-        systems.append(("synthetic poly2", 63, ["system=synthetic", "feature_map=polynomial"]))
+        systems.append(("linear poly2", 63, ["system=linear", "feature_map=polynomial"]))
         for name, p, ovr in systems[:2] if quick else systems:
             res = run_cmd(ovr + ["M=1000", "N=10", "T=5", "K=10", "R=200", "repeats=1",
                                  "lr=1e-4"])
