@@ -21,6 +21,7 @@ from .model import (
     ClientData,
     Model,
     chunk_blocks,
+    for_chunks,
     generate,
     sample_stats,
     simulate_blocks,
@@ -87,14 +88,13 @@ def simulate_all(model: Model, cfg, n_traj: int, purpose: int):
     sys = model.system
     x = np.empty((S, M, n_traj, T + 1, sys.n_x))
     u = np.empty((S, M, n_traj, T, sys.n_u))
-    blocks, nb = rnd.blocks(M), chunk_blocks(model, n_traj, T)
-    for s in range(S):
-        for c in range(0, len(blocks), nb):
-            chunk = blocks[c:c + nb]
-            lo, hi = chunk[0][1], chunk[-1][2]
-            _, x[s, lo:hi], u[s, lo:hi] = simulate_blocks(
-                model, s, chunk, n_traj, T, cfg.eps, cfg.seed, bool(cfg.data.shared_noise),
-                purpose)
+
+    def work(s, chunk):
+        lo, hi = chunk[0][1], chunk[-1][2]
+        _, x[s, lo:hi], u[s, lo:hi] = simulate_blocks(
+            model, s, chunk, n_traj, T, cfg.eps, cfg.seed, bool(cfg.data.shared_noise), purpose)
+
+    for_chunks(S, rnd.blocks(M), chunk_blocks(model, n_traj, T), work)
     return x, u
 
 

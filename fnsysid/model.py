@@ -9,6 +9,8 @@ n_y x p Jacobian). Gradient steps on least squares therefore never touch the raw
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -223,21 +225,22 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
         Y = np.zeros((S, M, n_max * T, n_y))
         mask = np.repeat(traj_mask, T, axis=1)[None].repeat(S, axis=0)
     nb = chunk_blocks(model, n_max, T) if keep is None else 1
-    for s in range(S):
-        for c in range(0, len(blocks), nb):
-            chunk = blocks[c:c + nb]
-            lo, hi = chunk[0][1], chunk[-1][2]
-            size = hi - lo
-            own, x, u = simulate_blocks(model, s, chunk, n_max, T, eps, seed, shared_noise)
-            theta_true[s, lo:hi] = own @ model.embed
-            Phi_b, Y_b = model.regression(x, u)          # (size, n_max, T, .)
-            Phi_b = Phi_b.reshape(size, n_max * T, -1)
-            Y_b = Y_b.reshape(size, n_max * T, -1)
-            wgt = np.repeat(traj_mask[lo:hi], T, axis=1)
-            (H[s, lo:hi], b[s, lo:hi], yy[s, lo:hi], n[s, lo:hi], phi2max[s, lo:hi],
-             phi_mean[s, lo:hi], y_mean[s, lo:hi]) = sample_stats(model, Phi_b, Y_b, wgt)
-            if keep_samples:
-                Phi[s, lo:hi], Y[s, lo:hi] = Phi_b * wgt[..., None], Y_b * wgt[..., None]
+
+    def work(s: int, chunk: list[tuple[int, int, int]]) -> None:
+        lo, hi = chunk[0][1], chunk[-1][2]
+        size = hi - lo
+        own, x, u = simulate_blocks(model, s, chunk, n_max, T, eps, seed, shared_noise)
+        theta_true[s, lo:hi] = own @ model.embed
+        Phi_b, Y_b = model.regression(x, u)          # (size, n_max, T, .)
+        Phi_b = Phi_b.reshape(size, n_max * T, -1)
+        Y_b = Y_b.reshape(size, n_max * T, -1)
+        wgt = np.repeat(traj_mask[lo:hi], T, axis=1)
+        (H[s, lo:hi], b[s, lo:hi], yy[s, lo:hi], n[s, lo:hi], phi2max[s, lo:hi],
+         phi_mean[s, lo:hi], y_mean[s, lo:hi]) = sample_stats(model, Phi_b, Y_b, wgt)
+        if keep_samples:
+            Phi[s, lo:hi], Y[s, lo:hi] = Phi_b * wgt[..., None], Y_b * wgt[..., None]
+
+    for_chunks(S, blocks, nb, work)
     if not keep_samples:
         Phi = Y = mask = None
     data = ClientData(theta_true, H, b, yy, n, Phi, Y, mask, phi2max, phi_mean, y_mean)
@@ -303,6 +306,29 @@ def sample_stats(model: Model, Phi, Y, wgt):
     phi_mean = np.moveaxis(Fw.sum(axis=-1), 0, -1) / n[..., None]
     y_mean = np.moveaxis(Zw.sum(axis=-1), 0, -1) / n[..., None]
     return H, b, yy, n, phi2max, phi_mean, y_mean
+
+
+def threads(n_jobs: int) -> int:
+    """Threads that simulate chunks of clients at once: ``FNSYSID_THREADS`` (default: the
+    number of cores), at most one per chunk."""
+    want = int(os.environ.get("FNSYSID_THREADS") or os.cpu_count() or 1)
+    return max(1, min(want, n_jobs))
+
+
+def for_chunks(S: int, blocks: list[tuple[int, int, int]], nb: int, work) -> None:
+    """Call ``work(s, chunk)`` for every repeat ``s`` and every run of ``nb`` consecutive
+    blocks, on :func:`threads` threads (numpy releases the GIL in the array work and the
+    random draws). Chunks write disjoint slices and read their own streams, so the numbers do
+    not depend on the number of threads."""
+    jobs = [(s, blocks[c:c + nb]) for s in range(S) for c in range(0, len(blocks), nb)]
+    n = threads(len(jobs))
+    if n == 1:
+        for job in jobs:
+            work(*job)
+        return
+    with ThreadPoolExecutor(n) as pool:
+        for f in [pool.submit(work, *job) for job in jobs]:
+            f.result()
 
 
 #: about how many float64 values one chunk of simulated clients may hold (memory bound)

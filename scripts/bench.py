@@ -203,12 +203,13 @@ def bench(cases: list[str], quick: bool) -> dict:
         results["cases"]["K"] = rows
     if "p" in cases:
         rows = []
-        print("\np: M=1000, N=10, T=5, K=10, R=200, repeats=1")
+        print("\np: M=1000, N=10, T=5, K=10, R=200, repeats=1, whitened mean gradient, lr 0.1")
         systems = [(f"linear n_x={n}", n * (n + 2), dense_system(n)) for n in NX_VALUES]
         systems.append(("linear poly2", 63, ["system=linear", "feature_map=polynomial"]))
+        solver = ["optimizer.reduction=mean", "optimizer.scale_features=whiten", "lr=0.1"]
         for name, p, ovr in systems[:2] if quick else systems:
-            res = run_cmd(ovr + ["M=1000", "N=10", "T=5", "K=10", "R=200", "repeats=1",
-                                 "lr=1e-4"])
+            res = run_cmd(ovr + solver + ["M=1000", "N=10", "T=5", "K=10", "R=200",
+                                          "repeats=1"])
             rows.append(dict(name=name, p=p, **res))
             print(f"  {name:16s} p={p:3d}  data {res['data_s']:.3f} s  train {res['train_s']:.3f}"
                   f" s  wall {res['wall_s']:.2f} s  rss {res['rss_mib']:.0f} MiB")

@@ -26,8 +26,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-# one BLAS thread per worker (the workers already share the cores); set before numpy loads
+# one BLAS thread and one simulation thread per worker (the workers already share the cores)
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("FNSYSID_THREADS", "1")
 
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402

@@ -97,8 +97,10 @@ def test_simulating_blocks_together_changes_no_number(monkeypatch):
     _, model, *_ = make("system=pendulum")
     kw = dict(M=2 * rnd.BLOCK + 3, N=[2, 3] * rnd.BLOCK + [1, 2, 3], T=4, eps=0.1, repeats=2,
               seed=11)
+    monkeypatch.setenv("FNSYSID_THREADS", "2")
     together = generate(model, **kw)
     monkeypatch.setattr(model_module, "CHUNK_VALUES", 1)              # one block at a time
+    monkeypatch.setenv("FNSYSID_THREADS", "1")                         # in this thread
     monkeypatch.setattr(System, "batchable", property(lambda self: False))  # stream by stream
     alone = generate(model, **kw)
     for name in ("theta_true", "H", "b", "yy", "n", "phi2max", "phi_mean", "y_mean"):
