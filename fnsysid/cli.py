@@ -20,7 +20,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from . import interrupt
-from .atomic import WriteError
+from .atomic import WriteError, write_json
 from .options import CONF_DIR, hydra_session, repository
 from .resources import check_disk
 from .run_folder import clear_results, finished_ok, has_results
@@ -60,32 +60,27 @@ class _GroupOptions(dict):
         return self[group]
 
 
+def _split_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(Hydra's flags with their values, everything else) in their order."""
+    flags, rest, i = [], [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a in _VALUE_FLAGS and i + 1 < len(argv):
+            flags += argv[i:i + 2]
+            i += 2
+            continue
+        (flags if a in _FLAGS or a.split("=", 1)[0] in _VALUE_FLAGS else rest).append(a)
+        i += 1
+    return flags, rest
+
+
 def _overrides(argv: list[str]) -> list[str]:
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a in _VALUE_FLAGS:
-            skip = True
-            continue
-        if not a.startswith("-") or a.startswith("~"):
-            out.append(a)
-    return out
+    return [a for a in _split_args(argv)[1] if not a.startswith("-") or a.startswith("~")]
 
 
 def _check_args(argv: list[str]) -> None:
     """Every argument is a known Hydra flag or an override ``key=value`` / ``~key``."""
-    skip = False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a in _VALUE_FLAGS:
-            skip = True
-            continue
-        if a in _FLAGS or a.split("=", 1)[0] in _VALUE_FLAGS:
-            continue
+    for a in _split_args(argv)[1]:
         if a.startswith("-") and not a.startswith("~"):
             raise ConfigError(f"unknown option '{a}'; see --help")
         if "=" not in a and not a.startswith("~"):
@@ -347,6 +342,10 @@ def task(cfg: DictConfig) -> float | None:
     try:
         summary = run_experiment(cfg, out)
     except ConfigError as exc:
+        if hc.mode == RunMode.MULTIRUN:     # a combination the preflight did not reach:
+            log.error("refused: %s", exc)   # mark the job; the sweep ends with exit 2
+            write_json(out / "summary.json", {"status": "refused", "error": str(exc)})
+            return None
         _remove_outputs(out)
         print(f"fnsysid: error: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -408,27 +407,20 @@ class SweepStatus(Callback):
 
 
 def _sweep_exit() -> None:
-    """Exit 3 with one line if the multirun that just ended had jobs that are not ``ok``."""
+    """Exit with one line if the multirun that just ended had jobs that are not ``ok``: 2 if a
+    job's settings were refused, else 3 (diverged, interrupted or unfinished jobs)."""
     if not SWEEP_PROBLEMS:
         return
     root = SWEEP_PROBLEMS.pop("_root")[0]
     parts = [f"{status}: {', '.join(jobs)}" for status, jobs in sorted(SWEEP_PROBLEMS.items())]
     print(f"fnsysid: sweep {root} has jobs that are not ok ({'; '.join(parts)}); see their "
           "summary.json and run.log", file=sys.stderr)
-    sys.exit(3)
+    sys.exit(2 if "refused" in SWEEP_PROBLEMS else 3)
 
 
 def _flags_first(argv: list[str]) -> list[str]:
     """Hydra's argument parser wants its flags before the overrides: put them there."""
-    flags, rest, i = [], [], 0
-    while i < len(argv):
-        a = argv[i]
-        if a in _VALUE_FLAGS and i + 1 < len(argv):
-            flags += argv[i:i + 2]
-            i += 2
-            continue
-        (flags if a in _FLAGS or a.split("=", 1)[0] in _VALUE_FLAGS else rest).append(a)
-        i += 1
+    flags, rest = _split_args(argv)
     return flags + rest
 
 

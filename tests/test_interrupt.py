@@ -140,3 +140,27 @@ def test_no_joblib_worker_outlives_a_killed_sweep(tmp_path, sig):
     assert _alive(kids) == []
     # the jobs that were stopped have no summary.json: known incomplete
     assert not list((tmp_path / "s").glob("*/summary.json"))
+
+
+def test_sweep_job_refused_in_the_job_is_marked_and_exits_2(tmp_path, monkeypatch, capsys):
+    """A combination past the preflight's limit that turns out bad marks its job 'refused'."""
+    import fnsysid.cli as cli_mod
+
+    monkeypatch.setattr(cli_mod, "MAX_CHECKED", 1)
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    monkeypatch.setattr(sys, "argv", [
+        "run.py", "-m", "optimizer=sgd", "optimizer.batch_size=30", "T=5", "N=10,5", "R=1",
+        "repeats=1", "M=1", "output.plot=false", "progress=false", "hydra/launcher=basic",
+        f"hydra.sweep.dir={tmp_path}"])
+    try:
+        with pytest.raises(SystemExit) as info:
+            cli_mod.main()
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "refused: " in err[0] and "N=5" in err[0]
+    statuses = {p.parent.name: json.loads(p.read_text())["status"]
+                for p in tmp_path.glob("*/summary.json")}
+    assert sorted(statuses.values()) == ["ok", "refused"]
