@@ -254,6 +254,8 @@ def plot(results: dict, path: Path) -> None:
         ax.loglog(ps, [r["data_s"] for r in c["p"]], "o", label="data")
         ax.loglog(ps, [r["train_s"] for r in c["p"]], "s", label="rounds")
         ax.set(xlabel="parameters p", ylabel="seconds", title="time against p (M=1000)")
+        ax.set_xticks(sorted(ps), [str(p) for p in sorted(ps)])
+        ax.minorticks_off()
         ax.legend(fontsize=8)
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")
