@@ -14,6 +14,7 @@ import pandas as pd
 
 from .experiment import Result, execute
 from .output_files import write_outputs
+from .run_folder import clear_results, has_results
 from .trajectory_files import PUBLIC_COLUMNS, read_trajectories
 from .validate import ConfigError
 
@@ -100,7 +101,8 @@ def run(overrides=(), output_dir=None, config_dir=None) -> Result:
     overrides : list of ``"key=value"`` strings (exactly the command line's) or a dict
         ``{"system": "pendulum", "M": 5, "data.states": ["x1", "x2"]}``.
     output_dir : folder to write the run's files into (as the command line does); None
-        writes nothing.
+        writes nothing. Checked before the run: a file, a folder that cannot be written, or
+        one holding an earlier run (unless ``output.overwrite=true``) is refused.
     config_dir : a folder of your own config groups (like ``--config-dir``).
 
     Returns
@@ -115,10 +117,26 @@ def run(overrides=(), output_dir=None, config_dir=None) -> Result:
         written then.
     """
     cfg, choices = compose(overrides, config_dir)
+    if output_dir is not None:
+        check_output_folder(Path(output_dir), cfg)
     result = execute(cfg, choices)
     if output_dir is not None:
+        if cfg.output.get("overwrite"):
+            clear_results(Path(output_dir))
         write_outputs(Path(output_dir), cfg, result)
     return result
+
+
+def check_output_folder(folder: Path, cfg) -> None:
+    """``output_dir`` must be (or become) a writable folder without an earlier run's results
+    (unless ``output.overwrite=true``), as the command line's results folder: checked before
+    the run starts."""
+    from .cli import check_output_dir
+
+    check_output_dir("output_dir", folder)
+    if has_results(folder) and not cfg.output.get("overwrite"):
+        raise ConfigError(f"output_dir={folder} holds an earlier run: choose a new folder, or "
+                          "add output.overwrite=true to replace its results")
 
 
 def load_trajectories(path, states, inputs=()) -> pd.DataFrame:
@@ -129,4 +147,5 @@ def load_trajectories(path, states, inputs=()) -> pd.DataFrame:
     row or column of the first problem.
     """
     df = read_trajectories(path, states, inputs)
-    return df[PUBLIC_COLUMNS + list(states) + list(inputs or [])].reset_index(drop=True)
+    names = [c for c in df.columns if c not in PUBLIC_COLUMNS and not c.startswith("_")]
+    return df[PUBLIC_COLUMNS + names].reset_index(drop=True)

@@ -87,6 +87,10 @@ def initial_model(model: Model, data: ClientData | None, init,
         S = data.shape[0] if data is not None else repeats
         base = np.broadcast_to(model.system.nominal @ model.embed, (S, model.p))
     elif ref == "client0":
+        if data is None or not np.isfinite(data.theta_true[:, 0]).all():
+            raise ConfigError("system.init.reference=client0 starts from client 0's true "
+                              "parameters, which this run does not have (with data=files give "
+                              "data.truth=FILE); allowed without them: nominal")
         base = data.theta_true[:, 0]
     else:
         raise ConfigError(f"system.init.reference={ref} is not allowed; allowed: nominal, client0")

@@ -172,7 +172,7 @@ def from_files(cfg: DictConfig, model: Model, optimizer) -> Dataset:
     clients = [str(c) for c in df.drop_duplicates("_client").sort_values("_client")["client"]]
     S, M = int(df["repeat"].max()) + 1, len(clients)
     if cfg.data.get("val_path"):
-        val = read_trajectories(cfg.data.val_path, states, inputs)
+        val = read_trajectories(cfg.data.val_path, states, inputs, setting="data.val_path")
         val_clients = pd.Index(clients).get_indexer(val["client"])
         if (val_clients < 0).any():
             bad = val["client"].to_numpy()[val_clients < 0][0]
@@ -192,7 +192,7 @@ def from_files(cfg: DictConfig, model: Model, optimizer) -> Dataset:
     train_rows = df[df["split"] == "train"]
     val_rows = df[df["split"] == "val"] if val is None else val
     train = _client_data(model, train_rows, S, M, states, inputs, optimizer.needs_samples,
-                         cfg.data.path)
+                         cfg.data.path, clients)
     if cfg.data.get("truth"):
         train.theta_true = load_truth(cfg.data.truth, clients, model.param_names, S)
     ho = _heldout(model, val_rows, S, M, states, inputs) if len(val_rows) else None
@@ -240,8 +240,9 @@ def _positions(rows: pd.DataFrame, S: int, M: int):
 
 
 def _client_data(model: Model, rows: pd.DataFrame, S: int, M: int, states, inputs,
-                 keep_samples: bool, path) -> ClientData:
-    """Training statistics of the rows (sorted by repeat, client, trajectory, sample)."""
+                 keep_samples: bool, path, clients: list[str]) -> ClientData:
+    """Training statistics of the rows (sorted by repeat, client, trajectory, sample);
+    ``clients`` the labels of the client indices."""
     X = rows[states].to_numpy(float)
     U = rows[inputs].to_numpy(float) if inputs else np.zeros((len(rows), 0))
     Phi, Y = model.regression(X, U[:-1])                 # consecutive rows: transitions
@@ -251,10 +252,8 @@ def _client_data(model: Model, rows: pd.DataFrame, S: int, M: int, states, input
     count = np.bincount(seg, minlength=S * M)
     if (count == 0).any():
         k = int(np.flatnonzero(count == 0)[0])
-        names = rows.drop_duplicates("_client").set_index("_client")["client"]
-        name = names.get(k % M, str(k % M))
-        raise DataError(f"data.path={path}: client '{name}' (repeat {k // M}) has no training "
-                        "trajectory (all are held out)")
+        raise DataError(f"data.path={path}: client '{clients[k % M]}' (repeat {k // M}) has no "
+                        "training trajectory (all are held out)")
     starts = np.concatenate([[0], np.cumsum(count)[:-1]])
     pos = np.arange(len(seg)) - starts[seg]
     n_max = int(count.max())

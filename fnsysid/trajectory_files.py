@@ -36,7 +36,7 @@ def read_table(path: Path) -> pd.DataFrame:
     """One CSV or Parquet file as a DataFrame (Parquet through pyarrow)."""
     path = Path(path)
     try:
-        if path.suffix == ".parquet":
+        if path.suffix.lower() == ".parquet":
             return pd.read_parquet(path)
         return pd.read_csv(path, skipinitialspace=True)
     except Exception as exc:  # pandas and pyarrow raise many kinds; report the first line
@@ -44,28 +44,37 @@ def read_table(path: Path) -> pd.DataFrame:
         raise DataError(f"{path}: cannot be read as {path.suffix[1:]}: {msg}") from exc
 
 
-def data_files(path) -> list[Path]:
-    """The trajectory files of ``data.path``: the file itself or a folder's files, sorted."""
+def data_files(path, setting: str = "data.path") -> list[Path]:
+    """The trajectory files of ``setting`` (``data.path`` or ``data.val_path``): the file
+    itself or a folder's files (suffix in any case: ``.csv``, ``.CSV``), sorted; a client id
+    (file stem) given by two files is an error."""
     path = Path(path)
     if not path.exists():
-        raise DataError(f"data.path={path} does not exist")
+        raise DataError(f"{setting}={path} does not exist")
     if path.is_file():
-        if path.suffix not in SUFFIXES:
-            raise DataError(f"data.path={path}: allowed file types: .csv, .parquet")
+        if path.suffix.lower() not in SUFFIXES:
+            raise DataError(f"{setting}={path}: allowed file types: .csv, .parquet")
         return [path]
-    files = sorted(p for p in path.iterdir() if p.suffix in SUFFIXES and p.is_file())
+    files = sorted(p for p in path.iterdir() if p.suffix.lower() in SUFFIXES and p.is_file())
     if not files:
-        raise DataError(f"data.path={path} holds no .csv or .parquet files")
+        raise DataError(f"{setting}={path} holds no .csv or .parquet files")
+    seen: dict[str, Path] = {}
+    for f in files:
+        if f.stem in seen:
+            raise DataError(f"{setting}={path}: {seen[f.stem].name} and {f.name} both give "
+                            f"client '{f.stem}'; keep one file per client")
+        seen[f.stem] = f
     return files
 
 
-def read_trajectories(path, states, inputs=()) -> pd.DataFrame:
+def read_trajectories(path, states, inputs=(), setting: str = "data.path") -> pd.DataFrame:
     """Read and check trajectories: the validated samples as one DataFrame.
 
     Parameters
     ----------
     path : a folder of per-client files or one file with a ``client`` column.
-    states, inputs : names of the state and input columns.
+    states, inputs : names of the state and input columns (one name may be a string).
+    setting : the setting that gave ``path``, for messages.
 
     Returns
     -------
@@ -75,8 +84,9 @@ def read_trajectories(path, states, inputs=()) -> pd.DataFrame:
     (file stems or the ``client`` column's values); ``repeat`` is 0 and ``split`` is ``train``
     where the file has no such column. Raises :class:`DataError`.
     """
-    states, inputs = list(states), list(inputs or [])
-    files = data_files(path)
+    states = [states] if isinstance(states, str) else list(states)
+    inputs = [inputs] if isinstance(inputs, str) else list(inputs or [])
+    files = data_files(path, setting)
     one_file = Path(path).is_file()
     parts = []
     for f in files:
@@ -96,14 +106,26 @@ def _check_file(df: pd.DataFrame, f: Path, states, inputs, one_file: bool) -> pd
         need.append(("client", "one file holds all clients"))
     for c, why in need:
         if c not in cols:
-            near = difflib.get_close_matches(c, cols, n=1)
+            near = [k for k in cols if k.lower() == c.lower()] or \
+                difflib.get_close_matches(c, cols, n=1)
             hint = f"; did you mean '{near[0]}'?" if near else ""
             raise DataError(f"{f}: column '{c}' ({why}) is missing; columns: "
                             f"{', '.join(cols)}{hint}")
     out = pd.DataFrame(index=df.index)
     out["_row"] = np.arange(1, len(df) + 1)
-    out["repeat"] = _numeric(df, "repeat", f) if "repeat" in cols else 0
-    out["client"] = df["client"] if one_file else f.stem
+    out["repeat"] = _repeat(df, f) if "repeat" in cols else 0
+    if one_file:
+        out["client"] = df["client"]
+    else:
+        out["client"] = f.stem
+        if "client" in cols:        # the file stem names the client; a column may only agree
+            other = (df["client"].astype(str).str.strip() != f.stem).to_numpy()
+            if other.any():
+                i = int(np.flatnonzero(other)[0])
+                raise DataError(f"{f}: row {i + 1}, column 'client' is '{df['client'].iloc[i]}'"
+                                f" but in a folder the file name gives the client ('{f.stem}'); "
+                                "drop the column, or give data.path=<one file> holding all "
+                                "clients")
     out["trajectory"] = df["trajectory"] if "trajectory" in cols else 0
     out["t"] = _numeric(df, "t", f) if "t" in cols else np.arange(len(df), dtype=float)
     if "split" in cols:
@@ -124,6 +146,19 @@ def _check_file(df: pd.DataFrame, f: Path, states, inputs, one_file: bool) -> pd
     for c in states + inputs:
         out[c] = _numeric(df, c, f)
     return out
+
+
+def _repeat(df: pd.DataFrame, f: Path) -> np.ndarray:
+    """Column ``repeat`` as integers >= 0; an empty, fractional or negative value is an error
+    naming the row."""
+    rep = _numeric(df, "repeat", f)
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(rep) | (rep < 0) | (rep != np.round(rep))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        shown = "empty" if np.isnan(rep[i]) else f"{df['repeat'].iloc[i]}"
+        raise DataError(f"{f}: row {i + 1}, column 'repeat' is {shown}; allowed: integers >= 0")
+    return rep.astype(int)
 
 
 def _numeric(df: pd.DataFrame, col: str, f: Path) -> np.ndarray:

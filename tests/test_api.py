@@ -70,3 +70,17 @@ def test_own_data_example_runs_and_fits(tmp_path, capsys, monkeypatch):
     assert "5 robots" in out and (tmp_path / "fit.png").stat().st_size > 10_000
     nrmse = float(out.split("one-step ")[1].split(",")[0])
     assert 0 < nrmse < 0.05       # process noise 0.002 per step, states of size ~0.5
+
+
+def test_output_dir_is_checked_before_the_run_like_the_command_lines_folder(tmp_path):
+    small = {**SMALL, "R": 2}
+    fnsysid.run(small, output_dir=tmp_path / "out")
+    first = (tmp_path / "out" / "errors.csv").read_text()
+    with pytest.raises(fnsysid.ConfigError, match=r"output_dir=\S*out holds an earlier run"):
+        fnsysid.run({**small, "seed": 1}, output_dir=tmp_path / "out")
+    assert (tmp_path / "out" / "errors.csv").read_text() == first      # left as it was
+    fnsysid.run({**small, "seed": 1, "output.overwrite": True}, output_dir=tmp_path / "out")
+    assert (tmp_path / "out" / "errors.csv").read_text() != first
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(fnsysid.ConfigError, match=r"output_dir=\S*file is a file, not a folder"):
+        fnsysid.run(small, output_dir=tmp_path / "file")

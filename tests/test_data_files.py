@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import fnsysid
 from fnsysid import load_trajectories
 from fnsysid.experiment import run_experiment
 from fnsysid.trajectory_files import DataError
@@ -208,11 +209,35 @@ def _bad_cases(tmp_path):
     one = tmp_path / "one.csv"
     df.drop(columns="client").to_csv(one, index=False)
     cases["no_client_column"] = ([f"data.path={one}"], "one.csv: column 'client'")
+    case("misspelt_case", df.rename(columns={"x2": "X2"}), "did you mean 'X2'?")
+    rep = df.assign(repeat=0.0)
+    rep.loc[3, "repeat"] = np.nan
+    case("empty_repeat", rep, "robot0.csv: row 4, column 'repeat' is empty; allowed: integers")
+    case("fractional_repeat", df.assign(repeat=0.5), "robot0.csv: row 1, column 'repeat' is "
+         "0.5; allowed: integers >= 0")
+    both = write_per_client(df, tmp_path / "csv_and_parquet")
+    df[df["client"] == "robot0"].drop(columns="client").to_parquet(both / "robot0.parquet")
+    cases["same_client_twice"] = ([f"data.path={both}"], "robot0.csv and robot0.parquet both "
+                                  "give client 'robot0'")
+    with_col = tmp_path / "client_column"
+    with_col.mkdir()
+    for c, g in df.groupby("client"):
+        g.assign(client="robot0").to_csv(with_col / f"{c}.csv", index=False)
+    cases["client_column_in_folder"] = ([f"data.path={with_col}"], "robot1.csv: row 1, "
+                                        "column 'client' is 'robot0' but in a folder the file "
+                                        "name gives the client ('robot1')")
+    held = df.assign(split=np.where(df["client"] == "robot1", "val", "train"))
+    case("all_held_out", held, "client 'robot1' (repeat 0) has no training trajectory")
+    good = write_per_client(df, tmp_path / "good")
+    cases["no_val_path"] = ([f"data.path={good}", "data.val_path=" +
+                             str(tmp_path / "nowhere")], "data.val_path=")
     return cases
 
 
 CASES = ["missing_column", "misspelt_column", "nan", "inf", "text", "t_not_increasing",
-         "short_trajectory", "feature_map", "empty_dir", "no_path", "no_client_column"]
+         "short_trajectory", "feature_map", "empty_dir", "no_path", "no_client_column",
+         "misspelt_case", "empty_repeat", "fractional_repeat", "same_client_twice",
+         "client_column_in_folder", "all_held_out", "no_val_path"]
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -227,6 +252,31 @@ def test_bad_data_is_one_line_and_raises_before_writing(tmp_path, name):
     with pytest.raises(DataError if name != "feature_map" else Exception) as exc:
         run_experiment(compose_cfg(*overrides), tmp_path / "out")
     assert message in str(exc.value) and "\n" not in str(exc.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_no_val_path_names_the_setting(tmp_path):
+    args, _ = _bad_cases(tmp_path)["no_val_path"]
+    with pytest.raises(DataError, match=r"^data\.val_path=\S*nowhere does not exist$"):
+        run_experiment(compose_cfg(*GENERIC, *args), tmp_path / "out")
+
+
+def test_file_suffixes_in_any_case_are_read(tmp_path):
+    df, _ = linear_fleet(n_clients=3, n_traj=2, length=5)
+    folder = write_per_client(df, tmp_path / "logs")
+    (folder / "robot1.csv").rename(folder / "robot1.CSV")
+    out = load_trajectories(folder, "x1", "u")            # one name may be a string
+    assert out["client"].unique().tolist() == ["robot0", "robot1", "robot2"]
+    assert list(out.columns[-2:]) == ["x1", "u"]
+
+
+def test_client0_start_without_truth_is_refused(tmp_path):
+    df, _ = linear_fleet(n_clients=2, n_traj=2, length=5)
+    folder = write_per_client(df, tmp_path / "logs")
+    cfg = compose_cfg(*GENERIC, f"data.path={folder}", "system.init.reference=client0")
+    with pytest.raises(fnsysid.ConfigError, match="system.init.reference=client0 starts from "
+                                                  "client 0's true parameters"):
+        run_experiment(cfg, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
