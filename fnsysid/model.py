@@ -311,8 +311,10 @@ def sample_stats(model: Model, Phi, Y, wgt):
 def threads(n_jobs: int) -> int:
     """Threads that simulate chunks of clients at once: ``FNSYSID_THREADS`` (default: the
     number of cores), at most one per chunk."""
-    want = int(os.environ.get("FNSYSID_THREADS") or os.cpu_count() or 1)
-    return max(1, min(want, n_jobs))
+    raw = os.environ.get("FNSYSID_THREADS") or str(os.cpu_count() or 1)
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"FNSYSID_THREADS={raw}; allowed: an integer >= 1")
+    return min(int(raw), max(1, n_jobs))
 
 
 def for_chunks(S: int, blocks: list[tuple[int, int, int]], nb: int, work) -> None:

@@ -10,6 +10,7 @@ from fnsysid.strategies import (
     Cyclic,
     FedAvg,
     FedLin,
+    FedNova,
     FedProx,
     Local,
     Scaffold,
@@ -19,7 +20,7 @@ from tests.conftest import make
 STRATEGIES = {
     "fedavg": FedAvg, "fedprox": lambda: FedProx(mu=0.3), "fedlin": FedLin,
     "scaffold": Scaffold, "local": Local, "centralized": Centralized, "cyclic": Cyclic,
-    "fedavg_samples": lambda: FedAvg(weighting="samples"),
+    "fedavg_samples": lambda: FedAvg(weighting="samples"), "fednova": FedNova,
 }
 
 
@@ -112,3 +113,16 @@ def test_sgd_and_stepping_gd_have_no_map():
         assert opt.local_map(3, 1e-3) is None
     with pytest.raises(ValueError, match="optimizer.affine"):
         GD(affine="yes")
+
+
+@pytest.mark.parametrize("schedule", ["constant", "inverse_k"])
+def test_affine_rounds_equal_the_step_path_with_per_client_k(schedule):
+    cfg, model, *_ = make("system=synthetic")
+    data = generate(model, M=4, N=3, T=5, eps=0.3, repeats=2, seed=3)
+    Ks = np.broadcast_to([1, 3, 7, 2], (2, 4))               # per-client K_i, (S, M)
+    for name in ("fedavg", "fedprox", "fednova", "scaffold", "local", "fedlin"):
+        kw = dict(schedule=schedule, reduction="mean")
+        ref = _trajectory(STRATEGIES[name](), model, data, GD(affine=False, **kw), Ks, 0.05, 10)
+        got = _trajectory(STRATEGIES[name](), model, data, GD(**kw), Ks, 0.05, 10)
+        assert np.abs(ref[-1] - ref[0]).max() > 0
+        assert _rel(got, ref) < 1e-10, (name, _rel(got, ref))

@@ -1,6 +1,7 @@
 """Random streams: heterogeneity draws, independence, invariance when M or N grows."""
 
 import numpy as np
+import pytest
 
 from fnsysid import random as rnd
 from fnsysid.model import generate
@@ -105,3 +106,13 @@ def test_simulating_blocks_together_changes_no_number(monkeypatch):
     alone = generate(model, **kw)
     for name in ("theta_true", "H", "b", "yy", "n", "phi2max", "phi_mean", "y_mean"):
         np.testing.assert_array_equal(getattr(together, name), getattr(alone, name))
+
+
+def test_thread_count_is_checked(monkeypatch):
+    from fnsysid.model import threads
+
+    monkeypatch.setenv("FNSYSID_THREADS", "3")
+    assert threads(10) == 3 and threads(2) == 2 and threads(0) == 1
+    monkeypatch.setenv("FNSYSID_THREADS", "many")
+    with pytest.raises(ValueError, match="FNSYSID_THREADS=many"):
+        threads(4)
