@@ -435,7 +435,7 @@ class Centralized(Strategy):
         self.exact = bool(exact)
 
     def setup(self, theta0, data, model, optimizer, K, lr, seed):
-        if np.ndim(K):
+        if np.ndim(K) and not self.exact:
             raise ConfigError("strategy=centralized runs one K on the pooled data; a list or "
                               "distribution K is for federated strategies")
         super().setup(theta0, pooled(data), model, optimizer, K, lr, seed)
