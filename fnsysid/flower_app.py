@@ -13,10 +13,12 @@ Messages (``message_type``):
 
 - ``query``: a client answers with its label and its sample counts ``n`` (S,) (the weights
   of ``strategy.weighting=samples``);
-- ``train``: one exchange of the strategy (config ``exchange``, ``round``), arrays (S, ...)
-  from :meth:`~fnsysid.strategies.Federated.message`; the reply holds the client's arrays of
-  :meth:`~fnsysid.strategies.Federated.client_update`;
-- ``evaluate``: the model to evaluate (S, p); the reply holds the client's errors (S,).
+- ``train``: one exchange of the strategy (config ``exchange``, ``round``, ``evaluate``),
+  arrays (S, ...) from :meth:`~fnsysid.strategies.Federated.message` (and ``active`` (S,),
+  the repeats the client takes part in, when clients are sampled); the reply holds the
+  client's arrays of :meth:`~fnsysid.strategies.Federated.client_update`, and with
+  ``evaluate`` its errors ``_e`` (S,) of the model it received;
+- ``evaluate``: the model to evaluate (S, p); the reply holds the client's errors ``_e``.
 
 A client's own state between rounds (SCAFFOLD's ``c_i``) lives in its node's Flower
 ``Context.state``. :func:`run` drives Flower's simulation engine from ``run.py``;
@@ -335,7 +337,8 @@ def quiet_flower() -> None:
     """Flower's and Ray's logs down to warnings (errors still reach the run's log)."""
     flwr_log = logging.getLogger("flwr")
     flwr_log.setLevel(logging.WARNING)
-    flwr_log.addFilter(_DropDeprecation())
+    if not any(isinstance(f, _DropDeprecation) for f in flwr_log.filters):
+        flwr_log.addFilter(_DropDeprecation())
     logging.getLogger("alembic").setLevel(logging.WARNING)
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
