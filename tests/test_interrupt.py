@@ -53,12 +53,17 @@ def test_signal_stops_at_end_of_round_and_writes_rows_so_far(tmp_path, sig, code
 
 
 def test_earlier_run_folder_refused_then_overwritten_cleanly(tmp_path):
+    from fnsysid.cli import preflight
+    from fnsysid.experiment import run_experiment
+    from fnsysid.validate import ConfigError
+    from tests.conftest import compose_cfg
+
     run = tmp_path / "run"
-    first = cli("system=pendulum", "M=3", "R=2", "repeats=1", f"hydra.run.dir={run}")
-    assert first.returncode == 0 and (run / "clients.csv").exists()
-    again = cli("system=pendulum", "M=3", "R=2", "repeats=1", f"hydra.run.dir={run}")
-    assert again.returncode == 2 and "holds an earlier run" in again.stderr
-    assert len(again.stderr.strip().splitlines()) == 1
+    run_experiment(compose_cfg("system=pendulum", "M=3", "R=2", "repeats=1",
+                               "output.plot=true"), run)
+    assert (run / "clients.csv").exists() and (run / "error.png").exists()
+    with pytest.raises(ConfigError, match="holds an earlier run: .* output.overwrite=true"):
+        preflight(["system=pendulum", "M=3", f"hydra.run.dir={run}"])
     # M=21 writes no clients.csv and output.plot=false no error.png: the old ones must go
     new = cli("system=pendulum", "M=21", "R=2", "repeats=1", "output.plot=false",
               "output.overwrite=true", f"hydra.run.dir={run}")
@@ -68,19 +73,25 @@ def test_earlier_run_folder_refused_then_overwritten_cleanly(tmp_path):
 
 
 def test_resume_skips_finished_jobs_and_reruns_the_rest(tmp_path):
+    from fnsysid.experiment import run_experiment
+    from tests.conftest import compose_cfg
+
     sweep = tmp_path / "sweep"
-    args = ["-m", "system=pendulum", "M=1,2", "R=3", "repeats=1", "hydra/launcher=basic",
-            f"hydra.sweep.dir={sweep}"]
-    assert cli(*args).returncode == 0
-    done, todo = sweep / "M=1,R=3,repeats=1,system=pendulum", sweep / "M=2,R=3,repeats=1," \
-        "system=pendulum"
+    done, todo = (sweep / f"M={m},R=3,repeats=1,system=pendulum" for m in (1, 2))
+    run_experiment(compose_cfg("system=pendulum", "M=1", "R=3", "repeats=1", "output.plot=false"),
+                   done)
+    run_experiment(compose_cfg("system=pendulum", "M=2", "R=3", "repeats=1", "seed=5",
+                               "output.plot=false"), todo)
     (todo / "summary.json").unlink()                       # as if killed before the end
     stamp = (done / "errors.csv").stat().st_mtime_ns
-    res = cli(*args, "output.resume=true")
+    res = cli("-m", "system=pendulum", "M=1,2", "R=3", "repeats=1", "hydra/launcher=basic",
+              "output.plot=false",
+              f"hydra.sweep.dir={sweep}", "output.resume=true")
     assert res.returncode == 0, res.stderr
     assert "already done" in res.stdout and "skipped" in res.stdout
     assert (done / "errors.csv").stat().st_mtime_ns == stamp   # not run again
-    assert json.loads((todo / "summary.json").read_text())["status"] == "ok"
+    summary = json.loads((todo / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["seed"] == 0   # run again, clean
 
 
 @pytest.mark.slow
