@@ -117,14 +117,15 @@ def _is_multirun(argv: list[str]) -> bool:
     return "-m" in argv or "--multirun" in argv
 
 
-def preflight(argv: list[str]) -> None:
-    """Raise :class:`ConfigError` for the first bad setting in ``argv`` (or in its sweeps)."""
+def preflight(argv: list[str]) -> Path:
+    """Raise :class:`ConfigError` for the first bad setting in ``argv`` (or in its sweeps).
+    Returns the deepest existing folder on the way to the results folder."""
     _check_args(argv)
     with hydra_session(argv) as (loader, name, searchpath):
-        _preflight(argv, loader, name, searchpath)
+        return _preflight(argv, loader, name, searchpath)
 
 
-def _preflight(argv, loader, config_name, searchpath) -> None:
+def _preflight(argv, loader, config_name, searchpath) -> Path:
     from hydra import compose
     from hydra.core.object_type import ObjectType
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -172,7 +173,7 @@ def _preflight(argv, loader, config_name, searchpath) -> None:
         k = next(iter(dims))
         raise ConfigError(f"{k}={','.join(_encode(v) for v in dims[k])} is a sweep: add -m to run "
                           f"one job per value, or write {k}=[...] for a list value")
-    _check_hydra(base, multirun)
+    existing = _check_hydra(base, multirun)
     # sweeps stored in experiment files (hydra.sweeper.params); the command line wins
     for k, v in (base.hydra.sweeper.get("params") or {}).items():
         if k in dims or any(f.split("=", 1)[0].lstrip("+~") == k for f in fixed):
@@ -188,10 +189,12 @@ def _preflight(argv, loader, config_name, searchpath) -> None:
         n_jobs *= len(values)
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     check_disk(key, OmegaConf.select(base, key), disk * n_jobs)
+    return existing
 
 
-def _check_hydra(base, multirun: bool) -> None:
-    """Hydra settings that Hydra itself accepts but that would fail or misplace results."""
+def _check_hydra(base, multirun: bool) -> Path:
+    """Hydra settings that Hydra itself accepts but that would fail or misplace results.
+    Returns the deepest existing folder on the way to the results folder."""
     from omegaconf import OmegaConf
 
     for key in ("hydra.sweep.dir", "hydra.run.dir") if multirun else ("hydra.run.dir",):
@@ -201,7 +204,7 @@ def _check_hydra(base, multirun: bool) -> None:
                               f"(e.g. {key}=outputs/myrun)")
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     folder = Path(str(OmegaConf.select(base, key)))
-    check_output_dir(key, folder)
+    existing = check_output_dir(key, folder).resolve()
     out = base.get("output") or {}
     if has_results(folder) and not out.get("overwrite") and not (multirun and out.get("resume")):
         what = "an earlier sweep" if multirun else "an earlier run"
@@ -214,10 +217,12 @@ def _check_hydra(base, multirun: bool) -> None:
         if isinstance(n, bool) or not isinstance(n, int) or n == 0:
             raise ConfigError(f"hydra.launcher.n_jobs={n} is not allowed: an integer >= 1 "
                               "(workers), or -1 for all cores (-2 all but one, ...)")
+    return existing
 
 
-def check_output_dir(key: str, path: Path) -> None:
+def check_output_dir(key: str, path: Path) -> Path:
     """The results folder must be (or become) a writable folder: one line naming the cause.
+    Returns the deepest folder of ``path`` that exists (``path`` itself if it does).
 
     Writability is probed by creating (and removing) a temporary file, which also catches
     read-only file systems and runs as root.
@@ -243,6 +248,7 @@ def check_output_dir(key: str, path: Path) -> None:
         where = "" if target == path else f": cannot make it inside {target}"
         raise ConfigError(f"{key}={path} is not writable{where} ({exc.strerror or exc})") \
             from exc
+    return target
 
 
 def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base) -> int:
@@ -311,12 +317,33 @@ def _encode(v) -> str:
     return repr(v)
 
 
+#: the deepest folder on the way to the results folder that existed before this command (set
+#: by :func:`main` from the pre-run check): a refused run removes only what was made below it
+_EXISTED: Path | None = None
+
+
 def _remove_outputs(job_dir: Path) -> None:
-    """Remove a job folder that Hydra made for a run that was refused."""
+    """Remove what Hydra made for a run that was refused: the job folder and the folders above
+    it that are left empty (or hold only ``multirun.yaml``), up to the folder that existed
+    before the command; a results folder that existed keeps everything but Hydra's records."""
+    job_dir = Path(job_dir).resolve()
+    if _EXISTED is None or not (job_dir == _EXISTED or _EXISTED in job_dir.parents):
+        # no record of the check (a worker process, a call from Python)
+        shutil.rmtree(job_dir, ignore_errors=True)
+        parent = job_dir.parent
+        if parent.exists() and {p.name for p in parent.iterdir()} <= {"multirun.yaml"}:
+            shutil.rmtree(parent, ignore_errors=True)
+        return
+    if job_dir == _EXISTED:
+        shutil.rmtree(job_dir / ".hydra", ignore_errors=True)
+        (job_dir / "run.log").unlink(missing_ok=True)
+        return
     shutil.rmtree(job_dir, ignore_errors=True)
-    parent = job_dir.parent
-    if parent.exists() and {p.name for p in parent.iterdir()} <= {"multirun.yaml"}:
-        shutil.rmtree(parent, ignore_errors=True)
+    folder = job_dir.parent
+    while folder != _EXISTED and folder.is_dir() and \
+            {p.name for p in folder.iterdir()} <= {"multirun.yaml"}:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder = folder.parent
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
@@ -426,6 +453,7 @@ def _flags_first(argv: list[str]) -> list[str]:
 
 def main() -> None:
     """Console entry point (``fnsysid`` or ``python run.py``)."""
+    global _EXISTED
     argv = sys.argv[1:] = _flags_first(sys.argv[1:])
     logging.raiseExceptions = False     # a full disk must not print logging tracebacks
     if not CONF_DIR.is_dir():
@@ -438,7 +466,7 @@ def main() -> None:
         if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
                          "--shell-completion", "-sc") for a in argv):
             try:
-                preflight(argv)
+                _EXISTED = preflight(argv)
             except ConfigError as exc:
                 print(f"fnsysid: error: {exc}", file=sys.stderr)
                 sys.exit(2)

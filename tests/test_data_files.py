@@ -345,3 +345,18 @@ def test_bad_truth_and_unreadable_parquet_are_one_line(tmp_path):
     with pytest.raises(DataError, match="robot0.parquet: cannot be read as parquet"):
         load_trajectories(tmp_path / "bad", ["x1", "x2"], ["u"])
     assert not (tmp_path / "out").exists()
+
+
+def test_bad_data_leaves_no_folder_behind_and_keeps_a_users_files(tmp_path):
+    args, _ = _bad_cases(tmp_path)["nan"]
+    work = tmp_path / "work"
+    work.mkdir()
+    res = cli(*GENERIC, *args, cwd=work)                     # default outputs/runs/<time>
+    assert res.returncode == 2 and res.stderr.startswith("fnsysid: error: ")
+    assert list(work.iterdir()) == []                         # not even an empty outputs/
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    res = cli(*GENERIC, *args, f"hydra.run.dir={mine}", "output.overwrite=true")
+    assert res.returncode == 2
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
