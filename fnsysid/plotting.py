@@ -340,7 +340,9 @@ def samples_read(job_dir: Path) -> int:
     cfg = yaml.safe_load((Path(job_dir) / "config.yaml").read_text())
     n = cfg["N"] if isinstance(cfg["N"], int) else max(cfg["N"])
     per_step = cfg["optimizer"].get("batch_size") or n * cfg["T"]
-    return int(cfg["K"]) * int(per_step)
+    K = cfg["K"]
+    K = max(K) if isinstance(K, list) else K       # per-client K_i: the largest
+    return int(K) * int(per_step)
 
 
 def solver_label(job_dir: Path, with_strategy: bool = True,
