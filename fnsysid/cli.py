@@ -167,7 +167,8 @@ def _preflight(argv, loader, config_name, searchpath) -> Path:
     try:
         base = compose(config_name, overrides=first, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as exc:
-        raise ConfigError(one_line(exc)) from exc
+        raise ConfigError(_not_in_option(exc, first, config_name, compose, groups)
+                          or one_line(exc)) from exc
     multirun = _is_multirun(argv) or base.hydra.mode == RunMode.MULTIRUN
     if dims and not multirun:
         k = next(iter(dims))
@@ -190,6 +191,30 @@ def _preflight(argv, loader, config_name, searchpath) -> Path:
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     check_disk(key, OmegaConf.select(base, key), disk * n_jobs)
     return existing
+
+
+def _not_in_option(exc, first: list[str], config_name: str, compose, groups) -> str | None:
+    """For Hydra's "Could not override 'data.holdout'" (a key that the chosen option of its
+    group lacks): the message naming the chosen option, its keys and the options that have
+    the key; None for other errors."""
+    import re
+
+    match = re.match(r"Could not override '([^']+)'", str(exc))
+    group, _, rest = match.group(1).partition(".") if match else ("", "", "")
+    if group not in GROUPS or not rest:
+        return None
+    key = match.group(1)
+    try:
+        cfg = compose(config_name, overrides=[o for o in first if o.split("=", 1)[0] != key],
+                      return_hydra_config=True)
+        chosen = cfg.hydra.runtime.choices[group]
+        have = [name for name in groups[group] if name != chosen and rest.split(".")[0] in
+                groups._repo.load_config(f"{group}/{name}").config.keys()]
+    except Exception:          # another bad override: Hydra's own message
+        return None
+    also = f"; it is a setting of {', '.join(f'{group}={h}' for h in have)}" if have else ""
+    return (f"unknown setting '{key}' with {group}={chosen}; {group}={chosen} has: "
+            f"{', '.join(k for k in cfg[group] if not k.startswith('_'))}{also}")
 
 
 def _check_hydra(base, multirun: bool) -> Path:

@@ -109,6 +109,9 @@ BAD = [
     (["-m", "M=1,0"], "M=0 is not allowed"),
     (["N=[1,2]"], "N has 2 entries but M=20"),
     (["Mx=3"], "unknown setting 'Mx'"),
+    (["data.holdout=0.3"], "unknown setting 'data.holdout' with data=simulated; data=simulated "
+     "has: source, shared_noise, val_N, states, inputs; it is a setting of data=files"),
+    (["strategy.mu=1"], "it is a setting of strategy=fedprox"),
 ]
 
 
