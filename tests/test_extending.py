@@ -63,6 +63,9 @@ def test_the_check_lists_the_users_options_and_names_missing_keys(tmp_path,
     (bad / "duffing.yaml").write_text(text.replace("reduction: mean", "reduction: 3"))
     assert message("system=duffing", conf=tmp_path / "conf").startswith(
         "system.solver.reduction=3 is not allowed")
+    (bad / "duffing.yaml").write_text(text.replace("delta: 0.3", "delta: abc"))
+    assert message("system=duffing", conf=tmp_path / "conf") == (
+        "system: duffing: delta=abc; allowed: a finite number")
 
 
 def test_noiseless_duffing_data_give_each_clients_parameters(duffing_importable):

@@ -40,6 +40,11 @@ class Duffing(System):
 
     def __init__(self, delta: float, alpha: float, beta: float, b: float, dt: float,
                  directions, x0, inputs, disturbance):
+        for key, value in (("delta", delta), ("alpha", alpha), ("beta", beta), ("b", b),
+                           ("dt", dt)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not np.isfinite(value):
+                raise ValueError(f"duffing: {key}={value}; allowed: a finite number")
         super().__init__(x0, inputs, disturbance, dt=dt)
         if not dt > 0:
             raise ValueError(f"duffing: dt={dt}; allowed: a positive number")
