@@ -172,6 +172,9 @@ def from_files(cfg: DictConfig, model: Model, optimizer) -> Dataset:
     clients = [str(c) for c in df.drop_duplicates("_client").sort_values("_client")["client"]]
     S, M = int(df["repeat"].max()) + 1, len(clients)
     if cfg.data.get("val_path"):
+        if (df["split"] == "val").any():
+            raise DataError(f"data.path={cfg.data.path} marks held-out rows (split=val) and "
+                            f"data.val_path={cfg.data.val_path} gives held-out files: use one")
         val = read_trajectories(cfg.data.val_path, states, inputs, setting="data.val_path")
         val_clients = pd.Index(clients).get_indexer(val["client"])
         if (val_clients < 0).any():

@@ -231,13 +231,15 @@ def _bad_cases(tmp_path):
     good = write_per_client(df, tmp_path / "good")
     cases["no_val_path"] = ([f"data.path={good}", "data.val_path=" +
                              str(tmp_path / "nowhere")], "data.val_path=")
+    case("split_and_val_path", held, "marks held-out rows (split=val) and data.val_path=",
+         extra=[f"data.val_path={good}"])
     return cases
 
 
 CASES = ["missing_column", "misspelt_column", "nan", "inf", "text", "t_not_increasing",
          "short_trajectory", "feature_map", "empty_dir", "no_path", "no_client_column",
          "misspelt_case", "empty_repeat", "fractional_repeat", "same_client_twice",
-         "client_column_in_folder", "all_held_out", "no_val_path"]
+         "client_column_in_folder", "all_held_out", "no_val_path", "split_and_val_path"]
 
 
 @pytest.mark.parametrize("name", CASES)
