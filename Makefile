@@ -29,8 +29,8 @@ install-cluster: $(STAMP)  ## add the submitit launcher extra (hydra/launcher=su
 run: $(STAMP)  ## run the default experiment (pendulum, M=20); results in outputs/runs/
 	$(PY) run.py $(ARGS)
 
-test: $(STAMP)  ## fast test suite
-	$(PY) -m pytest -q
+test: $(STAMP)  ## fast test suite, spread over the cores (pytest-xdist)
+	$(PY) -m pytest -q -n auto
 
 test-slow: $(STAMP)  ## the slow tests too
 	$(PY) -m pytest -q -m "slow or not slow"
