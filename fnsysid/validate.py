@@ -18,8 +18,11 @@ def check_knob(name: str, value) -> None:
 def check_run(cfg) -> None:
     """Check every knob and the cross-setting constraints of a composed run config."""
     check_config(cfg)
+    files = cfg.data.get("source", "simulated") == "files"
+    if files:
+        check_file_knobs(cfg)
     N = plain(cfg.N)
-    if isinstance(N, list) and len(N) != cfg.M:
+    if isinstance(N, list) and len(N) != cfg.M and not files:
         raise ConfigError(f"N has {len(N)} entries but M={cfg.M}: a list N gives one "
                           "trajectory count per client")
     K = plain(cfg.K)
@@ -33,6 +36,25 @@ def check_run(cfg) -> None:
     if bs is not None and cfg.data.get("source", "simulated") == "simulated":
         # with data from files the check runs once the files are read
         check_batch_size(bs, (min(N) if isinstance(N, list) else N) * cfg.T)
+
+
+#: knobs that describe simulated data; with data=files the files give them
+FILE_KNOBS = ("N", "T", "eps")
+
+
+def check_file_knobs(cfg) -> None:
+    """With ``data=files``, refuse a value given for N, T or eps: the trajectories, their
+    length and the clients' systems come from the files, so the value would be ignored.
+
+    A knob left at its default is still the interpolation ``${system.knobs.<name>}``.
+    """
+    from omegaconf import OmegaConf
+
+    for key in FILE_KNOBS:
+        if key in cfg and not OmegaConf.is_interpolation(cfg, key):
+            raise ConfigError(f"{key}={show(plain(cfg[key]))} does not apply with data=files: "
+                              "the trajectories, their length and the clients' systems come "
+                              "from the files; drop it")
 
 
 def check_batch_size(bs, n_min: int | None = None) -> None:

@@ -362,3 +362,17 @@ def test_bad_data_leaves_no_folder_behind_and_keeps_a_users_files(tmp_path):
     res = cli(*GENERIC, *args, f"hydra.run.dir={mine}", "output.overwrite=true")
     assert res.returncode == 2
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("knob", ["N=[1,2]", "N=3", "T=7", "eps=0.5"])
+def test_knobs_of_simulated_data_are_refused_with_files(tmp_path, knob):
+    df, _ = linear_fleet()
+    write_per_client(df, tmp_path / "logs")
+    args = [*GENERIC, f"data.path={tmp_path / 'logs'}", "R=2", knob]
+    with pytest.raises(fnsysid.ConfigError, match=rf"^{knob.split('=')[0]}=.* does not apply "
+                                                  "with data=files"):
+        fnsysid.run(args, output_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    # left at their defaults, the same knobs do not stop the run
+    result = fnsysid.run(args[:-1])
+    assert result.summary["status"] == "ok" and result.summary["M"] == 3
