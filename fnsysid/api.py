@@ -19,22 +19,6 @@ from .trajectory_files import PUBLIC_COLUMNS, read_trajectories
 from .validate import ConfigError
 
 
-def _encode(value) -> str:
-    """A Python value as a Hydra override value."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_encode(v) for v in value) + "]"
-    if isinstance(value, (str, Path)):
-        text = str(value)
-        if text and all(c.isalnum() or c in "_-./+:@~" for c in text):
-            return text
-        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    return repr(value) if isinstance(value, float) else str(value)
-
-
 def as_overrides(overrides) -> list[str]:
     """Overrides as the command line's strings: a list of ``key=value`` or a mapping."""
     if overrides is None:
@@ -43,7 +27,9 @@ def as_overrides(overrides) -> list[str]:
         raise ConfigError("overrides must be a list of 'key=value' strings or a dict, not one "
                           "string")
     if isinstance(overrides, Mapping):
-        return [f"{k}={_encode(v)}" for k, v in overrides.items()]
+        from .cli import encode
+
+        return [f"{k}={encode(v)}" for k, v in overrides.items()]
     return [str(o) for o in overrides]
 
 

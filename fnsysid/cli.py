@@ -13,6 +13,7 @@ import logging
 import shutil
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import hydra
@@ -163,7 +164,7 @@ def _preflight(argv, loader, config_name, searchpath) -> Path:
             _check_value(key, v, groups)
         dims[o.input_line.split("=", 1)[0]] = values
 
-    first = fixed + [f"{k}={_encode(v[0])}" for k, v in dims.items()]
+    first = fixed + [f"{k}={encode(v[0])}" for k, v in dims.items()]
     try:
         base = compose(config_name, overrides=first, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as exc:
@@ -172,7 +173,7 @@ def _preflight(argv, loader, config_name, searchpath) -> Path:
     multirun = _is_multirun(argv) or base.hydra.mode == RunMode.MULTIRUN
     if dims and not multirun:
         k = next(iter(dims))
-        raise ConfigError(f"{k}={','.join(_encode(v) for v in dims[k])} is a sweep: add -m to run "
+        raise ConfigError(f"{k}={','.join(encode(v) for v in dims[k])} is a sweep: add -m to run "
                           f"one job per value, or write {k}=[...] for a list value")
     existing = _check_hydra(base, multirun)
     # sweeps stored in experiment files (hydra.sweeper.params); the command line wins
@@ -299,8 +300,8 @@ def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base
     values = [k for k in dims if not is_group(k) and not k.startswith("hydra")]
     checked = disk = 0
     for gcombo in itertools.product(*(dims[k] for k in groups)):
-        ovr = fixed + [f"{k}={_encode(v)}" for k, v in zip(groups, gcombo, strict=True)]
-        ovr += [f"{k}={_encode(dims[k][0])}" for k in values]
+        ovr = fixed + [f"{k}={encode(v)}" for k, v in zip(groups, gcombo, strict=True)]
+        ovr += [f"{k}={encode(dims[k][0])}" for k in values]
         if groups:
             try:
                 base = compose(config_name, overrides=ovr)
@@ -327,17 +328,19 @@ def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base
     return disk
 
 
-def _encode(v) -> str:
-    """A value as override text that Hydra parses back to the same value."""
+def encode(v) -> str:
+    """A Python value as override text that Hydra parses back to the same value (strings and
+    paths quoted, so ``'1'`` stays a string; lists and mappings nested)."""
     if isinstance(v, (list, tuple)):
-        return "[" + ",".join(_encode(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ",".join(f"{k}:{_encode(x)}" for k, x in v.items()) + "}"
+        return "[" + ",".join(encode(x) for x in v) + "]"
+    if isinstance(v, Mapping):
+        return "{" + ",".join(f"{k}:{encode(x)}" for k, x in v.items()) + "}"
     if isinstance(v, bool):
         return "true" if v else "false"
     if v is None:
         return "null"
-    if isinstance(v, str):
+    if isinstance(v, (str, Path)):
+        v = str(v)
         return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
     return repr(v)
 

@@ -40,6 +40,17 @@ def test_list_and_dict_overrides_agree_and_output_dir_writes_the_run(tmp_path):
     assert {"errors.csv", "summary.json", "config.yaml", "error.png", "fit.png"} <= files
 
 
+def test_dict_overrides_take_nested_values_and_keep_strings_strings():
+    # a mapping value (a K distribution) reaches the run as the command line's {k:v} form
+    res = fnsysid.run({"system": "synthetic", "M": 3, "R": 2, "output.plot": False,
+                       "K": {"kind": "uniform_int", "low": 1, "high": 3}})
+    assert res.summary["status"] == "ok"
+    assert res.summary["K"] == {"kind": "uniform_int", "low": 1, "high": 3}
+    # a string is a string: 'false' is not the boolean false
+    with pytest.raises(fnsysid.ConfigError, match="data.shared_noise='false' is not allowed"):
+        fnsysid.run({"data.shared_noise": "false", "M": 2, "R": 1})
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["M=0"], "M=0 is not allowed"),
     ({"system": "foo"}, "system=foo is not an option; allowed: generic,"),
