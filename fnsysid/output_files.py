@@ -16,12 +16,9 @@ from .validate import ConfigError
 
 
 def check_output(cfg) -> None:
-    """Refuse output settings that cannot be honoured (before anything runs)."""
-    out = cfg.output
-    ev = out.get("eval_every", 1)
-    if not (isinstance(ev, int) and not isinstance(ev, bool) and ev >= 1):
-        raise ConfigError(f"output.eval_every={ev} is not allowed: an integer >= 1")
-    if out.get("trajectories") and cfg.data.get("source", "simulated") != "simulated":
+    """Refuse output settings that cannot be honoured (before anything runs); their types
+    and ranges are checked by :mod:`fnsysid.schema`."""
+    if cfg.output.get("trajectories") and cfg.data.get("source", "simulated") != "simulated":
         raise ConfigError("output.trajectories=true exports simulated data; with data=files "
                           "the trajectories are the files themselves")
 
