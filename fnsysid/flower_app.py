@@ -249,9 +249,12 @@ def serve(grid: Grid, cfg, model, strategy, M: int, keep_clients: bool):
     get an ``evaluate`` message), so the errors cover all clients and a round costs one network
     round trip per exchange. One ``evaluate`` exchange after the last round gives the final
     errors. Returns (history, diverged round or None, start model (S, p), client labels); the
-    clients are ordered as in process. A round diverges when the server model is not finite.
+    clients are ordered as in process. A round diverges as in process
+    (:func:`fnsysid.training.train`): when the server model is not finite or, with a ground
+    truth, some client's error is not finite or grows past the limit; the errors of a round's
+    model arrive with the next round's first exchange.
     """
-    from .training import History
+    from .training import History, errors_diverged, growth_limit
 
     nodes = wait_for_nodes(grid, M)
     info = exchange(grid, [(n, "query", None, None) for n in nodes])
@@ -266,6 +269,18 @@ def serve(grid: Grid, cfg, model, strategy, M: int, keep_clients: bool):
 
     hist = History(per_client=[] if keep_clients else None)
     diverged = None
+    limit = None                        # set from the start errors, when there is a truth
+
+    def record(r: int, e: np.ndarray) -> bool:
+        """Record the errors of the model after round ``r``; False if that round diverged."""
+        nonlocal limit
+        if r == 0 and np.isfinite(e).all():
+            limit = growth_limit(float(e.max()))
+        if limit is not None and errors_diverged(e, limit):
+            return False
+        hist.record(e)
+        return True
+
     with np.errstate(over="ignore", invalid="ignore"):
         for r in range(1, cfg.R + 1):
             active = strategy.participants(r)
@@ -285,16 +300,21 @@ def serve(grid: Grid, cfg, model, strategy, M: int, keep_clients: bool):
                     e[:, on] = arrays.pop("_e")
                     if len(off):
                         e[:, off] = stacked(replies[len(on):])["_e"]
-                    hist.record(e)
+                    if not record(r - 1, e):
+                        diverged = r - 1
+                        break
                 strategy.server_update(ex, arrays, sel=on,
                                        active=None if active is None else active[:, on])
+            if diverged is not None:
+                break
             if not np.isfinite(strategy.server).all():
                 diverged = r
                 break
         if diverged is None:
             final = exchange(grid, [(nd, "evaluate", {"theta": strategy.server}, None)
                                     for nd in nodes])
-            hist.record(stacked(final)["_e"])
+            if not record(cfg.R, stacked(final)["_e"]):
+                diverged = cfg.R
     return hist, diverged, theta0, labels
 
 

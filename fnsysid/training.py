@@ -19,6 +19,17 @@ COLUMNS = ("e_max", "e_mean", "nrmse_1step_max", "nrmse_1step_mean", "nrmse_sim_
            "nrmse_sim_mean")
 
 
+def growth_limit(start: float) -> float:
+    """Largest error a run may reach: ``DIVERGENCE_FACTOR * max(1, start)`` with ``start`` the
+    largest error at round 0."""
+    return DIVERGENCE_FACTOR * max(1.0, start)
+
+
+def errors_diverged(e: np.ndarray, limit: float) -> bool:
+    """Whether parameter errors ``e`` (S, M) show divergence: not finite, or above ``limit``."""
+    return not (np.isfinite(e).all() and e.max() <= limit)
+
+
 @dataclass
 class History:
     """Metrics per round, each a list of (S,) arrays (max and mean over clients), and
@@ -80,7 +91,7 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
     def grown(est, e):
         """(diverged?, one-step NRMSE if computed) by the rule above."""
         if has_truth:
-            return not (np.isfinite(e).all() and e.max() <= limit), None
+            return errors_diverged(e, limit), None
         if scores is None:
             return False, None
         n1 = scores.one_step(est)
@@ -97,7 +108,7 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
         start = float(np.nanmax(hist.rows["nrmse_1step_max"][0], initial=0.0))
     else:
         start = 1.0
-    limit = DIVERGENCE_FACTOR * max(1.0, start)
+    limit = growth_limit(start)
     diverged = None
     with np.errstate(over="ignore", invalid="ignore"):
         for r in tqdm(range(1, cfg.R + 1), desc="rounds", unit="round", leave=False,

@@ -46,6 +46,19 @@ def test_flower_runtime_matches_inprocess_round_by_round(strategy, fraction, tmp
     assert json.loads((tmp_path / "b" / "summary.json").read_text())["theorem1"] is None
 
 
+@needs_flower
+def test_flower_runtime_detects_finite_growth_as_in_process(tmp_path):
+    # lr 0.07 makes the errors grow past 1000 times their start, still finite, at round 4
+    args = [*SMALL[:2], *SMALL[3:7], "lr=0.07", "R=6", "output.plot=false"]
+    a = run_experiment(compose_cfg(*args), tmp_path / "a")
+    b = run_experiment(compose_cfg(*args, "runtime=flower"), tmp_path / "b")
+    assert (a["status"], a["diverged_round"]) == ("diverged", 4)
+    assert (b["status"], b["diverged_round"]) == ("diverged", 4)
+    ea, eb = (pd.read_csv(tmp_path / d / "errors.csv") for d in "ab")
+    assert ea["round"].max() == eb["round"].max() == 3
+    np.testing.assert_allclose(eb["e_max"], ea["e_max"], rtol=0, atol=1e-10)
+
+
 def test_flower_runtime_without_the_extra_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setattr(runtime, "flower_installed", lambda: False)
     with pytest.raises(ConfigError, match=r"pip install -e '\.\[flower\]'"):
