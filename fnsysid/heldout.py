@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .model import Model
+from . import random as rnd
+from .model import Model, chunk_blocks, for_chunks, moments
 
 
 @dataclass
@@ -53,20 +54,36 @@ def heldout_from_trajectories(model: Model, x: np.ndarray, u: np.ndarray,
     ----------
     x : (S, M, J, L, n_x) states; u : (S, M, J, L - 1, n_u) inputs (padding: any finite value).
     mask : (S, M, J, L) True where a sample exists (a prefix of each trajectory).
+
+    Computed a chunk of clients at a time, on the threads of :func:`~fnsysid.model.for_chunks`
+    (the values do not depend on the chunking).
     """
     mask = np.asarray(mask, bool)
-    Phi, Y = model.regression(x, u)                               # (S, M, J, L-1, .)
-    S, M = x.shape[:2]
-    w = (mask[..., 1:] & mask[..., :-1]).astype(float).reshape(S, M, -1)
-    F = np.ascontiguousarray(np.moveaxis(Phi, -1, 0)).reshape(-1, S, M, w.shape[-1])
-    Z = np.ascontiguousarray(np.moveaxis(Y, -1, 0)).reshape(-1, S, M, w.shape[-1])
-    Fw, Zw = F * w, Z * w                   # sums over samples along a contiguous axis
-    gram = np.einsum("k...n,l...n->...kl", Fw, F)
-    cross = np.einsum("y...n,k...n->...yk", Zw, F)
-    yy = np.moveaxis(np.einsum("y...n,y...n->y...", Zw, Z), 0, -1)
-    n = w.sum(axis=-1)
-    m = mask.astype(float)[..., None]
-    cnt = np.maximum(m.sum(axis=(2, 3)), 1.0)
-    mean = (x * m).sum(axis=(2, 3)) / cnt
-    var = (((x - mean[:, :, None, None]) * m) ** 2).sum(axis=(2, 3)) / cnt
-    return HeldOut(gram, cross, yy, n, np.sqrt(var), x, u, mask)
+    S, M, J, L = mask.shape
+    n_y, n_phi = model.structure.shape[:2]
+    gram, cross = np.empty((S, M, n_phi, n_phi)), np.empty((S, M, n_y, n_phi))
+    yy, n, std = np.empty((S, M, n_y)), np.empty((S, M)), np.empty((S, M, x.shape[-1]))
+
+    def work(s: int, chunk: list[tuple[int, int, int]]) -> None:
+        lo, hi = chunk[0][1], chunk[-1][2]
+        xs, ms = x[s, lo:hi], mask[s, lo:hi]
+        Phi, Y = model.regression(xs, u[s, lo:hi])                  # (m, J, L-1, .)
+        m = hi - lo
+        w = (ms[..., 1:] & ms[..., :-1]).astype(float).reshape(m, -1)
+        _, Z, _, Zw, gram[s, lo:hi], cross[s, lo:hi] = moments(
+            Phi.reshape(m, -1, n_phi), Y.reshape(m, -1, n_y), w)
+        yy[s, lo:hi] = np.einsum("y...n,y...n->y...", Zw, Z).T
+        n[s, lo:hi] = w.sum(axis=-1)
+        # per-state spread over the client's samples, states first (contiguous sums)
+        xt = np.ascontiguousarray(np.moveaxis(xs.reshape(m, -1, xs.shape[-1]), -1, 0))
+        mf = ms.reshape(m, -1).astype(float)
+        full = bool(ms.all())
+        cnt = np.maximum(mf.sum(axis=-1), 1.0)
+        d = xt - (xt if full else xt * mf).sum(axis=-1, keepdims=True) / cnt[:, None]
+        if not full:
+            d *= mf
+        d *= d
+        std[s, lo:hi] = np.sqrt(d.sum(axis=-1) / cnt).T
+
+    for_chunks(S, rnd.blocks(M), chunk_blocks(model, J, L - 1), work)
+    return HeldOut(gram, cross, yy, n, std, x, u, mask)

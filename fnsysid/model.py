@@ -283,6 +283,23 @@ def simulate_blocks(model: Model, s: int, blocks: list[tuple[int, int, int]], n_
     return own, x, u
 
 
+def moments(Phi, Y, wgt):
+    """Weighted second moments of padded samples ``Phi`` (..., n, n_phi), ``Y`` (..., n, n_y)
+    with 0/1 weights ``wgt`` (..., n).
+
+    Returns ``F`` (n_phi, ..., n) and ``Z`` (n_y, ..., n), the samples with their coordinate
+    moved first (sums then run along a contiguous axis); ``Fw, Zw`` the same times the weights
+    (``F`` and ``Z`` themselves when every weight is 1); ``gram`` (..., n_phi, n_phi)
+    ``= sum_t w_t phi_t phi_t'`` and ``cross`` (..., n_y, n_phi) ``= sum_t w_t y_t phi_t'``.
+    """
+    F = np.ascontiguousarray(np.moveaxis(Phi, -1, 0))          # (n_phi, ..., n)
+    Z = np.ascontiguousarray(np.moveaxis(Y, -1, 0))            # (n_y, ..., n)
+    Fw, Zw = (F, Z) if bool(wgt.all()) else (F * wgt, Z * wgt)
+    gram = np.einsum("k...n,l...n->...kl", Fw, F)
+    cross = np.einsum("y...n,k...n->...yk", Zw, F)
+    return F, Z, Fw, Zw, gram, cross
+
+
 def sample_stats(model: Model, Phi, Y, wgt):
     """Per-client statistics of padded samples ``Phi`` (..., n, n_phi), ``Y`` (..., n, n_y)
     with 0/1 weights ``wgt`` (..., n): ``H, b, yy, n`` (see :meth:`Model.stats`),
@@ -290,12 +307,8 @@ def sample_stats(model: Model, Phi, Y, wgt):
 
     Sums over samples run along a contiguous axis (features moved first).
     """
-    F = np.ascontiguousarray(np.moveaxis(Phi, -1, 0))          # (n_phi, ..., n)
-    Z = np.ascontiguousarray(np.moveaxis(Y, -1, 0))            # (n_y, ..., n)
-    full = bool(wgt.all())
-    Fw, Zw = (F, Z) if full else (F * wgt, Z * wgt)
-    gram = np.einsum("k...n,l...n->...kl", Fw, F)
-    cross = np.einsum("y...n,k...n->...yk", Zw, F)
+    F, Z, Fw, Zw, gram, cross = moments(Phi, Y, wgt)
+    full = Fw is F
     S = model.structure
     H = np.einsum("jkp,...kl,jlq->...pq", S, gram, S, optimize=True)
     b = np.einsum("jkp,...jk->...p", S, cross, optimize=True)
