@@ -9,6 +9,7 @@ n_y x p Jacobian). Gradient steps on least squares therefore never touch the raw
 
 from __future__ import annotations
 
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -344,6 +345,33 @@ def for_chunks(S: int, blocks: list[tuple[int, int, int]], nb: int, work) -> Non
     with ThreadPoolExecutor(n) as pool:
         for f in [pool.submit(work, *job) for job in jobs]:
             f.result()
+
+
+@functools.lru_cache(maxsize=None)
+def _pool(n: int) -> ThreadPoolExecutor:
+    """A pool of ``n`` threads kept for the process (per-round work reuses it)."""
+    return ThreadPoolExecutor(n, thread_name_prefix="fnsysid")
+
+
+def for_slices(m: int, size: int, work) -> None:
+    """Call ``work(sl)`` for consecutive slices ``sl`` of ``size`` (the last shorter) covering
+    ``range(m)``, on :func:`threads` threads when there are several. Each call must write only
+    its own slice of the outputs (and use its own scratch arrays), so the values do not depend
+    on the number of threads."""
+    slices = [slice(lo, min(lo + size, m)) for lo in range(0, m, size)]
+    n = threads(len(slices))
+    if n == 1:
+        for sl in slices:
+            work(sl)
+        return
+    errors = np.geterr()            # the caller's floating-point error handling, per thread
+
+    def call(sl: slice) -> None:
+        with np.errstate(**errors):
+            work(sl)
+
+    for f in [_pool(n).submit(call, sl) for sl in slices]:
+        f.result()
 
 
 #: about how many float64 values one chunk of simulated clients may hold (memory bound)

@@ -93,9 +93,9 @@ class StreamBatch:
         self._ensure(n)
         if (self.pos == self.pos[0]).all():           # all streams at the same place
             out = self.buf[:, self.pos[0]:self.pos[0] + n].copy()
-        else:
-            start = self.pos + np.arange(len(self)) * self.buf.shape[1]
-            out = np.take(self.buf.reshape(-1), start[:, None] + np.arange(n))
+        else:                                         # row g from its own position
+            windows = np.lib.stride_tricks.sliding_window_view(self.buf, n, axis=1)
+            out = windows[np.arange(len(self)), self.pos]
         self.pos += n
         return out
 
@@ -105,6 +105,8 @@ class StreamBatch:
         With ``cut`` (broadcastable to a row of ``z``), repeat until ``|z| <= cut`` everywhere,
         touching only the entries still out of range (rejection sampling).
         """
+        if not bad.any():
+            return
         G = len(self)
         zf = z.reshape(G, -1)
         g, i = np.nonzero(bad.reshape(G, -1))                # C order within each stream
