@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import random as rnd
-from .model import centred_stats
+from .model import centred_stats, for_slices
 
 SCHEDULES = ("constant", "inverse_k")
 REDUCTIONS = ("sum", "mean")
@@ -350,6 +350,10 @@ class LocalSolver:
         return None if self.precond is None else self.precond[:, clients]
 
 
+#: clients whose local maps are computed together
+MAP_CHUNK = 1 << 16
+
+
 class GD(LocalSolver):
     """Full-batch gradient descent on the client's sufficient statistics.
 
@@ -364,11 +368,25 @@ class GD(LocalSolver):
         self.affine = bool(affine)
 
     def local_map(self, K, lr, mu=0.0, correction=True):
+        """The clients' maps (:func:`affine_gd`), a slice of clients at a time on the data
+        threads (the values do not depend on the slicing)."""
         if not self.affine:
             return None
-        return affine_gd(self.H, self.b, self.n, lr, K, schedule=self.schedule,
-                         reduction=self.reduction, precond=self.precond, mu=mu,
-                         correction=correction)
+        parts: dict[int, LocalMap] = {}
+
+        def work(sl: slice) -> None:
+            parts[sl.start] = affine_gd(
+                self.H[:, sl], self.b[:, sl], self.n[:, sl], lr,
+                np.asarray(K)[:, sl] if np.ndim(K) else K, schedule=self.schedule,
+                reduction=self.reduction, precond=self._precond(sl), mu=mu,
+                correction=correction)
+
+        for_slices(self.n.shape[1], MAP_CHUNK, work)
+        if len(parts) == 1:
+            return parts[0]
+        maps = [parts[k] for k in sorted(parts)]
+        return LocalMap(*(None if a[0] is None else np.concatenate(a, axis=1)
+                          for a in zip(*((m.P, m.q, m.C) for m in maps), strict=True)))
 
     def local_steps(self, theta, K, lr, clients=slice(None), **extra):
         if np.ndim(K):                                   # per-client counts (S, M)
