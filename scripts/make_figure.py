@@ -46,9 +46,12 @@ def load_registry() -> dict:
     return yaml.safe_load(REGISTRY.read_text())
 
 
-def run_experiment(name: str, sweeps: Path, extra: list[str]) -> tuple[float, str]:
+def run_experiment(name: str, sweeps: Path, extra: list[str],
+                   reuse: bool = True) -> tuple[float, str]:
     """Run one experiment's sweep from scratch into ``sweeps/name`` in this process.
 
+    With ``reuse`` Hydra composes the jobs through
+    :class:`fnsysid.sweep_configs.ReusingConfigLoader` (same configs, a fraction of the cost).
     Returns (wall time, captured output); raises SystemExit naming the experiment if Hydra
     reports a failure.
     """
@@ -57,6 +60,7 @@ def run_experiment(name: str, sweeps: Path, extra: list[str]) -> tuple[float, st
     from hydra.core.global_hydra import GlobalHydra
 
     from fnsysid.cli import task
+    from fnsysid.sweep_configs import reuse_compositions
 
     shutil.rmtree(sweeps / name, ignore_errors=True)
     t0 = time.perf_counter()
@@ -67,7 +71,8 @@ def run_experiment(name: str, sweeps: Path, extra: list[str]) -> tuple[float, st
     try:
         sys.argv = argv
         GlobalHydra.instance().clear()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), \
+                reuse_compositions() if reuse else contextlib.nullcontext():
             task()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1

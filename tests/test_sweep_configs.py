@@ -1,0 +1,121 @@
+"""ReusingConfigLoader gives every job of a sweep the config Hydra itself composes, and an
+experiment run in process through it writes the files that Hydra's own composition writes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra._internal.utils import create_config_search_path
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.types import RunMode
+from omegaconf import OmegaConf, open_dict
+
+from fnsysid.options import CONF_DIR, options
+from fnsysid.sweep_configs import ReusingConfigLoader
+
+ROOT = Path(__file__).resolve().parent.parent
+QUIET = ["progress=false", "output.plot=false"]
+
+
+def sweep_jobs(loader, name: str, extra: list[str]):
+    """The master config of ``experiment=name`` and each job's overrides, as Hydra's basic
+    sweeper makes them."""
+    master = loader.load_configuration(
+        "config", [f"experiment={name}", "hydra/launcher=basic", *extra], RunMode.MULTIRUN)
+    params = [f"{k}={v}" for k, v in master.hydra.sweeper.params.items()]
+    parsed = OverridesParser.create().parse_overrides(params + [f"experiment={name}", *extra])
+    return master, [list(job) for batch in BasicSweeper.split_arguments(parsed, None)
+                    for job in batch]
+
+
+def without_hydra(cfg):
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        cfg.pop("hydra")
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def assert_same_configs(name: str, extra: list[str]) -> int:
+    path = create_config_search_path(str(CONF_DIR))
+    hydra_loader = ConfigLoaderImpl(config_search_path=path)
+    reusing = ReusingConfigLoader(config_search_path=path)
+    master, jobs = sweep_jobs(hydra_loader, name, extra)
+    for job in jobs:
+        want = hydra_loader.load_sweep_config(master, job)
+        for _ in range(2):                    # the sweeper's check, then the launcher's
+            got = reusing.load_sweep_config(master, job)
+            assert OmegaConf.to_yaml(got) == OmegaConf.to_yaml(want), (name, job)
+            assert without_hydra(got) == without_hydra(want), (name, job)
+            assert got.hydra.sweep.subdir == want.hydra.sweep.subdir
+            assert got.hydra.job.override_dirname == want.hydra.job.override_dirname
+            assert OmegaConf.is_struct(got) and not OmegaConf.is_readonly(got.hydra)
+    return len(jobs)
+
+
+@pytest.mark.parametrize("name, extra", [
+    ("sgd_vs_gd_pendulum", ["R=3"]),                         # a group and a value swept
+    ("hetero_k_synthetic", ["K={kind:uniform_int,low:2,high:9}", "~theory"]),
+])
+def test_reused_composition_equals_hydras(name, extra):
+    assert assert_same_configs(name, QUIET + extra) >= 3
+
+
+def test_group_and_value_overrides_are_told_apart():
+    loader = ReusingConfigLoader(config_search_path=create_config_search_path(str(CONF_DIR)))
+    parse = OverridesParser.create().parse_override
+    assert not loader._is_value(parse("strategy=fedavg"))               # a group
+    assert loader._is_value(parse("strategy.fraction=0.5"))             # a key in a group
+    assert loader._is_value(parse("M=4"))
+    assert not loader._is_value(parse("hydra.sweep.dir=x"))             # part of the key
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", options("experiment"))
+def test_every_experiment_job_is_composed_as_hydra_composes_it(name):
+    assert assert_same_configs(name, QUIET) >= 3
+
+
+def run_in_process(name: str, sweeps: Path, reuse: bool, extra: list[str]) -> Path:
+    """``experiment=name`` through Hydra's multirun in this process (as make_figure runs it)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import make_figure
+    finally:
+        sys.path.pop(0)
+    make_figure.run_experiment(name, sweeps, ["R=3", "repeats=2", *extra], reuse=reuse)
+    return sweeps / name
+
+
+#: summary.json fields that measure time, not results
+TIMING = {"runtime_s"}
+
+
+def folder_files(root: Path) -> dict[str, str]:
+    """Every file under ``root`` (but run.log) by relative path, with the root's path and the
+    timings of summary.json taken out."""
+    files = {}
+    for p in sorted(root.rglob("*")):
+        if not p.is_file() or p.name == "run.log":
+            continue
+        text = p.read_text().replace(str(root.resolve()), "<sweep>").replace(str(root), "<sweep>")
+        if p.name == "summary.json":
+            text = json.dumps({k: v for k, v in json.loads(text).items() if k not in TIMING})
+        files[str(p.relative_to(root))] = text
+    return files
+
+
+def test_in_process_sweep_writes_what_hydras_composition_writes(tmp_path):
+    two_k = ["hydra.sweeper.params.K='1,5'"]                 # 4 jobs: optimizer x K
+    fast = folder_files(run_in_process("sgd_vs_gd_pendulum", tmp_path / "reuse", True, two_k))
+    plain = folder_files(run_in_process("sgd_vs_gd_pendulum", tmp_path / "plain", False, two_k))
+    assert "results.csv" in fast and "multirun.yaml" in fast
+    assert sum(k.endswith(".hydra/hydra.yaml") for k in fast) == 4
+    assert sum(k.endswith("summary.json") for k in fast) == 4
+    assert fast.keys() == plain.keys()
+    for k in fast:
+        assert fast[k] == plain[k], k
