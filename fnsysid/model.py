@@ -10,6 +10,7 @@ n_y x p Jacobian). Gradient steps on least squares therefore never touch the raw
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -398,15 +399,20 @@ def draw_trajectories(system: System, seed: int, s: int, blks: list[int], n_max:
     """
     keys, n_draw = ([0], 1) if shared_noise else (blks, rnd.BLOCK)
     gens = [rnd.stream(seed, purpose, s, key, j) for key in keys for j in range(n_max)]
+    # (keys, n_draw, n_max, ...): client-major, as simulated; written through views in the
+    # (keys, n_max, n_draw, ...) order of the streams
+    K = len(keys)
+    draws = [np.empty((K, n_draw, n_max) + shape) for shape in
+             ((system.n_x,), (T, system.n_u), (T, system.n_w))]
+    views = [a.swapaxes(1, 2) for a in draws]
     if system.batchable:
         batch = rnd.StreamBatch(gens, reserve=int(1.01 * system.expected_draws(n_draw, T)) + 64)
-        draws = system.draw(batch, n_draw, T)
+        system.draw(batch, n_draw, T, out=views)
     else:
-        draws = [np.stack(a) for a in zip(*(system.draw(g, n_draw, T) for g in gens),
-                                            strict=True)]
+        for g, (key, j) in zip(gens, itertools.product(range(K), range(n_max)), strict=True):
+            system.draw(g, n_draw, T, out=[v[key, j] for v in views])
     out = []
-    for a in draws:                                   # (keys * n_max, n_draw, ...)
-        a = a.reshape(len(keys), n_max, n_draw, *a.shape[2:]).swapaxes(1, 2)
-        a = a.reshape(len(keys) * n_draw, n_max, *a.shape[3:])
+    for a in draws:
+        a = a.reshape(K * n_draw, n_max, *a.shape[3:])
         out.append(np.broadcast_to(a, (size,) + a.shape[1:]) if shared_noise else a[:size])
     return out

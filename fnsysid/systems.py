@@ -50,21 +50,28 @@ class System:
         return self.directions.shape[0]
 
     # --- data -------------------------------------------------------------------------------
-    def draw(self, rng: np.random.Generator | StreamBatch, size: int, T: int):
+    def draw(self, rng: np.random.Generator | StreamBatch, size: int, T: int, out=None):
         """Draw one trajectory's randomness for ``size`` clients, in time order.
 
         Returns ``x0`` (size, n_x), ``eta`` (size, T, n_u) and ``w`` (size, T, n_w). Values for
         step ``t`` are drawn before those of step ``t + 1``, so a longer horizon extends a
         shorter one. From a :class:`~fnsysid.random.StreamBatch` of G streams (see
         :attr:`batchable`) every array gets a leading axis G, row g being stream g's draw.
+        ``out``: three arrays (or views) to write into instead, of shapes ``lead + (size,
+        ...)`` with ``lead`` any shape of G entries (row g of the draws lands at its C-order
+        place in ``lead``); they are returned.
         """
         lead = (len(rng),) if isinstance(rng, StreamBatch) else ()
-        x0 = self.x0.sample(rng, (size, self.n_x))
-        eta = np.empty(lead + (size, T, self.n_u))
-        w = np.empty(lead + (size, T, self.n_w))
+        if out is None:
+            out = (np.empty(lead + (size, self.n_x)), np.empty(lead + (size, T, self.n_u)),
+                   np.empty(lead + (size, T, self.n_w)))
+        x0, eta, w = out
+        x0[...] = self.x0.sample(rng, (size, self.n_x)).reshape(x0.shape)
         for t in range(T):
-            eta[..., t, :] = self.inputs.sample(rng, (size, self.n_u))
-            w[..., t, :] = self.disturbance.sample(rng, (size, self.n_w))
+            eta[..., t, :] = self.inputs.sample(rng, (size, self.n_u)).reshape(
+                eta.shape[:-2] + eta.shape[-1:])
+            w[..., t, :] = self.disturbance.sample(rng, (size, self.n_w)).reshape(
+                w.shape[:-2] + w.shape[-1:])
         return x0, eta, w
 
     def expected_draws(self, size: int, T: int) -> float:
