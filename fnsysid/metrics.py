@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .model import for_slices
-
 
 class ParameterErrors:
     """``||theta_hat - theta_i*|| / ||theta_i*||`` for fixed true parameters ``theta_true``
@@ -29,10 +27,9 @@ class ParameterErrors:
         """Errors (S, M) of ``estimate`` broadcastable to (S, M, p)."""
         est = np.moveaxis(np.asarray(estimate, float), -1, 0)               # (p, S, 1 or M)
         out = np.empty(self.norm.shape)
-
-        def work(sl: slice) -> None:
-            acc = out[:, sl]
-            d = np.empty(acc.shape)
+        tmp = np.empty((out.shape[0], min(CHUNK, out.shape[1])))
+        for sl in _chunks(out.shape[1]):
+            acc, d = out[:, sl], tmp[:, : sl.stop - sl.start]
             for k, (e_k, t_k) in enumerate(zip(est, self.coords, strict=True)):
                 e_k = e_k if e_k.shape[-1] == 1 else e_k[:, sl]
                 np.subtract(e_k, t_k[:, sl], out=acc if k == 0 else d)
@@ -43,8 +40,6 @@ class ParameterErrors:
                     acc += d
             np.sqrt(acc, out=acc)
             acc /= self.norm[:, sl]
-
-        for_slices(out.shape[1], CHUNK, work)
         return out
 
 
@@ -52,6 +47,10 @@ class ParameterErrors:
 CHUNK = 1 << 15
 #: below this many clients a shared model is scored like per-client models (fewer calls)
 SMALL = 2048
+
+
+def _chunks(m: int) -> list[slice]:
+    return [slice(lo, min(lo + CHUNK, m)) for lo in range(0, m, CHUNK)]
 
 
 def client_errors(estimate: np.ndarray, theta_true: np.ndarray) -> np.ndarray:
@@ -121,17 +120,15 @@ class HeldOutScores:
             lin, quad = -2.0 * T0.transpose(1, 2, 0), (T0[:, :, row] * T0[:, :, col]).transpose(
                 1, 2, 0)                                                # (n_y, terms, S)
             sse = np.empty(self.yy.shape)
-
-            def work(sl: slice) -> None:
-                t = np.empty(sse[0, :, sl].shape)
+            tmp = np.empty((sse.shape[1], min(CHUNK, sse.shape[2])))
+            for sl in _chunks(sse.shape[2]):
+                t = tmp[:, : sl.stop - sl.start]
                 for j in range(self.n_y):
                     acc = sse[j, :, sl]
                     acc[...] = self.yy[j, :, sl]
                     _add_terms(acc, lin[j], self.cross[j, ..., sl], t)
                     _add_terms(acc, quad[j], self.gram[..., sl], t)
                     _finish(acc, self.w_step[j, :, sl])
-
-            for_slices(sse.shape[2], CHUNK, work)
             return sse[0] if self.n_y == 1 else sse.sum(axis=0)
         _finish(sse, self.w_step)
         return sse.sum(axis=0)
@@ -143,13 +140,11 @@ class HeldOutScores:
         Th = self.model.theta_matrix(np.asarray(theta, float))             # (S, m, n_y, n_phi)
         S, M, J = x.shape[:3]
         sse = np.empty((S, M, x.shape[-1]))
-
-        def work(sl: slice) -> None:
-            with np.errstate(all="ignore"):
-                sse[:, sl] = self._rollout(Th if Th.shape[1] == 1 else Th[:, sl], sl)
-
-        for_slices(M, max(1, CHUNK // (4 * J)), work)
+        step = max(1, CHUNK // (4 * J))
         with np.errstate(all="ignore"):
+            for lo in range(0, M, step):
+                sl = slice(lo, min(lo + step, M))
+                sse[:, sl] = self._rollout(Th if Th.shape[1] == 1 else Th[:, sl], sl)
             out = (np.sqrt(sse) * self.w_run).sum(axis=-1)
         return np.where(np.isnan(out) & self.valid, np.inf, out)
 
