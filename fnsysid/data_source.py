@@ -8,13 +8,16 @@ held-out trajectories (:mod:`fnsysid.heldout`) and the true parameters when know
 
 from __future__ import annotations
 
+import json
 import logging
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from . import random as rnd
 from .heldout import HeldOut, heldout_from_trajectories
@@ -73,10 +76,62 @@ def load_data(cfg: DictConfig, model: Model, optimizer) -> Dataset:
     """The clients' data for the run described by ``cfg`` (``data.source``)."""
     source = cfg.data.get("source", "simulated")
     if source == "simulated":
-        return simulated(cfg, model, optimizer)
+        if _REUSED is None:
+            return simulated(cfg, model, optimizer)
+        key = _simulation_key(cfg, optimizer)
+        if key not in _REUSED:
+            _REUSED[key] = _read_only(simulated(cfg, model, optimizer))
+            while len(_REUSED) > _REUSED_MAX:
+                _REUSED.popitem(last=False)
+        _REUSED.move_to_end(key)
+        return _REUSED[key]
     if source == "files":
         return from_files(cfg, model, optimizer)
     raise ConfigError(f"data.source={source} is not allowed; allowed: {', '.join(SOURCES)}")
+
+
+# --- simulated data shared by the runs of one process ---------------------------------------------
+
+#: simulated datasets by what determines them, while :func:`reuse_simulations` is on
+_REUSED: OrderedDict | None = None
+#: most datasets kept (the least recently used goes first)
+_REUSED_MAX = 32
+
+
+@contextmanager
+def reuse_simulations():
+    """Within the block, runs whose simulated data are determined by equal settings share one
+    dataset (made read-only) instead of simulating it again: the jobs of a sweep over
+    strategies, K, lr or R. The data are those a fresh simulation gives, by construction: the
+    key holds every setting :func:`simulated` reads. Nested blocks share the outer store."""
+    global _REUSED
+    saved = _REUSED
+    if _REUSED is None:
+        _REUSED = OrderedDict()
+    try:
+        yield
+    finally:
+        _REUSED = saved
+
+
+def _simulation_key(cfg: DictConfig, optimizer) -> str:
+    """Every setting that :func:`simulated` reads: the system and feature map (the model), the
+    data group, M, N, T, eps, repeats, seed, and whether the optimizer keeps the samples."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    settings = {k: resolved[k] for k in ("system", "feature_map", "data", "M", "N", "T", "eps",
+                                         "repeats", "seed")}
+    settings["needs_samples"] = bool(optimizer.needs_samples)
+    return json.dumps(settings, sort_keys=True)
+
+
+def _read_only(dataset: Dataset) -> Dataset:
+    """``dataset`` with its arrays made read-only (a run that wrote into shared data fails)."""
+    for part in (dataset.train, dataset.heldout):
+        for f in fields(part) if part is not None else ():
+            a = getattr(part, f.name)
+            if isinstance(a, np.ndarray):
+                a.setflags(write=False)
+    return dataset
 
 
 # --- simulated ----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from .sweep import declared_keys, read_sweep, swept_keys, typed  # noqa: E402, F401
+from .sweep import declared_keys, load_yaml, read_sweep, swept_keys, typed  # noqa: E402, F401
 from .tables import last_round  # noqa: E402
 
 #: colour and line-style cycle: neighbouring curves differ in both
@@ -335,9 +335,7 @@ def panel_jobs(panel: dict) -> tuple[list[dict], list[str]]:
 
 def samples_read(job_dir: Path) -> int:
     """Samples a client reads per round: K steps of ``batch_size`` (SGD) or ``N T`` (GD)."""
-    import yaml
-
-    cfg = yaml.safe_load((Path(job_dir) / "config.yaml").read_text())
+    cfg = load_yaml(Path(job_dir) / "config.yaml")
     n = cfg["N"] if isinstance(cfg["N"], int) else max(cfg["N"])
     per_step = cfg["optimizer"].get("batch_size") or n * cfg["T"]
     K = cfg["K"]
@@ -351,9 +349,7 @@ def solver_label(job_dir: Path, with_strategy: bool = True,
 
     E.g. ``FedAvg, GD, mean gradient, diagonal feature scaling``, read from its config.yaml.
     """
-    import yaml
-
-    cfg = yaml.safe_load((Path(job_dir) / "config.yaml").read_text())
+    cfg = load_yaml(Path(job_dir) / "config.yaml")
     opt, strat = cfg.get("optimizer", {}), cfg.get("strategy", {})
     name = strat.get("_target_", "?").rsplit(".", 1)[-1]
     if with_strategy and name == "OneShot":

@@ -26,6 +26,13 @@ MULTIRUN = "multirun.yaml"
 INDEX_COLUMNS = ("repeat", "round")
 
 log = logging.getLogger("fnsysid")
+#: PyYAML's safe loader, the one built on libyaml when installed (same objects, ~10x faster)
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def load_yaml(path: Path):
+    """The YAML file ``path`` as Python objects (``yaml.safe_load``)."""
+    return yaml.load(Path(path).read_text(), Loader=SAFE_LOADER)
 
 
 def find_sweep(folder: Path) -> Path:
@@ -48,7 +55,7 @@ def read_sweep(sweep_dir: Path) -> list[dict]:
         job = ov.parent.parent
         if not (job / "errors.csv").exists():
             continue
-        overrides = dict(_split(o) for o in yaml.safe_load(ov.read_text()) or [])
+        overrides = dict(_split(o) for o in load_yaml(ov) or [])
         summary = json.loads((job / "summary.json").read_text())
         jobs.append({"dir": job, "overrides": overrides, "summary": summary,
                      "errors": pd.read_csv(job / "errors.csv")})
@@ -67,7 +74,7 @@ def declared_keys(sweep_dir: Path) -> list[str] | None:
         return None
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    hydra_cfg = (yaml.safe_load(path.read_text()) or {}).get("hydra", {})
+    hydra_cfg = (load_yaml(path) or {}).get("hydra", {})
     lines = list((hydra_cfg.get("overrides") or {}).get("task") or [])
     params = (hydra_cfg.get("sweeper") or {}).get("params") or {}
     given = {_split(line)[0] for line in lines}

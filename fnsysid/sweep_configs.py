@@ -39,12 +39,30 @@ def _parse(line: str) -> Override:
 
 class ReusingConfigLoader(ConfigLoaderImpl):
     """``ConfigLoaderImpl`` whose :meth:`load_sweep_config` reuses the composition of an earlier
-    job with the same config-group (and ``hydra.*``) overrides."""
+    job with the same config-group (and ``hydra.*``) overrides, and that composes the sweep's
+    own config once."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._bases: dict[tuple, DictConfig] = {}
         self._groups: dict[str, bool] = {}
+        self._sweeps: dict[tuple, DictConfig] = {}
+
+    def load_configuration(self, config_name, overrides, run_mode, from_shell=True,
+                           validate_sweep_overrides=True) -> DictConfig:
+        """Hydra's, except that the sweep's own config (``RunMode.MULTIRUN``), which Hydra
+        composes twice (to read ``hydra.mode``, then to run), is composed once."""
+        if run_mode != RunMode.MULTIRUN:
+            return super().load_configuration(config_name, overrides, run_mode, from_shell,
+                                              validate_sweep_overrides)
+        key = (config_name, tuple(overrides), from_shell)
+        if key not in self._sweeps:
+            self._sweeps[key] = super().load_configuration(
+                config_name, overrides, run_mode, from_shell, validate_sweep_overrides)
+        elif validate_sweep_overrides:
+            self.validate_sweep_overrides_legal(overrides=[_parse(o) for o in overrides],
+                                                run_mode=run_mode, from_shell=from_shell)
+        return copy.deepcopy(self._sweeps[key])
 
     def _is_value(self, o: Override) -> bool:
         """Whether Hydra applies ``o`` to the composed config (rather than to the defaults

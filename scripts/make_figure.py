@@ -60,6 +60,7 @@ def run_experiment(name: str, sweeps: Path, extra: list[str],
     from hydra.core.global_hydra import GlobalHydra
 
     from fnsysid.cli import task
+    from fnsysid.data_source import reuse_simulations
     from fnsysid.sweep_configs import reuse_compositions
 
     shutil.rmtree(sweeps / name, ignore_errors=True)
@@ -72,7 +73,8 @@ def run_experiment(name: str, sweeps: Path, extra: list[str],
         sys.argv = argv
         GlobalHydra.instance().clear()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), \
-                reuse_compositions() if reuse else contextlib.nullcontext():
+                reuse_compositions() if reuse else contextlib.nullcontext(), \
+                reuse_simulations() if reuse else contextlib.nullcontext():
             task()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1

@@ -119,3 +119,47 @@ def test_in_process_sweep_writes_what_hydras_composition_writes(tmp_path):
     assert fast.keys() == plain.keys()
     for k in fast:
         assert fast[k] == plain[k], k
+
+
+def test_a_sweep_config_composed_once_is_still_checked_for_hydra_sweeps():
+    from hydra.errors import ConfigCompositionException
+
+    loader = ReusingConfigLoader(config_search_path=create_config_search_path(str(CONF_DIR)))
+    ovr = ["experiment=pendulum_gd_M", "hydra.job.name=a,b"]
+    first = loader.load_configuration("config", ovr, RunMode.MULTIRUN,
+                                      validate_sweep_overrides=False)
+    assert first.hydra.sweeper.params.M == "1,9,25,49,64,81"
+    with pytest.raises(ConfigCompositionException, match="Sweeping over Hydra's configuration"):
+        loader.load_configuration("config", ovr, RunMode.MULTIRUN)
+    again = loader.load_configuration("config", ovr[:1], RunMode.MULTIRUN)
+    assert OmegaConf.to_yaml(again) == OmegaConf.to_yaml(
+        ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONF_DIR)))
+        .load_configuration("config", ovr[:1], RunMode.MULTIRUN))
+
+
+def test_runs_with_the_same_simulation_settings_share_one_read_only_dataset():
+    import numpy as np
+
+    from fnsysid.data_source import load_data, reuse_simulations
+    from fnsysid.experiment import execute
+    from tests.conftest import make
+
+    cfg_a, model, opt, _ = make("system=pendulum", "M=3", "R=4", "repeats=2")
+    cfg_b = make("system=pendulum", "M=3", "R=4", "repeats=2", "strategy=scaffold", "K=3")[0]
+    cfg_c = make("system=pendulum", "M=4", "R=4", "repeats=2")[0]
+    fresh = load_data(cfg_a, model, opt)
+    with reuse_simulations():
+        first = load_data(cfg_a, model, opt)
+        assert load_data(cfg_b, model, opt) is first             # strategy and K: same data
+        assert load_data(cfg_c, model, opt).train.shape == (2, 4)  # M: new data
+        with reuse_simulations():                                 # nested: the same store
+            assert load_data(cfg_a, model, opt) is first
+        with pytest.raises(ValueError, match="read-only"):
+            first.train.H[0, 0, 0, 0] = 1.0
+        shared = execute(cfg_b, choices={})
+    np.testing.assert_array_equal(first.train.H, fresh.train.H)
+    np.testing.assert_array_equal(first.heldout.x, fresh.heldout.x)
+    alone = execute(cfg_b, choices={})
+    for name in ("errors", "estimates", "theory"):
+        assert shared.tables[name].equals(alone.tables[name]), name
+    assert load_data(cfg_a, model, opt) is not first             # off after the block
