@@ -27,20 +27,23 @@ class ParameterErrors:
         """Errors (S, M) of ``estimate`` broadcastable to (S, M, p)."""
         est = np.moveaxis(np.asarray(estimate, float), -1, 0)               # (p, S, 1 or M)
         out = np.empty(self.norm.shape)
-        tmp = np.empty((out.shape[0], min(CHUNK, out.shape[1])))
         for sl in _chunks(out.shape[1]):
-            acc, d = out[:, sl], tmp[:, : sl.stop - sl.start]
-            for k, (e_k, t_k) in enumerate(zip(est, self.coords, strict=True)):
-                e_k = e_k if e_k.shape[-1] == 1 else e_k[:, sl]
-                np.subtract(e_k, t_k[:, sl], out=acc if k == 0 else d)
-                if k == 0:
-                    np.multiply(acc, acc, out=acc)
-                else:
-                    np.multiply(d, d, out=d)
-                    acc += d
-            np.sqrt(acc, out=acc)
-            acc /= self.norm[:, sl]
+            self._chunk(est, sl, out[:, sl])
         return out
+
+    def _chunk(self, est: np.ndarray, sl: slice, acc: np.ndarray) -> None:
+        """Errors of clients ``sl`` into ``acc`` (S, m); ``est`` (p, S, 1 or M)."""
+        d = np.empty(acc.shape)
+        for k, (e_k, t_k) in enumerate(zip(est, self.coords, strict=True)):
+            e_k = e_k if e_k.shape[-1] == 1 else e_k[:, sl]
+            np.subtract(e_k, t_k[:, sl], out=acc if k == 0 else d)
+            if k == 0:
+                np.multiply(acc, acc, out=acc)
+            else:
+                np.multiply(d, d, out=d)
+                acc += d
+        np.sqrt(acc, out=acc)
+        acc /= self.norm[:, sl]
 
 
 #: clients evaluated at once per round: temporaries stay in the cache
@@ -72,11 +75,11 @@ def _theta_matrix_per_client(model, theta: np.ndarray) -> np.ndarray:
 class HeldOutScores:
     """One-step and free-run NRMSE of estimates on fixed held-out data, evaluated every round.
 
-    Everything that does not depend on the estimate is computed once: the held-out statistics
-    one entry after another as contiguous (S, M) arrays (a model shared by all clients then
-    costs a few multiply-adds over them, skipping zero coefficients), and the per-state weights
+    Everything that does not depend on the estimate is computed once: the per-state weights
     ``1 / (k std sqrt(count))`` of the normalized RMSE (NaN for clients without held-out data
-    or without a varying state).
+    or without a varying state) and, for many clients, the held-out statistics of each repeat
+    as one (terms, M) matrix, so that the squared errors of a model shared by all clients are
+    one matrix product, a chunk of clients at a time (see :meth:`_shared_chunk`).
     """
 
     def __init__(self, model, ho):
@@ -84,12 +87,14 @@ class HeldOutScores:
         S, M = ho.n.shape
         self.valid = ho.n > 0
         self.n_y, self.n_phi = ho.cross.shape[-2:]
-        self.yy = _first(ho.yy)                                            # (n_y, S, M)
-        self.cross = _first(ho.cross.reshape(S, M, -1)).reshape(self.n_y, self.n_phi, S, M)
         self.pairs = np.triu_indices(self.n_phi)
-        twice = np.where(self.pairs[0] == self.pairs[1], 1.0, 2.0)
-        self.gram = _first(ho.gram[..., self.pairs[0], self.pairs[1]] * twice)  # (pairs, S, M)
         self.w_step = _first(self._weights(ho.std[..., model.system.target_states], ho.n))
+        self.stats = None
+        if M >= SMALL:                  # [yy_j | cross_jk | gram_kl, k <= l], (S, terms, M)
+            twice = np.where(self.pairs[0] == self.pairs[1], 1.0, 2.0)
+            parts = (ho.yy, ho.cross.reshape(S, M, -1),
+                     ho.gram[..., self.pairs[0], self.pairs[1]] * twice)
+            self.stats = np.ascontiguousarray(np.moveaxis(np.concatenate(parts, axis=-1), 1, 2))
         self.mask = ho.mask[..., 1:]
         self.full = bool(self.mask.all())
         self.w_run = self._weights(ho.std, np.maximum(self.mask.sum(axis=(2, 3)), 1))
@@ -108,30 +113,44 @@ class HeldOutScores:
     def one_step(self, theta: np.ndarray) -> np.ndarray:
         """One-step NRMSE (S, M) of estimates ``theta`` (S, 1 or M, p)."""
         Th = self.model.theta_matrix(np.asarray(theta, float))           # (S, m, n_y, n_phi)
-        if Th.shape[1] != 1 or self.yy.shape[-1] < SMALL:
+        if Th.shape[1] != 1 or self.stats is None:
             ho = self.ho
             Th = np.broadcast_to(Th, ho.cross.shape)
             quad = np.einsum("smjk,smkl,smjl->smj", Th, ho.gram, Th)
             lin = np.einsum("smjk,smjk->smj", Th, ho.cross)
             sse = _first(ho.yy - 2.0 * lin + quad)
         else:
-            T0 = Th[:, 0]
-            row, col = self.pairs
-            lin, quad = -2.0 * T0.transpose(1, 2, 0), (T0[:, :, row] * T0[:, :, col]).transpose(
-                1, 2, 0)                                                # (n_y, terms, S)
-            sse = np.empty(self.yy.shape)
-            tmp = np.empty((sse.shape[1], min(CHUNK, sse.shape[2])))
-            for sl in _chunks(sse.shape[2]):
-                t = tmp[:, : sl.stop - sl.start]
-                for j in range(self.n_y):
-                    acc = sse[j, :, sl]
-                    acc[...] = self.yy[j, :, sl]
-                    _add_terms(acc, lin[j], self.cross[j, ..., sl], t)
-                    _add_terms(acc, quad[j], self.gram[..., sl], t)
-                    _finish(acc, self.w_step[j, :, sl])
-            return sse[0] if self.n_y == 1 else sse.sum(axis=0)
+            coefs = self._shared_coefs(Th)
+            out = np.empty(self.valid.shape)
+            for sl in _chunks(out.shape[1]):
+                out[:, sl] = self._shared_chunk(coefs, sl)
+            return out
         _finish(sse, self.w_step)
         return sse.sum(axis=0)
+
+    def _shared_coefs(self, Th: np.ndarray) -> np.ndarray:
+        """Coefficients (S, n_y, terms) of the rows of :attr:`stats` in the squared one-step
+        errors ``yy_j - 2 Theta_j . cross_j + Theta_j gram Theta_j'`` of one ``Theta`` per
+        repeat, ``Th`` (S, 1, n_y, n_phi)."""
+        T0 = Th[:, 0]                                                    # (S, n_y, n_phi)
+        S, n_y, n_phi = T0.shape
+        row, col = self.pairs
+        coef = np.zeros((S, n_y, self.stats.shape[1]))
+        j = np.arange(n_y)
+        coef[:, j, j] = 1.0
+        cross = coef[:, :, n_y:n_y + n_y * n_phi].reshape(S, n_y, n_y, n_phi)
+        cross[:, j, j] = -2.0 * T0
+        coef[:, :, n_y + n_y * n_phi:] = T0[:, :, row] * T0[:, :, col]
+        return coef
+
+    def _shared_chunk(self, coef: np.ndarray, sl: slice) -> np.ndarray:
+        """One-step NRMSE (S, m) of clients ``sl`` for the coefficients of
+        :meth:`_shared_coefs`: one matrix product over the clients' statistics."""
+        sse = np.matmul(coef, self.stats[:, :, sl])                    # (S, n_y, m)
+        np.maximum(sse, 0.0, out=sse)
+        np.sqrt(sse, out=sse)
+        sse *= self.w_step[:, :, sl].transpose(1, 0, 2)
+        return sse[:, 0] if self.n_y == 1 else sse.sum(axis=1)
 
     def free_run(self, theta: np.ndarray) -> np.ndarray:
         """Free-run NRMSE (S, M) of estimates ``theta`` (S, 1 or M, p); ``inf`` for a rollout
@@ -168,18 +187,40 @@ class HeldOutScores:
         return sse.sum(axis=2)
 
 
+def shared_summary(errors: ParameterErrors, scores: HeldOutScores | None,
+                   estimate: np.ndarray):
+    """Max and mean over the clients (each (S,)) of the parameter errors and, with ``scores``,
+    of the one-step NRMSE of one model per repeat, ``estimate`` (S, 1, p), for many clients
+    that all have held-out data.
+
+    The same values as :class:`ParameterErrors` and :meth:`HeldOutScores.one_step` followed
+    by :func:`over_clients`, computed a chunk of clients at a time without the (S, M) arrays:
+    each round then reads the clients' statistics once. A NaN error gives a NaN maximum.
+    Returns ``(e_max, e_mean, step_max, step_mean)``, the last two None without ``scores``.
+    """
+    est = np.moveaxis(np.asarray(estimate, float), -1, 0)                # (p, S, 1)
+    coefs = None if scores is None else scores._shared_coefs(
+        scores.model.theta_matrix(np.asarray(estimate, float)))
+    S, M = errors.norm.shape
+    parts = []
+    for sl in _chunks(M):
+        e = np.empty((S, sl.stop - sl.start))
+        errors._chunk(est, sl, e)
+        row = [e.max(axis=1), e.sum(axis=1)]
+        if coefs is not None:
+            v = scores._shared_chunk(coefs, sl)
+            row += [v.max(axis=1), v.sum(axis=1)]
+        parts.append(row)
+    cols = [np.array(c) for c in zip(*parts, strict=True)]                # (chunks, S)
+    out = [cols[0].max(axis=0), cols[1].sum(axis=0) / M]
+    if coefs is None:
+        return out[0], out[1], None, None
+    return out[0], out[1], cols[2].max(axis=0), cols[3].sum(axis=0) / M
+
+
 def _first(a: np.ndarray) -> np.ndarray:
     """``a`` (S, M, k) as contiguous (k, S, M)."""
     return np.ascontiguousarray(np.moveaxis(a, -1, 0))
-
-
-def _add_terms(acc: np.ndarray, coef: np.ndarray, terms: np.ndarray, tmp: np.ndarray) -> None:
-    """``acc += sum_f coef[f, s] terms[f, s, :]`` (in place, ``tmp`` a scratch array like
-    ``acc``), skipping zero coefficients."""
-    for c, term in zip(coef, terms, strict=True):
-        if c.any():
-            np.multiply(term, c[:, None], out=tmp)
-            acc += tmp
 
 
 def _finish(sse: np.ndarray, w: np.ndarray) -> None:

@@ -9,7 +9,7 @@ from tqdm.auto import tqdm
 
 from . import interrupt
 from .local_work import local_steps
-from .metrics import HeldOutScores, ParameterErrors, over_clients
+from .metrics import SMALL, HeldOutScores, ParameterErrors, over_clients, shared_summary
 from .model import ClientData
 
 #: a run diverged when some client's error exceeds this many times the largest start error
@@ -48,15 +48,21 @@ class History:
 
     def record(self, e: np.ndarray, one_step=None, free_run=None, valid=None) -> None:
         """Record parameter errors ``e`` (S, M) and, if given, NRMSE (S, M) of valid clients."""
-        self.rows["e_max"].append(e.max(axis=1))
-        self.rows["e_mean"].append(e.mean(axis=1))
-        S = e.shape[0]
-        for name, v in (("nrmse_1step", one_step), ("nrmse_sim", free_run)):
-            vmax, vmean = over_clients(v, valid) if v is not None else (np.full(S, np.nan),) * 2
-            self.rows[name + "_max"].append(vmax)
-            self.rows[name + "_mean"].append(vmean)
+        self.add(e.max(axis=1), e.mean(axis=1),
+                 None if one_step is None else over_clients(one_step, valid),
+                 None if free_run is None else over_clients(free_run, valid))
         if self.per_client is not None:
             self.per_client.append(e.copy())
+
+    def add(self, e_max: np.ndarray, e_mean: np.ndarray, one_step=None, free_run=None) -> None:
+        """Record a round from its maxima and means over clients (each (S,)); ``one_step`` and
+        ``free_run`` are (max, mean) pairs or None (NaN rows)."""
+        self.rows["e_max"].append(e_max)
+        self.rows["e_mean"].append(e_mean)
+        for name, v in (("nrmse_1step", one_step), ("nrmse_sim", free_run)):
+            vmax, vmean = v if v is not None else (np.full(len(e_max), np.nan),) * 2
+            self.rows[name + "_max"].append(vmax)
+            self.rows[name + "_mean"].append(vmean)
 
 
 def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=True,
@@ -78,15 +84,35 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
     has_truth = bool(np.isfinite(data.theta_true).all())
 
     scores = None if heldout is None else HeldOutScores(model, heldout)
+    # many clients, one model for all, nothing per client kept: summaries read the clients'
+    # statistics once per round (shared_summary), without (S, M) arrays
+    summarize = (has_truth and not keep_clients and data.shape[1] >= SMALL
+                 and (scores is None or bool(scores.valid.all())))
+
+    def free_run(r: int, estimate):
+        sim = r == 0 or r == cfg.R or r % eval_every == 0
+        return over_clients(scores.free_run(estimate), scores.valid) if sim else None
 
     def record(r: int, estimate, e, one_step=None) -> None:
         if scores is None:
             hist.record(e)
             return
-        sim = r == 0 or r == cfg.R or r % eval_every == 0
         if one_step is None:
             one_step = scores.one_step(estimate)
+        sim = r == 0 or r == cfg.R or r % eval_every == 0
         hist.record(e, one_step, scores.free_run(estimate) if sim else None, scores.valid)
+
+    def summary(r: int, estimate) -> bool | None:
+        """Record round ``r`` from summaries if it can be (None otherwise); whether the
+        errors diverged (then nothing is recorded)."""
+        if not summarize or estimate.shape[1] != 1:
+            return None
+        e_max, e_mean, s_max, s_mean = shared_summary(errors, scores, estimate)
+        if r and errors_diverged(e_max, limit):
+            return True
+        hist.add(e_max, e_mean, None if scores is None else (s_max, s_mean),
+                 None if scores is None else free_run(r, estimate))
+        return False
 
     def grown(est, e):
         """(diverged?, one-step NRMSE if computed) by the rule above."""
@@ -100,10 +126,12 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
 
     errors = ParameterErrors(data.theta_true)
     est = strategy.estimate()
-    e0 = errors(est)
-    record(0, est, e0)
+    limit = np.inf
+    if summary(0, est) is None:
+        e0 = errors(est)
+        record(0, est, e0)
     if has_truth:
-        start = float(np.max(e0))
+        start = float(np.max(hist.e_max[0]))
     elif heldout is not None:
         start = float(np.nanmax(hist.rows["nrmse_1step_max"][0], initial=0.0))
     else:
@@ -117,12 +145,20 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
                 break
             strategy.round(r)
             est = strategy.estimate()
-            e = errors(est)
-            bad, n1 = grown(est, e) if np.isfinite(est).all() else (True, None)
+            if not np.isfinite(est).all():
+                diverged = r
+                break
+            done = summary(r, est)
+            if done is None:
+                e = errors(est)
+                bad, n1 = grown(est, e)
+                if not bad:
+                    record(r, est, e, n1)
+            else:
+                bad = done
             if bad:
                 diverged = r
                 break
-            record(r, est, e, n1)
     return hist, diverged
 
 
