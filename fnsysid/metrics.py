@@ -88,26 +88,34 @@ class HeldOutScores:
         self.valid = ho.n > 0
         self.n_y, self.n_phi = ho.cross.shape[-2:]
         self.pairs = np.triu_indices(self.n_phi)
-        self.w_step = _first(self._weights(ho.std[..., model.system.target_states], ho.n))
+        self.w_step = self._weights(ho.std[..., model.system.target_states], ho.n)
         self.stats = None
         if M >= SMALL:                  # [yy_j | cross_jk | gram_kl, k <= l], (S, terms, M)
-            twice = np.where(self.pairs[0] == self.pairs[1], 1.0, 2.0)
-            parts = (ho.yy, ho.cross.reshape(S, M, -1),
-                     ho.gram[..., self.pairs[0], self.pairs[1]] * twice)
-            self.stats = np.ascontiguousarray(np.moveaxis(np.concatenate(parts, axis=-1), 1, 2))
+            cross = ho.cross.reshape(S, M, -1)
+            rows = [ho.yy[..., j] for j in range(self.n_y)]
+            rows += [cross[..., c] for c in range(cross.shape[-1])]
+            rows += [ho.gram[..., k, m] * (1.0 if k == m else 2.0)
+                     for k, m in zip(*self.pairs, strict=True)]
+            self.stats = np.empty((S, len(rows), M))
+            for r, row in enumerate(rows):
+                self.stats[:, r] = row
         self.mask = ho.mask[..., 1:]
         self.full = bool(self.mask.all())
-        self.w_run = self._weights(ho.std, np.maximum(self.mask.sum(axis=(2, 3)), 1))
+        count = (np.full(ho.n.shape, self.mask[0, 0].size) if self.full
+                 else np.maximum(self.mask.sum(axis=(2, 3)), 1))
+        self.w_run = np.moveaxis(self._weights(ho.std, count), 0, -1)
 
     def _weights(self, std, count):
-        """``1 / (k std_j sqrt(count))`` for the k states with ``std_j > 0``, else 0; NaN rows
-        for clients without held-out data or without a varying state."""
+        """``1 / (k std_j sqrt(count))`` (n, S, M) for the k states with ``std_j > 0`` of
+        ``std`` (S, M, n), else 0; NaN for clients without held-out data or without a varying
+        state."""
+        std = _first(std)
         use = std > 0
-        k = use.sum(axis=-1)
+        k = use.sum(axis=0)
         with np.errstate(divide="ignore", invalid="ignore"):
             w = np.where(use, 1.0 / np.where(use, std, 1.0), 0.0)
-            w = w / (np.sqrt(count) * np.maximum(k, 1))[..., None]
-        w[~(self.valid & (k > 0))] = np.nan
+            w /= np.sqrt(count) * np.maximum(k, 1)
+        w[:, ~(self.valid & (k > 0))] = np.nan
         return w
 
     def one_step(self, theta: np.ndarray) -> np.ndarray:
