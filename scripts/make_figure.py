@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import io
+import itertools
 import multiprocessing
 import os
 import sys
@@ -33,7 +35,8 @@ os.environ.setdefault("FNSYSID_THREADS", "1")
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
-from fnsysid.plotting import figure, read_sweep  # noqa: E402
+from fnsysid.data_source import reuse_simulations  # noqa: E402
+from fnsysid.plotting import figure  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 REGISTRY = Path(__file__).with_name("figures.yaml")
@@ -60,7 +63,6 @@ def run_experiment(name: str, sweeps: Path, extra: list[str],
     from hydra.core.global_hydra import GlobalHydra
 
     from fnsysid.cli import task
-    from fnsysid.data_source import reuse_simulations
     from fnsysid.sweep_configs import reuse_compositions
 
     shutil.rmtree(sweeps / name, ignore_errors=True)
@@ -87,7 +89,8 @@ def run_experiment(name: str, sweeps: Path, extra: list[str],
     return time.perf_counter() - t0, out.getvalue()
 
 
-def _pool(jobs: int) -> ProcessPoolExecutor:
+@contextlib.contextmanager
+def _pool(jobs: int):
     """Workers forked from this process (imports shared); one task at a time each."""
     from hydra.core.plugins import Plugins
 
@@ -95,7 +98,13 @@ def _pool(jobs: int) -> ProcessPoolExecutor:
     import fnsysid.experiment  # noqa: F401 - imported once here, shared by the workers
 
     Plugins.instance()                       # Hydra's plugin scan, also done once
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork"))
+    gc.freeze()           # the imported objects stay out of the workers' garbage collection
+    try:
+        with ProcessPoolExecutor(max_workers=jobs,
+                                 mp_context=multiprocessing.get_context("fork")) as pool:
+            yield pool
+    finally:
+        gc.unfreeze()
 
 
 def expected_cost(name: str) -> float:
@@ -110,18 +119,38 @@ def expected_cost(name: str) -> float:
     return jobs * float(spec.get("repeats", 5)) * float(spec.get("R", 100))
 
 
-def run_all(experiments: list[str], sweeps: Path, extra: list[str], jobs: int) -> None:
-    """Run ``experiments`` over ``jobs`` workers (in this process when ``jobs`` is 1), the
-    costliest first so that the workers finish together."""
-    experiments = sorted(experiments, key=expected_cost, reverse=True)
-    if jobs <= 1:
+def run_and_draw(names: list[str], registry: dict, args) -> dict[str, pd.DataFrame]:
+    """Run the experiments of figures ``names`` (unless ``--plot-only``) and draw the figures,
+    over ``args.jobs`` workers (in this process when 1).
+
+    Experiments go first, the costliest first so that the workers finish together; each
+    figure is queued as soon as its experiments have finished, so drawing overlaps the last
+    experiments instead of waiting for all of them. Returns each figure's table."""
+    needs = {n: {p["experiment"] for p in registry[n]["panels"]} for n in names}
+    experiments = [] if args.plot_only else sorted(
+        dict.fromkeys(e for n in names for e in sorted(needs[n])), key=expected_cost,
+        reverse=True)
+    run = (args.sweeps, args.override)
+    if args.jobs <= 1:
         for e in experiments:
-            print(f"ran experiment {e}: {run_experiment(e, sweeps, extra)[0]:.1f} s", flush=True)
-        return
-    with _pool(jobs) as pool:
-        futures = {pool.submit(run_experiment, e, sweeps, extra): e for e in experiments}
-        for f in as_completed(futures):
-            print(f"ran experiment {futures[f]}: {f.result()[0]:.1f} s", flush=True)
+            print(f"ran experiment {e}: {run_experiment(e, *run)[0]:.1f} s", flush=True)
+        return {n: draw(n, registry[n], args.out, args.sweeps) for n in names}
+    with _pool(args.jobs) as pool:
+        try:
+            runs = {pool.submit(run_experiment, e, *run): e for e in experiments}
+            done = set() if experiments else {e for n in names for e in needs[n]}
+            draws = {}
+            for f in itertools.chain([None], as_completed(runs)):
+                if f is not None:
+                    print(f"ran experiment {runs[f]}: {f.result()[0]:.1f} s", flush=True)
+                    done.add(runs[f])
+                for n in names:
+                    if n not in draws and needs[n] <= done:
+                        draws[n] = pool.submit(draw, n, registry[n], args.out, args.sweeps)
+            return {n: draws[n].result() for n in names}
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
 
 
 def draw(name: str, spec: dict, out: Path, sweeps: Path) -> pd.DataFrame:
@@ -156,22 +185,14 @@ def main(argv=None) -> int:
         return 2
     experiments = list(dict.fromkeys(p["experiment"] for n in names
                                      for p in registry[n]["panels"]))
-    if not args.plot_only:
-        run_all(experiments, args.sweeps, args.override, args.jobs)
-    missing = [e for e in experiments if not read_sweep(args.sweeps / e)]
-    if missing:
+    missing = [e for e in experiments if not any((args.sweeps / e).glob("**/errors.csv"))]
+    if args.plot_only and missing:
         print(f"make_figure: error: no results for {', '.join(missing)}; run without "
               "--plot-only", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    tables = {}
-    if args.jobs <= 1:
-        tables = {n: draw(n, registry[n], args.out, args.sweeps) for n in names}
-    else:
-        with _pool(args.jobs) as pool:
-            futures = {n: pool.submit(draw, n, registry[n], args.out, args.sweeps)
-                       for n in names}
-            tables = {n: f.result() for n, f in futures.items()}
+    with reuse_simulations():           # one store per worker, shared by its experiments
+        tables = run_and_draw(names, registry, args)
     for n, table in tables.items():
         print(f"wrote {args.out / n}.png/.pdf/.csv ({len(table)} curves)")
         slopes = [c for c in table.columns if c.startswith("slope_vs_")]

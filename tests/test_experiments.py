@@ -72,3 +72,33 @@ def test_every_figure_builds_from_a_short_run_of_every_experiment(tmp_path):
             assert (tmp_path / "figs" / f"{name}{suffix}").stat().st_size > 5000
         table = pd.read_csv(tmp_path / "figs" / f"{name}.csv")
         assert set(table["panel"]) == {p["title"] for p in spec["panels"]}
+
+
+def test_make_figure_runs_experiments_and_draws_each_figure_when_its_runs_are_done(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import make_figure
+    finally:
+        sys.path.pop(0)
+    out, sweeps = tmp_path / "figs", tmp_path / "sweeps"
+    args = ["error_vs_k", "--out", str(out), "--sweeps", str(sweeps), "--override", "R=2",
+            "--override", "repeats=1", "--override", "hydra.sweeper.params.K='1,50'",
+            "--jobs", "2"]                             # two experiments of two jobs each
+    assert make_figure.main(args) == 0
+    for suffix in (".png", ".pdf"):
+        assert (out / f"error_vs_k{suffix}").stat().st_size > 5000
+    import pandas as pd
+
+    table = pd.read_csv(out / "error_vs_k.csv")
+    assert table.groupby("panel")["K"].apply(sorted).tolist() == [[1, 50]] * 2
+    for e in ("k_synthetic", "k_pendulum"):
+        assert len(list((sweeps / e).glob("*/summary.json"))) == 2
+        assert pd.read_csv(sweeps / e / "results.csv")["round"].max() == 2
+    redrawn = tmp_path / "again"
+    assert make_figure.main(["error_vs_k", "--out", str(redrawn), "--sweeps", str(sweeps),
+                             "--plot-only", "--jobs", "1"]) == 0
+    for suffix in (".png", ".pdf", ".csv"):
+        assert (redrawn / f"error_vs_k{suffix}").read_bytes() == \
+            (out / f"error_vs_k{suffix}").read_bytes()
+    assert make_figure.main(["rate", "--plot-only", "--sweeps", str(sweeps),
+                             "--out", str(redrawn)]) == 2                 # no rate sweeps
