@@ -126,3 +126,22 @@ def test_affine_rounds_equal_the_step_path_with_per_client_k(schedule):
         got = _trajectory(STRATEGIES[name](), model, data, GD(**kw), Ks, 0.05, 10)
         assert np.abs(ref[-1] - ref[0]).max() > 0
         assert _rel(got, ref) < 1e-10, (name, _rel(got, ref))
+
+
+def test_local_maps_do_not_depend_on_slices_or_threads(monkeypatch):
+    """GD computes the clients' maps a slice of clients at a time on the data threads; the
+    maps are those of one call over all clients, bit for bit."""
+    from fnsysid import optim
+
+    cfg, model, *_ = make("system=synthetic")
+    data = generate(model, M=50, N=2, T=cfg.T, eps=0.1, repeats=2, seed=1)
+    opt = GD(scale_features="diagonal")
+    opt.setup(data, model, seed=0)
+    K = np.random.default_rng(0).integers(1, 6, (2, 50))
+    whole = opt.local_map(K, 0.05, mu=0.1)
+    monkeypatch.setattr(optim, "MAP_CHUNK", 7)
+    monkeypatch.setenv("FNSYSID_THREADS", "2")
+    sliced = opt.local_map(K, 0.05, mu=0.1)
+    for a, b in ((whole.P, sliced.P), (whole.q, sliced.q), (whole.C, sliced.C)):
+        np.testing.assert_array_equal(a, b)
+    assert whole.P.shape == (2, 50, model.p, model.p)

@@ -69,7 +69,7 @@ def test_parameter_errors_match_the_norm_formula():
         np.testing.assert_allclose(err(est), ref, rtol=1e-14)
 
 
-@pytest.mark.parametrize("system", ["pendulum", "synthetic"])
+@pytest.mark.parametrize("system", ["pendulum", "synthetic", "quadrotor"])
 def test_scores_are_evaluated_in_chunks_without_seams(system):
     from fnsysid.metrics import CHUNK
 
@@ -91,3 +91,58 @@ def test_scores_are_evaluated_in_chunks_without_seams(system):
     truth = rng.standard_normal((1, M, model.p))
     ref = np.linalg.norm(theta - truth, axis=-1) / np.linalg.norm(truth, axis=-1)
     np.testing.assert_allclose(ParameterErrors(truth)(theta), ref, rtol=1e-14)
+
+
+def test_heldout_statistics_do_not_depend_on_chunks_or_threads(monkeypatch):
+    from fnsysid import model as model_mod
+
+    _, model, *_ = make("system=quadrotor")
+    rng = np.random.default_rng(3)
+    S, M, J, L = 2, 2500, 2, 5
+    x = rng.standard_normal((S, M, J, L, model.system.n_x))
+    u = rng.standard_normal((S, M, J, L - 1, model.system.n_u))
+    mask = np.ones((S, M, J, L), bool)
+    mask[0, 7, 1, 3:] = False
+    mask[1, 2000] = False
+    one = heldout_from_trajectories(model, x, u, mask)          # one chunk per repeat
+    monkeypatch.setattr(model_mod, "CHUNK_VALUES", 1)            # one block (1024) a chunk
+    monkeypatch.setenv("FNSYSID_THREADS", "2")
+    many = heldout_from_trajectories(model, x, u, mask)
+    for name in ("gram", "cross", "yy", "n", "std"):
+        np.testing.assert_array_equal(getattr(many, name), getattr(one, name), err_msg=name)
+    Phi, Y = model.regression(x[0, 7], u[0, 7])                  # client (0, 7) written out
+    keep = (mask[0, 7, :, 1:] & mask[0, 7, :, :-1])
+    np.testing.assert_allclose(one.gram[0, 7], np.einsum("ni,nj->ij", Phi[keep], Phi[keep]),
+                               rtol=1e-12)
+    np.testing.assert_allclose(one.std[0, 7], x[0, 7][mask[0, 7]].std(axis=0), rtol=1e-12)
+    assert one.n[1, 2000] == 0 and one.n[0, 7] == (J * (L - 1) - 2)
+
+
+def test_round_summaries_equal_the_per_client_arrays(monkeypatch):
+    """Many clients and one shared model: train() records maxima and means from one pass
+    (shared_summary, here over 4 chunks); keeping the per-client errors takes the array
+    path. Same rows."""
+    from fnsysid import metrics
+    from fnsysid.build import initial_model
+    from fnsysid.data_source import load_data
+    from fnsysid.metrics import SMALL
+    from fnsysid.training import train
+
+    M = SMALL + 1000
+    cfg, model, opt, strat = make("system=pendulum", f"M={M}", "N=2", "R=6", "repeats=2",
+                                  "output.eval_every=3")
+    data = load_data(cfg, model, opt)
+    theta0 = initial_model(model, data.train, cfg.system.init)
+    monkeypatch.setattr(metrics, "CHUNK", 1000)
+    rows = []
+    for keep in (False, True):
+        hist, diverged = train(strat, data.train, theta0, opt, model, cfg, progress=False,
+                               keep_clients=keep, heldout=data.heldout, eval_every=3)
+        assert diverged is None
+        rows.append({k: np.array(v) for k, v in hist.rows.items()})
+    assert (rows[1]["e_max"][-1] < rows[1]["e_max"][0]).all()   # the run moved
+    for k, v in rows[1].items():
+        np.testing.assert_allclose(rows[0][k], v, rtol=1e-12, err_msg=k)
+    np.testing.assert_array_equal(rows[0]["e_max"], rows[1]["e_max"])
+    assert np.isnan(rows[0]["nrmse_sim_max"][1]).all()
+    assert np.isfinite(rows[0]["nrmse_sim_max"][3]).all()
