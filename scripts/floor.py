@@ -68,7 +68,7 @@ def _sums(phi, y):
 
 
 def floor_pendulum(M: int, N: int = 10, T: int = 5, K: int = 5, R: int = 200, lr: float = 1e-2,
-                   eps: float = 0.01, val_N: int = 1, eval_every: int = 10, seed: int = 0):
+                   eps: float = 0.01, val_N: int = 1, eval_every: int = 50, seed: int = 0):
     """Run the floor; return (errors (R + 1, 2) of e_max, e_mean, timings dict)."""
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)
