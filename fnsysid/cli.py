@@ -210,12 +210,20 @@ def _not_in_option(exc, first: list[str], config_name: str, compose, groups) -> 
                       return_hydra_config=True)
         chosen = cfg.hydra.runtime.choices[group]
         have = [name for name in groups[group] if name != chosen and rest.split(".")[0] in
-                groups._repo.load_config(f"{group}/{name}").config.keys()]
+                _option_keys(groups._repo.load_config(f"{group}/{name}"), group)]
     except Exception:          # another bad override: Hydra's own message
         return None
     also = f"; it is a setting of {', '.join(f'{group}={h}' for h in have)}" if have else ""
     return (f"unknown setting '{key}' with {group}={chosen}; {group}={chosen} has: "
             f"{', '.join(k for k in cfg[group] if not k.startswith('_'))}{also}")
+
+
+def _option_keys(loaded, group: str):
+    """Keys an option of ``group`` sets in the group's node (an option in the global package,
+    such as ``data=files``, which also sets M and repeats, nests them under the group)."""
+    if loaded.header.get("package") == "_global_":
+        return (loaded.config.get(group) or {}).keys()
+    return loaded.config.keys()
 
 
 def _check_hydra(base, multirun: bool) -> Path:

@@ -243,6 +243,10 @@ def from_files(cfg: DictConfig, model: Model, optimizer) -> Dataset:
     df = read_trajectories(cfg.data.path, states, inputs)
     clients = [str(c) for c in df.drop_duplicates("_client").sort_values("_client")["client"]]
     S, M = int(df["repeat"].max()) + 1, len(clients)
+    for key, have, what in (("M", M, "clients"), ("repeats", S, "repeats")):
+        if cfg.get(key) is not None and cfg[key] != have:
+            raise DataError(f"{key}={cfg[key]} does not match data.path={cfg.data.path}, which "
+                            f"holds {have} {what}: drop {key} (the files give it)")
     if cfg.data.get("val_path"):
         if (df["split"] == "val").any():
             raise DataError(f"data.path={cfg.data.path} marks held-out rows (split=val) and "

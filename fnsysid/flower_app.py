@@ -437,8 +437,9 @@ def deployed_main(grid: Grid, context: Context) -> None:
     cfg = deployed_config(context)
     cfg.runtime = {"name": "flower", "client_cpus": 1}
     model, _, strategy = build(cfg)
-    keep_clients = keep_per_client(cfg)
-    hist, diverged, theta0, labels = serve(grid, cfg, model, strategy, cfg.M, keep_clients)
+    M = cfg.M if cfg.M is not None else len(server_dataset(cfg).clients)
+    keep_clients = keep_per_client(cfg, M)
+    hist, diverged, theta0, labels = serve(grid, cfg, model, strategy, M, keep_clients)
     dataset = server_dataset(cfg, labels)
     dataset.settings["repeats"] = theta0.shape[0]
     elapsed = time.perf_counter() - t_start

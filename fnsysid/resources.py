@@ -84,7 +84,9 @@ def available_bytes() -> int | None:
 
 def estimate_disk_bytes(cfg, keep_clients: bool) -> int:
     """Bytes a run's result files take, generously (CSV rows ~40 bytes, plots ~150 KB)."""
-    S, R, M = int(cfg.repeats), int(cfg.R), int(cfg.M)
+    # data=files before the files are read: one repeat, per-client rows up to per_client_max
+    S, R = int(cfg.repeats or 1), int(cfg.R)
+    M = int(cfg.M or cfg.output.per_client_max)
     rows = (R + 1) * S * (3 + (M if keep_clients else 0))
     return int(40 * rows + 150_000 + 20_000)
 

@@ -425,6 +425,8 @@ RUNTIMES = {
 #: the whole run config (Hydra's own ``hydra`` node is checked by Hydra)
 ROOT = Node({
     **{k: spec for k, (_, spec) in KNOBS.items()},
+    # null with data=files: the files give them (validate.check_run)
+    "M": Optional(KNOBS["M"][1]), "repeats": Optional(KNOBS["repeats"][1]),
     "system": Target(SYSTEMS, SYSTEM_COMMON, group="system"),
     "feature_map": Target(FEATURE_MAPS, group="feature_map", empty_ok=True),
     "optimizer": Target(OPTIMIZERS, group="optimizer"),

@@ -166,5 +166,6 @@ def keep_per_client(cfg, M: int | None = None) -> bool:
     """Whether per-client errors are kept (``output.per_client``: auto, true or false)."""
     flag = cfg.output.per_client
     if flag == "auto":
-        return (cfg.M if M is None else M) <= cfg.output.per_client_max
+        M = cfg.M if M is None else M
+        return M is None or M <= cfg.output.per_client_max     # None: files not read yet
     return bool(flag)

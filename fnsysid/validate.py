@@ -21,6 +21,12 @@ def check_run(cfg) -> None:
     files = cfg.data.get("source", "simulated") == "files"
     if files:
         check_file_knobs(cfg)
+    else:
+        for key in ("M", "repeats"):
+            if cfg[key] is None:
+                raise ConfigError(f"{key}=null is not allowed: {key} ({KNOBS[key][0]}) "
+                                  "must be an integer >= 1 (null only with data=files, whose "
+                                  "files give it)")
     N = plain(cfg.N)
     if isinstance(N, list) and len(N) != cfg.M and not files:
         raise ConfigError(f"N has {len(N)} entries but M={cfg.M}: a list N gives one "

@@ -376,3 +376,36 @@ def test_knobs_of_simulated_data_are_refused_with_files(tmp_path, knob):
     # left at their defaults, the same knobs do not stop the run
     result = fnsysid.run(args[:-1])
     assert result.summary["status"] == "ok" and result.summary["M"] == 3
+
+
+@pytest.mark.parametrize("knob, message", [
+    ("M=5", "M=5 does not match data.path=.* which holds 3 clients: drop M"),
+    ("repeats=2", "repeats=2 does not match data.path=.* which holds 1 repeats: drop repeats"),
+])
+def test_m_and_repeats_must_match_the_files(tmp_path, knob, message):
+    """The files give the clients and repeats; a value that differs is refused, one that
+    matches (as a Flower deployment gives M) is accepted."""
+    df, _ = linear_fleet()
+    write_per_client(df, tmp_path / "logs")
+    args = [*GENERIC, f"data.path={tmp_path / 'logs'}", "R=2"]
+    with pytest.raises(fnsysid.ConfigError, match=message):
+        fnsysid.run([*args, knob], output_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    res = cli(*args, knob, f"hydra.run.dir={tmp_path}/cli")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not (tmp_path / "cli").exists()
+    for ok in ([], ["M=3", "repeats=1"]):
+        summary = fnsysid.run([*args, *ok]).summary
+        assert summary["status"] == "ok" and summary["M"] == 3 and summary["repeats"] == 1
+
+
+def test_m_null_is_only_for_files():
+    with pytest.raises(fnsysid.ConfigError, match=r"^M=null is not allowed: M \(number of "
+                                                  r"clients\) must be an integer >= 1"):
+        fnsysid.run(["system=pendulum", "M=null", "R=1"])
+    from fnsysid.validate import check_run
+    cfg = compose_cfg("system=pendulum")
+    cfg.repeats = None                    # e.g. from a config file of one's own
+    with pytest.raises(fnsysid.ConfigError, match=r"^repeats=null is not allowed: .* \(null "
+                                                  "only with data=files"):
+        check_run(cfg)
