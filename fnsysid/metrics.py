@@ -33,15 +33,9 @@ class ParameterErrors:
 
     def _chunk(self, est: np.ndarray, sl: slice, acc: np.ndarray) -> None:
         """Errors of clients ``sl`` into ``acc`` (S, m); ``est`` (p, S, 1 or M)."""
-        d = np.empty(acc.shape)
-        for k, (e_k, t_k) in enumerate(zip(est, self.coords, strict=True)):
-            e_k = e_k if e_k.shape[-1] == 1 else e_k[:, sl]
-            np.subtract(e_k, t_k[:, sl], out=acc if k == 0 else d)
-            if k == 0:
-                np.multiply(acc, acc, out=acc)
-            else:
-                np.multiply(d, d, out=d)
-                acc += d
+        d = (est if est.shape[-1] == 1 else est[..., sl]) - self.coords[..., sl]   # (p, S, m)
+        d *= d
+        np.add.reduce(d, axis=0, out=acc)          # coordinate after coordinate, in order
         np.sqrt(acc, out=acc)
         acc /= self.norm[:, sl]
 
