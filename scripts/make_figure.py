@@ -33,10 +33,10 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("FNSYSID_THREADS", "1")
 
 import pandas as pd  # noqa: E402
-import yaml  # noqa: E402
 
 from fnsysid.data_source import reuse_simulations  # noqa: E402
 from fnsysid.plotting import figure  # noqa: E402
+from fnsysid.sweep import load_yaml  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 REGISTRY = Path(__file__).with_name("figures.yaml")
@@ -46,7 +46,7 @@ RUN_OVERRIDES = ["progress=false", "output.plot=false"]
 
 
 def load_registry() -> dict:
-    return yaml.safe_load(REGISTRY.read_text())
+    return load_yaml(REGISTRY)
 
 
 def run_experiment(name: str, sweeps: Path, extra: list[str],
@@ -111,7 +111,7 @@ def expected_cost(name: str) -> float:
     """Rough relative cost of an experiment from its file: jobs x repeats x rounds."""
     from fnsysid.cli import CONF_DIR
 
-    spec = yaml.safe_load((CONF_DIR / "experiment" / f"{name}.yaml").read_text()) or {}
+    spec = load_yaml(CONF_DIR / "experiment" / f"{name}.yaml") or {}
     params = ((spec.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
     jobs = 1
     for values in params.values():

@@ -58,7 +58,7 @@ def assert_same_configs(name: str, extra: list[str]) -> int:
 
 
 @pytest.mark.parametrize("name, extra", [
-    ("sgd_vs_gd_pendulum", ["R=3"]),                         # a group and a value swept
+    ("sgd_vs_gd_pendulum", ["R=3", "hydra.sweeper.params.K='1,5'"]),  # a group, a value
     ("hetero_k_synthetic", ["K={kind:uniform_int,low:2,high:9}", "~theory"]),
 ])
 def test_reused_composition_equals_hydras(name, extra):
@@ -163,3 +163,24 @@ def test_runs_with_the_same_simulation_settings_share_one_read_only_dataset():
     for name in ("errors", "estimates", "theory"):
         assert shared.tables[name].equals(alone.tables[name]), name
     assert load_data(cfg_a, model, opt) is not first             # off after the block
+
+
+@pytest.mark.slow
+def test_in_process_sweep_writes_what_the_command_line_writes(tmp_path):
+    """make_figure's path against ``run.py experiment=...`` (joblib launcher): the same job
+    folders, configs, overrides, tables and summaries; only Hydra's records of the launcher
+    (hydra.yaml, multirun.yaml) differ."""
+    import subprocess
+
+    extra = ["R=3", "repeats=2", "hydra.sweeper.params.K='1,5'"]
+    fast = folder_files(run_in_process("sgd_vs_gd_pendulum", tmp_path / "fast", True, extra))
+    cli = tmp_path / "cli"
+    res = subprocess.run([sys.executable, str(ROOT / "run.py"), "experiment=sgd_vs_gd_pendulum",
+                          f"hydra.sweep.dir={cli}", *QUIET, *extra],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    cli_files = folder_files(cli)
+    launcher_records = {k for k in fast if k.endswith("hydra.yaml") or k == "multirun.yaml"}
+    assert len(launcher_records) == 5 and fast.keys() == cli_files.keys()
+    for k in fast.keys() - launcher_records:
+        assert fast[k] == cli_files[k], k
