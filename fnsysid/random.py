@@ -109,8 +109,9 @@ class StreamBatch:
             return
         G = len(self)
         zf = z.reshape(G, -1)
-        g, i = np.nonzero(bad.reshape(G, -1))                # C order within each stream
-        cutf = None if cut is None else np.broadcast_to(cut, z.shape[1:]).reshape(-1)
+        g, i = np.divmod(np.flatnonzero(bad), zf.shape[1])    # C order within each stream
+        cutf = cut if cut is None or np.ndim(cut) == 0 else \
+            np.broadcast_to(cut, z.shape[1:]).reshape(-1)
         while g.size:
             counts = np.bincount(g, minlength=G)
             self._ensure(counts)
@@ -120,7 +121,7 @@ class StreamBatch:
             self.pos += counts
             if cutf is None:
                 break
-            still = np.abs(vals) > cutf[i]
+            still = np.flatnonzero(np.abs(vals) > (cutf if np.ndim(cutf) == 0 else cutf[i]))
             g, i = g[still], i[still]
 
 
@@ -186,13 +187,28 @@ class Noise:
             z = rng.standard_normal(shape)
             if self.kind == "truncnormal":
                 # rejection: redraw standardized values beyond clip/scale (per coordinate)
-                with np.errstate(divide="ignore"):
-                    cut = np.broadcast_to(self.clip / self.scale, shape)
+                cut = self._cut(shape)
                 bad = np.abs(z) > cut
                 while bad.any():
                     z[bad] = rng.standard_normal(int(bad.sum()))
                     bad = np.abs(z) > cut
-        return self.loc + self.scale * z
+        return self._scaled(z)
+
+    def _cut(self, shape: tuple[int, ...]):
+        """The standardized cut-off ``clip / scale`` of a truncated normal: one float when it
+        is the same for every coordinate, else broadcast to ``shape``."""
+        with np.errstate(divide="ignore"):
+            cut = self.clip / self.scale
+        return _one(cut) if _one(cut) is not None else np.broadcast_to(cut, shape)
+
+    def _scaled(self, z: np.ndarray) -> np.ndarray:
+        """``loc + scale * z``; with plain floats when every coordinate has the same loc and
+        scale (the same numbers; a broadcast over a short last axis is several times
+        slower)."""
+        loc, scale = _one(self.loc), _one(self.scale)
+        if loc is None or scale is None:
+            return self.loc + self.scale * z
+        return loc + scale * z
 
     def expected_draws(self, shape: tuple[int, ...]) -> float:
         """Mean number of standard normals one :meth:`sample` of ``shape`` reads."""
@@ -214,7 +230,14 @@ class Noise:
         else:
             z = batch.take(int(np.prod(shape))).reshape(full)
             if self.kind == "truncnormal":
-                with np.errstate(divide="ignore"):
-                    cut = np.broadcast_to(self.clip / self.scale, shape)
+                cut = self._cut(shape)
                 batch.refill(z, np.abs(z) > cut, cut)
-        return self.loc + self.scale * z
+        return self._scaled(z)
+
+
+def _one(v: np.ndarray) -> float | None:
+    """The value of every entry of ``v`` as a float, or None if they differ."""
+    v = np.asarray(v)
+    if v.size == 0 or not (v == v.flat[0]).all():
+        return None
+    return float(v.flat[0])

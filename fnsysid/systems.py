@@ -18,6 +18,14 @@ from .features import Fourier, Identity, Library
 from .random import Noise, StreamBatch
 
 
+def _put(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src`` (same number of entries), one coordinate (last axis) at a time: into
+    a strided view, copying a short last axis whole is several times slower."""
+    src = src.reshape(dst.shape)
+    for c in range(dst.shape[-1]):
+        dst[..., c] = src[..., c]
+
+
 class System:
     """Base class of a client family.
 
@@ -66,12 +74,10 @@ class System:
             out = (np.empty(lead + (size, self.n_x)), np.empty(lead + (size, T, self.n_u)),
                    np.empty(lead + (size, T, self.n_w)))
         x0, eta, w = out
-        x0[...] = self.x0.sample(rng, (size, self.n_x)).reshape(x0.shape)
+        _put(x0, self.x0.sample(rng, (size, self.n_x)))
         for t in range(T):
-            eta[..., t, :] = self.inputs.sample(rng, (size, self.n_u)).reshape(
-                eta.shape[:-2] + eta.shape[-1:])
-            w[..., t, :] = self.disturbance.sample(rng, (size, self.n_w)).reshape(
-                w.shape[:-2] + w.shape[-1:])
+            _put(eta[..., t, :], self.inputs.sample(rng, (size, self.n_u)))
+            _put(w[..., t, :], self.disturbance.sample(rng, (size, self.n_w)))
         return x0, eta, w
 
     def expected_draws(self, size: int, T: int) -> float:
