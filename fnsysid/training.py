@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -10,7 +11,7 @@ from tqdm.auto import tqdm
 from . import interrupt
 from .local_work import local_steps
 from .metrics import SMALL, HeldOutScores, ParameterErrors, over_clients, shared_summary
-from .model import ClientData
+from .model import ClientData, threads
 
 #: a run diverged when some client's error exceeds this many times the largest start error
 DIVERGENCE_FACTOR = 1e3
@@ -89,9 +90,19 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
     summarize = (has_truth and not keep_clients and data.shape[1] >= SMALL
                  and (scores is None or bool(scores.valid.all())))
 
+    # there, the free runs (compute-bound rollouts) go to a thread of their own beside the
+    # next rounds (memory-bound summaries); their rows are filled in before train returns
+    background = (ThreadPoolExecutor(1, thread_name_prefix="fnsysid-free-run")
+                  if summarize and scores is not None and threads(2) > 1 else None)
+    pending: list = []
+
     def free_run(r: int, estimate):
-        sim = r == 0 or r == cfg.R or r % eval_every == 0
-        return over_clients(scores.free_run(estimate), scores.valid) if sim else None
+        if not (r == 0 or r == cfg.R or r % eval_every == 0):
+            return None
+        if background is None:
+            return over_clients(scores.free_run(estimate), scores.valid)
+        pending.append((len(hist.e_max), background.submit(scores.free_run, estimate.copy())))
+        return (np.full(estimate.shape[0], np.nan),) * 2          # filled in below
 
     def record(r: int, estimate, e, one_step=None) -> None:
         if scores is None:
@@ -127,38 +138,45 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
     errors = ParameterErrors(data.theta_true)
     est = strategy.estimate()
     limit = np.inf
-    if summary(0, est) is None:
-        e0 = errors(est)
-        record(0, est, e0)
-    if has_truth:
-        start = float(np.max(hist.e_max[0]))
-    elif heldout is not None:
-        start = float(np.nanmax(hist.rows["nrmse_1step_max"][0], initial=0.0))
-    else:
-        start = 1.0
-    limit = growth_limit(start)
-    diverged = None
-    with np.errstate(over="ignore", invalid="ignore"):
-        for r in tqdm(range(1, cfg.R + 1), desc="rounds", unit="round", leave=False,
-                      disable=None if progress else True):
-            if interrupt.requested():           # SIGINT/SIGTERM: stop between rounds
-                break
-            strategy.round(r)
-            est = strategy.estimate()
-            if not np.isfinite(est).all():
-                diverged = r
-                break
-            done = summary(r, est)
-            if done is None:
-                e = errors(est)
-                bad, n1 = grown(est, e)
-                if not bad:
-                    record(r, est, e, n1)
-            else:
-                bad = done
-            if bad:
-                diverged = r
-                break
+    try:
+        if summary(0, est) is None:
+            e0 = errors(est)
+            record(0, est, e0)
+        if has_truth:
+            start = float(np.max(hist.e_max[0]))
+        elif heldout is not None:
+            start = float(np.nanmax(hist.rows["nrmse_1step_max"][0], initial=0.0))
+        else:
+            start = 1.0
+        limit = growth_limit(start)
+        diverged = None
+        with np.errstate(over="ignore", invalid="ignore"):
+            for r in tqdm(range(1, cfg.R + 1), desc="rounds", unit="round", leave=False,
+                          disable=None if progress else True):
+                if interrupt.requested():           # SIGINT/SIGTERM: stop between rounds
+                    break
+                strategy.round(r)
+                est = strategy.estimate()
+                if not np.isfinite(est).all():
+                    diverged = r
+                    break
+                done = summary(r, est)
+                if done is None:
+                    e = errors(est)
+                    bad, n1 = grown(est, e)
+                    if not bad:
+                        record(r, est, e, n1)
+                else:
+                    bad = done
+                if bad:
+                    diverged = r
+                    break
+    finally:                            # also when interrupted: the rows of the free runs
+        for row, job in pending:
+            v = over_clients(job.result(), scores.valid)
+            hist.rows["nrmse_sim_max"][row], hist.rows["nrmse_sim_mean"][row] = v
+        if background is not None:
+            background.shutdown()
     return hist, diverged
 
 
