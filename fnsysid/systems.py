@@ -105,14 +105,16 @@ class System:
         x : (B, N, T + 1, n_x) states; u : (B, N, T, n_u) applied inputs.
         """
         B, N, T = eta.shape[:3]
-        x = np.empty((B, N, T + 1, self.n_x))
-        u = np.empty((B, N, T, self.n_u))
-        x[:, :, 0] = x0
+        # time-major: each step reads and writes whole contiguous (B, N, .) arrays
+        x = np.empty((T + 1, B, N, self.n_x))
+        u = np.empty((T, B, N, self.n_u))
+        x[0] = x0
         th = np.asarray(theta)[:, None, :]
+        eta, w = np.moveaxis(eta, 2, 0), np.moveaxis(w, 2, 0)
         for t in range(T):
-            u[:, :, t] = self.policy(x[:, :, t], eta[:, :, t])
-            x[:, :, t + 1] = self.step(x[:, :, t], u[:, :, t], w[:, :, t], th)
-        return x, u
+            u[t] = self.policy(x[t], eta[t])
+            x[t + 1] = self.step(x[t], u[t], w[t], th)
+        return np.moveaxis(x, 0, 2), np.moveaxis(u, 0, 2)
 
     def policy(self, x, eta):
         """Input applied at state ``x`` given exploration noise ``eta`` (default: ``u = eta``)."""
