@@ -83,16 +83,14 @@ class HeldOutScores:
         self.n_y, self.n_phi = ho.cross.shape[-2:]
         self.pairs = np.triu_indices(self.n_phi)
         self.w_step = self._weights(ho.std[..., model.system.target_states], ho.n)
-        self.stats = None
-        if M >= SMALL:                  # [yy_j | cross_jk | gram_kl, k <= l], (S, terms, M)
-            cross = ho.cross.reshape(S, M, -1)
-            rows = [ho.yy[..., j] for j in range(self.n_y)]
-            rows += [cross[..., c] for c in range(cross.shape[-1])]
-            rows += [ho.gram[..., k, m] * (1.0 if k == m else 2.0)
-                     for k, m in zip(*self.pairs, strict=True)]
-            self.stats = np.empty((S, len(rows), M))
-            for r, row in enumerate(rows):
-                self.stats[:, r] = row
+        cross = ho.cross.reshape(S, M, -1)     # [yy_j | cross_jk | gram_kl, k <= l]
+        rows = [ho.yy[..., j] for j in range(self.n_y)]
+        rows += [cross[..., c] for c in range(cross.shape[-1])]
+        rows += [ho.gram[..., k, m] * (1.0 if k == m else 2.0)
+                 for k, m in zip(*self.pairs, strict=True)]
+        self.stats = np.empty((S, len(rows), M))                          # (S, terms, M)
+        for r, row in enumerate(rows):
+            self.stats[:, r] = row
         self.mask = ho.mask[..., 1:]
         self.full = bool(self.mask.all())
         count = (np.full(ho.n.shape, self.mask[0, 0].size) if self.full
@@ -115,7 +113,7 @@ class HeldOutScores:
     def one_step(self, theta: np.ndarray) -> np.ndarray:
         """One-step NRMSE (S, M) of estimates ``theta`` (S, 1 or M, p)."""
         Th = self.model.theta_matrix(np.asarray(theta, float))           # (S, m, n_y, n_phi)
-        if Th.shape[1] != 1 or self.stats is None:
+        if Th.shape[1] != 1:
             ho = self.ho
             Th = np.broadcast_to(Th, ho.cross.shape)
             quad = np.einsum("smjk,smkl,smjl->smj", Th, ho.gram, Th)
@@ -213,6 +211,9 @@ def shared_summary(errors: ParameterErrors, scores: HeldOutScores | None,
             v = scores._shared_chunk(coefs, sl)
             row += [v.max(axis=1), v.sum(axis=1)]
         parts.append(row)
+    if len(parts) == 1:
+        row = parts[0]
+        return row[0], row[1] / M, *((row[2], row[3] / M) if coefs is not None else (None,) * 2)
     cols = [np.array(c) for c in zip(*parts, strict=True)]                # (chunks, S)
     out = [cols[0].max(axis=0), cols[1].sum(axis=0) / M]
     if coefs is None:

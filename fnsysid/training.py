@@ -79,6 +79,7 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
     round 0, every ``eval_every`` rounds and at the last round. Returns (history,
     diverged_round or None).
     """
+    R = int(cfg.R)                   # read once: a config lookup costs more than a round
     K = local_steps(cfg.K, data.shape[1], data.shape[0], cfg.seed)
     strategy.setup(theta0, data, model, optimizer, K, cfg.lr, cfg.seed)
     hist = History(per_client=[] if keep_clients else None)
@@ -87,17 +88,18 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
     scores = None if heldout is None else HeldOutScores(model, heldout)
     # many clients, one model for all, nothing per client kept: summaries read the clients'
     # statistics once per round (shared_summary), without (S, M) arrays
-    summarize = (has_truth and not keep_clients and data.shape[1] >= SMALL
+    summarize = (has_truth and not keep_clients
                  and (scores is None or bool(scores.valid.all())))
 
     # there, the free runs (compute-bound rollouts) go to a thread of their own beside the
     # next rounds (memory-bound summaries); their rows are filled in before train returns
     background = (ThreadPoolExecutor(1, thread_name_prefix="fnsysid-free-run")
-                  if summarize and scores is not None and threads(2) > 1 else None)
+                  if summarize and scores is not None and data.shape[1] >= SMALL
+                  and threads(2) > 1 else None)
     pending: list = []
 
     def free_run(r: int, estimate):
-        if not (r == 0 or r == cfg.R or r % eval_every == 0):
+        if not (r == 0 or r == R or r % eval_every == 0):
             return None
         if background is None:
             return over_clients(scores.free_run(estimate), scores.valid)
@@ -110,7 +112,7 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
             return
         if one_step is None:
             one_step = scores.one_step(estimate)
-        sim = r == 0 or r == cfg.R or r % eval_every == 0
+        sim = r == 0 or r == R or r % eval_every == 0
         hist.record(e, one_step, scores.free_run(estimate) if sim else None, scores.valid)
 
     def summary(r: int, estimate) -> bool | None:
@@ -151,7 +153,7 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
         limit = growth_limit(start)
         diverged = None
         with np.errstate(over="ignore", invalid="ignore"):
-            for r in tqdm(range(1, cfg.R + 1), desc="rounds", unit="round", leave=False,
+            for r in tqdm(range(1, R + 1), desc="rounds", unit="round", leave=False,
                           disable=None if progress else True):
                 if interrupt.requested():           # SIGINT/SIGTERM: stop between rounds
                     break
