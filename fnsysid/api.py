@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .experiment import Result, execute
+from .experiment import Result, execute, given_keys
 from .output_files import write_outputs
 from .run_folder import clear_results, has_results
 from .trajectory_files import PUBLIC_COLUMNS, read_trajectories
@@ -105,7 +105,7 @@ def run(overrides=(), output_dir=None, config_dir=None) -> Result:
     cfg, choices = compose(overrides, config_dir)
     if output_dir is not None:
         check_output_folder(Path(output_dir), cfg)
-    result = execute(cfg, choices)
+    result = execute(cfg, choices, given_keys(as_overrides(overrides)))
     if output_dir is not None:
         if cfg.output.get("overwrite"):
             clear_results(Path(output_dir))

@@ -94,6 +94,8 @@ def _check_value(key: str, value, groups: dict) -> None:
         allowed = groups[key]
         if value is not None and str(value) not in allowed:
             raise ConfigError(f"{key}={value} is not an option; allowed: {', '.join(allowed)}")
+    elif key in ("M", "repeats") and value is None:
+        return                  # null: only with data=files (checked on the composed config)
     elif key in KNOBS:
         check_knob(key, value)
     elif key == "optimizer.batch_size":

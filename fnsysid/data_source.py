@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 
@@ -37,22 +36,6 @@ log = logging.getLogger("fnsysid")
 SOURCES = ("simulated", "files")
 
 
-class Numbered(Sequence):
-    """The labels ``"0", "1", ..., str(M - 1)`` of simulated clients, made when read (a list
-    of a million strings costs a tenth of a second for nothing)."""
-
-    def __init__(self, M: int):
-        self._range = range(M)
-
-    def __len__(self) -> int:
-        return len(self._range)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [str(m) for m in self._range[i]]
-        return str(self._range[i])
-
-
 @dataclass
 class Dataset:
     """What a run learns from and is judged on.
@@ -64,7 +47,7 @@ class Dataset:
 
     train: ClientData
     heldout: HeldOut | None
-    clients: Sequence[str]
+    clients: list[str]
     settings: dict = field(default_factory=dict)
 
     @property
@@ -72,8 +55,10 @@ class Dataset:
         return bool(np.isfinite(self.train.theta_true).all())
 
 
-def load_data(cfg: DictConfig, model: Model, optimizer) -> Dataset:
-    """The clients' data for the run described by ``cfg`` (``data.source``)."""
+def load_data(cfg: DictConfig, model: Model, optimizer,
+              given: frozenset[str] = frozenset()) -> Dataset:
+    """The clients' data for the run described by ``cfg`` (``data.source``); ``given``: the
+    settings given explicitly (see :func:`from_files`)."""
     source = cfg.data.get("source", "simulated")
     if source == "simulated":
         if _REUSED is None:
@@ -86,7 +71,7 @@ def load_data(cfg: DictConfig, model: Model, optimizer) -> Dataset:
         _REUSED.move_to_end(key)
         return _REUSED[key]
     if source == "files":
-        return from_files(cfg, model, optimizer)
+        return from_files(cfg, model, optimizer, given)
     raise ConfigError(f"data.source={source} is not allowed; allowed: {', '.join(SOURCES)}")
 
 
@@ -151,7 +136,7 @@ def simulated(cfg: DictConfig, model: Model, optimizer) -> Dataset:
         x, u = simulate_all(model, cfg, n_val, rnd.HOLDOUT)
         ho = heldout_from_trajectories(model, x, u, np.ones(x.shape[:-1], bool))
     settings = {"M": cfg.M, "N": plain(cfg.N), "T": cfg.T, "eps": cfg.eps}
-    return Dataset(train, ho, Numbered(cfg.M), settings)
+    return Dataset(train, ho, [str(m) for m in range(cfg.M)], settings)
 
 
 def simulate_all(model: Model, cfg, n_traj: int, purpose: int):
@@ -235,8 +220,13 @@ def column_names(cfg, model: Model) -> tuple[list[str], list[str]]:
     return list(states), list(inputs)
 
 
-def from_files(cfg: DictConfig, model: Model, optimizer) -> Dataset:
-    """Clients read from ``data.path`` (and ``data.val_path``), truth from ``data.truth``."""
+def from_files(cfg: DictConfig, model: Model, optimizer,
+               given: frozenset[str] = frozenset()) -> Dataset:
+    """Clients read from ``data.path`` (and ``data.val_path``), truth from ``data.truth``.
+
+    The files give the clients and repeats; an ``M`` or ``repeats`` in ``given`` (the
+    settings given explicitly) that differs from them is refused.
+    """
     if cfg.data.get("path") in (None, "", "???"):
         raise ConfigError("data=files needs data.path=DIR_OR_FILE")
     states, inputs = column_names(cfg, model)
@@ -244,7 +234,7 @@ def from_files(cfg: DictConfig, model: Model, optimizer) -> Dataset:
     clients = [str(c) for c in df.drop_duplicates("_client").sort_values("_client")["client"]]
     S, M = int(df["repeat"].max()) + 1, len(clients)
     for key, have, what in (("M", M, "clients"), ("repeats", S, "repeats")):
-        if cfg.get(key) is not None and cfg[key] != have:
+        if key in given and cfg.get(key) is not None and cfg[key] != have:
             raise DataError(f"{key}={cfg[key]} does not match data.path={cfg.data.path}, which "
                             f"holds {have} {what}: drop {key} (the files give it)")
     if cfg.data.get("val_path"):

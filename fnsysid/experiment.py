@@ -77,13 +77,29 @@ class Result:
         write_fit_plot(path, self.model, self.estimate, self.dataset, repeat)
 
 
-def execute(cfg: DictConfig, choices: dict | None = None) -> Result:
+def given_keys(overrides) -> frozenset[str]:
+    """The settings that ``key=value`` overrides give (``+``/``++``/``~`` prefixes dropped)."""
+    return frozenset(o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in str(o))
+
+
+def _job_given() -> frozenset[str]:
+    """The settings given on the command line of the running Hydra job (none outside one)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return frozenset()
+    return given_keys(HydraConfig.get().overrides.task)
+
+
+def execute(cfg: DictConfig, choices: dict | None = None,
+            given: frozenset[str] | None = None) -> Result:
     """Check the settings, load the data, run the rounds and build the result tables.
 
     ``choices`` (group -> option) names the options in the summary (default: Hydra's record
     of the running job). Writes nothing. Raises :class:`~fnsysid.validate.ConfigError` (or
     its subclass :class:`~fnsysid.trajectory_files.DataError`) with a one-line message for bad
-    input.
+    input. ``given``: the settings given explicitly (default: the running Hydra job's
+    overrides); with ``data=files`` a given ``M`` or ``repeats`` must match the files.
 
     With ``runtime=flower`` the rounds run on Flower (:func:`fnsysid.flower_app.run`): the
     clients load and keep their own data, so there is no ``theory`` table (the pooled data it
@@ -106,7 +122,7 @@ def execute(cfg: DictConfig, choices: dict | None = None) -> Result:
         hist, diverged, theta0 = flower_app.run(cfg, model, strategy, dataset, keep_clients)
         data, t_data, theory = None, 0.0, None
     else:
-        dataset = load_data(cfg, model, optimizer)
+        dataset = load_data(cfg, model, optimizer, _job_given() if given is None else given)
         data = dataset.train
         theta0 = initial_model(model, data, cfg.system.init)
         t_data = time.perf_counter() - t0

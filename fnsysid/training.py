@@ -91,20 +91,29 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
     summarize = (has_truth and not keep_clients
                  and (scores is None or bool(scores.valid.all())))
 
-    # there, the free runs (compute-bound rollouts) go to a thread of their own beside the
-    # next rounds (memory-bound summaries); their rows are filled in before train returns
+    # there, a free run (compute-bound rollouts) goes to a thread of its own beside the next
+    # rounds (memory-bound summaries): one at a time, its row filled in when the next one is
+    # due or before train returns
     background = (ThreadPoolExecutor(1, thread_name_prefix="fnsysid-free-run")
                   if summarize and scores is not None and data.shape[1] >= SMALL
                   and threads(2) > 1 else None)
-    pending: list = []
+    pending: list = []                  # (row, future) of the free run in flight
+
+    def collect() -> None:
+        """Wait for the free run in flight (its errors surface here) and fill in its row."""
+        if pending:
+            row, job = pending.pop()
+            v = over_clients(job.result(), scores.valid)
+            hist.rows["nrmse_sim_max"][row], hist.rows["nrmse_sim_mean"][row] = v
 
     def free_run(r: int, estimate):
         if not (r == 0 or r == R or r % eval_every == 0):
             return None
         if background is None:
             return over_clients(scores.free_run(estimate), scores.valid)
+        collect()
         pending.append((len(hist.e_max), background.submit(scores.free_run, estimate.copy())))
-        return (np.full(estimate.shape[0], np.nan),) * 2          # filled in below
+        return (np.full(estimate.shape[0], np.nan),) * 2          # filled in by collect()
 
     def record(r: int, estimate, e, one_step=None) -> None:
         if scores is None:
@@ -173,12 +182,10 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
                 if bad:
                     diverged = r
                     break
-    finally:                            # also when interrupted: the rows of the free runs
-        for row, job in pending:
-            v = over_clients(job.result(), scores.valid)
-            hist.rows["nrmse_sim_max"][row], hist.rows["nrmse_sim_mean"][row] = v
-        if background is not None:
-            background.shutdown()
+        collect()                       # also after an interrupted or diverged round
+    finally:
+        if background is not None:      # after an error: no free run left behind
+            background.shutdown(wait=False, cancel_futures=True)
     return hist, diverged
 
 

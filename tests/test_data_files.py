@@ -409,3 +409,24 @@ def test_m_null_is_only_for_files():
     with pytest.raises(fnsysid.ConfigError, match=r"^repeats=null is not allowed: .* \(null "
                                                   "only with data=files"):
         check_run(cfg)
+
+
+def test_own_data_option_without_m_runs_and_given_m_is_checked(tmp_path):
+    """A data option of one's own that reads files (package data, no M: null) takes the
+    clients from the files; only an M given explicitly is compared with them; M=null is the
+    files' own default."""
+    df, _ = linear_fleet()
+    write_per_client(df, tmp_path / "logs")
+    (tmp_path / "conf" / "data").mkdir(parents=True)
+    (tmp_path / "conf" / "data" / "mylab.yaml").write_text(
+        f"source: files\npath: {tmp_path / 'logs'}\nstates: [x1, x2]\ninputs: [u]\n"
+        "truth: null\nholdout: 0.2\nval_path: null\n")
+    args = ["system=generic", "data=mylab", "R=2", "output.plot=false"]
+    summary = fnsysid.run(args, config_dir=tmp_path / "conf").summary
+    assert summary["status"] == "ok" and summary["M"] == 3
+    with pytest.raises(fnsysid.ConfigError, match="M=5 does not match data.path="):
+        fnsysid.run([*args, "M=5"], config_dir=tmp_path / "conf")
+    res = cli("--config-dir", str(tmp_path / "conf"), *args, f"hydra.run.dir={tmp_path}/a")
+    assert res.returncode == 0, res.stderr
+    files = [*GENERIC, f"data.path={tmp_path / 'logs'}", "R=2"]
+    assert fnsysid.run([*files, "M=null", "repeats=null"]).summary["M"] == 3

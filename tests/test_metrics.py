@@ -146,3 +146,38 @@ def test_round_summaries_equal_the_per_client_arrays(monkeypatch):
     np.testing.assert_array_equal(rows[0]["e_max"], rows[1]["e_max"])
     assert np.isnan(rows[0]["nrmse_sim_max"][1]).all()
     assert np.isfinite(rows[0]["nrmse_sim_max"][3]).all()
+
+
+def test_background_free_run_errors_surface_and_leave_no_thread(monkeypatch):
+    """Many clients: the free runs go to a thread of their own, one at a time; an error in
+    one reaches train's caller at the next free run, and no thread is left behind."""
+    import threading
+
+    from fnsysid.build import initial_model
+    from fnsysid.data_source import load_data
+    from fnsysid.metrics import SMALL
+    from fnsysid.training import train
+
+    cfg, model, opt, strat = make("system=pendulum", f"M={SMALL}", "N=1", "R=40",
+                                  "repeats=1", "output.eval_every=2")
+    data = load_data(cfg, model, opt)
+    theta0 = initial_model(model, data.train, cfg.system.init)
+    calls = []
+
+    def failing(self, theta):
+        calls.append(len(calls))
+        if len(calls) == 2:
+            raise RuntimeError("free run failed")
+        return np.zeros(self.valid.shape)
+
+    monkeypatch.setenv("FNSYSID_THREADS", "2")
+    monkeypatch.setattr(HeldOutScores, "free_run", failing)
+    with pytest.raises(RuntimeError, match="free run failed"):
+        train(strat, data.train, theta0, opt, model, cfg, progress=False,
+              heldout=data.heldout, eval_every=2)
+    assert len(calls) == 2                  # stopped at the next free run, not after R rounds
+    for t in threading.enumerate():
+        if t.name.startswith("fnsysid-free-run"):
+            t.join(timeout=5)
+    assert not any(t.name.startswith("fnsysid-free-run") and t.is_alive()
+                   for t in threading.enumerate())
