@@ -123,7 +123,6 @@ class ClientNode:
         own = cfg.copy()
         path = data_path or data_files(cfg.data.path)[index]
         own.data.path, own.data.val_path, own.data.truth = str(path), None, truth_path
-        own.M = None                      # the run's M counts every node; this file holds one
         dataset = from_files(own, model, optimizer)
         label, data = dataset.clients[0], dataset.train
         if truth_path is None and cfg.data.get("truth"):

@@ -147,9 +147,7 @@ class HeldOutScores:
         """One-step NRMSE (S, m) of clients ``sl`` for the coefficients of
         :meth:`_shared_coefs`: one matrix product over the clients' statistics."""
         sse = np.matmul(coef, self.stats[:, :, sl])                    # (S, n_y, m)
-        np.maximum(sse, 0.0, out=sse)
-        np.sqrt(sse, out=sse)
-        sse *= self.w_step[:, :, sl].transpose(1, 0, 2)
+        _finish(sse, self.w_step[:, :, sl].transpose(1, 0, 2))
         return sse[:, 0] if self.n_y == 1 else sse.sum(axis=1)
 
     def free_run(self, theta: np.ndarray) -> np.ndarray:
@@ -202,23 +200,20 @@ def shared_summary(errors: ParameterErrors, scores: HeldOutScores | None,
     coefs = None if scores is None else scores._shared_coefs(
         scores.model.theta_matrix(np.asarray(estimate, float)))
     S, M = errors.norm.shape
-    parts = []
+    e_acc = v_acc = None                # running (max, sum) over the chunks, in their order
+
+    def add(acc, a):
+        part = (a.max(axis=1), a.sum(axis=1))
+        return part if acc is None else (np.maximum(acc[0], part[0]), acc[1] + part[1])
+
     for sl in _chunks(M):
         e = np.empty((S, sl.stop - sl.start))
         errors._chunk(est, sl, e)
-        row = [e.max(axis=1), e.sum(axis=1)]
+        e_acc = add(e_acc, e)
         if coefs is not None:
-            v = scores._shared_chunk(coefs, sl)
-            row += [v.max(axis=1), v.sum(axis=1)]
-        parts.append(row)
-    if len(parts) == 1:
-        row = parts[0]
-        return row[0], row[1] / M, *((row[2], row[3] / M) if coefs is not None else (None,) * 2)
-    cols = [np.array(c) for c in zip(*parts, strict=True)]                # (chunks, S)
-    out = [cols[0].max(axis=0), cols[1].sum(axis=0) / M]
-    if coefs is None:
-        return out[0], out[1], None, None
-    return out[0], out[1], cols[2].max(axis=0), cols[3].sum(axis=0) / M
+            v_acc = add(v_acc, scores._shared_chunk(coefs, sl))
+    return (e_acc[0], e_acc[1] / M,
+            *((None, None) if v_acc is None else (v_acc[0], v_acc[1] / M)))
 
 
 def _first(a: np.ndarray) -> np.ndarray:

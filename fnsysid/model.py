@@ -337,21 +337,8 @@ def for_chunks(S: int, blocks: list[tuple[int, int, int]], nb: int, work) -> Non
     blocks, on :func:`threads` threads (numpy releases the GIL in the array work and the
     random draws). Chunks write disjoint slices and read their own streams, so the numbers do
     not depend on the number of threads."""
-    jobs = [(s, blocks[c:c + nb]) for s in range(S) for c in range(0, len(blocks), nb)]
-    n = threads(len(jobs))
-    if n == 1:
-        for job in jobs:
-            work(*job)
-        return
-    with ThreadPoolExecutor(n) as pool:
-        for f in [pool.submit(work, *job) for job in jobs]:
-            f.result()
-
-
-@functools.lru_cache(maxsize=None)
-def _pool(n: int) -> ThreadPoolExecutor:
-    """A pool of ``n`` threads kept for the process (per-round work reuses it)."""
-    return ThreadPoolExecutor(n, thread_name_prefix="fnsysid")
+    _on_threads(work, [(s, blocks[c:c + nb]) for s in range(S)
+                       for c in range(0, len(blocks), nb)])
 
 
 def for_slices(m: int, size: int, work) -> None:
@@ -359,19 +346,30 @@ def for_slices(m: int, size: int, work) -> None:
     ``range(m)``, on :func:`threads` threads when there are several. Each call must write only
     its own slice of the outputs (and use its own scratch arrays), so the values do not depend
     on the number of threads."""
-    slices = [slice(lo, min(lo + size, m)) for lo in range(0, m, size)]
-    n = threads(len(slices))
+    _on_threads(work, [(slice(lo, min(lo + size, m)),) for lo in range(0, m, size)])
+
+
+@functools.lru_cache(maxsize=None)
+def _pool(n: int) -> ThreadPoolExecutor:
+    """A pool of ``n`` threads kept for the process (every call of :func:`_on_threads`)."""
+    return ThreadPoolExecutor(n, thread_name_prefix="fnsysid")
+
+
+def _on_threads(work, jobs: list[tuple]) -> None:
+    """``work(*job)`` for every job, on :func:`threads` threads when there are several (with
+    the caller's floating-point error handling), else in order in this thread."""
+    n = threads(len(jobs))
     if n == 1:
-        for sl in slices:
-            work(sl)
+        for job in jobs:
+            work(*job)
         return
-    errors = np.geterr()            # the caller's floating-point error handling, per thread
+    errors = np.geterr()
 
-    def call(sl: slice) -> None:
+    def call(job: tuple) -> None:
         with np.errstate(**errors):
-            work(sl)
+            work(*job)
 
-    for f in [_pool(n).submit(call, sl) for sl in slices]:
+    for f in [_pool(n).submit(call, job) for job in jobs]:
         f.result()
 
 

@@ -199,7 +199,8 @@ class Noise:
         is the same for every coordinate, else broadcast to ``shape``."""
         with np.errstate(divide="ignore"):
             cut = self.clip / self.scale
-        return _one(cut) if _one(cut) is not None else np.broadcast_to(cut, shape)
+        one = _one(cut)
+        return one if one is not None else np.broadcast_to(cut, shape)
 
     def _scaled(self, z: np.ndarray) -> np.ndarray:
         """``loc + scale * z``; with plain floats when every coordinate has the same loc and

@@ -106,8 +106,11 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
             v = over_clients(job.result(), scores.valid)
             hist.rows["nrmse_sim_max"][row], hist.rows["nrmse_sim_mean"][row] = v
 
+    def free_run_due(r: int) -> bool:
+        return r == 0 or r == R or r % eval_every == 0
+
     def free_run(r: int, estimate):
-        if not (r == 0 or r == R or r % eval_every == 0):
+        if not free_run_due(r):
             return None
         if background is None:
             return over_clients(scores.free_run(estimate), scores.valid)
@@ -121,8 +124,8 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
             return
         if one_step is None:
             one_step = scores.one_step(estimate)
-        sim = r == 0 or r == R or r % eval_every == 0
-        hist.record(e, one_step, scores.free_run(estimate) if sim else None, scores.valid)
+        hist.record(e, one_step, scores.free_run(estimate) if free_run_due(r) else None,
+                    scores.valid)
 
     def summary(r: int, estimate) -> bool | None:
         """Record round ``r`` from summaries if it can be (None otherwise); whether the
@@ -148,7 +151,6 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
 
     errors = ParameterErrors(data.theta_true)
     est = strategy.estimate()
-    limit = np.inf
     try:
         if summary(0, est) is None:
             e0 = errors(est)
