@@ -61,7 +61,7 @@ def write_text(path: str | Path, text: str) -> Path:
 
 
 def write_csv(path: str | Path, frame) -> Path:
-    """Write a DataFrame as CSV (no index) atomically."""
+    """Write a DataFrame or a :class:`~fnsysid.tables.Table` as CSV (no index) atomically."""
     return write_atomic(path, lambda tmp: frame.to_csv(tmp, index=False))
 
 

@@ -13,9 +13,9 @@ import logging
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from . import random as rnd
@@ -29,8 +29,10 @@ from .model import (
     sample_stats,
     simulate_blocks,
 )
-from .trajectory_files import DataError, load_truth, read_trajectories
-from .validate import ConfigError, check_batch_size, plain
+from .validate import ConfigError, DataError, check_batch_size, plain
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 log = logging.getLogger("fnsysid")
 SOURCES = ("simulated", "files")
@@ -163,6 +165,8 @@ def export_trajectories(model: Model, cfg, dataset: Dataset) -> tuple[pd.DataFra
     ``repeat, client, parameter, value``. Reading them back with ``data=files`` gives the same
     training statistics and held-out data.
     """
+    import pandas as pd
+
     S, M = cfg.repeats, cfg.M
     N = np.broadcast_to(np.asarray(plain(cfg.N), int), (M,))
     x, u = simulate_all(model, cfg, int(N.max()), rnd.TRAJECTORY)
@@ -202,6 +206,8 @@ def _long(x, u, keep, split, model, traj=None) -> pd.DataFrame:
         cols[name] = xs[:, k]
     for k, name in enumerate(sys.input_names):
         cols[name] = us[:, k]
+    import pandas as pd
+
     return pd.DataFrame(cols)
 
 
@@ -227,6 +233,10 @@ def from_files(cfg: DictConfig, model: Model, optimizer,
     The files give the clients and repeats; an ``M`` or ``repeats`` in ``given`` (the
     settings given explicitly) that differs from them is refused.
     """
+    import pandas as pd
+
+    from .trajectory_files import load_truth, read_trajectories
+
     if cfg.data.get("path") in (None, "", "???"):
         raise ConfigError("data=files needs data.path=DIR_OR_FILE")
     states, inputs = column_names(cfg, model)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import signal
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 from omegaconf import DictConfig
 
 from . import interrupt
@@ -24,28 +25,38 @@ from .model import Model
 from .output_files import check_output, write_outputs
 from .resources import check_memory
 from .runtime import check_runtime
-from .tables import clients_frame, errors_frame, estimates_frame, make_summary
-from .theory import theorem1
+from .tables import Table, clients_table, errors_table, estimates_table, make_summary
+from .theory import theorem1_table
 from .training import keep_per_client, train
 from .validate import check_run
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass
 class Result:
     """Everything a run produces, in memory.
 
-    ``tables``: name -> DataFrame (``errors``, ``theory``, and ``clients``/``estimates`` when
-    written); ``summary``: what ``summary.json`` holds; ``model``, ``estimate`` (final
+    ``columns``: name -> :class:`~fnsysid.tables.Table` (``errors``, ``theory``, and
+    ``clients``/``estimates`` when written), what the run writes; :attr:`tables` gives them as
+    DataFrames. ``summary``: what ``summary.json`` holds; ``model``, ``estimate`` (final
     estimates, (S, 1 or M, p)) and ``dataset`` for plots and exports.
     """
 
-    tables: dict[str, pd.DataFrame]
+    columns: dict[str, Table]
     summary: dict
     model: Model
     estimate: np.ndarray
     dataset: Dataset
     diverged: int | None = None
     config: DictConfig | None = None
+
+    @cached_property
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """name -> DataFrame of each table (``errors``, ``theory``, ``clients``,
+        ``estimates``), as written to ``<name>.csv``."""
+        return {name: table.to_frame() for name, table in self.columns.items()}
 
     @property
     def errors(self) -> pd.DataFrame:
@@ -132,7 +143,7 @@ def execute(cfg: DictConfig, choices: dict | None = None,
                                progress=cfg.progress, keep_clients=keep_clients,
                                heldout=dataset.heldout, eval_every=int(cfg.output.eval_every))
         with np.errstate(divide="ignore", invalid="ignore"):   # undefined bounds become null
-            theory = theorem1(data, model, float(cfg.theory.delta))
+            theory = theorem1_table(data, model, float(cfg.theory.delta))
     t_train = time.perf_counter() - t0
     return make_result(cfg, model, strategy, dataset, hist, diverged, theta0, data, theory,
                        keep_clients, dict(data_s=t_data, train_s=t_train,
@@ -143,11 +154,11 @@ def make_result(cfg, model, strategy, dataset, hist, diverged, theta0, data, the
                 keep_clients: bool, runtime: dict, choices: dict | None = None) -> Result:
     """The tables and the summary of a finished run (``data``: the clients' training data, or
     None where the run cannot see them; ``theory``: Theorem 1's table, or None)."""
-    tables = {"errors": errors_frame(hist)}
+    tables = {"errors": errors_table(hist)}
     if keep_clients:
-        tables["clients"] = clients_frame(hist)
+        tables["clients"] = clients_table(hist)
     if diverged is None:
-        tables["estimates"] = estimates_frame(model, strategy.estimate(), data, theta0,
+        tables["estimates"] = estimates_table(model, strategy.estimate(), data, theta0,
                                               keep_clients)
     if theory is not None:
         tables["theory"] = theory

@@ -7,12 +7,17 @@ known to be incomplete, and no file is ever left truncated."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 from omegaconf import OmegaConf
 
 from .atomic import write_atomic, write_csv, write_json, write_text
 from .validate import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .tables import Table
 
 
 def check_output(cfg) -> None:
@@ -29,7 +34,7 @@ def write_outputs(out, cfg, result) -> None:
 
     ok = result.summary["status"] == "ok"        # not diverged, not interrupted
     plot = ok and bool(cfg.output.plot)
-    write_run(out, cfg, result.tables, None,
+    write_run(out, cfg, result.columns, None,
               run_title(cfg, result.model, result.dataset.settings) if plot else None)
     if cfg.output.get("trajectories"):
         from .data_source import export_trajectories
@@ -40,7 +45,7 @@ def write_outputs(out, cfg, result) -> None:
     write_json(Path(out) / "summary.json", result.summary)
 
 
-def write_run(out: Path, cfg, tables: dict[str, pd.DataFrame], summary: dict | None,
+def write_run(out: Path, cfg, tables: dict[str, Table], summary: dict | None,
               plot_title: str | None = None) -> None:
     """Write ``config.yaml``, ``<name>.csv`` for each table, with a ``plot_title`` also
     ``error.png`` (drawn from the ``errors`` table), and ``summary.json`` last (if given)."""
@@ -53,7 +58,7 @@ def write_run(out: Path, cfg, tables: dict[str, pd.DataFrame], summary: dict | N
         from .plotting import plot_run
 
         write_atomic(out / "error.png",
-                     lambda tmp: plot_run(tables["errors"], tmp, title=plot_title))
+                     lambda tmp: plot_run(tables["errors"].to_frame(), tmp, title=plot_title))
     if summary is not None:
         write_json(out / "summary.json", summary)
 

@@ -13,11 +13,14 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import yaml
 from hydra.experimental.callback import Callback
+
+if TYPE_CHECKING:       # pandas is imported where a sweep is read, not by every run
+    import pandas as pd
 
 RESULTS = "results.csv"
 #: the sweep's config, written by Hydra at the root of every multirun folder
@@ -50,6 +53,8 @@ def find_sweep(folder: Path) -> Path:
 
 def read_sweep(sweep_dir: Path) -> list[dict]:
     """Jobs of a multirun folder: overrides, summary and errors of each finished job."""
+    import pandas as pd
+
     jobs = []
     for ov in sorted(Path(sweep_dir).glob("**/.hydra/overrides.yaml")):
         job = ov.parent.parent
@@ -113,6 +118,8 @@ def results_table(sweep_dir: Path) -> pd.DataFrame:
     ``n_repeats`` counts the repeats; ``final`` marks each job's last round; ``status`` is the
     job's (``ok``, or ``diverged`` with rows up to the round before the divergence).
     """
+    import pandas as pd
+
     sweep_dir = Path(sweep_dir)
     jobs = read_sweep(sweep_dir)
     keys = swept_keys(jobs, declared_keys(sweep_dir))

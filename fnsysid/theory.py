@@ -34,10 +34,15 @@ so ``bound_proof = C1' sqrt((n_x + n_phi + log(2M/delta)) / N_tot) + C2' (1 - 1/
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from .model import ClientData, Model, least_squares, pooled
+from .tables import Table
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 EXACT_PAIRS_MAX_M = 2000
 
@@ -62,7 +67,12 @@ def heterogeneity(theta_true: np.ndarray) -> np.ndarray:
 
 
 def theorem1(data: ClientData, model: Model, delta: float) -> pd.DataFrame:
-    """Right-hand side of Theorem 1 and its ingredients, one row per repeat."""
+    """Right-hand side of Theorem 1 and its ingredients, one row per repeat (``theory.csv``)."""
+    return theorem1_table(data, model, delta).to_frame()
+
+
+def theorem1_table(data: ClientData, model: Model, delta: float) -> Table:
+    """:func:`theorem1` as a :class:`~fnsysid.tables.Table` (what a run writes)."""
     S, M = data.shape
     P = pooled(data)
     H, b, yy, n_tot = P.H[:, 0], P.b[:, 0], P.yy[:, 0], P.n[:, 0]
@@ -84,7 +94,7 @@ def theorem1(data: ClientData, model: Model, delta: float) -> pd.DataFrame:
         C2p = 2 * b_phi / s_phi2 + 1.0
     bound_proof = C1p * root + C2p * (1 - 1 / M) * eps
     norm_min = np.linalg.norm(data.theta_true, axis=-1).min(axis=1)
-    return pd.DataFrame({
+    return Table({
         "repeat": np.arange(S), "delta": delta, "N_tot": n_tot, "n_x": n_y, "n_phi": n_phi,
         "sigma_w": sigma_w, "s_phi2": s_phi2, "b_phi": b_phi, "eps": eps, "C1": C1, "C2": C2,
         "noise_term": noise_term, "bound": bound, "bound_rel": bound / norm_min,

@@ -6,7 +6,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from . import interrupt
 from .local_work import local_steps
@@ -64,6 +63,15 @@ class History:
             vmax, vmean = v if v is not None else (np.full(len(e_max), np.nan),) * 2
             self.rows[name + "_max"].append(vmax)
             self.rows[name + "_mean"].append(vmean)
+
+
+def _rounds(R: int, progress: bool):
+    """Rounds 1..R, with a progress bar if ``progress`` (tqdm is imported only then)."""
+    if not progress:
+        return range(1, R + 1)
+    from tqdm.auto import tqdm
+
+    return tqdm(range(1, R + 1), desc="rounds", unit="round", leave=False, disable=None)
 
 
 def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=True,
@@ -164,8 +172,7 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
         limit = growth_limit(start)
         diverged = None
         with np.errstate(over="ignore", invalid="ignore"):
-            for r in tqdm(range(1, R + 1), desc="rounds", unit="round", leave=False,
-                          disable=None if progress else True):
+            for r in _rounds(R, progress):
                 if interrupt.requested():           # SIGINT/SIGTERM: stop between rounds
                     break
                 strategy.round(r)

@@ -19,17 +19,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .validate import ConfigError
+from .validate import ConfigError, DataError
 
 SUFFIXES = (".csv", ".parquet")
 OPTIONAL = ("repeat", "trajectory", "t", "split")
 SPLITS = ("train", "val")
 #: columns of a validated trajectory table before the states and inputs
 PUBLIC_COLUMNS = ["repeat", "client", "trajectory", "t", "split"]
-
-
-class DataError(ConfigError):
-    """A trajectory or truth file that cannot be used as it is."""
 
 
 def read_table(path: Path) -> pd.DataFrame:

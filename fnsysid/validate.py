@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from .schema import KNOBS, ConfigError, _is_int, check_config, show
 
-__all__ = ["KNOBS", "ConfigError", "check_knob", "check_run", "check_batch_size", "plain"]
+__all__ = ["KNOBS", "ConfigError", "DataError", "check_knob", "check_run", "check_batch_size",
+           "plain"]
+
+
+class DataError(ConfigError):
+    """A trajectory or truth file that cannot be used as it is."""
 
 
 def check_knob(name: str, value) -> None:

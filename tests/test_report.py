@@ -20,7 +20,7 @@ from fnsysid.plotting import (
     style_axes,
     wrap,
 )
-from fnsysid.tables import estimates_frame
+from fnsysid.tables import estimates_table
 from fnsysid.theory import theorem1
 from tests.conftest import make
 
@@ -69,13 +69,13 @@ def test_estimates_have_each_parameters_relative_error():
     system = SimpleNamespace(nominal=np.array([3.0, 10.0, 0.0]))
     model = SimpleNamespace(system=system, embed=np.eye(3), param_names=["a", "b", "c"])
     est = np.array([[[3.3, 8.0, 0.1]]])                                # one server model
-    df = estimates_frame(model, est, data, np.zeros((1, 3)), per_client=False)
+    df = estimates_table(model, est, data, np.zeros((1, 3)), per_client=False).to_frame()
     assert df["client"].tolist() == ["server"] * 3
     np.testing.assert_allclose(df["rel_error"][:2], [0.3 / 3.0, 0.2])
     np.testing.assert_allclose(df["rel_error_max"][:2], [1.3 / 2.0, 0.2])
     assert df["rel_error"].isna().iloc[2] and df["rel_error_max"].isna().iloc[2]
     own = np.array([[[2.2, 10.0, 0.0], [3.0, 11.0, 0.0]]])             # local: own models
-    df = estimates_frame(model, own, data, np.zeros((1, 3)), per_client=True)
+    df = estimates_table(model, own, data, np.zeros((1, 3)), per_client=True).to_frame()
     np.testing.assert_allclose(df["rel_error_max"].to_numpy()[[0, 1, 3, 4]],
                                [0.1, 0.0, 0.25, 0.1])
 
