@@ -56,7 +56,7 @@ class Table:
         with open(path, "w", encoding="utf-8", newline="") as f:
             out = csv.writer(f, lineterminator="\n")
             out.writerow(self.columns)
-            out.writerows(zip(*(_csv_field(a) for a in self.columns.values())))
+            out.writerows(zip(*(_csv_field(a) for a in self.columns.values()), strict=True))
 
 
 def _csv_field(a: np.ndarray) -> list:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .validate import ConfigError, DataError
+from .validate import DataError
 
 SUFFIXES = (".csv", ".parquet")
 OPTIONAL = ("repeat", "trajectory", "t", "split")
