@@ -53,20 +53,29 @@ class Table:
         """Write the table as CSV, as ``self.to_frame().to_csv(path, index=False)`` does."""
         if index:
             raise ValueError("a Table has no index to write")
+        fields = [_csv_field(a) for a in self.columns.values()]
         with open(path, "w", encoding="utf-8", newline="") as f:
             out = csv.writer(f, lineterminator="\n")
             out.writerow(self.columns)
-            out.writerows(zip(*(_csv_field(a) for a in self.columns.values()), strict=True))
+            if len(fields) > 1 and all(a.dtype.kind in "iubf" for a in self.columns.values()):
+                # numbers never need quoting: rows joined directly (csv.writer is ~4x slower)
+                f.writelines(f"{row}\n" for row in map(",".join, zip(*fields, strict=True)))
+            else:
+                out.writerows(zip(*fields, strict=True))
 
 
-def _csv_field(a: np.ndarray) -> list:
-    """A column as the strings pandas' ``to_csv`` writes for it (missing values empty)."""
+def _csv_field(a: np.ndarray) -> list[str]:
+    """A column as the strings pandas' ``to_csv`` writes for it (missing values empty).
+
+    pandas writes NumPy's ``str`` of each value; for float64 and integers that is Python's
+    ``repr``/``str`` of the value, which is computed faster from a list."""
     if a.dtype.kind in "iub":
-        return a.astype(str).tolist()
+        return list(map(str, a.tolist()))
     if a.dtype.kind == "f":
-        s = a.astype(str)
-        s[np.isnan(a)] = ""
-        return s.tolist()
+        s = list(map(repr, a.tolist())) if a.dtype == np.float64 else a.astype(str).tolist()
+        for i in np.flatnonzero(np.isnan(a)).tolist():
+            s[i] = ""
+        return s
     return ["" if v is None or (isinstance(v, float) and v != v) else str(v) for v in a.tolist()]
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from fnsysid.experiment import execute
-from fnsysid.tables import Table
+from fnsysid.tables import Table, _csv_field
 from tests.conftest import compose_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +36,18 @@ def test_edge_values_are_written_as_pandas_writes_them(tmp_path):
     _same_csv(table, tmp_path)
     text = (tmp_path / "ours.csv").read_text()
     assert text.splitlines()[1].startswith("0,,") and '"a,b"' in text and "1e+16" in text
+    numbers = Table({k: table[k] for k in ("repeat", "x", "f32", "flag", "delta")})
+    _same_csv(numbers, tmp_path)                             # the unquoted fast path
+    assert (tmp_path / "ours.csv").read_text().splitlines()[2] == "1,inf,inf,False,0.05"
+    _same_csv(Table({"x": f}), tmp_path)                     # a lone empty field is quoted
+    assert (tmp_path / "ours.csv").read_text().splitlines()[1] == '""'
+
+
+def test_floats_are_written_in_numpys_shortest_form():
+    bits = np.random.default_rng(0).integers(0, 2**63, size=200_000, dtype=np.int64)
+    x = bits.view(np.float64)
+    x = np.concatenate([x[np.isfinite(x)], np.random.default_rng(1).normal(size=1000) * 1e-7])
+    assert _csv_field(x) == x.astype(str).tolist()
 
 
 def test_rows_and_unequal_columns():
