@@ -26,6 +26,7 @@ from .options import CONF_DIR, hydra_session, repository
 from .resources import check_disk
 from .run_folder import clear_results, finished_ok, has_results
 from .schema import GROUPS, ROOT, leaf_spec, one_line
+from .sweep_configs import reuse_compositions
 from .validate import KNOBS, ConfigError, check_batch_size, check_knob
 
 TOP_LEVEL = set(ROOT.keys) | set(GROUPS) | {"hydra"}
@@ -124,8 +125,19 @@ def preflight(argv: list[str]) -> Path:
     """Raise :class:`ConfigError` for the first bad setting in ``argv`` (or in its sweeps).
     Returns the deepest existing folder on the way to the results folder."""
     _check_args(argv)
-    with hydra_session(argv) as (loader, name, searchpath):
+    with hydra_session(argv, job_name()) as (loader, name, searchpath):
         return _preflight(argv, loader, name, searchpath)
+
+
+def job_name() -> str:
+    """The job name (``hydra.job.name``) that Hydra's entry point gives :func:`task`, derived
+    as Hydra derives it: the check before the run composes the config the run composes."""
+    from hydra._internal.utils import (
+        detect_calling_file_or_module_from_task_function,
+        detect_task_name,
+    )
+
+    return detect_task_name(*detect_calling_file_or_module_from_task_function(task))
 
 
 def _preflight(argv, loader, config_name, searchpath) -> Path:
@@ -501,14 +513,17 @@ def main() -> None:
         sys.exit(2)
     interrupt.parent_handlers()
     try:
-        if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
-                         "--shell-completion", "-sc") for a in argv):
-            try:
-                _EXISTED = preflight(argv)
-            except ConfigError as exc:
-                print(f"fnsysid: error: {exc}", file=sys.stderr)
-                sys.exit(2)
-        task()
+        # the check's composition of the command's config is the one Hydra runs (and reads
+        # hydra.mode from); sweep jobs are composed as Hydra composes them
+        with reuse_compositions(_overrides(argv), jobs=False):
+            if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
+                             "--shell-completion", "-sc") for a in argv):
+                try:
+                    _EXISTED = preflight(argv)
+                except ConfigError as exc:
+                    print(f"fnsysid: error: {exc}", file=sys.stderr)
+                    sys.exit(2)
+            task()
     except (interrupt.Interrupted, KeyboardInterrupt) as exc:
         signum = getattr(exc, "signum", signal.SIGINT)
         print(f"fnsysid: interrupted by {signal.Signals(signum).name}: stopped; a job folder "

@@ -34,12 +34,13 @@ def flag_value(argv: list[str], *names: str) -> str | None:
 
 
 @contextmanager
-def hydra_session(argv: list[str] | None = None):
+def hydra_session(argv: list[str] | None = None, job_name: str = "fnsysid"):
     """Hydra's config loader for the command ``argv``, with its config search path.
 
     Yields ``(config_loader, config_name, searchpath_overrides)``. The search path is the one
     Hydra's own entry point builds: ``conf/`` (or ``--config-path``), ``--config-dir`` and
-    ``hydra.searchpath=[...]``. With ``argv=None`` inside a running job, the job's own loader.
+    ``hydra.searchpath=[...]``; compositions get ``job_name`` as ``hydra.job.name``. With
+    ``argv=None`` inside a running job, the job's own loader.
     """
     from hydra._internal.hydra import Hydra
     from hydra._internal.utils import create_config_search_path
@@ -71,7 +72,7 @@ def hydra_session(argv: list[str] | None = None):
     backup = get_gh_backup()
     GlobalHydra.instance().clear()
     try:
-        Hydra.create_main_hydra2(task_name="fnsysid", config_search_path=csp)
+        Hydra.create_main_hydra2(task_name=job_name, config_search_path=csp)
         name = flag_value(argv, "--config-name", "-cn") or "config"
         searchpath = [a for a in argv if a.lstrip("+").startswith("hydra.searchpath=")]
         yield GlobalHydra.instance().config_loader(), name, searchpath

@@ -1,31 +1,50 @@
-"""Hydra's config loader for sweeps whose jobs differ in plain values: compose once per choice
-of config groups, then apply each job's values.
+"""Hydra's config loader, composing each config once: a command's own config (checked before
+the run, read for ``hydra.mode``, then run) and, in sweeps whose jobs differ in plain values,
+one config per choice of config groups with each job's values applied.
 
-Hydra composes every job of a multirun from scratch (its sweeper once to check the batch, its
-launcher again to run the job): about 0.1 s of CPU per composition for this project's config,
-more than a small job's arithmetic. Yet the jobs of a stored experiment mostly differ in plain
-values (``M=1,9,25``), which Hydra applies last, on top of the config merged from the defaults
-list. :class:`ReusingConfigLoader` keeps Hydra's composition of the first job with each choice
-of config groups (and of ``hydra.*`` overrides) and builds the other jobs from a copy of it,
-applying their value overrides and setting their override records as Hydra's own
-``ConfigLoaderImpl._load_configuration_impl`` does. The sweeper, the launcher, the job records
-in ``.hydra/`` and the sweep callbacks are Hydra's; ``tests/test_sweep_configs.py`` checks that
+A command composes its config three times: the check before the run (``fnsysid.cli``, through
+Hydra's compose API), Hydra's ``get_mode`` (in ``RunMode.MULTIRUN``, to read ``hydra.mode``) and
+Hydra's ``run`` (or ``multirun``), each about 0.08 s of CPU for this project's config.
+:class:`ComposeOnceLoader` keeps the composition of the command and returns a copy of it to the
+later requests that would compose the same: the same config search path, config name and
+overrides, job name, working folder and version base (all that Hydra's
+``ConfigLoaderImpl._load_configuration_impl`` reads besides the config files and the variables
+of ``hydra.job.env_copy``, which are compared too). A composition in ``RunMode.RUN`` also stands
+for one in ``RunMode.MULTIRUN``: the two differ only in skipping config groups left ``???``,
+which a composition in ``RunMode.RUN`` refuses, so one that succeeded met none. The
+``hydra.mode=RUN`` (or ``MULTIRUN``) that Hydra's entry point appends when the config sets no
+mode is applied to the copy as Hydra applies it (a value override, applied last, recorded last
+in ``hydra.overrides.hydra``). Hydra's checks of sweep overrides run on every request.
+
+Hydra also composes every job of a multirun from scratch (its sweeper once to check the batch,
+its launcher again to run the job), more than a small job's arithmetic. Yet the jobs of a stored
+experiment mostly differ in plain values (``M=1,9,25``), which Hydra applies last, on top of the
+config merged from the defaults list. :class:`ReusingConfigLoader` keeps Hydra's composition of
+the first job with each choice of config groups (and of ``hydra.*`` overrides) and builds the
+other jobs from a copy of it, applying their value overrides and setting their override records
+as Hydra's own ``_load_configuration_impl`` does. The sweeper, the launcher, the job records in
+``.hydra/`` and the sweep callbacks are Hydra's; ``tests/test_sweep_configs.py`` checks that
 every job of every stored experiment gets the config Hydra itself composes.
 
-Used by ``scripts/make_figure.py`` through :func:`reuse_compositions`; ``run.py`` composes as
-Hydra does.
+``run.py`` composes its command's config once (:func:`reuse_compositions` with the command's
+overrides, jobs of sweeps as Hydra composes them); ``scripts/make_figure.py`` also reuses the
+compositions of sweep jobs.
 """
 
 from __future__ import annotations
 
 import copy
+import os
+import sys
 from contextlib import contextmanager
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
+from hydra.errors import ConfigCompositionException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 _PARSED: dict[str, Override] = {}
 
@@ -37,32 +56,96 @@ def _parse(line: str) -> Override:
     return _PARSED[line]
 
 
-class ReusingConfigLoader(ConfigLoaderImpl):
-    """``ConfigLoaderImpl`` whose :meth:`load_sweep_config` reuses the composition of an earlier
-    job with the same config-group (and ``hydra.*``) overrides, and that composes the sweep's
-    own config once."""
+#: what Hydra's entry point appends to the overrides when the config sets no ``hydra.mode``
+_MODES = ("hydra.mode=RUN", "hydra.mode=MULTIRUN")
+
+
+class _Store:
+    """Compositions kept in one :func:`reuse_compositions` block: (run mode, config) by what
+    the composition depends on (:meth:`ComposeOnceLoader._key`)."""
+
+    def __init__(self, command: list[str] | None = None):
+        #: overrides whose composition in RunMode.RUN is kept (the command line's own)
+        self.command = None if command is None else tuple(command)
+        self.configs: dict[tuple, tuple[RunMode, DictConfig]] = {}
+
+
+_STORE: _Store | None = None
+
+
+class ComposeOnceLoader(ConfigLoaderImpl):
+    """``ConfigLoaderImpl`` that composes a command's config once: later requests for the same
+    composition (or for it plus Hydra's ``hydra.mode``) get a copy of the first."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._store = _STORE if _STORE is not None else _Store()
+
+    def __getstate__(self):
+        """Sent to a launcher's workers without the kept compositions."""
+        state = self.__dict__.copy()
+        state["_store"] = _Store()
+        return state
+
+    def _key(self, config_name, overrides) -> tuple:
+        """What ``_load_configuration_impl`` reads besides the config files and the variables
+        of ``hydra.job.env_copy``: search path, config name, overrides, job name, working
+        folder and version base."""
+        from hydra import version
+        from hydra.core.utils import JobRuntime
+
+        path = tuple((e.provider, e.path) for e in self.config_search_path.get_path())
+        return (path, config_name, tuple(overrides), JobRuntime().get("name"), os.getcwd(),
+                str(version.getbase()))
+
+    def _kept(self, config_name, overrides: list[str], run_mode):
+        """(kept composition, Hydra's mode override to apply on it or None), or None."""
+        splits = [(overrides, None)]
+        if overrides and overrides[-1] in _MODES:
+            splits.append((overrides[:-1], overrides[-1]))
+        for head, mode_override in splits:
+            mode, cfg = self._store.configs.get(self._key(config_name, head), (None, None))
+            if cfg is None or (mode == RunMode.MULTIRUN and run_mode != RunMode.MULTIRUN):
+                continue                         # RUN refuses groups left ???, MULTIRUN skips
+            job = cfg.hydra.job
+            if all(os.environ.get(k) == job.env_set.get(k) for k in job.env_copy):
+                return cfg, mode_override
+        return None
+
+    def load_configuration(self, config_name, overrides, run_mode, from_shell=True,
+                           validate_sweep_overrides=True) -> DictConfig:
+        """Hydra's, from a copy of a kept composition if there is one."""
+        overrides = list(overrides)
+        kept = self._kept(config_name, overrides, run_mode)
+        if kept is None:
+            cfg = super().load_configuration(config_name, overrides, run_mode, from_shell,
+                                             validate_sweep_overrides)
+            key = self._key(config_name, overrides)
+            if (run_mode == RunMode.RUN and tuple(overrides) == self._store.command) or \
+                    (run_mode == RunMode.MULTIRUN and key not in self._store.configs):
+                self._store.configs[key] = run_mode, copy.deepcopy(cfg)
+            return cfg
+        if validate_sweep_overrides:
+            self.validate_sweep_overrides_legal(overrides=[_parse(o) for o in overrides],
+                                                run_mode=run_mode, from_shell=from_shell)
+        cfg = copy.deepcopy(kept[0])
+        if kept[1] is not None:       # as _load_configuration_impl: applied last, recorded last
+            try:
+                ConfigLoaderImpl._apply_overrides_to_config([_parse(kept[1])], cfg)
+            except OmegaConfBaseException as e:
+                raise ConfigCompositionException().with_traceback(sys.exc_info()[2]) from e
+            cfg.hydra.overrides.hydra.append(kept[1])
+        return cfg
+
+
+class ReusingConfigLoader(ComposeOnceLoader):
+    """:class:`ComposeOnceLoader` whose :meth:`load_sweep_config` reuses the composition of an
+    earlier job with the same config-group (and ``hydra.*``) overrides."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._bases: dict[tuple, DictConfig] = {}
         self._groups: dict[str, bool] = {}
-        self._sweeps: dict[tuple, DictConfig] = {}
-
-    def load_configuration(self, config_name, overrides, run_mode, from_shell=True,
-                           validate_sweep_overrides=True) -> DictConfig:
-        """Hydra's, except that the sweep's own config (``RunMode.MULTIRUN``), which Hydra
-        composes twice (to read ``hydra.mode``, then to run), is composed once."""
-        if run_mode != RunMode.MULTIRUN:
-            return super().load_configuration(config_name, overrides, run_mode, from_shell,
-                                              validate_sweep_overrides)
-        key = (config_name, tuple(overrides), from_shell)
-        if key not in self._sweeps:
-            self._sweeps[key] = super().load_configuration(
-                config_name, overrides, run_mode, from_shell, validate_sweep_overrides)
-        elif validate_sweep_overrides:
-            self.validate_sweep_overrides_legal(overrides=[_parse(o) for o in overrides],
-                                                run_mode=run_mode, from_shell=from_shell)
-        return copy.deepcopy(self._sweeps[key])
 
     def _is_value(self, o: Override) -> bool:
         """Whether Hydra applies ``o`` to the composed config (rather than to the defaults
@@ -104,14 +187,19 @@ class ReusingConfigLoader(ConfigLoaderImpl):
 
 
 @contextmanager
-def reuse_compositions():
-    """Within the block, Hydra's entry points (``@hydra.main``) compose sweep jobs with
-    :class:`ReusingConfigLoader`."""
+def reuse_compositions(command: list[str] | None = None, jobs: bool = True):
+    """Within the block, the Hydra instances that Hydra's entry points (``@hydra.main``) and
+    :func:`fnsysid.options.hydra_session` make compose through :class:`ReusingConfigLoader`
+    (``jobs``: sweep jobs too) or :class:`ComposeOnceLoader` (sweep jobs as Hydra composes
+    them). The composition of ``command`` (a command line's overrides) in ``RunMode.RUN`` is
+    kept for the requests after it; sweeps' own configs always are."""
     import hydra._internal.hydra as hydra_module
 
-    saved = hydra_module.ConfigLoaderImpl
-    hydra_module.ConfigLoaderImpl = ReusingConfigLoader
+    global _STORE
+    saved = hydra_module.ConfigLoaderImpl, _STORE
+    hydra_module.ConfigLoaderImpl = ReusingConfigLoader if jobs else ComposeOnceLoader
+    _STORE = _Store(command)
     try:
         yield
     finally:
-        hydra_module.ConfigLoaderImpl = saved
+        hydra_module.ConfigLoaderImpl, _STORE = saved
