@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +25,7 @@ from .model import Model
 from .output_files import check_output, write_outputs
 from .resources import check_memory
 from .runtime import check_runtime
-from .tables import Table, clients_table, errors_table, estimates_table, make_summary
+from .tables import Frames, clients_table, errors_table, estimates_table, make_summary
 from .theory import theorem1_table
 from .training import keep_per_client, train
 from .validate import check_run
@@ -38,13 +38,14 @@ if TYPE_CHECKING:
 class Result:
     """Everything a run produces, in memory.
 
-    ``columns``: name -> :class:`~fnsysid.tables.Table` (``errors``, ``theory``, and
-    ``clients``/``estimates`` when written), what the run writes; :attr:`tables` gives them as
-    DataFrames. ``summary``: what ``summary.json`` holds; ``model``, ``estimate`` (final
-    estimates, (S, 1 or M, p)) and ``dataset`` for plots and exports.
+    ``tables``: name -> DataFrame (``errors``, ``theory``, and ``clients``/``estimates`` when
+    written; a :class:`~fnsysid.tables.Frames` that builds each DataFrame when first read from
+    the run's :class:`~fnsysid.tables.Table`, which is what is written); ``summary``: what
+    ``summary.json`` holds; ``model``, ``estimate`` (final estimates, (S, 1 or M, p)) and
+    ``dataset`` for plots and exports.
     """
 
-    columns: dict[str, Table]
+    tables: Mapping[str, pd.DataFrame]
     summary: dict
     model: Model
     estimate: np.ndarray
@@ -52,11 +53,9 @@ class Result:
     diverged: int | None = None
     config: DictConfig | None = None
 
-    @cached_property
-    def tables(self) -> dict[str, pd.DataFrame]:
-        """name -> DataFrame of each table (``errors``, ``theory``, ``clients``,
-        ``estimates``), as written to ``<name>.csv``."""
-        return {name: table.to_frame() for name, table in self.columns.items()}
+    def __post_init__(self):
+        if not isinstance(self.tables, Frames):
+            self.tables = Frames(self.tables)
 
     @property
     def errors(self) -> pd.DataFrame:

@@ -6,12 +6,14 @@ known to be incomplete, and no file is ever left truncated."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
 from .atomic import write_atomic, write_csv, write_json, write_text
+from .tables import Frames
 from .validate import ConfigError
 
 if TYPE_CHECKING:
@@ -34,7 +36,7 @@ def write_outputs(out, cfg, result) -> None:
 
     ok = result.summary["status"] == "ok"        # not diverged, not interrupted
     plot = ok and bool(cfg.output.plot)
-    write_run(out, cfg, result.columns, None,
+    write_run(out, cfg, result.tables, None,
               run_title(cfg, result.model, result.dataset.settings) if plot else None)
     if cfg.output.get("trajectories"):
         from .data_source import export_trajectories
@@ -45,20 +47,22 @@ def write_outputs(out, cfg, result) -> None:
     write_json(Path(out) / "summary.json", result.summary)
 
 
-def write_run(out: Path, cfg, tables: dict[str, Table], summary: dict | None,
+def write_run(out: Path, cfg, tables: Mapping[str, Table | pd.DataFrame], summary: dict | None,
               plot_title: str | None = None) -> None:
-    """Write ``config.yaml``, ``<name>.csv`` for each table, with a ``plot_title`` also
-    ``error.png`` (drawn from the ``errors`` table), and ``summary.json`` last (if given)."""
+    """Write ``config.yaml``, ``<name>.csv`` for each table (a :class:`Table` is written as
+    it is, without pandas), with a ``plot_title`` also ``error.png`` (drawn from the
+    ``errors`` table), and ``summary.json`` last (if given)."""
     out = Path(out)
+    tables = tables if isinstance(tables, Frames) else Frames(tables)
     out.mkdir(parents=True, exist_ok=True)
     write_text(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    for name, table in tables.items():
-        write_csv(out / f"{name}.csv", table)
+    for name in tables:
+        write_csv(out / f"{name}.csv", tables.table(name))
     if plot_title is not None:
         from .plotting import plot_run
 
         write_atomic(out / "error.png",
-                     lambda tmp: plot_run(tables["errors"].to_frame(), tmp, title=plot_title))
+                     lambda tmp: plot_run(tables["errors"], tmp, title=plot_title))
     if summary is not None:
         write_json(out / "summary.json", summary)
 

@@ -7,6 +7,8 @@ DataFrame (the Python API's :attr:`fnsysid.experiment.Result.tables`)."""
 from __future__ import annotations
 
 import csv
+import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,8 +26,11 @@ class Table:
     ``table[name]`` is a column, ``table[mask]`` the rows where ``mask`` holds.
     :meth:`to_csv` writes the bytes of ``DataFrame.to_csv(index=False)``: floats in their
     shortest round-trip form (NumPy's ``str``, which pandas uses), NaN as an empty field, the
-    standard library's minimal quoting and ``\\n`` line ends.
+    standard library's minimal quoting and ``os.linesep`` line ends.
     """
+
+    #: rows formatted at a time by :meth:`to_csv` (bounds its memory, as pandas' chunks do)
+    CHUNK = 100_000
 
     def __init__(self, columns: dict):
         arrays = {k: np.asarray(v) for k, v in columns.items()}
@@ -37,6 +42,9 @@ class Table:
 
     def __len__(self) -> int:
         return len(next(iter(self.columns.values()), ()))
+
+    def __repr__(self) -> str:
+        return f"Table({len(self)} rows: {', '.join(self.columns)})"
 
     def __getitem__(self, key):
         if isinstance(key, str):
@@ -53,15 +61,48 @@ class Table:
         """Write the table as CSV, as ``self.to_frame().to_csv(path, index=False)`` does."""
         if index:
             raise ValueError("a Table has no index to write")
-        fields = [_csv_field(a) for a in self.columns.values()]
+        cols = list(self.columns.values())
+        # numbers never need quoting: their rows are joined directly (csv.writer is ~4x slower)
+        plain = len(cols) > 1 and all(a.dtype.kind in "iubf" for a in cols)
+        end = os.linesep
         with open(path, "w", encoding="utf-8", newline="") as f:
-            out = csv.writer(f, lineterminator="\n")
+            out = csv.writer(f, lineterminator=end)
             out.writerow(self.columns)
-            if len(fields) > 1 and all(a.dtype.kind in "iubf" for a in self.columns.values()):
-                # numbers never need quoting: rows joined directly (csv.writer is ~4x slower)
-                f.writelines(f"{row}\n" for row in map(",".join, zip(*fields, strict=True)))
-            else:
-                out.writerows(zip(*fields, strict=True))
+            for start in range(0, len(self), self.CHUNK):
+                rows = zip(*(_csv_field(a[start:start + self.CHUNK]) for a in cols),
+                           strict=True)
+                if plain:
+                    f.writelines(f"{row}{end}" for row in map(",".join, rows))
+                else:
+                    out.writerows(rows)
+
+
+class Frames(Mapping):
+    """name -> DataFrame of a run's tables, each built from its :class:`Table` when first read
+    (a DataFrame given instead of a Table is kept as it is)."""
+
+    def __init__(self, tables: Mapping):
+        self._tables = dict(tables)
+        self._frames: dict = {}
+
+    def __getitem__(self, name: str) -> pd.DataFrame:
+        if name not in self._frames:
+            table = self._tables[name]
+            self._frames[name] = table.to_frame() if isinstance(table, Table) else table
+        return self._frames[name]
+
+    def __iter__(self):
+        return iter(self._tables)
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+    def __repr__(self) -> str:
+        return f"Frames({', '.join(self._tables)})"
+
+    def table(self, name: str):
+        """The table ``name`` as it was given (a :class:`Table` is not converted)."""
+        return self._tables[name]
 
 
 def _csv_field(a: np.ndarray) -> list[str]:

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from fnsysid.experiment import execute
-from fnsysid.tables import Table, _csv_field
-from tests.conftest import compose_cfg
+from fnsysid.tables import Table, _csv_field, make_summary
+from tests.conftest import compose_cfg, make
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,8 +65,10 @@ def test_rows_and_unequal_columns():
 ])
 def test_every_table_of_a_run_is_written_as_pandas_writes_it(tmp_path, overrides):
     result = execute(compose_cfg(*overrides, "output.plot=false"), choices={})
-    assert set(result.columns) >= {"errors", "theory"}
-    for name, table in result.columns.items():
+    assert set(result.tables) >= {"errors", "theory"}
+    for name in result.tables:
+        table = result.tables.table(name)
+        assert isinstance(table, Table)
         _same_csv(table, tmp_path)
         pd.testing.assert_frame_equal(result.tables[name], table.to_frame())
     errors = result.errors
@@ -85,3 +87,49 @@ def test_a_run_does_not_import_pandas(tmp_path):
     imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()
                 if line.startswith("import time:")}
     assert "numpy" in imported and "pandas" not in imported and "tqdm" not in imported
+
+
+def test_a_long_table_is_written_in_chunks_with_the_same_bytes(tmp_path, monkeypatch):
+    monkeypatch.setattr(Table, "CHUNK", 7)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=50)
+    x[[3, 7, 8]] = np.nan
+    _same_csv(Table({"round": np.arange(50), "error": x}), tmp_path)
+    _same_csv(Table({"client": [f"c{i}" for i in range(50)], "error": x}), tmp_path)
+
+
+def test_result_takes_dataframes_and_tables_alike(tmp_path):
+    """``Result.tables`` reads as DataFrames; a Result built or replaced with DataFrames, as
+    before tables were written without pandas, works the same."""
+    import dataclasses
+
+    from fnsysid.output_files import write_run
+
+    result = execute(compose_cfg("M=3", "R=2", "output.plot=false"), choices={})
+    assert isinstance(result.tables["errors"], pd.DataFrame)
+    assert "errors" in repr(result.tables) and "rows" in repr(result.tables.table("errors"))
+    frames = {name: result.tables[name] for name in result.tables}
+    again = dataclasses.replace(result, tables=frames)
+    assert again.errors is frames["errors"] and again.theory is frames["theory"]
+    write_run(tmp_path / "a", result.config, result.tables, None)
+    write_run(tmp_path / "b", result.config, again.tables, None)
+    for name in frames:
+        csv = f"{name}.csv"
+        assert (tmp_path / "a" / csv).read_bytes() == (tmp_path / "b" / csv).read_bytes()
+
+
+def test_theorem1_of_the_summary_is_null_when_a_repeat_has_none():
+    """The summary's Theorem 1 terms are means over the repeats: a repeat where a term is
+    undefined (e.g. a singular Gram matrix) makes the mean null, not the other repeats' mean."""
+    cfg, model, *_ = make("M=3", "repeats=2")
+    errors = Table({"repeat": [0, 1], "round": [0, 0],
+                    **{k: [1.0, 1.0] for k in ("e_max", "e_mean", "nrmse_1step_max",
+                                               "nrmse_1step_mean", "nrmse_sim_max",
+                                               "nrmse_sim_mean")}})
+    keys = ("bound_rel", "bound", "bound_proof_rel", "bound_proof", "noise_term", "sigma_w",
+            "s_phi2", "b_phi", "eps", "N_tot")
+    theory = Table({k: [2.0, 4.0] for k in keys})
+    theory.columns["bound"] = np.array([0.5, np.nan])
+    summary = make_summary(cfg, model, None, errors, theory, runtime={}, choices={})
+    assert summary["theorem1"]["bound"] != summary["theorem1"]["bound"]      # NaN: null
+    assert summary["theorem1"]["bound_rel"] == 3.0
