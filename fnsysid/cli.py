@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -22,7 +23,7 @@ from omegaconf import DictConfig
 
 from . import interrupt
 from .atomic import WriteError, write_json
-from .options import CONF_DIR, hydra_session, repository
+from .options import CONF_DIR, config_path_dir, flag_value, hydra_session, repository
 from .resources import check_disk
 from .run_folder import clear_results, finished_ok, has_results
 from .schema import GROUPS, ROOT, leaf_spec, one_line
@@ -36,6 +37,10 @@ _VALUE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", 
 #: Hydra flags without a value
 _FLAGS = {"-m", "--multirun", "--resolve", "--run", "-r", "--version", "-h", "--help",
           "--hydra-help", "--shell-completion", "-sc"}
+#: Hydra's commands (a run when none is given): a command line takes one of them
+_COMMANDS = {"-r": "--run", "--run": "--run", "-m": "-m", "--multirun": "-m", "-c": "--cfg",
+             "--cfg": "--cfg", "-i": "--info", "--info": "--info", "-sc": "--shell-completion",
+             "--shell-completion": "--shell-completion"}
 #: most sweep combinations composed and checked before a multirun starts
 MAX_CHECKED = 256
 
@@ -88,6 +93,21 @@ def _check_args(argv: list[str]) -> None:
         if "=" not in a and not a.startswith("~"):
             raise ConfigError(f"argument '{a}' is not a setting: write key=value (e.g. M=20), "
                               "group=option (e.g. system=pendulum) or ~key; see --help")
+
+
+def _check_commands(argv: list[str]) -> None:
+    """At most one of Hydra's commands (Hydra raises a ValueError for more); ``--resolve`` only
+    with the config it resolves."""
+    names = [a.split("=", 1)[0] for a in _split_args(argv)[0]]
+    given = list(dict.fromkeys(_COMMANDS[a] for a in names if a in _COMMANDS))
+    if len(given) > 1:
+        hint = ("; to see the config of one job of a sweep, drop -m and give one value per "
+                "swept setting (e.g. --cfg job M=1)" if {"-m", "--cfg"} <= set(given) else "")
+        raise ConfigError(f"{' and '.join(given)} cannot be used together: a command takes one "
+                          "of --run, -m (--multirun), --cfg, --info, --shell-completion" + hint)
+    if "--resolve" in names and not {"--cfg", "-c", "--help", "-h"} & set(names):
+        raise ConfigError("--resolve works only with --cfg or --help (it resolves the config "
+                          "they print), e.g. --cfg job --resolve")
 
 
 def _check_value(key: str, value, groups: dict) -> None:
@@ -144,7 +164,7 @@ def _preflight(argv, loader, config_name, searchpath) -> Path:
     from hydra import compose
     from hydra.core.object_type import ObjectType
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
+    from hydra.errors import HydraException, MissingConfigException
     from hydra.types import RunMode
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
@@ -153,10 +173,17 @@ def _preflight(argv, loader, config_name, searchpath) -> Path:
     parser = OverridesParser.create(config_loader=loader)
     try:
         parsed = parser.parse_overrides(args)
-        if config_name not in loader.get_group_options("", ObjectType.CONFIG, None, searchpath):
-            found = loader.get_group_options("", ObjectType.CONFIG, None, searchpath)
+        try:
+            loader.ensure_main_config_source_available()
+        except MissingConfigException as exc:
+            raise ConfigError(_no_configs(flag_value(argv, "--config-path", "-cp"))) from exc
+        found = loader.get_group_options("", ObjectType.CONFIG, None, searchpath)
+        if config_name not in found:
+            found = [n for n in found if not n.startswith("_")]
+            if not found:
+                raise ConfigError(_no_configs(flag_value(argv, "--config-path", "-cp")))
             raise ConfigError(f"--config-name {config_name}: no such primary config; allowed: "
-                              + ", ".join(n for n in found if not n.startswith("_")))
+                              + ", ".join(found))
         groups = _GroupOptions(loader, config_name, searchpath)
     except HydraException as exc:
         raise ConfigError(one_line(exc)) from exc
@@ -168,6 +195,10 @@ def _preflight(argv, loader, config_name, searchpath) -> Path:
             raise ConfigError(f"unknown setting '{key}'; knobs: {', '.join(KNOBS)}; other "
                               f"settings: {', '.join(sorted(set(ROOT.keys) - set(KNOBS)))}; "
                               f"groups: {', '.join(GROUPS)} (see --help)")
+        if o.is_sweep_override() and o.is_hydra_override():
+            raise ConfigError(_hydra_sweep(o))
+        if key == "hydra.job.env_copy" and not o.is_delete():
+            _check_env_copy(o)
         if o.is_delete() or o.package is not None or not o.is_sweep_override():
             fixed.append(o.input_line)
             if not o.is_delete() and o.package is None and not key.startswith("hydra."):
@@ -184,6 +215,17 @@ def _preflight(argv, loader, config_name, searchpath) -> Path:
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(_not_in_option(exc, first, config_name, compose, groups)
                           or one_line(exc)) from exc
+    except KeyError as exc:     # Hydra copies hydra.job.env_copy from os.environ unchecked
+        if str(exc.args[0]) in os.environ:
+            raise
+        raise ConfigError(f"hydra.job.env_copy names {exc.args[0]}, which is not set in the "
+                          f"environment: set it (export {exc.args[0]}=...) or leave it out of "
+                          "hydra.job.env_copy") from exc
+    except (AssertionError, AttributeError) as exc:   # OmegaConf on hydra.sweeper.params=null
+        message = _params_unset(parsed, first, config_name, compose)
+        if message is None:
+            raise
+        raise ConfigError(message) from exc
     multirun = _is_multirun(argv) or base.hydra.mode == RunMode.MULTIRUN
     if dims and not multirun:
         k = next(iter(dims))
@@ -206,6 +248,73 @@ def _preflight(argv, loader, config_name, searchpath) -> Path:
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     check_disk(key, OmegaConf.select(base, key), disk * n_jobs)
     return existing
+
+
+def _hydra_sweep(o) -> str:
+    """The message for a sweep of a ``hydra.*`` setting, which Hydra refuses."""
+    key, value = o.key_or_group, o.input_line.split("=", 1)[1]
+    if key.startswith("hydra.sweeper.params."):
+        name = key[len("hydra.sweeper.params."):]
+        return (f"{o.input_line}: a hydra.* setting takes one value, not a sweep: quote it to "
+                f"change an experiment's sweep ({o.input_line.split('=', 1)[0]}='{value}'), or "
+                f"sweep on the command line (-m {name}={value}, which wins over the experiment's "
+                f"sweep of {name})")
+    return (f"{o.input_line}: Hydra settings (hydra.*) take one value, not a sweep; run one "
+            "command per value")
+
+
+def _check_env_copy(o) -> None:
+    """Every variable ``hydra.job.env_copy`` names is set (Hydra copies them unchecked)."""
+    names = o.value() if isinstance(o.value(), list) else [o.value()]
+    missing = [str(n) for n in names if str(n) not in os.environ]
+    if missing:
+        raise ConfigError(f"{o.input_line}: {', '.join(missing)} not set in the environment; "
+                          "hydra.job.env_copy takes names of variables that are set (export "
+                          f"{missing[0]}=... first, or use hydra.job.env_set.{missing[0]}=value)")
+
+
+def _params_unset(parsed, first: list[str], config_name: str, compose) -> str | None:
+    """For an override of ``hydra.sweeper.params`` when the config leaves it null (no
+    experiment): the message saying to sweep on the command line; None otherwise."""
+    from omegaconf import OmegaConf
+
+    params = [o for o in parsed if o.key_or_group == "hydra.sweeper.params"
+              or o.key_or_group.startswith("hydra.sweeper.params.")]
+    if not params:
+        return None
+    rest = [line for line in first
+            if not line.lstrip("+~").split("=", 1)[0].startswith("hydra.sweeper.params")]
+    try:
+        cfg = compose(config_name, overrides=rest, return_hydra_config=True)
+    except Exception:          # another bad override: the original error
+        return None
+    if OmegaConf.select(cfg, "hydra.sweeper.params") is not None:
+        return None
+    o = params[0]
+    value = o.value()
+    sweeps = value if isinstance(value, dict) else \
+        {o.key_or_group[len("hydra.sweeper.params."):]: value}
+    return (f"{o.input_line}: hydra.sweeper.params is null in this config (an experiment file "
+            "sets it), so Hydra cannot add to it; sweep on the command line instead: -m "
+            + " ".join(f"{k}={v}" for k, v in sweeps.items()))
+
+
+def _no_configs(config_path: str | None) -> str:
+    """The message for a config search path without any primary config (``--config-path``)."""
+    where = config_path_dir(config_path)
+    if config_path is None:
+        return f"no primary config in {where}; install from a checkout with `make install`"
+    if not os.path.isabs(config_path):
+        near = os.path.abspath(config_path)
+        example = near if os.path.isfile(os.path.join(near, "config.yaml")) else CONF_DIR
+        return (f"--config-path {config_path}: no primary config in {where} (Hydra resolves a "
+                "relative --config-path as a package path from fnsysid, not from the working "
+                f"folder); give an absolute folder, e.g. --config-path {example}")
+    if not os.path.isdir(config_path):
+        return f"--config-path {config_path}: no such folder (e.g. --config-path {CONF_DIR})"
+    held = sorted(os.listdir(config_path))
+    return (f"--config-path {config_path}: no primary config (.yaml) in this folder; it holds: "
+            f"{', '.join(held) if held else 'nothing'}")
 
 
 def _not_in_option(exc, first: list[str], config_name: str, compose, groups) -> str | None:
@@ -516,13 +625,14 @@ def main() -> None:
         # the check's composition of the command's config is the one Hydra runs (and reads
         # hydra.mode from); sweep jobs are composed as Hydra composes them
         with reuse_compositions(_overrides(argv), jobs=False):
-            if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
-                             "--shell-completion", "-sc") for a in argv):
-                try:
+            try:
+                _check_commands(argv)
+                if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
+                                 "--shell-completion", "-sc") for a in argv):
                     _EXISTED = preflight(argv)
-                except ConfigError as exc:
-                    print(f"fnsysid: error: {exc}", file=sys.stderr)
-                    sys.exit(2)
+            except ConfigError as exc:
+                print(f"fnsysid: error: {exc}", file=sys.stderr)
+                sys.exit(2)
             task()
     except (interrupt.Interrupted, KeyboardInterrupt) as exc:
         signum = getattr(exc, "signum", signal.SIGINT)

@@ -59,10 +59,7 @@ def hydra_session(argv: list[str] | None = None, job_name: str = "fnsysid"):
         except ValueError:    # initialized by compose(), not by a run: use conf/ below
             pass
     argv = argv or []
-    conf = flag_value(argv, "--config-path", "-cp")
-    conf_dir = CONF_DIR if conf is None else Path(conf) if os.path.isabs(conf) else (
-        Path(__file__).resolve().parent / conf)
-    csp = create_config_search_path(str(conf_dir))
+    csp = create_config_search_path(config_path_dir(flag_value(argv, "--config-path", "-cp")))
     extra = flag_value(argv, "--config-dir", "-cd")
     if extra is not None:
         if not os.path.isdir(extra):
@@ -78,6 +75,24 @@ def hydra_session(argv: list[str] | None = None, job_name: str = "fnsysid"):
         yield GlobalHydra.instance().config_loader(), name, searchpath
     finally:
         restore_gh_from_backup(backup)
+
+
+def config_path_dir(config_path: str | None) -> str:
+    """Where Hydra's entry point looks for the primary config given ``--config-path``: ``conf/``
+    without it, an absolute path as given, and a relative one as Hydra resolves it beside the
+    module of the task function (in a checkout, ``pkg://fnsysid/<path>``, a folder inside the
+    package, not beside ``run.py`` nor in the working folder)."""
+    if config_path is None:
+        return str(CONF_DIR)
+    from hydra._internal.utils import (
+        compute_search_path_dir,
+        detect_calling_file_or_module_from_task_function,
+    )
+
+    from .cli import task
+
+    return compute_search_path_dir(*detect_calling_file_or_module_from_task_function(task),
+                                   config_path)
 
 
 def repository(loader, config_name: str, searchpath: list[str]):

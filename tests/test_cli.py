@@ -125,6 +125,51 @@ def test_bad_input_is_one_line_nonzero_and_writes_nothing(tmp_path, args, messag
     assert list(tmp_path.iterdir()) == []
 
 
+#: commands Hydra itself would end with a traceback or its own multi-line message: the first
+#: words of the one line printed instead
+BAD_FOR_HYDRA = [
+    (["M=3", "hydra.job.env_copy=[FNSYSID_UNSET_VAR]"],
+     "hydra.job.env_copy=[FNSYSID_UNSET_VAR]: FNSYSID_UNSET_VAR not set in the environment"),
+    (["-m", "--cfg", "job", "M=1,2"], "-m and --cfg cannot be used together"),
+    (["--resolve", "M=3"], "--resolve works only with --cfg or --help"),
+    (["-m", "M=3", "+hydra.sweeper.params.seed=1,2"],
+     "+hydra.sweeper.params.seed=1,2: a hydra.* setting takes one value, not a sweep"),
+    (["-m", "M=3", '+hydra.sweeper.params={seed:"1,2"}'],
+     '+hydra.sweeper.params={seed:"1,2"}: hydra.sweeper.params is null in this config'),
+    (["-m", "M=3", "hydra.sweeper.params.seed='1,2'"],
+     "hydra.sweeper.params.seed='1,2': hydra.sweeper.params is null in this config"),
+    (["experiment=synthetic_gd_M", "hydra.sweeper.params.M=2,3"],
+     "hydra.sweeper.params.M=2,3: a hydra.* setting takes one value, not a sweep: quote it"),
+    (["-cp", "conf", "M=3"], "--config-path conf: no primary config in pkg://fnsysid/conf"),
+    (["-cp", "/nonexistent/conf", "M=3"], "--config-path /nonexistent/conf: no such folder"),
+]
+
+
+@pytest.mark.parametrize("args, start", BAD_FOR_HYDRA)
+def test_input_hydra_refuses_is_one_line_exit_2_and_writes_nothing(tmp_path, args, start):
+    res = cli(*args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert lines[0].startswith(f"fnsysid: error: {start}")
+    assert "Traceback" not in res.stderr + res.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_forms_the_messages_suggest_pass_the_check(tmp_path):
+    from fnsysid.cli import preflight
+
+    out = [f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"]
+    res = cli("-m", "M=3", "hydra.sweeper.params.seed=1,2", *out)
+    assert "quote it to change an experiment's sweep (hydra.sweeper.params.seed='1,2'), or sweep" \
+        " on the command line (-m seed=1,2, which wins over the experiment's sweep of seed)" \
+        in res.stderr
+    preflight(["experiment=synthetic_gd_M", "hydra.sweeper.params.M='2,3'", *out])
+    preflight(["-cp", str(ROOT / "conf"), "M=3", *out])
+    preflight(["-m", "M=3", "seed=1,2", *out])
+    assert "e.g. --config-path " + str(ROOT / "conf") in cli("-cp", "conf", *out).stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_settings_checked_inside_a_job_leave_no_folder(tmp_path):
     """A cross-setting error met only at run time removes Hydra's job folder too."""
     from fnsysid.cli import _remove_outputs
