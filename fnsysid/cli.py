@@ -25,7 +25,7 @@ from . import interrupt
 from .atomic import WriteError, write_json
 from .options import CONF_DIR, config_path_dir, flag_value, hydra_session, repository
 from .resources import check_disk
-from .run_folder import clear_results, finished_ok, has_results
+from .run_folder import clear_results, errors_problem, finished_ok, has_results
 from .schema import GROUPS, ROOT, leaf_spec, one_line
 from .sweep_configs import reuse_compositions
 from .validate import KNOBS, ConfigError, check_batch_size, check_knob
@@ -575,17 +575,20 @@ SWEEP_PROBLEMS: dict[str, list[str]] = {}
 
 
 class SweepStatus(Callback):
-    """Hydra callback: after a multirun, collect the jobs that diverged or did not finish."""
+    """Hydra callback: after a multirun, collect the jobs that diverged or did not finish, and
+    finished jobs whose ``errors.csv`` lacks rows its summary counts."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         SWEEP_PROBLEMS.clear()
         root = Path(config.hydra.sweep.dir)
         for job in sorted(p.parent for p in root.glob("**/.hydra")):
-            summary = job / "summary.json"
             try:
-                status = json.loads(summary.read_text())["status"]
-            except (OSError, ValueError, KeyError):
+                summary = json.loads((job / "summary.json").read_text())
+                status = summary["status"]
+            except (OSError, ValueError, KeyError, TypeError):
                 status = "incomplete"
+            if status == "ok" and errors_problem(job, summary) is not None:
+                status = "bad errors.csv"
             if status != "ok":
                 SWEEP_PROBLEMS.setdefault(status, []).append(str(job.relative_to(root)))
         if SWEEP_PROBLEMS:

@@ -44,16 +44,51 @@ def _comparable(cfg: dict) -> dict:
     return cfg
 
 
+def errors_problem(folder: Path, summary: dict) -> str | None:
+    """Why ``errors.csv`` in ``folder`` is not the table its ``summary`` describes (a row per
+    repeat and round 0..``rounds_completed`` in that order, as many fields as the header, only
+    numbers or empty fields); None if it is. Reads the text once, without parsing numbers."""
+    import re
+
+    try:
+        lines = (Path(folder) / "errors.csv").read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"errors.csv cannot be read ({exc.strerror or exc})"
+    header = lines[0].split(",") if lines else []
+    if header[:3] != ["repeat", "round", "e_max"]:
+        return f"errors.csv starts with {lines[0][:40] if lines else ''!r}, not repeat,round,e_max"
+    rounds, body = summary.get("rounds_completed"), lines[1:]
+    per_repeat = rounds + 1 if isinstance(rounds, int) and rounds >= 0 else 0
+    repeats = summary.get("repeats") or (len(body) // per_repeat if per_repeat else 0)
+    if not per_repeat or len(body) != repeats * per_repeat:
+        return (f"errors.csv has {len(body)} rows, not one per repeat and round 0..{rounds} "
+                "of summary.json")
+    commas = len(header) - 1
+    rows = ((s, r) for s in range(repeats) for r in range(per_repeat))
+    for n, (line, (s, r)) in enumerate(zip(body, rows, strict=True), start=2):
+        if not line.startswith(f"{s},{r},") or line.count(",") != commas:
+            return (f"errors.csv: line {n} is not the row of repeat {s}, round {r} with "
+                    f"{len(header)} fields")
+    bad = re.search(r"[^-+.,0-9eEnaifINF\n]", "\n".join(body))
+    if bad:
+        return f"errors.csv holds {bad.group()!r}, not a number"
+    return None
+
+
 def finished_ok(folder: Path, cfg) -> bool:
-    """True if ``folder`` holds a run whose summary is ``ok`` and whose resolved config equals
-    ``cfg`` (up to settings that change no number: resume, overwrite, plot, progress)."""
+    """True if ``folder`` holds a run whose summary is ``ok``, whose ``errors.csv`` has its
+    rows (:func:`errors_problem`) and whose resolved config equals ``cfg`` (up to settings that
+    change no number: resume, overwrite, plot, progress)."""
     from omegaconf import OmegaConf
 
     folder = Path(folder)
     try:
-        status = json.loads((folder / "summary.json").read_text()).get("status")
+        summary = json.loads((folder / "summary.json").read_text())
         saved = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"))
     except (OSError, ValueError):
         return False
+    if not isinstance(summary, dict) or summary.get("status") != "ok" or \
+            errors_problem(folder, summary) is not None:
+        return False
     current = OmegaConf.to_container(cfg, resolve=True)
-    return status == "ok" and _comparable(saved) == _comparable(current)
+    return _comparable(saved) == _comparable(current)

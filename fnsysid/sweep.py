@@ -19,6 +19,9 @@ import numpy as np
 import yaml
 from hydra.experimental.callback import Callback
 
+from .run_folder import errors_problem
+from .validate import DataError
+
 if TYPE_CHECKING:       # pandas is imported where a sweep is read, not by every run
     import pandas as pd
 
@@ -52,16 +55,21 @@ def find_sweep(folder: Path) -> Path:
 
 
 def read_sweep(sweep_dir: Path) -> list[dict]:
-    """Jobs of a multirun folder: overrides, summary and errors of each finished job."""
+    """Jobs of a multirun folder: overrides, summary and errors of each finished job (one with
+    ``errors.csv`` and ``summary.json``). Raises :class:`~fnsysid.validate.DataError` naming
+    the job whose ``errors.csv`` does not hold the rows its summary counts."""
     import pandas as pd
 
     jobs = []
     for ov in sorted(Path(sweep_dir).glob("**/.hydra/overrides.yaml")):
         job = ov.parent.parent
-        if not (job / "errors.csv").exists():
+        if not (job / "errors.csv").exists() or not (job / "summary.json").exists():
             continue
         overrides = dict(_split(o) for o in load_yaml(ov) or [])
         summary = json.loads((job / "summary.json").read_text())
+        problem = errors_problem(job, summary)
+        if problem is not None:
+            raise DataError(f"{job}: {problem}")
         jobs.append({"dir": job, "overrides": overrides, "summary": summary,
                      "errors": pd.read_csv(job / "errors.csv")})
     return jobs
@@ -162,9 +170,16 @@ def write_results(sweep_dir: Path) -> Path:
 
 
 class SweepTable(Callback):
-    """Hydra callback: at the end of a multirun, ``results.csv`` at the sweep's root."""
+    """Hydra callback: at the end of a multirun, ``results.csv`` at the sweep's root; if a
+    job's files cannot be read, one line in the log and no ``results.csv`` (the sweep's exit
+    status is set by :class:`fnsysid.cli.SweepStatus`, which names the job)."""
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        if sweep_dir.is_dir():
+        if not sweep_dir.is_dir():
+            return
+        try:
             log.info("sweep table: %s", write_results(sweep_dir))
+        except (DataError, OSError, ValueError) as exc:
+            (sweep_dir / RESULTS).unlink(missing_ok=True)
+            log.error("sweep table not written: %s", exc)

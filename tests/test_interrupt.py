@@ -94,6 +94,77 @@ def test_resume_skips_finished_jobs_and_reruns_the_rest(tmp_path):
     assert summary["status"] == "ok" and summary["seed"] == 0   # run again, clean
 
 
+def test_resume_reruns_a_finished_job_whose_errors_csv_is_corrupt(tmp_path):
+    from fnsysid.experiment import run_experiment
+    from fnsysid.run_folder import finished_ok
+    from tests.conftest import compose_cfg
+
+    sweep = tmp_path / "sweep"
+    jobs = [sweep / f"M={m},R=3,repeats=2,system=pendulum" for m in (1, 2)]
+    cfgs = [compose_cfg("system=pendulum", f"M={m}", "R=3", "repeats=2", "output.plot=false")
+            for m in (1, 2)]
+    for cfg, job in zip(cfgs, jobs, strict=True):
+        run_experiment(cfg, job)
+    assert finished_ok(jobs[0], cfgs[0])
+    (jobs[0] / "errors.csv").write_text("1,2\n")          # summary ok, table gone
+    assert not finished_ok(jobs[0], cfgs[0])
+    stamp = (jobs[1] / "errors.csv").stat().st_mtime_ns
+    res = cli("-m", "system=pendulum", "M=1,2", "R=3", "repeats=2", "hydra/launcher=basic",
+              "output.plot=false", f"hydra.sweep.dir={sweep}", "output.resume=true")
+    assert res.returncode == 0, res.stderr
+    assert f"skipped: {jobs[1]}" in res.stdout and f"skipped: {jobs[0]}" not in res.stdout
+    assert (jobs[1] / "errors.csv").stat().st_mtime_ns == stamp
+    errors = pd.read_csv(jobs[0] / "errors.csv")
+    assert errors[["repeat", "round"]].values.tolist() == [[s, r] for s in (0, 1)
+                                                           for r in range(4)]
+    table = pd.read_csv(sweep / "results.csv")
+    assert table.groupby("M")["round"].max().to_dict() == {1: 3, 2: 3}
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("1,2\n", "errors.csv starts with '1,2', not repeat,round,e_max"),
+    ("lost", "errors.csv has 3 rows, not one per repeat and round 0..1 of summary.json"),
+    ("swap", "errors.csv: line 2 is not the row of repeat 0, round 0 with 8 fields"),
+    ("text", "errors.csv holds 'x', not a number"),
+])
+def test_sweep_with_a_corrupt_finished_job_names_it_and_exits_3(tmp_path, capsys, text,
+                                                                 problem):
+    """A job's errors.csv corrupted after it finished: no results.csv, one line, exit 3."""
+    from omegaconf import OmegaConf
+
+    from fnsysid.cli import SweepStatus, _sweep_exit
+    from fnsysid.experiment import run_experiment
+    from fnsysid.run_folder import errors_problem
+    from fnsysid.sweep import RESULTS, SweepTable
+    from tests.conftest import compose_cfg
+
+    job = tmp_path / "M=1"
+    run_experiment(compose_cfg("M=1", "R=1", "repeats=2", "output.plot=false"), job)
+    (job / ".hydra").mkdir()
+    (job / ".hydra" / "overrides.yaml").write_text("- M=1\n")
+    (tmp_path / RESULTS).write_text("stale")
+    summary = json.loads((job / "summary.json").read_text())
+    assert errors_problem(job, summary) is None
+    lines = (job / "errors.csv").read_text().splitlines()
+    fields = lines[2].split(",")
+    corrupt = {"lost": lines[:-1], "swap": [lines[0], lines[2], lines[1], *lines[3:]],
+               "text": [*lines[:2], ",".join([*fields[:2], "x", *fields[3:]]), *lines[3:]]}
+    if text in corrupt:
+        text = "\n".join(corrupt[text]) + "\n"
+    (job / "errors.csv").write_text(text)
+    assert errors_problem(job, summary) == problem
+    cfg = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    SweepStatus().on_multirun_end(cfg)
+    SweepTable().on_multirun_end(cfg)
+    assert not (tmp_path / RESULTS).exists()
+    with pytest.raises(SystemExit) as info:
+        _sweep_exit()
+    assert info.value.code == 3
+    assert capsys.readouterr().err == (f"fnsysid: sweep {tmp_path} has jobs that are not ok "
+                                       "(bad errors.csv: M=1); see their summary.json and "
+                                       "run.log\n")
+
+
 @pytest.mark.slow
 def test_three_sweeps_in_the_same_second_get_three_folders(tmp_path):
     procs = [start("-m", "system=pendulum", "M=1", "R=2", "repeats=1", "hydra/launcher=basic",
