@@ -105,6 +105,20 @@ def _check_commands(argv: list[str]) -> None:
                 "swept setting (e.g. --cfg job M=1)" if {"-m", "--cfg"} <= set(given) else "")
         raise ConfigError(f"{' and '.join(given)} cannot be used together: a command takes one "
                           "of --run, -m (--multirun), --cfg, --info, --shell-completion" + hint)
+    if given == ["--cfg"]:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from hydra.errors import HydraException
+
+        try:
+            parsed = OverridesParser.create().parse_overrides(_overrides(argv))
+        except HydraException as exc:
+            raise ConfigError(one_line(exc)) from exc
+        for o in parsed:
+            if o.is_sweep_override():
+                first = _sweep_values(o, o.key_or_group)[0]
+                raise ConfigError(f"{o.input_line} is a sweep: --cfg prints the config of one "
+                                  f"job; give one value (e.g. {o.key_or_group}="
+                                  f"{first if isinstance(first, str) else encode(first)})")
     if "--resolve" in names and not {"--cfg", "-c", "--help", "-h"} & set(names):
         raise ConfigError("--resolve works only with --cfg or --help (it resolves the config "
                           "they print), e.g. --cfg job --resolve")

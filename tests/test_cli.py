@@ -132,6 +132,8 @@ BAD_FOR_HYDRA = [
      "hydra.job.env_copy=[FNSYSID_UNSET_VAR]: FNSYSID_UNSET_VAR not set in the environment"),
     (["-m", "--cfg", "job", "M=1,2"], "-m and --cfg cannot be used together"),
     (["--resolve", "M=3"], "--resolve works only with --cfg or --help"),
+    (["--cfg", "job", "system=linear,pendulum"], "system=linear,pendulum is a sweep: --cfg "
+     "prints the config of one job; give one value (e.g. system=linear)"),
     (["-m", "M=3", "+hydra.sweeper.params.seed=1,2"],
      "+hydra.sweeper.params.seed=1,2: a hydra.* setting takes one value, not a sweep"),
     (["-m", "M=3", '+hydra.sweeper.params={seed:"1,2"}'],
