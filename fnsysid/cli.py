@@ -612,13 +612,15 @@ class SweepStatus(Callback):
 def _sweep_exit() -> None:
     """Exit with one line if the multirun that just ended had jobs that are not ``ok``: 2 if a
     job's settings were refused, else 3 (diverged, interrupted or unfinished jobs)."""
-    if not SWEEP_PROBLEMS:
+    problems = dict(SWEEP_PROBLEMS)
+    SWEEP_PROBLEMS.clear()          # reported once: a later command in this process starts clean
+    if not problems:
         return
-    root = SWEEP_PROBLEMS.pop("_root")[0]
-    parts = [f"{status}: {', '.join(jobs)}" for status, jobs in sorted(SWEEP_PROBLEMS.items())]
+    root = problems.pop("_root")[0]
+    parts = [f"{status}: {', '.join(jobs)}" for status, jobs in sorted(problems.items())]
     print(f"fnsysid: sweep {root} has jobs that are not ok ({'; '.join(parts)}); see their "
           "summary.json and run.log", file=sys.stderr)
-    sys.exit(2 if "refused" in SWEEP_PROBLEMS else 3)
+    sys.exit(2 if "refused" in problems else 3)
 
 
 def _flags_first(argv: list[str]) -> list[str]:
