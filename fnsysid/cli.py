@@ -232,9 +232,7 @@ def _preflight(argv, loader, config_name, searchpath) -> Path:
     except KeyError as exc:     # Hydra copies hydra.job.env_copy from os.environ unchecked
         if str(exc.args[0]) in os.environ:
             raise
-        raise ConfigError(f"hydra.job.env_copy names {exc.args[0]}, which is not set in the "
-                          f"environment: set it (export {exc.args[0]}=...) or leave it out of "
-                          "hydra.job.env_copy") from exc
+        raise _unset_env("hydra.job.env_copy", [str(exc.args[0])]) from exc
     except (AssertionError, AttributeError) as exc:   # OmegaConf on hydra.sweeper.params=null
         message = _params_unset(parsed, first, config_name, compose)
         if message is None:
@@ -282,9 +280,15 @@ def _check_env_copy(o) -> None:
     names = o.value() if isinstance(o.value(), list) else [o.value()]
     missing = [str(n) for n in names if str(n) not in os.environ]
     if missing:
-        raise ConfigError(f"{o.input_line}: {', '.join(missing)} not set in the environment; "
-                          "hydra.job.env_copy takes names of variables that are set (export "
-                          f"{missing[0]}=... first, or use hydra.job.env_set.{missing[0]}=value)")
+        raise _unset_env(o.input_line, missing)
+
+
+def _unset_env(setting: str, missing: list[str]) -> ConfigError:
+    """The error for variables named in ``hydra.job.env_copy`` (by ``setting``) that are not
+    set: from the command line, or from a config file (found when Hydra composes)."""
+    return ConfigError(f"{setting}: {', '.join(missing)} not set in the environment; "
+                       "hydra.job.env_copy takes names of variables that are set (export "
+                       f"{missing[0]}=... first, or use hydra.job.env_set.{missing[0]}=value)")
 
 
 def _params_unset(parsed, first: list[str], config_name: str, compose) -> str | None:
