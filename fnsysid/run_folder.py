@@ -51,9 +51,10 @@ def errors_problem(folder: Path, summary: dict) -> str | None:
     import re
 
     try:
-        lines = (Path(folder) / "errors.csv").read_text().splitlines()
+        text = (Path(folder) / "errors.csv").read_text()
     except (OSError, UnicodeDecodeError) as exc:
         return f"errors.csv cannot be read ({exc.strerror or exc})"
+    lines = text.splitlines()
     header = lines[0].split(",") if lines else []
     if header[:3] != ["repeat", "round", "e_max"]:
         return f"errors.csv starts with {lines[0][:40] if lines else ''!r}, not repeat,round,e_max"
@@ -69,7 +70,7 @@ def errors_problem(folder: Path, summary: dict) -> str | None:
         if not line.startswith(f"{s},{r},") or line.count(",") != commas:
             return (f"errors.csv: line {n} is not the row of repeat {s}, round {r} with "
                     f"{len(header)} fields")
-    bad = re.search(r"[^-+.,0-9eEnaifINF\n]", "\n".join(body))
+    bad = re.search(r"[^-+.,0-9eEnaifINF\r\n]", text[len(lines[0]):])     # after the header
     if bad:
         return f"errors.csv holds {bad.group()!r}, not a number"
     return None
