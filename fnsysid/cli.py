@@ -175,6 +175,7 @@ def job_name() -> str:
 
 
 def _preflight(argv, loader, config_name, searchpath) -> Path:
+    import yaml
     from hydra import compose
     from hydra.core.object_type import ObjectType
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -226,6 +227,8 @@ def _preflight(argv, loader, config_name, searchpath) -> Path:
     first = fixed + [f"{k}={encode(v[0])}" for k, v in dims.items()]
     try:
         base = compose(config_name, overrides=first, return_hydra_config=True)
+    except yaml.YAMLError as exc:   # a config file of one's own that is not valid YAML
+        raise ConfigError(one_line(exc)) from exc
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(_not_in_option(exc, first, config_name, compose, groups)
                           or one_line(exc)) from exc

@@ -157,6 +157,29 @@ def test_input_hydra_refuses_is_one_line_exit_2_and_writes_nothing(tmp_path, arg
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("edit, start", [
+    (("    chdir: false\n", "    chdir: false\n    env_copy: [FNSYSID_UNSET_VAR]\n"),
+     "hydra.job.env_copy: FNSYSID_UNSET_VAR not set in the environment"),
+    (("hydra:\n", "hydra:\n  job:\n    chdir: false\n"), "while constructing a mapping"),
+])
+def test_a_config_file_hydra_refuses_is_one_line_exit_2_and_writes_nothing(tmp_path, edit, start):
+    """A primary config of one's own that names an unset variable in hydra.job.env_copy, or
+    that is not valid YAML (a key given twice)."""
+    import shutil
+
+    conf = tmp_path / "conf"
+    shutil.copytree(ROOT / "conf", conf)
+    text = (conf / "config.yaml").read_text()
+    assert edit[0] in text
+    (conf / "config.yaml").write_text(text.replace(edit[0], edit[1], 1))
+    out = tmp_path / "out"
+    res = cli("--config-path", str(conf), "M=3", f"hydra.run.dir={out}")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert lines[0].startswith(f"fnsysid: error: {start}")
+    assert "Traceback" not in res.stderr + res.stdout and not out.exists()
+
+
 def test_the_forms_the_messages_suggest_pass_the_check(tmp_path):
     from fnsysid.cli import preflight
 
