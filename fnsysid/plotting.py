@@ -96,8 +96,7 @@ def plot_run(errors: pd.DataFrame, path: Path, title: str = "") -> None:
     ax.set_title(wrap(f"{title}\nlines: mean over {n_rep} repeats; bands: min..max over "
                       "the repeats", 70), fontsize=8)
     ax.legend(fontsize=8)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, [path], dpi=120)
 
 
 def _sort_value(v: str):
@@ -455,13 +454,32 @@ def figure(panels: list[dict], out_base: Path, metric: str = "e_max",
     fig.suptitle(head + wrap(what.format(r=rep), chars), fontsize=9.5)
     out_base = Path(out_base)
     out_base.parent.mkdir(parents=True, exist_ok=True)
-    for suffix in (".png", ".pdf"):   # no creation date: regenerated files differ only if data do
-        meta = {"CreationDate": None} if suffix == ".pdf" else {}
-        fig.savefig(out_base.with_suffix(suffix), dpi=110, metadata=meta)
-    plt.close(fig)
+    save(fig, [out_base.with_suffix(".png"), out_base.with_suffix(".pdf")], dpi=110)
     table = pd.concat(tables, ignore_index=True)
     cols = ["panel"] + [c for c in table.columns if c != "panel"]
     return table[cols]
+
+
+def save(fig, paths, dpi: float) -> None:
+    """Save ``fig`` to each of ``paths`` (format by suffix) and close it, laying it out once.
+
+    For every file, ``savefig`` of a figure with a layout engine lays it out and draws it
+    twice (once without rendering, to measure it); here the layout runs once, at ``dpi`` as
+    ``savefig`` would run it, and each file is drawn once (the PNG is the same bytes). PDFs
+    carry no creation date, so a regenerated file differs only if its data do."""
+    engine = fig.get_layout_engine()
+    if engine is not None:
+        dpi_before = fig.dpi
+        fig.dpi = dpi                   # text extents as the first file will measure them
+        try:
+            engine.execute(fig)
+        finally:
+            fig.dpi = dpi_before
+        fig.set_layout_engine("none")
+    for path in paths:
+        meta = {"CreationDate": None} if Path(path).suffix == ".pdf" else {}
+        fig.savefig(path, dpi=dpi, metadata=meta)
+    plt.close(fig)
 
 
 def _label(keys, values) -> str:
@@ -505,9 +523,7 @@ def sweep_figure(jobs: list[dict], keys: list[str], outs, metric: str = "e_max",
     n_rep = jobs[0]["errors"]["repeat"].nunique()
     head = f"{title}\n" if title and panel_key else ""
     fig.suptitle(f"{head}mean over {n_rep} repeats, band = min..max", fontsize=9)
-    for out in outs:
-        fig.savefig(out, dpi=120)
-    plt.close(fig)
+    save(fig, outs, dpi=120)
     table = pd.concat(tables, ignore_index=True)
     return table[["panel"] + [c for c in table.columns if c != "panel"]]
 
@@ -543,9 +559,7 @@ def sweep_heatmap(jobs: list[dict], keys: list[str], outs, metric: str = "e_max"
     fig.colorbar(im, ax=ax, label=f"final {METRICS.get(metric, metric)}")
     n_rep = jobs[0]["errors"]["repeat"].nunique()
     ax.set_title((f"{title}\n" if title else "") + f"mean over {n_rep} repeats", fontsize=9)
-    for out in outs:
-        fig.savefig(out, dpi=120)
-    plt.close(fig)
+    save(fig, outs, dpi=120)
     return df.reset_index(drop=True)
 
 
@@ -577,5 +591,4 @@ def plot_fit(measured, one_step, free_run, names, path: Path, title: str = "") -
     axes[0, 0].legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, [path], dpi=110)
