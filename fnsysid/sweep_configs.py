@@ -26,22 +26,31 @@ as Hydra's own ``_load_configuration_impl`` does. The sweeper, the launcher, the
 ``.hydra/`` and the sweep callbacks are Hydra's; ``tests/test_sweep_configs.py`` checks that
 every job of every stored experiment gets the config Hydra itself composes.
 
+Hydra's sweeper composes every job to check its batch, then the launcher composes each job
+again; within :func:`reuse_compositions` (jobs) the launcher gets the config the check composed
+for that job (used once). Hydra also reads and parses each config file again for every
+composition: within :func:`keep_config_files` each file is parsed once and every composition
+gets a copy (about a fifth of the cost of the parse).
+
 ``run.py`` composes its command's config once (:func:`reuse_compositions` with the command's
 overrides, jobs of sweeps as Hydra composes them); ``scripts/make_figure.py`` also reuses the
-compositions of sweep jobs.
+compositions of sweep jobs and keeps the config files for the whole invocation.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import sys
 from contextlib import contextmanager
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
+from hydra._internal.config_repository import ConfigRepository
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import ConfigCompositionException
+from hydra.plugins.sweeper import Sweeper
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
@@ -72,6 +81,41 @@ class _Store:
 
 _STORE: _Store | None = None
 
+#: config files as Hydra's repository loaded them, by (config sources, config path), within
+#: one :func:`keep_config_files` block (None outside)
+_FILES: dict[tuple, object] | None = None
+
+
+class _KeepingRepository(ConfigRepository):
+    """Hydra's ``ConfigRepository`` that, within :func:`keep_config_files`, reads and parses
+    each config file once and hands every request a copy of the result (Hydra merges a loaded
+    config's nodes into the composition without copying them, then changes them)."""
+
+    def load_config(self, config_path: str):
+        if _FILES is None:
+            return super().load_config(config_path)
+        key = (tuple((type(s), s.provider, s.path) for s in self.sources), config_path)
+        if key not in _FILES:
+            _FILES[key] = super().load_config(config_path)
+        kept = _FILES[key]
+        if kept is None:
+            return None
+        return dataclasses.replace(kept, config=copy.deepcopy(kept.config),
+                                   header=dict(kept.header),
+                                   defaults_list=copy.deepcopy(kept.defaults_list))
+
+
+@contextmanager
+def keep_config_files():
+    """Within the block, compositions through :class:`ComposeOnceLoader` read each config file
+    once (the files must not change within the block; a later block reads them again)."""
+    global _FILES
+    saved, _FILES = _FILES, ({} if _FILES is None else _FILES)
+    try:
+        yield
+    finally:
+        _FILES = saved
+
 
 class ComposeOnceLoader(ConfigLoaderImpl):
     """``ConfigLoaderImpl`` that composes a command's config once: later requests for the same
@@ -79,6 +123,7 @@ class ComposeOnceLoader(ConfigLoaderImpl):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self.repository.__class__ = _KeepingRepository      # Hydra's, plus keep_config_files
         self._store = _STORE if _STORE is not None else _Store()
 
     def __getstate__(self):
@@ -146,6 +191,37 @@ class ReusingConfigLoader(ComposeOnceLoader):
         super().__init__(*args, **kwargs)
         self._bases: dict[tuple, DictConfig] = {}
         self._groups: dict[str, bool] = {}
+        #: jobs' configs composed by the sweeper's check of its batch, for the launcher: by
+        #: (id of the sweep's config, job's overrides), (the sweep's config, configs)
+        self._checked: dict[tuple, tuple[DictConfig, list[DictConfig]]] = {}
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_checked"] = {}
+        return state
+
+    def check_batch(self, master_config: DictConfig, batch) -> None:
+        """Hydra's ``Sweeper.validate_batch_is_legal`` (compose every job of ``batch``),
+        keeping each job's config for the next :meth:`load_sweep_config` of that job (the
+        launcher's), which then composes nothing: the same function of the same inputs."""
+        for overrides in batch:
+            cfg = self.load_sweep_config(master_config, list(overrides))
+            key = (id(master_config), tuple(overrides))
+            self._checked.setdefault(key, (master_config, []))[1].append(cfg)
+
+    def _take_checked(self, master_config: DictConfig, sweep_overrides) -> DictConfig | None:
+        """The config :meth:`check_batch` composed for this job, once; None if there is none."""
+        key = (id(master_config), tuple(sweep_overrides))
+        master, configs = self._checked.get(key, (None, None))
+        if master is not master_config:
+            return None
+        cfg = configs.pop(0)
+        if not configs:
+            del self._checked[key]
+        # Hydra copies the sweep's resolver cache when the launcher composes (now, not at the
+        # check: the sweep's config may have resolved more since)
+        OmegaConf.copy_cache(from_config=master_config, to_config=cfg)
+        return cfg
 
     def _is_value(self, o: Override) -> bool:
         """Whether Hydra applies ``o`` to the composed config (rather than to the defaults
@@ -159,6 +235,9 @@ class ReusingConfigLoader(ComposeOnceLoader):
 
     def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list[str]
                           ) -> DictConfig:
+        checked = self._take_checked(master_config, sweep_overrides)
+        if checked is not None:
+            return checked
         lines = list(OmegaConf.to_container(master_config.hydra.overrides.hydra))
         lines += list(sweep_overrides)
         parsed = [_parse(line) for line in lines]
@@ -196,10 +275,28 @@ def reuse_compositions(command: list[str] | None = None, jobs: bool = True):
     import hydra._internal.hydra as hydra_module
 
     global _STORE
-    saved = hydra_module.ConfigLoaderImpl, _STORE
+    saved = hydra_module.ConfigLoaderImpl, _STORE, Sweeper.validate_batch_is_legal
     hydra_module.ConfigLoaderImpl = ReusingConfigLoader if jobs else ComposeOnceLoader
+    if jobs:
+        Sweeper.validate_batch_is_legal = _check_batch
     _STORE = _Store(command)
     try:
         yield
     finally:
-        hydra_module.ConfigLoaderImpl, _STORE = saved
+        hydra_module.ConfigLoaderImpl, _STORE, Sweeper.validate_batch_is_legal = saved
+
+
+_HYDRA_CHECK_BATCH = Sweeper.validate_batch_is_legal
+
+
+def _check_batch(self, batch) -> None:
+    """``Sweeper.validate_batch_is_legal`` within :func:`reuse_compositions` (jobs): through
+    :meth:`ReusingConfigLoader.check_batch` when the sweeper composes with one (the loader the
+    launcher composes with too), else Hydra's."""
+    context = getattr(self, "hydra_context", None)
+    loader = context.config_loader if context is not None else getattr(self, "config_loader",
+                                                                        None)
+    if isinstance(loader, ReusingConfigLoader) and self.config is not None:
+        loader.check_batch(self.config, batch)
+    else:
+        _HYDRA_CHECK_BATCH(self, batch)

@@ -37,6 +37,7 @@ import pandas as pd  # noqa: E402
 from fnsysid.data_source import reuse_simulations  # noqa: E402
 from fnsysid.plotting import figure  # noqa: E402
 from fnsysid.sweep import load_yaml  # noqa: E402
+from fnsysid.sweep_configs import keep_config_files  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 REGISTRY = Path(__file__).with_name("figures.yaml")
@@ -191,7 +192,8 @@ def main(argv=None) -> int:
               "--plot-only", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    with reuse_simulations():           # one store per worker, shared by its experiments
+    # one store per worker, shared by its experiments; conf/ is read once per worker
+    with reuse_simulations(), keep_config_files():
         tables = run_and_draw(names, registry, args)
     for n, table in tables.items():
         print(f"wrote {args.out / n}.png/.pdf/.csv ({len(table)} curves)")

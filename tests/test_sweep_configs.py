@@ -184,3 +184,78 @@ def test_in_process_sweep_writes_what_the_command_line_writes(tmp_path):
     assert len(launcher_records) == 5 and fast.keys() == cli_files.keys()
     for k in fast.keys() - launcher_records:
         assert fast[k] == cli_files[k], k
+
+
+def test_the_launcher_gets_the_config_the_batch_check_composed_once():
+    from types import SimpleNamespace
+
+    from hydra.plugins.sweeper import Sweeper
+
+    from fnsysid.sweep_configs import reuse_compositions
+
+    path = create_config_search_path(str(CONF_DIR))
+    hydra_loader = ConfigLoaderImpl(config_search_path=path)
+    master, jobs = sweep_jobs(hydra_loader, "sgd_vs_gd_pendulum", QUIET)
+    reusing = ReusingConfigLoader(config_search_path=path)
+    sweeper = SimpleNamespace(hydra_context=SimpleNamespace(config_loader=reusing),
+                              config=master)
+    with reuse_compositions():
+        Sweeper.validate_batch_is_legal(sweeper, jobs[:2])
+    assert len(reusing._checked) == 2
+    for job in jobs[:2]:
+        got = reusing.load_sweep_config(master, job)          # the launcher's: the kept one
+        assert OmegaConf.to_yaml(got) == OmegaConf.to_yaml(
+            hydra_loader.load_sweep_config(master, job))
+        got.hydra.job.num = 7                                  # as the launcher sets it
+        again = reusing.load_sweep_config(master, job)         # used once: composed anew
+        assert again is not got and OmegaConf.is_missing(again.hydra.job, "num")
+    assert not reusing._checked
+    other = OmegaConf.create(master)                           # another sweep's config
+    reusing.check_batch(master, jobs[:1])
+    assert reusing.load_sweep_config(other, jobs[0]) is not reusing._checked[
+        (id(master), tuple(jobs[0]))][1][0]
+    # outside the block the sweeper's check is Hydra's own, keeping nothing
+    Sweeper.validate_batch_is_legal(sweeper, jobs[1:2])
+    assert list(reusing._checked) == [(id(master), tuple(jobs[0]))]
+
+
+def test_config_files_kept_within_a_block_give_hydras_compositions(tmp_path, monkeypatch):
+    import shutil
+
+    from hydra._internal.core_plugins.file_config_source import FileConfigSource
+
+    from fnsysid.sweep_configs import ComposeOnceLoader, keep_config_files
+
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    path = create_config_search_path(str(conf))
+    reads = []
+    load = FileConfigSource.load_config
+    monkeypatch.setattr(FileConfigSource, "load_config",
+                        lambda self, config_path: reads.append(config_path) or load(
+                            self, config_path))
+    ovr = ["experiment=pendulum_gd_M", *QUIET]
+
+    def both(overrides, mode=RunMode.MULTIRUN):
+        """(kept composition, Hydra's, files the kept one read)"""
+        want = ConfigLoaderImpl(config_search_path=path).load_configuration(
+            "config", overrides, mode)
+        reads.clear()
+        got = ComposeOnceLoader(config_search_path=path).load_configuration(
+            "config", overrides, mode)
+        return OmegaConf.to_yaml(got), OmegaConf.to_yaml(want), list(reads)
+
+    with keep_config_files():
+        got, want, first = both(ovr)
+        assert got == want and "config" in first and "system/pendulum" in first
+        for overrides in ([*ovr, "system=synthetic", "M=3"], ovr):
+            got, want, _ = both(overrides)
+            assert got == want
+        got, want, read = both([*ovr, "strategy=scaffold", "M=3"], RunMode.RUN)
+        assert got == want and read == ["strategy/scaffold"]     # only the file not read yet
+    # a file changed after the block is read again by the next block
+    (conf / "system" / "pendulum.yaml").write_text(
+        (conf / "system" / "pendulum.yaml").read_text() + "\ndt_changed_marker: 1\n")
+    with keep_config_files():
+        got, want, read = both(ovr)
+        assert got == want and "dt_changed_marker" in got and "system/pendulum" in read
