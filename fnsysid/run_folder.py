@@ -8,6 +8,8 @@ others before running them again.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 from pathlib import Path
 
@@ -64,16 +66,31 @@ def errors_problem(folder: Path, summary: dict) -> str | None:
     if not per_repeat or len(body) != repeats * per_repeat:
         return (f"errors.csv has {len(body)} rows, not one per repeat and round 0..{rounds} "
                 "of summary.json")
+    after = text[len(lines[0]):]                                        # after the header
     commas = len(header) - 1
+    if not after.encode("ascii", "replace").translate(None, NUMBER_BYTES) and \
+            all(map(str.startswith, body, _row_prefixes(repeats, per_repeat))) and \
+            set(map(str.count, body, itertools.repeat(","))) <= {commas}:
+        return None                     # the checks below, made without a Python loop
     rows = ((s, r) for s in range(repeats) for r in range(per_repeat))
     for n, (line, (s, r)) in enumerate(zip(body, rows, strict=True), start=2):
         if not line.startswith(f"{s},{r},") or line.count(",") != commas:
             return (f"errors.csv: line {n} is not the row of repeat {s}, round {r} with "
                     f"{len(header)} fields")
-    bad = re.search(r"[^-+.,0-9eEnaifINF\r\n]", text[len(lines[0]):])     # after the header
+    bad = re.search(r"[^-+.,0-9eEnaifINF\r\n]", after)
     if bad:
         return f"errors.csv holds {bad.group()!r}, not a number"
     return None
+
+
+#: the bytes of numbers, empty fields and line ends in a CSV (nan, inf and exponents included)
+NUMBER_BYTES = b"-+.,0123456789eEnaifINF\r\n"
+
+
+@functools.lru_cache(maxsize=16)
+def _row_prefixes(repeats: int, per_repeat: int) -> list[str]:
+    """``"repeat,round,"`` that starts each row of ``errors.csv``, in order."""
+    return [f"{s},{r}," for s in range(repeats) for r in range(per_repeat)]
 
 
 def finished_ok(folder: Path, cfg) -> bool:
