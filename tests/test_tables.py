@@ -133,3 +133,23 @@ def test_theorem1_of_the_summary_is_null_when_a_repeat_has_none():
     summary = make_summary(cfg, model, None, errors, theory, runtime={}, choices={})
     assert summary["theorem1"]["bound"] != summary["theorem1"]["bound"]      # NaN: null
     assert summary["theorem1"]["bound_rel"] == 3.0
+
+
+def test_counts_and_repeated_columns_are_written_as_pandas_writes_them(tmp_path):
+    """Small counts (strings from a table), other integers, and float columns equal to an
+    earlier one (strings reused) only where they are equal bit for bit (-0.0 is not 0.0)."""
+    n = 200
+    rng = np.random.default_rng(3)
+    e = rng.normal(size=n)
+    e[::7] = np.nan
+    zeros = np.zeros(n)
+    table = Table({"repeat": np.repeat(np.arange(2), n // 2), "round": np.arange(n) % 100,
+                   "last": np.full(n, n - 1), "big": np.full(n, n), "neg": -np.arange(n),
+                   "u": np.arange(n, dtype=np.uint8), "e_max": e, "e_mean": e.copy(),
+                   "f32": e.astype(np.float32), "zero": zeros, "minus_zero": -zeros})
+    _same_csv(table, tmp_path)
+    lines = (tmp_path / "ours.csv").read_text().splitlines()
+    assert lines[1].split(",")[:5] == ["0", "0", "199", "200", "0"]
+    assert lines[-1].split(",")[:5] == ["1", "99", "199", "200", "-199"]
+    assert lines[1].endswith(",0.0,-0.0")
+    assert _csv_field(np.arange(n)[::-1]) == [str(i) for i in range(n)][::-1]
