@@ -6,6 +6,7 @@ known to be incomplete, and no file is ever left truncated."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -55,7 +56,7 @@ def write_run(out: Path, cfg, tables: Mapping[str, Table | pd.DataFrame], summar
     out = Path(out)
     tables = tables if isinstance(tables, Frames) else Frames(tables)
     out.mkdir(parents=True, exist_ok=True)
-    write_text(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    write_text(out / "config.yaml", config_yaml(cfg))
     for name in tables:
         write_csv(out / f"{name}.csv", tables.table(name))
     if plot_title is not None:
@@ -65,6 +66,29 @@ def write_run(out: Path, cfg, tables: Mapping[str, Table | pd.DataFrame], summar
                      lambda tmp: plot_run(tables["errors"], tmp, title=plot_title))
     if summary is not None:
         write_json(out / "summary.json", summary)
+
+
+def config_yaml(cfg) -> str:
+    """``OmegaConf.to_yaml(cfg, resolve=True)``, the same text, emitted by libyaml when PyYAML
+    has it (about twice as fast as PyYAML's own emitter)."""
+    import yaml
+
+    if not yaml.__with_libyaml__:
+        return OmegaConf.to_yaml(cfg, resolve=True)
+    return yaml.dump(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+                     Dumper=_c_dumper(), default_flow_style=False, allow_unicode=True,
+                     sort_keys=False)
+
+
+@functools.cache
+def _c_dumper():
+    """OmegaConf's YAML dumper (strings that read as another type are quoted) on libyaml."""
+    import yaml
+    from omegaconf._utils import get_omega_conf_dumper
+
+    dumper = type("OmegaConfCDumper", (yaml.CDumper,), {})
+    dumper.add_representer(str, get_omega_conf_dumper().str_representer)
+    return dumper
 
 
 def write_trajectories(out: Path, trajectories: pd.DataFrame, truth: pd.DataFrame) -> None:

@@ -153,3 +153,21 @@ def test_counts_and_repeated_columns_are_written_as_pandas_writes_them(tmp_path)
     assert lines[-1].split(",")[:5] == ["1", "99", "199", "200", "-199"]
     assert lines[1].endswith(",0.0,-0.0")
     assert _csv_field(np.arange(n)[::-1]) == [str(i) for i in range(n)][::-1]
+
+
+def test_config_yaml_is_the_text_omegaconf_writes():
+    """Strings that read as another type stay quoted; unicode, long and multi-line strings,
+    special floats, lists and nesting come out as OmegaConf.to_yaml writes them."""
+    from omegaconf import OmegaConf
+
+    from fnsysid.output_files import config_yaml
+
+    tricky = OmegaConf.create({
+        "a": "yes", "b": "1e3", "c": "null", "d": "\u00fc \u2211 \u6f22\u5b57", "e": "x " * 60,
+        "f": "line1\nline2", "g": "", "h": ":", "i": "- x", "j": [1, 2.5, None, True, "1"],
+        "k": {"l": float("nan"), "m": float("inf"), "n": -0.0, "o": 1e-300, "ref": "${a}"},
+        "p": "'quoted'", "q": "#c", "r": "a: b", "s": "  lead", "t": "trail ", "v": "~",
+        "w": "0x1F", "x": "012", "y": "on", "z": {}})
+    for cfg in (tricky, compose_cfg("M=3"), compose_cfg("system=quadrotor", "strategy=fedprox")):
+        assert config_yaml(cfg) == OmegaConf.to_yaml(cfg, resolve=True)
+    assert "a: 'yes'" in config_yaml(tricky) and "ref: 'yes'" in config_yaml(tricky)
