@@ -131,28 +131,66 @@ def results_table(sweep_dir: Path) -> pd.DataFrame:
     sweep_dir = Path(sweep_dir)
     jobs = read_sweep(sweep_dir)
     keys = swept_keys(jobs, declared_keys(sweep_dir))
-    frames = []
-    for j in jobs:
-        err = j["errors"]
-        metrics = [c for c in err.columns if c not in INDEX_COLUMNS]
-        g = err.groupby("round")
-        n = g.size()
-        cols = {"n_repeats": n}
-        for m in metrics:
-            sd = g[m].std(ddof=1) if n.min() > 1 else g[m].std(ddof=0) * np.nan
-            cols.update({m: g[m].mean(), f"{m}_se": sd / np.sqrt(n),
-                         f"{m}_lo": g[m].min(), f"{m}_hi": g[m].max()})
-        df = pd.DataFrame(cols).reset_index()
-        df["final"] = df["round"] == df["round"].max()
-        head = {"job": str(j["dir"].relative_to(sweep_dir)),
-                **{k: typed(j["overrides"].get(k)) for k in keys},
-                "status": j["summary"]["status"]}
-        frames.append(pd.DataFrame({**head, **df.to_dict("list")}))
-    if not frames:
-        return pd.DataFrame(columns=["job", *keys, "status", "round"])
-    table = pd.concat(frames, ignore_index=True)
+    heads = [{"job": str(j["dir"].relative_to(sweep_dir)),
+              **{k: typed(j["overrides"].get(k)) for k in keys},
+              "status": j["summary"]["status"]} for j in jobs]
+    table = _rows_at_once(jobs, heads)
+    if table is None:
+        frames = [pd.DataFrame({**head, **_job_rows(j["errors"]).to_dict("list")})
+                  for j, head in zip(jobs, heads, strict=True)]
+        if not frames:
+            return pd.DataFrame(columns=["job", *keys, "status", "round"])
+        table = pd.concat(frames, ignore_index=True)
     order = [*keys, "round"] if keys else ["job", "round"]
     return table.sort_values(order, kind="stable", key=_sort_key).reset_index(drop=True)
+
+
+def _job_rows(err: pd.DataFrame, by: list[str] | None = None) -> pd.DataFrame:
+    """The rows of one job's ``errors.csv`` ``err`` in :func:`results_table` (round, n_repeats,
+    each error's mean, se, lo and hi, final); of several jobs at once when ``by`` names a
+    column telling them apart (each group's numbers are the same: pandas reduces each group
+    alone, in its rows' order)."""
+    import pandas as pd
+
+    by = by or []
+    metrics = [c for c in err.columns if c not in (*INDEX_COLUMNS, *by)]
+    g = err.groupby([*by, "round"] if by else "round")
+    n = g.size()
+    # the standard error needs two repeats in every round of the job
+    several = (n.groupby(level=by).transform("min") if by else n.min() + 0 * n) > 1
+    cols = {"n_repeats": n}
+    for m in metrics:
+        sd = g[m].std(ddof=1).where(several) if several.any() else g[m].std(ddof=0) * np.nan
+        cols.update({m: g[m].mean(), f"{m}_se": sd / np.sqrt(n),
+                     f"{m}_lo": g[m].min(), f"{m}_hi": g[m].max()})
+    df = pd.DataFrame(cols).reset_index()
+    last = df.groupby(by)["round"].transform("max") if by else df["round"].max()
+    df["final"] = df["round"] == last
+    return df
+
+
+def _rows_at_once(jobs: list[dict], heads: list[dict]) -> pd.DataFrame | None:
+    """:func:`results_table`'s rows before sorting, all jobs in one group-by (a job at a time
+    costs more than its numbers); None when the jobs' ``errors.csv`` differ in columns or
+    types, or a key's values in type (then a job at a time gives the table's columns and
+    types)."""
+    import pandas as pd
+
+    if not jobs:
+        return None
+    dtypes = list(jobs[0]["errors"].dtypes.items())
+    if any(list(j["errors"].dtypes.items()) != dtypes for j in jobs) or any(
+            len({type(h[k]) for h in heads}) > 1 or type(heads[0][k]) not in (int, float, str)
+            for k in heads[0]):
+        return None
+    err = pd.concat([j["errors"] for j in jobs], ignore_index=True)
+    err["_job"] = np.repeat(np.arange(len(jobs)), [len(j["errors"]) for j in jobs])
+    df = _job_rows(err, by=["_job"])
+    rows = np.bincount(df["_job"].to_numpy(), minlength=len(jobs))
+    cols = {k: np.repeat(np.array([h[k] for h in heads], dtype=object), rows).tolist()
+            for k in heads[0]}
+    cols.update({c: df[c].to_numpy() for c in df.columns if c != "_job"})
+    return pd.DataFrame(cols)
 
 
 def _sort_key(col: pd.Series) -> pd.Series:

@@ -128,3 +128,41 @@ def test_figure_panels_filter_jobs_share_one_legend_and_label_only_varying_keys(
     assert table["M"].tolist() == [1, 4, 1, 4] and "eps" not in table.columns
     assert (table["n_repeats"] == 2).all() and (table["R"] == 3).all()
     assert (tmp_path / "fig.png").stat().st_size > 5000 and (tmp_path / "fig.pdf").exists()
+
+
+def fake_sweep(root: Path, jobs: dict[str, tuple[int, int, list[str]]]) -> Path:
+    """A sweep folder of finished jobs: name -> (repeats, rounds, error columns), swept M."""
+    rng = np.random.default_rng(0)
+    for i, (name, (repeats, rounds, metrics)) in enumerate(jobs.items()):
+        job = root / name
+        (job / ".hydra").mkdir(parents=True)
+        (job / ".hydra" / "overrides.yaml").write_text(f"- M={i + 1}\n- R={rounds}\n")
+        rows = [{"repeat": s, "round": r, **{m: rng.random() / 3 for m in metrics}}
+                for s in range(repeats) for r in range(rounds + 1)]
+        pd.DataFrame(rows).to_csv(job / "errors.csv", index=False)
+        (job / "summary.json").write_text(
+            f'{{"status": "ok", "rounds_completed": {rounds}, "repeats": {repeats}}}')
+    return root
+
+
+@pytest.mark.parametrize("jobs", [
+    {"a": (2, 3, ["e_max", "e_mean"]), "b": (1, 3, ["e_max", "e_mean"]),
+     "c": (3, 5, ["e_max", "e_mean"])},                          # one job without a spread
+    {"a": (2, 3, ["e_max"]), "b": (2, 2, ["e_max", "nrmse"])},   # columns differ
+])
+def test_results_of_all_jobs_at_once_are_those_of_one_job_at_a_time(tmp_path, monkeypatch,
+                                                                      jobs):
+    import fnsysid.sweep as sweep
+
+    root = fake_sweep(tmp_path, jobs)
+    at_once = results_table(root)
+    monkeypatch.setattr(sweep, "_rows_at_once", lambda jobs, heads: None)
+    one_by_one = results_table(root)
+    assert at_once.to_csv(float_format="%.6g") == one_by_one.to_csv(float_format="%.6g")
+    assert at_once.equals(one_by_one) and list(at_once.dtypes) == list(one_by_one.dtypes)
+    assert len(at_once) == sum(r + 1 for _, r, _ in jobs.values())
+    b = at_once[at_once["job"] == "b"]
+    assert b["final"].sum() == 1 and b["round"].max() == jobs["b"][1]
+    if jobs["b"][0] == 1:
+        assert b["e_max_se"].isna().all() and at_once.loc[at_once["job"] == "a",
+                                                          "e_max_se"].notna().all()
