@@ -23,7 +23,7 @@ from .heldout import HeldOut, heldout_from_trajectories
 from .model import (
     ClientData,
     Model,
-    chunk_blocks,
+    chunk_clients,
     for_chunks,
     generate,
     sample_stats,
@@ -153,7 +153,7 @@ def simulate_all(model: Model, cfg, n_traj: int, purpose: int):
         _, x[s, lo:hi], u[s, lo:hi] = simulate_blocks(
             model, s, chunk, n_traj, T, cfg.eps, cfg.seed, bool(cfg.data.shared_noise), purpose)
 
-    for_chunks(S, rnd.blocks(M), chunk_blocks(model, n_traj, T), work)
+    for_chunks(S, rnd.blocks(M), chunk_clients(model, n_traj, T), work)
     return x, u
 
 

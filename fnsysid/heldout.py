@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import random as rnd
-from .model import Model, chunk_blocks, for_chunks, moments
+from .model import Model, chunk_clients, for_chunks, moments
 
 
 @dataclass
@@ -85,5 +85,5 @@ def heldout_from_trajectories(model: Model, x: np.ndarray, u: np.ndarray,
         d *= d
         std[s, lo:hi] = np.sqrt(d.sum(axis=-1) / cnt).T
 
-    for_chunks(S, rnd.blocks(M), chunk_blocks(model, J, L - 1), work)
+    for_chunks(S, rnd.blocks(M), chunk_clients(model, J, L - 1), work)
     return HeldOut(gram, cross, yy, n, std, x, u, mask)

@@ -49,12 +49,12 @@ def local_steps(K, M: int, repeats: int, seed: int, clients=None):
     if kind not in KINDS:
         raise ConfigError(f"K.kind={kind} is not allowed; allowed: {', '.join(KINDS)}")
     out = np.empty((repeats, len(ids)), dtype=int)
-    blk = ids // rnd.BLOCK
+    blk = rnd.block_of(ids)
     for s in range(repeats):
-        for b in np.unique(blk):
-            draws = rnd.stream(seed, rnd.LOCAL_STEPS, s, int(b)).integers(
-                int(low), int(high) + 1, size=rnd.BLOCK)
-            out[s, blk == b] = draws[ids[blk == b] - b * rnd.BLOCK]
+        for b in np.unique(blk).tolist():
+            draws = rnd.stream(seed, rnd.LOCAL_STEPS, s, b).integers(
+                int(low), int(high) + 1, size=rnd.block_size(b))
+            out[s, blk == b] = draws[ids[blk == b] - rnd.block_start(b)]
     return out
 
 

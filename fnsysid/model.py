@@ -226,7 +226,7 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
         Phi = np.zeros((S, M, n_max * T, n_phi))
         Y = np.zeros((S, M, n_max * T, n_y))
         mask = np.repeat(traj_mask, T, axis=1)[None].repeat(S, axis=0)
-    nb = chunk_blocks(model, n_max, T) if keep is None else 1
+    limit = chunk_clients(model, n_max, T) if keep is None else 1
 
     def work(s: int, chunk: list[tuple[int, int, int]]) -> None:
         lo, hi = chunk[0][1], chunk[-1][2]
@@ -242,7 +242,7 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
         if keep_samples:
             Phi[s, lo:hi], Y[s, lo:hi] = Phi_b * wgt[..., None], Y_b * wgt[..., None]
 
-    for_chunks(S, blocks, nb, work)
+    for_chunks(S, blocks, limit, work)
     if not keep_samples:
         Phi = Y = mask = None
     data = ClientData(theta_true, H, b, yy, n, Phi, Y, mask, phi2max, phi_mean, y_mean)
@@ -256,12 +256,14 @@ def _prefix_blocks(ids: np.ndarray):
     last one wanted. Returns the blocks ``(blk, lo, hi)`` with positions in the built arrays,
     the client index at each position, and the positions of ``ids``."""
     blocks, built, start = [], [], {}
-    for blk in np.unique(ids // rnd.BLOCK):
-        size = int(ids[ids // rnd.BLOCK == blk].max()) - blk * rnd.BLOCK + 1
-        start[blk] = len(built)
+    of = rnd.block_of(ids)
+    for blk in np.unique(of):
+        first = rnd.block_start(int(blk))
+        size = int(ids[of == blk].max()) - first + 1
+        start[blk] = len(built) - first
         blocks.append((int(blk), len(built), len(built) + size))
-        built.extend(range(blk * rnd.BLOCK, blk * rnd.BLOCK + size))
-    keep = np.array([start[i // rnd.BLOCK] + i % rnd.BLOCK for i in ids])
+        built.extend(range(first, first + size))
+    keep = np.array([start[b] + i for i, b in zip(ids, of, strict=True)])
     return blocks, np.array(built), keep
 
 
@@ -277,7 +279,7 @@ def simulate_blocks(model: Model, s: int, blocks: list[tuple[int, int, int]], n_
     """
     system = model.system
     own = np.concatenate([system.client_params(eps * rnd.stream(
-        seed, rnd.PARAMS, s, blk).random((rnd.BLOCK, system.n_gamma))[: hi - lo])
+        seed, rnd.PARAMS, s, blk).random((rnd.block_size(blk), system.n_gamma))[: hi - lo])
         for blk, lo, hi in blocks])
     x0, eta, w = draw_trajectories(system, seed, s, [blk for blk, _, _ in blocks], n_traj, T,
                                    shared_noise, len(own), purpose)
@@ -332,13 +334,14 @@ def threads(n_jobs: int) -> int:
     return min(int(raw), max(1, n_jobs))
 
 
-def for_chunks(S: int, blocks: list[tuple[int, int, int]], nb: int, work) -> None:
-    """Call ``work(s, chunk)`` for every repeat ``s`` and every run of ``nb`` consecutive
-    blocks, on :func:`threads` threads (numpy releases the GIL in the array work and the
-    random draws). Chunks write disjoint slices and read their own streams, so the numbers do
-    not depend on the number of threads."""
-    _on_threads(work, [(s, blocks[c:c + nb]) for s in range(S)
-                       for c in range(0, len(blocks), nb)])
+def for_chunks(S: int, blocks: list[tuple[int, int, int]], limit: int, work) -> None:
+    """Call ``work(s, chunk)`` for every repeat ``s`` and every run of consecutive blocks
+    holding at most ``limit`` clients (:func:`fnsysid.random.chunks`), on :func:`threads`
+    threads (numpy releases the GIL in the array work and the random draws). Chunks write
+    disjoint slices and read their own streams, so the numbers do not depend on the number of
+    threads."""
+    runs = rnd.chunks(blocks, limit)
+    _on_threads(work, [(s, run) for s in range(S) for run in runs])
 
 
 def for_slices(m: int, size: int, work) -> None:
@@ -377,12 +380,12 @@ def _on_threads(work, jobs: list[tuple]) -> None:
 CHUNK_VALUES = 1 << 22
 
 
-def chunk_blocks(model: Model, n_max: int, T: int) -> int:
-    """Blocks of clients simulated together: as many as keep a chunk near ``CHUNK_VALUES``."""
+def chunk_clients(model: Model, n_max: int, T: int) -> int:
+    """Clients simulated together: as many as keep a chunk near ``CHUNK_VALUES``."""
     system = model.system
     n_y, n_phi = model.structure.shape[:2]
     per_sample = 2 * system.n_x + system.n_u + system.n_w + 3 * n_phi + 2 * n_y
-    return max(1, CHUNK_VALUES // (rnd.BLOCK * n_max * (T + 1) * per_sample))
+    return max(1, CHUNK_VALUES // (n_max * (T + 1) * per_sample))
 
 
 def draw_trajectories(system: System, seed: int, s: int, blks: list[int], n_max: int, T: int,
@@ -390,12 +393,26 @@ def draw_trajectories(system: System, seed: int, s: int, blks: list[int], n_max:
     """Randomness of trajectories ``0..n_max-1`` of the clients of blocks ``blks`` (repeat s).
 
     Stream (purpose, repeat, block, trajectory) draws for its whole block (stream (repeat, 0,
-    trajectory) once for every client with ``shared_noise``). All streams are read together
-    through one :class:`~fnsysid.random.StreamBatch` when the system's noises allow it, else
-    one after another; the numbers are the same. Returns ``x0`` (size, n_max, n_x), ``eta``
-    (size, n_max, T, n_u) and ``w`` (size, n_max, T, n_w) of the first ``size`` clients.
+    trajectory) once for every client with ``shared_noise``). The streams of blocks of one size
+    are read together through one :class:`~fnsysid.random.StreamBatch` when the system's noises
+    allow it, else one after another; the numbers are the same. Returns ``x0`` (size, n_max,
+    n_x), ``eta`` (size, n_max, T, n_u) and ``w`` (size, n_max, T, n_w) of the first ``size``
+    clients.
     """
-    keys, n_draw = ([0], 1) if shared_noise else (blks, rnd.BLOCK)
+    if shared_noise:
+        out = _draw_streams(system, seed, s, [0], 1, n_max, T, purpose)
+        return [np.broadcast_to(a, (size,) + a.shape[1:]) for a in out]
+    parts = [_draw_streams(system, seed, s, list(run), n_draw, n_max, T, purpose)
+             for n_draw, run in itertools.groupby(blks, key=rnd.block_size)]
+    if len(parts) == 1:
+        return [a[:size] for a in parts[0]]
+    return [np.concatenate(arrays)[:size] for arrays in zip(*parts, strict=True)]
+
+
+def _draw_streams(system: System, seed: int, s: int, keys: list[int], n_draw: int, n_max: int,
+                  T: int, purpose: int) -> list[np.ndarray]:
+    """The draws of streams ``(purpose, s, key, j)`` for ``n_draw`` clients each, client-major:
+    ``x0`` (len(keys) n_draw, n_max, n_x), ``eta`` and ``w`` (len(keys) n_draw, n_max, T, .)."""
     gens = [rnd.stream(seed, purpose, s, key, j) for key in keys for j in range(n_max)]
     # (keys, n_draw, n_max, ...): client-major, as simulated; written through views in the
     # (keys, n_max, n_draw, ...) order of the streams
@@ -409,8 +426,4 @@ def draw_trajectories(system: System, seed: int, s: int, blks: list[int], n_max:
     else:
         for g, (key, j) in zip(gens, itertools.product(range(K), range(n_max)), strict=True):
             system.draw(g, n_draw, T, out=[v[key, j] for v in views])
-    out = []
-    for a in draws:
-        a = a.reshape(K * n_draw, n_max, *a.shape[3:])
-        out.append(np.broadcast_to(a, (size,) + a.shape[1:]) if shared_noise else a[:size])
-    return out
+    return [a.reshape(K * n_draw, n_max, *a.shape[3:]) for a in draws]

@@ -445,8 +445,8 @@ class SGD(LocalSolver):
                 if not fresh[s, lo:hi].any():
                     continue
                 g = rnd.stream(self.seed, rnd.SHUFFLE, s, blk, self.t)
-                keys = np.where(self.mask[s, lo:hi] > 0, g.random((rnd.BLOCK, n_max))[: hi - lo],
-                                2.0)
+                keys = np.where(self.mask[s, lo:hi] > 0,
+                                g.random((rnd.block_size(blk), n_max))[: hi - lo], 2.0)
                 new = np.argsort(keys, axis=-1)
                 self.perm[s, lo:hi] = np.where(fresh[s, lo:hi, None], new, self.perm[s, lo:hi])
 

@@ -1,10 +1,13 @@
 """Random streams and noise distributions; every draw comes from an explicit Generator.
 
 Streams are derived from one seed with ``numpy.random.SeedSequence``. Clients are grouped in
-blocks of ``BLOCK`` consecutive indices; each (purpose, repeat, block, trajectory) owns a stream
-that always draws values for the whole block. Client ``i`` therefore reads the same numbers
-whatever ``M`` is, and trajectory ``j`` the same numbers whatever ``N`` is, while the work stays
-vectorized over a block instead of looping over clients.
+blocks of consecutive indices: blocks of ``FIRST``, ``FIRST``, ``2 FIRST``, ... clients up to
+client ``BLOCK`` (16, 16, 32, 64, 128, 256, 512), then blocks of ``BLOCK`` (1024) clients each
+(:func:`blocks`). Each (purpose, repeat, block, trajectory) owns a stream that always draws
+values for the whole block. Client ``i`` therefore reads the same numbers whatever ``M`` is, and
+trajectory ``j`` the same numbers whatever ``N`` is, while the work stays vectorized over a
+block instead of looping over clients; a fleet of ``M`` clients draws for fewer than ``2 M``
+clients (at least ``FIRST``) up to ``M = BLOCK``, and for fewer than ``M + BLOCK`` above.
 
 A :class:`StreamBatch` draws from many such streams at once and hands out exactly the values
 each stream would give to the same sequence of calls (its standard normals in order), so
@@ -18,8 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: number of clients that share one random stream (at different positions)
+#: clients of each block from client ``BLOCK`` on (one random stream serves a whole block)
 BLOCK = 1024
+#: clients of the first block; the blocks before client ``BLOCK`` double from there
+FIRST = 16
+#: number of blocks before client ``BLOCK``: FIRST, FIRST, 2 FIRST, ..., BLOCK / 2
+_SMALL = (BLOCK // FIRST).bit_length()
 
 # purposes of streams; part of the spawn key so that streams never collide
 PARAMS, TRAJECTORY, SHUFFLE, HOLDOUT, LOCAL_STEPS, PARTICIPATION = 0, 1, 2, 3, 4, 5
@@ -39,9 +46,64 @@ def stream(seed: int, purpose: int, *key: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(ss))
 
 
+def block_start(b: int) -> int:
+    """First client of block ``b``."""
+    if b >= _SMALL:
+        return (b - _SMALL + 1) * BLOCK
+    return 0 if b == 0 else FIRST << (b - 1)
+
+
+def block_size(b: int) -> int:
+    """Number of clients of block ``b`` (the values each of its streams draws per call)."""
+    return block_start(b + 1) - block_start(b)
+
+
+def block_of(i):
+    """Block of client ``i`` (an int or an integer array).
+
+    Examples
+    --------
+    >>> [block_of(i) for i in (0, 15, 16, 32, 1023, 1024, 2048)]
+    [0, 0, 1, 2, 6, 7, 8]
+    """
+    if isinstance(i, (int, np.integer)):
+        i = int(i)
+        return (i // FIRST).bit_length() if i < BLOCK else i // BLOCK + _SMALL - 1
+    i = np.asarray(i)
+    small = np.frexp(np.maximum(i // FIRST, 1))[1] - (i < FIRST)   # bit length of i // FIRST
+    out = np.where(i < BLOCK, small, i // BLOCK + _SMALL - 1)
+    return int(out) if out.ndim == 0 else out
+
+
 def blocks(m: int) -> list[tuple[int, int, int]]:
-    """Split clients ``0..m-1`` into ``(block_index, start, stop)`` triples."""
-    return [(b, s, min(s + BLOCK, m)) for b, s in enumerate(range(0, m, BLOCK))]
+    """Split clients ``0..m-1`` into ``(block_index, start, stop)`` triples.
+
+    Examples
+    --------
+    >>> blocks(40)
+    [(0, 0, 16), (1, 16, 32), (2, 32, 40)]
+    """
+    out, b = [], 0
+    while block_start(b) < m:
+        out.append((b, block_start(b), min(block_start(b + 1), m)))
+        b += 1
+    return out
+
+
+def chunks(blks: list[tuple[int, int, int]], limit: int) -> list[list[tuple[int, int, int]]]:
+    """Consecutive runs of ``blks`` holding at most ``limit`` clients each (counting whole
+    blocks, whose streams draw for all their clients), at least one block per run."""
+    out: list[list[tuple[int, int, int]]] = []
+    used = 0
+    for blk in blks:
+        size = block_size(blk[0])
+        if out and used + size <= limit:
+            out[-1].append(blk)
+            used += size
+        else:
+            out.append([blk])
+            used = size
+    return out
 
 
 class StreamBatch:

@@ -8,8 +8,9 @@ n_phi/n_y = features/targets per regression row, N = trajectories per client, T 
   the held-out data (``data.val_N`` trajectories of T + 1 states and T inputs);
 - mini-batch SGD also keeps every sample: ``N T (n_phi + n_y + 1)`` per client and repeat;
 - per-client history (``clients.csv``): ``(R + 1)`` values per client and repeat;
-- simulation works on chunks of at least one block of ``min(M, 1024)`` clients with all their
-  ``N (T + 1)`` samples, so a huge ``N`` or ``T`` costs memory even for one client.
+- simulation works on chunks of at least one block of clients (up to 1024, at least 16; see
+  :mod:`fnsysid.random`) with all their ``N (T + 1)`` samples, so a huge ``N`` or ``T`` costs
+  memory even for one client.
 
 The estimate counts these arrays, doubles them for temporaries and adds the interpreter's
 baseline; it is checked against the memory available (``MemAvailable``, a cgroup limit or
@@ -32,7 +33,7 @@ TEMPORARIES = 2.0
 def estimate_bytes(cfg, model, optimizer, keep_clients: bool) -> int:
     """Bytes a simulated run of ``cfg`` needs (see the module docstring)."""
     from .model import CHUNK_VALUES
-    from .random import BLOCK
+    from .random import BLOCK, block_of, block_start
     from .validate import plain
 
     S, M, T, R = int(cfg.repeats), int(cfg.M), int(cfg.T), int(cfg.R)
@@ -51,7 +52,8 @@ def estimate_bytes(cfg, model, optimizer, keep_clients: bool) -> int:
     if keep_clients:
         per_client += R + 1
     per_sample = 2 * n_x + n_u + n_w + 3 * n_phi + 2 * n_y
-    chunk = max(CHUNK_VALUES, min(M, BLOCK) * n_max * (T + 1) * per_sample)
+    drawn = BLOCK if M >= BLOCK else block_start(block_of(M - 1) + 1)  # clients a chunk draws
+    chunk = max(CHUNK_VALUES, drawn * n_max * (T + 1) * per_sample)
     history = (R + 1) * S * 8                  # errors.csv columns per round and repeat
     values = S * M * per_client + chunk + history
     return int(BASELINE_BYTES + TEMPORARIES * 8 * values)

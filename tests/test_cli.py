@@ -26,25 +26,25 @@ def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 
 def test_end_to_end_run_writes_tidy_outputs_and_error_falls(tmp_path):
-    res = cli("system=synthetic", "M=5", "R=40", "repeats=2", f"hydra.run.dir={tmp_path}")
+    res = cli("system=synthetic", "M=5", "R=60", "repeats=2", f"hydra.run.dir={tmp_path}")
     assert res.returncode == 0, res.stderr
     assert "final e_R" in res.stdout and str(tmp_path) in res.stdout
     errors = pd.read_csv(tmp_path / "errors.csv")
     assert list(errors.columns) == ["repeat", "round", "e_max", "e_mean", "nrmse_1step_max",
                                     "nrmse_1step_mean", "nrmse_sim_max", "nrmse_sim_mean"]
-    assert len(errors) == 2 * 41 and errors["round"].max() == 40
+    assert len(errors) == 2 * 61 and errors["round"].max() == 60
     for _, e in errors.groupby("repeat"):
         assert e["e_max"].iloc[-1] < 0.5 * e["e_max"].iloc[0]
         assert (e["e_max"] >= e["e_mean"]).all()
     clients = pd.read_csv(tmp_path / "clients.csv")
     assert list(clients.columns) == ["repeat", "round", "client", "error"]
-    last = clients[clients["round"] == 40].groupby("repeat")["error"].max()
-    assert last.tolist() == errors[errors["round"] == 40]["e_max"].tolist()
+    last = clients[clients["round"] == 60].groupby("repeat")["error"].max()
+    assert last.tolist() == errors[errors["round"] == 60]["e_max"].tolist()
     est = pd.read_csv(tmp_path / "estimates.csv")
     assert len(est) == 2 * 15 and set(est.columns) >= {"parameter", "estimate", "true_mean"}
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["system"] == "synthetic"
-    assert summary["final_e_max_mean"] == pytest.approx(errors[errors["round"] == 40]["e_max"]
+    assert summary["final_e_max_mean"] == pytest.approx(errors[errors["round"] == 60]["e_max"]
                                                         .mean())
     assert (tmp_path / "error.png").stat().st_size > 10_000
     assert "M: 5" in (tmp_path / "config.yaml").read_text()     # resolved config
@@ -210,7 +210,7 @@ def test_settings_checked_inside_a_job_leave_no_folder(tmp_path):
 
 
 def test_divergence_is_reported_rows_kept_and_not_plotted(tmp_path):
-    res = cli("system=synthetic", "lr=0.03", "M=2", "R=30", "repeats=1",
+    res = cli("system=synthetic", "lr=0.05", "M=2", "R=30", "repeats=1",
               f"hydra.run.dir={tmp_path}")
     assert res.returncode == 3
     assert "diverged at round" in res.stdout and "smaller lr" in res.stdout

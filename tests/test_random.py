@@ -27,13 +27,46 @@ def test_client_data_unchanged_when_m_grows_across_a_block():
     assert not np.allclose(big.H[:, rnd.BLOCK], big.H[:, 0])
 
 
+def test_blocks_double_up_to_block_then_stay_at_block():
+    sizes = [rnd.block_size(b) for b in range(10)]
+    assert sizes == [16, 16, 32, 64, 128, 256, 512, 1024, 1024, 1024]
+    ids = np.arange(3 * rnd.BLOCK + 7)
+    of = rnd.block_of(ids)
+    starts = np.array([rnd.block_start(b) for b in of])
+    assert (starts <= ids).all() and (ids < starts + [rnd.block_size(b) for b in of]).all()
+    assert (np.diff(of) >= 0).all() and [rnd.block_of(int(i)) for i in (0, 31, 32, 1024)] == \
+        [0, 1, 2, 7]
+    for m in (1, 16, 17, 100, rnd.BLOCK, rnd.BLOCK + 1, 5000):
+        blks = rnd.blocks(m)
+        covered = [i for _, lo, hi in blks for i in range(lo, hi)]
+        assert covered == list(range(m))
+        assert all(lo == rnd.block_start(b) for b, lo, _ in blks)
+        drawn = sum(rnd.block_size(b) for b, _, _ in blks)
+        assert drawn < max(2 * m, rnd.FIRST + 1) if m <= rnd.BLOCK else drawn < m + rnd.BLOCK
+    runs = rnd.chunks(rnd.blocks(3000), rnd.BLOCK)
+    assert [len(r) for r in runs] == [7, 1, 1] and sum(runs, []) == rnd.blocks(3000)
+
+
+def test_client_data_unchanged_when_m_grows_across_small_blocks():
+    """Clients 0..19 of 20 (blocks of 16 and 16) are those of 100 and of 3 (one block)."""
+    _, model, *_ = make("system=pendulum")
+    kw = dict(N=3, T=5, eps=0.1, repeats=2, seed=11)
+    m20, m100 = generate(model, M=20, **kw), generate(model, M=100, **kw)
+    m3 = generate(model, M=3, **kw)
+    for name in ("theta_true", "H", "b", "yy"):
+        np.testing.assert_array_equal(getattr(m100, name)[:, :20], getattr(m20, name))
+        np.testing.assert_array_equal(getattr(m20, name)[:, :3], getattr(m3, name))
+    assert not np.allclose(m100.H[:, 16], m100.H[:, 0])     # block 1 is not block 0 again
+    assert not np.allclose(m100.H[:, 32], m100.H[:, 16])
+
+
 def test_a_client_built_alone_has_the_data_it_has_among_all():
     """What a federated node holding one client draws: the same system and data."""
     _, model, *_ = make("system=pendulum")
     N = [2, 3, 1, 4]
     full = generate(model, M=rnd.BLOCK + 4, N=N * (rnd.BLOCK // 4 + 1), T=5, eps=0.2,
                     repeats=2, seed=5)
-    for i in (0, 2, rnd.BLOCK + 1):
+    for i in (0, 2, 17, 100, rnd.BLOCK - 1, rnd.BLOCK + 1):
         one = generate(model, M=rnd.BLOCK + 4, N=N * (rnd.BLOCK // 4 + 1), T=5, eps=0.2,
                        repeats=2, seed=5, clients=[i])
         assert one.shape == (2, 1)
