@@ -475,7 +475,9 @@ def save(fig, paths, dpi: float) -> None:
             engine.execute(fig)
         finally:
             fig.dpi = dpi_before
-        fig.set_layout_engine("none")
+        # no engine at all: with matplotlib's placeholder engine ("none") savefig would still
+        # draw the figure once without rendering before drawing it into the file
+        fig.set_layout_engine(None)
     for path in paths:
         meta = {"CreationDate": None} if Path(path).suffix == ".pdf" else {}
         fig.savefig(path, dpi=dpi, metadata=meta)
