@@ -124,7 +124,7 @@ def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | No
         label = ", ".join(f"{k}={j['overrides'].get(k)}" for k in keys) or "run"
         status = j["summary"]["status"]
         if status != "ok":
-            label += f" (diverged at r={j['summary']['diverged_round']})"
+            label = mark_not_drawn(ax, j, label)
             rows.append({"curve": label, "status": status})
             continue
         draw_curve(ax, j["errors"], label, metric, median=median)
@@ -162,6 +162,17 @@ def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | No
     return rows
 
 
+def mark_not_drawn(ax, job: dict, label: str) -> str:
+    """A legend entry (a red x, no line) for a job that did not finish ``ok``, which is not
+    drawn: its label with the status and the round (``diverged at r=22; not drawn``)."""
+    summary = job["summary"]
+    status = summary["status"]
+    at = summary.get("diverged_round") if status == "diverged" else None
+    label += f" ({status}" + (f" at r={at}" if at is not None else "") + "; not drawn)"
+    ax.plot([], [], ls="none", marker="x", color="firebrick", label=label)
+    return label
+
+
 def final_errors(jobs: list[dict], metric: str = "e_max") -> pd.DataFrame:
     """One row per finished job: its overrides and the final error (mean, std over repeats)."""
     rows = []
@@ -197,8 +208,19 @@ def plot_final(jobs: list[dict], ax, x: str, metric: str = "e_max", sqrt: bool =
     ax.set_prop_cycle(STYLE)
     df = final_errors(jobs, metric)
     others = [k for k in (swept_keys(jobs) if keys is None else keys) if k != x]
+    rows, b = [], None
+    for j in jobs:                                    # not in df: listed, not drawn
+        if j["summary"]["status"] != "ok":
+            label = mark_not_drawn(ax, j, ", ".join(f"{k}={j['overrides'].get(k)}"
+                                                    for k in [*others, x]))
+            rows.append({"series": label, **{k: typed(j["overrides"].get(k))
+                                             for k in [*others, x]},
+                         "status": j["summary"]["status"]})
+    if df.empty:
+        ax.set_title(title or "", fontsize=9)
+        legend_below(ax, ncol=1)
+        return rows
     df["_x"] = df[x].astype(float)
-    rows = []
     groups = df.groupby(others, sort=False) if others else [((), df)]
     keyed = sorted(groups, key=lambda g: [_sort_value(str(v)) for v in
                                           (g[0] if isinstance(g[0], tuple) else (g[0],))])
@@ -211,7 +233,7 @@ def plot_final(jobs: list[dict], ax, x: str, metric: str = "e_max", sqrt: bool =
         b = slope(g["_x"], g["final_mean"]) if len(g) > 1 and loglog and fit else None
         (line,) = ax.plot(xs, g["final_mean"], "o-", ms=4,
                           label=label + (f" (slope vs {x}: {b:+.2f})" if b is not None else ""))
-        if ref and not rows:
+        if ref and not any("final_mean" in r for r in rows):
             x0, y0 = float(g["_x"].iloc[0]), float(g["final_mean"].iloc[0])
             ax.plot(xs, y0 * np.sqrt(x0 / g["_x"]), color="0.4", ls=(0, (2, 2)), lw=1,
                     label=f"$c/\\sqrt{{{x}}}$ (slope vs {x}: $-1/2$)", zorder=1)
@@ -279,15 +301,23 @@ def plot_params(jobs: list[dict], ax, x: str, title: str | None = None,
     """Relative error of each identified parameter (``estimates.csv``, mean over repeats)
     against swept knob ``x``, log-log; one line per parameter. Returns the tidy table."""
     ax.set_prop_cycle(STYLE)
-    frames = []
+    frames, marked = [], []
     for j in jobs:
+        if j["summary"]["status"] != "ok":              # no estimates.csv: listed, not drawn
+            marked.append({"series": mark_not_drawn(ax, j, f"{x}={j['overrides'].get(x)}"),
+                           x: typed(j["overrides"].get(x)), "status": j["summary"]["status"]})
+            continue
         est = pd.read_csv(Path(j["dir"]) / "estimates.csv")
         frames.append(est.assign(**{x: float(j["overrides"][x])}))
+    rows = marked
+    if not frames:
+        ax.set_title(title or "", fontsize=9)
+        legend_below(ax, ncol=1)
+        return rows
     df = pd.concat(frames, ignore_index=True)
     g = df.groupby(["parameter", x], sort=False)[column]
     stats = pd.DataFrame({"mean": g.mean(), "lo": g.min(), "hi": g.max(),
                           "n_repeats": g.size()}).reset_index()
-    rows = []
     for name in dict.fromkeys(df["parameter"]):
         s = stats[stats["parameter"] == name].sort_values(x)
         if not s["mean"].notna().any():

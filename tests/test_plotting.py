@@ -43,3 +43,49 @@ def test_save_lays_the_figure_out_once(tmp_path, monkeypatch):
     ref.savefig(tmp_path / "b.png", dpi=110)
     plt.close(ref)
     assert len(calls) == 2                              # savefig lays out for each file
+
+
+def test_a_diverged_job_is_named_in_the_legend_and_the_table_not_drawn(tmp_path):
+    """A figure of a sweep where one job diverged: curves, final error against the knob and
+    the quadrotor-style parameter panel each list it (red x, 'diverged at r=..; not drawn')
+    and draw only the finished jobs."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from fnsysid.plotting import figure
+
+    root = Path(__file__).resolve().parent.parent
+    sweep = tmp_path / "sweep"
+    res = subprocess.run([sys.executable, str(root / "run.py"), "-m", "system=synthetic", "M=2",
+                          "R=30", "repeats=1", "lr=0.001,0.002,0.05", "output.plot=false",
+                          "progress=false", f"hydra.sweep.dir={sweep}"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 3, res.stderr               # the sweep reports the diverged job
+    panels = [{"dir": sweep, "title": "curves", "where": {}},
+              {"dir": sweep, "title": "final", "x": "lr", "fit": False, "where": {}},
+              {"dir": sweep, "title": "params", "x": "lr", "params": True, "where": {}}]
+    captured = {}
+    real_save = save
+
+    def keep(fig, paths, dpi):
+        captured["legends"] = [[t.get_text() for t in ax.get_legend().get_texts()]
+                               for ax in fig.axes if ax.get_legend() is not None]
+        captured["lines"] = [len([ln for ln in ax.get_lines() if len(ln.get_xdata())])
+                             for ax in fig.axes]
+        real_save(fig, paths, dpi)
+
+    import fnsysid.plotting as plotting
+    plotting.save, old = keep, plotting.save
+    try:
+        table = figure(panels, tmp_path / "fig")
+    finally:
+        plotting.save = old
+    diverged = [t for legend in captured["legends"] for t in legend if "diverged" in t]
+    assert len(diverged) == 3 and all("lr=0.05 (diverged at r=" in t and t.endswith(
+        "; not drawn)") for t in diverged)
+    assert captured["lines"][0] == 2                     # two finished curves, none for 0.05
+    assert set(table.loc[table["status"] == "diverged", "panel"]) == {"curves", "final",
+                                                                      "params"}
+    final = table[(table["panel"] == "final") & (table["status"] != "diverged")]
+    assert sorted(final["lr"]) == [0.001, 0.002]
