@@ -64,7 +64,11 @@ def make_data(out: Path, M: int, overrides: list[str]) -> list[str]:
         truth[truth["client"] == client].to_csv(out / "truth" / f"{client}.csv", index=False,
                                                 float_format="%.17g")
     truth.to_csv(out / "truth.csv", index=False, float_format="%.17g")
-    return [*overrides, f"M={M}", "data=files", f"data.path={data}",
+    from fnsysid.validate import FILE_KNOBS
+
+    # N, T and eps shaped the simulated files; a run reading them refuses them
+    reading = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in FILE_KNOBS]
+    return [*reading, f"M={M}", "data=files", f"data.path={data}",
             f"data.truth={out / 'truth.csv'}", "data.holdout=0"]
 
 

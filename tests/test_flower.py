@@ -116,3 +116,23 @@ def _processes_with(env_entry: bytes) -> list[int]:
             except OSError:
                 pass
     return out
+
+
+def test_deployment_data_are_read_with_the_default_overrides(tmp_path):
+    """The files flower_deploy writes for its default experiment (which sets eps) are read by
+    an in-process run with the overrides it returns (no Flower needed): the simulation knobs
+    N, T, eps shaped the files and are not passed on."""
+    import importlib.util
+    from pathlib import Path
+
+    import fnsysid
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "flower_deploy.py"
+    spec = importlib.util.spec_from_file_location("flower_deploy", script)
+    deploy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(deploy)
+    assert "eps=0.2" in deploy.DEFAULT
+    reading = deploy.make_data(tmp_path, 3, [*deploy.DEFAULT, "T=4"])
+    assert not [o for o in reading if o.split("=")[0] in ("eps", "T", "N")]
+    summary = fnsysid.run([*reading, "output.plot=false"], tmp_path / "run").summary
+    assert summary["status"] == "ok" and summary["M"] == 3, summary
