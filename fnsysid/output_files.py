@@ -70,14 +70,35 @@ def write_run(out: Path, cfg, tables: Mapping[str, Table | pd.DataFrame], summar
 
 def config_yaml(cfg) -> str:
     """``OmegaConf.to_yaml(cfg, resolve=True)``, the same text, emitted by libyaml when PyYAML
-    has it (about twice as fast as PyYAML's own emitter)."""
+    has it (about twice as fast as PyYAML's own emitter) and every string is one the two
+    emitters write alike (:func:`_emitted_alike`); else by OmegaConf itself."""
     import yaml
 
     if not yaml.__with_libyaml__:
         return OmegaConf.to_yaml(cfg, resolve=True)
-    return yaml.dump(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
-                     Dumper=_c_dumper(), default_flow_style=False, allow_unicode=True,
+    plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    if not _emitted_alike(plain):
+        return OmegaConf.to_yaml(cfg, resolve=True)
+    return yaml.dump(plain, Dumper=_c_dumper(), default_flow_style=False, allow_unicode=True,
                      sort_keys=False)
+
+
+#: longest string with a space that no line of config.yaml folds (keys and indent included)
+_UNFOLDED = 60
+
+
+def _emitted_alike(node) -> bool:
+    """Whether every string (key or value) in ``node`` is printable ASCII and, if it has a
+    space, short enough not to be folded: libyaml and PyYAML escape other characters (tabs,
+    emoji, ``\\x85``) and fold long quoted strings differently."""
+    if isinstance(node, dict):
+        return all(_emitted_alike(k) and _emitted_alike(v) for k, v in node.items())
+    if isinstance(node, list):
+        return all(_emitted_alike(v) for v in node)
+    if isinstance(node, str):
+        return node.isascii() and node.isprintable() and (" " not in node
+                                                           or len(node) <= _UNFOLDED)
+    return True
 
 
 @functools.cache

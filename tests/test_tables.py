@@ -160,7 +160,7 @@ def test_config_yaml_is_the_text_omegaconf_writes():
     special floats, lists and nesting come out as OmegaConf.to_yaml writes them."""
     from omegaconf import OmegaConf
 
-    from fnsysid.output_files import config_yaml
+    from fnsysid.output_files import _emitted_alike, config_yaml
 
     tricky = OmegaConf.create({
         "a": "yes", "b": "1e3", "c": "null", "d": "\u00fc \u2211 \u6f22\u5b57", "e": "x " * 60,
@@ -168,6 +168,13 @@ def test_config_yaml_is_the_text_omegaconf_writes():
         "k": {"l": float("nan"), "m": float("inf"), "n": -0.0, "o": 1e-300, "ref": "${a}"},
         "p": "'quoted'", "q": "#c", "r": "a: b", "s": "  lead", "t": "trail ", "v": "~",
         "w": "0x1F", "x": "012", "y": "on", "z": {}})
-    for cfg in (tricky, compose_cfg("M=3"), compose_cfg("system=quadrotor", "strategy=fedprox")):
+    # characters the two emitters escape differently, and long quoted strings with tabs
+    odd = OmegaConf.create({"path": "/tmp/dat_\U0001F600_" + "longsegment" * 8,
+                            "tab": "a\tb " * 30, "nel": "x\x85y", "ok": "a b"})
+    quoting = OmegaConf.create({k: v for k, v in tricky.items() if k not in "def"})
+    assert _emitted_alike(OmegaConf.to_container(quoting, resolve=True))    # libyaml's path
+    assert not _emitted_alike(OmegaConf.to_container(odd))
+    for cfg in (tricky, quoting, odd, compose_cfg("M=3"),
+                compose_cfg("system=quadrotor", "strategy=fedprox")):
         assert config_yaml(cfg) == OmegaConf.to_yaml(cfg, resolve=True)
     assert "a: 'yes'" in config_yaml(tricky) and "ref: 'yes'" in config_yaml(tricky)
