@@ -173,6 +173,20 @@ def mark_not_drawn(ax, job: dict, label: str) -> str:
     return label
 
 
+def legend_entries(axes) -> tuple[list, list]:
+    """(handles, labels) of one legend for ``axes`` that draw the same curves: each label
+    once, and every job not drawn (:func:`mark_not_drawn`) with the first line of its
+    panel's title."""
+    entries: dict = {}
+    for ax in axes:
+        panel = ax.get_title().split("\n")[0]
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            if label.endswith("; not drawn)") and panel:
+                label = f"{panel}: {label}"
+            entries.setdefault(label, handle)
+    return list(entries.values()), list(entries)
+
+
 def final_errors(jobs: list[dict], metric: str = "e_max") -> pd.DataFrame:
     """One row per finished job: its overrides and the final error (mean, std over repeats)."""
     rows = []
@@ -472,7 +486,7 @@ def figure(panels: list[dict], out_base: Path, metric: str = "e_max",
     fig.set_size_inches(fig.get_size_inches()[0],
                         fig.get_size_inches()[1] + 0.18 * sum(below) + 0.4 * (sum(below) > 0))
     if shared:
-        handles, labels = axes.flat[0].get_legend_handles_labels()
+        handles, labels = legend_entries(axes.flat[:n])
         fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 8),
                    fontsize=8, frameon=False)
     rep = "/".join(str(r) for r in sorted(repeats))
@@ -549,7 +563,7 @@ def sweep_figure(jobs: list[dict], keys: list[str], outs, metric: str = "e_max",
         tables.append(pd.DataFrame(rows).assign(panel=name))
     for ax in axes.flat[n:]:
         ax.set_visible(False)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
+    handles, labels = legend_entries(axes.flat[:n])
     fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6),
                fontsize=7, frameon=False)
     n_rep = jobs[0]["errors"]["repeat"].nunique()
@@ -568,9 +582,11 @@ def sweep_heatmap(jobs: list[dict], keys: list[str], outs, metric: str = "e_max"
         raise ValueError(f"a heat map needs exactly two swept keys; this sweep has "
                          f"{len(keys)}: {', '.join(keys) or 'none'}")
     x, y = keys
-    df = final_errors(jobs, metric)[[x, y, "final_mean", "final_min", "final_max"]]
-    xs = sorted(df[x].unique(), key=_sort_value)
-    ys = sorted(df[y].unique(), key=_sort_value)
+    df = final_errors(jobs, metric).reindex(columns=[x, y, "final_mean", "final_min",
+                                                     "final_max"])
+    bad = [j for j in jobs if j["summary"]["status"] != "ok"]       # a cell naming the status
+    xs = sorted({*df[x], *(j["overrides"].get(x) for j in bad)}, key=_sort_value)
+    ys = sorted({*df[y], *(j["overrides"].get(y) for j in bad)}, key=_sort_value)
     grid = df.pivot(index=y, columns=x, values="final_mean").reindex(index=ys, columns=xs)
     fig, ax = plt.subplots(figsize=(1.0 * len(xs) + 2.4, 0.6 * len(ys) + 1.6),
                            layout="constrained")
@@ -584,6 +600,11 @@ def sweep_heatmap(jobs: list[dict], keys: list[str], outs, metric: str = "e_max"
         if np.isfinite(v):
             ax.text(c, r, f"{v:.3g}", ha="center", va="center", fontsize=7,
                     color="white" if im.norm(v) < 0.5 else "black")
+    for j in bad:
+        status, at = j["summary"]["status"], j["summary"].get("diverged_round")
+        ax.text(xs.index(j["overrides"].get(x)), ys.index(j["overrides"].get(y)),
+                status + (f"\nr={at}" if status == "diverged" and at is not None else ""),
+                ha="center", va="center", fontsize=6.5, color="firebrick")
     ax.set_xticks(range(len(xs)), xs)
     ax.set_yticks(range(len(ys)), ys)
     ax.set_xlabel(x)
@@ -592,6 +613,10 @@ def sweep_heatmap(jobs: list[dict], keys: list[str], outs, metric: str = "e_max"
     n_rep = jobs[0]["errors"]["repeat"].nunique()
     ax.set_title((f"{title}\n" if title else "") + f"mean over {n_rep} repeats", fontsize=9)
     save(fig, outs, dpi=120)
+    if bad:
+        df = pd.concat([df.assign(status="ok"), pd.DataFrame(
+            [{x: j["overrides"].get(x), y: j["overrides"].get(y),
+              "status": j["summary"]["status"]} for j in bad])], ignore_index=True)
     return df.reset_index(drop=True)
 
 

@@ -89,3 +89,72 @@ def test_a_diverged_job_is_named_in_the_legend_and_the_table_not_drawn(tmp_path)
                                                                       "params"}
     final = table[(table["panel"] == "final") & (table["status"] != "diverged")]
     assert sorted(final["lr"]) == [0.001, 0.002]
+
+
+def test_one_legend_for_several_panels_names_the_jobs_not_drawn_in_each(tmp_path):
+    """plot_sweep.py's grid (one panel per lr, one legend for the figure): a job that diverged
+    in the second panel is named with its panel, beside the curves of the first."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import fnsysid.plotting as plotting
+    from fnsysid.sweep import read_sweep
+
+    root = Path(__file__).resolve().parent.parent
+    sweep = tmp_path / "sweep"
+    res = subprocess.run([sys.executable, str(root / "run.py"), "-m", "system=synthetic", "M=2",
+                          "R=20", "repeats=1", "lr=0.002,0.05", "strategy=fedavg,fedprox",
+                          "output.plot=false", "progress=false", f"hydra.sweep.dir={sweep}"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 3, res.stderr
+    captured = {}
+    real_save = plotting.save
+
+    def keep(fig, paths, dpi):
+        captured["labels"] = [t.get_text() for t in fig.legends[0].get_texts()]
+        real_save(fig, paths, dpi)
+
+    plotting.save, old = keep, plotting.save
+    try:
+        plotting.sweep_figure(read_sweep(sweep), ["lr", "strategy"], [tmp_path / "grid.png"],
+                              panel_key="lr")
+    finally:
+        plotting.save = old
+    labels = captured["labels"]
+    assert "strategy=fedavg" in labels and "strategy=fedprox" in labels
+    gone = [t for t in labels if t.endswith("; not drawn)")]
+    assert len(gone) == 2 and all(t.startswith("lr=0.05: strategy=fed") for t in gone)
+
+
+def test_heat_map_names_a_diverged_cell(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import fnsysid.plotting as plotting
+    from fnsysid.sweep import read_sweep
+
+    root = Path(__file__).resolve().parent.parent
+    sweep = tmp_path / "sweep"
+    subprocess.run([sys.executable, str(root / "run.py"), "-m", "system=synthetic", "M=2",
+                    "R=20", "repeats=1", "lr=0.002,0.05", "strategy=fedavg,fedprox",
+                    "output.plot=false", "progress=false", f"hydra.sweep.dir={sweep}"],
+                   capture_output=True, text=True, timeout=120)
+    captured = {}
+    real_save = plotting.save
+
+    def keep(fig, paths, dpi):
+        captured["texts"] = [t.get_text() for t in fig.axes[0].texts]
+        real_save(fig, paths, dpi)
+
+    plotting.save, old = keep, plotting.save
+    try:
+        table = plotting.sweep_heatmap(read_sweep(sweep), ["lr", "strategy"],
+                                       [tmp_path / "heat.png"])
+    finally:
+        plotting.save = old
+    assert sum(t.startswith("diverged\nr=") for t in captured["texts"]) == 2
+    assert len(captured["texts"]) == 4                  # two values, two diverged cells
+    assert sorted(table.loc[table["status"] == "diverged", "strategy"]) == ["fedavg", "fedprox"]
+    assert table.loc[table["status"] == "ok", "final_mean"].notna().all()
