@@ -66,8 +66,11 @@ def make_data(out: Path, M: int, overrides: list[str]) -> list[str]:
     truth.to_csv(out / "truth.csv", index=False, float_format="%.17g")
     from fnsysid.validate import FILE_KNOBS
 
-    # N, T and eps shaped the simulated files; a run reading them refuses them
-    reading = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in FILE_KNOBS]
+    # N, T, eps and the data.* settings of the simulation shaped the files; a run reading them
+    # refuses them (it gets data.* of its own below)
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+    reading = [o for o, k in zip(overrides, keys, strict=True)
+               if k not in FILE_KNOBS and not k.startswith("data.")]
     return [*reading, f"M={M}", "data=files", f"data.path={data}",
             f"data.truth={out / 'truth.csv'}", "data.holdout=0"]
 

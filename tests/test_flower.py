@@ -48,8 +48,8 @@ def test_flower_runtime_matches_inprocess_round_by_round(strategy, fraction, tmp
 
 @needs_flower
 def test_flower_runtime_detects_finite_growth_as_in_process(tmp_path):
-    # lr 0.07 makes the errors grow past 1000 times their start, still finite, at round 4
-    args = [*SMALL[:2], *SMALL[3:7], "lr=0.07", "R=6", "output.plot=false"]
+    # lr 0.1 makes the errors grow past 1000 times their start, still finite, at round 4
+    args = [*SMALL[:2], *SMALL[3:7], "lr=0.1", "R=6", "output.plot=false"]
     a = run_experiment(compose_cfg(*args), tmp_path / "a")
     b = run_experiment(compose_cfg(*args, "runtime=flower"), tmp_path / "b")
     assert (a["status"], a["diverged_round"]) == ("diverged", 4)
@@ -132,7 +132,9 @@ def test_deployment_data_are_read_with_the_default_overrides(tmp_path):
     deploy = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(deploy)
     assert "eps=0.2" in deploy.DEFAULT
-    reading = deploy.make_data(tmp_path, 3, [*deploy.DEFAULT, "T=4"])
-    assert not [o for o in reading if o.split("=")[0] in ("eps", "T", "N")]
+    reading = deploy.make_data(tmp_path, 3, [*deploy.DEFAULT, "T=4", "data.val_N=2",
+                                             "data.shared_noise=true"])
+    assert not [o for o in reading if o.split("=")[0] in ("eps", "T", "N", "data.val_N",
+                                                            "data.shared_noise")]
     summary = fnsysid.run([*reading, "output.plot=false"], tmp_path / "run").summary
     assert summary["status"] == "ok" and summary["M"] == 3, summary
