@@ -159,6 +159,12 @@ def preflight(argv: list[str]) -> Path:
     """Raise :class:`ConfigError` for the first bad setting in ``argv`` (or in its sweeps).
     Returns the deepest existing folder on the way to the results folder."""
     _check_args(argv)
+    from .model import threads
+
+    try:
+        threads(1)                   # FNSYSID_THREADS, read by the simulation
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     with hydra_session(argv, job_name()) as (loader, name, searchpath):
         return _preflight(argv, loader, name, searchpath)
 

@@ -221,3 +221,17 @@ def test_divergence_is_reported_rows_kept_and_not_plotted(tmp_path):
     assert 1 < r <= 30 and errors["round"].max() == r - 1 == summary["rounds_completed"]
     assert errors["e_max"].notna().all()
     assert not (tmp_path / "error.png").exists()
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2"])
+def test_bad_fnsysid_threads_is_one_line_exit_2_nothing_written(tmp_path, value):
+    import os
+
+    env = {**os.environ, "FNSYSID_THREADS": value}
+    res = subprocess.run([sys.executable, str(ROOT / "run.py"), "M=3", "R=2",
+                          f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 2
+    assert res.stderr.strip() == (f"fnsysid: error: FNSYSID_THREADS={value}; allowed: an "
+                                  "integer >= 1")
+    assert list(tmp_path.iterdir()) == []
