@@ -66,9 +66,6 @@ def block_of(i):
     >>> [block_of(i) for i in (0, 15, 16, 32, 1023, 1024, 2048)]
     [0, 0, 1, 2, 6, 7, 8]
     """
-    if isinstance(i, (int, np.integer)):
-        i = int(i)
-        return (i // FIRST).bit_length() if i < BLOCK else i // BLOCK + _SMALL - 1
     i = np.asarray(i)
     small = np.frexp(np.maximum(i // FIRST, 1))[1] - (i < FIRST)   # bit length of i // FIRST
     out = np.where(i < BLOCK, small, i // BLOCK + _SMALL - 1)
