@@ -380,12 +380,17 @@ def _on_threads(work, jobs: list[tuple]) -> None:
 CHUNK_VALUES = 1 << 22
 
 
-def chunk_clients(model: Model, n_max: int, T: int) -> int:
-    """Clients simulated together: as many as keep a chunk near ``CHUNK_VALUES``."""
+def values_per_sample(model: Model) -> int:
+    """Values a simulated chunk holds per client and sample: states, inputs and noise as
+    drawn, features and targets with their weighted copies."""
     system = model.system
     n_y, n_phi = model.structure.shape[:2]
-    per_sample = 2 * system.n_x + system.n_u + system.n_w + 3 * n_phi + 2 * n_y
-    return max(1, CHUNK_VALUES // (n_max * (T + 1) * per_sample))
+    return 2 * system.n_x + system.n_u + system.n_w + 3 * n_phi + 2 * n_y
+
+
+def chunk_clients(model: Model, n_max: int, T: int) -> int:
+    """Clients simulated together: as many as keep a chunk near ``CHUNK_VALUES``."""
+    return max(1, CHUNK_VALUES // (n_max * (T + 1) * values_per_sample(model)))
 
 
 def draw_trajectories(system: System, seed: int, s: int, blks: list[int], n_max: int, T: int,

@@ -32,7 +32,7 @@ TEMPORARIES = 2.0
 
 def estimate_bytes(cfg, model, optimizer, keep_clients: bool) -> int:
     """Bytes a simulated run of ``cfg`` needs (see the module docstring)."""
-    from .model import CHUNK_VALUES
+    from .model import CHUNK_VALUES, values_per_sample
     from .random import BLOCK, block_of, block_start
     from .validate import plain
 
@@ -42,7 +42,7 @@ def estimate_bytes(cfg, model, optimizer, keep_clients: bool) -> int:
     p = model.p
     n_y, n_phi = model.structure.shape[:2]
     system = model.system
-    n_x, n_u, n_w = system.n_x, system.n_u, system.n_w
+    n_x, n_u = system.n_x, system.n_u
     val_n = int(cfg.data.get("val_N", 0) or 0)
 
     per_client = 3 * p * p + 10 * p + 10 + n_phi + n_y
@@ -51,9 +51,8 @@ def estimate_bytes(cfg, model, optimizer, keep_clients: bool) -> int:
         per_client += n_max * T * (n_phi + n_y + 1)
     if keep_clients:
         per_client += R + 1
-    per_sample = 2 * n_x + n_u + n_w + 3 * n_phi + 2 * n_y
     drawn = BLOCK if M >= BLOCK else block_start(block_of(M - 1) + 1)  # clients a chunk draws
-    chunk = max(CHUNK_VALUES, drawn * n_max * (T + 1) * per_sample)
+    chunk = max(CHUNK_VALUES, drawn * n_max * (T + 1) * values_per_sample(model))
     history = (R + 1) * S * 8                  # errors.csv columns per round and repeat
     values = S * M * per_client + chunk + history
     return int(BASELINE_BYTES + TEMPORARIES * 8 * values)
