@@ -28,7 +28,7 @@ from .resources import check_disk
 from .run_folder import clear_results, errors_problem, finished_ok, has_results
 from .schema import GROUPS, ROOT, leaf_spec, one_line
 from .sweep_configs import reuse_compositions
-from .validate import KNOBS, ConfigError, check_batch_size, check_knob
+from .validate import KNOBS, ConfigError, check_batch_size, check_knob, override_key
 
 TOP_LEVEL = set(ROOT.keys) | set(GROUPS) | {"hydra"}
 #: Hydra flags followed by a value
@@ -255,7 +255,7 @@ def _preflight(argv, loader, config_name, searchpath) -> Path:
     existing = _check_hydra(base, multirun)
     # sweeps stored in experiment files (hydra.sweeper.params); the command line wins
     for k, v in (base.hydra.sweeper.get("params") or {}).items():
-        if k in dims or any(f.split("=", 1)[0].lstrip("+~") == k for f in fixed):
+        if k in dims or any(override_key(f) == k for f in fixed):
             continue
         o = parser.parse_overrides([f"{k}={v}"])[0]
         values = _sweep_values(o, k)
@@ -310,7 +310,7 @@ def _params_unset(parsed, first: list[str], config_name: str, compose) -> str | 
     if not params:
         return None
     rest = [line for line in first
-            if not line.lstrip("+~").split("=", 1)[0].startswith("hydra.sweeper.params")]
+            if not override_key(line).startswith("hydra.sweeper.params")]
     try:
         cfg = compose(config_name, overrides=rest, return_hydra_config=True)
     except Exception:          # another bad override: the original error

@@ -28,7 +28,7 @@ from .runtime import check_runtime
 from .tables import Frames, clients_table, errors_table, estimates_table, make_summary
 from .theory import theorem1_table
 from .training import keep_per_client, train
-from .validate import check_run
+from .validate import check_run, override_key
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -89,7 +89,7 @@ class Result:
 
 def given_keys(overrides) -> frozenset[str]:
     """The settings that ``key=value`` overrides give (``+``/``++``/``~`` prefixes dropped)."""
-    return frozenset(o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in str(o))
+    return frozenset(override_key(o) for o in overrides if "=" in str(o))
 
 
 def _job_given() -> frozenset[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .schema import KNOBS, ConfigError, _is_int, check_config, show
 
 __all__ = ["KNOBS", "ConfigError", "DataError", "check_knob", "check_run", "check_batch_size",
-           "plain"]
+           "override_key", "plain"]
 
 
 class DataError(ConfigError):
@@ -82,3 +82,8 @@ def plain(v):
     from omegaconf import DictConfig, ListConfig, OmegaConf
 
     return OmegaConf.to_container(v) if isinstance(v, (ListConfig, DictConfig)) else v
+
+
+def override_key(line: str) -> str:
+    """The setting an override line names: ``M`` for ``M=5``, ``+data.x=1`` or ``~M``."""
+    return str(line).split("=", 1)[0].lstrip("+~")

@@ -51,6 +51,7 @@ def make_data(out: Path, M: int, overrides: list[str]) -> list[str]:
     """Simulate M clients; one trajectory file per client and the truth. Returns overrides
     that read them (the same for both runtimes)."""
     import fnsysid
+    from fnsysid.validate import FILE_KNOBS, override_key
 
     sim = out / "simulated"
     fnsysid.run([*overrides, f"M={M}", "output.trajectories=true", "output.plot=false"], sim)
@@ -64,13 +65,10 @@ def make_data(out: Path, M: int, overrides: list[str]) -> list[str]:
         truth[truth["client"] == client].to_csv(out / "truth" / f"{client}.csv", index=False,
                                                 float_format="%.17g")
     truth.to_csv(out / "truth.csv", index=False, float_format="%.17g")
-    from fnsysid.validate import FILE_KNOBS
-
     # N, T, eps and the data.* settings of the simulation shaped the files; a run reading them
     # refuses them (it gets data.* of its own below)
-    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
-    reading = [o for o, k in zip(overrides, keys, strict=True)
-               if k not in FILE_KNOBS and not k.startswith("data.")]
+    reading = [o for o in overrides if override_key(o) not in FILE_KNOBS
+               and not override_key(o).startswith("data.")]
     return [*reading, f"M={M}", "data=files", f"data.path={data}",
             f"data.truth={out / 'truth.csv'}", "data.holdout=0"]
 
