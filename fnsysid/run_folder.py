@@ -77,7 +77,7 @@ def errors_problem(folder: Path, summary: dict) -> str | None:
         if not line.startswith(f"{s},{r},") or line.count(",") != commas:
             return (f"errors.csv: line {n} is not the row of repeat {s}, round {r} with "
                     f"{len(header)} fields")
-    bad = re.search(r"[^-+.,0-9eEnaifINF\r\n]", after)
+    bad = re.search(f"[^{re.escape(NUMBER_BYTES.decode())}]", after)
     if bad:
         return f"errors.csv holds {bad.group()!r}, not a number"
     return None
