@@ -162,15 +162,36 @@ def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | No
     return rows
 
 
+#: the ``gid`` of the legend entries of jobs not drawn (:func:`mark_not_drawn`)
+NOT_DRAWN = "not drawn"
+
+
+def status_text(summary: dict, sep: str = " at ") -> str:
+    """A job's status with the round it diverged at: ``diverged at r=22``, ``interrupted``."""
+    status = summary["status"]
+    at = summary.get("diverged_round") if status == "diverged" else None
+    return status + (f"{sep}r={at}" if at is not None else "")
+
+
 def mark_not_drawn(ax, job: dict, label: str) -> str:
     """A legend entry (a red x, no line) for a job that did not finish ``ok``, which is not
     drawn: its label with the status and the round (``diverged at r=22; not drawn``)."""
-    summary = job["summary"]
-    status = summary["status"]
-    at = summary.get("diverged_round") if status == "diverged" else None
-    label += f" ({status}" + (f" at r={at}" if at is not None else "") + "; not drawn)"
-    ax.plot([], [], ls="none", marker="x", color="firebrick", label=label)
+    label += f" ({status_text(job['summary'])}; not drawn)"
+    ax.plot([], [], ls="none", marker="x", color="firebrick", label=label, gid=NOT_DRAWN)
     return label
+
+
+def not_drawn_rows(ax, jobs: list[dict], keys: list[str]) -> list[dict]:
+    """:func:`mark_not_drawn` for every job of ``jobs`` that did not finish ``ok``, labelled by
+    its values of ``keys``; one table row each (series, the keys, status)."""
+    rows = []
+    for j in jobs:
+        if j["summary"]["status"] != "ok":
+            values = {k: j["overrides"].get(k) for k in keys}
+            label = mark_not_drawn(ax, j, ", ".join(f"{k}={v}" for k, v in values.items()))
+            rows.append({"series": label, **{k: typed(v) for k, v in values.items()},
+                         "status": j["summary"]["status"]})
+    return rows
 
 
 def legend_entries(axes) -> tuple[list, list]:
@@ -181,7 +202,7 @@ def legend_entries(axes) -> tuple[list, list]:
     for ax in axes:
         panel = ax.get_title().split("\n")[0]
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
-            if label.endswith("; not drawn)") and panel:
+            if handle.get_gid() == NOT_DRAWN and panel:
                 label = f"{panel}: {label}"
             entries.setdefault(label, handle)
     return list(entries.values()), list(entries)
@@ -222,14 +243,7 @@ def plot_final(jobs: list[dict], ax, x: str, metric: str = "e_max", sqrt: bool =
     ax.set_prop_cycle(STYLE)
     df = final_errors(jobs, metric)
     others = [k for k in (swept_keys(jobs) if keys is None else keys) if k != x]
-    rows, b = [], None
-    for j in jobs:                                    # not in df: listed, not drawn
-        if j["summary"]["status"] != "ok":
-            label = mark_not_drawn(ax, j, ", ".join(f"{k}={j['overrides'].get(k)}"
-                                                    for k in [*others, x]))
-            rows.append({"series": label, **{k: typed(j["overrides"].get(k))
-                                             for k in [*others, x]},
-                         "status": j["summary"]["status"]})
+    rows, b = not_drawn_rows(ax, jobs, [*others, x]), None      # not in df: listed only
     if df.empty:
         ax.set_title(title or "", fontsize=9)
         legend_below(ax, ncol=1)
@@ -315,15 +329,9 @@ def plot_params(jobs: list[dict], ax, x: str, title: str | None = None,
     """Relative error of each identified parameter (``estimates.csv``, mean over repeats)
     against swept knob ``x``, log-log; one line per parameter. Returns the tidy table."""
     ax.set_prop_cycle(STYLE)
-    frames, marked = [], []
-    for j in jobs:
-        if j["summary"]["status"] != "ok":              # no estimates.csv: listed, not drawn
-            marked.append({"series": mark_not_drawn(ax, j, f"{x}={j['overrides'].get(x)}"),
-                           x: typed(j["overrides"].get(x)), "status": j["summary"]["status"]})
-            continue
-        est = pd.read_csv(Path(j["dir"]) / "estimates.csv")
-        frames.append(est.assign(**{x: float(j["overrides"][x])}))
-    rows = marked
+    rows = not_drawn_rows(ax, jobs, [x])              # no estimates.csv: listed only
+    frames = [pd.read_csv(Path(j["dir"]) / "estimates.csv").assign(
+        **{x: float(j["overrides"][x])}) for j in jobs if j["summary"]["status"] == "ok"]
     if not frames:
         ax.set_title(title or "", fontsize=9)
         legend_below(ax, ncol=1)
@@ -601,10 +609,9 @@ def sweep_heatmap(jobs: list[dict], keys: list[str], outs, metric: str = "e_max"
             ax.text(c, r, f"{v:.3g}", ha="center", va="center", fontsize=7,
                     color="white" if im.norm(v) < 0.5 else "black")
     for j in bad:
-        status, at = j["summary"]["status"], j["summary"].get("diverged_round")
         ax.text(xs.index(j["overrides"].get(x)), ys.index(j["overrides"].get(y)),
-                status + (f"\nr={at}" if status == "diverged" and at is not None else ""),
-                ha="center", va="center", fontsize=6.5, color="firebrick")
+                status_text(j["summary"], sep="\n"), ha="center", va="center", fontsize=6.5,
+                color="firebrick")
     ax.set_xticks(range(len(xs)), xs)
     ax.set_yticks(range(len(ys)), ys)
     ax.set_xlabel(x)
