@@ -23,8 +23,10 @@ def _build(node, what: str, drop=()):
     cfg = OmegaConf.to_container(node, resolve=True)
     for k in drop:
         cfg.pop(k, None)
+    # in the config rather than a keyword: instantiate merges keywords into a copy of it
+    cfg["_convert_"] = "all"
     try:
-        return instantiate(cfg, _convert_="all")
+        return instantiate(cfg)
     except Exception as exc:  # hydra wraps constructor errors; report the root cause
         root = exc
         while root.__cause__ is not None:
