@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 
 from . import interrupt
 from .atomic import WriteError, write_json
+from .fast_configs import faster_configs
 from .options import CONF_DIR, config_path_dir, flag_value, hydra_session, repository
 from .resources import check_disk
 from .run_folder import clear_results, errors_problem, finished_ok, has_results
@@ -656,7 +657,7 @@ def main() -> None:
     try:
         # the check's composition of the command's config is the one Hydra runs (and reads
         # hydra.mode from); sweep jobs are composed as Hydra composes them
-        with reuse_compositions(_overrides(argv), jobs=False):
+        with faster_configs(), reuse_compositions(_overrides(argv), jobs=False):
             try:
                 _check_commands(argv)
                 if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
