@@ -19,8 +19,9 @@ SYSTEM_RUN_KEYS = ("knobs", "solver", "init")
 
 
 def _build(node, what: str, drop=()):
-    """Instantiate a config group node, turning constructor errors into ConfigError."""
-    cfg = OmegaConf.to_container(node, resolve=True)
+    """Instantiate a config group node (a DictConfig, or a plain dict that stays unchanged),
+    turning constructor errors into ConfigError."""
+    cfg = dict(node) if isinstance(node, dict) else OmegaConf.to_container(node, resolve=True)
     for k in drop:
         cfg.pop(k, None)
     # in the config rather than a keyword: instantiate merges keywords into a copy of it
@@ -37,20 +38,23 @@ def _build(node, what: str, drop=()):
         raise ConfigError(f"{what}: {root}{hint}") from exc
 
 
-def build(cfg: DictConfig):
-    """Build (model, optimizer, strategy) from a composed config."""
-    system = _build(cfg.system, "system", SYSTEM_RUN_KEYS)
+def build(cfg: DictConfig, resolved: dict | None = None):
+    """Build (model, optimizer, strategy) from a composed config; ``resolved``: its settings
+    as :func:`~fnsysid.validate.check_run` returns them, if at hand (the groups are read from
+    there instead of being resolved again)."""
+    groups = cfg if resolved is None else resolved
+    system = _build(groups["system"], "system", SYSTEM_RUN_KEYS)
     library = None
     if cfg.feature_map.get("_target_"):
-        library = _build(cfg.feature_map, "feature_map")
+        library = _build(groups["feature_map"], "feature_map")
     try:
         model = build_model(system, library)
     except FeatureMapError as exc:
         name = option_name("feature_map", cfg.feature_map)
         raise ConfigError(f"feature_map={name} does not fit system={system.name}: {exc}; "
                           f"options that fit: {', '.join(fitting_feature_maps(system))}") from exc
-    optimizer = _build(cfg.optimizer, "optimizer")
-    strategy = _build(cfg.strategy, "strategy")
+    optimizer = _build(groups["optimizer"], "optimizer")
+    strategy = _build(groups["strategy"], "strategy")
     return model, optimizer, strategy
 
 

@@ -58,14 +58,15 @@ class Dataset:
 
 
 def load_data(cfg: DictConfig, model: Model, optimizer,
-              given: frozenset[str] = frozenset()) -> Dataset:
+              given: frozenset[str] = frozenset(), resolved: dict | None = None) -> Dataset:
     """The clients' data for the run described by ``cfg`` (``data.source``); ``given``: the
-    settings given explicitly (see :func:`from_files`)."""
+    settings given explicitly (see :func:`from_files`); ``resolved``: ``cfg``'s settings as
+    :func:`~fnsysid.validate.check_run` returns them, if at hand."""
     source = cfg.data.get("source", "simulated")
     if source == "simulated":
         if _REUSED is None:
             return simulated(cfg, model, optimizer)
-        key = _simulation_key(cfg, optimizer)
+        key = _simulation_key(cfg, optimizer, resolved)
         if key not in _REUSED:
             _REUSED[key] = _read_only(simulated(cfg, model, optimizer))
             while len(_REUSED) > _REUSED_MAX:
@@ -101,10 +102,12 @@ def reuse_simulations():
         _REUSED = saved
 
 
-def _simulation_key(cfg: DictConfig, optimizer) -> str:
+def _simulation_key(cfg: DictConfig, optimizer, resolved: dict | None = None) -> str:
     """Every setting that :func:`simulated` reads: the system and feature map (the model), the
-    data group, M, N, T, eps, repeats, seed, and whether the optimizer keeps the samples."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    data group, M, N, T, eps, repeats, seed, and whether the optimizer keeps the samples
+    (read from ``resolved``, ``cfg`` resolved, when given)."""
+    if resolved is None:
+        resolved = OmegaConf.to_container(cfg, resolve=True)
     settings = {k: resolved[k] for k in ("system", "feature_map", "data", "M", "N", "T", "eps",
                                          "repeats", "seed")}
     settings["needs_samples"] = bool(optimizer.needs_samples)

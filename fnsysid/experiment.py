@@ -52,6 +52,8 @@ class Result:
     dataset: Dataset
     diverged: int | None = None
     config: DictConfig | None = None
+    #: ``config`` resolved into plain Python objects (what ``config.yaml`` holds), when known
+    resolved: dict | None = None
 
     def __post_init__(self):
         if not isinstance(self.tables, Frames):
@@ -117,8 +119,8 @@ def execute(cfg: DictConfig, choices: dict | None = None,
     recorded.
     """
     t_start = time.perf_counter()
-    check_run(cfg)
-    model, optimizer, strategy = build(cfg)
+    resolved = check_run(cfg)                     # read, never changed, by the steps below
+    model, optimizer, strategy = build(cfg, resolved)
     check_output(cfg)
     check_memory(cfg, model, optimizer)
     check_runtime(cfg, optimizer, strategy)
@@ -132,7 +134,8 @@ def execute(cfg: DictConfig, choices: dict | None = None,
         hist, diverged, theta0 = flower_app.run(cfg, model, strategy, dataset, keep_clients)
         data, t_data, theory = None, 0.0, None
     else:
-        dataset = load_data(cfg, model, optimizer, _job_given() if given is None else given)
+        dataset = load_data(cfg, model, optimizer, _job_given() if given is None else given,
+                            resolved)
         data = dataset.train
         theta0 = initial_model(model, data, cfg.system.init)
         t_data = time.perf_counter() - t0
@@ -144,9 +147,11 @@ def execute(cfg: DictConfig, choices: dict | None = None,
         with np.errstate(divide="ignore", invalid="ignore"):   # undefined bounds become null
             theory = theorem1_table(data, model, float(cfg.theory.delta))
     t_train = time.perf_counter() - t0
-    return make_result(cfg, model, strategy, dataset, hist, diverged, theta0, data, theory,
-                       keep_clients, dict(data_s=t_data, train_s=t_train,
-                                          total_s=time.perf_counter() - t_start), choices)
+    result = make_result(cfg, model, strategy, dataset, hist, diverged, theta0, data, theory,
+                         keep_clients, dict(data_s=t_data, train_s=t_train,
+                                            total_s=time.perf_counter() - t_start), choices)
+    result.resolved = resolved
+    return result
 
 
 def make_result(cfg, model, strategy, dataset, hist, diverged, theta0, data, theory,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,8 +38,11 @@ def write_outputs(out, cfg, result) -> None:
 
     ok = result.summary["status"] == "ok"        # not diverged, not interrupted
     plot = ok and bool(cfg.output.plot)
+    # the settings the run resolved, when they are this config's (check_run drops hydra)
+    resolved = result.resolved if result.config is cfg and "hydra" not in cfg else None
     write_run(out, cfg, result.tables, None,
-              run_title(cfg, result.model, result.dataset.settings) if plot else None)
+              run_title(cfg, result.model, result.dataset.settings) if plot else None,
+              resolved)
     if cfg.output.get("trajectories"):
         from .data_source import export_trajectories
 
@@ -49,14 +53,15 @@ def write_outputs(out, cfg, result) -> None:
 
 
 def write_run(out: Path, cfg, tables: Mapping[str, Table | pd.DataFrame], summary: dict | None,
-              plot_title: str | None = None) -> None:
-    """Write ``config.yaml``, ``<name>.csv`` for each table (a :class:`Table` is written as
-    it is, without pandas), with a ``plot_title`` also ``error.png`` (drawn from the
-    ``errors`` table), and ``summary.json`` last (if given)."""
+              plot_title: str | None = None, resolved: dict | None = None) -> None:
+    """Write ``config.yaml`` (see :func:`config_yaml` for ``resolved``), ``<name>.csv`` for
+    each table (a :class:`Table` is written as it is, without pandas), with a ``plot_title``
+    also ``error.png`` (drawn from the ``errors`` table), and ``summary.json`` last (if
+    given)."""
     out = Path(out)
     tables = tables if isinstance(tables, Frames) else Frames(tables)
     out.mkdir(parents=True, exist_ok=True)
-    write_text(out / "config.yaml", config_yaml(cfg))
+    write_text(out / "config.yaml", config_yaml(cfg, resolved))
     for name in tables:
         write_csv(out / f"{name}.csv", tables.table(name))
     if plot_title is not None:
@@ -68,15 +73,20 @@ def write_run(out: Path, cfg, tables: Mapping[str, Table | pd.DataFrame], summar
         write_json(out / "summary.json", summary)
 
 
-def config_yaml(cfg) -> str:
+def config_yaml(cfg, resolved: dict | None = None) -> str:
     """``OmegaConf.to_yaml(cfg, resolve=True)``, the same text, emitted by libyaml when PyYAML
     has it (about twice as fast as PyYAML's own emitter) and every string is one the two
-    emitters write alike (:func:`_emitted_alike`); else by OmegaConf itself."""
+    emitters write alike (:func:`_emitted_alike`); else by OmegaConf itself.
+
+    ``resolved``: ``OmegaConf.to_container(cfg, resolve=True)`` if at hand (the run's checked
+    settings, :func:`fnsysid.validate.check_run`), emitted instead of converting ``cfg`` again.
+    """
     import yaml
 
     if not yaml.__with_libyaml__:
         return OmegaConf.to_yaml(cfg, resolve=True)
-    plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    plain = (OmegaConf.to_container(cfg, resolve=True, enum_to_str=True) if resolved is None
+             else resolved)
     if not _emitted_alike(plain):
         return OmegaConf.to_yaml(cfg, resolve=True)
     return yaml.dump(plain, Dumper=_c_dumper(), default_flow_style=False, allow_unicode=True,
@@ -90,7 +100,10 @@ _UNFOLDED = 60
 def _emitted_alike(node) -> bool:
     """Whether every string (key or value) in ``node`` is printable ASCII and, if it has a
     space, short enough not to be folded: libyaml and PyYAML escape other characters (tabs,
-    emoji, ``\\x85``) and fold long quoted strings differently."""
+    emoji, ``\\x85``) and fold long quoted strings differently. False for an Enum (OmegaConf
+    writes its name)."""
+    if isinstance(node, Enum):
+        return False
     if isinstance(node, dict):
         return all(_emitted_alike(k) and _emitted_alike(v) for k, v in node.items())
     if isinstance(node, list):

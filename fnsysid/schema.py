@@ -443,10 +443,13 @@ ROOT = Node({
 GROUPS = ("data", "system", "feature_map", "optimizer", "strategy", "runtime", "experiment")
 
 
-def check_config(cfg) -> None:
+def check_config(cfg) -> dict:
     """Check a composed run config (DictConfig or plain dict) against :data:`ROOT`.
 
-    Raises :class:`ConfigError` with a one-line message for the first offending key.
+    Raises :class:`ConfigError` with a one-line message for the first offending key. Returns
+    the settings checked: ``OmegaConf.to_container(cfg, resolve=True)`` without ``hydra``
+    (for a plain dict a shallow copy of it), which the run reads instead of converting the
+    config again; it must not be changed.
     """
     from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
@@ -467,6 +470,7 @@ def check_config(cfg) -> None:
     fm = plain.get("feature_map") or {}
     for i, lib in enumerate(fm.get("libraries") or []):
         Target(FEATURE_MAPS, group="feature_map").check(f"feature_map.libraries[{i}]", lib)
+    return plain
 
 
 def _check_present(node: Node, raw: dict) -> None:

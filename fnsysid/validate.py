@@ -20,9 +20,10 @@ def check_knob(name: str, value) -> None:
                           f"{spec.allowed}")
 
 
-def check_run(cfg) -> None:
-    """Check every knob and the cross-setting constraints of a composed run config."""
-    check_config(cfg)
+def check_run(cfg) -> dict:
+    """Check every knob and the cross-setting constraints of a composed run config; return
+    the resolved settings of :func:`~fnsysid.schema.check_config`."""
+    resolved = check_config(cfg)
     files = cfg.data.get("source", "simulated") == "files"
     if files:
         check_file_knobs(cfg)
@@ -47,6 +48,7 @@ def check_run(cfg) -> None:
     if bs is not None and cfg.data.get("source", "simulated") == "simulated":
         # with data from files the check runs once the files are read
         check_batch_size(bs, (min(N) if isinstance(N, list) else N) * cfg.T)
+    return resolved
 
 
 #: knobs that describe simulated data; with data=files the files give them

@@ -178,3 +178,54 @@ def test_config_yaml_is_the_text_omegaconf_writes():
                 compose_cfg("system=quadrotor", "strategy=fedprox")):
         assert config_yaml(cfg) == OmegaConf.to_yaml(cfg, resolve=True)
     assert "a: 'yes'" in config_yaml(tricky) and "ref: 'yes'" in config_yaml(tricky)
+
+
+def test_one_resolved_config_serves_the_checks_the_build_the_data_key_and_config_yaml(
+        tmp_path):
+    """The settings check_run returns are what each reader converted for itself before:
+    ``to_container(cfg, resolve=True)`` (interpolations resolved), the same group objects,
+    the same simulation key and the same config.yaml; a run leaves them unchanged, and a
+    Result whose config has been replaced writes the new config."""
+    import copy
+    import pickle
+    from enum import Enum
+
+    from omegaconf import OmegaConf
+
+    from fnsysid.build import build
+    from fnsysid.data_source import _simulation_key
+    from fnsysid.output_files import config_yaml, write_outputs
+    from fnsysid.validate import check_run
+
+    def state(objs):
+        return [(type(o), pickle.dumps(vars(o))) for o in objs]
+
+    for overrides in (("M=3", "R=2", "lr=0.02"), ("system=quadrotor", "strategy=fedprox"),
+                      ("system=linear", "feature_map=polynomial", "optimizer=sgd")):
+        cfg = compose_cfg(*overrides)
+        resolved = check_run(cfg)
+        assert resolved == OmegaConf.to_container(cfg, resolve=True)
+        assert resolved["optimizer"]["reduction"] == cfg.system.solver.reduction   # resolved
+        kept = copy.deepcopy(resolved)
+        built = build(cfg, resolved)
+        assert state(built) == state(build(cfg))
+        assert _simulation_key(cfg, built[1], resolved) == _simulation_key(cfg, built[1])
+        assert config_yaml(cfg, resolved) == config_yaml(cfg) \
+            == OmegaConf.to_yaml(cfg, resolve=True)
+        assert resolved == kept                         # read, not changed
+
+    cfg = compose_cfg("M=3", "R=2", "output.plot=false")
+    result = execute(cfg, choices={})
+    assert result.resolved == OmegaConf.to_container(cfg, resolve=True)
+    other = compose_cfg("M=3", "R=2", "output.plot=false", "lr=0.02")
+    write_outputs(tmp_path, other, result)               # not the config the run resolved
+    assert (tmp_path / "config.yaml").read_text() == OmegaConf.to_yaml(other, resolve=True)
+    write_outputs(tmp_path / "run", cfg, result)
+    assert (tmp_path / "run" / "config.yaml").read_text() == OmegaConf.to_yaml(cfg, resolve=True)
+
+    class Mode(Enum):
+        FAST = 1
+
+    with_enum = OmegaConf.create({"mode": Mode.FAST, "k": 1})
+    assert config_yaml(with_enum, OmegaConf.to_container(with_enum, resolve=True)) \
+        == OmegaConf.to_yaml(with_enum, resolve=True) == "mode: FAST\nk: 1\n"
