@@ -20,6 +20,7 @@ import yaml
 from hydra.experimental.callback import Callback
 
 from .run_folder import errors_problem
+from .tables import Table
 from .validate import DataError
 
 if TYPE_CHECKING:       # pandas is imported where a sweep is read, not by every run
@@ -203,7 +204,9 @@ def _sort_key(col: pd.Series) -> pd.Series:
 def write_results(sweep_dir: Path) -> Path:
     """Write ``results.csv`` at the root of ``sweep_dir``; return its path."""
     path = Path(sweep_dir) / RESULTS
-    results_table(sweep_dir).to_csv(path, index=False, float_format="%.6g")
+    table = results_table(sweep_dir)
+    csv = Table.from_frame(table)         # writes the bytes pandas writes, twice as fast
+    (table if csv is None else csv).to_csv(path, index=False, float_format="%.6g")
     return path
 
 

@@ -57,8 +57,30 @@ class Table:
 
         return pd.DataFrame(self.columns)
 
-    def to_csv(self, path, index: bool = False) -> None:
-        """Write the table as CSV, as ``self.to_frame().to_csv(path, index=False)`` does."""
+    @classmethod
+    def from_frame(cls, frame: pd.DataFrame) -> Table | None:
+        """The columns of ``frame`` (not its index) as a Table that writes the CSV
+        ``frame.to_csv(index=False)`` writes; None when a column name is not a string or
+        a column is neither numbers, booleans nor strings and other Python objects."""
+        import pandas as pd
+
+        cols = {}
+        for name, col in frame.items():
+            if not isinstance(name, str) or name in cols:
+                return None
+            if isinstance(col.dtype, np.dtype) and col.dtype.kind in "iubf":
+                cols[name] = col.to_numpy()
+            elif col.dtype == object or isinstance(col.dtype, pd.StringDtype):
+                # missing values (NaN, None, pd.NA) as None: written as empty fields
+                cols[name] = col.to_numpy(dtype=object, na_value=None)
+            else:
+                return None
+        return cls(cols)
+
+    def to_csv(self, path, index: bool = False, float_format: str | None = None) -> None:
+        """Write the table as CSV, as ``self.to_frame().to_csv(path, index=False,
+        float_format=float_format)`` does (a ``float_format`` such as ``"%.6g"`` applies to
+        the float columns)."""
         if index:
             raise ValueError("a Table has no index to write")
         cols = list(self.columns.values())
@@ -69,8 +91,8 @@ class Table:
             out = csv.writer(f, lineterminator=end)
             out.writerow(self.columns)
             for start in range(0, len(self), self.CHUNK):
-                rows = zip(*_csv_fields([a[start:start + self.CHUNK] for a in cols]),
-                           strict=True)
+                rows = zip(*_csv_fields([a[start:start + self.CHUNK] for a in cols],
+                                        float_format), strict=True)
                 if plain:
                     f.write(end.join(map(",".join, rows)) + end)
                 else:
@@ -105,7 +127,7 @@ class Frames(Mapping):
         return self._tables[name]
 
 
-def _csv_fields(cols: list[np.ndarray]) -> list[list[str]]:
+def _csv_fields(cols: list[np.ndarray], float_format: str | None = None) -> list[list[str]]:
     """:func:`_csv_field` of each column; a float column equal bit for bit to an earlier one
     (``e_max`` and ``e_mean`` of a single client) gets the same strings without formatting its
     numbers again."""
@@ -113,23 +135,26 @@ def _csv_fields(cols: list[np.ndarray]) -> list[list[str]]:
     for i, a in enumerate(cols):
         same = next((out[j] for j in range(i) if a.dtype.kind == "f"
                      and cols[j].dtype == a.dtype and cols[j].tobytes() == a.tobytes()), None)
-        out.append(_csv_field(a) if same is None else same)
+        out.append(_csv_field(a, float_format) if same is None else same)
     return out
 
 
-def _csv_field(a: np.ndarray) -> list[str]:
+def _csv_field(a: np.ndarray, float_format: str | None = None) -> list[str]:
     """A column as the strings pandas' ``to_csv`` writes for it (missing values empty).
 
-    pandas writes NumPy's ``str`` of each value; for float64 and integers that is Python's
-    ``repr``/``str`` of the value, which is computed faster from a list. A column of small
-    counts (repeat, round, client: from 0 to less than its length) takes its strings from a
-    table of the counts up to its largest."""
+    pandas writes NumPy's ``str`` of each value (``float_format % value`` for floats, if
+    given); for float64 and integers that is Python's ``repr``/``str`` of the value, which is
+    computed faster from a list. A column of small counts (repeat, round, client: from 0 to
+    less than its length) takes its strings from a table of the counts up to its largest."""
     if a.dtype.kind in "iu" and len(a) > 64 and 0 <= a.min() and a.max() < len(a):
         return np.array(list(map(str, range(int(a.max()) + 1))), dtype=object)[a].tolist()
     if a.dtype.kind in "iub":
         return list(map(str, a.tolist()))
     if a.dtype.kind == "f":
-        s = list(map(repr, a.tolist())) if a.dtype == np.float64 else a.astype(str).tolist()
+        if float_format is not None:
+            s = [float_format % v for v in a.tolist()]
+        else:
+            s = list(map(repr, a.tolist())) if a.dtype == np.float64 else a.astype(str).tolist()
         for i in np.flatnonzero(np.isnan(a)).tolist():
             s[i] = ""
         return s

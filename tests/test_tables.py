@@ -229,3 +229,32 @@ def test_one_resolved_config_serves_the_checks_the_build_the_data_key_and_config
     with_enum = OmegaConf.create({"mode": Mode.FAST, "k": 1})
     assert config_yaml(with_enum, OmegaConf.to_container(with_enum, resolve=True)) \
         == OmegaConf.to_yaml(with_enum, resolve=True) == "mode: FAST\nk: 1\n"
+
+
+def test_a_frame_as_a_table_writes_what_pandas_writes(tmp_path):
+    """results.csv's way: a DataFrame's numbers, booleans, strings and mixed Python objects
+    (quoted where the csv module quotes, missing values empty) and a float format, byte for
+    byte as ``DataFrame.to_csv``; None for a column type a Table does not write."""
+    n = 12
+    f = np.array([np.nan, np.inf, -np.inf, -0.0, 1e-300, 1e16, 0.1 + 0.2, 123456789.125,
+                  1e-5, 5e-324, 2.5, 1.0])
+    mixed = [1, 2.5, "a,b", None, 'say "hi"', "line\nbreak", np.float64(0.1), True, "",
+             float("nan"), -3, "x"]
+    frame = pd.DataFrame({
+        "job": [f"M={i}" for i in range(n)], "M": np.arange(n) * 10, "f": f,
+        "f32": f.astype(np.float32), "final": np.arange(n) % 3 == 0, "mixed": mixed,
+        "status": pd.array(["ok", None] * (n // 2), dtype="str"), "lr": f[::-1].copy()})
+    for fmt in (None, "%.6g", "%.3e"):
+        ours, theirs = tmp_path / "ours.csv", tmp_path / "theirs.csv"
+        Table.from_frame(frame).to_csv(ours, index=False, float_format=fmt)
+        frame.to_csv(theirs, index=False, float_format=fmt)
+        assert ours.read_bytes() == theirs.read_bytes(), fmt
+    text = ours.read_text()
+    assert text.splitlines()[1] == "M=0,0,,,True,1,ok,1.000e+00"
+    assert '"a,b"' in text and '"say ""hi"""' in text and "1.000e-300" in text
+    for single in (pd.DataFrame({"s": ["", "a"]}), frame.iloc[:0]):
+        Table.from_frame(single).to_csv(ours, index=False)
+        single.to_csv(theirs, index=False)
+        assert ours.read_bytes() == theirs.read_bytes()
+    assert Table.from_frame(pd.DataFrame({"t": pd.to_datetime(["2024-01-01"])})) is None
+    assert Table.from_frame(pd.DataFrame({0: [1.0]})) is None
