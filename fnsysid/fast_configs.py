@@ -21,7 +21,11 @@ Within :func:`faster_configs`:
   the new container made without its constructor (every attribute the constructor would set is
   then set);
 - ``omegaconf.grammar_parser.parse`` keeps the parse tree of each text, rule and lexer mode
-  (the tree is only read when it is resolved; tokens keep the text they were parsed from).
+  (the tree is only read when it is resolved; tokens keep the text they were parsed from);
+- ``OmegaConf.to_yaml`` (Hydra's ``.hydra/*.yaml`` and ``multirun.yaml``) keeps the YAML text
+  of each top-level entry (of each entry of ``hydra``) and emits only the entries it has not
+  emitted before: the jobs of a sweep differ in a few values, and half of ``hydra.yaml`` is
+  the ``--help`` text, which PyYAML's emitter scans character by character.
 
 The copies are the same objects, node for node, as OmegaConf's (``tests/test_fast_configs.py``
 compares them on every stored experiment's composed configs); about 2.5 times faster. The
@@ -37,7 +41,9 @@ from contextlib import contextmanager
 
 import omegaconf._utils as oc_utils
 import omegaconf.base as oc_base
-from omegaconf import DictConfig, ListConfig, grammar_parser, nodes
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf, grammar_parser, nodes
+from omegaconf._utils import _ensure_container, get_omega_conf_dumper
 from omegaconf.base import ContainerMetadata, Metadata
 
 #: value-node classes whose ``__deepcopy__`` is ``res = Cls(); self._deepcopy_impl(res, memo)``
@@ -107,6 +113,59 @@ def _copy_list_config(self: ListConfig, memo: dict) -> ListConfig:
     return _copy_container(self, memo, ListConfig, list)
 
 
+def _dump(data) -> str:
+    """OmegaConf's ``to_yaml`` of a plain container."""
+    return yaml.dump(data, default_flow_style=False, allow_unicode=True, sort_keys=False,
+                     Dumper=get_omega_conf_dumper())
+
+
+#: YAML text of mapping entries, by (parent key or None, key, repr of the value)
+_ENTRIES: dict[tuple, str | None] = {}
+
+
+def _entry_text(parent, key, value) -> str | None:
+    """The lines that ``{key: value}`` adds to a YAML mapping (to the mapping of ``parent``,
+    a top-level key, if given; None if ``parent``'s own line is not ``parent:``).
+
+    A plain container's ``repr`` tells its emitted text apart: it names every key, value and
+    type (``1``, ``1.0``, ``'1'`` and ``True`` differ); ``to_container`` shares no list or
+    dict between entries, so no entry refers to another (no YAML aliases)."""
+    cache_key = (parent, repr(key), repr(value))
+    if cache_key not in _ENTRIES:
+        if parent is None:
+            text = _dump({key: value})
+        else:
+            text = _dump({parent: {key: value}})
+            head = f"{parent}:\n"
+            text = text[len(head):] if text.startswith(head) else None
+        if len(_ENTRIES) >= 8192:
+            _ENTRIES.clear()
+        _ENTRIES[cache_key] = text
+    return _ENTRIES[cache_key]
+
+
+def _to_yaml(cfg, *, resolve: bool = False, sort_keys: bool = False) -> str:
+    """``OmegaConf.to_yaml``, the same text, from the kept texts of its entries."""
+    if sort_keys:
+        return _OMEGACONF_TO_YAML(cfg, resolve=resolve, sort_keys=sort_keys)
+    container = OmegaConf.to_container(_ensure_container(cfg), resolve=resolve,
+                                       enum_to_str=True)
+    if not isinstance(container, dict) or not container:
+        return _dump(container)
+    parts = []
+    for key, value in container.items():
+        if isinstance(key, str) and isinstance(value, dict) and len(value) > 1:
+            inner = [_entry_text(key, k, v) for k, v in value.items()]  # hydra: entry by entry
+            if None not in inner:
+                parts += [f"{key}:\n", *inner]
+                continue
+        parts.append(_entry_text(None, key, value))
+    return "".join(parts)
+
+
+_OMEGACONF_TO_YAML = OmegaConf.to_yaml
+
+
 @functools.lru_cache(maxsize=4096)
 def _parse(value: str, parser_rule: str = "configValue", lexer_mode: str = "DEFAULT_MODE"):
     return _OMEGACONF_PARSE(value, parser_rule, lexer_mode)
@@ -123,6 +182,7 @@ _PATCHES = [
     (ListConfig, "__deepcopy__", _copy_list_config),
     (oc_base, "parse", _parse),             # the modules that call parse imported it by name
     (oc_utils, "parse", _parse),
+    (OmegaConf, "to_yaml", staticmethod(_to_yaml)),
 ]
 
 _depth = 0

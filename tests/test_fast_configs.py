@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf, grammar_parser
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf, grammar_parser, open_dict
 from omegaconf.base import Container, Node
 from omegaconf.errors import GrammarParseError
 
@@ -152,3 +152,51 @@ def test_the_block_restores_omegaconf():
     assert "__deepcopy__" not in vars(type(OmegaConf.create({})._metadata))
     import omegaconf.base
     assert omegaconf.base.parse is grammar_parser.parse
+
+
+def _yaml_both(cfg, **kw) -> tuple[str, str]:
+    stock = OmegaConf.to_yaml(cfg, **kw)
+    with faster_configs():
+        fast = OmegaConf.to_yaml(cfg, **kw)
+    return stock, fast
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_yaml_of_every_experiment_is_omegaconfs(name):
+    """The files Hydra writes for jobs that differ in a value: each the same text."""
+    fast_configs._ENTRIES.clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        for m in (3, 4):                         # the second job reuses most entries' texts
+            cfg = compose("config", overrides=[f"experiment={name}", f"M={m}"],
+                          return_hydra_config=True)
+            hydra_cfg = OmegaConf.create({"hydra": cfg.hydra})
+            job_cfg = copy.deepcopy(cfg)
+            with open_dict(job_cfg):
+                del job_cfg["hydra"]
+            for x, kw in [(cfg, {}), (hydra_cfg, {}), (job_cfg, {}), (job_cfg, {"resolve": True}),
+                          (cfg.hydra.overrides.task, {})]:
+                stock, fast = _yaml_both(x, **kw)
+                assert fast == stock
+
+
+def test_yaml_of_awkward_entries_is_omegaconfs():
+    fast_configs._ENTRIES.clear()
+    tricky = {
+        "true": {"a": 1, "b": 2},                # a key YAML would read as a bool: quoted
+        "k" * 130: {"a": 1, "b": 2},             # a key too long for a simple key
+        "empty": {}, "none": None, "list": [], "nested": {"x": {}, "y": [1, {"z": "1"}]},
+        "one": {"only": 1},
+        "text": {"long": "word " * 40, "emoji": "\U0001F600 tab\tend", "lines": "a\nb",
+                 "num": "1e3", "bool": "yes", "float": 1.0, "int": 1, "flag": True},
+        "x": "${one.only}",
+    }
+    cfg = OmegaConf.create(tricky)
+    for kw in ({}, {"resolve": True}, {"sort_keys": True}):
+        for _ in range(2):                       # emitted, then from the kept texts
+            stock, fast = _yaml_both(cfg, **kw)
+            assert fast == stock
+    for other in (OmegaConf.create({}), OmegaConf.create([1, {"a": 2}]),
+                  OmegaConf.create({"a": {"b": 1, "c": 2}}),
+                  OmegaConf.create({"a": {"b": 1, "c": "2"}})):   # c: 2 and '2' differ
+        stock, fast = _yaml_both(other)
+        assert fast == stock
