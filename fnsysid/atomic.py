@@ -3,6 +3,7 @@
 A reader (or a run killed half-way) sees either the complete old file, the complete new one,
 or none; never a truncated file. A failed write (disk full, read-only folder) raises
 :class:`WriteError` with one line naming the path and the cause, and leaves no temporary file.
+The files of one run are written :func:`together`: on disk at once, then made visible in order.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import math
 import os
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -29,8 +32,31 @@ class WriteError(OSError):
     """A result file could not be written (one-line message naming path and cause)."""
 
 
+#: (temporary, path) of the files written so far in a :func:`together` block, else None
+_PENDING: list[tuple[str, Path]] | None = None
+#: threads that sync the files of :func:`together` blocks (started when first needed)
+_SYNC_THREADS: ThreadPoolExecutor | None = None
+
+
+def _sync_threads() -> ThreadPoolExecutor:
+    global _SYNC_THREADS
+    if _SYNC_THREADS is None:
+        _SYNC_THREADS = ThreadPoolExecutor(8, thread_name_prefix="fnsysid-sync")
+    return _SYNC_THREADS
+
+
+def _forget_sync_threads() -> None:
+    """In a forked process: the parent's threads do not exist there; start new ones."""
+    global _SYNC_THREADS
+    _SYNC_THREADS = None
+
+
+os.register_at_fork(after_in_child=_forget_sync_threads)
+
+
 def write_atomic(path: str | Path, write: Callable[[str], None]) -> Path:
-    """Call ``write(tmp_path)`` to fill a temporary file, then rename it to ``path``.
+    """Call ``write(tmp_path)`` to fill a temporary file, then rename it to ``path`` (in a
+    :func:`together` block: at the end of the block).
 
     The temporary name ends with ``path``'s suffix, so writers that pick the format from the
     name (``savefig``) still work.
@@ -42,17 +68,76 @@ def write_atomic(path: str | Path, write: Callable[[str], None]) -> Path:
                                    dir=path.parent)
         os.close(fd)
         write(tmp)
-        with open(tmp, "rb+") as f:     # on disk before the rename makes it visible
-            os.fsync(f.fileno())
-        os.chmod(tmp, FILE_MODE)
-        os.replace(tmp, path)
+        if _PENDING is not None:
+            _PENDING.append((tmp, path))
+            tmp = None
+            return path
+        _sync(tmp)                      # on disk before the rename makes it visible
+        _publish(tmp, path)
         tmp = None
     except OSError as exc:
-        raise WriteError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        raise _error(path, exc) from exc
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def _error(path: Path, exc: OSError) -> WriteError:
+    return WriteError(f"cannot write {path}: {exc.strerror or exc}")
+
+
+def _sync(tmp: str) -> None:
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def _publish(tmp: str, path: Path) -> None:
+    os.chmod(tmp, FILE_MODE)
+    os.replace(tmp, path)
+
+
+@contextmanager
+def together():
+    """Write the files of the block (:func:`write_atomic`) to disk together, then rename them.
+
+    Each file stays in its temporary until the block ends; then all are synced at once (one
+    ``fsync`` per file, in threads, so that the file system commits them together rather than
+    one after another) and renamed in the order they were written: a reader sees none of
+    them before all are on disk, and the last written (``summary.json``) last. If the block
+    or a sync fails, none is renamed; no temporary is left. Nested blocks join the outer one.
+    """
+    global _PENDING
+    if _PENDING is not None:
+        yield
+        return
+    pending = _PENDING = []
+    try:
+        yield
+        _PENDING = None
+        done = list(_sync_threads().map(_try_sync, [tmp for tmp, _ in pending]))
+        for (_, path), error in zip(pending, done, strict=True):
+            if error is not None:
+                raise _error(path, error) from error
+        for tmp, path in pending:
+            try:
+                _publish(tmp, path)
+            except OSError as exc:
+                raise _error(path, exc) from exc
+    finally:
+        _PENDING = None
+        for tmp, _ in pending:          # those not renamed
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+def _try_sync(tmp: str) -> OSError | None:
+    """:func:`_sync`, returning its error instead of raising it."""
+    try:
+        _sync(tmp)
+    except OSError as exc:
+        return exc
+    return None
 
 
 def write_text(path: str | Path, text: str) -> Path:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
-from .atomic import write_atomic, write_csv, write_json, write_text
+from .atomic import together, write_atomic, write_csv, write_json, write_text
 from .tables import Frames
 from .validate import ConfigError
 
@@ -33,23 +33,25 @@ def check_output(cfg) -> None:
 
 
 def write_outputs(out, cfg, result) -> None:
-    """Write every file of a run (``result`` from :func:`fnsysid.experiment.execute`)."""
+    """Write every file of a run (``result`` from :func:`fnsysid.experiment.execute`), all
+    on disk before any is renamed into place, ``summary.json`` last (:func:`together`)."""
     from .tables import run_title
 
     ok = result.summary["status"] == "ok"        # not diverged, not interrupted
     plot = ok and bool(cfg.output.plot)
     # the settings the run resolved, when they are this config's (check_run drops hydra)
     resolved = result.resolved if result.config is cfg and "hydra" not in cfg else None
-    write_run(out, cfg, result.tables, None,
-              run_title(cfg, result.model, result.dataset.settings) if plot else None,
-              resolved)
-    if cfg.output.get("trajectories"):
-        from .data_source import export_trajectories
+    with together():
+        write_run(out, cfg, result.tables, None,
+                  run_title(cfg, result.model, result.dataset.settings) if plot else None,
+                  resolved)
+        if cfg.output.get("trajectories"):
+            from .data_source import export_trajectories
 
-        write_trajectories(out, *export_trajectories(result.model, cfg, result.dataset))
-    if plot and result.dataset.heldout is not None:
-        write_fit_plot(out, result.model, result.estimate, result.dataset)
-    write_json(Path(out) / "summary.json", result.summary)
+            write_trajectories(out, *export_trajectories(result.model, cfg, result.dataset))
+        if plot and result.dataset.heldout is not None:
+            write_fit_plot(out, result.model, result.estimate, result.dataset)
+        write_json(Path(out) / "summary.json", result.summary)
 
 
 def write_run(out: Path, cfg, tables: Mapping[str, Table | pd.DataFrame], summary: dict | None,

@@ -291,6 +291,56 @@ def test_atomic_write_failure_names_path_and_cause_and_leaves_no_file(tmp_path):
     assert set(data["null_values"]) == {"x", "y[1]"}
 
 
+def test_files_written_together_are_all_on_disk_before_the_first_is_renamed(tmp_path,
+                                                                          monkeypatch):
+    """A run's files (atomic.together): each synced before any is renamed, renamed in the
+    order written (summary.json last), invisible until then; a failing block or sync leaves
+    neither the new files nor a temporary, and the old file intact."""
+    import errno
+    import os
+    from pathlib import Path
+
+    from fnsysid import atomic
+    from fnsysid.atomic import WriteError, together, write_json, write_text
+
+    events = []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("sync"), fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(Path(b).name),
+                                                     replace(a, b))[1])
+    with together():
+        write_text(tmp_path / "config.yaml", "a: 1\n")
+        with together():                                      # joins the outer block
+            write_text(tmp_path / "errors.csv", "x\n1\n")
+        write_json(tmp_path / "summary.json", {"status": "ok"})
+        assert not any(p.name[0] != "." for p in tmp_path.iterdir())    # only temporaries
+    assert events == ["sync"] * 3 + ["config.yaml", "errors.csv", "summary.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "errors.csv",
+                                                          "summary.json"]
+    assert (tmp_path / "errors.csv").read_text() == "x\n1\n"
+    assert (tmp_path / "summary.json").stat().st_mode & 0o777 == atomic.FILE_MODE
+
+    with pytest.raises(RuntimeError), together():
+        write_text(tmp_path / "config.yaml", "a: 2\n")
+        write_text(tmp_path / "new.csv", "y\n")
+        raise RuntimeError("the run failed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "errors.csv",
+                                                          "summary.json"]
+    assert (tmp_path / "config.yaml").read_text() == "a: 1\n"
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(WriteError, match=r"cannot write .*config\.yaml: No space left"), \
+            together():
+        write_text(tmp_path / "config.yaml", "a: 3\n")
+        write_text(tmp_path / "new.csv", "y\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "errors.csv",
+                                                          "summary.json"]
+    assert (tmp_path / "config.yaml").read_text() == "a: 1\n"
+
+
 def test_file_size_limit_mid_run_is_one_line_and_no_summary(tmp_path):
     import resource
     import subprocess
