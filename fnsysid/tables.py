@@ -151,14 +151,27 @@ def _csv_field(a: np.ndarray, float_format: str | None = None) -> list[str]:
     if a.dtype.kind in "iub":
         return list(map(str, a.tolist()))
     if a.dtype.kind == "f":
-        if float_format is not None:
-            s = [float_format % v for v in a.tolist()]
+        if float_format is None and a.dtype != np.float64:
+            s = a.astype(str).tolist()
         else:
-            s = list(map(repr, a.tolist())) if a.dtype == np.float64 else a.astype(str).tolist()
+            s = _float_strings(a, repr if float_format is None else float_format.__mod__)
         for i in np.flatnonzero(np.isnan(a)).tolist():
             s[i] = ""
         return s
     return ["" if v is None or (isinstance(v, float) and v != v) else str(v) for v in a.tolist()]
+
+
+def _float_strings(a: np.ndarray, fmt) -> list[str]:
+    """``fmt(value)`` of each value of the float column ``a``, computed once per distinct
+    value (bit for bit: -0.0 is not 0.0) when values repeat (errors of identical clients, or
+    of a model that no longer changes)."""
+    if len(a) < 64 or a.itemsize not in (2, 4, 8):
+        return list(map(fmt, a.tolist()))
+    distinct, inverse = np.unique(a.view(f"i{a.itemsize}"), return_inverse=True)
+    if 4 * len(distinct) > 3 * len(a):              # few repeats: format every value
+        return list(map(fmt, a.tolist()))
+    strings = np.array(list(map(fmt, distinct.view(a.dtype).tolist())), dtype=object)
+    return strings[inverse].tolist()
 
 
 def errors_table(hist) -> Table:

@@ -258,3 +258,21 @@ def test_a_frame_as_a_table_writes_what_pandas_writes(tmp_path):
         assert ours.read_bytes() == theirs.read_bytes()
     assert Table.from_frame(pd.DataFrame({"t": pd.to_datetime(["2024-01-01"])})) is None
     assert Table.from_frame(pd.DataFrame({0: [1.0]})) is None
+
+
+def test_repeated_values_are_formatted_once_and_written_as_pandas_writes_them(tmp_path):
+    """Columns whose values repeat (a model that stopped changing, identical clients) take
+    each distinct value's string once: the bytes stay pandas', -0.0 apart from 0.0."""
+    rng = np.random.default_rng(5)
+    pool = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1e-5, 0.1 + 0.2, 123456.789, 5e-324])
+    a = pool[rng.integers(0, len(pool), 300)]
+    frame = pd.DataFrame({"round": np.arange(300), "e": a, "e32": a.astype(np.float32),
+                          "half": np.where(np.arange(300) < 150, a, rng.normal(size=300))})
+    for fmt in (None, "%.6g"):
+        ours, theirs = tmp_path / "ours.csv", tmp_path / "theirs.csv"
+        Table.from_frame(frame).to_csv(ours, index=False, float_format=fmt)
+        frame.to_csv(theirs, index=False, float_format=fmt)
+        assert ours.read_bytes() == theirs.read_bytes(), fmt
+    fields = _csv_field(a)
+    assert {fields[i] for i in np.flatnonzero(np.signbit(a) & (a == 0))} == {"-0.0"}
+    assert {fields[i] for i in np.flatnonzero(~np.signbit(a) & (a == 0))} == {"0.0"}
