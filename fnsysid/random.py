@@ -35,6 +35,10 @@ PARAMS, TRAJECTORY, SHUFFLE, HOLDOUT, LOCAL_STEPS, PARTICIPATION = 0, 1, 2, 3, 4
 def stream(seed: int, purpose: int, *key: int) -> np.random.Generator:
     """Return the generator for one purpose and integer key under ``seed``.
 
+    The generator is ``PCG64(SeedSequence(seed, spawn_key=(purpose, *key)))``; the state
+    that seed sequence gives PCG64 is kept (:class:`_KnownSeed`), since the runs of a sweep
+    draw the same streams again.
+
     Examples
     --------
     >>> a = stream(0, TRAJECTORY, 0, 0, 3).standard_normal(2)
@@ -42,8 +46,45 @@ def stream(seed: int, purpose: int, *key: int) -> np.random.Generator:
     >>> bool((a == b).all())
     True
     """
-    ss = np.random.SeedSequence(entropy=int(seed), spawn_key=(int(purpose), *map(int, key)))
-    return np.random.Generator(np.random.PCG64(ss))
+    k = (int(seed), int(purpose), *map(int, key))
+    state = _STATES.get(k)
+    if state is None:
+        state = np.random.SeedSequence(entropy=k[0], spawn_key=k[1:]).generate_state(
+            *_PCG64_REQUEST)
+        if len(_STATES) >= _STATES_MAX:
+            _STATES.clear()
+        _STATES[k] = state
+    return np.random.Generator(np.random.PCG64(_KnownSeed(k, state)))
+
+
+#: the words of state PCG64 asks of its seed sequence
+_PCG64_REQUEST = (4, np.uint64)
+#: PCG64 states of the streams made so far, by (seed, purpose, *key) (at most _STATES_MAX)
+_STATES: dict[tuple[int, ...], np.ndarray] = {}
+_STATES_MAX = 1 << 14
+
+
+class _KnownSeed(np.random.bit_generator.ISpawnableSeedSequence):
+    """``SeedSequence(entropy=key[0], spawn_key=key[1:])`` whose PCG64 state ``state`` is
+    already known (computing it costs more than the rest of a new generator); any other
+    request, and spawning, go to that seed sequence itself."""
+
+    def __init__(self, key: tuple[int, ...], state: np.ndarray):
+        self.key, self.state = key, state
+        self._seq: np.random.SeedSequence | None = None
+
+    def _sequence(self) -> np.random.SeedSequence:
+        if self._seq is None:
+            self._seq = np.random.SeedSequence(entropy=self.key[0], spawn_key=self.key[1:])
+        return self._seq
+
+    def generate_state(self, n_words: int, dtype=np.uint32) -> np.ndarray:
+        if (n_words, np.dtype(dtype)) == _PCG64_REQUEST:
+            return self.state.copy()
+        return self._sequence().generate_state(n_words, dtype)
+
+    def spawn(self, n_children: int) -> list[np.random.SeedSequence]:
+        return self._sequence().spawn(n_children)
 
 
 def block_start(b: int) -> int:

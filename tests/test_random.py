@@ -149,3 +149,27 @@ def test_thread_count_is_checked(monkeypatch):
     monkeypatch.setenv("FNSYSID_THREADS", "many")
     with pytest.raises(ValueError, match="FNSYSID_THREADS=many"):
         threads(4)
+
+
+def test_a_stream_made_again_is_the_generator_its_seed_sequence_makes(monkeypatch):
+    """stream() keeps each stream's PCG64 state: made again (or after the store was
+    cleared), it is still PCG64(SeedSequence(seed, spawn_key=(purpose, *key))): the same
+    state, numbers, spawned children and seed-sequence words."""
+    from fnsysid import random as rnd
+
+    monkeypatch.setattr(rnd, "_STATES", {})
+    monkeypatch.setattr(rnd, "_STATES_MAX", 3)
+    keys = [(0, rnd.TRAJECTORY, 0, 0, 3), (7, rnd.PARAMS, 2, 5), (2**40, rnd.SHUFFLE, 1, 0, 9),
+            (0, rnd.TRAJECTORY, 0, 0, 4)]
+    for _ in range(2):
+        for seed, purpose, *key in keys:
+            ours = rnd.stream(seed, purpose, *key)
+            ref = np.random.Generator(np.random.PCG64(
+                np.random.SeedSequence(entropy=seed, spawn_key=(purpose, *key))))
+            assert ours.bit_generator.state == ref.bit_generator.state
+            assert (ours.standard_normal(5) == ref.standard_normal(5)).all()
+            assert [c.bit_generator.state for c in ours.spawn(2)] == \
+                [c.bit_generator.state for c in ref.spawn(2)]
+            assert (ours.bit_generator.seed_seq.generate_state(3)
+                    == ref.bit_generator.seed_seq.generate_state(3)).all()
+        assert 1 <= len(rnd._STATES) <= 3                   # cleared when full
