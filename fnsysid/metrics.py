@@ -25,7 +25,7 @@ class ParameterErrors:
 
     def __call__(self, estimate: np.ndarray) -> np.ndarray:
         """Errors (S, M) of ``estimate`` broadcastable to (S, M, p)."""
-        est = np.moveaxis(np.asarray(estimate, float), -1, 0)               # (p, S, 1 or M)
+        est = _coordinate_first(np.asarray(estimate, float))                # (p, S, 1 or M)
         out = np.empty(self.norm.shape)
         for sl in _chunks(out.shape[1]):
             self._chunk(est, sl, out[:, sl])
@@ -196,7 +196,7 @@ def shared_summary(errors: ParameterErrors, scores: HeldOutScores | None,
     each round then reads the clients' statistics once. A NaN error gives a NaN maximum.
     Returns ``(e_max, e_mean, step_max, step_mean)``, the last two None without ``scores``.
     """
-    est = np.moveaxis(np.asarray(estimate, float), -1, 0)                # (p, S, 1)
+    est = _coordinate_first(np.asarray(estimate, float))                 # (p, S, 1)
     coefs = None if scores is None else scores._shared_coefs(
         scores.model.theta_matrix(np.asarray(estimate, float)))
     S, M = errors.norm.shape
@@ -214,6 +214,18 @@ def shared_summary(errors: ParameterErrors, scores: HeldOutScores | None,
             v_acc = add(v_acc, scores._shared_chunk(coefs, sl))
     return (e_acc[0], e_acc[1] / M,
             *((None, None) if v_acc is None else (v_acc[0], v_acc[1] / M)))
+
+
+def _coordinate_first(a: np.ndarray) -> np.ndarray:
+    """The view ``np.moveaxis(a, -1, 0)`` (a round's estimates, coordinate first), made
+    without moveaxis' checks (which cost more than the round's arithmetic)."""
+    return a.transpose(a.ndim - 1, *range(a.ndim - 1))
+
+
+def row_means(v: np.ndarray) -> np.ndarray:
+    """``v.mean(axis=1)`` of (S, M) values: the same sums divided by M, bit for bit, without
+    np.mean's overhead (once or twice per round)."""
+    return np.add.reduce(v, axis=1) / v.shape[1]
 
 
 def _first(a: np.ndarray) -> np.ndarray:
@@ -296,7 +308,7 @@ def over_clients(v: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarr
     """Max and mean over the clients axis of (S, M) values, counting only ``valid`` clients
     (NaN where a repeat has none); ``inf`` propagates."""
     if valid.all():
-        return v.max(axis=1), v.mean(axis=1)
+        return v.max(axis=1), row_means(v)
     k = valid.sum(axis=1)
     with np.errstate(invalid="ignore"):
         vmax = np.where(valid, v, -np.inf).max(axis=1)

@@ -9,7 +9,14 @@ import numpy as np
 
 from . import interrupt
 from .local_work import local_steps
-from .metrics import SMALL, HeldOutScores, ParameterErrors, over_clients, shared_summary
+from .metrics import (
+    SMALL,
+    HeldOutScores,
+    ParameterErrors,
+    over_clients,
+    row_means,
+    shared_summary,
+)
 from .model import ClientData, threads
 
 #: a run diverged when some client's error exceeds this many times the largest start error
@@ -48,7 +55,7 @@ class History:
 
     def record(self, e: np.ndarray, one_step=None, free_run=None, valid=None) -> None:
         """Record parameter errors ``e`` (S, M) and, if given, NRMSE (S, M) of valid clients."""
-        self.add(e.max(axis=1), e.mean(axis=1),
+        self.add(e.max(axis=1), row_means(e),
                  None if one_step is None else over_clients(one_step, valid),
                  None if free_run is None else over_clients(free_run, valid))
         if self.per_client is not None:
