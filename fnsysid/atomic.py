@@ -12,6 +12,7 @@ import json
 import math
 import os
 import tempfile
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -32,17 +33,25 @@ class WriteError(OSError):
     """A result file could not be written (one-line message naming path and cause)."""
 
 
-#: (temporary, path) of the files written so far in a :func:`together` block, else None
-_PENDING: list[tuple[str, Path]] | None = None
+#: per thread, ``pending``: (temporary, path) of the files written so far in the thread's
+#: :func:`together` block, else None (runs in threads of one process, as with the joblib
+#: launcher's threading backend or the Python API, each publish their own files)
+_LOCAL = threading.local()
 #: threads that sync the files of :func:`together` blocks (started when first needed)
 _SYNC_THREADS: ThreadPoolExecutor | None = None
+_SYNC_LOCK = threading.Lock()
+
+
+def _pending() -> list[tuple[str, Path]] | None:
+    return getattr(_LOCAL, "pending", None)
 
 
 def _sync_threads() -> ThreadPoolExecutor:
     global _SYNC_THREADS
-    if _SYNC_THREADS is None:
-        _SYNC_THREADS = ThreadPoolExecutor(8, thread_name_prefix="fnsysid-sync")
-    return _SYNC_THREADS
+    with _SYNC_LOCK:
+        if _SYNC_THREADS is None:
+            _SYNC_THREADS = ThreadPoolExecutor(8, thread_name_prefix="fnsysid-sync")
+        return _SYNC_THREADS
 
 
 def _forget_sync_threads() -> None:
@@ -68,8 +77,9 @@ def write_atomic(path: str | Path, write: Callable[[str], None]) -> Path:
                                    dir=path.parent)
         os.close(fd)
         write(tmp)
-        if _PENDING is not None:
-            _PENDING.append((tmp, path))
+        pending = _pending()
+        if pending is not None:
+            pending.append((tmp, path))
             tmp = None
             return path
         _sync(tmp)                      # on disk before the rename makes it visible
@@ -105,16 +115,16 @@ def together():
     ``fsync`` per file, in threads, so that the file system commits them together rather than
     one after another) and renamed in the order they were written: a reader sees none of
     them before all are on disk, and the last written (``summary.json``) last. If the block
-    or a sync fails, none is renamed; no temporary is left. Nested blocks join the outer one.
+    or a sync fails, none is renamed; no temporary is left. Nested blocks join the outer one;
+    a block collects the files its own thread writes.
     """
-    global _PENDING
-    if _PENDING is not None:
+    if _pending() is not None:
         yield
         return
-    pending = _PENDING = []
+    pending = _LOCAL.pending = []
     try:
         yield
-        _PENDING = None
+        _LOCAL.pending = None
         done = list(_sync_threads().map(_try_sync, [tmp for tmp, _ in pending]))
         for (_, path), error in zip(pending, done, strict=True):
             if error is not None:
@@ -125,7 +135,7 @@ def together():
             except OSError as exc:
                 raise _error(path, exc) from exc
     finally:
-        _PENDING = None
+        _LOCAL.pending = None
         for tmp, _ in pending:          # those not renamed
             if os.path.exists(tmp):
                 os.unlink(tmp)

@@ -361,3 +361,40 @@ def test_file_size_limit_mid_run_is_one_line_and_no_summary(tmp_path):
     assert "File too large" in lines[0] and "incomplete (no summary.json)" in lines[0]
     assert not (out / "summary.json").exists() and not (out / "clients.csv").exists()
     assert not list(out.glob(".*.tmp*"))
+
+
+def test_files_written_together_in_two_threads_are_each_threads_own(tmp_path):
+    """Two runs in threads of one process (joblib's threading backend, the Python API): a
+    block publishes the files its own thread wrote when it ends, and another thread's failing
+    block removes none of them."""
+    import threading
+
+    from fnsysid.atomic import together, write_text
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    a_wrote, b_done = threading.Event(), threading.Event()
+    errors = []
+
+    def long_run():
+        try:
+            with together():
+                write_text(a / "errors.csv", "x\n")
+                a_wrote.set()
+                b_done.wait(10)
+                raise RuntimeError("the long run failed")
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=long_run)
+    t.start()
+    assert a_wrote.wait(10)
+    with together():                               # the short run, while the long one writes
+        write_text(b / "summary.json", "{}\n")
+    assert [p.name for p in b.iterdir()] == ["summary.json"]   # visible when its block ends
+    b_done.set()
+    t.join(10)
+    assert len(errors) == 1
+    assert [p.name for p in b.iterdir()] == ["summary.json"]   # kept after the other failed
+    assert list(a.iterdir()) == []                  # the failed run left nothing
