@@ -38,6 +38,7 @@ from __future__ import annotations
 import copy
 import functools
 from contextlib import contextmanager
+from pathlib import PurePath
 
 import omegaconf._utils as oc_utils
 import omegaconf.base as oc_base
@@ -129,19 +130,37 @@ def _entry_text(parent, key, value) -> str | None:
 
     A plain container's ``repr`` tells its emitted text apart: it names every key, value and
     type (``1``, ``1.0``, ``'1'`` and ``True`` differ); ``to_container`` shares no list or
-    dict between entries, so no entry refers to another (no YAML aliases)."""
+    dict between entries, so no entry refers to another (no YAML aliases). An entry holding
+    any other object (a config with ``allow_objects``) is emitted every time."""
+    if not (_plain(key) and _plain(value)):
+        return _emit_entry(parent, key, value)
     cache_key = (parent, repr(key), repr(value))
     if cache_key not in _ENTRIES:
-        if parent is None:
-            text = _dump({key: value})
-        else:
-            text = _dump({parent: {key: value}})
-            head = f"{parent}:\n"
-            text = text[len(head):] if text.startswith(head) else None
         if len(_ENTRIES) >= 8192:
             _ENTRIES.clear()
-        _ENTRIES[cache_key] = text
+        _ENTRIES[cache_key] = _emit_entry(parent, key, value)
     return _ENTRIES[cache_key]
+
+
+def _emit_entry(parent, key, value) -> str | None:
+    """:func:`_entry_text`, emitted."""
+    if parent is None:
+        return _dump({key: value})
+    text, head = _dump({parent: {key: value}}), f"{parent}:\n"
+    return text[len(head):] if text.startswith(head) else None
+
+
+#: types whose ``repr`` names the value and its type
+_PLAIN = (str, bytes, bool, int, float, type(None), PurePath)
+
+
+def _plain(value) -> bool:
+    """Whether ``value`` holds nothing but dicts, lists and :data:`_PLAIN` values."""
+    if isinstance(value, dict):
+        return all(_plain(k) and _plain(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    return type(value) in _PLAIN or isinstance(value, PurePath)
 
 
 def _to_yaml(cfg, *, resolve: bool = False, sort_keys: bool = False) -> str:

@@ -65,22 +65,31 @@ _STATES_MAX = 1 << 14
 
 
 class _KnownSeed(np.random.bit_generator.ISpawnableSeedSequence):
-    """``SeedSequence(entropy=key[0], spawn_key=key[1:])`` whose PCG64 state ``state`` is
+    """``SeedSequence(entropy=key[0], spawn_key=key[1:])`` whose PCG64 state ``words`` is
     already known (computing it costs more than the rest of a new generator); any other
-    request, and spawning, go to that seed sequence itself."""
+    request, spawning and every other attribute (``entropy``, ``spawn_key``, ``state``, ...)
+    go to that seed sequence itself."""
 
-    def __init__(self, key: tuple[int, ...], state: np.ndarray):
-        self.key, self.state = key, state
+    def __init__(self, key: tuple[int, ...], words: np.ndarray):
+        self._key, self._words = key, words
         self._seq: np.random.SeedSequence | None = None
 
     def _sequence(self) -> np.random.SeedSequence:
         if self._seq is None:
-            self._seq = np.random.SeedSequence(entropy=self.key[0], spawn_key=self.key[1:])
+            self._seq = np.random.SeedSequence(entropy=self._key[0], spawn_key=self._key[1:])
         return self._seq
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._sequence(), name)
+
+    def __repr__(self) -> str:
+        return repr(self._sequence())
 
     def generate_state(self, n_words: int, dtype=np.uint32) -> np.ndarray:
         if (n_words, np.dtype(dtype)) == _PCG64_REQUEST:
-            return self.state.copy()
+            return self._words.copy()
         return self._sequence().generate_state(n_words, dtype)
 
     def spawn(self, n_children: int) -> list[np.random.SeedSequence]:

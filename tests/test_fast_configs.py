@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf, grammar_parser, open_dict
+from omegaconf._utils import get_omega_conf_dumper
 from omegaconf.base import Container, Node
 from omegaconf.errors import GrammarParseError
 
@@ -200,3 +202,23 @@ def test_yaml_of_awkward_entries_is_omegaconfs():
                   OmegaConf.create({"a": {"b": 1, "c": "2"}})):   # c: 2 and '2' differ
         stock, fast = _yaml_both(other)
         assert fast == stock
+
+
+def test_yaml_of_objects_is_emitted_every_time():
+    """An object's repr need not tell its YAML apart: such entries are not kept."""
+
+    class Same:
+        def __init__(self, v):
+            self.v = v
+
+        def __repr__(self):
+            return "Same"
+
+    yaml.add_representer(Same, lambda d, o: d.represent_int(o.v),
+                         Dumper=get_omega_conf_dumper())
+    flags = {"allow_objects": True}
+    for v in (1, 2):
+        for parent in (False, True):
+            data = {"x": {"v": Same(v), "w": 0}} if parent else {"v": Same(v)}
+            stock, fast = _yaml_both(OmegaConf.create(data, flags=flags))
+            assert fast == stock and f"v: {v}" in fast

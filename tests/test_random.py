@@ -154,7 +154,7 @@ def test_thread_count_is_checked(monkeypatch):
 def test_a_stream_made_again_is_the_generator_its_seed_sequence_makes(monkeypatch):
     """stream() keeps each stream's PCG64 state: made again (or after the store was
     cleared), it is still PCG64(SeedSequence(seed, spawn_key=(purpose, *key))): the same
-    state, numbers, spawned children and seed-sequence words."""
+    state, numbers, spawned children, seed-sequence words and attributes."""
     from fnsysid import random as rnd
 
     monkeypatch.setattr(rnd, "_STATES", {})
@@ -172,4 +172,8 @@ def test_a_stream_made_again_is_the_generator_its_seed_sequence_makes(monkeypatc
                 [c.bit_generator.state for c in ref.spawn(2)]
             assert (ours.bit_generator.seed_seq.generate_state(3)
                     == ref.bit_generator.seed_seq.generate_state(3)).all()
+            mine, theirs = ours.bit_generator.seed_seq, ref.bit_generator.seed_seq
+            for name in ("entropy", "spawn_key", "pool_size", "n_children_spawned", "state"):
+                assert getattr(mine, name) == getattr(theirs, name), name
+            assert repr(mine) == repr(theirs)
         assert 1 <= len(rnd._STATES) <= 3                   # cleared when full
