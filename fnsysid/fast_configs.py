@@ -89,29 +89,23 @@ def _copy_children(children, res, memo: dict):
             state["_parent"] = old_parent
 
 
-def _copy_container(self, memo: dict, cls, content_type):
-    res = object.__new__(cls)
+def _copy_container(self, memo: dict):
+    """A ``DictConfig`` or ``ListConfig`` copied as its own ``__deepcopy__`` copies it (always
+    of that class, as OmegaConf's are)."""
+    res = object.__new__(DictConfig if isinstance(self, DictConfig) else ListConfig)
     src, state = self.__dict__, res.__dict__
     state["_metadata"] = copy.deepcopy(src["_metadata"], memo)
     flags = src["_flags_cache"]
     state["_flags_cache"] = None if flags is None else dict(flags)
     content = src["_content"]
-    if isinstance(content, dict) and content_type is dict:
+    if isinstance(content, dict):
         keys = list(content)
         content = dict(zip(keys, _copy_children(content.values(), res, memo), strict=True))
-    elif isinstance(content, list) and content_type is list:
+    elif isinstance(content, list):
         content = list(_copy_children(content, res, memo))
     state["_content"] = content          # None, "???" or an interpolation: shared as it is
     state["_parent"] = src["_parent"]
     return res
-
-
-def _copy_dict_config(self: DictConfig, memo: dict) -> DictConfig:
-    return _copy_container(self, memo, DictConfig, dict)
-
-
-def _copy_list_config(self: ListConfig, memo: dict) -> ListConfig:
-    return _copy_container(self, memo, ListConfig, list)
 
 
 def _dump(data) -> str:
@@ -151,11 +145,11 @@ def _emit_entry(parent, key, value) -> str | None:
 
 
 #: types whose ``repr`` names the value and its type
-_PLAIN = (str, bytes, bool, int, float, type(None), PurePath)
+_PLAIN = (str, bytes, bool, int, float, type(None))
 
 
 def _plain(value) -> bool:
-    """Whether ``value`` holds nothing but dicts, lists and :data:`_PLAIN` values."""
+    """Whether ``value`` holds nothing but dicts, lists, paths and :data:`_PLAIN` values."""
     if isinstance(value, dict):
         return all(_plain(k) and _plain(v) for k, v in value.items())
     if isinstance(value, list):
@@ -197,8 +191,8 @@ _PATCHES = [
     (Metadata, "__deepcopy__", _copy_metadata),
     (ContainerMetadata, "__deepcopy__", _copy_container_metadata),
     *((cls, "__deepcopy__", _copy_value_node) for cls in VALUE_NODES),
-    (DictConfig, "__deepcopy__", _copy_dict_config),
-    (ListConfig, "__deepcopy__", _copy_list_config),
+    (DictConfig, "__deepcopy__", _copy_container),
+    (ListConfig, "__deepcopy__", _copy_container),
     (oc_base, "parse", _parse),             # the modules that call parse imported it by name
     (oc_utils, "parse", _parse),
     (OmegaConf, "to_yaml", staticmethod(_to_yaml)),

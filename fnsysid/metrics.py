@@ -230,7 +230,7 @@ def row_means(v: np.ndarray) -> np.ndarray:
 
 def _first(a: np.ndarray) -> np.ndarray:
     """``a`` (S, M, k) as contiguous (k, S, M)."""
-    return np.ascontiguousarray(np.moveaxis(a, -1, 0))
+    return np.ascontiguousarray(_coordinate_first(a))
 
 
 def _finish(sse: np.ndarray, w: np.ndarray) -> None:

@@ -149,7 +149,7 @@ def test_the_block_restores_omegaconf():
     with faster_configs():
         with faster_configs():
             pass
-        assert DictConfig.__deepcopy__ is fast_configs._copy_dict_config  # nested: still on
+        assert DictConfig.__deepcopy__ is fast_configs._copy_container  # nested: still on
     assert (DictConfig.__deepcopy__, ListConfig.__deepcopy__) == before
     assert "__deepcopy__" not in vars(type(OmegaConf.create({})._metadata))
     import omegaconf.base
