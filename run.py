@@ -1,6 +1,6 @@
 """Entry point: ``python run.py [overrides]``; see ``python run.py --help``."""
 
-from fnsysid.cli import main
+from fnsysid.app.cli import main
 
 if __name__ == "__main__":
     main()

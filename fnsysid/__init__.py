@@ -17,11 +17,11 @@ __all__ = ["run", "load_trajectories", "ConfigError"]
 
 def __getattr__(name):          # imported on first use: `import fnsysid` stays light
     if name in ("run", "load_trajectories"):
-        from . import api
+        from fnsysid.app import api
 
         return getattr(api, name)
     if name == "ConfigError":
-        from .validate import ConfigError
+        from fnsysid.config.checks import ConfigError
 
         return ConfigError
     raise AttributeError(f"module 'fnsysid' has no attribute {name!r}")

@@ -51,7 +51,7 @@ def make_data(out: Path, M: int, overrides: list[str]) -> list[str]:
     """Simulate M clients; one trajectory file per client and the truth. Returns overrides
     that read them (the same for both runtimes)."""
     import fnsysid
-    from fnsysid.validate import FILE_KNOBS, override_key
+    from fnsysid.config.checks import FILE_KNOBS, override_key
 
     sim = out / "simulated"
     fnsysid.run([*overrides, f"M={M}", "output.trajectories=true", "output.plot=false"], sim)
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--timeout", type=float, default=1200, help="seconds for the flwr run")
     ap.add_argument("overrides", nargs="*", help="run.py overrides (default: a small run)")
     args = ap.parse_args(argv)
-    from fnsysid.runtime import INSTALL_FLOWER, flower_installed
+    from fnsysid.runtimes.check import INSTALL_FLOWER, flower_installed
 
     if not flower_installed():
         raise SystemExit(f"flower_deploy: Flower is not installed: {INSTALL_FLOWER}")

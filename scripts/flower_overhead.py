@@ -21,7 +21,7 @@ DEFAULT = ["system=synthetic", "repeats=5", "strategy=fedavg"]
 
 def main(argv=None) -> pd.DataFrame:
     import fnsysid
-    from fnsysid.runtime import INSTALL_FLOWER, flower_installed
+    from fnsysid.runtimes.check import INSTALL_FLOWER, flower_installed
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--M", type=int, nargs="+", default=[4, 16, 64])

@@ -34,11 +34,11 @@ os.environ.setdefault("FNSYSID_THREADS", "1")
 
 import pandas as pd  # noqa: E402
 
-from fnsysid.data_source import reuse_simulations  # noqa: E402
-from fnsysid.fast_configs import faster_configs  # noqa: E402
-from fnsysid.plotting import figure  # noqa: E402
-from fnsysid.sweep import load_yaml  # noqa: E402
-from fnsysid.sweep_configs import keep_config_files  # noqa: E402
+from fnsysid.config.fast_configs import faster_configs  # noqa: E402
+from fnsysid.config.sweep_configs import keep_config_files  # noqa: E402
+from fnsysid.data.source import reuse_simulations  # noqa: E402
+from fnsysid.results.plotting import figure  # noqa: E402
+from fnsysid.results.sweep import load_yaml  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 REGISTRY = Path(__file__).with_name("figures.yaml")
@@ -56,16 +56,16 @@ def run_experiment(name: str, sweeps: Path, extra: list[str],
     """Run one experiment's sweep from scratch into ``sweeps/name`` in this process.
 
     With ``reuse`` Hydra composes the jobs through
-    :class:`fnsysid.sweep_configs.ReusingConfigLoader` (same configs, a fraction of the cost).
-    Returns (wall time, captured output); raises SystemExit naming the experiment if Hydra
+    :class:`fnsysid.config.sweep_configs.ReusingConfigLoader` (same configs, a fraction of the
+    cost). Returns (wall time, captured output); raises SystemExit naming the experiment if Hydra
     reports a failure.
     """
     import shutil
 
     from hydra.core.global_hydra import GlobalHydra
 
-    from fnsysid.cli import task
-    from fnsysid.sweep_configs import reuse_compositions
+    from fnsysid.app.cli import task
+    from fnsysid.config.sweep_configs import reuse_compositions
 
     shutil.rmtree(sweeps / name, ignore_errors=True)
     t0 = time.perf_counter()
@@ -96,8 +96,8 @@ def _pool(jobs: int):
     """Workers forked from this process (imports shared); one task at a time each."""
     from hydra.core.plugins import Plugins
 
-    import fnsysid.cli
-    import fnsysid.experiment  # noqa: F401 - imported once here, shared by the workers
+    import fnsysid.app.cli
+    import fnsysid.app.experiment  # noqa: F401 - imported once here, shared by the workers
 
     Plugins.instance()                       # Hydra's plugin scan, also done once
     gc.freeze()           # the imported objects stay out of the workers' garbage collection
@@ -117,7 +117,7 @@ def _pool(jobs: int):
 
 def expected_cost(name: str) -> float:
     """Rough relative cost of an experiment from its file: jobs x repeats x rounds."""
-    from fnsysid.cli import CONF_DIR
+    from fnsysid.config.groups import CONF_DIR
 
     spec = load_yaml(CONF_DIR / "experiment" / f"{name}.yaml") or {}
     params = ((spec.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
@@ -200,7 +200,7 @@ def main(argv=None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     # one store per worker, shared by its experiments; conf/ is read once per worker;
-    # OmegaConf's copies and parses cheaper (fnsysid.fast_configs)
+    # OmegaConf's copies and parses cheaper (fnsysid.config.fast_configs)
     with faster_configs(), reuse_simulations(), keep_config_files():
         tables = run_and_draw(names, registry, args)
     for n, table in tables.items():

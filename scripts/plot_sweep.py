@@ -5,7 +5,7 @@ Usage: python scripts/plot_sweep.py SWEEP_DIR [options]   (see ``fnsysid-plot --
 
 import sys
 
-from fnsysid.plot_sweep import main
+from fnsysid.app.plot_cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -6,8 +6,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from fnsysid.build import build
-from fnsysid.options import CONF_DIR
+from fnsysid.app.build import build
+from fnsysid.config.groups import CONF_DIR
 
 
 def compose_cfg(*overrides: str):

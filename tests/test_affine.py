@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from fnsysid.model import generate
-from fnsysid.optim import GD, affine_gd, gd_steps, step_sizes
-from fnsysid.strategies import (
+from fnsysid.dynamics.model import generate
+from fnsysid.learning.optim import GD, affine_gd, gd_steps, step_sizes
+from fnsysid.learning.strategies import (
     Centralized,
     Cyclic,
     FedAvg,
@@ -104,7 +104,7 @@ def test_server_map_of_fedavg_is_the_average_of_the_client_maps():
 
 
 def test_sgd_and_stepping_gd_have_no_map():
-    from fnsysid.optim import SGD
+    from fnsysid.learning.optim import SGD
 
     cfg, model, *_ = make("system=linear")
     data = generate(model, M=2, N=2, T=5, eps=0.1, repeats=1, seed=0, keep_samples=True)
@@ -131,7 +131,7 @@ def test_affine_rounds_equal_the_step_path_with_per_client_k(schedule):
 def test_local_maps_do_not_depend_on_slices_or_threads(monkeypatch):
     """GD computes the clients' maps a slice of clients at a time on the data threads; the
     maps are those of one call over all clients, bit for bit."""
-    from fnsysid import optim
+    from fnsysid.learning import optim
 
     cfg, model, *_ = make("system=synthetic")
     data = generate(model, M=50, N=2, T=cfg.T, eps=0.1, repeats=2, seed=1)

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 import fnsysid
-from fnsysid.experiment import run_experiment
+from fnsysid.app.experiment import run_experiment
 from tests.conftest import compose_cfg
 
 ROOT = Path(__file__).resolve().parent.parent

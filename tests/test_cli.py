@@ -10,11 +10,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fnsysid.build import build
-from fnsysid.cli import GROUPS
-from fnsysid.experiment import run_experiment
-from fnsysid.options import options
-from fnsysid.validate import KNOBS, ConfigError
+from fnsysid.app.build import build
+from fnsysid.app.experiment import run_experiment
+from fnsysid.config.checks import KNOBS, ConfigError
+from fnsysid.config.groups import options
+from fnsysid.config.schema import GROUPS
 from tests.conftest import compose_cfg
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,7 +142,7 @@ BAD_FOR_HYDRA = [
      "hydra.sweeper.params.seed='1,2': hydra.sweeper.params is null in this config"),
     (["experiment=synthetic_gd_M", "hydra.sweeper.params.M=2,3"],
      "hydra.sweeper.params.M=2,3: a hydra.* setting takes one value, not a sweep: quote it"),
-    (["-cp", "conf", "M=3"], "--config-path conf: no primary config in pkg://fnsysid/conf"),
+    (["-cp", "conf", "M=3"], "--config-path conf: no primary config in pkg://fnsysid.app/conf"),
     (["-cp", "/nonexistent/conf", "M=3"], "--config-path /nonexistent/conf: no such folder"),
 ]
 
@@ -181,7 +181,7 @@ def test_a_config_file_hydra_refuses_is_one_line_exit_2_and_writes_nothing(tmp_p
 
 
 def test_the_forms_the_messages_suggest_pass_the_check(tmp_path):
-    from fnsysid.cli import preflight
+    from fnsysid.app.preflight import preflight
 
     out = [f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"]
     res = cli("-m", "M=3", "hydra.sweeper.params.seed=1,2", *out)
@@ -197,7 +197,7 @@ def test_the_forms_the_messages_suggest_pass_the_check(tmp_path):
 
 def test_settings_checked_inside_a_job_leave_no_folder(tmp_path):
     """A cross-setting error met only at run time removes Hydra's job folder too."""
-    from fnsysid.cli import _remove_outputs
+    from fnsysid.app.cli import _remove_outputs
 
     job = tmp_path / "sweep" / "M=1"
     (job / ".hydra").mkdir(parents=True)

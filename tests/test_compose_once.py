@@ -1,4 +1,4 @@
-"""A command composes its config once (fnsysid.sweep_configs.ComposeOnceLoader): the check
+"""A command composes its config once (fnsysid.config.sweep_configs.ComposeOnceLoader): the check
 before the run, Hydra's reading of ``hydra.mode`` and the run itself get the config that Hydra's
 own composition gives, field for field, including Hydra's node."""
 
@@ -20,11 +20,11 @@ from hydra.errors import ConfigCompositionException
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-import fnsysid.cli as cli
-import fnsysid.experiment
-import fnsysid.sweep
-from fnsysid.options import CONF_DIR
-from fnsysid.sweep_configs import ComposeOnceLoader, _Store
+import fnsysid.app.cli as cli
+import fnsysid.app.experiment
+import fnsysid.results.sweep
+from fnsysid.config.groups import CONF_DIR
+from fnsysid.config.sweep_configs import ComposeOnceLoader, _Store
 from tests.test_data_files import linear_fleet, write_per_client
 
 QUIET = ["progress=false", "output.plot=false", "R=2", "repeats=1"]
@@ -64,8 +64,8 @@ def run_main(monkeypatch, args: list[str], reuse: bool) -> dict:
 
     monkeypatch.setattr(ConfigLoaderImpl, "_load_configuration_impl", counting)
     monkeypatch.setattr(Hydra, "compose_config", recording)
-    monkeypatch.setattr(fnsysid.experiment, "run_experiment", job)
-    monkeypatch.setattr(fnsysid.sweep.SweepTable, "on_multirun_end", master)
+    monkeypatch.setattr(fnsysid.app.experiment, "run_experiment", job)
+    monkeypatch.setattr(fnsysid.results.sweep.SweepTable, "on_multirun_end", master)
     monkeypatch.setattr(cli.interrupt, "parent_handlers", lambda: None)
     monkeypatch.setattr(cli.interrupt, "job_handlers", lambda: None)
     if not reuse:

@@ -9,8 +9,8 @@ import pytest
 
 import fnsysid
 from fnsysid import load_trajectories
-from fnsysid.experiment import run_experiment
-from fnsysid.trajectory_files import DataError
+from fnsysid.app.experiment import run_experiment
+from fnsysid.data.files import DataError
 from tests.conftest import compose_cfg
 from tests.test_cli import cli
 
@@ -108,9 +108,9 @@ def test_without_truth_the_run_is_judged_by_prediction(tmp_path):
 
 
 def test_one_step_nrmse_from_statistics_equals_the_direct_computation(tmp_path):
-    from fnsysid.build import build
-    from fnsysid.data_source import load_data
-    from fnsysid.metrics import nrmse_one_step, one_step
+    from fnsysid.app.build import build
+    from fnsysid.data.source import load_data
+    from fnsysid.results.metrics import nrmse_one_step, one_step
 
     df, _ = linear_fleet(noise=0.3, seed=5)
     write_per_client(df, tmp_path / "logs")
@@ -132,9 +132,9 @@ def test_one_step_nrmse_from_statistics_equals_the_direct_computation(tmp_path):
 
 
 def test_a_rollout_that_blows_up_is_inf_not_a_crash(tmp_path):
-    from fnsysid.build import build
-    from fnsysid.data_source import load_data
-    from fnsysid.metrics import nrmse_free_run
+    from fnsysid.app.build import build
+    from fnsysid.data.source import load_data
+    from fnsysid.results.metrics import nrmse_free_run
 
     df, _ = linear_fleet(length=200)
     write_per_client(df, tmp_path / "logs")
@@ -292,8 +292,8 @@ def test_bad_data_on_the_command_line_exits_2_without_a_folder(tmp_path):
 
 
 def test_split_column_val_path_and_holdout_choose_the_same_held_out_data(tmp_path, caplog):
-    from fnsysid.build import build
-    from fnsysid.data_source import load_data
+    from fnsysid.app.build import build
+    from fnsysid.data.source import load_data
 
     df, _ = linear_fleet(n_clients=2, n_traj=4, length=10, noise=0.1, seed=2)
     df["client"] = df["client"].str.replace("robot", "")           # numeric ids 0, 1
@@ -403,7 +403,7 @@ def test_m_null_is_only_for_files():
     with pytest.raises(fnsysid.ConfigError, match=r"^M=null is not allowed: M \(number of "
                                                   r"clients\) must be an integer >= 1"):
         fnsysid.run(["system=pendulum", "M=null", "R=1"])
-    from fnsysid.validate import check_run
+    from fnsysid.config.checks import check_run
     cfg = compose_cfg("system=pendulum")
     cfg.repeats = None                    # e.g. from a config file of one's own
     with pytest.raises(fnsysid.ConfigError, match=r"^repeats=null is not allowed: .* \(null "

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import yaml
 
-from fnsysid.build import build
-from fnsysid.model import centred_stats, generate
-from fnsysid.options import CONF_DIR, options
-from fnsysid.validate import check_run
+from fnsysid.app.build import build
+from fnsysid.config.checks import check_run
+from fnsysid.config.groups import CONF_DIR, options
+from fnsysid.dynamics.model import centred_stats, generate
 from tests.conftest import compose_cfg, make
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -43,8 +43,8 @@ def test_duffing_through_config_dir_identifies_the_fleet(tmp_path):
 
 def test_the_check_lists_the_users_options_and_names_missing_keys(tmp_path,
                                                                    duffing_importable):
-    from fnsysid.cli import preflight
-    from fnsysid.validate import ConfigError
+    from fnsysid.app.preflight import preflight
+    from fnsysid.config.checks import ConfigError
 
     def message(*args, conf=CONF) -> str:
         with pytest.raises(ConfigError) as exc:
@@ -69,7 +69,7 @@ def test_the_check_lists_the_users_options_and_names_missing_keys(tmp_path,
 
 
 def test_noiseless_duffing_data_give_each_clients_parameters(duffing_importable):
-    from fnsysid.model import generate, least_squares
+    from fnsysid.dynamics.model import generate, least_squares
 
     res = fnsysid.run({"system": "duffing", "system.disturbance.kind": "zero", "M": 3,
                        "R": 1, "repeats": 1, "progress": False}, config_dir=CONF)

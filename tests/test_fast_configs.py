@@ -1,4 +1,4 @@
-"""fnsysid.fast_configs: OmegaConf's copies and parses within the block equal OmegaConf's own."""
+"""fnsysid.config.fast_configs: copies and parses within the block equal OmegaConf's own."""
 
 import copy
 import dataclasses
@@ -14,9 +14,9 @@ from omegaconf._utils import get_omega_conf_dumper
 from omegaconf.base import Container, Node
 from omegaconf.errors import GrammarParseError
 
-from fnsysid import fast_configs
-from fnsysid.cli import CONF_DIR
-from fnsysid.fast_configs import faster_configs
+from fnsysid.config import fast_configs
+from fnsysid.config.fast_configs import faster_configs
+from fnsysid.config.groups import CONF_DIR
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fnsysid.features import Concat, Fourier, Identity, Polynomial
+from fnsysid.dynamics.features import Concat, Fourier, Identity, Polynomial
 
 
 def test_polynomial_values_and_names():

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from fnsysid.metrics import client_errors
-from fnsysid.model import generate
-from fnsysid.optim import GD, SGD, gd_steps, preconditioner, step_sizes
-from fnsysid.strategies import FedAvg, aggregate
+from fnsysid.dynamics.model import generate
+from fnsysid.learning.optim import GD, SGD, gd_steps, preconditioner, step_sizes
+from fnsysid.learning.strategies import FedAvg, aggregate
+from fnsysid.results.metrics import client_errors
 from tests.conftest import make
 
 

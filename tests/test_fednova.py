@@ -7,13 +7,13 @@ import pandas as pd
 import pytest
 from numpy.linalg import matrix_power, norm, solve
 
-from fnsysid import random as rnd
-from fnsysid.experiment import run_experiment
-from fnsysid.local_work import local_steps
-from fnsysid.model import generate
-from fnsysid.optim import GD
-from fnsysid.strategies import FedAvg, FedNova, Scaffold
-from fnsysid.validate import ConfigError
+from fnsysid.app.experiment import run_experiment
+from fnsysid.config.checks import ConfigError
+from fnsysid.dynamics import random as rnd
+from fnsysid.dynamics.model import generate
+from fnsysid.learning.local_work import local_steps
+from fnsysid.learning.optim import GD
+from fnsysid.learning.strategies import FedAvg, FedNova, Scaffold
 from tests.conftest import compose_cfg, make
 
 K_I = np.array([1, 2, 5, 20])

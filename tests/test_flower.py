@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fnsysid import runtime
-from fnsysid.experiment import run_experiment
-from fnsysid.validate import ConfigError
+from fnsysid.app.experiment import run_experiment
+from fnsysid.config.checks import ConfigError
+from fnsysid.runtimes import check as runtime
 from tests.conftest import compose_cfg
 
 needs_flower = pytest.mark.skipif(

@@ -45,6 +45,6 @@ def test_non_editable_install_runs_from_any_folder(tmp_path):
                           cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert plot.returncode == 0, plot.stderr
     assert (work / "sweep.png").stat().st_size > 10_000
-    where = subprocess.run([str(py), "-c", "import fnsysid.options as o; print(o.CONF_DIR)"],
+    where = subprocess.run([str(py), "-c", "import fnsysid.config.groups as o; print(o.CONF_DIR)"],
                            cwd=work, env=env, capture_output=True, text=True)
     assert str(env_dir) in where.stdout and sys.prefix not in where.stdout

@@ -53,9 +53,9 @@ def test_signal_stops_at_end_of_round_and_writes_rows_so_far(tmp_path, sig, code
 
 
 def test_earlier_run_folder_refused_then_overwritten_cleanly(tmp_path):
-    from fnsysid.cli import preflight
-    from fnsysid.experiment import run_experiment
-    from fnsysid.validate import ConfigError
+    from fnsysid.app.experiment import run_experiment
+    from fnsysid.app.preflight import preflight
+    from fnsysid.config.checks import ConfigError
     from tests.conftest import compose_cfg
 
     run = tmp_path / "run"
@@ -73,7 +73,7 @@ def test_earlier_run_folder_refused_then_overwritten_cleanly(tmp_path):
 
 
 def test_resume_skips_finished_jobs_and_reruns_the_rest(tmp_path):
-    from fnsysid.experiment import run_experiment
+    from fnsysid.app.experiment import run_experiment
     from tests.conftest import compose_cfg
 
     sweep = tmp_path / "sweep"
@@ -95,8 +95,8 @@ def test_resume_skips_finished_jobs_and_reruns_the_rest(tmp_path):
 
 
 def test_resume_reruns_a_finished_job_whose_errors_csv_is_corrupt(tmp_path):
-    from fnsysid.experiment import run_experiment
-    from fnsysid.run_folder import finished_ok
+    from fnsysid.app.experiment import run_experiment
+    from fnsysid.results.folder import finished_ok
     from tests.conftest import compose_cfg
 
     sweep = tmp_path / "sweep"
@@ -132,10 +132,10 @@ def test_sweep_with_a_corrupt_finished_job_names_it_and_exits_3(tmp_path, capsys
     """A job's errors.csv corrupted after it finished: no results.csv, one line, exit 3."""
     from omegaconf import OmegaConf
 
-    from fnsysid.cli import SweepStatus, _sweep_exit
-    from fnsysid.experiment import run_experiment
-    from fnsysid.run_folder import errors_problem
-    from fnsysid.sweep import RESULTS, SweepTable
+    from fnsysid.app.cli import SweepStatus, _sweep_exit
+    from fnsysid.app.experiment import run_experiment
+    from fnsysid.results.folder import errors_problem
+    from fnsysid.results.sweep import RESULTS, SweepTable
     from tests.conftest import compose_cfg
 
     job = tmp_path / "M=1"
@@ -226,9 +226,10 @@ def test_no_joblib_worker_outlives_a_killed_sweep(tmp_path, sig):
 
 def test_sweep_job_refused_in_the_job_is_marked_and_exits_2(tmp_path, monkeypatch, capsys):
     """A combination past the preflight's limit that turns out bad marks its job 'refused'."""
-    import fnsysid.cli as cli_mod
+    import fnsysid.app.cli as cli_mod
+    import fnsysid.app.preflight as preflight_mod
 
-    monkeypatch.setattr(cli_mod, "MAX_CHECKED", 1)
+    monkeypatch.setattr(preflight_mod, "MAX_CHECKED", 1)
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     monkeypatch.setattr(sys, "argv", [
         "run.py", "-m", "optimizer=sgd", "optimizer.batch_size=30", "T=5", "N=10,5", "R=1",

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from fnsysid import random as rnd
-from fnsysid.heldout import heldout_from_trajectories
-from fnsysid.metrics import HeldOutScores, ParameterErrors, free_run, one_step
-from fnsysid.model import simulate_blocks
+from fnsysid.data.heldout import heldout_from_trajectories
+from fnsysid.dynamics import random as rnd
+from fnsysid.dynamics.model import simulate_blocks
+from fnsysid.results.metrics import HeldOutScores, ParameterErrors, free_run, one_step
 from tests.conftest import make
 
 
@@ -71,7 +71,7 @@ def test_parameter_errors_match_the_norm_formula():
 
 @pytest.mark.parametrize("system", ["pendulum", "synthetic", "quadrotor"])
 def test_scores_are_evaluated_in_chunks_without_seams(system):
-    from fnsysid.metrics import CHUNK
+    from fnsysid.results.metrics import CHUNK
 
     _, model, *_ = make(f"system={system}")
     sys_ = model.system
@@ -94,7 +94,7 @@ def test_scores_are_evaluated_in_chunks_without_seams(system):
 
 
 def test_heldout_statistics_do_not_depend_on_chunks_or_threads(monkeypatch):
-    from fnsysid import model as model_mod
+    from fnsysid.dynamics import model as model_mod
 
     _, model, *_ = make("system=quadrotor")
     rng = np.random.default_rng(3)
@@ -122,11 +122,11 @@ def test_round_summaries_equal_the_per_client_arrays(monkeypatch):
     """Many clients and one shared model: train() records maxima and means from one pass
     (shared_summary, here over 4 chunks); keeping the per-client errors takes the array
     path. Same rows."""
-    from fnsysid import metrics
-    from fnsysid.build import initial_model
-    from fnsysid.data_source import load_data
-    from fnsysid.metrics import SMALL
-    from fnsysid.training import train
+    from fnsysid.data.source import load_data
+    from fnsysid.learning.start import initial_model
+    from fnsysid.results import metrics
+    from fnsysid.results.metrics import SMALL
+    from fnsysid.runtimes.inprocess import train
 
     M = SMALL + 1000
     cfg, model, opt, strat = make("system=pendulum", f"M={M}", "N=2", "R=6", "repeats=2",
@@ -153,10 +153,10 @@ def test_background_free_run_errors_surface_and_leave_no_thread(monkeypatch):
     one reaches train's caller at the next free run, and no thread is left behind."""
     import threading
 
-    from fnsysid.build import initial_model
-    from fnsysid.data_source import load_data
-    from fnsysid.metrics import SMALL
-    from fnsysid.training import train
+    from fnsysid.data.source import load_data
+    from fnsysid.learning.start import initial_model
+    from fnsysid.results.metrics import SMALL
+    from fnsysid.runtimes.inprocess import train
 
     cfg, model, opt, strat = make("system=pendulum", f"M={SMALL}", "N=1", "R=40",
                                   "repeats=1", "output.eval_every=2")
@@ -186,7 +186,7 @@ def test_background_free_run_errors_surface_and_leave_no_thread(monkeypatch):
 def test_row_means_and_coordinate_first_are_numpy_s_bit_for_bit():
     """The per-round shortcuts give np.mean's and np.moveaxis' results exactly (errors.csv
     must not change by a bit)."""
-    from fnsysid.metrics import _coordinate_first, row_means
+    from fnsysid.results.metrics import _coordinate_first, row_means
 
     rng = np.random.default_rng(11)
     for S, M in ((1, 1), (5, 20), (3, 1000), (2, 4097)):

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from fnsysid.build import fitting_feature_maps
-from fnsysid.features import Fourier, Identity, Polynomial
-from fnsysid.model import FeatureMapError, build_model, generate
+from fnsysid.app.build import fitting_feature_maps
+from fnsysid.dynamics.features import Fourier, Identity, Polynomial
+from fnsysid.dynamics.model import FeatureMapError, build_model, generate
 from tests.conftest import make
 
 SYSTEMS = ["synthetic", "linear", "pendulum", "quadrotor"]

@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fnsysid.experiment import run_experiment
-from fnsysid.model import generate
-from fnsysid.optim import GD, gd_steps, step_sizes
-from fnsysid.strategies import FedAvg, FedNova, Scaffold
+from fnsysid.app.experiment import run_experiment
+from fnsysid.dynamics.model import generate
+from fnsysid.learning.optim import GD, gd_steps, step_sizes
+from fnsysid.learning.strategies import FedAvg, FedNova, Scaffold
 from tests.conftest import compose_cfg, make
 
 

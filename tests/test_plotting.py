@@ -3,7 +3,7 @@
 import matplotlib.pyplot as plt
 import numpy as np
 
-from fnsysid.plotting import save
+from fnsysid.results.plotting import save
 
 
 def _figure():
@@ -53,7 +53,7 @@ def test_a_diverged_job_is_named_in_the_legend_and_the_table_not_drawn(tmp_path)
     import sys
     from pathlib import Path
 
-    from fnsysid.plotting import figure
+    from fnsysid.results.plotting import figure
 
     root = Path(__file__).resolve().parent.parent
     sweep = tmp_path / "sweep"
@@ -75,7 +75,7 @@ def test_a_diverged_job_is_named_in_the_legend_and_the_table_not_drawn(tmp_path)
                              for ax in fig.axes]
         real_save(fig, paths, dpi)
 
-    import fnsysid.plotting as plotting
+    import fnsysid.results.plotting as plotting
     plotting.save, old = keep, plotting.save
     try:
         table = figure(panels, tmp_path / "fig")
@@ -98,8 +98,8 @@ def test_one_legend_for_several_panels_names_the_jobs_not_drawn_in_each(tmp_path
     import sys
     from pathlib import Path
 
-    import fnsysid.plotting as plotting
-    from fnsysid.sweep import read_sweep
+    import fnsysid.results.plotting as plotting
+    from fnsysid.results.sweep import read_sweep
 
     root = Path(__file__).resolve().parent.parent
     sweep = tmp_path / "sweep"
@@ -132,8 +132,8 @@ def test_heat_map_names_a_diverged_cell(tmp_path):
     import sys
     from pathlib import Path
 
-    import fnsysid.plotting as plotting
-    from fnsysid.sweep import read_sweep
+    import fnsysid.results.plotting as plotting
+    from fnsysid.results.sweep import read_sweep
 
     root = Path(__file__).resolve().parent.parent
     sweep = tmp_path / "sweep"

@@ -7,7 +7,7 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from fnsysid.quadrotor import Quadrotor, rotate_ez
+from fnsysid.dynamics.quadrotor import Quadrotor, rotate_ez
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "system" / "quadrotor.yaml"
 CONTROLLER = {"f0": 5.0, "z_ref": 5.0, "kp_z": 0.755, "kd_z": 1.25, "kp_q": 0.03,

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from fnsysid import random as rnd
-from fnsysid.model import generate
+from fnsysid.dynamics import random as rnd
+from fnsysid.dynamics.model import generate
 from tests.conftest import make
 
 
@@ -125,8 +125,8 @@ def test_stream_batch_gives_each_stream_its_own_sequence_of_draws():
 
 
 def test_simulating_blocks_together_changes_no_number(monkeypatch):
-    from fnsysid import model as model_module
-    from fnsysid.systems import System
+    from fnsysid.dynamics import model as model_module
+    from fnsysid.dynamics.systems import System
 
     _, model, *_ = make("system=pendulum")
     kw = dict(M=2 * rnd.BLOCK + 3, N=[2, 3] * rnd.BLOCK + [1, 2, 3], T=4, eps=0.1, repeats=2,
@@ -142,7 +142,7 @@ def test_simulating_blocks_together_changes_no_number(monkeypatch):
 
 
 def test_thread_count_is_checked(monkeypatch):
-    from fnsysid.model import threads
+    from fnsysid.dynamics.model import threads
 
     monkeypatch.setenv("FNSYSID_THREADS", "3")
     assert threads(10) == 3 and threads(2) == 2 and threads(0) == 1
@@ -155,7 +155,7 @@ def test_a_stream_made_again_is_the_generator_its_seed_sequence_makes(monkeypatc
     """stream() keeps each stream's PCG64 state: made again (or after the store was
     cleared), it is still PCG64(SeedSequence(seed, spawn_key=(purpose, *key))): the same
     state, numbers, spawned children, seed-sequence words and attributes."""
-    from fnsysid import random as rnd
+    from fnsysid.dynamics import random as rnd
 
     monkeypatch.setattr(rnd, "_STATES", {})
     monkeypatch.setattr(rnd, "_STATES_MAX", 3)

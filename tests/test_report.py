@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fnsysid.model import generate, least_squares, pooled
-from fnsysid.plotting import (
+from fnsysid.dynamics.model import generate, least_squares, pooled
+from fnsysid.results.plotting import (
     decades,
     matches,
     samples_read,
@@ -20,8 +20,8 @@ from fnsysid.plotting import (
     style_axes,
     wrap,
 )
-from fnsysid.tables import estimates_table
-from fnsysid.theory import theorem1
+from fnsysid.results.tables import estimates_table
+from fnsysid.results.theory import theorem1
 from tests.conftest import make
 
 
@@ -102,13 +102,13 @@ def test_titles_wrap_and_where_accepts_lists():
 
 def test_solver_label_names_reduction_and_scaling(tmp_path):
     (tmp_path / "config.yaml").write_text(
-        "optimizer: {_target_: fnsysid.optim.SGD, batch_size: 10, reduction: mean,"
+        "optimizer: {_target_: fnsysid.learning.optim.SGD, batch_size: 10, reduction: mean,"
         " scale_features: true, schedule: constant}\n"
-        "strategy: {_target_: fnsysid.strategies.FedAvg}\n")
+        "strategy: {_target_: fnsysid.learning.strategies.FedAvg}\n")
     assert solver_label(tmp_path) == "FedAvg, SGD batch 10, mean gradient, diagonal feature scaling"
     (tmp_path / "config.yaml").write_text(
-        "optimizer: {_target_: fnsysid.optim.GD, reduction: sum, scale_features: none,"
-        " schedule: inverse_k}\nstrategy: {_target_: fnsysid.strategies.Cyclic}\n")
+        "optimizer: {_target_: fnsysid.learning.optim.GD, reduction: sum, scale_features: none,"
+        " schedule: inverse_k}\nstrategy: {_target_: fnsysid.learning.strategies.Cyclic}\n")
     assert solver_label(tmp_path, with_strategy=False) == (
         "local solver: GD, sum gradient, unscaled features, lr/k steps")
 

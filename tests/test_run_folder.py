@@ -2,7 +2,7 @@
 
 import pytest
 
-from fnsysid.run_folder import errors_problem
+from fnsysid.results.folder import errors_problem
 
 HEADER = "repeat,round,e_max,e_mean"
 ROWS = ["0,0,0.5,0.25", "0,1,1e-05,", "0,2,nan,inf", "1,0,-0.5,+2.5E+300", "1,1,0.1,0.2",

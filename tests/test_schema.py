@@ -1,7 +1,7 @@
 """The typed config schema and the pre-run check: wrong types, ranges, unknown keys, Hydra flags.
 
-Most cases call :func:`fnsysid.cli.preflight` in-process (what ``run.py`` runs before Hydra);
-a few go through the command line end to end.
+Most cases call :func:`fnsysid.app.preflight.preflight` in-process (what ``run.py`` runs before
+Hydra); a few go through the command line end to end.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import math
 
 import pytest
 
-from fnsysid.cli import preflight
-from fnsysid.experiment import run_experiment
-from fnsysid.options import options
-from fnsysid.schema import ROOT, leaf_spec, show
-from fnsysid.validate import ConfigError
+from fnsysid.app.experiment import run_experiment
+from fnsysid.app.preflight import preflight
+from fnsysid.config.checks import ConfigError
+from fnsysid.config.groups import options
+from fnsysid.config.schema import ROOT, leaf_spec, show
 from tests.conftest import compose_cfg
 from tests.test_cli import cli
 
@@ -97,7 +97,7 @@ def _check_overrides(args: list[str]) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf, open_dict
 
-    from fnsysid.validate import check_run
+    from fnsysid.config.checks import check_run
 
     groups = tuple(a for a in args if a.split("=")[0] in ("system", "strategy", "feature_map"))
     cfg = _composed(*groups).copy()
@@ -131,7 +131,7 @@ ACCEPTED = [
     ["-m", "M=1,2", "hydra.launcher.n_jobs=1"],
     ["R=3", "-m", "M=1,2"],                        # flags after overrides
     ["system.x0.scale=[0.5,0.5]", "lr=1"],         # an integer for a float
-    ["+feature_map._target_=fnsysid.features.Identity", "system=linear",
+    ["+feature_map._target_=fnsysid.dynamics.features.Identity", "system=linear",
      "+feature_map.bias=true"],                    # a library given by class path
     ["+system.x0.clip=inf", "system.x0.kind=truncnormal"],
     ["experiment=pendulum_gd_M"],
@@ -153,7 +153,7 @@ def test_the_job_checks_the_composed_config_again(tmp_path):
 
 def test_every_composed_option_passes_the_schema():
     """The schema covers every option shipped in conf/ (nothing valid is refused)."""
-    from fnsysid.validate import check_run
+    from fnsysid.config.checks import check_run
 
     fits = {"fourier": "synthetic", "polynomial": "linear", "affine": "linear"}
     # (every experiment is checked by test_experiments.py)
@@ -235,8 +235,8 @@ def test_huge_runs_refused_with_the_estimate_and_the_memory_available(args):
 
 
 def test_memory_estimate_grows_with_clients_and_is_checked_against_the_limit(monkeypatch):
-    from fnsysid.build import build
-    from fnsysid.resources import estimate_bytes
+    from fnsysid.app.build import build
+    from fnsysid.app.resources import estimate_bytes
 
     def est(*ov):
         cfg = compose_cfg("system=pendulum", *ov)
@@ -273,7 +273,7 @@ def test_results_folder_that_cannot_be_written_is_refused(tmp_path, where, messa
 def test_atomic_write_failure_names_path_and_cause_and_leaves_no_file(tmp_path):
     import errno
 
-    from fnsysid.atomic import WriteError, write_atomic, write_json, write_text
+    from fnsysid.results.atomic import WriteError, write_atomic, write_json, write_text
 
     write_text(tmp_path / "a.csv", "old\n")
 
@@ -300,8 +300,8 @@ def test_files_written_together_are_all_on_disk_before_the_first_is_renamed(tmp_
     import os
     from pathlib import Path
 
-    from fnsysid import atomic
-    from fnsysid.atomic import WriteError, together, write_json, write_text
+    from fnsysid.results import atomic
+    from fnsysid.results.atomic import WriteError, together, write_json, write_text
 
     events = []
     fsync, replace = os.fsync, os.replace
@@ -369,7 +369,7 @@ def test_files_written_together_in_two_threads_are_each_threads_own(tmp_path):
     block removes none of them."""
     import threading
 
-    from fnsysid.atomic import together, write_text
+    from fnsysid.results.atomic import together, write_text
 
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from fnsysid.model import generate, least_squares, pooled
-from fnsysid.optim import GD, SGD
-from fnsysid.strategies import (
+from fnsysid.dynamics.model import generate, least_squares, pooled
+from fnsysid.learning.optim import GD, SGD
+from fnsysid.learning.strategies import (
     Centralized,
     Cyclic,
     FedAvg,
@@ -119,8 +119,8 @@ def test_strategy_options_are_checked():
 
 @pytest.mark.parametrize("system", ["pendulum", "synthetic", "linear", "quadrotor"])
 def test_every_strategy_runs_on_every_system(system, tmp_path):
-    from fnsysid.experiment import run_experiment
-    from fnsysid.options import options
+    from fnsysid.app.experiment import run_experiment
+    from fnsysid.config.groups import options
     from tests.conftest import compose_cfg
 
     for strategy in options("strategy"):

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fnsysid.plot_sweep import main as plot_main
-from fnsysid.sweep import declared_keys, find_sweep, read_sweep, results_table
+from fnsysid.app.plot_cli import main as plot_main
+from fnsysid.results.sweep import declared_keys, find_sweep, read_sweep, results_table
 
 ROOT = Path(__file__).resolve().parent.parent
 QUIET = ["progress=false", "output.plot=false", "hydra.launcher.n_jobs=1"]
@@ -118,7 +118,7 @@ def test_stored_sweep_holds_only_its_own_jobs(tmp_path):
 
 def test_figure_panels_filter_jobs_share_one_legend_and_label_only_varying_keys(two_key_sweep,
                                                                                 tmp_path):
-    from fnsysid.plotting import figure
+    from fnsysid.results.plotting import figure
 
     panels = [{"dir": two_key_sweep, "where": {"eps": 0}, "title": "eps 0", "xmax": "auto"},
               {"dir": two_key_sweep, "where": {"eps": "0.1"}, "title": "eps 0.1"}]
@@ -152,7 +152,7 @@ def fake_sweep(root: Path, jobs: dict[str, tuple[int, int, list[str]]]) -> Path:
 ])
 def test_results_of_all_jobs_at_once_are_those_of_one_job_at_a_time(tmp_path, monkeypatch,
                                                                       jobs):
-    import fnsysid.sweep as sweep
+    import fnsysid.results.sweep as sweep
 
     root = fake_sweep(tmp_path, jobs)
     at_once = results_table(root)

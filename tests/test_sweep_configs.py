@@ -15,8 +15,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import OmegaConf, open_dict
 
-from fnsysid.options import CONF_DIR, options
-from fnsysid.sweep_configs import ReusingConfigLoader
+from fnsysid.config.groups import CONF_DIR, options
+from fnsysid.config.sweep_configs import ReusingConfigLoader
 
 ROOT = Path(__file__).resolve().parent.parent
 QUIET = ["progress=false", "output.plot=false"]
@@ -140,8 +140,8 @@ def test_a_sweep_config_composed_once_is_still_checked_for_hydra_sweeps():
 def test_runs_with_the_same_simulation_settings_share_one_read_only_dataset():
     import numpy as np
 
-    from fnsysid.data_source import load_data, reuse_simulations
-    from fnsysid.experiment import execute
+    from fnsysid.app.experiment import execute
+    from fnsysid.data.source import load_data, reuse_simulations
     from tests.conftest import make
 
     cfg_a, model, opt, _ = make("system=pendulum", "M=3", "R=4", "repeats=2")
@@ -191,7 +191,7 @@ def test_the_launcher_gets_the_config_the_batch_check_composed_once():
 
     from hydra.plugins.sweeper import Sweeper
 
-    from fnsysid.sweep_configs import reuse_compositions
+    from fnsysid.config.sweep_configs import reuse_compositions
 
     path = create_config_search_path(str(CONF_DIR))
     hydra_loader = ConfigLoaderImpl(config_search_path=path)
@@ -224,7 +224,7 @@ def test_config_files_kept_within_a_block_give_hydras_compositions(tmp_path, mon
 
     from hydra._internal.core_plugins.file_config_source import FileConfigSource
 
-    from fnsysid.sweep_configs import ComposeOnceLoader, keep_config_files
+    from fnsysid.config.sweep_configs import ComposeOnceLoader, keep_config_files
 
     conf = tmp_path / "conf"
     shutil.copytree(CONF_DIR, conf)

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fnsysid.experiment import execute
-from fnsysid.tables import Table, _csv_field, make_summary
+from fnsysid.app.experiment import execute
+from fnsysid.results.tables import Table, _csv_field, make_summary
 from tests.conftest import compose_cfg, make
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,7 +103,7 @@ def test_result_takes_dataframes_and_tables_alike(tmp_path):
     before tables were written without pandas, works the same."""
     import dataclasses
 
-    from fnsysid.output_files import write_run
+    from fnsysid.results.files import write_run
 
     result = execute(compose_cfg("M=3", "R=2", "output.plot=false"), choices={})
     assert isinstance(result.tables["errors"], pd.DataFrame)
@@ -160,7 +160,7 @@ def test_config_yaml_is_the_text_omegaconf_writes():
     special floats, lists and nesting come out as OmegaConf.to_yaml writes them."""
     from omegaconf import OmegaConf
 
-    from fnsysid.output_files import _emitted_alike, config_yaml
+    from fnsysid.results.files import _emitted_alike, config_yaml
 
     tricky = OmegaConf.create({
         "a": "yes", "b": "1e3", "c": "null", "d": "\u00fc \u2211 \u6f22\u5b57", "e": "x " * 60,
@@ -192,10 +192,10 @@ def test_one_resolved_config_serves_the_checks_the_build_the_data_key_and_config
 
     from omegaconf import OmegaConf
 
-    from fnsysid.build import build
-    from fnsysid.data_source import _simulation_key
-    from fnsysid.output_files import config_yaml, write_outputs
-    from fnsysid.validate import check_run
+    from fnsysid.app.build import build
+    from fnsysid.config.checks import check_run
+    from fnsysid.data.source import _simulation_key
+    from fnsysid.results.files import config_yaml, write_outputs
 
     def state(objs):
         return [(type(o), pickle.dumps(vars(o))) for o in objs]

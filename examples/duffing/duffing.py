@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fnsysid.systems import System, dense_structure
+from fnsysid.dynamics.systems import System, dense_structure
 
 
 class Duffing(System):
@@ -30,7 +30,7 @@ class Duffing(System):
     directions : list of lists, (n_gamma, 4)
         Client i has ``theta_0 + gamma_i @ directions``, ``gamma_i ~ U(0, eps)``.
     x0, inputs, disturbance : mapping
-        Noise specs (:class:`fnsysid.random.Noise`) of the initial state (2), the input (1)
+        Noise specs (:class:`fnsysid.dynamics.random.Noise`) of the initial state (2), the input (1)
         and the velocity disturbance (1).
     """
 

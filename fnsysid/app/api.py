@@ -1,0 +1,75 @@
+"""Python API for notebooks and scripts: the command line's runs as function calls.
+
+>>> import fnsysid
+>>> res = fnsysid.run({"system": "pendulum", "M": 5, "R": 10})        # doctest: +SKIP
+>>> res.errors.tail(1)                                                # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from fnsysid.app.experiment import Result, execute, given_keys
+from fnsysid.app.preflight import as_overrides, check_output_dir, compose
+from fnsysid.config.checks import ConfigError
+from fnsysid.data.files import PUBLIC_COLUMNS, read_trajectories
+from fnsysid.results.files import write_outputs
+from fnsysid.results.folder import clear_results, has_results
+
+
+def run(overrides=(), output_dir=None, config_dir=None) -> Result:
+    """Run one experiment, as ``python run.py <overrides>`` does, and return its results.
+
+    Parameters
+    ----------
+    overrides : list of ``"key=value"`` strings (exactly the command line's) or a dict
+        ``{"system": "pendulum", "M": 5, "data.states": ["x1", "x2"]}``.
+    output_dir : folder to write the run's files into (as the command line does); None
+        writes nothing. Checked before the run: a file, a folder that cannot be written, or
+        one holding an earlier run (unless ``output.overwrite=true``) is refused.
+    config_dir : a folder of your own config groups (like ``--config-dir``).
+
+    Returns
+    -------
+    :class:`~fnsysid.app.experiment.Result` with the DataFrames ``errors``, ``clients``,
+    ``estimates``, ``theory`` and the ``summary`` dict (which names the chosen group options).
+
+    Raises
+    ------
+    ConfigError
+        With the command line's one-line message for a bad setting or bad data; nothing is
+        written then.
+    """
+    cfg, choices = compose(overrides, config_dir)
+    if output_dir is not None:
+        check_output_folder(Path(output_dir), cfg)
+    result = execute(cfg, choices, given_keys(as_overrides(overrides)))
+    if output_dir is not None:
+        if cfg.output.get("overwrite"):
+            clear_results(Path(output_dir))
+        write_outputs(Path(output_dir), cfg, result)
+    return result
+
+
+def check_output_folder(folder: Path, cfg) -> None:
+    """``output_dir`` must be (or become) a writable folder without an earlier run's results
+    (unless ``output.overwrite=true``), as the command line's results folder: checked before
+    the run starts."""
+    check_output_dir("output_dir", folder)
+    if has_results(folder) and not cfg.output.get("overwrite"):
+        raise ConfigError(f"output_dir={folder} holds an earlier run: choose a new folder, or "
+                          "add output.overwrite=true to replace its results")
+
+
+def load_trajectories(path, states, inputs=()) -> pd.DataFrame:
+    """Read and check trajectory files (the ``data=files`` layout) into one DataFrame.
+
+    Columns ``repeat, client, trajectory, t, split``, the states and the inputs; raises
+    :class:`~fnsysid.data.files.DataError` (a :class:`ConfigError`) naming the file and
+    row or column of the first problem.
+    """
+    df = read_trajectories(path, states, inputs)
+    names = [c for c in df.columns if c not in PUBLIC_COLUMNS and not c.startswith("_")]
+    return df[PUBLIC_COLUMNS + names].reset_index(drop=True)

@@ -1,0 +1,205 @@
+"""Command line: check the overrides (:mod:`fnsysid.app.preflight`), then hand over to Hydra,
+which calls :func:`task` for each job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from fnsysid.app.preflight import _check_commands, _flags_first, _overrides, preflight
+from fnsysid.config.checks import ConfigError
+from fnsysid.config.fast_configs import faster_configs
+from fnsysid.config.groups import CONF_DIR
+from fnsysid.config.sweep_configs import reuse_compositions
+from fnsysid.results.atomic import WriteError, write_json
+from fnsysid.results.folder import clear_results, errors_problem, finished_ok
+from fnsysid.runtimes import interrupt
+
+log = logging.getLogger("fnsysid")
+
+
+def job_name() -> str:
+    """The job name (``hydra.job.name``) that Hydra's entry point gives :func:`task`, derived
+    as Hydra derives it: the check before the run composes the config the run composes."""
+    from hydra._internal.utils import (
+        detect_calling_file_or_module_from_task_function,
+        detect_task_name,
+    )
+
+    return detect_task_name(*detect_calling_file_or_module_from_task_function(task))
+
+
+
+#: the deepest folder on the way to the results folder that existed before this command (set
+#: by :func:`main` from the pre-run check): a refused run removes only what was made below it
+_EXISTED: Path | None = None
+
+
+def _remove_outputs(job_dir: Path) -> None:
+    """Remove what Hydra made for a run that was refused: the job folder and the folders above
+    it that are left empty (or hold only ``multirun.yaml``), up to the folder that existed
+    before the command; a results folder that existed keeps everything but Hydra's records."""
+    job_dir = Path(job_dir).resolve()
+    if _EXISTED is None or not (job_dir == _EXISTED or _EXISTED in job_dir.parents):
+        # no record of the check (a worker process, a call from Python)
+        shutil.rmtree(job_dir, ignore_errors=True)
+        parent = job_dir.parent
+        if parent.exists() and {p.name for p in parent.iterdir()} <= {"multirun.yaml"}:
+            shutil.rmtree(parent, ignore_errors=True)
+        return
+    if job_dir == _EXISTED:
+        shutil.rmtree(job_dir / ".hydra", ignore_errors=True)
+        (job_dir / "run.log").unlink(missing_ok=True)
+        return
+    shutil.rmtree(job_dir, ignore_errors=True)
+    folder = job_dir.parent
+    while folder != _EXISTED and folder.is_dir() and \
+            {p.name for p in folder.iterdir()} <= {"multirun.yaml"}:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder = folder.parent
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+def task(cfg: DictConfig) -> float | None:
+    """One Hydra job: run the experiment into Hydra's output folder."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from fnsysid.app.experiment import run_experiment
+    from fnsysid.results.history import DIVERGENCE_FACTOR
+
+    hc = HydraConfig.get()
+    out = Path(hc.runtime.output_dir)
+    if cfg.output.resume and finished_ok(out, cfg):
+        summary = json.loads((out / "summary.json").read_text())
+        log.info("already done (summary ok, same config), skipped: %s", out)
+        return summary.get("final_e_max_mean")
+    if cfg.output.overwrite or cfg.output.resume:
+        cleared = clear_results(out)
+        if cleared:
+            log.info("cleared the earlier results in %s: %s", out, ", ".join(cleared))
+    interrupt.job_handlers()
+    try:
+        summary = run_experiment(cfg, out)
+    except ConfigError as exc:
+        if hc.mode == RunMode.MULTIRUN:     # a combination the preflight did not reach:
+            log.error("refused: %s", exc)   # mark the job; the sweep ends with exit 2
+            write_json(out / "summary.json", {"status": "refused", "error": str(exc)})
+            return None
+        _remove_outputs(out)
+        print(f"fnsysid: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except WriteError as exc:      # disk full, folder made read-only during the run
+        print(f"fnsysid: error: {exc}; {out} is incomplete (no summary.json)", file=sys.stderr)
+        sys.exit(2)
+    finally:
+        interrupt.job_done()
+    log.info("results: %s", out)
+    if summary["status"] == "interrupted":
+        signum = interrupt.requested()
+        print(f"fnsysid: interrupted by {summary['interrupted_by']} after round "
+              f"{summary['rounds_completed']} of {cfg.R}: rows so far in {out} (status: "
+              "interrupted)", file=sys.stderr)
+        sys.exit(interrupt.exit_code(signum))
+    if summary["status"] != "ok":
+        log.error("run diverged at round %s (an error not finite or above %g times its start):"
+                  " results up to round %s kept; try a smaller lr than %g",
+                  summary["diverged_round"], DIVERGENCE_FACTOR, summary["rounds_completed"],
+                  cfg.lr)
+        if hc.mode == RunMode.RUN:
+            sys.exit(3)
+        return None
+    if summary["final_e_max_mean"] is not None:
+        log.info("final e_R at R=%d (max over clients; mean +- std over %d repeats): %.4f +- "
+                 "%.4f | mean over clients: %.4f", cfg.R, summary["repeats"],
+                 summary["final_e_max_mean"], summary["final_e_max_std"],
+                 summary["final_e_mean_mean"])
+    if summary["final_nrmse_1step_max"] is not None:
+        log.info("final held-out NRMSE (max | mean over clients, mean over repeats): one-step "
+                 "%.4f | %.4f, free run %.4f | %.4f", summary["final_nrmse_1step_max"],
+                 summary["final_nrmse_1step_mean"], summary["final_nrmse_sim_max"],
+                 summary["final_nrmse_sim_mean"])
+    if summary["final_e_max_mean"] is None:
+        return summary["final_nrmse_1step_max"]
+    return summary["final_e_max_mean"]
+
+
+#: jobs of the last multirun whose summary is not ``ok`` (set by :class:`SweepStatus`)
+SWEEP_PROBLEMS: dict[str, list[str]] = {}
+
+
+class SweepStatus(Callback):
+    """Hydra callback: after a multirun, collect the jobs that diverged or did not finish, and
+    finished jobs whose ``errors.csv`` lacks rows its summary counts."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        SWEEP_PROBLEMS.clear()
+        root = Path(config.hydra.sweep.dir)
+        for job in sorted(p.parent for p in root.glob("**/.hydra")):
+            try:
+                summary = json.loads((job / "summary.json").read_text())
+                status = summary["status"]
+            except (OSError, ValueError, KeyError, TypeError):
+                status = "incomplete"
+            if status == "ok" and errors_problem(job, summary) is not None:
+                status = "bad errors.csv"
+            if status != "ok":
+                SWEEP_PROBLEMS.setdefault(status, []).append(str(job.relative_to(root)))
+        if SWEEP_PROBLEMS:
+            SWEEP_PROBLEMS["_root"] = [str(root)]
+
+
+def _sweep_exit() -> None:
+    """Exit with one line if the multirun that just ended had jobs that are not ``ok``: 2 if a
+    job's settings were refused, else 3 (diverged, interrupted or unfinished jobs)."""
+    problems = dict(SWEEP_PROBLEMS)
+    SWEEP_PROBLEMS.clear()          # reported once: a later command in this process starts clean
+    if not problems:
+        return
+    root = problems.pop("_root")[0]
+    parts = [f"{status}: {', '.join(jobs)}" for status, jobs in sorted(problems.items())]
+    print(f"fnsysid: sweep {root} has jobs that are not ok ({'; '.join(parts)}); see their "
+          "summary.json and run.log", file=sys.stderr)
+    sys.exit(2 if "refused" in problems else 3)
+
+
+def main() -> None:
+    """Console entry point (``fnsysid`` or ``python run.py``)."""
+    global _EXISTED
+    argv = sys.argv[1:] = _flags_first(sys.argv[1:])
+    logging.raiseExceptions = False     # a full disk must not print logging tracebacks
+    if not CONF_DIR.is_dir():
+        print(f"fnsysid: error: config folder {CONF_DIR} not found; install from a checkout "
+              "with `make install` (editable), which keeps conf/ beside the package",
+              file=sys.stderr)
+        sys.exit(2)
+    interrupt.parent_handlers()
+    try:
+        # the check's composition of the command's config is the one Hydra runs (and reads
+        # hydra.mode from); sweep jobs are composed as Hydra composes them
+        with faster_configs(), reuse_compositions(_overrides(argv), jobs=False):
+            try:
+                _check_commands(argv)
+                if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
+                                 "--shell-completion", "-sc") for a in argv):
+                    _EXISTED = preflight(argv, job_name())
+            except ConfigError as exc:
+                print(f"fnsysid: error: {exc}", file=sys.stderr)
+                sys.exit(2)
+            task()
+    except (interrupt.Interrupted, KeyboardInterrupt) as exc:
+        signum = getattr(exc, "signum", signal.SIGINT)
+        print(f"fnsysid: interrupted by {signal.Signals(signum).name}: stopped; a job folder "
+              "without summary.json is incomplete (a sweep can be resumed with "
+              "output.resume=true)", file=sys.stderr)
+        sys.exit(interrupt.exit_code(signum))
+    _sweep_exit()

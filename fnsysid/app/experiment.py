@@ -1,0 +1,205 @@
+"""One experiment end to end: config -> data -> model and strategy -> metrics -> tables -> files.
+
+``run_experiment(cfg, output_dir)`` is what ``run.py`` calls; tests call it directly. Each step
+lives in its own module: :mod:`fnsysid.app.build` (objects from the config),
+:mod:`fnsysid.data.source` (the clients' data), :mod:`fnsysid.runtimes.inprocess` (the rounds),
+:mod:`fnsysid.results.metrics`, :mod:`fnsysid.results.tables` and :mod:`fnsysid.results.files`.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from omegaconf import DictConfig
+
+from fnsysid.app.build import build
+from fnsysid.app.resources import check_memory
+from fnsysid.config.checks import check_run, override_key
+from fnsysid.data.source import Dataset, load_data
+from fnsysid.dynamics.model import Model
+from fnsysid.learning.start import initial_model
+from fnsysid.results.files import check_output, write_outputs
+from fnsysid.results.history import keep_per_client
+from fnsysid.results.tables import (
+    Frames,
+    clients_table,
+    errors_table,
+    estimates_table,
+    make_summary,
+)
+from fnsysid.results.theory import theorem1_table
+from fnsysid.runtimes import interrupt
+from fnsysid.runtimes.check import check_runtime
+from fnsysid.runtimes.inprocess import train
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+@dataclass
+class Result:
+    """Everything a run produces, in memory.
+
+    ``tables``: name -> DataFrame (``errors``, ``theory``, and ``clients``/``estimates`` when
+    written; a :class:`~fnsysid.results.tables.Frames` that builds each DataFrame when first read
+    from the run's :class:`~fnsysid.results.tables.Table`, which is what is written); ``summary``:
+    what ``summary.json`` holds; ``model``, ``estimate`` (final estimates, (S, 1 or M, p)) and
+    ``dataset`` for plots and exports.
+    """
+
+    tables: Mapping[str, pd.DataFrame]
+    summary: dict
+    model: Model
+    estimate: np.ndarray
+    dataset: Dataset
+    diverged: int | None = None
+    config: DictConfig | None = None
+    #: ``config`` resolved into plain Python objects (what ``config.yaml`` holds), when known
+    resolved: dict | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.tables, Frames):
+            self.tables = Frames(self.tables)
+
+    @property
+    def errors(self) -> pd.DataFrame:
+        """One row per (repeat, round): parameter errors and held-out NRMSE (errors.csv)."""
+        return self.tables["errors"]
+
+    @property
+    def clients(self) -> pd.DataFrame | None:
+        """One row per (repeat, round, client) (clients.csv), or None when not kept."""
+        return self.tables.get("clients")
+
+    @property
+    def estimates(self) -> pd.DataFrame | None:
+        """Final estimates per repeat and parameter (estimates.csv); None after divergence."""
+        return self.tables.get("estimates")
+
+    @property
+    def theory(self) -> pd.DataFrame | None:
+        """Theorem 1's right-hand side per repeat (theory.csv); None with runtime=flower."""
+        return self.tables.get("theory")
+
+    def plot_fit(self, path, repeat: int = 0) -> None:
+        """Save the held-out fit of the first client with held-out data (as ``fit.png``)."""
+        from fnsysid.results.files import write_fit_plot
+
+        if self.dataset.heldout is None:
+            raise ValueError("this run has no held-out trajectories (data.val_N=0 or "
+                             "data.holdout=0)")
+        write_fit_plot(path, self.model, self.estimate, self.dataset, repeat)
+
+
+def given_keys(overrides) -> frozenset[str]:
+    """The settings that ``key=value`` overrides give (``+``/``++``/``~`` prefixes dropped)."""
+    return frozenset(override_key(o) for o in overrides if "=" in str(o))
+
+
+def _job_given() -> frozenset[str]:
+    """The settings given on the command line of the running Hydra job (none outside one)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return frozenset()
+    return given_keys(HydraConfig.get().overrides.task)
+
+
+def execute(cfg: DictConfig, choices: dict | None = None,
+            given: frozenset[str] | None = None) -> Result:
+    """Check the settings, load the data, run the rounds and build the result tables.
+
+    ``choices`` (group -> option) names the options in the summary (default: Hydra's record
+    of the running job). Writes nothing. Raises :class:`~fnsysid.config.checks.ConfigError` (or
+    its subclass :class:`~fnsysid.data.files.DataError`) with a one-line message for bad
+    input. ``given``: the settings given explicitly (default: the running Hydra job's
+    overrides); with ``data=files`` a given ``M`` or ``repeats`` must match the files.
+
+    With ``runtime=flower`` the rounds run on Flower (:func:`fnsysid.runtimes.flower.run`): the
+    clients load and keep their own data, so there is no ``theory`` table (the pooled data it
+    needs exist nowhere), ``true_mean`` of the estimates is empty and no held-out NRMSE is
+    recorded.
+    """
+    t_start = time.perf_counter()
+    resolved = check_run(cfg)                     # read, never changed, by the steps below
+    model, optimizer, strategy = build(cfg, resolved)
+    check_output(cfg)
+    check_memory(cfg, model, optimizer)
+    check_runtime(cfg, optimizer, strategy)
+
+    t0 = time.perf_counter()
+    if cfg.runtime.name == "flower":
+        from omegaconf import OmegaConf
+
+        from fnsysid.app.build import build_client_app
+        from fnsysid.runtimes import flower
+
+        dataset = flower.server_dataset(cfg)
+        keep_clients = keep_per_client(cfg, len(dataset.clients))
+        hist, diverged, theta0 = flower.run(
+            cfg, model, strategy, dataset, keep_clients,
+            build_client_app(OmegaConf.to_yaml(cfg, resolve=True)))
+        data, t_data, theory = None, 0.0, None
+    else:
+        dataset = load_data(cfg, model, optimizer, _job_given() if given is None else given,
+                            resolved)
+        data = dataset.train
+        theta0 = initial_model(model, data, cfg.system.init)
+        t_data = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        keep_clients = keep_per_client(cfg, data.shape[1])
+        hist, diverged = train(strategy, data, theta0, optimizer, model, cfg,
+                               progress=cfg.progress, keep_clients=keep_clients,
+                               heldout=dataset.heldout, eval_every=int(cfg.output.eval_every))
+        with np.errstate(divide="ignore", invalid="ignore"):   # undefined bounds become null
+            theory = theorem1_table(data, model, float(cfg.theory.delta))
+    t_train = time.perf_counter() - t0
+    result = make_result(cfg, model, strategy, dataset, hist, diverged, theta0, data, theory,
+                         keep_clients, dict(data_s=t_data, train_s=t_train,
+                                            total_s=time.perf_counter() - t_start), choices)
+    result.resolved = resolved
+    return result
+
+
+def make_result(cfg, model, strategy, dataset, hist, diverged, theta0, data, theory,
+                keep_clients: bool, runtime: dict, choices: dict | None = None) -> Result:
+    """The tables and the summary of a finished run (``data``: the clients' training data, or
+    None where the run cannot see them; ``theory``: Theorem 1's table, or None)."""
+    tables = {"errors": errors_table(hist)}
+    if keep_clients:
+        tables["clients"] = clients_table(hist)
+    if diverged is None:
+        tables["estimates"] = estimates_table(model, strategy.estimate(), data, theta0,
+                                              keep_clients)
+    if theory is not None:
+        tables["theory"] = theory
+    summary = make_summary(cfg, model, diverged, tables["errors"], theory, runtime=runtime,
+                           settings=dataset.settings, choices=choices)
+    signum = interrupt.requested()
+    if signum is not None and diverged is None:
+        summary["status"] = "interrupted"
+        summary["interrupted_by"] = signal.Signals(signum).name
+    return Result(tables, summary, model, strategy.estimate(), dataset, diverged, cfg)
+
+
+def run_experiment(cfg: DictConfig, output_dir: str | Path) -> dict:
+    """Run the experiment described by ``cfg`` and write its results into ``output_dir``.
+
+    Files (see :func:`fnsysid.results.files.write_outputs`): ``config.yaml`` (resolved),
+    ``errors.csv`` (repeat, round, e_max, e_mean and the held-out NRMSE columns),
+    ``clients.csv`` (repeat, round, client, error; small M or ``output.per_client=true``),
+    ``estimates.csv`` (final server estimate per repeat and parameter), ``theory.csv`` (the
+    right-hand side of Theorem 1 per repeat, see :mod:`fnsysid.results.theory`), ``summary.json``,
+    ``error.png``, ``fit.png`` (held-out fit of one client) and, with
+    ``output.trajectories=true``, ``trajectories.parquet`` and ``truth.csv``. Returns the
+    summary. Raises :class:`ConfigError` before writing anything if a setting is not allowed.
+    """
+    result = execute(cfg)
+    write_outputs(output_dir, cfg, result)
+    return result.summary

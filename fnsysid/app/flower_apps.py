@@ -1,0 +1,66 @@
+"""The Flower apps of a deployment, the objects ``flwr run`` loads (``deploy/flower/``).
+
+A node composes the run's config from the run config's ``overrides`` (checked as the command
+line checks them), builds its objects once and answers with :mod:`fnsysid.runtimes.flower`'s
+client side; the server runs :func:`fnsysid.runtimes.flower.serve` and writes the run's files.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import time
+from pathlib import Path
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fnsysid.app.build import build, build_client_app
+from fnsysid.runtimes.flower import quiet_flower, serve, server_dataset
+
+log = logging.getLogger("fnsysid")
+
+
+def deployed_config(context: Context):
+    """The run's config composed from the run config: ``overrides`` (a string of ``run.py``
+    overrides, e.g. ``"M=3 strategy=scaffold"``), checked as ``run.py`` checks it."""
+    from fnsysid.app.preflight import compose
+
+    cfg, _ = compose([*shlex.split(str(context.run_config.get("overrides", ""))),
+                      "progress=false"])
+    return cfg
+
+
+server_app = ServerApp()
+
+
+@server_app.main()
+def deployed_main(grid: Grid, context: Context) -> None:
+    """Server of a deployed run: waits for ``M`` SuperNodes, runs the rounds and writes the
+    run's files into the run config's ``outdir`` (``summary.json`` says ``runtime: flower``)."""
+    from fnsysid.app.experiment import make_result
+    from fnsysid.results.files import write_outputs
+    from fnsysid.results.history import keep_per_client
+
+    t_start = time.perf_counter()
+    quiet_flower()
+    cfg = deployed_config(context)
+    cfg.runtime = {"name": "flower", "client_cpus": 1}
+    model, _, strategy = build(cfg)
+    M = cfg.M if cfg.M is not None else len(server_dataset(cfg).clients)
+    keep_clients = keep_per_client(cfg, M)
+    hist, diverged, theta0, labels = serve(grid, cfg, model, strategy, M, keep_clients)
+    dataset = server_dataset(cfg, labels)
+    dataset.settings["repeats"] = theta0.shape[0]
+    elapsed = time.perf_counter() - t_start
+    choices = {"system": model.system.name, "data": cfg.data.get("source", "simulated"),
+               "strategy": type(strategy).__name__.lower()}
+    result = make_result(cfg, model, strategy, dataset, hist, diverged, theta0, None, None,
+                         keep_clients, dict(data_s=0.0, train_s=elapsed, total_s=elapsed),
+                         choices)
+    out = Path(str(context.run_config.get("outdir", "outputs/flower")))
+    write_outputs(out, cfg, result)
+    log.info("results: %s (final e_max %s)", out.resolve(), result.summary["final_e_max_mean"])
+
+
+client_app = build_client_app()

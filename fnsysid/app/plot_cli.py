@@ -1,0 +1,65 @@
+"""``fnsysid-plot``: draw a multirun folder (one curve per swept value, or a grid, or a heat map).
+
+Usage: fnsysid-plot SWEEP_DIR [--out fig.png] [--metric e_max|e_mean] [--title TEXT]
+       [--panels KEY] [--heatmap]
+
+One swept key: one panel with one curve per value. Two or more: one panel per value of the
+first swept key (or ``--panels KEY``), one curve per value of the others, one legend for the
+figure. ``--heatmap`` draws the final error of a two-key sweep as a heat map instead. Labels show
+only the keys the sweep varies. Writes the figure (PNG and PDF) and a CSV of the final error of
+every curve. SWEEP_DIR may also be a stored experiment's folder (``outputs/sweeps/<name>``): its
+newest sweep is drawn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from fnsysid.results.plotting import METRICS, sweep_figure, sweep_heatmap
+from fnsysid.results.sweep import declared_keys, find_sweep, read_sweep, swept_keys
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="fnsysid-plot", description=__doc__.splitlines()[0])
+    ap.add_argument("sweep_dir", type=Path, help="a Hydra multirun folder")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="figure path (default: <sweep>/sweep.png); a .pdf is written too")
+    ap.add_argument("--metric", choices=sorted(METRICS), default="e_max",
+                    help="e_max: max over clients (the paper's e_r); e_mean: mean over clients")
+    ap.add_argument("--title", default=None)
+    ap.add_argument("--panels", default=None, metavar="KEY",
+                    help="swept key drawn as one panel per value (default: the first)")
+    ap.add_argument("--heatmap", action="store_true",
+                    help="final error of a two-key sweep as a heat map")
+    args = ap.parse_args(argv)
+    if not args.sweep_dir.is_dir():
+        return _error(f"{args.sweep_dir} is not a folder")
+    sweep = find_sweep(args.sweep_dir)
+    jobs = read_sweep(sweep)
+    if not jobs:
+        return _error(f"no finished jobs (errors.csv) under {sweep}")
+    keys = swept_keys(jobs, declared_keys(sweep))
+    out = args.out or sweep / "sweep.png"
+    outs = [out.with_suffix(".png"), out.with_suffix(".pdf")]
+    try:
+        if args.heatmap:
+            table = sweep_heatmap(jobs, keys, outs, args.metric, args.title)
+        else:
+            table = sweep_figure(jobs, keys, outs, args.metric, args.title, args.panels)
+    except ValueError as exc:
+        return _error(str(exc))
+    table.to_csv(out.with_suffix(".csv"), index=False)
+    print(table.to_string(index=False))
+    print(f"wrote {outs[0]}, .pdf and .csv")
+    return 0
+
+
+def _error(message: str) -> int:
+    print(f"fnsysid-plot: error: {message}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,544 @@
+"""The check of a command line before Hydra runs it: arguments, settings, every sweep job.
+
+Bad input is reported in one line (``fnsysid: error: ...``) with exit status 2 before any
+output folder is written: group options, knob values and every combination of a sweep are
+composed and checked up front.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from fnsysid.app.resources import check_disk
+from fnsysid.config.checks import KNOBS, ConfigError, check_batch_size, check_knob, override_key
+from fnsysid.config.groups import CONF_DIR, config_path_dir, flag_value, hydra_session, repository
+from fnsysid.config.schema import GROUPS, ROOT, leaf_spec, one_line
+from fnsysid.results.folder import has_results
+
+TOP_LEVEL = set(ROOT.keys) | set(GROUPS) | {"hydra"}
+#: Hydra flags followed by a value
+_VALUE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
+                "--cfg", "-c", "--package", "-p", "--info", "-i", "--experimental-rerun"}
+#: Hydra flags without a value
+_FLAGS = {"-m", "--multirun", "--resolve", "--run", "-r", "--version", "-h", "--help",
+          "--hydra-help", "--shell-completion", "-sc"}
+#: Hydra's commands (a run when none is given): a command line takes one of them
+_COMMANDS = {"-r": "--run", "--run": "--run", "-m": "-m", "--multirun": "-m", "-c": "--cfg",
+             "--cfg": "--cfg", "-i": "--info", "--info": "--info", "-sc": "--shell-completion",
+             "--shell-completion": "--shell-completion"}
+#: most sweep combinations composed and checked before a multirun starts
+MAX_CHECKED = 256
+
+log = logging.getLogger("fnsysid")
+
+
+class _GroupOptions(dict):
+    """Options of each group (lazily, one search-path scan for all groups of a command)."""
+
+    def __init__(self, loader, config_name: str, searchpath: list[str]):
+        super().__init__()
+        self._repo = None
+        self._args = loader, config_name, searchpath
+
+    def __contains__(self, group) -> bool:
+        return group in GROUPS
+
+    def __missing__(self, group: str) -> list[str]:
+        from hydra.core.object_type import ObjectType
+
+        if self._repo is None:
+            self._repo = repository(*self._args)
+        self[group] = sorted(self._repo.get_group_options(group, ObjectType.CONFIG))
+        return self[group]
+
+
+def _split_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(Hydra's flags with their values, everything else) in their order."""
+    flags, rest, i = [], [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a in _VALUE_FLAGS and i + 1 < len(argv):
+            flags += argv[i:i + 2]
+            i += 2
+            continue
+        (flags if a in _FLAGS or a.split("=", 1)[0] in _VALUE_FLAGS else rest).append(a)
+        i += 1
+    return flags, rest
+
+
+def _overrides(argv: list[str]) -> list[str]:
+    return [a for a in _split_args(argv)[1] if not a.startswith("-") or a.startswith("~")]
+
+
+def _check_args(argv: list[str]) -> None:
+    """Every argument is a known Hydra flag or an override ``key=value`` / ``~key``."""
+    for a in _split_args(argv)[1]:
+        if a.startswith("-") and not a.startswith("~"):
+            raise ConfigError(f"unknown option '{a}'; see --help")
+        if "=" not in a and not a.startswith("~"):
+            raise ConfigError(f"argument '{a}' is not a setting: write key=value (e.g. M=20), "
+                              "group=option (e.g. system=pendulum) or ~key; see --help")
+
+
+def _check_commands(argv: list[str]) -> None:
+    """At most one of Hydra's commands (Hydra raises a ValueError for more); ``--resolve`` only
+    with the config it resolves."""
+    names = [a.split("=", 1)[0] for a in _split_args(argv)[0]]
+    given = list(dict.fromkeys(_COMMANDS[a] for a in names if a in _COMMANDS))
+    if len(given) > 1:
+        hint = ("; to see the config of one job of a sweep, drop -m and give one value per "
+                "swept setting (e.g. --cfg job M=1)" if {"-m", "--cfg"} <= set(given) else "")
+        raise ConfigError(f"{' and '.join(given)} cannot be used together: a command takes one "
+                          "of --run, -m (--multirun), --cfg, --info, --shell-completion" + hint)
+    if given == ["--cfg"]:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from hydra.errors import HydraException
+
+        try:
+            parsed = OverridesParser.create().parse_overrides(_overrides(argv))
+        except HydraException as exc:
+            raise ConfigError(one_line(exc)) from exc
+        for o in parsed:
+            if o.is_sweep_override():
+                first = _sweep_values(o, o.key_or_group)[0]
+                raise ConfigError(f"{o.input_line} is a sweep: --cfg prints the config of one "
+                                  f"job; give one value (e.g. {o.key_or_group}="
+                                  f"{first if isinstance(first, str) else encode(first)})")
+    if "--resolve" in names and not {"--cfg", "-c", "--help", "-h"} & set(names):
+        raise ConfigError("--resolve works only with --cfg or --help (it resolves the config "
+                          "they print), e.g. --cfg job --resolve")
+
+
+def _check_value(key: str, value, groups: dict) -> None:
+    if key in groups:
+        allowed = groups[key]
+        if value is not None and str(value) not in allowed:
+            raise ConfigError(f"{key}={value} is not an option; allowed: {', '.join(allowed)}")
+    elif key in ("M", "repeats") and value is None:
+        return                  # null: only with data=files (checked on the composed config)
+    elif key in KNOBS:
+        check_knob(key, value)
+    elif key == "optimizer.batch_size":
+        check_batch_size(value)
+    else:
+        spec = leaf_spec(key)
+        if spec is not None:
+            spec.check(key, value)
+
+
+def _sweep_values(override, key: str) -> list:
+    if override.is_interval_sweep():
+        raise ConfigError(f"{override.input_line} is an interval sweep, which needs an optimizing "
+                          f"sweeper; list the values instead (e.g. {key}=0.1,0.5 or "
+                          f"{key}=range(1,5))")
+    if override.is_sweep_override():
+        return list(override.sweep_iterator())
+    return [override.value()]
+
+
+def _is_multirun(argv: list[str]) -> bool:
+    return "-m" in argv or "--multirun" in argv
+
+
+def preflight(argv: list[str], job_name: str = "cli") -> Path:
+    """Raise :class:`ConfigError` for the first bad setting in ``argv`` (or in its sweeps).
+    Returns the deepest existing folder on the way to the results folder. ``job_name``: the
+    ``hydra.job.name`` of the compositions."""
+    _check_args(argv)
+    from fnsysid.dynamics.model import threads
+
+    try:
+        threads(1)                   # FNSYSID_THREADS, read by the simulation
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    with hydra_session(argv, job_name) as (loader, name, searchpath):
+        return _preflight(argv, loader, name, searchpath)
+
+
+def _preflight(argv, loader, config_name, searchpath) -> Path:
+    import yaml
+    from hydra import compose
+    from hydra.core.object_type import ObjectType
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException, MissingConfigException
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    args = _overrides(argv)
+    parser = OverridesParser.create(config_loader=loader)
+    try:
+        parsed = parser.parse_overrides(args)
+        try:
+            loader.ensure_main_config_source_available()
+        except MissingConfigException as exc:
+            raise ConfigError(_no_configs(flag_value(argv, "--config-path", "-cp"))) from exc
+        found = loader.get_group_options("", ObjectType.CONFIG, None, searchpath)
+        if config_name not in found:
+            found = [n for n in found if not n.startswith("_")]
+            if not found:
+                raise ConfigError(_no_configs(flag_value(argv, "--config-path", "-cp")))
+            raise ConfigError(f"--config-name {config_name}: no such primary config; allowed: "
+                              + ", ".join(found))
+        groups = _GroupOptions(loader, config_name, searchpath)
+    except HydraException as exc:
+        raise ConfigError(one_line(exc)) from exc
+    dims, fixed = {}, []
+    for o in parsed:
+        key = o.key_or_group
+        top = key.split(".")[0].split("/")[0]
+        if top not in TOP_LEVEL and o.package is None:
+            raise ConfigError(f"unknown setting '{key}'; knobs: {', '.join(KNOBS)}; other "
+                              f"settings: {', '.join(sorted(set(ROOT.keys) - set(KNOBS)))}; "
+                              f"groups: {', '.join(GROUPS)} (see --help)")
+        if o.is_sweep_override() and o.is_hydra_override():
+            raise ConfigError(_hydra_sweep(o))
+        if key == "hydra.job.env_copy" and not o.is_delete():
+            _check_env_copy(o)
+        if o.is_delete() or o.package is not None or not o.is_sweep_override():
+            fixed.append(o.input_line)
+            if not o.is_delete() and o.package is None and not key.startswith("hydra."):
+                _check_value(key, o.value(), groups)
+            continue
+        values = _sweep_values(o, key)
+        for v in values:
+            _check_value(key, v, groups)
+        dims[o.input_line.split("=", 1)[0]] = values
+
+    first = fixed + [f"{k}={encode(v[0])}" for k, v in dims.items()]
+    try:
+        base = compose(config_name, overrides=first, return_hydra_config=True)
+    except yaml.YAMLError as exc:   # a config file of one's own that is not valid YAML
+        raise ConfigError(one_line(exc)) from exc
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(_not_in_option(exc, first, config_name, compose, groups)
+                          or one_line(exc)) from exc
+    except KeyError as exc:     # Hydra copies hydra.job.env_copy from os.environ unchecked
+        if str(exc.args[0]) in os.environ:
+            raise
+        raise _unset_env("hydra.job.env_copy", [str(exc.args[0])]) from exc
+    except (AssertionError, AttributeError) as exc:   # OmegaConf on hydra.sweeper.params=null
+        message = _params_unset(parsed, first, config_name, compose)
+        if message is None:
+            raise
+        raise ConfigError(message) from exc
+    multirun = _is_multirun(argv) or base.hydra.mode == RunMode.MULTIRUN
+    if dims and not multirun:
+        k = next(iter(dims))
+        raise ConfigError(f"{k}={','.join(encode(v) for v in dims[k])} is a sweep: add -m to run "
+                          f"one job per value, or write {k}=[...] for a list value")
+    existing = _check_hydra(base, multirun)
+    # sweeps stored in experiment files (hydra.sweeper.params); the command line wins
+    for k, v in (base.hydra.sweeper.get("params") or {}).items():
+        if k in dims or any(override_key(f) == k for f in fixed):
+            continue
+        o = parser.parse_overrides([f"{k}={v}"])[0]
+        values = _sweep_values(o, k)
+        for val in values:
+            _check_value(o.key_or_group, val, groups)
+        dims[k] = values
+    disk = _check_combinations(config_name, fixed, dims, compose, base)
+    n_jobs = 1
+    for values in dims.values():
+        n_jobs *= len(values)
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    check_disk(key, OmegaConf.select(base, key), disk * n_jobs)
+    return existing
+
+
+def _hydra_sweep(o) -> str:
+    """The message for a sweep of a ``hydra.*`` setting, which Hydra refuses."""
+    key, value = o.key_or_group, o.input_line.split("=", 1)[1]
+    if key.startswith("hydra.sweeper.params."):
+        name = key[len("hydra.sweeper.params."):]
+        return (f"{o.input_line}: a hydra.* setting takes one value, not a sweep: quote it to "
+                f"change an experiment's sweep ({o.input_line.split('=', 1)[0]}='{value}'), or "
+                f"sweep on the command line (-m {name}={value}, which wins over the experiment's "
+                f"sweep of {name})")
+    return (f"{o.input_line}: Hydra settings (hydra.*) take one value, not a sweep; run one "
+            "command per value")
+
+
+def _check_env_copy(o) -> None:
+    """Every variable ``hydra.job.env_copy`` names is set (Hydra copies them unchecked)."""
+    names = o.value() if isinstance(o.value(), list) else [o.value()]
+    missing = [str(n) for n in names if str(n) not in os.environ]
+    if missing:
+        raise _unset_env(o.input_line, missing)
+
+
+def _unset_env(setting: str, missing: list[str]) -> ConfigError:
+    """The error for variables named in ``hydra.job.env_copy`` (by ``setting``) that are not
+    set: from the command line, or from a config file (found when Hydra composes)."""
+    return ConfigError(f"{setting}: {', '.join(missing)} not set in the environment; "
+                       "hydra.job.env_copy takes names of variables that are set (export "
+                       f"{missing[0]}=... first, or use hydra.job.env_set.{missing[0]}=value)")
+
+
+def _params_unset(parsed, first: list[str], config_name: str, compose) -> str | None:
+    """For an override of ``hydra.sweeper.params`` when the config leaves it null (no
+    experiment): the message saying to sweep on the command line; None otherwise."""
+    from omegaconf import OmegaConf
+
+    params = [o for o in parsed if o.key_or_group == "hydra.sweeper.params"
+              or o.key_or_group.startswith("hydra.sweeper.params.")]
+    if not params:
+        return None
+    rest = [line for line in first
+            if not override_key(line).startswith("hydra.sweeper.params")]
+    try:
+        cfg = compose(config_name, overrides=rest, return_hydra_config=True)
+    except Exception:          # another bad override: the original error
+        return None
+    if OmegaConf.select(cfg, "hydra.sweeper.params") is not None:
+        return None
+    o = params[0]
+    value = o.value()
+    sweeps = value if isinstance(value, dict) else \
+        {o.key_or_group[len("hydra.sweeper.params."):]: value}
+    return (f"{o.input_line}: hydra.sweeper.params is null in this config (an experiment file "
+            "sets it), so Hydra cannot add to it; sweep on the command line instead: -m "
+            + " ".join(f"{k}={v}" for k, v in sweeps.items()))
+
+
+def _no_configs(config_path: str | None) -> str:
+    """The message for a config search path without any primary config (``--config-path``)."""
+    where = config_path_dir(config_path)
+    if config_path is None:
+        return f"no primary config in {where}; install from a checkout with `make install`"
+    if not os.path.isabs(config_path):
+        near = os.path.abspath(config_path)
+        example = near if os.path.isfile(os.path.join(near, "config.yaml")) else CONF_DIR
+        return (f"--config-path {config_path}: no primary config in {where} (Hydra resolves a "
+                "relative --config-path as a package path from fnsysid, not from the working "
+                f"folder); give an absolute folder, e.g. --config-path {example}")
+    if not os.path.isdir(config_path):
+        return f"--config-path {config_path}: no such folder (e.g. --config-path {CONF_DIR})"
+    held = sorted(os.listdir(config_path))
+    return (f"--config-path {config_path}: no primary config (.yaml) in this folder; it holds: "
+            f"{', '.join(held) if held else 'nothing'}")
+
+
+def _not_in_option(exc, first: list[str], config_name: str, compose, groups) -> str | None:
+    """For Hydra's "Could not override 'data.holdout'" (a key that the chosen option of its
+    group lacks): the message naming the chosen option, its keys and the options that have
+    the key; None for other errors."""
+    import re
+
+    match = re.match(r"Could not override '([^']+)'", str(exc))
+    group, _, rest = match.group(1).partition(".") if match else ("", "", "")
+    if group not in GROUPS or not rest:
+        return None
+    key = match.group(1)
+    try:
+        cfg = compose(config_name, overrides=[o for o in first if o.split("=", 1)[0] != key],
+                      return_hydra_config=True)
+        chosen = cfg.hydra.runtime.choices[group]
+        have = [name for name in groups[group] if name != chosen and rest.split(".")[0] in
+                _option_keys(groups._repo.load_config(f"{group}/{name}"), group)]
+    except Exception:          # another bad override: Hydra's own message
+        return None
+    also = f"; it is a setting of {', '.join(f'{group}={h}' for h in have)}" if have else ""
+    return (f"unknown setting '{key}' with {group}={chosen}; {group}={chosen} has: "
+            f"{', '.join(k for k in cfg[group] if not k.startswith('_'))}{also}")
+
+
+def _option_keys(loaded, group: str):
+    """Keys an option of ``group`` sets in the group's node (an option in the global package,
+    such as ``data=files``, which also sets M and repeats, nests them under the group)."""
+    if loaded.header.get("package") == "_global_":
+        return (loaded.config.get(group) or {}).keys()
+    return loaded.config.keys()
+
+
+def _check_hydra(base, multirun: bool) -> Path:
+    """Hydra settings that Hydra itself accepts but that would fail or misplace results.
+    Returns the deepest existing folder on the way to the results folder."""
+    from omegaconf import OmegaConf
+
+    for key in ("hydra.sweep.dir", "hydra.run.dir") if multirun else ("hydra.run.dir",):
+        value = OmegaConf.select(base, key)
+        if value is None or not str(value).strip():
+            raise ConfigError(f"{key} is empty: give a folder for the results "
+                              f"(e.g. {key}=outputs/myrun)")
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    folder = Path(str(OmegaConf.select(base, key)))
+    existing = check_output_dir(key, folder).resolve()
+    out = base.get("output") or {}
+    if has_results(folder) and not out.get("overwrite") and not (multirun and out.get("resume")):
+        what = "an earlier sweep" if multirun else "an earlier run"
+        raise ConfigError(f"{key}={folder} holds {what}: choose a new folder, or add "
+                          "output.overwrite=true to replace its results"
+                          + (" (output.resume=true to finish it)" if multirun else ""))
+    launcher = base.hydra.get("launcher") or {}
+    if multirun and "joblib" in str(launcher.get("_target_", "")):
+        n = launcher.get("n_jobs")
+        if isinstance(n, bool) or not isinstance(n, int) or n == 0:
+            raise ConfigError(f"hydra.launcher.n_jobs={n} is not allowed: an integer >= 1 "
+                              "(workers), or -1 for all cores (-2 all but one, ...)")
+    return existing
+
+
+def check_output_dir(key: str, path: Path) -> Path:
+    """The results folder must be (or become) a writable folder: one line naming the cause.
+    Returns the deepest folder of ``path`` that exists (``path`` itself if it does).
+
+    Writability is probed by creating (and removing) a temporary file, which also catches
+    read-only file systems and runs as root.
+    """
+    import tempfile
+
+    target = path
+    if path.exists() or path.is_symlink():
+        if not path.is_dir():
+            kind = "a device" if path.is_char_device() or path.is_block_device() else \
+                "a file" if path.is_file() else "not a folder"
+            raise ConfigError(f"{key}={path} is {kind}, not a folder for the results")
+    else:
+        target = path.parent
+        while not target.exists():
+            target = target.parent
+        if not target.is_dir():
+            raise ConfigError(f"{key}={path}: {target} is a file, so the folder cannot be made")
+    try:
+        with tempfile.TemporaryFile(dir=target):
+            pass
+    except OSError as exc:
+        where = "" if target == path else f": cannot make it inside {target}"
+        raise ConfigError(f"{key}={path} is not writable{where} ({exc.strerror or exc})") \
+            from exc
+    return target
+
+
+def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base) -> int:
+    """Compose every combination of group options once; apply plain values on a copy.
+
+    Returns the largest disk space a job's result files need (bytes).
+
+    ``base`` is the config composed with the first value of every sweep (with Hydra's node).
+    """
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf, open_dict
+    from omegaconf.errors import OmegaConfBaseException
+
+    from fnsysid.app.build import build
+    from fnsysid.app.resources import check_memory, estimate_disk_bytes
+    from fnsysid.config.checks import check_run
+    from fnsysid.results.history import keep_per_client
+
+    def is_group(key: str) -> bool:
+        return key.lstrip("+~") in GROUPS or "/" in key
+
+    groups = [k for k in dims if is_group(k)]
+    values = [k for k in dims if not is_group(k) and not k.startswith("hydra")]
+    checked = disk = 0
+    for gcombo in itertools.product(*(dims[k] for k in groups)):
+        ovr = fixed + [f"{k}={encode(v)}" for k, v in zip(groups, gcombo, strict=True)]
+        ovr += [f"{k}={encode(dims[k][0])}" for k in values]
+        if groups:
+            try:
+                base = compose(config_name, overrides=ovr)
+            except (HydraException, OmegaConfBaseException) as exc:
+                raise ConfigError(one_line(exc)) from exc
+        else:    # nothing to recompose: the run config is ``base`` without Hydra's node
+            base = base.copy()
+            with open_dict(base):
+                base.pop("hydra", None)
+        for vcombo in itertools.product(*(dims[k] for k in values)):
+            cfg = base.copy()
+            try:
+                with open_dict(cfg):
+                    for k, v in zip(values, vcombo, strict=True):
+                        OmegaConf.update(cfg, k.lstrip("+"), v, force_add=k.startswith("+"))
+            except OmegaConfBaseException as exc:
+                raise ConfigError(one_line(exc)) from exc
+            check_run(cfg)
+            check_memory(cfg, *build(cfg)[:2])
+            disk = max(disk, estimate_disk_bytes(cfg, keep_per_client(cfg)))
+            checked += 1
+            if checked >= MAX_CHECKED:
+                return disk
+    return disk
+
+
+def encode(v) -> str:
+    """A Python value as override text that Hydra parses back to the same value (strings and
+    paths quoted, so ``'1'`` stays a string; lists and mappings nested)."""
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(encode(x) for x in v) + "]"
+    if isinstance(v, Mapping):
+        return "{" + ",".join(f"{k}:{encode(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, (str, Path)):
+        v = str(v)
+        return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return repr(v)
+
+
+def _flags_first(argv: list[str]) -> list[str]:
+    """Hydra's argument parser wants its flags before the overrides: put them there."""
+    flags, rest = _split_args(argv)
+    return flags + rest
+
+
+def as_overrides(overrides) -> list[str]:
+    """Overrides as the command line's strings: a list of ``key=value`` or a mapping."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, str):
+        raise ConfigError("overrides must be a list of 'key=value' strings or a dict, not one "
+                          "string")
+    if isinstance(overrides, Mapping):
+        return [f"{k}={encode(v)}" for k, v in overrides.items()]
+    return [str(o) for o in overrides]
+
+
+def compose(overrides, config_dir=None):
+    """The checked, composed run config of ``overrides`` and the chosen group options.
+
+    Runs the command line's pre-run check (one-line :class:`ConfigError` for bad input);
+    ``config_dir`` adds a folder of your own config groups, like ``--config-dir``.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
+
+    args = as_overrides(overrides)
+    try:
+        parsed = OverridesParser.create().parse_overrides(args)
+    except HydraException as exc:
+        raise ConfigError(str(exc).splitlines()[0]) from exc
+    sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
+    if sweeps:
+        raise ConfigError(f"{sweeps[0]}: fnsysid.run runs one job; call it once per value "
+                          "(sweeps are for the command line's -m)")
+    extra = []
+    if config_dir is not None:
+        folder = Path(config_dir).resolve()
+        if not folder.is_dir():
+            raise ConfigError(f"config_dir={config_dir}: no such folder")
+        extra = ["--config-dir", str(folder)]
+        args = args + [f"hydra.searchpath=[file://{folder}]"]
+    preflight(args + extra)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = hydra_compose("config", overrides=args, return_hydra_config=True)
+    finally:
+        GlobalHydra.instance().clear()
+    choices = {k: v for k, v in cfg.hydra.runtime.choices.items()
+               if not k.startswith("hydra/")}
+    with_hydra = OmegaConf.to_container(cfg, resolve=False)
+    with_hydra.pop("hydra")
+    return OmegaConf.create(with_hydra), choices

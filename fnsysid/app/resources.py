@@ -1,0 +1,148 @@
+"""Memory a run needs, estimated from the shapes of its arrays before anything is allocated.
+
+How memory grows (float64, 8 bytes a value; S = repeats, M = clients, p = parameters,
+n_phi/n_y = features/targets per regression row, N = trajectories per client, T = length):
+
+- per client and repeat, always: the loss statistics (``H`` p x p, ``b``, means), the true
+  parameters, the strategy's per-client models and affine maps (about ``3 p^2 + 10 p``) and
+  the held-out data (``data.val_N`` trajectories of T + 1 states and T inputs);
+- mini-batch SGD also keeps every sample: ``N T (n_phi + n_y + 1)`` per client and repeat;
+- per-client history (``clients.csv``): ``(R + 1)`` values per client and repeat;
+- simulation works on chunks of at least one block of clients (up to 1024, at least 16; see
+  :mod:`fnsysid.dynamics.random`) with all their ``N (T + 1)`` samples, so a huge ``N`` or ``T``
+  costs memory even for one client.
+
+The estimate counts these arrays, doubles them for temporaries and adds the interpreter's
+baseline; it is checked against the memory available (``MemAvailable``, a cgroup limit or
+``RLIMIT_AS``, whichever is smallest).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+
+from fnsysid.config.schema import ConfigError
+
+#: resident memory of the interpreter with numpy, pandas and Hydra loaded
+BASELINE_BYTES = 200 * 2**20
+#: factor on the arrays' own size for temporaries
+TEMPORARIES = 2.0
+
+
+def estimate_bytes(cfg, model, optimizer, keep_clients: bool) -> int:
+    """Bytes a simulated run of ``cfg`` needs (see the module docstring)."""
+    from fnsysid.config.checks import plain
+    from fnsysid.dynamics.model import CHUNK_VALUES, values_per_sample
+    from fnsysid.dynamics.random import BLOCK, block_of, block_start
+
+    S, M, T, R = int(cfg.repeats), int(cfg.M), int(cfg.T), int(cfg.R)
+    N = plain(cfg.N)
+    n_max = max(N) if isinstance(N, list) else int(N)
+    p = model.p
+    n_y, n_phi = model.structure.shape[:2]
+    system = model.system
+    n_x, n_u = system.n_x, system.n_u
+    val_n = int(cfg.data.get("val_N", 0) or 0)
+
+    per_client = 3 * p * p + 10 * p + 10 + n_phi + n_y
+    per_client += val_n * ((T + 1) * (n_x + 1) + T * n_u)
+    if getattr(optimizer, "needs_samples", False):
+        per_client += n_max * T * (n_phi + n_y + 1)
+    if keep_clients:
+        per_client += R + 1
+    drawn = BLOCK if M >= BLOCK else block_start(block_of(M - 1) + 1)  # clients a chunk draws
+    chunk = max(CHUNK_VALUES, drawn * n_max * (T + 1) * values_per_sample(model))
+    history = (R + 1) * S * 8                  # errors.csv columns per round and repeat
+    values = S * M * per_client + chunk + history
+    return int(BASELINE_BYTES + TEMPORARIES * 8 * values)
+
+
+def available_bytes() -> int | None:
+    """Memory this process may still use: the smallest of MemAvailable, the cgroup limit and
+    RLIMIT_AS (None if none is known)."""
+    limits = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    limits.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = open(path).read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:
+            limits.append(int(text))
+        break
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if soft != resource.RLIM_INFINITY:
+        limits.append(soft)
+    return min(limits) if limits else None
+
+
+def estimate_disk_bytes(cfg, keep_clients: bool) -> int:
+    """Bytes a run's result files take, generously (CSV rows ~40 bytes, plots ~150 KB)."""
+    # data=files before the files are read: one repeat, per-client rows up to per_client_max
+    S, R = int(cfg.repeats or 1), int(cfg.R)
+    M = int(cfg.M or cfg.output.per_client_max)
+    rows = (R + 1) * S * (3 + (M if keep_clients else 0))
+    return int(40 * rows + 150_000 + 20_000)
+
+
+def check_disk(key: str, path, need: int) -> None:
+    """Refuse when the results folder's file system (or the file-size limit) cannot hold
+    ``need`` bytes (one line with both numbers)."""
+    import shutil
+    from pathlib import Path
+
+    target = Path(path)
+    while not target.exists():
+        target = target.parent
+    free = shutil.disk_usage(target).free
+    if need > free:
+        raise ConfigError(f"{key}={path}: the results need about {_size(need)} of disk but "
+                          f"{_size(free)} is free on {target}")
+    fsize = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if fsize != resource.RLIM_INFINITY and fsize < 200_000:
+        raise ConfigError(f"{key}={path}: the file size limit (ulimit -f) is {_size(fsize)}, "
+                          "too small for the result files (plots alone take about 100 KiB)")
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.3g} {unit}" if unit == "PiB" or n >= 10 else f"{n:.2g} {unit}"
+        n /= 1024
+    return f"{n:.3g} PiB"    # pragma: no cover
+
+
+def check_memory(cfg, model, optimizer) -> None:
+    """Refuse a simulated run whose estimated memory exceeds what is available (one line).
+
+    The environment variable ``FNSYSID_MEMORY_LIMIT`` (bytes) lowers the limit, e.g. on a
+    shared machine or in the tests.
+    """
+    from fnsysid.results.history import keep_per_client
+
+    if cfg.data.get("source", "simulated") != "simulated":
+        return
+    need = estimate_bytes(cfg, model, optimizer, keep_per_client(cfg))
+    have = available_bytes()
+    if os.environ.get("FNSYSID_MEMORY_LIMIT"):        # tests and shared machines
+        have = min(have or 2**63, int(float(os.environ["FNSYSID_MEMORY_LIMIT"])))
+    if have is not None and need > have:
+        raise ConfigError(
+            f"this run needs about {_size(need)} of memory but {_size(have)} is available "
+            f"(M={cfg.M}, N={plain_n(cfg)}, T={cfg.T}, repeats={cfg.repeats}, R={cfg.R}; "
+            "memory grows with repeats x M x (p^2 + held-out data [+ N T samples for SGD]), "
+            "see README); lower M, N, T or repeats")
+
+
+def plain_n(cfg):
+    from fnsysid.config.checks import plain
+
+    N = plain(cfg.N)
+    return f"[{min(N)}..{max(N)}]" if isinstance(N, list) else N

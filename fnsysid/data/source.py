@@ -1,0 +1,383 @@
+"""The clients' data of a run, as one :class:`~fnsysid.dynamics.model.ClientData` whatever its
+source.
+
+``data`` config group: ``simulated`` (trajectories simulated from the chosen system, see
+:func:`fnsysid.dynamics.model.generate`) or ``files`` (trajectories read by
+:mod:`fnsysid.data.files`). Either way the run gets the training statistics, optional
+held-out trajectories (:mod:`fnsysid.data.heldout`) and the true parameters when known.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from fnsysid.config.checks import ConfigError, DataError, check_batch_size, plain
+from fnsysid.data.heldout import HeldOut, heldout_from_trajectories
+from fnsysid.dynamics import random as rnd
+from fnsysid.dynamics.model import (
+    ClientData,
+    Model,
+    chunk_clients,
+    for_chunks,
+    generate,
+    sample_stats,
+    simulate_blocks,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+log = logging.getLogger("fnsysid")
+SOURCES = ("simulated", "files")
+
+
+@dataclass
+class Dataset:
+    """What a run learns from and is judged on.
+
+    ``train`` the clients' training statistics (``theta_true`` NaN when the truth is unknown);
+    ``heldout`` their held-out trajectories or None; ``clients`` the client labels;
+    ``settings`` the data's own M, N, T, eps for the summary.
+    """
+
+    train: ClientData
+    heldout: HeldOut | None
+    clients: list[str]
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def has_truth(self) -> bool:
+        return bool(np.isfinite(self.train.theta_true).all())
+
+
+def load_data(cfg: DictConfig, model: Model, optimizer,
+              given: frozenset[str] = frozenset(), resolved: dict | None = None) -> Dataset:
+    """The clients' data for the run described by ``cfg`` (``data.source``); ``given``: the
+    settings given explicitly (see :func:`from_files`); ``resolved``: ``cfg``'s settings as
+    :func:`~fnsysid.config.checks.check_run` returns them, if at hand."""
+    source = cfg.data.get("source", "simulated")
+    if source == "simulated":
+        if _REUSED is None:
+            return simulated(cfg, model, optimizer)
+        key = _simulation_key(cfg, optimizer, resolved)
+        if key not in _REUSED:
+            _REUSED[key] = _read_only(simulated(cfg, model, optimizer))
+            while len(_REUSED) > _REUSED_MAX:
+                _REUSED.popitem(last=False)
+        _REUSED.move_to_end(key)
+        return _REUSED[key]
+    if source == "files":
+        return from_files(cfg, model, optimizer, given)
+    raise ConfigError(f"data.source={source} is not allowed; allowed: {', '.join(SOURCES)}")
+
+
+# --- simulated data shared by the runs of one process ---------------------------------------------
+
+#: simulated datasets by what determines them, while :func:`reuse_simulations` is on
+_REUSED: OrderedDict | None = None
+#: most datasets kept (the least recently used goes first)
+_REUSED_MAX = 32
+
+
+@contextmanager
+def reuse_simulations():
+    """Within the block, runs whose simulated data are determined by equal settings share one
+    dataset (made read-only) instead of simulating it again: the jobs of a sweep over
+    strategies, K, lr or R. The data are those a fresh simulation gives, by construction: the
+    key holds every setting :func:`simulated` reads. Nested blocks share the outer store."""
+    global _REUSED
+    saved = _REUSED
+    if _REUSED is None:
+        _REUSED = OrderedDict()
+    try:
+        yield
+    finally:
+        _REUSED = saved
+
+
+def _simulation_key(cfg: DictConfig, optimizer, resolved: dict | None = None) -> str:
+    """Every setting that :func:`simulated` reads: the system and feature map (the model), the
+    data group, M, N, T, eps, repeats, seed, and whether the optimizer keeps the samples
+    (read from ``resolved``, ``cfg`` resolved, when given)."""
+    if resolved is None:
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+    settings = {k: resolved[k] for k in ("system", "feature_map", "data", "M", "N", "T", "eps",
+                                         "repeats", "seed")}
+    settings["needs_samples"] = bool(optimizer.needs_samples)
+    return json.dumps(settings, sort_keys=True)
+
+
+def _read_only(dataset: Dataset) -> Dataset:
+    """``dataset`` with its arrays made read-only (a run that wrote into shared data fails)."""
+    for part in (dataset.train, dataset.heldout):
+        for f in fields(part) if part is not None else ():
+            a = getattr(part, f.name)
+            if isinstance(a, np.ndarray):
+                a.setflags(write=False)
+    return dataset
+
+
+# --- simulated ----------------------------------------------------------------------------------
+
+def simulated(cfg: DictConfig, model: Model, optimizer) -> Dataset:
+    """Simulated clients; ``data.val_N`` held-out trajectories per client from their own
+    random streams (the training data do not depend on them)."""
+    if not model.system.simulates:
+        raise ConfigError(f"system={model.system.name} has no simulator; use data=files "
+                          "data.path=... (see README, Your own data)")
+    train = generate(model, cfg.M, plain(cfg.N), cfg.T, cfg.eps, cfg.repeats, cfg.seed,
+                     keep_samples=optimizer.needs_samples,
+                     shared_noise=bool(cfg.data.shared_noise))
+    n_val = int(cfg.data.get("val_N", 0))
+    ho = None
+    if n_val > 0:
+        x, u = simulate_all(model, cfg, n_val, rnd.HOLDOUT)
+        ho = heldout_from_trajectories(model, x, u, np.ones(x.shape[:-1], bool))
+    settings = {"M": cfg.M, "N": plain(cfg.N), "T": cfg.T, "eps": cfg.eps}
+    return Dataset(train, ho, [str(m) for m in range(cfg.M)], settings)
+
+
+def simulate_all(model: Model, cfg, n_traj: int, purpose: int):
+    """States (S, M, n_traj, T + 1, n_x) and inputs (S, M, n_traj, T, n_u) of every client."""
+    S, M, T = cfg.repeats, cfg.M, cfg.T
+    sys = model.system
+    x = np.empty((S, M, n_traj, T + 1, sys.n_x))
+    u = np.empty((S, M, n_traj, T, sys.n_u))
+
+    def work(s, chunk):
+        lo, hi = chunk[0][1], chunk[-1][2]
+        _, x[s, lo:hi], u[s, lo:hi] = simulate_blocks(
+            model, s, chunk, n_traj, T, cfg.eps, cfg.seed, bool(cfg.data.shared_noise), purpose)
+
+    for_chunks(S, rnd.blocks(M), chunk_clients(model, n_traj, T), work)
+    return x, u
+
+
+def export_trajectories(model: Model, cfg, dataset: Dataset) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A simulated run's trajectories and true parameters in the import format.
+
+    Returns (trajectories, truth): trajectories with columns ``repeat, client, trajectory, t,
+    split``, the states and inputs by name (a trajectory's last inputs are empty); truth with
+    ``repeat, client, parameter, value``. Reading them back with ``data=files`` gives the same
+    training statistics and held-out data.
+    """
+    import pandas as pd
+
+    S, M = cfg.repeats, cfg.M
+    N = np.broadcast_to(np.asarray(plain(cfg.N), int), (M,))
+    x, u = simulate_all(model, cfg, int(N.max()), rnd.TRAJECTORY)
+    keep = np.arange(x.shape[2])[None, :] < N[:, None]            # (M, n_max)
+    parts = [_long(x, u, np.broadcast_to(keep, x.shape[:3]), "train", model)]
+    if dataset.heldout is not None:
+        ho = dataset.heldout
+        traj = N[None, :, None] + np.arange(ho.x.shape[2])       # ids after the training ones
+        parts.append(_long(ho.x, ho.u, np.ones(ho.x.shape[:3], bool), "val", model, traj))
+    df = pd.concat(parts, ignore_index=True).sort_values(
+        ["repeat", "client", "trajectory", "t"], kind="stable", ignore_index=True)
+    theta = dataset.train.theta_true
+    truth = pd.DataFrame({
+        "repeat": np.repeat(np.arange(S), M * model.p),
+        "client": np.tile(np.repeat(np.arange(M), model.p), S),
+        "parameter": np.tile(model.param_names, S * M),
+        "value": theta.ravel(),
+    })
+    return df, truth
+
+
+def _long(x, u, keep, split, model, traj=None) -> pd.DataFrame:
+    """Rows (one per sample) of the trajectories ``x`` (S, M, J, L, n_x) where ``keep``."""
+    S, M, J, L, _ = x.shape
+    s, m, j = np.nonzero(keep)
+    if traj is None:
+        traj = np.broadcast_to(np.arange(J), (S, M, J))
+    traj = np.broadcast_to(traj, (S, M, J))
+    sys = model.system
+    cols = {"repeat": np.repeat(s, L), "client": np.repeat(m, L),
+            "trajectory": np.repeat(traj[s, m, j], L), "t": np.tile(np.arange(L), len(s)),
+            "split": split}
+    xs = x[s, m, j].reshape(-1, x.shape[-1])
+    upad = np.concatenate([u[s, m, j], np.full((len(s), 1, u.shape[-1]), np.nan)], axis=1)
+    us = upad.reshape(-1, u.shape[-1])
+    for k, name in enumerate(sys.state_names):
+        cols[name] = xs[:, k]
+    for k, name in enumerate(sys.input_names):
+        cols[name] = us[:, k]
+    import pandas as pd
+
+    return pd.DataFrame(cols)
+
+
+# --- from files ---------------------------------------------------------------------------------
+
+def column_names(cfg, model: Model) -> tuple[list[str], list[str]]:
+    """State and input column names: ``data.states``/``data.inputs`` or the system's own."""
+    sys = model.system
+    states = plain(cfg.data.get("states")) or sys.state_names
+    inputs = plain(cfg.data.get("inputs"))
+    inputs = sys.input_names if inputs is None else inputs
+    if len(states) != sys.n_x or len(inputs) != sys.n_u:
+        raise ConfigError(f"data.states={states}, data.inputs={inputs}: system="
+                          f"{sys.name} has {sys.n_x} states ({', '.join(sys.state_names)}) and "
+                          f"{sys.n_u} inputs ({', '.join(sys.input_names)})")
+    return list(states), list(inputs)
+
+
+def from_files(cfg: DictConfig, model: Model, optimizer,
+               given: frozenset[str] = frozenset()) -> Dataset:
+    """Clients read from ``data.path`` (and ``data.val_path``), truth from ``data.truth``.
+
+    The files give the clients and repeats; an ``M`` or ``repeats`` in ``given`` (the
+    settings given explicitly) that differs from them is refused.
+    """
+    import pandas as pd
+
+    from fnsysid.data.files import load_truth, read_trajectories
+
+    if cfg.data.get("path") in (None, "", "???"):
+        raise ConfigError("data=files needs data.path=DIR_OR_FILE")
+    states, inputs = column_names(cfg, model)
+    df = read_trajectories(cfg.data.path, states, inputs)
+    clients = [str(c) for c in df.drop_duplicates("_client").sort_values("_client")["client"]]
+    S, M = int(df["repeat"].max()) + 1, len(clients)
+    for key, have, what in (("M", M, "clients"), ("repeats", S, "repeats")):
+        if key in given and cfg.get(key) is not None and cfg[key] != have:
+            raise DataError(f"{key}={cfg[key]} does not match data.path={cfg.data.path}, which "
+                            f"holds {have} {what}: drop {key} (the files give it)")
+    if cfg.data.get("val_path"):
+        if (df["split"] == "val").any():
+            raise DataError(f"data.path={cfg.data.path} marks held-out rows (split=val) and "
+                            f"data.val_path={cfg.data.val_path} gives held-out files: use one")
+        val = read_trajectories(cfg.data.val_path, states, inputs, setting="data.val_path")
+        val_clients = pd.Index(clients).get_indexer(val["client"])
+        if (val_clients < 0).any():
+            bad = val["client"].to_numpy()[val_clients < 0][0]
+            raise DataError(f"data.val_path={cfg.data.val_path}: client '{bad}' is not in "
+                            f"data.path's clients")
+        if int(val["repeat"].max()) + 1 != S:
+            raise DataError(f"data.val_path={cfg.data.val_path} has "
+                            f"{int(val['repeat'].max()) + 1} repeats, data.path {S}")
+        val["_client"] = val_clients
+        val["split"] = "val"
+        val = val.sort_values(["repeat", "_client", "_trajectory"], kind="stable",
+                              ignore_index=True)
+        df = df[df["split"] == "train"]
+    else:
+        val = None
+        df = _hold_out(df, float(cfg.data.get("holdout", 0.0)), str(cfg.data.path))
+    train_rows = df[df["split"] == "train"]
+    val_rows = df[df["split"] == "val"] if val is None else val
+    train = _client_data(model, train_rows, S, M, states, inputs, optimizer.needs_samples,
+                         cfg.data.path, clients)
+    if cfg.data.get("truth"):
+        train.theta_true = load_truth(cfg.data.truth, clients, model.param_names, S)
+    ho = _heldout(model, val_rows, S, M, states, inputs) if len(val_rows) else None
+    n_traj = train_rows.groupby(["repeat", "_client"])["_trajectory"].nunique()
+    if cfg.optimizer.get("batch_size") is not None:
+        check_batch_size(cfg.optimizer.batch_size, int(train.n.min()))
+    N = n_traj.groupby(level=1).max().tolist()
+    settings = {"M": M, "N": N[0] if len(set(N)) == 1 else N, "T": None, "eps": None,
+                "repeats": S, "clients": clients if M <= 50 else clients[:50] + ["..."]}
+    return Dataset(train, ho, clients, settings)
+
+
+def _hold_out(df: pd.DataFrame, frac: float, path: str) -> pd.DataFrame:
+    """Mark the last ``round(frac * n)`` trajectories of each client (at least one when it
+    has two or more, always at least one left for training) as ``val``, unless the files
+    have a ``split`` column with held-out rows already."""
+    if not 0.0 <= frac < 1.0:
+        raise ConfigError(f"data.holdout={frac} is not allowed: a fraction in [0, 1)")
+    if frac == 0.0 or (df["split"] == "val").any():
+        return df
+    key = ["repeat", "_client"]
+    traj = df.drop_duplicates(key + ["_trajectory"])[key + ["_trajectory"]]
+    n = traj.groupby(key)["_trajectory"].transform("size").to_numpy()
+    rank = traj.groupby(key).cumcount(ascending=False).to_numpy()   # 0 = last trajectory
+    n_val = np.minimum(np.maximum(np.rint(frac * n), 1), n - 1)
+    single = traj[n < 2]
+    if len(single):
+        names = df.drop_duplicates("_client").set_index("_client")["client"]
+        few = sorted({names[c] for c in single["_client"]})
+        log.warning("data.holdout: %d client(s) with one trajectory keep it for training and "
+                    "are left out of the validation: %s", len(few), ", ".join(few[:10]))
+    traj = traj.assign(split=np.where(rank < n_val, "val", "train"))
+    df = df.drop(columns="split").merge(traj, on=key + ["_trajectory"], how="left")
+    return df
+
+
+def _positions(rows: pd.DataFrame, S: int, M: int):
+    """Segment (repeat, client) of each transition and its position within the segment."""
+    r = rows["repeat"].to_numpy()
+    c = rows["_client"].to_numpy()
+    tr = rows["_trajectory"].to_numpy()
+    same_next = (r[1:] == r[:-1]) & (c[1:] == c[:-1]) & (tr[1:] == tr[:-1])
+    seg = r[:-1] * M + c[:-1]
+    return same_next, seg
+
+
+def _client_data(model: Model, rows: pd.DataFrame, S: int, M: int, states, inputs,
+                 keep_samples: bool, path, clients: list[str]) -> ClientData:
+    """Training statistics of the rows (sorted by repeat, client, trajectory, sample);
+    ``clients`` the labels of the client indices."""
+    X = rows[states].to_numpy(float)
+    U = rows[inputs].to_numpy(float) if inputs else np.zeros((len(rows), 0))
+    Phi, Y = model.regression(X, U[:-1])                 # consecutive rows: transitions
+    valid, seg = _positions(rows, S, M)
+    seg = seg[valid]
+    Phi, Y = Phi[valid], Y[valid]
+    count = np.bincount(seg, minlength=S * M)
+    if (count == 0).any():
+        k = int(np.flatnonzero(count == 0)[0])
+        raise DataError(f"data.path={path}: client '{clients[k % M]}' (repeat {k // M}) has no "
+                        "training trajectory (all are held out)")
+    starts = np.concatenate([[0], np.cumsum(count)[:-1]])
+    pos = np.arange(len(seg)) - starts[seg]
+    n_max = int(count.max())
+    n_phi, n_y = Phi.shape[-1], Y.shape[-1]
+    P = np.zeros((S * M, n_max, n_phi))
+    Yp = np.zeros((S * M, n_max, n_y))
+    W = np.zeros((S * M, n_max))
+    P[seg, pos], Yp[seg, pos], W[seg, pos] = Phi, Y, 1.0
+    stats = sample_stats(model, P, Yp, W)
+    H, b, yy, n, phi2max, phi_mean, y_mean = (a.reshape((S, M) + a.shape[1:]) for a in stats)
+    theta_true = np.full((S, M, model.p), np.nan)
+    if keep_samples:
+        return ClientData(theta_true, H, b, yy, n, P.reshape(S, M, n_max, n_phi),
+                          Yp.reshape(S, M, n_max, n_y), W.reshape(S, M, n_max), phi2max,
+                          phi_mean, y_mean)
+    return ClientData(theta_true, H, b, yy, n, None, None, None, phi2max, phi_mean, y_mean)
+
+
+def _heldout(model: Model, rows: pd.DataFrame, S: int, M: int, states, inputs) -> HeldOut:
+    """Held-out trajectories padded to (S, M, J, L)."""
+    key = rows["repeat"].to_numpy() * M + rows["_client"].to_numpy()
+    tr = rows["_trajectory"].to_numpy()
+    new_traj = np.append(True, (key[1:] != key[:-1]) | (tr[1:] != tr[:-1]))
+    traj_id = np.cumsum(new_traj) - 1                                 # global trajectory index
+    t_start = np.flatnonzero(new_traj)
+    t_pos = np.arange(len(rows)) - t_start[traj_id]
+    traj_key = key[t_start]
+    new_seg = np.append(True, traj_key[1:] != traj_key[:-1])
+    seg_start = np.flatnonzero(new_seg)
+    j = np.arange(len(traj_key)) - seg_start[np.cumsum(new_seg) - 1]  # trajectory within client
+    J, L = int(j.max()) + 1, int(t_pos.max()) + 1
+    n_u = len(inputs)
+    x = np.zeros((S * M, J, L, len(states)))
+    u = np.zeros((S * M, J, L, n_u))
+    mask = np.zeros((S * M, J, L), bool)
+    jj = j[traj_id]
+    x[key, jj, t_pos] = rows[states].to_numpy(float)
+    if n_u:
+        u[key, jj, t_pos] = rows[inputs].to_numpy(float)
+    mask[key, jj, t_pos] = True
+    shape = (S, M, J, L)
+    return heldout_from_trajectories(model, x.reshape(shape + (-1,)),
+                                     u.reshape(shape + (n_u,))[..., :-1, :],
+                                     mask.reshape(shape))

@@ -1,0 +1,434 @@
+"""The regression problem of one (system, feature map) pair, and client data built from it.
+
+The estimated parameter is a vector ``theta`` (p,). A sample contributes
+``y_t = Theta(theta) phi_t + noise`` with ``Theta[j, k] = sum_p S[j, k, p] theta[p]``, so the
+least-squares loss of a client is ``f(theta) = 1/2 theta^T H theta - b^T theta + c`` with the
+sufficient statistics ``H = sum_t G_t^T G_t`` and ``b = sum_t G_t^T y_t`` (``G_t`` the
+n_y x p Jacobian). Gradient steps on least squares therefore never touch the raw samples.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from fnsysid.dynamics import random as rnd
+from fnsysid.dynamics.features import Library
+from fnsysid.dynamics.systems import System, dense_structure
+
+
+class FeatureMapError(ValueError):
+    """A feature map that cannot represent the chosen system."""
+
+
+@dataclass
+class Model:
+    """Linear-in-parameters model of a system.
+
+    Attributes
+    ----------
+    system : the client family.
+    library : a generic feature library, or None for the system's own features.
+    param_names : names of the p estimated parameters.
+    structure : (n_y, n_phi, p) map from theta to the matrix Theta.
+    embed : (p0, p) map from the system's own parameters to the estimated ones.
+    """
+
+    system: System
+    library: Library | None
+    param_names: list[str]
+    structure: np.ndarray
+    embed: np.ndarray
+
+    @property
+    def p(self) -> int:
+        return len(self.param_names)
+
+    def regression(self, x, u):
+        """Features ``Phi`` (..., T, n_phi) and targets ``Y`` (..., T, n_y) of trajectories."""
+        if self.library is None:
+            return self.system.regression(x, u)
+        return self.library.transform(x[..., :-1, :], u), x[..., 1:, :]
+
+    def features(self, x, u):
+        """Features ``phi`` (..., n_phi) of states (..., n_x) and inputs (..., n_u)."""
+        if self.library is None:
+            return self.system.features(x, u)
+        return self.library.transform(x, u)
+
+    def predict(self, x, u, theta):
+        """One-step prediction of the next state (..., n_x) with parameters ``theta`` (..., p)."""
+        y = np.einsum("...jk,...k->...j", self.theta_matrix(theta), self.features(x, u))
+        return self.system.predict(x, u, y)
+
+    def theta_matrix(self, theta: np.ndarray) -> np.ndarray:
+        """``Theta`` (..., n_y, n_phi) of parameter vectors ``theta`` (..., p)."""
+        return np.einsum("jkp,...p->...jk", self.structure, theta)
+
+    def stats(self, Phi, Y, weight):
+        """Sufficient statistics of samples.
+
+        Parameters
+        ----------
+        Phi : (..., n, n_phi); Y : (..., n, n_y); weight : (..., n) 0/1 sample mask.
+
+        Returns
+        -------
+        H (..., p, p), b (..., p), yy (...) = sum ||y||^2 and n (...) = number of samples.
+        """
+        return sample_stats(self, Phi, Y, weight)[:4]
+
+
+def build_model(system: System, library: Library | None = None) -> Model:
+    """Model of ``system`` with its own features, or with a generic ``library``.
+
+    Raises
+    ------
+    FeatureMapError
+        If the system admits no generic features, or the library lacks one of the system's
+        own features (then the true parameters are not representable).
+    """
+    p0 = len(system.param_names)
+    if library is None:
+        return Model(system, None, list(system.param_names), system.structure, np.eye(p0))
+    if not system.generic_features:
+        raise FeatureMapError(
+            f"system={system.name} identifies physical parameters with its own features")
+    names = system.name_features(library.feature_names(system.n_x, system.n_u))
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise FeatureMapError(f"feature_map repeats features {', '.join(dup)}; "
+                              "each feature may appear once")
+    # a system without a nominal model (generic) has no truth that must be representable
+    own = system.feature_names if system.simulates else []
+    missing = [f for f in own if f not in names]
+    if missing:
+        raise FeatureMapError(
+            f"its features lack {', '.join(missing)}")
+    n_y, n_phi = len(system.target_names), len(names)
+    param_names = [f"{t}:{f}" for t in system.target_names for f in names]
+    own_S = system.structure
+    embed = np.zeros((p0, n_y * n_phi))
+    for j in range(n_y):
+        for k_own, f in enumerate(own):
+            k = names.index(f)
+            embed[:, j * n_phi + k] = own_S[j, k_own, :]
+    return Model(system, library, param_names, dense_structure(n_y, n_phi), embed)
+
+
+@dataclass
+class ClientData:
+    """Everything the clients of ``S`` repeats hold, stacked as (S, M, ...).
+
+    ``theta_true`` are the clients' true parameters in the model's basis; ``H, b, yy, n`` their
+    sufficient statistics; ``Phi, Y, mask`` the samples (kept only when an optimizer needs them);
+    ``phi2max`` the largest squared feature norm ``max_t ||phi_t||^2`` of each client;
+    ``phi_mean`` (S, M, n_phi) and ``y_mean`` (S, M, n_y) the sample means of features and
+    targets (for centred feature scaling).
+    """
+
+    theta_true: np.ndarray
+    H: np.ndarray
+    b: np.ndarray
+    yy: np.ndarray
+    n: np.ndarray
+    Phi: np.ndarray | None = None
+    Y: np.ndarray | None = None
+    mask: np.ndarray | None = None
+    phi2max: np.ndarray | None = None
+    phi_mean: np.ndarray | None = None
+    y_mean: np.ndarray | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.theta_true.shape[:2]
+
+
+def pooled(data: ClientData) -> ClientData:
+    """All clients' data pooled into one client per repeat, shape (S, 1, ...)."""
+    def cat(a):
+        return None if a is None else a.reshape(a.shape[0], 1, -1, *a.shape[3:])
+
+    def mean(a):
+        if a is None:
+            return None
+        w = data.n[..., None]
+        return (a * w).sum(axis=1, keepdims=True) / w.sum(axis=1, keepdims=True)
+
+    return ClientData(data.theta_true.mean(axis=1, keepdims=True),
+                      data.H.sum(axis=1, keepdims=True), data.b.sum(axis=1, keepdims=True),
+                      data.yy.sum(axis=1, keepdims=True), data.n.sum(axis=1, keepdims=True),
+                      cat(data.Phi), cat(data.Y), cat(data.mask),
+                      None if data.phi2max is None else data.phi2max.max(axis=1, keepdims=True),
+                      mean(data.phi_mean), mean(data.y_mean))
+
+
+def centred_stats(data: ClientData, structure: np.ndarray):
+    """``H`` and ``b`` of the clients' samples after subtracting the features' means.
+
+    ``b`` is the same whether or not the targets are centred too (centred features sum to zero
+    against a constant). With centred features the least-squares problem is the slope part of a
+    regression with an intercept: ``H_c = H - n Gbar' Gbar``, ``b_c = b - n Gbar' ybar`` with
+    ``Gbar`` the mean regressor in parameter space.
+    """
+    Gbar = np.einsum("jkp,...k->...jp", structure, data.phi_mean)
+    n = np.asarray(data.n, float)
+    H = data.H - n[..., None, None] * np.einsum("...jp,...jq->...pq", Gbar, Gbar)
+    b = data.b - n[..., None] * np.einsum("...jp,...j->...p", Gbar, data.y_mean)
+    return H, b
+
+
+def least_squares(H: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Exact least-squares solutions ``H^+ b`` (..., p), batched; minimum norm if singular."""
+    return np.einsum("...pq,...q->...p", np.linalg.pinv(H, hermitian=True), b)
+
+
+def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: int,
+             keep_samples: bool = False, shared_noise: bool = False,
+             clients=None) -> ClientData:
+    """Draw client systems and trajectories and reduce them to per-client statistics.
+
+    Parameters
+    ----------
+    model : the regression model (system and features).
+    M : number of clients.
+    N : int or sequence of M ints, trajectories per client.
+    T : trajectory length (samples per trajectory).
+    eps : heterogeneity; ``gamma ~ U(0, eps)`` per client and direction.
+    repeats : independent repetitions (new systems and data each).
+    seed : root seed; see :mod:`fnsysid.dynamics.random` for how streams are derived.
+    keep_samples : also return the per-sample arrays (needed by mini-batch SGD).
+    shared_noise : every client draws the same trajectory noise (the published pendulum code's
+        behaviour); client parameters still differ.
+    clients : indices of the clients to build (default all M, in order); a client's system
+        and data are the same whichever others are built with it (what a federated node that
+        holds one client draws). Costs at most the clients of a block before it.
+    """
+    N = np.broadcast_to(np.asarray(N, dtype=int), (M,))
+    blocks, keep = rnd.blocks(M), None
+    if clients is not None:
+        blocks, built, keep = _prefix_blocks(np.asarray(clients, dtype=int).reshape(-1))
+        N, M = N[built], len(built)
+    n_max = int(N.max())
+    S, p = repeats, model.p
+    theta_true = np.empty((S, M, p))
+    H, b = np.empty((S, M, p, p)), np.empty((S, M, p))
+    yy, n, phi2max = np.empty((S, M)), np.empty((S, M)), np.empty((S, M))
+    n_y, n_phi = model.structure.shape[:2]
+    phi_mean, y_mean = np.empty((S, M, n_phi)), np.empty((S, M, n_y))
+    traj_mask = (np.arange(n_max)[None, :] < N[:, None]).astype(float)  # (M, n_max)
+    if keep_samples:
+        Phi = np.zeros((S, M, n_max * T, n_phi))
+        Y = np.zeros((S, M, n_max * T, n_y))
+        mask = np.repeat(traj_mask, T, axis=1)[None].repeat(S, axis=0)
+    limit = chunk_clients(model, n_max, T) if keep is None else 1
+
+    def work(s: int, chunk: list[tuple[int, int, int]]) -> None:
+        lo, hi = chunk[0][1], chunk[-1][2]
+        size = hi - lo
+        own, x, u = simulate_blocks(model, s, chunk, n_max, T, eps, seed, shared_noise)
+        theta_true[s, lo:hi] = own @ model.embed
+        Phi_b, Y_b = model.regression(x, u)          # (size, n_max, T, .)
+        Phi_b = Phi_b.reshape(size, n_max * T, -1)
+        Y_b = Y_b.reshape(size, n_max * T, -1)
+        wgt = np.repeat(traj_mask[lo:hi], T, axis=1)
+        (H[s, lo:hi], b[s, lo:hi], yy[s, lo:hi], n[s, lo:hi], phi2max[s, lo:hi],
+         phi_mean[s, lo:hi], y_mean[s, lo:hi]) = sample_stats(model, Phi_b, Y_b, wgt)
+        if keep_samples:
+            Phi[s, lo:hi], Y[s, lo:hi] = Phi_b * wgt[..., None], Y_b * wgt[..., None]
+
+    for_chunks(S, blocks, limit, work)
+    if not keep_samples:
+        Phi = Y = mask = None
+    data = ClientData(theta_true, H, b, yy, n, Phi, Y, mask, phi2max, phi_mean, y_mean)
+    if keep is None:
+        return data
+    return ClientData(*(None if a is None else a[:, keep] for a in vars(data).values()))
+
+
+def _prefix_blocks(ids: np.ndarray):
+    """Blocks to simulate for clients ``ids``: in each block touched, its clients up to the
+    last one wanted. Returns the blocks ``(blk, lo, hi)`` with positions in the built arrays,
+    the client index at each position, and the positions of ``ids``."""
+    blocks, built, start = [], [], {}
+    of = rnd.block_of(ids)
+    for blk in np.unique(of):
+        first = rnd.block_start(int(blk))
+        size = int(ids[of == blk].max()) - first + 1
+        start[blk] = len(built) - first
+        blocks.append((int(blk), len(built), len(built) + size))
+        built.extend(range(first, first + size))
+    keep = np.array([start[b] + i for i, b in zip(ids, of, strict=True)])
+    return blocks, np.array(built), keep
+
+
+def simulate_blocks(model: Model, s: int, blocks: list[tuple[int, int, int]], n_traj: int,
+                    T: int, eps: float, seed: int, shared_noise: bool = False,
+                    purpose: int = rnd.TRAJECTORY):
+    """Client parameters and trajectories of consecutive blocks ``(blk, lo, hi)`` of clients.
+
+    Returns the clients' own parameters (m, p0), states ``x`` (m, n_traj, T + 1, n_x) and
+    inputs ``u`` (m, n_traj, T, n_u) for the ``m`` clients ``blocks[0].lo .. blocks[-1].hi``.
+    Trajectory ``j`` of repeat ``s`` is drawn from stream ``(purpose, s, blk, j)`` for the
+    whole block; held-out trajectories use their own ``purpose``.
+    """
+    system = model.system
+    own = np.concatenate([system.client_params(eps * rnd.stream(
+        seed, rnd.PARAMS, s, blk).random((rnd.block_size(blk), system.n_gamma))[: hi - lo])
+        for blk, lo, hi in blocks])
+    x0, eta, w = draw_trajectories(system, seed, s, [blk for blk, _, _ in blocks], n_traj, T,
+                                   shared_noise, len(own), purpose)
+    x, u = system.simulate(own, x0, eta, w)
+    return own, x, u
+
+
+def moments(Phi, Y, wgt):
+    """Weighted second moments of padded samples ``Phi`` (..., n, n_phi), ``Y`` (..., n, n_y)
+    with 0/1 weights ``wgt`` (..., n).
+
+    Returns ``F`` (n_phi, ..., n) and ``Z`` (n_y, ..., n), the samples with their coordinate
+    moved first (sums then run along a contiguous axis); ``Fw, Zw`` the same times the weights
+    (``F`` and ``Z`` themselves when every weight is 1); ``gram`` (..., n_phi, n_phi)
+    ``= sum_t w_t phi_t phi_t'`` and ``cross`` (..., n_y, n_phi) ``= sum_t w_t y_t phi_t'``.
+    """
+    F = np.ascontiguousarray(np.moveaxis(Phi, -1, 0))          # (n_phi, ..., n)
+    Z = np.ascontiguousarray(np.moveaxis(Y, -1, 0))            # (n_y, ..., n)
+    Fw, Zw = (F, Z) if bool(wgt.all()) else (F * wgt, Z * wgt)
+    gram = np.einsum("k...n,l...n->...kl", Fw, F)
+    cross = np.einsum("y...n,k...n->...yk", Zw, F)
+    return F, Z, Fw, Zw, gram, cross
+
+
+def sample_stats(model: Model, Phi, Y, wgt):
+    """Per-client statistics of padded samples ``Phi`` (..., n, n_phi), ``Y`` (..., n, n_y)
+    with 0/1 weights ``wgt`` (..., n): ``H, b, yy, n`` (see :meth:`Model.stats`),
+    ``phi2max``, ``phi_mean`` and ``y_mean`` (the fields of :class:`ClientData`).
+
+    Sums over samples run along a contiguous axis (features moved first).
+    """
+    F, Z, Fw, Zw, gram, cross = moments(Phi, Y, wgt)
+    full = Fw is F
+    S = model.structure
+    H = np.einsum("jkp,...kl,jlq->...pq", S, gram, S, optimize=True)
+    b = np.einsum("jkp,...jk->...p", S, cross, optimize=True)
+    yy = np.einsum("y...n,y...n->...", Zw, Z)
+    n = wgt.sum(axis=-1)
+    phi2 = np.einsum("k...n,k...n->...n", F, F)
+    phi2max = (phi2 if full else phi2 * wgt).max(axis=-1)
+    phi_mean = np.moveaxis(Fw.sum(axis=-1), 0, -1) / n[..., None]
+    y_mean = np.moveaxis(Zw.sum(axis=-1), 0, -1) / n[..., None]
+    return H, b, yy, n, phi2max, phi_mean, y_mean
+
+
+def threads(n_jobs: int) -> int:
+    """Threads that simulate chunks of clients at once: ``FNSYSID_THREADS`` (default: the
+    number of cores), at most one per chunk."""
+    raw = os.environ.get("FNSYSID_THREADS") or str(os.cpu_count() or 1)
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"FNSYSID_THREADS={raw}; allowed: an integer >= 1")
+    return min(int(raw), max(1, n_jobs))
+
+
+def for_chunks(S: int, blocks: list[tuple[int, int, int]], limit: int, work) -> None:
+    """Call ``work(s, chunk)`` for every repeat ``s`` and every run of consecutive blocks
+    holding at most ``limit`` clients (:func:`fnsysid.dynamics.random.chunks`), on :func:`threads`
+    threads (numpy releases the GIL in the array work and the random draws). Chunks write
+    disjoint slices and read their own streams, so the numbers do not depend on the number of
+    threads."""
+    runs = rnd.chunks(blocks, limit)
+    _on_threads(work, [(s, run) for s in range(S) for run in runs])
+
+
+def for_slices(m: int, size: int, work) -> None:
+    """Call ``work(sl)`` for consecutive slices ``sl`` of ``size`` (the last shorter) covering
+    ``range(m)``, on :func:`threads` threads when there are several. Each call must write only
+    its own slice of the outputs (and use its own scratch arrays), so the values do not depend
+    on the number of threads."""
+    _on_threads(work, [(slice(lo, min(lo + size, m)),) for lo in range(0, m, size)])
+
+
+@functools.lru_cache(maxsize=None)
+def _pool(n: int) -> ThreadPoolExecutor:
+    """A pool of ``n`` threads kept for the process (every call of :func:`_on_threads`)."""
+    return ThreadPoolExecutor(n, thread_name_prefix="fnsysid")
+
+
+def _on_threads(work, jobs: list[tuple]) -> None:
+    """``work(*job)`` for every job, on :func:`threads` threads when there are several (with
+    the caller's floating-point error handling), else in order in this thread."""
+    n = threads(len(jobs))
+    if n == 1:
+        for job in jobs:
+            work(*job)
+        return
+    errors = np.geterr()
+
+    def call(job: tuple) -> None:
+        with np.errstate(**errors):
+            work(*job)
+
+    for f in [_pool(n).submit(call, job) for job in jobs]:
+        f.result()
+
+
+#: about how many float64 values one chunk of simulated clients may hold (memory bound)
+CHUNK_VALUES = 1 << 22
+
+
+def values_per_sample(model: Model) -> int:
+    """Values a simulated chunk holds per client and sample: states, inputs and noise as
+    drawn, features and targets with their weighted copies."""
+    system = model.system
+    n_y, n_phi = model.structure.shape[:2]
+    return 2 * system.n_x + system.n_u + system.n_w + 3 * n_phi + 2 * n_y
+
+
+def chunk_clients(model: Model, n_max: int, T: int) -> int:
+    """Clients simulated together: as many as keep a chunk near ``CHUNK_VALUES``."""
+    return max(1, CHUNK_VALUES // (n_max * (T + 1) * values_per_sample(model)))
+
+
+def draw_trajectories(system: System, seed: int, s: int, blks: list[int], n_max: int, T: int,
+                      shared_noise: bool, size: int, purpose: int = rnd.TRAJECTORY):
+    """Randomness of trajectories ``0..n_max-1`` of the clients of blocks ``blks`` (repeat s).
+
+    Stream (purpose, repeat, block, trajectory) draws for its whole block (stream (repeat, 0,
+    trajectory) once for every client with ``shared_noise``). The streams of blocks of one size
+    are read together through one :class:`~fnsysid.dynamics.random.StreamBatch` when the system's
+    noises allow it, else one after another; the numbers are the same. Returns ``x0`` (size, n_max,
+    n_x), ``eta`` (size, n_max, T, n_u) and ``w`` (size, n_max, T, n_w) of the first ``size``
+    clients.
+    """
+    if shared_noise:
+        out = _draw_streams(system, seed, s, [0], 1, n_max, T, purpose)
+        return [np.broadcast_to(a, (size,) + a.shape[1:]) for a in out]
+    parts = [_draw_streams(system, seed, s, list(run), n_draw, n_max, T, purpose)
+             for n_draw, run in itertools.groupby(blks, key=rnd.block_size)]
+    if len(parts) == 1:
+        return [a[:size] for a in parts[0]]
+    return [np.concatenate(arrays)[:size] for arrays in zip(*parts, strict=True)]
+
+
+def _draw_streams(system: System, seed: int, s: int, keys: list[int], n_draw: int, n_max: int,
+                  T: int, purpose: int) -> list[np.ndarray]:
+    """The draws of streams ``(purpose, s, key, j)`` for ``n_draw`` clients each, client-major:
+    ``x0`` (len(keys) n_draw, n_max, n_x), ``eta`` and ``w`` (len(keys) n_draw, n_max, T, .)."""
+    gens = [rnd.stream(seed, purpose, s, key, j) for key in keys for j in range(n_max)]
+    # (keys, n_draw, n_max, ...): client-major, as simulated; written through views in the
+    # (keys, n_max, n_draw, ...) order of the streams
+    K = len(keys)
+    draws = [np.empty((K, n_draw, n_max) + shape) for shape in
+             ((system.n_x,), (T, system.n_u), (T, system.n_w))]
+    views = [a.swapaxes(1, 2) for a in draws]
+    if system.batchable:
+        batch = rnd.StreamBatch(gens, reserve=int(1.01 * system.expected_draws(n_draw, T)) + 64)
+        system.draw(batch, n_draw, T, out=views)
+    else:
+        for g, (key, j) in zip(gens, itertools.product(range(K), range(n_max)), strict=True):
+            system.draw(g, n_draw, T, out=[v[key, j] for v in views])
+    return [a.reshape(K * n_draw, n_max, *a.shape[3:]) for a in draws]

@@ -1,0 +1,30 @@
+"""The server model of round 0, from the nominal model or client 0's true parameters."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fnsysid.config.checks import ConfigError
+from fnsysid.dynamics.model import ClientData, Model
+
+
+def initial_model(model: Model, data: ClientData | None, init,
+                  repeats: int | None = None) -> np.ndarray:
+    """Server model of round 0, (S, p): ``init.scale`` times the nominal model or client 0's.
+
+    Without ``data`` (a federated server sees none) only the nominal reference is possible and
+    ``repeats`` gives S.
+    """
+    ref = init.get("reference", "nominal")
+    if ref == "nominal":
+        S = data.shape[0] if data is not None else repeats
+        base = np.broadcast_to(model.system.nominal @ model.embed, (S, model.p))
+    elif ref == "client0":
+        if data is None or not np.isfinite(data.theta_true[:, 0]).all():
+            raise ConfigError("system.init.reference=client0 starts from client 0's true "
+                              "parameters, which this run does not have (with data=files give "
+                              "data.truth=FILE); allowed without them: nominal")
+        base = data.theta_true[:, 0]
+    else:
+        raise ConfigError(f"system.init.reference={ref} is not allowed; allowed: nominal, client0")
+    return float(init.get("scale", 0.0)) * np.array(base)

@@ -1,0 +1,476 @@
+"""Federated strategies (the ``strategy`` config group).
+
+A strategy owns the server state and runs one communication round at a time; local work is
+delegated to the ``optimizer`` (:mod:`fnsysid.learning.optim`) and aggregation to :func:`aggregate`.
+All arrays carry a leading repeats axis S and, for client quantities, a clients axis M.
+
+With full-batch GD the K local steps are one affine map per client,
+``theta_K = P_i theta_0 + q_i - C_i c`` (:class:`fnsysid.learning.optim.LocalMap`, from
+``optimizer.local_map``; None for SGD or ``optimizer.affine=false``). Each strategy then
+precomputes what its round needs once per run: FedAvg and FedProx the averaged map (a round is
+``theta_s <- Pbar theta_s + qbar``), FedLin the same after folding its correction (affine in
+``theta_s``) into ``P_i, q_i``, Cyclic the composition of the clients' maps; Local and
+SCAFFOLD keep per-client state and apply the per-client maps (O(M p^2) a round). Otherwise
+(SGD) the strategy runs ``optimizer.local_steps`` step by step.
+
+The federated strategies (:class:`Federated`: FedAvg, FedProx, FedLin, SCAFFOLD) are also
+written as message exchanges: the server's :meth:`~Federated.message`, each client's
+:meth:`~Federated.client_update` on its own data and state (:class:`Clients`), the server's
+:meth:`~Federated.server_update` on the stacked replies. Rounds without a precomputed server
+map run these exchanges for all clients at once; the Flower runtime
+(:mod:`fnsysid.runtimes.flower`) runs the same functions with one client per ClientApp.
+To add an algorithm, subclass :class:`Strategy`, implement ``round`` (and ``estimate`` if the
+evaluated model is not the server's), and add ``conf/strategy/<name>.yaml``. The update rules
+are written out in ``docs/ALGORITHMS.md``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fnsysid.config.checks import ConfigError
+from fnsysid.dynamics import random as rnd
+from fnsysid.dynamics.model import least_squares, pooled
+from fnsysid.learning.optim import LocalMap, matvec, undo_preconditioner
+
+WEIGHTINGS = ("uniform", "samples")
+
+
+def aggregate(models: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """Weighted average of client models over the clients axis.
+
+    Parameters
+    ----------
+    models : (..., M, p) client models.
+    weights : (..., M) non-negative weights, or None for the plain mean.
+
+    Returns
+    -------
+    (..., p) the aggregated model.
+
+    Examples
+    --------
+    >>> aggregate(np.array([[1.0, 0.0], [3.0, 2.0]]), np.array([1.0, 3.0]))
+    array([2.5, 1.5])
+    """
+    if weights is None:
+        return models.mean(axis=-2)
+    w = np.asarray(weights, float)
+    return np.einsum("...m,...mp->...p", w, models) / w.sum(axis=-1)[..., None]
+
+
+class Clients:
+    """The client side of a federated round: the local solver, set up on the data these clients
+    hold, their local work (K steps of size lr, FedProx's ``mu``) and their own state between
+    rounds (SCAFFOLD's ``c_i``).
+
+    In process one object stands for all M clients (arrays (S, M, ...)); a Flower ClientApp
+    holds one for its own client alone (arrays (S, 1, ...)). ``sel`` in the methods below
+    selects among the clients this object holds. The local steps are each client's
+    precomputed affine map when the solver has one
+    (:meth:`fnsysid.learning.optim.LocalSolver.local_map`, built on first use), else the
+    solver's step-by-step ``local_steps``.
+    """
+
+    def __init__(self, solver, K, lr: float, mu: float = 0.0, correction: bool = False):
+        self.solver, self.K, self.lr, self.mu = solver, K, lr, float(mu)
+        self.correction = correction
+        self.state: dict[str, np.ndarray] = {}
+        self._maps = None
+
+    def broadcast(self, server: np.ndarray, sel=slice(None)) -> np.ndarray:
+        """A server array (S, p) as the selected clients' starting point, (S, m, p)."""
+        S, M = self.solver.n.shape
+        return np.broadcast_to(server[:, None, :], (S, len(range(M)[sel]), server.shape[-1]))
+
+    @staticmethod
+    def active(msg: dict, sel=slice(None)) -> np.ndarray | None:
+        """Where the selected clients take part (S, m) from ``msg["active"]`` ((S, M), or
+        (S,) for a node's own client), or None when everyone does."""
+        a = msg.get("active")
+        if a is None:
+            return None
+        a = np.asarray(a, bool)
+        return a[:, None] if a.ndim == 1 else a[:, sel]
+
+    def step_total(self, sel=slice(None)):
+        """Sum of the local step sizes of the selected clients: a float, or (S, m, 1) for
+        per-client step counts."""
+        total = self.solver.step_total(self.lr, self.K)
+        return total if np.ndim(total) == 0 else total[:, sel, None]
+
+    def local_steps(self, start: np.ndarray, sel=slice(None), correction=None) -> np.ndarray:
+        """The K local steps of the selected clients from ``start`` (S, m, p), with a gradient
+        correction held fixed during the round (FedLin, SCAFFOLD) and FedProx's proximal term
+        anchored at ``start``."""
+        if self._maps is None:
+            self._maps = self.solver.local_map(self.K, self.lr, mu=self.mu,
+                                               correction=self.correction) or False
+        if self._maps:
+            m = self._maps
+            return LocalMap(m.P[:, sel], m.q[:, sel],
+                            None if m.C is None else m.C[:, sel])(start, correction)
+        extra = {} if correction is None else {"correction": correction}
+        if self.mu:
+            extra.update(mu=self.mu, anchor=start)
+        return self.solver.local_steps(start, self.K, self.lr, clients=sel, **extra)
+
+
+class Strategy:
+    """Base class.
+
+    Parameters
+    ----------
+    weighting : "uniform" (plain mean, paper Alg. 1) or "samples" (weights N_i T).
+    """
+
+    def __init__(self, weighting: str = "uniform"):
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"strategy.weighting={weighting}; allowed: {', '.join(WEIGHTINGS)}")
+        self.weighting = weighting
+
+    def setup(self, theta0, data, model, optimizer, K: int, lr: float, seed: int) -> None:
+        """Start from server model ``theta0`` (S, p) on ``data`` (S, M clients)."""
+        self.data, self.optimizer, self.K, self.lr = data, optimizer, K, lr
+        optimizer.setup(data, model, seed)
+        self.clients = self.make_clients(optimizer, K, lr)
+        self.setup_server(theta0, data.n, seed)
+
+    def make_clients(self, solver, K, lr) -> Clients:
+        """The client side of this strategy on the data ``solver`` was set up with."""
+        return Clients(solver, K, lr)
+
+    def setup_server(self, theta0, n, seed: int = 0) -> None:
+        """The server's part of :meth:`setup`: start model ``theta0`` (S, p), the clients'
+        sample counts ``n`` (S, M) (the weights of ``weighting=samples``) and the root seed
+        (client sampling)."""
+        self.server = np.array(theta0, dtype=float)
+        self.n_clients, self.seed = np.shape(n)[1], seed
+        self.weights = None if self.weighting == "uniform" else np.asarray(n, float)
+
+    def broadcast(self) -> np.ndarray:
+        """The server model copied to every client, (S, M, p)."""
+        return self.clients.broadcast(self.server)
+
+    def round(self, r: int) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def estimate(self) -> np.ndarray:
+        """Model each client is evaluated with, broadcastable to (S, M, p)."""
+        return self.server[:, None, :]
+
+
+class Federated(Strategy):
+    """A strategy whose round is a sequence of message exchanges between server and clients,
+    so that it runs the same in process and on a federated runtime (:mod:`fnsysid.runtimes.flower`).
+
+    Each name in ``exchanges`` is one exchange: the server sends :meth:`message` (arrays
+    (S, ...)) to the clients, each client answers with :meth:`client_update` computed from that
+    message and its own data and state only, and the server combines the answers, stacked over
+    clients to (S, M, ...), in :meth:`server_update`. In process a strategy may instead run a
+    precomputed ``server_map`` (the same round as one affine map of the server model).
+    """
+
+    exchanges: tuple[str, ...] = ("train",)
+    server_map = None
+
+    def __init__(self, weighting: str = "uniform", fraction: float = 1.0):
+        super().__init__(weighting)
+        if not (isinstance(fraction, (int, float)) and 0 < fraction <= 1):
+            raise ValueError(f"strategy.fraction={fraction}; allowed: a number in (0, 1]")
+        self.fraction = float(fraction)
+
+    def participants(self, r: int) -> np.ndarray | None:
+        """Clients taking part in round ``r``: None (all) or a mask (S, M) with
+        ``max(1, round(fraction M))`` clients per repeat, drawn from the round's own stream
+        (the same on every runtime)."""
+        if self.fraction >= 1.0:
+            return None
+        S, M = self.server.shape[0], self.n_clients
+        m = max(1, int(round(self.fraction * M)))
+        mask = np.zeros((S, M), dtype=bool)
+        for s in range(S):
+            mask[s, rnd.stream(self.seed, rnd.PARTICIPATION, s, r).permutation(M)[:m]] = True
+        return mask
+
+    def message(self, exchange: str) -> dict[str, np.ndarray]:
+        """What the server sends every client in ``exchange``."""
+        return {"theta": self.server}
+
+    def client_update(self, exchange: str, msg: dict, clients: Clients,
+                      sel=slice(None)) -> dict[str, np.ndarray]:
+        """Replies of the selected clients ``sel`` of ``clients`` to ``msg``, arrays (S, m, ...).
+        ``msg["active"]``, when present, marks the repeats in which a client takes part."""
+        return {"theta": clients.local_steps(clients.broadcast(msg["theta"], sel), sel)}
+
+    def server_update(self, exchange: str, replies: dict[str, np.ndarray], sel=slice(None),
+                      active=None) -> None:
+        """Combine the replies (S, m, ...) of clients ``sel`` (active where ``active``)."""
+        self.server = aggregate(replies["theta"], self.weights_of(sel, active))
+
+    def weights_of(self, sel=slice(None), active=None):
+        """Aggregation weights of clients ``sel``, zero where not ``active`` (None: uniform)."""
+        if active is None:
+            return None if self.weights is None else self.weights[:, sel]
+        w = np.ones(active.shape) if self.weights is None else self.weights[:, sel]
+        return w * active
+
+    def round(self, r):
+        active = self.participants(r)
+        if active is None and self.server_map is not None:
+            self.server = self.server_map(self.server[:, None, :])[:, 0]
+            return
+        for exchange in self.exchanges:
+            msg = self.message(exchange)
+            if active is not None:
+                msg = {**msg, "active": active}
+            replies = self.client_update(exchange, msg, self.clients)
+            self.server_update(exchange, replies, active=active)
+
+
+class FedAvg(Federated):
+    """FNSysId / FedAvg (paper Alg. 1): every client starts from the server model, runs K local
+    steps on its own data, and the server averages the local models."""
+
+    #: proximal weight of the local steps (FedProx)
+    mu = 0.0
+
+    def setup(self, theta0, data, model, optimizer, K, lr, seed):
+        super().setup(theta0, data, model, optimizer, K, lr, seed)
+        maps = self.client_maps()
+        self.server_map = None if maps is None else maps.aggregate(self.weights)
+
+    def make_clients(self, solver, K, lr):
+        return Clients(solver, K, lr, mu=self.mu)
+
+    def client_maps(self) -> LocalMap | None:
+        """Per-client maps from the server model to the local models (None: step by step)."""
+        return self.optimizer.local_map(self.K, self.lr, mu=self.mu, correction=False)
+
+
+class FedProx(FedAvg):
+    """FedAvg whose local gradient carries ``mu (theta_i - theta_s)`` (Li et al. 2020)."""
+
+    def __init__(self, mu: float = 0.1, **kwargs):
+        super().__init__(**kwargs)
+        if not mu >= 0:
+            raise ValueError(f"strategy.mu={mu}; allowed: a number >= 0")
+        self.mu = float(mu)
+
+
+def _aggregate_matrices(A: np.ndarray, weights) -> np.ndarray:
+    """:func:`aggregate` of (..., M, p, q) matrices."""
+    flat = A.reshape(A.shape[:-2] + (-1,))
+    return aggregate(flat, weights).reshape(A.shape[:-3] + A.shape[-2:])
+
+
+class FedLin(FedAvg):
+    """FedSysID's FedLin: local gradient corrected by ``mean_j g_j(theta_s) - g_i(theta_s)``
+    (Mitra et al. 2021), so the local steps follow the global gradient.
+
+    As exchanges, two a round: the clients' gradients at the server model, then the local steps
+    with the averaged gradient. In process with affine maps the correction
+    ``(Abar - A_i) theta_s - (cbar - c_i)`` (gradients ``A_i theta - c_i``) is affine in the
+    server model and folds into ``P_i, q_i``."""
+
+    exchanges = ("gradient", "train")
+
+    def make_clients(self, solver, K, lr):
+        return Clients(solver, K, lr, correction=True)
+
+    def client_maps(self):
+        maps = self.optimizer.local_map(self.K, self.lr)
+        if maps is None:
+            return None
+        A, c = self.optimizer.gradient_map()
+        dA = _aggregate_matrices(A, self.weights)[:, None] - A
+        dc = aggregate(c, self.weights)[:, None] - c
+        return LocalMap(maps.P - maps.C @ dA, maps.q + matvec(maps.C, dc))
+
+    def message(self, exchange):
+        if exchange == "gradient":
+            return {"theta": self.server}
+        return {"theta": self.server, "g": self.g}
+
+    def client_update(self, exchange, msg, clients, sel=slice(None)):
+        start = clients.broadcast(msg["theta"], sel)
+        g_i = clients.solver.gradient(start, sel)
+        if exchange == "gradient":
+            return {"g": g_i}
+        return {"theta": clients.local_steps(start, sel, correction=msg["g"][:, None, :] - g_i)}
+
+    def server_update(self, exchange, replies, sel=slice(None), active=None):
+        if exchange == "gradient":
+            self.g = aggregate(replies["g"], self.weights_of(sel, active))
+        else:
+            super().server_update(exchange, replies, sel, active)
+
+
+class Scaffold(FedAvg):
+    """SCAFFOLD with option II control variates (Karimireddy et al. 2020), full participation,
+    global step size 1: local gradient ``g_i + c - c_i``; afterwards
+    ``c_i <- c_i - c + (theta_s - theta_i) / (sum of local step sizes)`` and ``c = mean c_i``.
+    Each client keeps its ``c_i`` (per-client maps, O(M p^2) a round); the server keeps ``c``."""
+
+    def make_clients(self, solver, K, lr):
+        return Clients(solver, K, lr, correction=True)
+
+    def client_maps(self):
+        return None                       # per-client state: the rounds run the exchange
+
+    def setup_server(self, theta0, n, seed=0):
+        super().setup_server(theta0, n, seed)
+        self.c = np.zeros(self.server.shape)
+
+    def message(self, exchange):
+        return {"theta": self.server, "c": self.c}
+
+    def client_update(self, exchange, msg, clients, sel=slice(None)):
+        start = clients.broadcast(msg["theta"], sel)
+        c = msg["c"][:, None, :]
+        c_i = clients.state.get("c_i")
+        if c_i is None:
+            c_i = np.zeros(clients.broadcast(msg["c"]).shape)
+        local = clients.local_steps(start, sel, correction=c - c_i[:, sel])
+        solver = clients.solver
+        delta = (start - local) / clients.step_total(sel)
+        if solver.precond is not None:      # steps were P (g + c - c_i): undo P
+            delta = undo_preconditioner(solver.precond[:, sel], solver.H[:, sel],
+                                        solver.n[:, sel], delta)
+        dc = delta - c                                  # c_i <- c_i - c + delta
+        active = clients.active(msg, sel)
+        if active is not None:                          # clients left out keep their c_i
+            dc = dc * active[..., None]
+        c_i = np.array(c_i)
+        c_i[:, sel] = c_i[:, sel] + dc
+        clients.state["c_i"] = c_i
+        return {"theta": local, "dc": dc}
+
+    def server_update(self, exchange, replies, sel=slice(None), active=None):
+        """``c <- c + sum_i w_i (c_i' - c_i) / sum over all clients of w_i`` (with everyone
+        taking part: ``c = mean c_i``); the model averages the active clients."""
+        w = np.ones(self.server.shape[0:1] + (self.n_clients,)) if self.weights is None \
+            else self.weights
+        self.c = self.c + np.einsum("sm,smp->sp", w[:, sel], replies["dc"]) / \
+            w.sum(axis=-1)[:, None]
+        super().server_update(exchange, replies, sel, active)
+
+
+class FedNova(FedAvg):
+    """FedNova (Wang et al. 2020, "Tackling the objective inconsistency problem in heterogeneous
+    federated optimization"): normalized averaging. Client i's update
+    ``Delta_i = theta_s - theta_i`` is divided by its total step size ``s_i`` (the sum of its
+    local step sizes, ``K_i lr`` for a constant schedule) and the server moves
+    ``theta_s <- theta_s - s_eff sum_i p_i Delta_i / s_i`` with ``s_eff = sum_i p_i s_i``
+    (``p_i`` the normalized weights). With equal ``K_i`` it is FedAvg; with heterogeneous
+    ``K_i`` it removes FedAvg's pull towards the clients that take more steps.
+
+    In process with affine maps each client's normalized update is affine in the server model,
+    so a round is again one averaged map."""
+
+    def client_maps(self):
+        maps = self.optimizer.local_map(self.K, self.lr, correction=False)
+        if maps is None:
+            return None
+        s_i = np.broadcast_to(self.optimizer.step_total(self.lr, self.K), self.data.n.shape)
+        s_eff = (_normalized(self.weights, s_i.shape) * s_i).sum(axis=-1, keepdims=True)
+        scale = s_eff / s_i                                               # (S, M)
+        eye = np.eye(maps.P.shape[-1])
+        return LocalMap(eye + scale[..., None, None] * (maps.P - eye),
+                        scale[..., None] * maps.q)
+
+    def client_update(self, exchange, msg, clients, sel=slice(None)):
+        start = clients.broadcast(msg["theta"], sel)
+        s_i = np.broadcast_to(clients.step_total(sel), start.shape[:-1] + (1,))
+        return {"d": (start - clients.local_steps(start, sel)) / s_i, "s": s_i[..., 0]}
+
+    def server_update(self, exchange, replies, sel=slice(None), active=None):
+        w = self.weights_of(sel, active)
+        s_eff = (_normalized(w, replies["s"].shape) * replies["s"]).sum(axis=-1)
+        self.server = self.server - s_eff[:, None] * aggregate(replies["d"], w)
+
+
+def _normalized(weights, shape) -> np.ndarray:
+    """Aggregation weights ``p_i`` summing to one over the clients axis, (S, M)."""
+    w = np.ones(shape) if weights is None else np.broadcast_to(np.asarray(weights, float), shape)
+    return w / w.sum(axis=-1, keepdims=True)
+
+
+class OneShot(Strategy):
+    """theta_bar_LSE of the paper's Theorem 1: the average of the clients' own exact
+    least-squares estimates, computed once (a flat curve over rounds, round 0 included)."""
+
+    def setup(self, theta0, data, model, optimizer, K, lr, seed):
+        super().setup(theta0, data, model, optimizer, K, lr, seed)
+        self.server = aggregate(least_squares(data.H, data.b), self.weights)
+
+    def round(self, r):
+        pass
+
+
+class Local(Strategy):
+    """No federation: every client runs K local steps per round from its own previous model and
+    is evaluated with its own estimate (the "individual client" of the abstract)."""
+
+    def setup(self, theta0, data, model, optimizer, K, lr, seed):
+        super().setup(theta0, data, model, optimizer, K, lr, seed)
+        self.models = np.array(self.broadcast())
+        self.maps = optimizer.local_map(K, lr, correction=False)
+
+    def round(self, r):
+        if self.maps is not None:
+            self.models = self.maps(self.models)
+        else:
+            self.models = self.optimizer.local_steps(self.models, self.K, self.lr)
+
+    def estimate(self):
+        return self.models
+
+
+class Centralized(Strategy):
+    """The non-private reference: all clients' data pooled in one place; K gradient steps of
+    the optimizer per round (``exact=false``) or the pooled least-squares solution (flat)."""
+
+    def __init__(self, exact: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.exact = bool(exact)
+
+    def setup(self, theta0, data, model, optimizer, K, lr, seed):
+        if np.ndim(K) and not self.exact:
+            raise ConfigError("strategy=centralized runs one K on the pooled data; a list or "
+                              "distribution K is for federated strategies")
+        super().setup(theta0, pooled(data), model, optimizer, K, lr, seed)
+        self.maps = None
+        if self.exact:
+            self.server = least_squares(self.data.H, self.data.b)[:, 0]
+        else:
+            self.maps = optimizer.local_map(K, lr, correction=False)
+
+    def round(self, r):
+        if self.exact:
+            return
+        if self.maps is not None:
+            self.server = self.maps(self.server[:, None, :])[:, 0]
+        else:
+            self.server = self.optimizer.local_steps(self.broadcast(), self.K, self.lr)[:, 0]
+
+
+class Cyclic(Strategy):
+    """Clients updated one after another within a round, each starting from the previous
+    client's model (M K sequential steps a round); what the published pendulum code runs.
+    With affine maps the M clients' maps are composed into one once per run."""
+
+    def setup(self, theta0, data, model, optimizer, K, lr, seed):
+        super().setup(theta0, data, model, optimizer, K, lr, seed)
+        maps = optimizer.local_map(K, lr, correction=False)
+        self.server_map = None if maps is None else maps.compose_clients()
+
+    def round(self, r):
+        if self.server_map is not None:
+            self.server = self.server_map(self.server[:, None, :])[:, 0]
+            return
+        theta = self.server[:, None, :]
+        for m in range(self.data.shape[1]):
+            theta = self.optimizer.local_steps(theta, self.K, self.lr,
+                                               clients=slice(m, m + 1))
+        self.server = theta[:, 0]

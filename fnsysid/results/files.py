@@ -1,0 +1,165 @@
+"""Writing a run's folder: the resolved config, the CSV tables, the plots, (on request) the
+simulated trajectories in the import format, and ``summary.json`` last.
+
+Every file is written atomically (:mod:`fnsysid.results.atomic`): a folder without ``summary.json``
+is known to be incomplete, and no file is ever left truncated."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from omegaconf import OmegaConf
+
+from fnsysid.config.checks import ConfigError
+from fnsysid.results.atomic import together, write_atomic, write_csv, write_json, write_text
+from fnsysid.results.tables import Frames
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from fnsysid.results.tables import Table
+
+
+def check_output(cfg) -> None:
+    """Refuse output settings that cannot be honoured (before anything runs); their types
+    and ranges are checked by :mod:`fnsysid.config.schema`."""
+    if cfg.output.get("trajectories") and cfg.data.get("source", "simulated") != "simulated":
+        raise ConfigError("output.trajectories=true exports simulated data; with data=files "
+                          "the trajectories are the files themselves")
+
+
+def write_outputs(out, cfg, result) -> None:
+    """Write every file of a run (``result`` from :func:`fnsysid.app.experiment.execute`), all
+    on disk before any is renamed into place, ``summary.json`` last (:func:`together`)."""
+    from fnsysid.results.tables import run_title
+
+    ok = result.summary["status"] == "ok"        # not diverged, not interrupted
+    plot = ok and bool(cfg.output.plot)
+    # the settings the run resolved, when they are this config's (check_run drops hydra)
+    resolved = result.resolved if result.config is cfg and "hydra" not in cfg else None
+    with together():
+        write_run(out, cfg, result.tables, None,
+                  run_title(cfg, result.model, result.dataset.settings) if plot else None,
+                  resolved)
+        if cfg.output.get("trajectories"):
+            from fnsysid.data.source import export_trajectories
+
+            write_trajectories(out, *export_trajectories(result.model, cfg, result.dataset))
+        if plot and result.dataset.heldout is not None:
+            write_fit_plot(out, result.model, result.estimate, result.dataset)
+        write_json(Path(out) / "summary.json", result.summary)
+
+
+def write_run(out: Path, cfg, tables: Mapping[str, Table | pd.DataFrame], summary: dict | None,
+              plot_title: str | None = None, resolved: dict | None = None) -> None:
+    """Write ``config.yaml`` (see :func:`config_yaml` for ``resolved``), ``<name>.csv`` for
+    each table (a :class:`Table` is written as it is, without pandas), with a ``plot_title``
+    also ``error.png`` (drawn from the ``errors`` table), and ``summary.json`` last (if
+    given)."""
+    out = Path(out)
+    tables = tables if isinstance(tables, Frames) else Frames(tables)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / "config.yaml", config_yaml(cfg, resolved))
+    for name in tables:
+        write_csv(out / f"{name}.csv", tables.table(name))
+    if plot_title is not None:
+        from fnsysid.results.plotting import plot_run
+
+        write_atomic(out / "error.png",
+                     lambda tmp: plot_run(tables["errors"], tmp, title=plot_title))
+    if summary is not None:
+        write_json(out / "summary.json", summary)
+
+
+def config_yaml(cfg, resolved: dict | None = None) -> str:
+    """``OmegaConf.to_yaml(cfg, resolve=True)``, the same text, emitted by libyaml when PyYAML
+    has it (about twice as fast as PyYAML's own emitter) and every string is one the two
+    emitters write alike (:func:`_emitted_alike`); else by OmegaConf itself.
+
+    ``resolved``: ``OmegaConf.to_container(cfg, resolve=True)`` if at hand (the run's checked
+    settings, :func:`fnsysid.config.checks.check_run`), emitted instead of converting ``cfg`` again.
+    """
+    import yaml
+
+    if not yaml.__with_libyaml__:
+        return OmegaConf.to_yaml(cfg, resolve=True)
+    plain = (OmegaConf.to_container(cfg, resolve=True, enum_to_str=True) if resolved is None
+             else resolved)
+    if not _emitted_alike(plain):
+        return OmegaConf.to_yaml(cfg, resolve=True)
+    return yaml.dump(plain, Dumper=_c_dumper(), default_flow_style=False, allow_unicode=True,
+                     sort_keys=False)
+
+
+#: longest string with a space that no line of config.yaml folds (keys and indent included)
+_UNFOLDED = 60
+
+
+def _emitted_alike(node) -> bool:
+    """Whether every string (key or value) in ``node`` is printable ASCII and, if it has a
+    space, short enough not to be folded: libyaml and PyYAML escape other characters (tabs,
+    emoji, ``\\x85``) and fold long quoted strings differently. False for an Enum (OmegaConf
+    writes its name)."""
+    if isinstance(node, Enum):
+        return False
+    if isinstance(node, dict):
+        return all(_emitted_alike(k) and _emitted_alike(v) for k, v in node.items())
+    if isinstance(node, list):
+        return all(_emitted_alike(v) for v in node)
+    if isinstance(node, str):
+        return node.isascii() and node.isprintable() and (" " not in node
+                                                           or len(node) <= _UNFOLDED)
+    return True
+
+
+@functools.cache
+def _c_dumper():
+    """OmegaConf's YAML dumper (strings that read as another type are quoted) on libyaml."""
+    import yaml
+    from omegaconf._utils import get_omega_conf_dumper
+
+    dumper = type("OmegaConfCDumper", (yaml.CDumper,), {})
+    dumper.add_representer(str, get_omega_conf_dumper().str_representer)
+    return dumper
+
+
+def write_trajectories(out: Path, trajectories: pd.DataFrame, truth: pd.DataFrame) -> None:
+    """``trajectories.parquet`` and ``truth.csv`` in the import format of ``data=files``."""
+    out = Path(out)
+    write_atomic(out / "trajectories.parquet",
+                 lambda tmp: trajectories.to_parquet(tmp, index=False))
+    write_atomic(out / "truth.csv",
+                 lambda tmp: truth.to_csv(tmp, index=False, float_format="%.17g"))
+
+
+def write_fit_plot(out: Path, model, estimate, dataset, repeat: int = 0) -> None:
+    """``fit.png`` in folder ``out`` (or the file ``out`` if it ends in an image suffix):
+    measured, one-step and free-run states of the first client with held-out data (first
+    held-out trajectory, repeat 0)."""
+    import numpy as np
+
+    from fnsysid.results.metrics import free_run, one_step
+    from fnsysid.results.plotting import plot_fit
+
+    ho = dataset.heldout
+    valid = np.flatnonzero(ho.valid[repeat])
+    if not len(valid):
+        return
+    m = int(valid[0])
+    sl = (slice(repeat, repeat + 1), slice(m, m + 1))
+    est = np.asarray(estimate)[repeat:repeat + 1]
+    est = est[:, m:m + 1] if est.shape[1] > 1 else est
+    x, u, mask = ho.x[sl][:, :, :1], ho.u[sl][:, :, :1], ho.mask[sl][0, 0, 0]
+    L = int(mask.sum())
+    sim = free_run(model, est, x, u)[0, 0, 0, :L]
+    step = one_step(model, est, x, u)[0, 0, 0, :L - 1]
+    out = Path(out)
+    path = out if out.suffix in (".png", ".pdf", ".svg") else out / "fit.png"
+    title = (f"client {dataset.clients[m]}, held-out trajectory 1"
+             + (f", repeat {repeat}" if ho.n.shape[0] > 1 else ""))
+    write_atomic(path, lambda tmp: plot_fit(x[0, 0, 0, :L], step, sim,
+                                            model.system.state_names, tmp, title=title))

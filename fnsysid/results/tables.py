@@ -1,0 +1,327 @@
+"""Result tables of a run as tidy tables (one row per observation) and its summary.
+
+A run builds its tables as :class:`Table` (named numpy columns) and writes them without
+pandas, whose import alone costs about 0.3 s of every run; :meth:`Table.to_frame` gives the
+DataFrame (the Python API's :attr:`fnsysid.app.experiment.Result.tables`)."""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from fnsysid.config.checks import plain
+from fnsysid.learning.local_work import label as k_label
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+class Table:
+    """A tidy table: named 1-D numpy columns of one length (scalars are repeated).
+
+    ``table[name]`` is a column, ``table[mask]`` the rows where ``mask`` holds.
+    :meth:`to_csv` writes the bytes of ``DataFrame.to_csv(index=False)``: floats in their
+    shortest round-trip form (NumPy's ``str``, which pandas uses), NaN as an empty field, the
+    standard library's minimal quoting and ``os.linesep`` line ends.
+    """
+
+    #: rows formatted at a time by :meth:`to_csv` (bounds its memory, as pandas' chunks do)
+    CHUNK = 100_000
+
+    def __init__(self, columns: dict):
+        arrays = {k: np.asarray(v) for k, v in columns.items()}
+        n = next((len(a) for a in arrays.values() if a.ndim), 1)
+        self.columns = {k: np.full(n, a) if a.ndim == 0 else a for k, a in arrays.items()}
+        if any(a.shape != (n,) for a in self.columns.values()):
+            raise ValueError(f"columns of unequal length: "
+                             f"{ {k: a.shape for k, a in self.columns.items()} }")
+
+    def __len__(self) -> int:
+        return len(next(iter(self.columns.values()), ()))
+
+    def __repr__(self) -> str:
+        return f"Table({len(self)} rows: {', '.join(self.columns)})"
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return self.columns[key]
+        return Table({k: a[key] for k, a in self.columns.items()})
+
+    def to_frame(self) -> pd.DataFrame:
+        """The table as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame(self.columns)
+
+    @classmethod
+    def from_frame(cls, frame: pd.DataFrame) -> Table | None:
+        """The columns of ``frame`` (not its index) as a Table that writes the CSV
+        ``frame.to_csv(index=False)`` writes; None when a column name is not a string or
+        a column is neither numbers, booleans nor strings and other Python objects."""
+        import pandas as pd
+
+        cols = {}
+        for name, col in frame.items():
+            if not isinstance(name, str) or name in cols:
+                return None
+            if isinstance(col.dtype, np.dtype) and col.dtype.kind in "iubf":
+                cols[name] = col.to_numpy()
+            elif col.dtype == object or isinstance(col.dtype, pd.StringDtype):
+                # missing values (NaN, None, pd.NA) as None: written as empty fields
+                cols[name] = col.to_numpy(dtype=object, na_value=None)
+            else:
+                return None
+        return cls(cols)
+
+    def to_csv(self, path, index: bool = False, float_format: str | None = None) -> None:
+        """Write the table as CSV, as ``self.to_frame().to_csv(path, index=False,
+        float_format=float_format)`` does (a ``float_format`` such as ``"%.6g"`` applies to
+        the float columns)."""
+        if index:
+            raise ValueError("a Table has no index to write")
+        cols = list(self.columns.values())
+        # numbers never need quoting: their rows are joined directly (csv.writer is ~4x slower)
+        plain = len(cols) > 1 and all(a.dtype.kind in "iubf" for a in cols)
+        end = os.linesep
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            out = csv.writer(f, lineterminator=end)
+            out.writerow(self.columns)
+            for start in range(0, len(self), self.CHUNK):
+                rows = zip(*_csv_fields([a[start:start + self.CHUNK] for a in cols],
+                                        float_format), strict=True)
+                if plain:
+                    f.write(end.join(map(",".join, rows)) + end)
+                else:
+                    out.writerows(rows)
+
+
+class Frames(Mapping):
+    """name -> DataFrame of a run's tables, each built from its :class:`Table` when first read
+    (a DataFrame given instead of a Table is kept as it is)."""
+
+    def __init__(self, tables: Mapping):
+        self._tables = dict(tables)
+        self._frames: dict = {}
+
+    def __getitem__(self, name: str) -> pd.DataFrame:
+        if name not in self._frames:
+            table = self._tables[name]
+            self._frames[name] = table.to_frame() if isinstance(table, Table) else table
+        return self._frames[name]
+
+    def __iter__(self):
+        return iter(self._tables)
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+    def __repr__(self) -> str:
+        return f"Frames({', '.join(self._tables)})"
+
+    def table(self, name: str):
+        """The table ``name`` as it was given (a :class:`Table` is not converted)."""
+        return self._tables[name]
+
+
+def _csv_fields(cols: list[np.ndarray], float_format: str | None = None) -> list[list[str]]:
+    """:func:`_csv_field` of each column; a float column equal bit for bit to an earlier one
+    (``e_max`` and ``e_mean`` of a single client) gets the same strings without formatting its
+    numbers again."""
+    out: list[list[str]] = []
+    for i, a in enumerate(cols):
+        same = next((out[j] for j in range(i) if a.dtype.kind == "f"
+                     and cols[j].dtype == a.dtype and cols[j].tobytes() == a.tobytes()), None)
+        out.append(_csv_field(a, float_format) if same is None else same)
+    return out
+
+
+def _csv_field(a: np.ndarray, float_format: str | None = None) -> list[str]:
+    """A column as the strings pandas' ``to_csv`` writes for it (missing values empty).
+
+    pandas writes NumPy's ``str`` of each value (``float_format % value`` for floats, if
+    given); for float64 and integers that is Python's ``repr``/``str`` of the value, which is
+    computed faster from a list. A column of small counts (repeat, round, client: from 0 to
+    less than its length) takes its strings from a table of the counts up to its largest."""
+    if a.dtype.kind in "iu" and len(a) > 64 and 0 <= a.min() and a.max() < len(a):
+        return np.array(list(map(str, range(int(a.max()) + 1))), dtype=object)[a].tolist()
+    if a.dtype.kind in "iub":
+        return list(map(str, a.tolist()))
+    if a.dtype.kind == "f":
+        if float_format is None and a.dtype != np.float64:
+            s = a.astype(str).tolist()
+        else:
+            s = _float_strings(a, repr if float_format is None else float_format.__mod__)
+        for i in np.flatnonzero(np.isnan(a)).tolist():
+            s[i] = ""
+        return s
+    return ["" if v is None or (isinstance(v, float) and v != v) else str(v) for v in a.tolist()]
+
+
+def _float_strings(a: np.ndarray, fmt) -> list[str]:
+    """``fmt(value)`` of each value of the float column ``a``, computed once per distinct
+    value (bit for bit: -0.0 is not 0.0) when values repeat (errors of identical clients, or
+    of a model that no longer changes)."""
+    if len(a) < 64 or a.itemsize not in (2, 4, 8):
+        return list(map(fmt, a.tolist()))
+    distinct, inverse = np.unique(a.view(f"i{a.itemsize}"), return_inverse=True)
+    if 4 * len(distinct) > 3 * len(a):              # few repeats: format every value
+        return list(map(fmt, a.tolist()))
+    strings = np.array(list(map(fmt, distinct.view(a.dtype).tolist())), dtype=object)
+    return strings[inverse].tolist()
+
+
+def errors_table(hist) -> Table:
+    """Tidy table: one row per (repeat, round) with the max and mean over clients of the
+    parameter error and of the held-out NRMSE (empty where not computed)."""
+    cols = {name: np.array(v).T for name, v in hist.rows.items()}   # (S, rounds) each
+    S, R1 = cols["e_max"].shape
+    return Table({
+        "repeat": np.repeat(np.arange(S), R1),
+        "round": np.tile(np.arange(R1), S),
+        **{name: v.ravel() for name, v in cols.items()},
+    })
+
+
+def clients_table(hist) -> Table:
+    """Tidy table: one row per (repeat, round, client)."""
+    e = np.array(hist.per_client).transpose(1, 0, 2)              # (S, rounds, M)
+    S, R1, M = e.shape
+    ss, rr, mm = np.meshgrid(np.arange(S), np.arange(R1), np.arange(M), indexing="ij")
+    return Table({"repeat": ss.ravel(), "round": rr.ravel(), "client": mm.ravel(),
+                  "error": e.ravel()})
+
+
+def estimates_table(model, estimate, data, theta0, per_client: bool) -> Table:
+    """Final estimates with the clients' mean truth, the nominal model and the start.
+
+    One row per (repeat, parameter) with ``client = "server"``; a strategy that evaluates each
+    client with its own model (``local``) gets one row per client when per-client output is on,
+    else its mean over clients (``client = "mean"``).
+
+    Per parameter: ``rel_error = |estimate - true_mean| / |true_mean|`` (NaN where the truth is
+    0) and ``rel_error_max``, the largest ``|estimate - theta_i| / |theta_i|`` over the clients
+    the estimate serves (its own client for per-client rows). ``e_r`` (a norm over all
+    parameters) can be small while a weakly excited parameter is far off; these columns show it.
+    Without ``data`` (a federated server sees none) the truth columns are empty.
+    """
+    estimate = np.asarray(estimate)
+    S, p = estimate.shape[0], estimate.shape[-1]
+    truth = np.full((S, 1, p), np.nan) if data is None else data.theta_true   # (S, M, p)
+    M = truth.shape[1]
+    if estimate.shape[1] == 1:
+        labels, est = ["server"], estimate
+    elif per_client:
+        labels, est = [str(m) for m in range(M)], estimate
+    else:
+        labels, est = ["mean"], estimate.mean(axis=1, keepdims=True)
+    C = len(labels)
+    nominal = model.system.nominal @ model.embed
+    mean = truth.mean(axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(mean != 0, np.abs(est - mean) / np.abs(mean), np.nan)
+        if C == M and estimate.shape[1] == M:                     # each client its own model
+            per = np.abs(est - truth) / np.abs(truth)
+        else:                                                     # one model for all clients
+            per = (np.abs(est[:, :, None] - truth[:, None]) / np.abs(truth[:, None])).max(axis=2)
+        per = np.where(np.isfinite(per), per, np.nan)
+    return Table({
+        "repeat": np.repeat(np.arange(S), C * p),
+        "client": np.tile(np.repeat(labels, p), S),
+        "parameter": np.tile(model.param_names, S * C),
+        "estimate": est.ravel(),
+        "true_mean": np.repeat(mean[:, 0], C, axis=0).ravel(),
+        "nominal": np.tile(nominal, S * C),
+        "initial": np.repeat(theta0, C, axis=0).ravel(),
+        "rel_error": rel.ravel(),
+        "rel_error_max": per.ravel(),
+    })
+
+
+def last_round(errors):
+    """Rows of ``errors.csv`` (a DataFrame or a :class:`Table`) at the last recorded round (one
+    per repeat)."""
+    return errors[errors["round"] == errors["round"].max()]
+
+
+def run_title(cfg, model, settings: dict | None = None) -> str:
+    """One-line description of a run's settings (plot titles)."""
+    st = {"M": cfg.M, "N": cfg.N, "eps": cfg.eps, **(settings or {})}
+    if st.get("T", 0) is None:               # data from files
+        return (f"{model.system.name}, M={st['M']} clients from files, K={k_label(cfg.K)}, "
+                f"lr={cfg.lr:g}")
+    return (f"{model.system.name}, M={st['M']}, N={st['N']}, eps={st['eps']:g}, "
+            f"K={k_label(cfg.K)}, "
+            f"lr={cfg.lr:g}")
+
+
+def _final(last: Table, col: str) -> float | None:
+    """Mean over repeats of a last-round column; None where it is empty."""
+    v = np.asarray(last[col], dtype=float)
+    return None if np.isnan(v).any() else float(v.mean())
+
+
+def _final_std(last: Table, col: str) -> float | None:
+    v = np.asarray(last[col], dtype=float)
+    return None if not np.isfinite(v).all() else float(v.std())
+
+
+def make_summary(cfg, model, diverged, errors, theory, runtime,
+                 settings: dict | None = None, choices: dict | None = None) -> dict:
+    """``summary.json``: status, final errors (mean and std over repeats), settings, runtime.
+
+    Values that a run does not have (parameter errors without ground truth, NRMSE without
+    held-out data) are null. ``settings`` (the data's M, N, T, eps) replaces the config's
+    knobs when the data come from files. ``choices`` (group -> option) defaults to Hydra's
+    record of the running job.
+    """
+    last = last_round(errors)
+    choices = _choices() if choices is None else choices
+    st = {"M": cfg.M, "N": plain(cfg.N), "T": cfg.T, "eps": cfg.eps, "repeats": cfg.repeats,
+          **(settings or {})}
+    finals = {}
+    for col in ("e_max", "e_mean"):
+        finals[f"final_{col}_mean"] = _final(last, col)
+        finals[f"final_{col}_std"] = _final_std(last, col)
+    for col in ("nrmse_1step_max", "nrmse_1step_mean", "nrmse_sim_max", "nrmse_sim_mean"):
+        finals[f"final_{col}"] = _final(last, col)
+    return {
+        "status": "diverged" if diverged is not None else "ok",
+        "diverged_round": diverged,
+        "rounds_completed": int(errors["round"].max()),
+        **finals,
+        "system": choices.get("system", model.system.name),
+        "feature_map": choices.get("feature_map"),
+        "optimizer": choices.get("optimizer"),
+        "strategy": choices.get("strategy"),
+        "data": choices.get("data", cfg.data.get("source")),
+        **st,
+        "K": plain(cfg.K), "lr": cfg.lr, "R": cfg.R, "seed": cfg.seed,
+        "parameters": list(model.param_names),
+        "runtime": cfg.runtime.name,
+        "runtime_s": {k: round(v, 4) for k, v in runtime.items()},
+        "theorem1": None if theory is None else {
+            "delta": float(cfg.theory.delta),
+            **{k: _number(theory[k].mean()) for k in
+               ("bound_rel", "bound", "bound_proof_rel", "bound_proof", "noise_term",
+                "sigma_w", "s_phi2", "b_phi", "eps", "N_tot")}},
+    }
+
+
+def _number(v) -> float:
+    """A float; NaN/inf (e.g. Theorem 1 terms that need the truth) are written as null with
+    the reason in ``null_values`` by :func:`fnsysid.results.atomic.write_json`."""
+    return float(v)
+
+
+def _choices() -> dict:
+    """Group options chosen on the command line, when running under Hydra."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return dict(HydraConfig.get().runtime.choices)
+    except Exception:
+        return {}

@@ -1,0 +1,50 @@
+"""Where the rounds run: the ``runtime`` config group.
+
+``inprocess`` (default): the vectorized engine, every client of every repeat in one array.
+``flower``: Flower's simulation engine, a ServerApp and one ClientApp per client
+(:mod:`fnsysid.runtimes.flower`); needs the ``flower`` extra. Both run the same strategy code.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from fnsysid.config.checks import ConfigError
+from fnsysid.learning.strategies import Federated
+
+RUNTIMES = ("inprocess", "flower")
+INSTALL_FLOWER = "pip install -e '.[flower]' (or make install-flower)"
+
+
+def flower_installed() -> bool:
+    """Whether Flower and its simulation backend (Ray) can be imported."""
+    return all(importlib.util.find_spec(m) is not None for m in ("flwr", "ray"))
+
+
+def check_runtime(cfg, optimizer, strategy) -> None:
+    """Raise :class:`ConfigError` if the run cannot use ``cfg.runtime``."""
+    name = cfg.runtime.name
+    if name not in RUNTIMES:
+        raise ConfigError(f"runtime={name} is not allowed; allowed: {', '.join(RUNTIMES)}")
+    if name == "inprocess":
+        return
+    if not flower_installed():
+        raise ConfigError(f"runtime=flower needs Flower, which is not installed: {INSTALL_FLOWER}")
+    if not isinstance(strategy, Federated):
+        raise ConfigError(f"runtime=flower runs the federated strategies (fedavg, fedprox, "
+                          f"fedlin, scaffold, fednova); strategy {type(strategy).__name__} runs "
+                          f"only with runtime=inprocess")
+    if optimizer.needs_samples:
+        raise ConfigError("runtime=flower supports optimizer=gd; optimizer=sgd runs only with "
+                          "runtime=inprocess")
+    if cfg.system.init.get("reference", "nominal") != "nominal":
+        raise ConfigError("runtime=flower needs system.init.reference=nominal (the server "
+                          "does not see client 0's parameters)")
+    if cfg.output.get("trajectories"):
+        raise ConfigError("output.trajectories=true exports the data of an in-process run; "
+                          "with runtime=flower each client keeps its own")
+    if cfg.data.get("source", "simulated") == "files" and not Path(str(cfg.data.path)).is_dir():
+        raise ConfigError(f"runtime=flower with data=files needs data.path to be a folder with "
+                          f"one file per client (each ClientApp reads its own); got "
+                          f"{cfg.data.path}")

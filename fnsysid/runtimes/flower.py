@@ -1,0 +1,379 @@
+"""The Flower runtime (``runtime=flower``): the same experiment as a Flower app.
+
+A :class:`flwr.serverapp.ServerApp` runs the strategy's server side; one
+:class:`flwr.clientapp.ClientApp` per client holds only that client's data and answers with
+the strategy's :meth:`~fnsysid.learning.strategies.Federated.client_update`, the function the
+in-process engine calls for all clients at once. A client's data are simulated from that client's
+own random streams (:func:`fnsysid.dynamics.model.generate` with ``clients=[i]``: the same data as
+in process) or read from its own trajectory file (``data=files``). Only models, gradients and
+control variates cross the network; each client computes its errors ``e_r^(i)`` against its own
+true parameters (when known) and sends back those numbers.
+
+Messages (``message_type``):
+
+- ``query``: a client answers with its label and its sample counts ``n`` (S,) (the weights
+  of ``strategy.weighting=samples``);
+- ``train``: one exchange of the strategy (config ``exchange``, ``round``, ``evaluate``),
+  arrays (S, ...) from :meth:`~fnsysid.learning.strategies.Federated.message` (and ``active`` (S,),
+  the repeats the client takes part in, when clients are sampled); the reply holds the
+  client's arrays of :meth:`~fnsysid.learning.strategies.Federated.client_update`, and with
+  ``evaluate`` its errors ``_e`` (S,) of the model it received;
+- ``evaluate``: the model to evaluate (S, p); the reply holds the client's errors ``_e``.
+
+A client's own state between rounds (SCAFFOLD's ``c_i``) lives in its node's Flower
+``Context.state``. :func:`run` drives Flower's simulation engine; the objects ``flwr run``
+loads in a deployment (``deploy/flower/``, docs/FEDERATED.md) are built from these in
+:mod:`fnsysid.app.flower_apps`, which composes and builds each node's objects from the run
+config.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from fnsysid.config.checks import plain
+from fnsysid.learning.start import initial_model
+
+log = logging.getLogger("fnsysid")
+
+
+def to_record(arrays: dict[str, np.ndarray], squeeze_client: bool = False) -> ArrayRecord:
+    """Arrays as a Flower ArrayRecord (a client's (S, 1, ...) replies lose the client axis)."""
+    return ArrayRecord({k: Array(np.ascontiguousarray(v[:, 0] if squeeze_client else v))
+                        for k, v in arrays.items()})
+
+
+def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in record.items()}
+
+
+def client_order(cfg, labels: list[str]) -> list:
+    """Sort keys of client labels: the in-process order (index, or file name for files)."""
+    if cfg.data.get("source", "simulated") == "simulated":
+        return [int(c) for c in labels]
+    return list(labels)
+
+
+# ---------------------------------------------------------------------------------------------
+# client side
+
+
+class ClientNode:
+    """What one client holds: its data, its label, the strategy's client side on its data.
+
+    ``index``: the client's position among the run's clients (simulated data: its random
+    streams; ``data=files`` with a folder: its file). ``data_path``/``truth_path``: its own
+    trajectory file and true parameters (a deployed node's ``data-path``/``truth-path``),
+    which win over ``index``.
+    """
+
+    def __init__(self, cfg, model, optimizer, strategy, index: int | None,
+                 data_path: str | None = None, truth_path: str | None = None):
+        from fnsysid.dynamics.model import generate
+
+        self.strategy = strategy
+        if cfg.data.get("source", "simulated") == "files":
+            self.label, self.data = self._from_file(cfg, model, optimizer, index, data_path,
+                                                    truth_path)
+        else:
+            if index is None:
+                raise ValueError("a node with simulated data needs node config client=<index>")
+            self.label = str(index)
+            self.data = generate(model, cfg.M, plain(cfg.N), cfg.T, cfg.eps, cfg.repeats,
+                                 cfg.seed, shared_noise=bool(cfg.data.shared_noise),
+                                 clients=[index])
+        optimizer.setup(self.data, model, cfg.seed)
+        self.clients = self.strategy.make_clients(optimizer, self._local_steps(cfg, index),
+                                                  cfg.lr)
+
+    def _local_steps(self, cfg, index):
+        """This client's ``K_i`` (S, 1), or ``K`` when all clients share it."""
+        from fnsysid.learning.local_work import is_heterogeneous, local_steps
+
+        if not is_heterogeneous(cfg.K):
+            return int(cfg.K)
+        if index is None:
+            raise ValueError("per-client K needs the node's position: node config client=<i>")
+        if cfg.data.get("source", "simulated") == "files":
+            from fnsysid.data.files import data_files
+
+            M = len(data_files(cfg.data.path))
+        else:
+            M = cfg.M
+        return local_steps(cfg.K, M, self.data.shape[0], cfg.seed, clients=[index])
+
+    @staticmethod
+    def _from_file(cfg, model, optimizer, index, data_path, truth_path):
+        """This client's training data from its own file; its truth from its own truth file,
+        or its rows of the run's ``data.truth``."""
+        from fnsysid.data.files import data_files, load_truth
+        from fnsysid.data.source import from_files
+
+        own = cfg.copy()
+        path = data_path or data_files(cfg.data.path)[index]
+        own.data.path, own.data.val_path, own.data.truth = str(path), None, truth_path
+        dataset = from_files(own, model, optimizer)
+        label, data = dataset.clients[0], dataset.train
+        if truth_path is None and cfg.data.get("truth"):
+            labels = [f.stem for f in data_files(cfg.data.path)]
+            truth = load_truth(cfg.data.truth, labels, model.param_names, data.shape[0])
+            data.theta_true = truth[:, [labels.index(label)]]
+        return label, data
+
+    def errors(self, theta: np.ndarray) -> np.ndarray:
+        """This client's errors ``e^(i)`` (S, 1) of server models ``theta`` (S, p); NaN
+        where its true parameters are unknown."""
+        from fnsysid.results.metrics import client_errors
+
+        with np.errstate(invalid="ignore"):
+            return client_errors(theta[:, None, :], self.data.theta_true)
+
+
+def node_identity(context: Context) -> tuple[int | None, str | None, str | None]:
+    """Which client a node holds, from its node config: (index, data path, truth path).
+
+    ``data-path`` (its trajectory file; ``truth-path`` its true parameters, if known), else
+    ``client`` (index), else ``partition-id`` (Flower's simulation engine)."""
+    ncfg = context.node_config
+    index = ncfg.get("client", ncfg.get("partition-id"))
+    path, truth = ncfg.get("data-path"), ncfg.get("truth-path")
+    return (None if index is None else int(index), None if path is None else str(path),
+            None if truth is None else str(truth))
+
+
+def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
+    """A ClientApp whose messages are answered by the :class:`ClientNode` that ``node``
+    gives for a node's context (built by the caller, once per client)."""
+    app = ClientApp()
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        me = node(context)
+        return Message(RecordDict({"info": ConfigRecord({"client": me.label}),
+                                   "arrays": to_record({"n": me.data.n}, True)}),
+                       reply_to=msg)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        me = node(context)
+        config = msg.content["config"]
+        arrays = from_record(msg.content["arrays"])
+        state = context.state.array_records.get("state")
+        me.clients.state = {} if state is None else from_record(state)
+        replies = me.strategy.client_update(str(config["exchange"]), arrays, me.clients)
+        if me.clients.state:
+            context.state["state"] = to_record(me.clients.state)
+        if config.get("evaluate"):
+            replies["_e"] = me.errors(arrays["theta"])
+        return Message(RecordDict({"arrays": to_record(replies, True)}), reply_to=msg)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        me = node(context)
+        theta = from_record(msg.content["arrays"])["theta"]
+        return Message(RecordDict({"arrays": to_record({"_e": me.errors(theta)}, True)}),
+                       reply_to=msg)
+
+    return app
+
+
+# ---------------------------------------------------------------------------------------------
+# server side
+
+
+class FlowerError(RuntimeError):
+    """A client answered with an error, or did not answer."""
+
+
+def wait_for_nodes(grid: Grid, n: int, timeout: float = 300.0) -> list[int]:
+    """Node ids once ``n`` nodes are connected."""
+    t0 = time.monotonic()
+    while len(nodes := sorted(grid.get_node_ids())) < n:
+        if time.monotonic() - t0 > timeout:
+            raise FlowerError(f"only {len(nodes)} of {n} nodes connected after {timeout:g} s")
+        time.sleep(0.2)
+    return nodes
+
+
+def exchange(grid: Grid, sends: list[tuple]) -> list[RecordDict]:
+    """Send messages ``(node, message_type, arrays, config or None)``; the replies' contents
+    in the order of ``sends``."""
+    msgs = []
+    for node, message_type, arrays, config in sends:
+        content = {"arrays": to_record(arrays or {})}
+        if config:
+            content["config"] = ConfigRecord(config)
+        msgs.append(Message(RecordDict(content), dst_node_id=node, message_type=message_type))
+    by_node = {}
+    for rep in grid.send_and_receive(msgs):
+        if rep.has_error():
+            raise FlowerError(f"node {rep.metadata.src_node_id} failed on "
+                              f"{rep.metadata.message_type}: {rep.error.reason}")
+        by_node[rep.metadata.src_node_id] = rep.content
+    missing = [node for node, *_ in sends if node not in by_node]
+    if missing:
+        raise FlowerError(f"no reply from nodes {missing}")
+    return [by_node[node] for node, *_ in sends]
+
+
+def stacked(replies: list[RecordDict]) -> dict[str, np.ndarray]:
+    """The clients' reply arrays stacked on a clients axis: (S, M, ...)."""
+    arrays = [from_record(r["arrays"]) for r in replies]
+    return {k: np.stack([a[k] for a in arrays], axis=1) for k in arrays[0]}
+
+
+def serve(grid: Grid, cfg, model, strategy, M: int, keep_clients: bool):
+    """The server side of a run: ``cfg.R`` rounds of ``strategy`` with M client nodes.
+
+    Each round the clients the strategy samples (``strategy.fraction``; all by default) get
+    ``train`` messages, with the repeats they take part in (``active``); the first exchange
+    of a round also asks every client for its error of the current server model (the others
+    get an ``evaluate`` message), so the errors cover all clients and a round costs one network
+    round trip per exchange. One ``evaluate`` exchange after the last round gives the final
+    errors. Returns (history, diverged round or None, start model (S, p), client labels); the
+    clients are ordered as in process. A round diverges as in process
+    (:func:`fnsysid.runtimes.inprocess.train`): when the server model is not finite or, with a
+    ground truth, some client's error is not finite or grows past the limit; the errors of a round's
+    model arrive with the next round's first exchange.
+    """
+    from fnsysid.results.history import History, errors_diverged, growth_limit
+
+    nodes = wait_for_nodes(grid, M)
+    info = exchange(grid, [(n, "query", None, None) for n in nodes])
+    labels = [str(r["info"]["client"]) for r in info]
+    if len(set(labels)) != len(labels):
+        raise FlowerError(f"two nodes hold the same client: {sorted(labels)}")
+    order = np.argsort(client_order(cfg, labels), kind="stable")
+    nodes, labels = [nodes[i] for i in order], [labels[i] for i in order]
+    n = stacked([info[i] for i in order])["n"]
+    theta0 = initial_model(model, None, cfg.system.init, repeats=n.shape[0])
+    strategy.setup_server(theta0, n, cfg.seed)
+
+    hist = History(per_client=[] if keep_clients else None)
+    diverged = None
+    limit = None                        # set from the start errors, when there is a truth
+
+    def record(r: int, e: np.ndarray) -> bool:
+        """Record the errors of the model after round ``r``; False if that round diverged."""
+        nonlocal limit
+        if r == 0 and np.isfinite(e).all():
+            limit = growth_limit(float(e.max()))
+        if limit is not None and errors_diverged(e, limit):
+            return False
+        hist.record(e)
+        return True
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        for r in range(1, cfg.R + 1):
+            active = strategy.participants(r)
+            on = np.arange(M) if active is None else np.flatnonzero(active.any(axis=0))
+            off = np.setdiff1d(np.arange(M), on)
+            for j, ex in enumerate(strategy.exchanges):
+                msg = strategy.message(ex)
+                config = {"exchange": ex, "round": r, "evaluate": j == 0}
+                sends = [(nodes[i], "train", msg if active is None else
+                          {**msg, "active": active[:, i]}, config) for i in on]
+                if j == 0:
+                    sends += [(nodes[i], "evaluate", {"theta": msg["theta"]}, None) for i in off]
+                replies = exchange(grid, sends)
+                arrays = stacked(replies[:len(on)])
+                if j == 0:
+                    e = np.empty((n.shape[0], M))
+                    e[:, on] = arrays.pop("_e")
+                    if len(off):
+                        e[:, off] = stacked(replies[len(on):])["_e"]
+                    if not record(r - 1, e):
+                        diverged = r - 1
+                        break
+                strategy.server_update(ex, arrays, sel=on,
+                                       active=None if active is None else active[:, on])
+            if diverged is not None:
+                break
+            if not np.isfinite(strategy.server).all():
+                diverged = r
+                break
+        if diverged is None:
+            final = exchange(grid, [(nd, "evaluate", {"theta": strategy.server}, None)
+                                    for nd in nodes])
+            if not record(cfg.R, stacked(final)["_e"]):
+                diverged = cfg.R
+    return hist, diverged, theta0, labels
+
+
+def make_server_app(cfg, model, strategy, M: int, keep_clients: bool,
+                    result: dict) -> ServerApp:
+    """A ServerApp that runs :func:`serve` and leaves its result in ``result``."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        result["serve"] = serve(grid, cfg, model, strategy, M, keep_clients)
+
+    return app
+
+
+def server_dataset(cfg, labels: list[str] | None = None):
+    """What the server of a Flower run knows of the data: the clients (``labels``, or the
+    file names of a ``data=files`` folder, which are counted, not read) and the settings for
+    the summary."""
+    from fnsysid.data.source import Dataset
+
+    if cfg.data.get("source", "simulated") == "files":
+        if labels is None:
+            from fnsysid.data.files import data_files
+
+            labels = [f.stem for f in data_files(cfg.data.path)]
+        settings = {"M": len(labels), "N": None, "T": None, "eps": None, "clients": labels}
+    else:
+        labels = [str(m) for m in range(cfg.M)] if labels is None else labels
+        settings = {"M": cfg.M, "N": plain(cfg.N), "T": cfg.T, "eps": cfg.eps}
+    return Dataset(None, None, list(labels), settings)
+
+
+class _DropDeprecation(logging.Filter):
+    def filter(self, record):
+        return "deprecated" not in record.getMessage().lower()
+
+
+def quiet_flower() -> None:
+    """Flower's and Ray's logs down to warnings (errors still reach the run's log)."""
+    flwr_log = logging.getLogger("flwr")
+    flwr_log.setLevel(logging.WARNING)
+    if not any(isinstance(f, _DropDeprecation) for f in flwr_log.filters):
+        flwr_log.addFilter(_DropDeprecation())
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+
+
+def run(cfg, model, strategy, dataset, keep_clients: bool, client_app: ClientApp):
+    """Run the rounds of ``cfg`` on Flower's simulation engine (Ray backend), one virtual
+    SuperNode per client of ``dataset`` (:func:`server_dataset`), answered by ``client_app``.
+
+    Returns (history, diverged round or None, start model); ``dataset.settings`` gets the
+    number of repeats the clients reported.
+    """
+    from flwr.simulation import run_simulation
+
+    quiet_flower()
+    result: dict = {}
+    M = len(dataset.clients)
+    server = make_server_app(cfg, model, strategy, M, keep_clients, result)
+    backend = {"client_resources": {"num_cpus": float(cfg.runtime.client_cpus),
+                                    "num_gpus": 0.0},
+               "init_args": {"logging_level": "ERROR", "log_to_driver": False}}
+    run_simulation(server, client_app, num_supernodes=M,
+                   backend_config=backend)
+    if "serve" not in result:
+        raise FlowerError("the Flower ServerApp stopped before the last round; see the log")
+    hist, diverged, theta0, labels = result["serve"]
+    dataset.clients[:] = labels
+    dataset.settings.setdefault("repeats", theta0.shape[0])
+    return hist, diverged, theta0

@@ -1,0 +1,152 @@
+"""The communication rounds of a run, with the metrics recorded after each round."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from fnsysid.dynamics.model import ClientData, threads
+from fnsysid.learning.local_work import local_steps
+from fnsysid.results.history import History, errors_diverged, growth_limit
+from fnsysid.results.metrics import (
+    SMALL,
+    HeldOutScores,
+    ParameterErrors,
+    over_clients,
+    shared_summary,
+)
+from fnsysid.runtimes import interrupt
+
+
+def _rounds(R: int, progress: bool):
+    """Rounds 1..R, with a progress bar if ``progress`` (tqdm is imported only then)."""
+    if not progress:
+        return range(1, R + 1)
+    from tqdm.auto import tqdm
+
+    return tqdm(range(1, R + 1), desc="rounds", unit="round", leave=False, disable=None)
+
+
+def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=True,
+          keep_clients=False, heldout=None, eval_every: int = 1):
+    """Run R rounds; stop at the first round that diverged.
+
+    A round diverged when the model is not finite or, with a ground truth, some client's error
+    is not finite or exceeds ``DIVERGENCE_FACTOR * max(1, max_i e_0^(i))`` (finite but
+    unbounded growth, e.g. the pendulum at lr = 10); without a ground truth, the same rule on
+    the held-out one-step NRMSE (the loss).
+
+    With held-out data, the one-step NRMSE is recorded every round and the free-run NRMSE at
+    round 0, every ``eval_every`` rounds and at the last round. Returns (history,
+    diverged_round or None).
+    """
+    R = int(cfg.R)                   # read once: a config lookup costs more than a round
+    K = local_steps(cfg.K, data.shape[1], data.shape[0], cfg.seed)
+    strategy.setup(theta0, data, model, optimizer, K, cfg.lr, cfg.seed)
+    hist = History(per_client=[] if keep_clients else None)
+    has_truth = bool(np.isfinite(data.theta_true).all())
+
+    scores = None if heldout is None else HeldOutScores(model, heldout)
+    # many clients, one model for all, nothing per client kept: summaries read the clients'
+    # statistics once per round (shared_summary), without (S, M) arrays
+    summarize = (has_truth and not keep_clients
+                 and (scores is None or bool(scores.valid.all())))
+
+    # there, a free run (compute-bound rollouts) goes to a thread of its own beside the next
+    # rounds (memory-bound summaries): one at a time, its row filled in when the next one is
+    # due or before train returns
+    background = (ThreadPoolExecutor(1, thread_name_prefix="fnsysid-free-run")
+                  if summarize and scores is not None and data.shape[1] >= SMALL
+                  and threads(2) > 1 else None)
+    pending: list = []                  # (row, future) of the free run in flight
+
+    def collect() -> None:
+        """Wait for the free run in flight (its errors surface here) and fill in its row."""
+        if pending:
+            row, job = pending.pop()
+            v = over_clients(job.result(), scores.valid)
+            hist.rows["nrmse_sim_max"][row], hist.rows["nrmse_sim_mean"][row] = v
+
+    def free_run_due(r: int) -> bool:
+        return r == 0 or r == R or r % eval_every == 0
+
+    def free_run(r: int, estimate):
+        if not free_run_due(r):
+            return None
+        if background is None:
+            return over_clients(scores.free_run(estimate), scores.valid)
+        collect()
+        pending.append((len(hist.e_max), background.submit(scores.free_run, estimate.copy())))
+        return (np.full(estimate.shape[0], np.nan),) * 2          # filled in by collect()
+
+    def record(r: int, estimate, e, one_step=None) -> None:
+        if scores is None:
+            hist.record(e)
+            return
+        if one_step is None:
+            one_step = scores.one_step(estimate)
+        hist.record(e, one_step, scores.free_run(estimate) if free_run_due(r) else None,
+                    scores.valid)
+
+    def summary(r: int, estimate) -> bool | None:
+        """Record round ``r`` from summaries if it can be (None otherwise); whether the
+        errors diverged (then nothing is recorded)."""
+        if not summarize or estimate.shape[1] != 1:
+            return None
+        e_max, e_mean, s_max, s_mean = shared_summary(errors, scores, estimate)
+        if r and errors_diverged(e_max, limit):
+            return True
+        hist.add(e_max, e_mean, None if scores is None else (s_max, s_mean),
+                 None if scores is None else free_run(r, estimate))
+        return False
+
+    def grown(est, e):
+        """(diverged?, one-step NRMSE if computed) by the rule above."""
+        if has_truth:
+            return errors_diverged(e, limit), None
+        if scores is None:
+            return False, None
+        n1 = scores.one_step(est)
+        worst = np.max(over_clients(n1, scores.valid)[0])
+        return bool(worst > limit), n1       # NaN (no valid client) never diverges
+
+    errors = ParameterErrors(data.theta_true)
+    est = strategy.estimate()
+    try:
+        if summary(0, est) is None:
+            e0 = errors(est)
+            record(0, est, e0)
+        if has_truth:
+            start = float(np.max(hist.e_max[0]))
+        elif heldout is not None:
+            start = float(np.nanmax(hist.rows["nrmse_1step_max"][0], initial=0.0))
+        else:
+            start = 1.0
+        limit = growth_limit(start)
+        diverged = None
+        with np.errstate(over="ignore", invalid="ignore"):
+            for r in _rounds(R, progress):
+                if interrupt.requested():           # SIGINT/SIGTERM: stop between rounds
+                    break
+                strategy.round(r)
+                est = strategy.estimate()
+                if not np.isfinite(est).all():
+                    diverged = r
+                    break
+                done = summary(r, est)
+                if done is None:
+                    e = errors(est)
+                    bad, n1 = grown(est, e)
+                    if not bad:
+                        record(r, est, e, n1)
+                else:
+                    bad = done
+                if bad:
+                    diverged = r
+                    break
+        collect()                       # also after an interrupted or diverged round
+    finally:
+        if background is not None:      # after an error: no free run left behind
+            background.shutdown(wait=False, cancel_futures=True)
+    return hist, diverged
