@@ -34,8 +34,6 @@ os.environ.setdefault("FNSYSID_THREADS", "1")
 
 import pandas as pd  # noqa: E402
 
-from fnsysid.config.fast_configs import faster_configs  # noqa: E402
-from fnsysid.config.sweep_configs import keep_config_files  # noqa: E402
 from fnsysid.data.source import reuse_simulations  # noqa: E402
 from fnsysid.results.plotting import figure  # noqa: E402
 from fnsysid.results.sweep import load_yaml  # noqa: E402
@@ -55,17 +53,15 @@ def run_experiment(name: str, sweeps: Path, extra: list[str],
                    reuse: bool = True) -> tuple[float, str]:
     """Run one experiment's sweep from scratch into ``sweeps/name`` in this process.
 
-    With ``reuse`` Hydra composes the jobs through
-    :class:`fnsysid.config.sweep_configs.ReusingConfigLoader` (same configs, a fraction of the
-    cost). Returns (wall time, captured output); raises SystemExit naming the experiment if Hydra
-    reports a failure.
+    With ``reuse`` the jobs whose simulated data are the same share one simulation
+    (:func:`fnsysid.data.source.reuse_simulations`). Returns (wall time, captured output);
+    raises SystemExit naming the experiment if Hydra reports a failure.
     """
     import shutil
 
     from hydra.core.global_hydra import GlobalHydra
 
     from fnsysid.app.cli import task
-    from fnsysid.config.sweep_configs import reuse_compositions
 
     shutil.rmtree(sweeps / name, ignore_errors=True)
     t0 = time.perf_counter()
@@ -77,7 +73,6 @@ def run_experiment(name: str, sweeps: Path, extra: list[str],
         sys.argv = argv
         GlobalHydra.instance().clear()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), \
-                reuse_compositions() if reuse else contextlib.nullcontext(), \
                 reuse_simulations() if reuse else contextlib.nullcontext():
             task()
     except SystemExit as exc:
@@ -201,7 +196,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     # one store per worker, shared by its experiments; conf/ is read once per worker;
     # OmegaConf's copies and parses cheaper (fnsysid.config.fast_configs)
-    with faster_configs(), reuse_simulations(), keep_config_files():
+    with reuse_simulations():
         tables = run_and_draw(names, registry, args)
     for n, table in tables.items():
         print(f"wrote {args.out / n}.png/.pdf/.csv ({len(table)} curves)")

@@ -7,6 +7,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from fnsysid.app.build import build
+from fnsysid.config.checks import check_run
 from fnsysid.config.groups import CONF_DIR
 
 
@@ -18,9 +19,9 @@ def compose_cfg(*overrides: str):
 
 
 def make(*overrides: str):
-    """(cfg, model, optimizer, strategy) for ``overrides``."""
-    cfg = compose_cfg(*overrides)
-    return (cfg, *build(cfg))
+    """(settings, model, optimizer, strategy) for ``overrides``."""
+    settings = check_run(compose_cfg(*overrides))
+    return (settings, *build(settings))
 
 
 @pytest.fixture

@@ -42,7 +42,7 @@ def _trajectory(strategy, model, data, optimizer, K, lr, R):
 def test_affine_rounds_equal_the_step_path_for_every_strategy(system):
     cfg, model, opt, _ = make(f"system={system}")
     data = generate(model, M=5, N=3, T=cfg.T, eps=0.1, repeats=2, seed=1)
-    solver = {k: cfg.optimizer[k] for k in ("schedule", "reduction", "scale_features")}
+    solver = {k: getattr(cfg.optimizer, k) for k in ("schedule", "reduction", "scale_features")}
     K, lr = max(int(cfg.K), 3), float(cfg.lr)
     for name, make_strategy in STRATEGIES.items():
         ref = _trajectory(make_strategy(), model, data, GD(affine=False, **solver), K, lr, 15)

@@ -74,7 +74,9 @@ def test_every_group_option_composes_and_instantiates(group):
         system = FITS[option] if group == "feature_map" else "pendulum"
         extra = [] if group == "system" else [f"system={system}"]
         if option == "generic":       # unknown dynamics: named columns of trajectory files
-            extra = ["data=files", "data.states=[x1,x2]", "data.inputs=[u]"]
+            extra = ["data=files", "data.path=logs", "data.states=[x1,x2]", "data.inputs=[u]"]
+        if option == "files":
+            extra += ["data.path=logs"]
         model, optimizer, strategy = build(compose_cfg(f"{group}={option}", *extra))
         assert model.p >= 2 and optimizer is not None and strategy is not None
         if group == "feature_map" and option != "default":
@@ -142,7 +144,8 @@ BAD_FOR_HYDRA = [
      "hydra.sweeper.params.seed='1,2': hydra.sweeper.params is null in this config"),
     (["experiment=synthetic_gd_M", "hydra.sweeper.params.M=2,3"],
      "hydra.sweeper.params.M=2,3: a hydra.* setting takes one value, not a sweep: quote it"),
-    (["-cp", "conf", "M=3"], "--config-path conf: no primary config in pkg://fnsysid.app/conf"),
+    (["-cp", "nosuch", "M=3"], f"--config-path {ROOT / 'nosuch'}: no such folder (e.g. "
+     "--config-path "),
     (["-cp", "/nonexistent/conf", "M=3"], "--config-path /nonexistent/conf: no such folder"),
 ]
 
@@ -191,8 +194,20 @@ def test_the_forms_the_messages_suggest_pass_the_check(tmp_path):
     preflight(["experiment=synthetic_gd_M", "hydra.sweeper.params.M='2,3'", *out])
     preflight(["-cp", str(ROOT / "conf"), "M=3", *out])
     preflight(["-m", "M=3", "seed=1,2", *out])
-    assert "e.g. --config-path " + str(ROOT / "conf") in cli("-cp", "conf", *out).stderr
+    assert "e.g. --config-path " + str(ROOT / "conf") in cli("-cp", "nosuch", *out).stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_relative_config_path_is_a_folder_of_the_working_folder(tmp_path):
+    import shutil
+
+    shutil.copytree(ROOT / "conf", tmp_path / "myconf")
+    (tmp_path / "myconf" / "config.yaml").write_text(
+        (ROOT / "conf" / "config.yaml").read_text().replace("M: 20 ", "M: 3  "))
+    res = cli("-cp", "myconf", "R=2", "repeats=1", "output.plot=false", "hydra.run.dir=out",
+              cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "M: 3" in (tmp_path / "out" / "config.yaml").read_text()
 
 
 def test_settings_checked_inside_a_job_leave_no_folder(tmp_path):

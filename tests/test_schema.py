@@ -15,8 +15,10 @@ import pytest
 from fnsysid.app.experiment import run_experiment
 from fnsysid.app.preflight import preflight
 from fnsysid.config.checks import ConfigError
+from fnsysid.config.errors import show
 from fnsysid.config.groups import options
-from fnsysid.config.schema import ROOT, leaf_spec, show
+from fnsysid.config.messages import allowed
+from fnsysid.config.schema import TOP_LEVEL, check_value
 from tests.conftest import compose_cfg
 from tests.test_cli import cli
 
@@ -164,13 +166,26 @@ def test_every_composed_option_passes_the_schema():
             check_run(compose_cfg(f"{group}={option}", *extra))
 
 
-def test_leaf_specs_and_display():
-    assert leaf_spec("data.shared_noise").allowed == "true or false"
-    assert leaf_spec("system.dt") is None          # inside a group: checked on the whole node
-    assert leaf_spec("nosuch") is None
+def test_allowed_values_are_read_from_the_schema_and_shown_as_typed():
+    from typing import Annotated, Literal
+
+    from pydantic import Field
+
+    assert allowed(bool) == "true or false"
+    assert allowed(Annotated[int, Field(ge=1)]) == "an integer >= 1"
+    assert allowed(Annotated[float, Field(gt=0, lt=1)]) == "a finite number in (0, 1)"
+    assert allowed(Annotated[float, Field(ge=0, lt=1)]) == "a finite number in [0, 1)"
+    assert allowed(Literal["sum", "mean"]) == "one of sum, mean"
+    assert allowed(list[Annotated[int, Field(ge=0)]]) == "a list of values, each an integer >= 0"
+    check_value("output.plot", True)
+    check_value("system.dt", -1)        # inside a group: checked on the whole node
+    check_value("nosuch", 1)
+    with pytest.raises(ConfigError, match="data.shared_noise=1 is not allowed: "
+                                          "data.shared_noise must be true or false"):
+        check_value("data.shared_noise", 1)
     assert show("false") == "'false'" and show("3") == "'3'" and show("abc") == "abc"
     assert show([1, True, None]) == "[1,true,null]"
-    assert set(ROOT.keys) >= {"M", "data", "theory", "output", "progress", "system"}
+    assert set(TOP_LEVEL) >= {"M", "data", "theory", "output", "progress", "system"}
 
 
 def test_unbounded_growth_is_divergence_not_ok(tmp_path):

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fnsysid.app.experiment import execute
+from fnsysid.app.experiment import execute, run_experiment
 from fnsysid.results.tables import Table, _csv_field, make_summary
 from tests.conftest import compose_cfg, make
 
@@ -111,8 +111,8 @@ def test_result_takes_dataframes_and_tables_alike(tmp_path):
     frames = {name: result.tables[name] for name in result.tables}
     again = dataclasses.replace(result, tables=frames)
     assert again.errors is frames["errors"] and again.theory is frames["theory"]
-    write_run(tmp_path / "a", result.config, result.tables, None)
-    write_run(tmp_path / "b", result.config, again.tables, None)
+    write_run(tmp_path / "a", result.settings.resolved, result.tables, None)
+    write_run(tmp_path / "b", result.settings.resolved, again.tables, None)
     for name in frames:
         csv = f"{name}.csv"
         assert (tmp_path / "a" / csv).read_bytes() == (tmp_path / "b" / csv).read_bytes()
@@ -160,42 +160,37 @@ def test_config_yaml_is_the_text_omegaconf_writes():
     special floats, lists and nesting come out as OmegaConf.to_yaml writes them."""
     from omegaconf import OmegaConf
 
-    from fnsysid.results.files import _emitted_alike, config_yaml
+    from fnsysid.config.checks import check_run
+    from fnsysid.results.files import config_yaml
 
-    tricky = OmegaConf.create({
+    tricky = {
         "a": "yes", "b": "1e3", "c": "null", "d": "\u00fc \u2211 \u6f22\u5b57", "e": "x " * 60,
         "f": "line1\nline2", "g": "", "h": ":", "i": "- x", "j": [1, 2.5, None, True, "1"],
-        "k": {"l": float("nan"), "m": float("inf"), "n": -0.0, "o": 1e-300, "ref": "${a}"},
+        "k": {"l": float("nan"), "m": float("inf"), "n": -0.0, "o": 1e-300},
         "p": "'quoted'", "q": "#c", "r": "a: b", "s": "  lead", "t": "trail ", "v": "~",
-        "w": "0x1F", "x": "012", "y": "on", "z": {}})
-    # characters the two emitters escape differently, and long quoted strings with tabs
-    odd = OmegaConf.create({"path": "/tmp/dat_\U0001F600_" + "longsegment" * 8,
-                            "tab": "a\tb " * 30, "nel": "x\x85y", "ok": "a b"})
-    quoting = OmegaConf.create({k: v for k, v in tricky.items() if k not in "def"})
-    assert _emitted_alike(OmegaConf.to_container(quoting, resolve=True))    # libyaml's path
-    assert not _emitted_alike(OmegaConf.to_container(odd))
-    for cfg in (tricky, quoting, odd, compose_cfg("M=3"),
-                compose_cfg("system=quadrotor", "strategy=fedprox")):
-        assert config_yaml(cfg) == OmegaConf.to_yaml(cfg, resolve=True)
-    assert "a: 'yes'" in config_yaml(tricky) and "ref: 'yes'" in config_yaml(tricky)
+        "w": "0x1F", "x": "012", "y": "on", "z": {}}
+    assert config_yaml(tricky) == OmegaConf.to_yaml(OmegaConf.create(tricky))
+    assert "a: 'yes'" in config_yaml(tricky) and "x: '012'" in config_yaml(tricky)
+    for cfg in (compose_cfg("M=3"), compose_cfg("system=quadrotor", "strategy=fedprox")):
+        assert config_yaml(check_run(cfg).resolved) == OmegaConf.to_yaml(cfg, resolve=True)
 
 
-def test_one_resolved_config_serves_the_checks_the_build_the_data_key_and_config_yaml(
-        tmp_path):
-    """The settings check_run returns are what each reader converted for itself before:
-    ``to_container(cfg, resolve=True)`` (interpolations resolved), the same group objects,
-    the same simulation key and the same config.yaml; a run leaves them unchanged, and a
-    Result whose config has been replaced writes the new config."""
+def test_the_checked_settings_serve_the_build_the_data_key_and_config_yaml(tmp_path):
+    """The settings check_run returns hold what each reader converted for itself before:
+    ``to_container(cfg, resolve=True)`` (interpolations resolved) gives the same group
+    objects, simulation key and config.yaml; the settings are read-only, and a run leaves
+    them unchanged."""
     import copy
     import pickle
-    from enum import Enum
 
     from omegaconf import OmegaConf
+    from pydantic import ValidationError
 
     from fnsysid.app.build import build
     from fnsysid.config.checks import check_run
+    from fnsysid.config.schema import settings_from
     from fnsysid.data.source import _simulation_key
-    from fnsysid.results.files import config_yaml, write_outputs
+    from fnsysid.results.files import config_yaml
 
     def state(objs):
         return [(type(o), pickle.dumps(vars(o))) for o in objs]
@@ -203,32 +198,25 @@ def test_one_resolved_config_serves_the_checks_the_build_the_data_key_and_config
     for overrides in (("M=3", "R=2", "lr=0.02"), ("system=quadrotor", "strategy=fedprox"),
                       ("system=linear", "feature_map=polynomial", "optimizer=sgd")):
         cfg = compose_cfg(*overrides)
-        resolved = check_run(cfg)
-        assert resolved == OmegaConf.to_container(cfg, resolve=True)
-        assert resolved["optimizer"]["reduction"] == cfg.system.solver.reduction   # resolved
-        kept = copy.deepcopy(resolved)
-        built = build(cfg, resolved)
+        settings = check_run(cfg)
+        plain = OmegaConf.to_container(cfg, resolve=True)
+        assert settings.resolved == plain
+        assert settings.optimizer.reduction == cfg.system.solver.reduction   # resolved
+        kept = copy.deepcopy(settings.resolved)
+        built = build(settings)
         assert state(built) == state(build(cfg))
-        assert _simulation_key(cfg, built[1], resolved) == _simulation_key(cfg, built[1])
-        assert config_yaml(cfg, resolved) == config_yaml(cfg) \
-            == OmegaConf.to_yaml(cfg, resolve=True)
-        assert resolved == kept                         # read, not changed
+        again = settings_from(plain)
+        assert _simulation_key(settings, built[1]) == _simulation_key(again, built[1])
+        assert config_yaml(settings.resolved) == OmegaConf.to_yaml(cfg, resolve=True)
+        assert settings.resolved == kept                        # read, not changed
+        with pytest.raises(ValidationError):
+            settings.M = 4                                      # read-only
 
     cfg = compose_cfg("M=3", "R=2", "output.plot=false")
     result = execute(cfg, choices={})
-    assert result.resolved == OmegaConf.to_container(cfg, resolve=True)
-    other = compose_cfg("M=3", "R=2", "output.plot=false", "lr=0.02")
-    write_outputs(tmp_path, other, result)               # not the config the run resolved
-    assert (tmp_path / "config.yaml").read_text() == OmegaConf.to_yaml(other, resolve=True)
-    write_outputs(tmp_path / "run", cfg, result)
+    assert result.settings.resolved == OmegaConf.to_container(cfg, resolve=True)
+    run_experiment(cfg, tmp_path / "run")
     assert (tmp_path / "run" / "config.yaml").read_text() == OmegaConf.to_yaml(cfg, resolve=True)
-
-    class Mode(Enum):
-        FAST = 1
-
-    with_enum = OmegaConf.create({"mode": Mode.FAST, "k": 1})
-    assert config_yaml(with_enum, OmegaConf.to_container(with_enum, resolve=True)) \
-        == OmegaConf.to_yaml(with_enum, resolve=True) == "mode: FAST\nk: 1\n"
 
 
 def test_a_frame_as_a_table_writes_what_pandas_writes(tmp_path):

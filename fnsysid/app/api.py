@@ -13,7 +13,7 @@ import pandas as pd
 
 from fnsysid.app.experiment import Result, execute, given_keys
 from fnsysid.app.preflight import as_overrides, check_output_dir, compose
-from fnsysid.config.checks import ConfigError
+from fnsysid.config.checks import ConfigError, check_run
 from fnsysid.data.files import PUBLIC_COLUMNS, read_trajectories
 from fnsysid.results.files import write_outputs
 from fnsysid.results.folder import clear_results, has_results
@@ -43,22 +43,23 @@ def run(overrides=(), output_dir=None, config_dir=None) -> Result:
         written then.
     """
     cfg, choices = compose(overrides, config_dir)
+    settings = check_run(cfg)
     if output_dir is not None:
-        check_output_folder(Path(output_dir), cfg)
-    result = execute(cfg, choices, given_keys(as_overrides(overrides)))
+        check_output_folder(Path(output_dir), settings)
+    result = execute(settings, choices, given_keys(as_overrides(overrides)))
     if output_dir is not None:
-        if cfg.output.get("overwrite"):
+        if settings.output.overwrite:
             clear_results(Path(output_dir))
-        write_outputs(Path(output_dir), cfg, result)
+        write_outputs(Path(output_dir), settings, result)
     return result
 
 
-def check_output_folder(folder: Path, cfg) -> None:
+def check_output_folder(folder: Path, settings) -> None:
     """``output_dir`` must be (or become) a writable folder without an earlier run's results
     (unless ``output.overwrite=true``), as the command line's results folder: checked before
     the run starts."""
     check_output_dir("output_dir", folder)
-    if has_results(folder) and not cfg.output.get("overwrite"):
+    if has_results(folder) and not settings.output.overwrite:
         raise ConfigError(f"output_dir={folder} holds an earlier run: choose a new folder, or "
                           "add output.overwrite=true to replace its results")
 

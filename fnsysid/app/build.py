@@ -6,26 +6,23 @@ group, so bad settings are reported before anything runs.
 
 from __future__ import annotations
 
+import json
 import shlex
 from functools import lru_cache
 
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
-from fnsysid.config.checks import ConfigError
+from fnsysid.config.checks import ConfigError, check_run
 from fnsysid.config.groups import load_option, options
+from fnsysid.config.schema import Settings, System, settings_from
 from fnsysid.dynamics.model import FeatureMapError, build_model
 
-#: keys of a system config that configure the run, not the system object
-SYSTEM_RUN_KEYS = ("knobs", "solver", "init")
 
-
-def _build(node, what: str, drop=()):
-    """Instantiate a config group node (a DictConfig, or a plain dict that stays unchanged),
-    turning constructor errors into ConfigError."""
-    cfg = dict(node) if isinstance(node, dict) else OmegaConf.to_container(node, resolve=True)
-    for k in drop:
-        cfg.pop(k, None)
+def _build(node: dict, what: str, drop=()):
+    """Instantiate a config group node (plain, left unchanged), turning constructor errors
+    into ConfigError."""
+    cfg = {k: v for k, v in node.items() if k not in drop}
     # in the config rather than a keyword: instantiate merges keywords into a copy of it
     cfg["_convert_"] = "all"
     try:
@@ -40,19 +37,20 @@ def _build(node, what: str, drop=()):
         raise ConfigError(f"{what}: {root}{hint}") from exc
 
 
-def build(cfg: DictConfig, resolved: dict | None = None):
-    """Build (model, optimizer, strategy) from a composed config; ``resolved``: its settings
-    as :func:`~fnsysid.config.checks.check_run` returns them, if at hand (the groups are read from
-    there instead of being resolved again)."""
-    groups = cfg if resolved is None else resolved
-    system = _build(groups["system"], "system", SYSTEM_RUN_KEYS)
+def build(settings: Settings):
+    """Build (model, optimizer, strategy) from checked settings (each class from its group's
+    ``_target_`` through Hydra's ``instantiate``); a composed config is checked first."""
+    if not isinstance(settings, Settings):
+        settings = check_run(settings)
+    groups = settings.resolved
+    system = _build(groups["system"], "system", System.RUN_KEYS)
     library = None
-    if cfg.feature_map.get("_target_"):
+    if groups["feature_map"]:
         library = _build(groups["feature_map"], "feature_map")
     try:
         model = build_model(system, library)
     except FeatureMapError as exc:
-        name = option_name("feature_map", cfg.feature_map)
+        name = option_name("feature_map", groups["feature_map"])
         raise ConfigError(f"feature_map={name} does not fit system={system.name}: {exc}; "
                           f"options that fit: {', '.join(fitting_feature_maps(system))}") from exc
     optimizer = _build(groups["optimizer"], "optimizer")
@@ -60,11 +58,10 @@ def build(cfg: DictConfig, resolved: dict | None = None):
     return model, optimizer, strategy
 
 
-def option_name(group: str, node) -> str:
-    """Name of the group option whose YAML equals ``node`` ("custom" if none does)."""
-    plain = OmegaConf.to_container(node, resolve=True)
+def option_name(group: str, node: dict) -> str:
+    """Name of the group option whose YAML gives ``node`` ("custom" if none does)."""
     for name in options(group):
-        if OmegaConf.to_container(load_option(group, name)) == plain:
+        if OmegaConf.to_container(load_option(group, name), resolve=True) == node:
             return name
     return "custom"
 
@@ -73,8 +70,8 @@ def fitting_feature_maps(system) -> list[str]:
     """Options of the feature_map group that can represent ``system``."""
     fit = []
     for name in options("feature_map"):
-        node = load_option("feature_map", name)
-        lib = instantiate(node, _convert_="all") if node.get("_target_") else None
+        node = OmegaConf.to_container(load_option("feature_map", name), resolve=True)
+        lib = _build(node, f"feature_map={name}") if node else None
         try:
             build_model(system, lib)
             fit.append(name)
@@ -84,23 +81,24 @@ def fitting_feature_maps(system) -> list[str]:
 
 
 @lru_cache(maxsize=4096)
-def client_node(cfg_yaml: str, index: int | None, data_path: str | None,
+def client_node(settings_json: str, index: int | None, data_path: str | None,
                 truth_path: str | None):
-    """The node of a client, built once per process (a pure function of its arguments)."""
+    """The node of a client, built once per process (a pure function of its arguments;
+    ``settings_json``: the run's resolved settings as JSON)."""
     from fnsysid.runtimes.flower import ClientNode
 
-    cfg = OmegaConf.create(cfg_yaml)
-    model, optimizer, strategy = build(cfg)
-    return ClientNode(cfg, model, optimizer, strategy, index, data_path, truth_path)
+    settings = check_run(settings_from(json.loads(settings_json)))
+    model, optimizer, strategy = build(settings)
+    return ClientNode(settings, model, optimizer, strategy, index, data_path, truth_path)
 
 
-def build_client_app(cfg_yaml: str | None = None):
-    """The ClientApp of a run with resolved config ``cfg_yaml`` (None: composed from the run
-    config's ``overrides``, as ``flwr run`` passes it)."""
+def build_client_app(settings_json: str | None = None):
+    """The ClientApp of a run with resolved settings ``settings_json`` (None: composed from
+    the run config's ``overrides``, as ``flwr run`` passes it)."""
     from fnsysid.runtimes.flower import make_client_app, node_identity
 
     def node(context):
-        text = cfg_yaml if cfg_yaml is not None else compose_yaml(
+        text = settings_json if settings_json is not None else compose_json(
             str(context.run_config.get("overrides", "")))
         return client_node(text, *node_identity(context))
 
@@ -108,17 +106,13 @@ def build_client_app(cfg_yaml: str | None = None):
 
 
 @lru_cache(maxsize=16)
-def compose_yaml(overrides: str) -> str:
-    """The resolved config (YAML) of ``run.py`` overrides (on a node: the server checks them)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+def compose_json(overrides: str) -> str:
+    """The resolved settings (JSON) of ``run.py`` overrides (on a node: the server checks
+    them)."""
+    from hydra import compose
 
-    from fnsysid.config.groups import CONF_DIR
+    from fnsysid.config.groups import hydra_context
 
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose("config", overrides=[*shlex.split(overrides), "progress=false"])
-    finally:
-        GlobalHydra.instance().clear()
-    return OmegaConf.to_yaml(cfg, resolve=True)
+    with hydra_context():
+        cfg = compose("config", overrides=[*shlex.split(overrides), "progress=false"])
+    return json.dumps(check_run(cfg).resolved)

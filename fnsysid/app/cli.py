@@ -15,28 +15,14 @@ import hydra
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from fnsysid.app.preflight import _check_commands, _flags_first, _overrides, preflight
+from fnsysid.app.preflight import _check_commands, _flags_first, absolute_config_path, preflight
 from fnsysid.config.checks import ConfigError
-from fnsysid.config.fast_configs import faster_configs
 from fnsysid.config.groups import CONF_DIR
-from fnsysid.config.sweep_configs import reuse_compositions
 from fnsysid.results.atomic import WriteError, write_json
 from fnsysid.results.folder import clear_results, errors_problem, finished_ok
 from fnsysid.runtimes import interrupt
 
 log = logging.getLogger("fnsysid")
-
-
-def job_name() -> str:
-    """The job name (``hydra.job.name``) that Hydra's entry point gives :func:`task`, derived
-    as Hydra derives it: the check before the run composes the config the run composes."""
-    from hydra._internal.utils import (
-        detect_calling_file_or_module_from_task_function,
-        detect_task_name,
-    )
-
-    return detect_task_name(*detect_calling_file_or_module_from_task_function(task))
-
 
 
 #: the deepest folder on the way to the results folder that existed before this command (set
@@ -175,7 +161,7 @@ def _sweep_exit() -> None:
 def main() -> None:
     """Console entry point (``fnsysid`` or ``python run.py``)."""
     global _EXISTED
-    argv = sys.argv[1:] = _flags_first(sys.argv[1:])
+    argv = sys.argv[1:] = absolute_config_path(_flags_first(sys.argv[1:]))
     logging.raiseExceptions = False     # a full disk must not print logging tracebacks
     if not CONF_DIR.is_dir():
         print(f"fnsysid: error: config folder {CONF_DIR} not found; install from a checkout "
@@ -184,18 +170,15 @@ def main() -> None:
         sys.exit(2)
     interrupt.parent_handlers()
     try:
-        # the check's composition of the command's config is the one Hydra runs (and reads
-        # hydra.mode from); sweep jobs are composed as Hydra composes them
-        with faster_configs(), reuse_compositions(_overrides(argv), jobs=False):
-            try:
-                _check_commands(argv)
-                if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
-                                 "--shell-completion", "-sc") for a in argv):
-                    _EXISTED = preflight(argv, job_name())
-            except ConfigError as exc:
-                print(f"fnsysid: error: {exc}", file=sys.stderr)
-                sys.exit(2)
-            task()
+        try:
+            _check_commands(argv)
+            if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
+                             "--shell-completion", "-sc") for a in argv):
+                _EXISTED = preflight(argv)[0]
+        except ConfigError as exc:
+            print(f"fnsysid: error: {exc}", file=sys.stderr)
+            sys.exit(2)
+        task()
     except (interrupt.Interrupted, KeyboardInterrupt) as exc:
         signum = getattr(exc, "signum", signal.SIGINT)
         print(f"fnsysid: interrupted by {signal.Signals(signum).name}: stopped; a job folder "

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from omegaconf import DictConfig
 
 from fnsysid.app.build import build
 from fnsysid.app.resources import check_memory
 from fnsysid.config.checks import check_run, override_key
+from fnsysid.config.schema import Settings
 from fnsysid.data.source import Dataset, load_data
 from fnsysid.dynamics.model import Model
 from fnsysid.learning.start import initial_model
@@ -59,9 +59,8 @@ class Result:
     estimate: np.ndarray
     dataset: Dataset
     diverged: int | None = None
-    config: DictConfig | None = None
-    #: ``config`` resolved into plain Python objects (what ``config.yaml`` holds), when known
-    resolved: dict | None = None
+    #: the run's checked settings
+    settings: Settings | None = None
 
     def __post_init__(self):
         if not isinstance(self.tables, Frames):
@@ -111,9 +110,18 @@ def _job_given() -> frozenset[str]:
     return given_keys(HydraConfig.get().overrides.task)
 
 
-def execute(cfg: DictConfig, choices: dict | None = None,
-            given: frozenset[str] | None = None) -> Result:
-    """Check the settings, load the data, run the rounds and build the result tables.
+def _job_choices() -> dict:
+    """Group options chosen on the command line of the running Hydra job (none outside one)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return {}
+    return dict(HydraConfig.get().runtime.choices)
+
+
+def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = None) -> Result:
+    """Check the settings of ``cfg`` (a composed config), load the data, run the rounds and
+    build the result tables.
 
     ``choices`` (group -> option) names the options in the summary (default: Hydra's record
     of the running job). Writes nothing. Raises :class:`~fnsysid.config.checks.ConfigError` (or
@@ -127,48 +135,48 @@ def execute(cfg: DictConfig, choices: dict | None = None,
     recorded.
     """
     t_start = time.perf_counter()
-    resolved = check_run(cfg)                     # read, never changed, by the steps below
-    model, optimizer, strategy = build(cfg, resolved)
-    check_output(cfg)
-    check_memory(cfg, model, optimizer)
-    check_runtime(cfg, optimizer, strategy)
+    settings = check_run(cfg)          # typed, read-only: what the steps below read
+    model, optimizer, strategy = build(settings)
+    check_output(settings)
+    check_memory(settings, model, optimizer)
+    check_runtime(settings, optimizer, strategy)
 
     t0 = time.perf_counter()
-    if cfg.runtime.name == "flower":
-        from omegaconf import OmegaConf
+    if settings.runtime.name == "flower":
+        import json
 
         from fnsysid.app.build import build_client_app
         from fnsysid.runtimes import flower
 
-        dataset = flower.server_dataset(cfg)
-        keep_clients = keep_per_client(cfg, len(dataset.clients))
+        dataset = flower.server_dataset(settings)
+        keep_clients = keep_per_client(settings, len(dataset.clients))
         hist, diverged, theta0 = flower.run(
-            cfg, model, strategy, dataset, keep_clients,
-            build_client_app(OmegaConf.to_yaml(cfg, resolve=True)))
+            settings, model, strategy, dataset, keep_clients,
+            build_client_app(json.dumps(settings.resolved)))
         data, t_data, theory = None, 0.0, None
     else:
-        dataset = load_data(cfg, model, optimizer, _job_given() if given is None else given,
-                            resolved)
+        dataset = load_data(settings, model, optimizer,
+                            _job_given() if given is None else given)
         data = dataset.train
-        theta0 = initial_model(model, data, cfg.system.init)
+        theta0 = initial_model(model, data, settings.system.init)
         t_data = time.perf_counter() - t0
         t0 = time.perf_counter()
-        keep_clients = keep_per_client(cfg, data.shape[1])
-        hist, diverged = train(strategy, data, theta0, optimizer, model, cfg,
-                               progress=cfg.progress, keep_clients=keep_clients,
-                               heldout=dataset.heldout, eval_every=int(cfg.output.eval_every))
+        keep_clients = keep_per_client(settings, data.shape[1])
+        hist, diverged = train(strategy, data, theta0, optimizer, model, settings,
+                               progress=settings.progress, keep_clients=keep_clients,
+                               heldout=dataset.heldout, eval_every=settings.output.eval_every)
         with np.errstate(divide="ignore", invalid="ignore"):   # undefined bounds become null
-            theory = theorem1_table(data, model, float(cfg.theory.delta))
+            theory = theorem1_table(data, model, settings.theory.delta)
     t_train = time.perf_counter() - t0
-    result = make_result(cfg, model, strategy, dataset, hist, diverged, theta0, data, theory,
-                         keep_clients, dict(data_s=t_data, train_s=t_train,
-                                            total_s=time.perf_counter() - t_start), choices)
-    result.resolved = resolved
-    return result
+    return make_result(settings, model, strategy, dataset, hist, diverged, theta0, data, theory,
+                       keep_clients, dict(data_s=t_data, train_s=t_train,
+                                          total_s=time.perf_counter() - t_start),
+                       _job_choices() if choices is None else choices)
 
 
-def make_result(cfg, model, strategy, dataset, hist, diverged, theta0, data, theory,
-                keep_clients: bool, runtime: dict, choices: dict | None = None) -> Result:
+def make_result(settings: Settings, model, strategy, dataset, hist, diverged, theta0, data,
+                theory, keep_clients: bool, runtime: dict, choices: dict | None = None
+                ) -> Result:
     """The tables and the summary of a finished run (``data``: the clients' training data, or
     None where the run cannot see them; ``theory``: Theorem 1's table, or None)."""
     tables = {"errors": errors_table(hist)}
@@ -179,16 +187,16 @@ def make_result(cfg, model, strategy, dataset, hist, diverged, theta0, data, the
                                               keep_clients)
     if theory is not None:
         tables["theory"] = theory
-    summary = make_summary(cfg, model, diverged, tables["errors"], theory, runtime=runtime,
+    summary = make_summary(settings, model, diverged, tables["errors"], theory, runtime=runtime,
                            settings=dataset.settings, choices=choices)
     signum = interrupt.requested()
     if signum is not None and diverged is None:
         summary["status"] = "interrupted"
         summary["interrupted_by"] = signal.Signals(signum).name
-    return Result(tables, summary, model, strategy.estimate(), dataset, diverged, cfg)
+    return Result(tables, summary, model, strategy.estimate(), dataset, diverged, settings)
 
 
-def run_experiment(cfg: DictConfig, output_dir: str | Path) -> dict:
+def run_experiment(cfg, output_dir: str | Path) -> dict:
     """Run the experiment described by ``cfg`` and write its results into ``output_dir``.
 
     Files (see :func:`fnsysid.results.files.write_outputs`): ``config.yaml`` (resolved),
@@ -201,5 +209,5 @@ def run_experiment(cfg: DictConfig, output_dir: str | Path) -> dict:
     summary. Raises :class:`ConfigError` before writing anything if a setting is not allowed.
     """
     result = execute(cfg)
-    write_outputs(output_dir, cfg, result)
+    write_outputs(output_dir, result.settings, result)
     return result.summary

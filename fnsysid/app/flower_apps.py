@@ -16,6 +16,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fnsysid.app.build import build, build_client_app
+from fnsysid.config.checks import check_run
 from fnsysid.runtimes.flower import quiet_flower, serve, server_dataset
 
 log = logging.getLogger("fnsysid")
@@ -28,7 +29,7 @@ def deployed_config(context: Context):
 
     cfg, _ = compose([*shlex.split(str(context.run_config.get("overrides", ""))),
                       "progress=false"])
-    return cfg
+    return check_run(cfg).replace(runtime={"name": "flower", "client_cpus": 1})
 
 
 server_app = ServerApp()
@@ -45,7 +46,6 @@ def deployed_main(grid: Grid, context: Context) -> None:
     t_start = time.perf_counter()
     quiet_flower()
     cfg = deployed_config(context)
-    cfg.runtime = {"name": "flower", "client_cpus": 1}
     model, _, strategy = build(cfg)
     M = cfg.M if cfg.M is not None else len(server_dataset(cfg).clients)
     keep_clients = keep_per_client(cfg, M)
@@ -53,7 +53,7 @@ def deployed_main(grid: Grid, context: Context) -> None:
     dataset = server_dataset(cfg, labels)
     dataset.settings["repeats"] = theta0.shape[0]
     elapsed = time.perf_counter() - t_start
-    choices = {"system": model.system.name, "data": cfg.data.get("source", "simulated"),
+    choices = {"system": model.system.name, "data": cfg.data.source,
                "strategy": type(strategy).__name__.lower()}
     result = make_result(cfg, model, strategy, dataset, hist, diverged, theta0, None, None,
                          keep_clients, dict(data_s=0.0, train_s=elapsed, total_s=elapsed),

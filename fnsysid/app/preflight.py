@@ -8,18 +8,17 @@ composed and checked up front.
 from __future__ import annotations
 
 import itertools
-import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from fnsysid.app.resources import check_disk
-from fnsysid.config.checks import KNOBS, ConfigError, check_batch_size, check_knob, override_key
-from fnsysid.config.groups import CONF_DIR, config_path_dir, flag_value, hydra_session, repository
-from fnsysid.config.schema import GROUPS, ROOT, leaf_spec, one_line
+from fnsysid.config.checks import ConfigError, check_batch_size, check_run, override_key
+from fnsysid.config.errors import one_line
+from fnsysid.config.groups import CONF_DIR, flag_value, with_config_dir
+from fnsysid.config.schema import GROUPS, KNOBS, TOP_LEVEL, check_value
 from fnsysid.results.folder import has_results
 
-TOP_LEVEL = set(ROOT.keys) | set(GROUPS) | {"hydra"}
 #: Hydra flags followed by a value
 _VALUE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
                 "--cfg", "-c", "--package", "-p", "--info", "-i", "--experimental-rerun"}
@@ -33,26 +32,25 @@ _COMMANDS = {"-r": "--run", "--run": "--run", "-m": "-m", "--multirun": "-m", "-
 #: most sweep combinations composed and checked before a multirun starts
 MAX_CHECKED = 256
 
-log = logging.getLogger("fnsysid")
 
 
 class _GroupOptions(dict):
-    """Options of each group (lazily, one search-path scan for all groups of a command)."""
+    """Options of each group, read when first asked for (through the initialized Hydra's
+    config loader, with the command's ``hydra.searchpath``)."""
 
-    def __init__(self, loader, config_name: str, searchpath: list[str]):
+    def __init__(self, config_name: str, searchpath: list[str]):
         super().__init__()
-        self._repo = None
-        self._args = loader, config_name, searchpath
+        self._args = config_name, searchpath
 
     def __contains__(self, group) -> bool:
         return group in GROUPS
 
     def __missing__(self, group: str) -> list[str]:
+        from hydra.core.global_hydra import GlobalHydra
         from hydra.core.object_type import ObjectType
 
-        if self._repo is None:
-            self._repo = repository(*self._args)
-        self[group] = sorted(self._repo.get_group_options(group, ObjectType.CONFIG))
+        loader = GlobalHydra.instance().config_loader()
+        self[group] = sorted(loader.get_group_options(group, ObjectType.CONFIG, *self._args))
         return self[group]
 
 
@@ -118,16 +116,10 @@ def _check_value(key: str, value, groups: dict) -> None:
         allowed = groups[key]
         if value is not None and str(value) not in allowed:
             raise ConfigError(f"{key}={value} is not an option; allowed: {', '.join(allowed)}")
-    elif key in ("M", "repeats") and value is None:
-        return                  # null: only with data=files (checked on the composed config)
-    elif key in KNOBS:
-        check_knob(key, value)
     elif key == "optimizer.batch_size":
         check_batch_size(value)
     else:
-        spec = leaf_spec(key)
-        if spec is not None:
-            spec.check(key, value)
+        check_value(key, value)
 
 
 def _sweep_values(override, key: str) -> list:
@@ -144,10 +136,14 @@ def _is_multirun(argv: list[str]) -> bool:
     return "-m" in argv or "--multirun" in argv
 
 
-def preflight(argv: list[str], job_name: str = "cli") -> Path:
+def preflight(argv: list[str]):
     """Raise :class:`ConfigError` for the first bad setting in ``argv`` (or in its sweeps).
-    Returns the deepest existing folder on the way to the results folder. ``job_name``: the
-    ``hydra.job.name`` of the compositions."""
+
+    Returns (the deepest existing folder on the way to the results folder, the config
+    composed with the first value of every sweep, with Hydra's node).
+    """
+    from hydra import initialize_config_dir
+
     _check_args(argv)
     from fnsysid.dynamics.model import threads
 
@@ -155,45 +151,63 @@ def preflight(argv: list[str], job_name: str = "cli") -> Path:
         threads(1)                   # FNSYSID_THREADS, read by the simulation
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    with hydra_session(argv, job_name) as (loader, name, searchpath):
-        return _preflight(argv, loader, name, searchpath)
+    config_dir = primary_config_dir(flag_value(argv, "--config-path", "-cp"))
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3",
+                               job_name="fnsysid"):
+        return _preflight(argv, config_dir, flag_value(argv, "--config-name", "-cn") or "config")
 
 
-def _preflight(argv, loader, config_name, searchpath) -> Path:
+def primary_config_dir(config_path: str | None) -> Path:
+    """The folder of the primary config: ``conf/``, or ``--config-path`` (relative to the
+    working folder), which must exist and hold a primary config."""
+    if config_path is None:
+        if not (CONF_DIR / "config.yaml").is_file():
+            raise ConfigError(f"no primary config in {CONF_DIR}; install from a checkout with "
+                              "`make install`")
+        return CONF_DIR
+    folder = Path(config_path).absolute()
+    if not folder.is_dir():
+        raise ConfigError(f"--config-path {config_path}: no such folder (e.g. --config-path "
+                          f"{CONF_DIR})")
+    if not any(folder.glob("*.yaml")):
+        held = sorted(p.name for p in folder.iterdir())
+        raise ConfigError(f"--config-path {config_path}: no primary config (.yaml) in this "
+                          f"folder; it holds: {', '.join(held) if held else 'nothing'}")
+    return folder
+
+
+def _preflight(argv, config_dir: Path, config_name: str):
     import yaml
     from hydra import compose
-    from hydra.core.object_type import ObjectType
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException, MissingConfigException
+    from hydra.errors import HydraException
     from hydra.types import RunMode
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    args = _overrides(argv)
+    # --config-dir as Hydra's entry point has it: one more folder in the config search path
+    args = with_config_dir(_overrides(argv), flag_value(argv, "--config-dir", "-cd"))
+    loader = GlobalHydra.instance().config_loader()
     parser = OverridesParser.create(config_loader=loader)
     try:
         parsed = parser.parse_overrides(args)
-        try:
-            loader.ensure_main_config_source_available()
-        except MissingConfigException as exc:
-            raise ConfigError(_no_configs(flag_value(argv, "--config-path", "-cp"))) from exc
-        found = loader.get_group_options("", ObjectType.CONFIG, None, searchpath)
-        if config_name not in found:
-            found = [n for n in found if not n.startswith("_")]
-            if not found:
-                raise ConfigError(_no_configs(flag_value(argv, "--config-path", "-cp")))
-            raise ConfigError(f"--config-name {config_name}: no such primary config; allowed: "
-                              + ", ".join(found))
-        groups = _GroupOptions(loader, config_name, searchpath)
     except HydraException as exc:
         raise ConfigError(one_line(exc)) from exc
+    if not (config_dir / f"{config_name}.yaml").is_file():
+        found = sorted(p.stem for p in config_dir.glob("*.yaml") if not p.stem.startswith("_"))
+        raise ConfigError(f"--config-name {config_name}: no such primary config; allowed: "
+                          + ", ".join(found))
+    searchpath = [o.input_line for o in parsed
+                  if o.key_or_group == "hydra.searchpath" and not o.is_delete()]
+    groups = _GroupOptions(config_name, searchpath)
     dims, fixed = {}, []
     for o in parsed:
         key = o.key_or_group
         top = key.split(".")[0].split("/")[0]
-        if top not in TOP_LEVEL and o.package is None:
+        if top not in (*TOP_LEVEL, *GROUPS, "hydra") and o.package is None:
             raise ConfigError(f"unknown setting '{key}'; knobs: {', '.join(KNOBS)}; other "
-                              f"settings: {', '.join(sorted(set(ROOT.keys) - set(KNOBS)))}; "
+                              f"settings: {', '.join(sorted(set(TOP_LEVEL) - set(KNOBS)))}; "
                               f"groups: {', '.join(GROUPS)} (see --help)")
         if o.is_sweep_override() and o.is_hydra_override():
             raise ConfigError(_hydra_sweep(o))
@@ -247,7 +261,7 @@ def _preflight(argv, loader, config_name, searchpath) -> Path:
         n_jobs *= len(values)
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     check_disk(key, OmegaConf.select(base, key), disk * n_jobs)
-    return existing
+    return existing, base
 
 
 def _hydra_sweep(o) -> str:
@@ -305,24 +319,6 @@ def _params_unset(parsed, first: list[str], config_name: str, compose) -> str | 
             + " ".join(f"{k}={v}" for k, v in sweeps.items()))
 
 
-def _no_configs(config_path: str | None) -> str:
-    """The message for a config search path without any primary config (``--config-path``)."""
-    where = config_path_dir(config_path)
-    if config_path is None:
-        return f"no primary config in {where}; install from a checkout with `make install`"
-    if not os.path.isabs(config_path):
-        near = os.path.abspath(config_path)
-        example = near if os.path.isfile(os.path.join(near, "config.yaml")) else CONF_DIR
-        return (f"--config-path {config_path}: no primary config in {where} (Hydra resolves a "
-                "relative --config-path as a package path from fnsysid, not from the working "
-                f"folder); give an absolute folder, e.g. --config-path {example}")
-    if not os.path.isdir(config_path):
-        return f"--config-path {config_path}: no such folder (e.g. --config-path {CONF_DIR})"
-    held = sorted(os.listdir(config_path))
-    return (f"--config-path {config_path}: no primary config (.yaml) in this folder; it holds: "
-            f"{', '.join(held) if held else 'nothing'}")
-
-
 def _not_in_option(exc, first: list[str], config_name: str, compose, groups) -> str | None:
     """For Hydra's "Could not override 'data.holdout'" (a key that the chosen option of its
     group lacks): the message naming the chosen option, its keys and the options that have
@@ -334,25 +330,18 @@ def _not_in_option(exc, first: list[str], config_name: str, compose, groups) -> 
     if group not in GROUPS or not rest:
         return None
     key = match.group(1)
+    others = [o for o in first if override_key(o) != key]
     try:
-        cfg = compose(config_name, overrides=[o for o in first if o.split("=", 1)[0] != key],
-                      return_hydra_config=True)
+        cfg = compose(config_name, overrides=others, return_hydra_config=True)
         chosen = cfg.hydra.runtime.choices[group]
+        base = [o for o in others if override_key(o) != group]
         have = [name for name in groups[group] if name != chosen and rest.split(".")[0] in
-                _option_keys(groups._repo.load_config(f"{group}/{name}"), group)]
+                compose(config_name, overrides=[*base, f"{group}={name}"])[group]]
     except Exception:          # another bad override: Hydra's own message
         return None
     also = f"; it is a setting of {', '.join(f'{group}={h}' for h in have)}" if have else ""
     return (f"unknown setting '{key}' with {group}={chosen}; {group}={chosen} has: "
             f"{', '.join(k for k in cfg[group] if not k.startswith('_'))}{also}")
-
-
-def _option_keys(loaded, group: str):
-    """Keys an option of ``group`` sets in the group's node (an option in the global package,
-    such as ``data=files``, which also sets M and repeats, nests them under the group)."""
-    if loaded.header.get("package") == "_global_":
-        return (loaded.config.get(group) or {}).keys()
-    return loaded.config.keys()
 
 
 def _check_hydra(base, multirun: bool) -> Path:
@@ -427,7 +416,6 @@ def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base
 
     from fnsysid.app.build import build
     from fnsysid.app.resources import check_memory, estimate_disk_bytes
-    from fnsysid.config.checks import check_run
     from fnsysid.results.history import keep_per_client
 
     def is_group(key: str) -> bool:
@@ -456,9 +444,9 @@ def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base
                         OmegaConf.update(cfg, k.lstrip("+"), v, force_add=k.startswith("+"))
             except OmegaConfBaseException as exc:
                 raise ConfigError(one_line(exc)) from exc
-            check_run(cfg)
-            check_memory(cfg, *build(cfg)[:2])
-            disk = max(disk, estimate_disk_bytes(cfg, keep_per_client(cfg)))
+            settings = check_run(cfg)
+            check_memory(settings, *build(settings)[:2])
+            disk = max(disk, estimate_disk_bytes(settings, keep_per_client(settings)))
             checked += 1
             if checked >= MAX_CHECKED:
                 return disk
@@ -482,6 +470,19 @@ def encode(v) -> str:
     return repr(v)
 
 
+def absolute_config_path(argv: list[str]) -> list[str]:
+    """``argv`` with a relative ``--config-path`` made absolute: a folder relative to the
+    working folder (Hydra would look for it inside the package)."""
+    out = list(argv)
+    for i, a in enumerate(out):
+        if a in ("--config-path", "-cp") and i + 1 < len(out):
+            out[i + 1] = os.path.abspath(out[i + 1])
+        elif a.split("=", 1)[0] in ("--config-path", "-cp") and "=" in a:
+            flag, value = a.split("=", 1)
+            out[i] = f"{flag}={os.path.abspath(value)}"
+    return out
+
+
 def _flags_first(argv: list[str]) -> list[str]:
     """Hydra's argument parser wants its flags before the overrides: put them there."""
     flags, rest = _split_args(argv)
@@ -501,24 +502,21 @@ def as_overrides(overrides) -> list[str]:
 
 
 def compose(overrides, config_dir=None):
-    """The checked, composed run config of ``overrides`` and the chosen group options.
+    """The checked, composed run config of ``overrides`` (without Hydra's node) and the
+    chosen group options.
 
     Runs the command line's pre-run check (one-line :class:`ConfigError` for bad input);
     ``config_dir`` adds a folder of your own config groups, like ``--config-dir``.
     """
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
-
 
     args = as_overrides(overrides)
     try:
         parsed = OverridesParser.create().parse_overrides(args)
     except HydraException as exc:
-        raise ConfigError(str(exc).splitlines()[0]) from exc
+        raise ConfigError(one_line(exc)) from exc
     sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
     if sweeps:
         raise ConfigError(f"{sweeps[0]}: fnsysid.run runs one job; call it once per value "
@@ -529,16 +527,9 @@ def compose(overrides, config_dir=None):
         if not folder.is_dir():
             raise ConfigError(f"config_dir={config_dir}: no such folder")
         extra = ["--config-dir", str(folder)]
-        args = args + [f"hydra.searchpath=[file://{folder}]"]
-    preflight(args + extra)
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = hydra_compose("config", overrides=args, return_hydra_config=True)
-    finally:
-        GlobalHydra.instance().clear()
+    _, cfg = preflight(args + extra)
     choices = {k: v for k, v in cfg.hydra.runtime.choices.items()
                if not k.startswith("hydra/")}
-    with_hydra = OmegaConf.to_container(cfg, resolve=False)
-    with_hydra.pop("hydra")
-    return OmegaConf.create(with_hydra), choices
+    run_config = OmegaConf.to_container(cfg, resolve=False)
+    run_config.pop("hydra")
+    return OmegaConf.create(run_config), choices

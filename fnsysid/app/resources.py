@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import resource
 
-from fnsysid.config.schema import ConfigError
+from fnsysid.config.errors import ConfigError
 
 #: resident memory of the interpreter with numpy, pandas and Hydra loaded
 BASELINE_BYTES = 200 * 2**20
@@ -32,18 +32,17 @@ TEMPORARIES = 2.0
 
 def estimate_bytes(cfg, model, optimizer, keep_clients: bool) -> int:
     """Bytes a simulated run of ``cfg`` needs (see the module docstring)."""
-    from fnsysid.config.checks import plain
     from fnsysid.dynamics.model import CHUNK_VALUES, values_per_sample
     from fnsysid.dynamics.random import BLOCK, block_of, block_start
 
-    S, M, T, R = int(cfg.repeats), int(cfg.M), int(cfg.T), int(cfg.R)
-    N = plain(cfg.N)
+    S, M, T, R = cfg.repeats, cfg.M, cfg.T, cfg.R
+    N = cfg.N
     n_max = max(N) if isinstance(N, list) else int(N)
     p = model.p
     n_y, n_phi = model.structure.shape[:2]
     system = model.system
     n_x, n_u = system.n_x, system.n_u
-    val_n = int(cfg.data.get("val_N", 0) or 0)
+    val_n = getattr(cfg.data, "val_N", 0)
 
     per_client = 3 * p * p + 10 * p + 10 + n_phi + n_y
     per_client += val_n * ((T + 1) * (n_x + 1) + T * n_u)
@@ -127,7 +126,7 @@ def check_memory(cfg, model, optimizer) -> None:
     """
     from fnsysid.results.history import keep_per_client
 
-    if cfg.data.get("source", "simulated") != "simulated":
+    if cfg.files:
         return
     need = estimate_bytes(cfg, model, optimizer, keep_per_client(cfg))
     have = available_bytes()
@@ -142,7 +141,5 @@ def check_memory(cfg, model, optimizer) -> None:
 
 
 def plain_n(cfg):
-    from fnsysid.config.checks import plain
-
-    N = plain(cfg.N)
+    N = cfg.N
     return f"[{min(N)}..{max(N)}]" if isinstance(N, list) else N

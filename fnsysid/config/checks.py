@@ -1,89 +1,128 @@
-"""Checks of user settings, each failing with a one-line message naming the setting."""
+"""The check of a composed run config: its types and ranges (:mod:`fnsysid.config.schema`),
+then the rules that tie settings together; each failing with one line naming the setting."""
 
 from __future__ import annotations
 
-from fnsysid.config.schema import KNOBS, ConfigError, _is_int, check_config, show
+from collections.abc import Mapping
 
-__all__ = ["KNOBS", "ConfigError", "DataError", "check_knob", "check_run", "check_batch_size",
-           "override_key", "plain"]
+from fnsysid.config.errors import ConfigError, DataError, one_line, show
+from fnsysid.config.messages import field_words
+from fnsysid.config.schema import KNOBS, Settings, System, settings_from
 
-
-class DataError(ConfigError):
-    """A trajectory or truth file that cannot be used as it is."""
-
-
-def check_knob(name: str, value) -> None:
-    """Raise :class:`ConfigError` if ``value`` is not allowed for knob ``name``."""
-    meaning, spec = KNOBS[name]
-    if not spec.ok(value):
-        raise ConfigError(f"{name}={show(value)} is not allowed: {name} ({meaning}) must be "
-                          f"{spec.allowed}")
-
-
-def check_run(cfg) -> dict:
-    """Check every knob and the cross-setting constraints of a composed run config; return
-    the resolved settings of :func:`~fnsysid.config.schema.check_config`."""
-    resolved = check_config(cfg)
-    files = cfg.data.get("source", "simulated") == "files"
-    if files:
-        check_file_knobs(cfg)
-    else:
-        for key in ("M", "repeats"):
-            if cfg[key] is None:
-                raise ConfigError(f"{key}=null is not allowed: {key} ({KNOBS[key][0]}) "
-                                  "must be an integer >= 1 (null only with data=files, whose "
-                                  "files give it)")
-    N = plain(cfg.N)
-    if isinstance(N, list) and len(N) != cfg.M and not files:
-        raise ConfigError(f"N has {len(N)} entries but M={cfg.M}: a list N gives one "
-                          "trajectory count per client")
-    K = plain(cfg.K)
-    if isinstance(K, list) and len(K) != cfg.M and cfg.data.get("source") != "files":
-        raise ConfigError(f"K has {len(K)} entries but M={cfg.M}: a list K gives one "
-                          "step count per client")
-    if isinstance(K, (list, dict)) and cfg.optimizer.get("batch_size") is not None:
-        raise ConfigError("a list or distribution K (per-client local steps) needs "
-                          "optimizer=gd")
-    bs = cfg.optimizer.get("batch_size")
-    if bs is not None and cfg.data.get("source", "simulated") == "simulated":
-        # with data from files the check runs once the files are read
-        check_batch_size(bs, (min(N) if isinstance(N, list) else N) * cfg.T)
-    return resolved
-
+__all__ = ["KNOBS", "ConfigError", "DataError", "check_run", "check_batch_size",
+           "override_key"]
 
 #: knobs that describe simulated data; with data=files the files give them
 FILE_KNOBS = ("N", "T", "eps")
 
 
-def check_file_knobs(cfg) -> None:
+def check_run(cfg) -> Settings:
+    """The typed settings of a composed run config (a ``DictConfig``, or plain Python as
+    ``OmegaConf.to_container(cfg, resolve=False)`` gives it), after every check; a
+    :class:`Settings` (e.g. from :func:`~fnsysid.config.schema.settings_from` of resolved
+    settings) is checked again for the rules between settings only."""
+    if isinstance(cfg, Settings):
+        settings, raw = cfg, None        # the file knobs were checked when it was made
+    else:
+        raw, plain = _plain(cfg)
+        settings = settings_from(plain)
+    _check_together(settings, raw)
+    return settings
+
+
+def _plain(cfg) -> tuple[dict, dict]:
+    """(unresolved, resolved) plain dicts of ``cfg`` without Hydra's node; keys whose
+    absence would make an interpolation fail obscurely are named first."""
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if isinstance(cfg, DictConfig):
+        raw = OmegaConf.to_container(cfg, resolve=False)
+    else:
+        raw = dict(cfg)
+    raw.pop("hydra", None)
+    _check_present(raw)
+    if not isinstance(cfg, DictConfig):
+        return raw, raw
+    try:
+        plain = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(one_line(exc)) from exc
+    plain.pop("hydra", None)
+    return raw, plain
+
+
+def _check_present(raw: Mapping) -> None:
+    """Missing top-level keys, and the keys every system YAML needs (``knobs``, ``solver``,
+    ``init``), before interpolations into them fail obscurely."""
+    for name, info in Settings.model_fields.items():
+        if name not in raw and info.is_required():
+            raise ConfigError(f"setting '{name}' is missing (removed with ~?); it is required: "
+                              f"{field_words(info)}")
+    system = raw.get("system")
+    if not isinstance(system, Mapping):
+        return
+    for name in System.RUN_KEYS:
+        info = System.model_fields[name]
+        sub = system.get(name)
+        keys = list(info.annotation.model_fields)
+        if sub is None:
+            raise ConfigError(f"system.{name} is missing: every system's YAML needs {name}: "
+                              f"a group of settings ({', '.join(keys)}) (see docs/EXTENDING.md)")
+        required = [k for k, f in info.annotation.model_fields.items() if f.is_required()]
+        missing = [k for k in required if isinstance(sub, Mapping) and k not in sub]
+        if missing:
+            raise ConfigError(f"system.{name}.{missing[0]} is missing: system.{name} needs "
+                              f"{', '.join(keys)} (see docs/EXTENDING.md)")
+
+
+def _check_together(s: Settings, raw: Mapping | None) -> None:
+    """The rules between settings (``raw``: the unresolved config, if at hand)."""
+    if s.files:
+        if raw is not None:
+            check_file_knobs(raw)
+    else:
+        for key in ("M", "repeats"):
+            if getattr(s, key) is None:
+                raise ConfigError(f"{key}=null is not allowed: {key} ({KNOBS[key]}) must be an "
+                                  "integer >= 1 (null only with data=files, whose files give it)")
+    if isinstance(s.N, list) and len(s.N) != s.M and not s.files:
+        raise ConfigError(f"N has {len(s.N)} entries but M={s.M}: a list N gives one "
+                          "trajectory count per client")
+    if isinstance(s.K, list) and len(s.K) != s.M and not s.files:
+        raise ConfigError(f"K has {len(s.K)} entries but M={s.M}: a list K gives one "
+                          "step count per client")
+    batch_size = getattr(s.optimizer, "batch_size", None)
+    if not isinstance(s.K, int) and batch_size is not None:
+        raise ConfigError("a list or distribution K (per-client local steps) needs "
+                          "optimizer=gd")
+    if batch_size is not None and not s.files:
+        # with data from files the check runs once the files are read
+        check_batch_size(batch_size, (min(s.N) if isinstance(s.N, list) else s.N) * s.T)
+
+
+def check_file_knobs(raw: Mapping) -> None:
     """With ``data=files``, refuse a value given for N, T or eps: the trajectories, their
     length and the clients' systems come from the files, so the value would be ignored.
 
-    A knob left at its default is still the interpolation ``${system.knobs.<name>}``.
+    ``raw``: the unresolved settings; a knob left at its default is still the interpolation
+    ``${system.knobs.<name>}``.
     """
-    from omegaconf import OmegaConf
-
     for key in FILE_KNOBS:
-        if key in cfg and not OmegaConf.is_interpolation(cfg, key):
-            raise ConfigError(f"{key}={show(plain(cfg[key]))} does not apply with data=files: "
+        value = raw.get(key)
+        if key in raw and not (isinstance(value, str) and value.startswith("${")):
+            raise ConfigError(f"{key}={show(value)} does not apply with data=files: "
                               "the trajectories, their length and the clients' systems come "
                               "from the files; drop it")
 
 
 def check_batch_size(bs, n_min: int | None = None) -> None:
     """``optimizer.batch_size`` must lie in ``1..N*T`` (``n_min`` = smallest N_i T, if known)."""
-    if not (_is_int(bs) and bs >= 1 and (n_min is None or bs <= n_min)):
+    ok = isinstance(bs, int) and not isinstance(bs, bool) and bs >= 1
+    if not (ok and (n_min is None or bs <= n_min)):
         upper = "N*T" if n_min is None else f"N*T = 1..{n_min}"
         raise ConfigError(f"optimizer.batch_size={bs} is not allowed: it must be an integer in "
                           f"1..{upper}")
-
-
-def plain(v):
-    """A config value as a plain Python object (a ListConfig becomes a list, a DictConfig a
-    dict)."""
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
-    return OmegaConf.to_container(v) if isinstance(v, (ListConfig, DictConfig)) else v
 
 
 def override_key(line: str) -> str:

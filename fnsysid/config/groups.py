@@ -1,9 +1,9 @@
 """Config group options: which YAML files each group (system, strategy, ...) offers.
 
 The one place that knows where group options live: Hydra's config search path (``conf/``,
-plus ``--config-dir`` and ``hydra.searchpath``), as Hydra's own entry point builds it. The
-command line, the builders and the plotting read group options through :func:`options` and
-:func:`load_option`.
+plus ``--config-dir`` and ``hydra.searchpath``), read through Hydra's public compose API
+(:func:`hydra.initialize_config_dir`, :func:`hydra.compose`) and its config loader's
+:meth:`get_group_options`.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from fnsysid.config.schema import ConfigError
+from fnsysid.config.errors import ConfigError
 
 #: the project's config folder: ``conf/`` beside the package in a checkout, ``fnsysid/conf/``
 #: inside an installed wheel
-_HERE = Path(__file__).resolve().parents[1]
-CONF_DIR = _HERE / "conf" if (_HERE / "conf").is_dir() else _HERE.parent / "conf"
+_PACKAGE = Path(__file__).resolve().parents[1]
+CONF_DIR = _PACKAGE / "conf" if (_PACKAGE / "conf").is_dir() else _PACKAGE.parent / "conf"
 
 
 def flag_value(argv: list[str], *names: str) -> str | None:
@@ -34,87 +34,81 @@ def flag_value(argv: list[str], *names: str) -> str | None:
 
 
 @contextmanager
-def hydra_session(argv: list[str] | None = None, job_name: str = "fnsysid"):
-    """Hydra's config loader for the command ``argv``, with its config search path.
+def hydra_context(config_dir: str | Path | None = None):
+    """Hydra initialized on ``config_dir`` (default ``conf/``) for :func:`hydra.compose`.
 
-    Yields ``(config_loader, config_name, searchpath_overrides)``. The search path is the one
-    Hydra's own entry point builds: ``conf/`` (or ``--config-path``), ``--config-dir`` and
-    ``hydra.searchpath=[...]``; compositions get ``job_name`` as ``hydra.job.name``. With
-    ``argv=None`` inside a running job, the job's own loader.
+    Inside a running Hydra job (or a block of this already) Hydra is already initialized:
+    that initialization is used as it is.
     """
-    from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_config_search_path
-    from hydra.core.config_search_path import SearchPathQuery
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.initialize import get_gh_backup, restore_gh_from_backup
 
-    if argv is None and GlobalHydra.instance().is_initialized():
-        try:
-            from hydra.core.hydra_config import HydraConfig
-
-            hc = HydraConfig.get()
-            searchpath = [o for o in hc.overrides.hydra if o.startswith("hydra.searchpath")]
-            yield GlobalHydra.instance().config_loader(), hc.job.config_name, searchpath
-            return
-        except ValueError:    # initialized by compose(), not by a run: use conf/ below
-            pass
-    argv = argv or []
-    csp = create_config_search_path(config_path_dir(flag_value(argv, "--config-path", "-cp")))
-    extra = flag_value(argv, "--config-dir", "-cd")
-    if extra is not None:
-        if not os.path.isdir(extra):
-            raise ConfigError(f"--config-dir {extra}: no such folder")
-        csp.prepend(provider="command-line", path=f"file://{os.path.abspath(extra)}",
-                    anchor=SearchPathQuery(provider="schema"))     # as Hydra's own main does
-    backup = get_gh_backup()
-    GlobalHydra.instance().clear()
-    try:
-        Hydra.create_main_hydra2(task_name=job_name, config_search_path=csp)
-        name = flag_value(argv, "--config-name", "-cn") or "config"
-        searchpath = [a for a in argv if a.lstrip("+").startswith("hydra.searchpath=")]
-        yield GlobalHydra.instance().config_loader(), name, searchpath
-    finally:
-        restore_gh_from_backup(backup)
+    if GlobalHydra.instance().is_initialized():
+        yield
+        return
+    with initialize_config_dir(config_dir=str(config_dir or CONF_DIR), version_base="1.3",
+                               job_name="fnsysid"):
+        yield
 
 
-def config_path_dir(config_path: str | None) -> str:
-    """Where Hydra's entry point looks for the primary config given ``--config-path``: ``conf/``
-    without it, an absolute path as given, and a relative one as Hydra resolves it beside the
-    module of the task function (in a checkout, ``pkg://fnsysid/<path>``, a folder inside the
-    package, not beside ``run.py`` nor in the working folder)."""
-    if config_path is None:
-        return str(CONF_DIR)
-    from hydra._internal.utils import compute_search_path_dir
+def with_config_dir(overrides: list[str], folder: str | Path | None) -> list[str]:
+    """``overrides`` with ``folder`` (the command line's ``--config-dir``) added to the
+    config search path through ``hydra.searchpath`` (merged with one given there), so that
+    compositions through the compose API find the options it holds."""
+    if folder is None:
+        return list(overrides)
+    if not os.path.isdir(folder):
+        raise ConfigError(f"--config-dir {folder}: no such folder")
+    entry = f"file://{os.path.abspath(folder)}"
+    out, merged = [], False
+    for line in overrides:
+        key, _, value = line.partition("=")
+        if key.lstrip("+") == "hydra.searchpath" and value.startswith("["):
+            inner = value.strip()[1:-1].strip()
+            line = f"{key}=[{inner + ',' if inner else ''}{entry}]"
+            merged = True
+        out.append(line)
+    return out if merged else [*out, f"hydra.searchpath=[{entry}]"]
 
-    return compute_search_path_dir(None, "fnsysid.app.cli", config_path)
+
+def _job_overrides() -> tuple[str, list[str]]:
+    """(config name, ``hydra.searchpath`` overrides) of the running Hydra job; ``config`` and
+    none outside a job."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return "config", []
+    hc = HydraConfig.get()
+    return hc.job.config_name, [o for o in hc.overrides.hydra
+                                if o.lstrip("+").startswith("hydra.searchpath")]
 
 
-def repository(loader, config_name: str, searchpath: list[str]):
-    """Hydra's config repository for a command: its search path plus ``hydra.searchpath``."""
-    try:
-        return loader._parse_overrides_and_create_caching_repo(config_name, searchpath)[1]
-    except Exception:     # the primary config itself is missing: the search path alone
-        return loader._parse_overrides_and_create_caching_repo(None, [])[1]
-
-
-def options(group: str, argv: list[str] | None = None) -> list[str]:
-    """Options of a config group found through Hydra's config search path.
-
-    ``conf/<group>/`` plus the folders that ``--config-dir`` and ``hydra.searchpath`` in
-    ``argv`` add (inside a running job: the job's own search path).
-    """
+def options(group: str, searchpath: list[str] | None = None) -> list[str]:
+    """Options of a config group found through Hydra's config search path (``conf/<group>/``
+    and the folders of ``--config-dir`` and of the ``hydra.searchpath`` overrides in
+    ``searchpath``; inside a running job: the job's own)."""
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.object_type import ObjectType
 
-    with hydra_session(argv) as (loader, name, searchpath):
-        return sorted(repository(loader, name, searchpath).get_group_options(
-            group, ObjectType.CONFIG))
+    with hydra_context():
+        name, job_searchpath = _job_overrides()
+        loader = GlobalHydra.instance().config_loader()
+        return sorted(loader.get_group_options(group, ObjectType.CONFIG, name,
+                                               list(searchpath or job_searchpath)))
 
 
-def load_option(group: str, name: str, argv: list[str] | None = None) -> DictConfig:
-    """The YAML of option ``name`` of ``group``, unresolved, found through the search path."""
-    with hydra_session(argv) as (loader, config_name, searchpath):
-        result = repository(loader, config_name, searchpath).load_config(f"{group}/{name}")
-    if result is None:
-        raise ConfigError(f"{group}={name} is not an option; allowed: "
-                          f"{', '.join(options(group, argv))}")
-    return result.config
+def load_option(group: str, name: str, overrides: list[str] | None = None) -> DictConfig:
+    """The node that option ``name`` of ``group`` gives the composed config (unresolved),
+    composed through the search path (``overrides``: other settings of the composition)."""
+    from hydra import compose
+    from hydra.errors import HydraException
+
+    with hydra_context():
+        config_name, searchpath = _job_overrides()
+        try:
+            cfg = compose(config_name, overrides=[*searchpath, *(overrides or []),
+                                                  f"{group}={name}"])
+        except HydraException as exc:
+            raise ConfigError(f"{group}={name} is not an option; allowed: "
+                              f"{', '.join(options(group))}") from exc
+    return cfg[group]

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
 
-from fnsysid.config.checks import ConfigError, DataError, check_batch_size, plain
+from fnsysid.config.checks import ConfigError, DataError, check_batch_size
+from fnsysid.config.schema import Settings
 from fnsysid.data.heldout import HeldOut, heldout_from_trajectories
 from fnsysid.dynamics import random as rnd
 from fnsysid.dynamics.model import (
@@ -58,24 +58,23 @@ class Dataset:
         return bool(np.isfinite(self.train.theta_true).all())
 
 
-def load_data(cfg: DictConfig, model: Model, optimizer,
-              given: frozenset[str] = frozenset(), resolved: dict | None = None) -> Dataset:
-    """The clients' data for the run described by ``cfg`` (``data.source``); ``given``: the
-    settings given explicitly (see :func:`from_files`); ``resolved``: ``cfg``'s settings as
-    :func:`~fnsysid.config.checks.check_run` returns them, if at hand."""
-    source = cfg.data.get("source", "simulated")
+def load_data(settings: Settings, model: Model, optimizer,
+              given: frozenset[str] = frozenset()) -> Dataset:
+    """The clients' data for the run described by ``settings`` (``data.source``); ``given``: the
+    settings given explicitly (see :func:`from_files`)."""
+    source = settings.data.source
     if source == "simulated":
         if _REUSED is None:
-            return simulated(cfg, model, optimizer)
-        key = _simulation_key(cfg, optimizer, resolved)
+            return simulated(settings, model, optimizer)
+        key = _simulation_key(settings, optimizer)
         if key not in _REUSED:
-            _REUSED[key] = _read_only(simulated(cfg, model, optimizer))
+            _REUSED[key] = _read_only(simulated(settings, model, optimizer))
             while len(_REUSED) > _REUSED_MAX:
                 _REUSED.popitem(last=False)
         _REUSED.move_to_end(key)
         return _REUSED[key]
     if source == "files":
-        return from_files(cfg, model, optimizer, given)
+        return from_files(settings, model, optimizer, given)
     raise ConfigError(f"data.source={source} is not allowed; allowed: {', '.join(SOURCES)}")
 
 
@@ -103,16 +102,14 @@ def reuse_simulations():
         _REUSED = saved
 
 
-def _simulation_key(cfg: DictConfig, optimizer, resolved: dict | None = None) -> str:
+def _simulation_key(settings: Settings, optimizer) -> str:
     """Every setting that :func:`simulated` reads: the system and feature map (the model), the
-    data group, M, N, T, eps, repeats, seed, and whether the optimizer keeps the samples
-    (read from ``resolved``, ``cfg`` resolved, when given)."""
-    if resolved is None:
-        resolved = OmegaConf.to_container(cfg, resolve=True)
-    settings = {k: resolved[k] for k in ("system", "feature_map", "data", "M", "N", "T", "eps",
-                                         "repeats", "seed")}
-    settings["needs_samples"] = bool(optimizer.needs_samples)
-    return json.dumps(settings, sort_keys=True)
+    data group, M, N, T, eps, repeats, seed, and whether the optimizer keeps the samples."""
+    resolved = settings.resolved
+    key = {k: resolved[k] for k in ("system", "feature_map", "data", "M", "N", "T", "eps",
+                                    "repeats", "seed")}
+    key["needs_samples"] = bool(optimizer.needs_samples)
+    return json.dumps(key, sort_keys=True)
 
 
 def _read_only(dataset: Dataset) -> Dataset:
@@ -127,27 +124,27 @@ def _read_only(dataset: Dataset) -> Dataset:
 
 # --- simulated ----------------------------------------------------------------------------------
 
-def simulated(cfg: DictConfig, model: Model, optimizer) -> Dataset:
+def simulated(settings: Settings, model: Model, optimizer) -> Dataset:
     """Simulated clients; ``data.val_N`` held-out trajectories per client from their own
     random streams (the training data do not depend on them)."""
     if not model.system.simulates:
         raise ConfigError(f"system={model.system.name} has no simulator; use data=files "
                           "data.path=... (see README, Your own data)")
-    train = generate(model, cfg.M, plain(cfg.N), cfg.T, cfg.eps, cfg.repeats, cfg.seed,
-                     keep_samples=optimizer.needs_samples,
-                     shared_noise=bool(cfg.data.shared_noise))
-    n_val = int(cfg.data.get("val_N", 0))
+    s = settings
+    train = generate(model, s.M, s.N, s.T, s.eps, s.repeats, s.seed,
+                     keep_samples=optimizer.needs_samples, shared_noise=s.data.shared_noise)
+    n_val = s.data.val_N
     ho = None
     if n_val > 0:
-        x, u = simulate_all(model, cfg, n_val, rnd.HOLDOUT)
+        x, u = simulate_all(model, settings, n_val, rnd.HOLDOUT)
         ho = heldout_from_trajectories(model, x, u, np.ones(x.shape[:-1], bool))
-    settings = {"M": cfg.M, "N": plain(cfg.N), "T": cfg.T, "eps": cfg.eps}
-    return Dataset(train, ho, [str(m) for m in range(cfg.M)], settings)
+    facts = {"M": s.M, "N": s.N, "T": s.T, "eps": s.eps}
+    return Dataset(train, ho, [str(m) for m in range(s.M)], facts)
 
 
-def simulate_all(model: Model, cfg, n_traj: int, purpose: int):
+def simulate_all(model: Model, settings, n_traj: int, purpose: int):
     """States (S, M, n_traj, T + 1, n_x) and inputs (S, M, n_traj, T, n_u) of every client."""
-    S, M, T = cfg.repeats, cfg.M, cfg.T
+    S, M, T = settings.repeats, settings.M, settings.T
     sys = model.system
     x = np.empty((S, M, n_traj, T + 1, sys.n_x))
     u = np.empty((S, M, n_traj, T, sys.n_u))
@@ -155,13 +152,15 @@ def simulate_all(model: Model, cfg, n_traj: int, purpose: int):
     def work(s, chunk):
         lo, hi = chunk[0][1], chunk[-1][2]
         _, x[s, lo:hi], u[s, lo:hi] = simulate_blocks(
-            model, s, chunk, n_traj, T, cfg.eps, cfg.seed, bool(cfg.data.shared_noise), purpose)
+            model, s, chunk, n_traj, T, settings.eps, settings.seed, settings.data.shared_noise,
+            purpose)
 
     for_chunks(S, rnd.blocks(M), chunk_clients(model, n_traj, T), work)
     return x, u
 
 
-def export_trajectories(model: Model, cfg, dataset: Dataset) -> tuple[pd.DataFrame, pd.DataFrame]:
+def export_trajectories(model: Model, settings: Settings, dataset: Dataset
+                        ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A simulated run's trajectories and true parameters in the import format.
 
     Returns (trajectories, truth): trajectories with columns ``repeat, client, trajectory, t,
@@ -171,9 +170,9 @@ def export_trajectories(model: Model, cfg, dataset: Dataset) -> tuple[pd.DataFra
     """
     import pandas as pd
 
-    S, M = cfg.repeats, cfg.M
-    N = np.broadcast_to(np.asarray(plain(cfg.N), int), (M,))
-    x, u = simulate_all(model, cfg, int(N.max()), rnd.TRAJECTORY)
+    S, M = settings.repeats, settings.M
+    N = np.broadcast_to(np.asarray(settings.N, int), (M,))
+    x, u = simulate_all(model, settings, int(N.max()), rnd.TRAJECTORY)
     keep = np.arange(x.shape[2])[None, :] < N[:, None]            # (M, n_max)
     parts = [_long(x, u, np.broadcast_to(keep, x.shape[:3]), "train", model)]
     if dataset.heldout is not None:
@@ -217,11 +216,11 @@ def _long(x, u, keep, split, model, traj=None) -> pd.DataFrame:
 
 # --- from files ---------------------------------------------------------------------------------
 
-def column_names(cfg, model: Model) -> tuple[list[str], list[str]]:
+def column_names(settings, model: Model) -> tuple[list[str], list[str]]:
     """State and input column names: ``data.states``/``data.inputs`` or the system's own."""
     sys = model.system
-    states = plain(cfg.data.get("states")) or sys.state_names
-    inputs = plain(cfg.data.get("inputs"))
+    states = settings.data.states or sys.state_names
+    inputs = settings.data.inputs
     inputs = sys.input_names if inputs is None else inputs
     if len(states) != sys.n_x or len(inputs) != sys.n_u:
         raise ConfigError(f"data.states={states}, data.inputs={inputs}: system="
@@ -230,7 +229,7 @@ def column_names(cfg, model: Model) -> tuple[list[str], list[str]]:
     return list(states), list(inputs)
 
 
-def from_files(cfg: DictConfig, model: Model, optimizer,
+def from_files(settings: Settings, model: Model, optimizer,
                given: frozenset[str] = frozenset()) -> Dataset:
     """Clients read from ``data.path`` (and ``data.val_path``), truth from ``data.truth``.
 
@@ -241,28 +240,27 @@ def from_files(cfg: DictConfig, model: Model, optimizer,
 
     from fnsysid.data.files import load_truth, read_trajectories
 
-    if cfg.data.get("path") in (None, "", "???"):
-        raise ConfigError("data=files needs data.path=DIR_OR_FILE")
-    states, inputs = column_names(cfg, model)
-    df = read_trajectories(cfg.data.path, states, inputs)
+    states, inputs = column_names(settings, model)
+    df = read_trajectories(settings.data.path, states, inputs)
     clients = [str(c) for c in df.drop_duplicates("_client").sort_values("_client")["client"]]
     S, M = int(df["repeat"].max()) + 1, len(clients)
     for key, have, what in (("M", M, "clients"), ("repeats", S, "repeats")):
-        if key in given and cfg.get(key) is not None and cfg[key] != have:
-            raise DataError(f"{key}={cfg[key]} does not match data.path={cfg.data.path}, which "
-                            f"holds {have} {what}: drop {key} (the files give it)")
-    if cfg.data.get("val_path"):
+        value = getattr(settings, key)
+        if key in given and value is not None and value != have:
+            raise DataError(f"{key}={value} does not match data.path={settings.data.path}, "
+                            f"which holds {have} {what}: drop {key} (the files give it)")
+    if settings.data.val_path:
         if (df["split"] == "val").any():
-            raise DataError(f"data.path={cfg.data.path} marks held-out rows (split=val) and "
-                            f"data.val_path={cfg.data.val_path} gives held-out files: use one")
-        val = read_trajectories(cfg.data.val_path, states, inputs, setting="data.val_path")
+            raise DataError(f"data.path={settings.data.path} marks held-out rows (split=val) and "
+                            f"data.val_path={settings.data.val_path} gives held-out files: use one")
+        val = read_trajectories(settings.data.val_path, states, inputs, setting="data.val_path")
         val_clients = pd.Index(clients).get_indexer(val["client"])
         if (val_clients < 0).any():
             bad = val["client"].to_numpy()[val_clients < 0][0]
-            raise DataError(f"data.val_path={cfg.data.val_path}: client '{bad}' is not in "
+            raise DataError(f"data.val_path={settings.data.val_path}: client '{bad}' is not in "
                             f"data.path's clients")
         if int(val["repeat"].max()) + 1 != S:
-            raise DataError(f"data.val_path={cfg.data.val_path} has "
+            raise DataError(f"data.val_path={settings.data.val_path} has "
                             f"{int(val['repeat'].max()) + 1} repeats, data.path {S}")
         val["_client"] = val_clients
         val["split"] = "val"
@@ -271,21 +269,22 @@ def from_files(cfg: DictConfig, model: Model, optimizer,
         df = df[df["split"] == "train"]
     else:
         val = None
-        df = _hold_out(df, float(cfg.data.get("holdout", 0.0)), str(cfg.data.path))
+        df = _hold_out(df, settings.data.holdout, settings.data.path)
     train_rows = df[df["split"] == "train"]
     val_rows = df[df["split"] == "val"] if val is None else val
     train = _client_data(model, train_rows, S, M, states, inputs, optimizer.needs_samples,
-                         cfg.data.path, clients)
-    if cfg.data.get("truth"):
-        train.theta_true = load_truth(cfg.data.truth, clients, model.param_names, S)
+                         settings.data.path, clients)
+    if settings.data.truth:
+        train.theta_true = load_truth(settings.data.truth, clients, model.param_names, S)
     ho = _heldout(model, val_rows, S, M, states, inputs) if len(val_rows) else None
     n_traj = train_rows.groupby(["repeat", "_client"])["_trajectory"].nunique()
-    if cfg.optimizer.get("batch_size") is not None:
-        check_batch_size(cfg.optimizer.batch_size, int(train.n.min()))
+    batch_size = getattr(settings.optimizer, "batch_size", None)
+    if batch_size is not None:
+        check_batch_size(batch_size, int(train.n.min()))
     N = n_traj.groupby(level=1).max().tolist()
-    settings = {"M": M, "N": N[0] if len(set(N)) == 1 else N, "T": None, "eps": None,
-                "repeats": S, "clients": clients if M <= 50 else clients[:50] + ["..."]}
-    return Dataset(train, ho, clients, settings)
+    facts = {"M": M, "N": N[0] if len(set(N)) == 1 else N, "T": None, "eps": None,
+             "repeats": S, "clients": clients if M <= 50 else clients[:50] + ["..."]}
+    return Dataset(train, ho, clients, facts)
 
 
 def _hold_out(df: pd.DataFrame, frac: float, path: str) -> pd.DataFrame:

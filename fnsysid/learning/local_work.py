@@ -12,15 +12,20 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from fnsysid.config.checks import ConfigError, plain
+from fnsysid.config.errors import ConfigError
 from fnsysid.dynamics import random as rnd
 
 KINDS = ("uniform_int",)
 
 
+def _plain(K):
+    """``K`` as plain Python (a checked distribution setting becomes its dict)."""
+    return K.model_dump() if hasattr(K, "model_dump") else K
+
+
 def is_heterogeneous(K) -> bool:
     """Whether ``K`` gives clients different step counts (a list or a distribution)."""
-    K = plain(K)
+    K = _plain(K)
     return isinstance(K, (list, tuple, Mapping))
 
 
@@ -36,7 +41,7 @@ def local_steps(K, M: int, repeats: int, seed: int, clients=None):
     array([[3],
            [3]])
     """
-    K = plain(K)
+    K = _plain(K)
     ids = np.arange(M) if clients is None else np.asarray(clients, dtype=int).reshape(-1)
     if not is_heterogeneous(K):
         return int(K)
@@ -60,7 +65,7 @@ def local_steps(K, M: int, repeats: int, seed: int, clients=None):
 
 def label(K) -> str:
     """Short text of ``K`` for titles: ``5``, ``[1,5,20]`` or ``U{1..20}``."""
-    K = plain(K)
+    K = _plain(K)
     if isinstance(K, Mapping):
         return f"U{{{K.get('low')}..{K.get('high')}}}"
     if isinstance(K, (list, tuple)):

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from fnsysid.config.checks import ConfigError
+from fnsysid.config.errors import ConfigError
 from fnsysid.dynamics.model import ClientData, Model
 
 
 def initial_model(model: Model, data: ClientData | None, init,
                   repeats: int | None = None) -> np.ndarray:
-    """Server model of round 0, (S, p): ``init.scale`` times the nominal model or client 0's.
+    """Server model of round 0, (S, p): ``init.scale`` times the nominal model or client 0's
+    (``init.reference``).
 
     Without ``data`` (a federated server sees none) only the nominal reference is possible and
     ``repeats`` gives S.
     """
-    ref = init.get("reference", "nominal")
+    ref = init.reference
     if ref == "nominal":
         S = data.shape[0] if data is not None else repeats
         base = np.broadcast_to(model.system.nominal @ model.embed, (S, model.p))
@@ -27,4 +28,4 @@ def initial_model(model: Model, data: ClientData | None, init,
         base = data.theta_true[:, 0]
     else:
         raise ConfigError(f"system.init.reference={ref} is not allowed; allowed: nominal, client0")
-    return float(init.get("scale", 0.0)) * np.array(base)
+    return float(init.scale) * np.array(base)

@@ -6,9 +6,7 @@ is known to be incomplete, and no file is ever left truncated."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,7 +25,7 @@ if TYPE_CHECKING:
 def check_output(cfg) -> None:
     """Refuse output settings that cannot be honoured (before anything runs); their types
     and ranges are checked by :mod:`fnsysid.config.schema`."""
-    if cfg.output.get("trajectories") and cfg.data.get("source", "simulated") != "simulated":
+    if cfg.output.trajectories and cfg.files:
         raise ConfigError("output.trajectories=true exports simulated data; with data=files "
                           "the trajectories are the files themselves")
 
@@ -38,14 +36,11 @@ def write_outputs(out, cfg, result) -> None:
     from fnsysid.results.tables import run_title
 
     ok = result.summary["status"] == "ok"        # not diverged, not interrupted
-    plot = ok and bool(cfg.output.plot)
-    # the settings the run resolved, when they are this config's (check_run drops hydra)
-    resolved = result.resolved if result.config is cfg and "hydra" not in cfg else None
+    plot = ok and cfg.output.plot
     with together():
-        write_run(out, cfg, result.tables, None,
-                  run_title(cfg, result.model, result.dataset.settings) if plot else None,
-                  resolved)
-        if cfg.output.get("trajectories"):
+        write_run(out, cfg.resolved, result.tables, None,
+                  run_title(cfg, result.model, result.dataset.settings) if plot else None)
+        if cfg.output.trajectories:
             from fnsysid.data.source import export_trajectories
 
             write_trajectories(out, *export_trajectories(result.model, cfg, result.dataset))
@@ -54,16 +49,16 @@ def write_outputs(out, cfg, result) -> None:
         write_json(Path(out) / "summary.json", result.summary)
 
 
-def write_run(out: Path, cfg, tables: Mapping[str, Table | pd.DataFrame], summary: dict | None,
-              plot_title: str | None = None, resolved: dict | None = None) -> None:
-    """Write ``config.yaml`` (see :func:`config_yaml` for ``resolved``), ``<name>.csv`` for
+def write_run(out: Path, resolved: dict, tables: Mapping[str, Table | pd.DataFrame],
+              summary: dict | None, plot_title: str | None = None) -> None:
+    """Write ``config.yaml`` (the run's resolved settings ``resolved``), ``<name>.csv`` for
     each table (a :class:`Table` is written as it is, without pandas), with a ``plot_title``
     also ``error.png`` (drawn from the ``errors`` table), and ``summary.json`` last (if
     given)."""
     out = Path(out)
     tables = tables if isinstance(tables, Frames) else Frames(tables)
     out.mkdir(parents=True, exist_ok=True)
-    write_text(out / "config.yaml", config_yaml(cfg, resolved))
+    write_text(out / "config.yaml", config_yaml(resolved))
     for name in tables:
         write_csv(out / f"{name}.csv", tables.table(name))
     if plot_title is not None:
@@ -75,56 +70,9 @@ def write_run(out: Path, cfg, tables: Mapping[str, Table | pd.DataFrame], summar
         write_json(out / "summary.json", summary)
 
 
-def config_yaml(cfg, resolved: dict | None = None) -> str:
-    """``OmegaConf.to_yaml(cfg, resolve=True)``, the same text, emitted by libyaml when PyYAML
-    has it (about twice as fast as PyYAML's own emitter) and every string is one the two
-    emitters write alike (:func:`_emitted_alike`); else by OmegaConf itself.
-
-    ``resolved``: ``OmegaConf.to_container(cfg, resolve=True)`` if at hand (the run's checked
-    settings, :func:`fnsysid.config.checks.check_run`), emitted instead of converting ``cfg`` again.
-    """
-    import yaml
-
-    if not yaml.__with_libyaml__:
-        return OmegaConf.to_yaml(cfg, resolve=True)
-    plain = (OmegaConf.to_container(cfg, resolve=True, enum_to_str=True) if resolved is None
-             else resolved)
-    if not _emitted_alike(plain):
-        return OmegaConf.to_yaml(cfg, resolve=True)
-    return yaml.dump(plain, Dumper=_c_dumper(), default_flow_style=False, allow_unicode=True,
-                     sort_keys=False)
-
-
-#: longest string with a space that no line of config.yaml folds (keys and indent included)
-_UNFOLDED = 60
-
-
-def _emitted_alike(node) -> bool:
-    """Whether every string (key or value) in ``node`` is printable ASCII and, if it has a
-    space, short enough not to be folded: libyaml and PyYAML escape other characters (tabs,
-    emoji, ``\\x85``) and fold long quoted strings differently. False for an Enum (OmegaConf
-    writes its name)."""
-    if isinstance(node, Enum):
-        return False
-    if isinstance(node, dict):
-        return all(_emitted_alike(k) and _emitted_alike(v) for k, v in node.items())
-    if isinstance(node, list):
-        return all(_emitted_alike(v) for v in node)
-    if isinstance(node, str):
-        return node.isascii() and node.isprintable() and (" " not in node
-                                                           or len(node) <= _UNFOLDED)
-    return True
-
-
-@functools.cache
-def _c_dumper():
-    """OmegaConf's YAML dumper (strings that read as another type are quoted) on libyaml."""
-    import yaml
-    from omegaconf._utils import get_omega_conf_dumper
-
-    dumper = type("OmegaConfCDumper", (yaml.CDumper,), {})
-    dumper.add_representer(str, get_omega_conf_dumper().str_representer)
-    return dumper
+def config_yaml(resolved: dict) -> str:
+    """The YAML text of a run's resolved settings (what ``config.yaml`` holds)."""
+    return OmegaConf.to_yaml(OmegaConf.create(resolved))
 
 
 def write_trajectories(out: Path, trajectories: pd.DataFrame, truth: pd.DataFrame) -> None:

@@ -62,10 +62,10 @@ class History:
 
 
 
-def keep_per_client(cfg, M: int | None = None) -> bool:
+def keep_per_client(settings, M: int | None = None) -> bool:
     """Whether per-client errors are kept (``output.per_client``: auto, true or false)."""
-    flag = cfg.output.per_client
+    flag = settings.output.per_client
     if flag == "auto":
-        M = cfg.M if M is None else M
-        return M is None or M <= cfg.output.per_client_max     # None: files not read yet
+        M = settings.M if M is None else M
+        return M is None or M <= settings.output.per_client_max     # None: files not read yet
     return bool(flag)

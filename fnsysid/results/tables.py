@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fnsysid.config.checks import plain
 from fnsysid.learning.local_work import label as k_label
 
 if TYPE_CHECKING:
@@ -273,15 +272,16 @@ def make_summary(cfg, model, diverged, errors, theory, runtime,
                  settings: dict | None = None, choices: dict | None = None) -> dict:
     """``summary.json``: status, final errors (mean and std over repeats), settings, runtime.
 
-    Values that a run does not have (parameter errors without ground truth, NRMSE without
-    held-out data) are null. ``settings`` (the data's M, N, T, eps) replaces the config's
-    knobs when the data come from files. ``choices`` (group -> option) defaults to Hydra's
-    record of the running job.
+    ``cfg``: the run's checked settings (:class:`~fnsysid.config.schema.Settings`); their
+    values are recorded as given. Values that a run does not have (parameter errors without
+    ground truth, NRMSE without held-out data) are null. ``settings`` (the data's M, N, T,
+    eps) replaces the config's knobs when the data come from files. ``choices``: group ->
+    option chosen.
     """
     last = last_round(errors)
-    choices = _choices() if choices is None else choices
-    st = {"M": cfg.M, "N": plain(cfg.N), "T": cfg.T, "eps": cfg.eps, "repeats": cfg.repeats,
-          **(settings or {})}
+    choices = choices or {}
+    given = cfg.resolved
+    st = {k: given[k] for k in ("M", "N", "T", "eps", "repeats")} | (settings or {})
     finals = {}
     for col in ("e_max", "e_mean"):
         finals[f"final_{col}_mean"] = _final(last, col)
@@ -297,14 +297,14 @@ def make_summary(cfg, model, diverged, errors, theory, runtime,
         "feature_map": choices.get("feature_map"),
         "optimizer": choices.get("optimizer"),
         "strategy": choices.get("strategy"),
-        "data": choices.get("data", cfg.data.get("source")),
+        "data": choices.get("data", cfg.data.source),
         **st,
-        "K": plain(cfg.K), "lr": cfg.lr, "R": cfg.R, "seed": cfg.seed,
+        "K": given["K"], "lr": given["lr"], "R": given["R"], "seed": given["seed"],
         "parameters": list(model.param_names),
         "runtime": cfg.runtime.name,
         "runtime_s": {k: round(v, 4) for k, v in runtime.items()},
         "theorem1": None if theory is None else {
-            "delta": float(cfg.theory.delta),
+            "delta": cfg.theory.delta,
             **{k: _number(theory[k].mean()) for k in
                ("bound_rel", "bound", "bound_proof_rel", "bound_proof", "noise_term",
                 "sigma_w", "s_phi2", "b_phi", "eps", "N_tot")}},
@@ -315,13 +315,3 @@ def _number(v) -> float:
     """A float; NaN/inf (e.g. Theorem 1 terms that need the truth) are written as null with
     the reason in ``null_values`` by :func:`fnsysid.results.atomic.write_json`."""
     return float(v)
-
-
-def _choices() -> dict:
-    """Group options chosen on the command line, when running under Hydra."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        return dict(HydraConfig.get().runtime.choices)
-    except Exception:
-        return {}

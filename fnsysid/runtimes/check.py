@@ -22,9 +22,9 @@ def flower_installed() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("flwr", "ray"))
 
 
-def check_runtime(cfg, optimizer, strategy) -> None:
-    """Raise :class:`ConfigError` if the run cannot use ``cfg.runtime``."""
-    name = cfg.runtime.name
+def check_runtime(settings, optimizer, strategy) -> None:
+    """Raise :class:`ConfigError` if the run cannot use ``settings.runtime``."""
+    name = settings.runtime.name
     if name not in RUNTIMES:
         raise ConfigError(f"runtime={name} is not allowed; allowed: {', '.join(RUNTIMES)}")
     if name == "inprocess":
@@ -38,13 +38,13 @@ def check_runtime(cfg, optimizer, strategy) -> None:
     if optimizer.needs_samples:
         raise ConfigError("runtime=flower supports optimizer=gd; optimizer=sgd runs only with "
                           "runtime=inprocess")
-    if cfg.system.init.get("reference", "nominal") != "nominal":
+    if settings.system.init.reference != "nominal":
         raise ConfigError("runtime=flower needs system.init.reference=nominal (the server "
                           "does not see client 0's parameters)")
-    if cfg.output.get("trajectories"):
+    if settings.output.trajectories:
         raise ConfigError("output.trajectories=true exports the data of an in-process run; "
                           "with runtime=flower each client keeps its own")
-    if cfg.data.get("source", "simulated") == "files" and not Path(str(cfg.data.path)).is_dir():
+    if settings.files and not Path(str(settings.data.path)).is_dir():
         raise ConfigError(f"runtime=flower with data=files needs data.path to be a folder with "
                           f"one file per client (each ClientApp reads its own); got "
-                          f"{cfg.data.path}")
+                          f"{settings.data.path}")

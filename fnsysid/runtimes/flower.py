@@ -39,7 +39,6 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from fnsysid.config.checks import plain
 from fnsysid.learning.start import initial_model
 
 log = logging.getLogger("fnsysid")
@@ -55,9 +54,9 @@ def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in record.items()}
 
 
-def client_order(cfg, labels: list[str]) -> list:
+def client_order(settings, labels: list[str]) -> list:
     """Sort keys of client labels: the in-process order (index, or file name for files)."""
-    if cfg.data.get("source", "simulated") == "simulated":
+    if settings.data.source == "simulated":
         return [int(c) for c in labels]
     return list(labels)
 
@@ -75,56 +74,56 @@ class ClientNode:
     which win over ``index``.
     """
 
-    def __init__(self, cfg, model, optimizer, strategy, index: int | None,
+    def __init__(self, settings, model, optimizer, strategy, index: int | None,
                  data_path: str | None = None, truth_path: str | None = None):
         from fnsysid.dynamics.model import generate
 
         self.strategy = strategy
-        if cfg.data.get("source", "simulated") == "files":
-            self.label, self.data = self._from_file(cfg, model, optimizer, index, data_path,
+        if settings.files:
+            self.label, self.data = self._from_file(settings, model, optimizer, index, data_path,
                                                     truth_path)
         else:
             if index is None:
                 raise ValueError("a node with simulated data needs node config client=<index>")
             self.label = str(index)
-            self.data = generate(model, cfg.M, plain(cfg.N), cfg.T, cfg.eps, cfg.repeats,
-                                 cfg.seed, shared_noise=bool(cfg.data.shared_noise),
-                                 clients=[index])
-        optimizer.setup(self.data, model, cfg.seed)
-        self.clients = self.strategy.make_clients(optimizer, self._local_steps(cfg, index),
-                                                  cfg.lr)
+            s = settings
+            self.data = generate(model, s.M, s.N, s.T, s.eps, s.repeats, s.seed,
+                                 shared_noise=s.data.shared_noise, clients=[index])
+        optimizer.setup(self.data, model, settings.seed)
+        self.clients = self.strategy.make_clients(optimizer, self._local_steps(settings, index),
+                                                  settings.lr)
 
-    def _local_steps(self, cfg, index):
+    def _local_steps(self, settings, index):
         """This client's ``K_i`` (S, 1), or ``K`` when all clients share it."""
         from fnsysid.learning.local_work import is_heterogeneous, local_steps
 
-        if not is_heterogeneous(cfg.K):
-            return int(cfg.K)
+        if not is_heterogeneous(settings.K):
+            return int(settings.K)
         if index is None:
             raise ValueError("per-client K needs the node's position: node config client=<i>")
-        if cfg.data.get("source", "simulated") == "files":
+        if settings.files:
             from fnsysid.data.files import data_files
 
-            M = len(data_files(cfg.data.path))
+            M = len(data_files(settings.data.path))
         else:
-            M = cfg.M
-        return local_steps(cfg.K, M, self.data.shape[0], cfg.seed, clients=[index])
+            M = settings.M
+        return local_steps(settings.K, M, self.data.shape[0], settings.seed, clients=[index])
 
     @staticmethod
-    def _from_file(cfg, model, optimizer, index, data_path, truth_path):
+    def _from_file(settings, model, optimizer, index, data_path, truth_path):
         """This client's training data from its own file; its truth from its own truth file,
         or its rows of the run's ``data.truth``."""
         from fnsysid.data.files import data_files, load_truth
         from fnsysid.data.source import from_files
 
-        own = cfg.copy()
-        path = data_path or data_files(cfg.data.path)[index]
-        own.data.path, own.data.val_path, own.data.truth = str(path), None, truth_path
+        path = data_path or data_files(settings.data.path)[index]
+        own = settings.replace(data={**settings.resolved["data"], "path": str(path),
+                                     "val_path": None, "truth": truth_path})
         dataset = from_files(own, model, optimizer)
         label, data = dataset.clients[0], dataset.train
-        if truth_path is None and cfg.data.get("truth"):
-            labels = [f.stem for f in data_files(cfg.data.path)]
-            truth = load_truth(cfg.data.truth, labels, model.param_names, data.shape[0])
+        if truth_path is None and settings.data.truth:
+            labels = [f.stem for f in data_files(settings.data.path)]
+            truth = load_truth(settings.data.truth, labels, model.param_names, data.shape[0])
             data.theta_true = truth[:, [labels.index(label)]]
         return label, data
 
@@ -230,8 +229,8 @@ def stacked(replies: list[RecordDict]) -> dict[str, np.ndarray]:
     return {k: np.stack([a[k] for a in arrays], axis=1) for k in arrays[0]}
 
 
-def serve(grid: Grid, cfg, model, strategy, M: int, keep_clients: bool):
-    """The server side of a run: ``cfg.R`` rounds of ``strategy`` with M client nodes.
+def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
+    """The server side of a run: ``settings.R`` rounds of ``strategy`` with M client nodes.
 
     Each round the clients the strategy samples (``strategy.fraction``; all by default) get
     ``train`` messages, with the repeats they take part in (``active``); the first exchange
@@ -251,11 +250,11 @@ def serve(grid: Grid, cfg, model, strategy, M: int, keep_clients: bool):
     labels = [str(r["info"]["client"]) for r in info]
     if len(set(labels)) != len(labels):
         raise FlowerError(f"two nodes hold the same client: {sorted(labels)}")
-    order = np.argsort(client_order(cfg, labels), kind="stable")
+    order = np.argsort(client_order(settings, labels), kind="stable")
     nodes, labels = [nodes[i] for i in order], [labels[i] for i in order]
     n = stacked([info[i] for i in order])["n"]
-    theta0 = initial_model(model, None, cfg.system.init, repeats=n.shape[0])
-    strategy.setup_server(theta0, n, cfg.seed)
+    theta0 = initial_model(model, None, settings.system.init, repeats=n.shape[0])
+    strategy.setup_server(theta0, n, settings.seed)
 
     hist = History(per_client=[] if keep_clients else None)
     diverged = None
@@ -272,7 +271,7 @@ def serve(grid: Grid, cfg, model, strategy, M: int, keep_clients: bool):
         return True
 
     with np.errstate(over="ignore", invalid="ignore"):
-        for r in range(1, cfg.R + 1):
+        for r in range(1, settings.R + 1):
             active = strategy.participants(r)
             on = np.arange(M) if active is None else np.flatnonzero(active.any(axis=0))
             off = np.setdiff1d(np.arange(M), on)
@@ -303,39 +302,39 @@ def serve(grid: Grid, cfg, model, strategy, M: int, keep_clients: bool):
         if diverged is None:
             final = exchange(grid, [(nd, "evaluate", {"theta": strategy.server}, None)
                                     for nd in nodes])
-            if not record(cfg.R, stacked(final)["_e"]):
-                diverged = cfg.R
+            if not record(settings.R, stacked(final)["_e"]):
+                diverged = settings.R
     return hist, diverged, theta0, labels
 
 
-def make_server_app(cfg, model, strategy, M: int, keep_clients: bool,
+def make_server_app(settings, model, strategy, M: int, keep_clients: bool,
                     result: dict) -> ServerApp:
     """A ServerApp that runs :func:`serve` and leaves its result in ``result``."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        result["serve"] = serve(grid, cfg, model, strategy, M, keep_clients)
+        result["serve"] = serve(grid, settings, model, strategy, M, keep_clients)
 
     return app
 
 
-def server_dataset(cfg, labels: list[str] | None = None):
+def server_dataset(settings, labels: list[str] | None = None):
     """What the server of a Flower run knows of the data: the clients (``labels``, or the
     file names of a ``data=files`` folder, which are counted, not read) and the settings for
     the summary."""
     from fnsysid.data.source import Dataset
 
-    if cfg.data.get("source", "simulated") == "files":
+    if settings.files:
         if labels is None:
             from fnsysid.data.files import data_files
 
-            labels = [f.stem for f in data_files(cfg.data.path)]
-        settings = {"M": len(labels), "N": None, "T": None, "eps": None, "clients": labels}
+            labels = [f.stem for f in data_files(settings.data.path)]
+        facts = {"M": len(labels), "N": None, "T": None, "eps": None, "clients": labels}
     else:
-        labels = [str(m) for m in range(cfg.M)] if labels is None else labels
-        settings = {"M": cfg.M, "N": plain(cfg.N), "T": cfg.T, "eps": cfg.eps}
-    return Dataset(None, None, list(labels), settings)
+        labels = [str(m) for m in range(settings.M)] if labels is None else labels
+        facts = {"M": settings.M, "N": settings.N, "T": settings.T, "eps": settings.eps}
+    return Dataset(None, None, list(labels), facts)
 
 
 class _DropDeprecation(logging.Filter):
@@ -353,8 +352,8 @@ def quiet_flower() -> None:
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
 
-def run(cfg, model, strategy, dataset, keep_clients: bool, client_app: ClientApp):
-    """Run the rounds of ``cfg`` on Flower's simulation engine (Ray backend), one virtual
+def run(settings, model, strategy, dataset, keep_clients: bool, client_app: ClientApp):
+    """Run the rounds of ``settings`` on Flower's simulation engine (Ray backend), one virtual
     SuperNode per client of ``dataset`` (:func:`server_dataset`), answered by ``client_app``.
 
     Returns (history, diverged round or None, start model); ``dataset.settings`` gets the
@@ -365,8 +364,8 @@ def run(cfg, model, strategy, dataset, keep_clients: bool, client_app: ClientApp
     quiet_flower()
     result: dict = {}
     M = len(dataset.clients)
-    server = make_server_app(cfg, model, strategy, M, keep_clients, result)
-    backend = {"client_resources": {"num_cpus": float(cfg.runtime.client_cpus),
+    server = make_server_app(settings, model, strategy, M, keep_clients, result)
+    backend = {"client_resources": {"num_cpus": float(settings.runtime.client_cpus),
                                     "num_gpus": 0.0},
                "init_args": {"logging_level": "ERROR", "log_to_driver": False}}
     run_simulation(server, client_app, num_supernodes=M,

@@ -28,7 +28,7 @@ def _rounds(R: int, progress: bool):
     return tqdm(range(1, R + 1), desc="rounds", unit="round", leave=False, disable=None)
 
 
-def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=True,
+def train(strategy, data: ClientData, theta0, optimizer, model, settings, progress=True,
           keep_clients=False, heldout=None, eval_every: int = 1):
     """Run R rounds; stop at the first round that diverged.
 
@@ -41,9 +41,9 @@ def train(strategy, data: ClientData, theta0, optimizer, model, cfg, progress=Tr
     round 0, every ``eval_every`` rounds and at the last round. Returns (history,
     diverged_round or None).
     """
-    R = int(cfg.R)                   # read once: a config lookup costs more than a round
-    K = local_steps(cfg.K, data.shape[1], data.shape[0], cfg.seed)
-    strategy.setup(theta0, data, model, optimizer, K, cfg.lr, cfg.seed)
+    R = int(settings.R)                   # read once: a config lookup costs more than a round
+    K = local_steps(settings.K, data.shape[1], data.shape[0], settings.seed)
+    strategy.setup(theta0, data, model, optimizer, K, settings.lr, settings.seed)
     hist = History(per_client=[] if keep_clients else None)
     has_truth = bool(np.isfinite(data.theta_true).all())
 
