@@ -1,27 +1,37 @@
 """fnsysid: federated identification of linearly-parameterized nonlinear systems.
 
-Python API: :func:`run` (one experiment, as the command line runs it) and
-:func:`load_trajectories` (read and check trajectory files).
+Python API (the command line's runs as function calls):
+
+- :func:`run`: one experiment, checked as the command line checks it; returns a
+  :class:`Result` with the run's tables (DataFrames) and summary.
+- :func:`load_trajectories`: read and check trajectory files (the ``data=files`` layout).
+- :class:`ConfigError`: a setting that is not allowed (one-line message);
+  :class:`DataError`: trajectory or truth files that cannot be used.
+
+Importing the package loads nothing heavy and changes no global state: the names above are
+imported on first use.
 """
 
-import os
-
-# Every array operation here is small or memory-bound: BLAS threads only compete with the
-# other jobs of a sweep for the cores (and spin on a busy machine). One thread per process,
-# unless the environment says otherwise; effective when numpy is imported after fnsysid.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
 __version__ = "0.1.0"
-__all__ = ["run", "load_trajectories", "ConfigError"]
+__all__ = ["run", "load_trajectories", "Result", "ConfigError", "DataError", "__version__"]
+
+#: where each public name lives
+_PUBLIC = {
+    "run": "fnsysid.app.api",
+    "load_trajectories": "fnsysid.app.api",
+    "Result": "fnsysid.app.experiment",
+    "ConfigError": "fnsysid.config.errors",
+    "DataError": "fnsysid.config.errors",
+}
 
 
-def __getattr__(name):          # imported on first use: `import fnsysid` stays light
-    if name in ("run", "load_trajectories"):
-        from fnsysid.app import api
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        import importlib
 
-        return getattr(api, name)
-    if name == "ConfigError":
-        from fnsysid.config.checks import ConfigError
-
-        return ConfigError
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
     raise AttributeError(f"module 'fnsysid' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(__all__) | {"__doc__", "__name__", "__version__"})

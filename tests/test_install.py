@@ -48,3 +48,31 @@ def test_non_editable_install_runs_from_any_folder(tmp_path):
     where = subprocess.run([str(py), "-c", "import fnsysid.config.groups as o; print(o.CONF_DIR)"],
                            cwd=work, env=env, capture_output=True, text=True)
     assert str(env_dir) in where.stdout and sys.prefix not in where.stdout
+
+
+def test_import_changes_no_environment_and_lists_the_public_api():
+    """``import fnsysid`` sets no variable and loads nothing heavy; every name of
+    ``__all__`` resolves and ``dir()`` shows them."""
+    code = (
+        "import json, os, sys\n"
+        "before = dict(os.environ)\n"
+        "import fnsysid\n"
+        "out = {'env_same': dict(os.environ) == before,\n"
+        "       'heavy': sorted(m for m in ('numpy', 'pandas', 'hydra', 'omegaconf',\n"
+        "                                   'matplotlib') if m in sys.modules),\n"
+        "       'dir': dir(fnsysid), 'all': fnsysid.__all__,\n"
+        "       'resolved': [getattr(fnsysid, n).__name__ for n in fnsysid.__all__\n"
+        "                    if n != '__version__']}\n"
+        "print(json.dumps(out))\n")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=120)
+    assert res.returncode == 0, res.stderr
+    import json
+
+    out = json.loads(res.stdout)
+    assert out["env_same"] and out["heavy"] == []
+    assert set(out["all"]) == {"run", "load_trajectories", "Result", "ConfigError",
+                               "DataError", "__version__"}
+    assert set(out["all"]) <= set(out["dir"])
+    assert out["resolved"] == ["run", "load_trajectories", "Result", "ConfigError", "DataError"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -161,6 +162,10 @@ def _sweep_exit() -> None:
 def main() -> None:
     """Console entry point (``fnsysid`` or ``python run.py``)."""
     global _EXISTED
+    # Every array operation of a run is small or memory-bound: BLAS threads would only compete
+    # with the other jobs of a sweep for the cores. One thread per process unless the
+    # environment says otherwise; numpy is not imported yet, so this takes effect.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     argv = sys.argv[1:] = absolute_config_path(_flags_first(sys.argv[1:]))
     logging.raiseExceptions = False     # a full disk must not print logging tracebacks
     if not CONF_DIR.is_dir():
