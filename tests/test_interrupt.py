@@ -95,6 +95,8 @@ def test_resume_skips_finished_jobs_and_reruns_the_rest(tmp_path):
 
 
 def test_resume_reruns_a_finished_job_whose_errors_csv_is_corrupt(tmp_path):
+    from omegaconf import OmegaConf
+
     from fnsysid.app.experiment import run_experiment
     from fnsysid.results.folder import finished_ok
     from tests.conftest import compose_cfg
@@ -105,9 +107,11 @@ def test_resume_reruns_a_finished_job_whose_errors_csv_is_corrupt(tmp_path):
             for m in (1, 2)]
     for cfg, job in zip(cfgs, jobs, strict=True):
         run_experiment(cfg, job)
-    assert finished_ok(jobs[0], cfgs[0])
+    resolved = OmegaConf.to_container(cfgs[0], resolve=True)
+    assert finished_ok(jobs[0], resolved)
+    assert not finished_ok(jobs[0], {**resolved, "seed": 1})   # other settings
     (jobs[0] / "errors.csv").write_text("1,2\n")          # summary ok, table gone
-    assert not finished_ok(jobs[0], cfgs[0])
+    assert not finished_ok(jobs[0], resolved)
     stamp = (jobs[1] / "errors.csv").stat().st_mtime_ns
     res = cli("-m", "system=pendulum", "M=1,2", "R=3", "repeats=2", "hydra/launcher=basic",
               "output.plot=false", f"hydra.sweep.dir={sweep}", "output.resume=true")

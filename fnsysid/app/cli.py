@@ -55,6 +55,15 @@ def _remove_outputs(job_dir: Path) -> None:
         folder = folder.parent
 
 
+def _resolved(cfg: DictConfig) -> dict:
+    """The job's run config resolved into plain Python, without Hydra's node."""
+    from omegaconf import OmegaConf
+
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    plain.pop("hydra", None)
+    return plain
+
+
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def task(cfg: DictConfig) -> float | None:
     """One Hydra job: run the experiment into Hydra's output folder."""
@@ -66,7 +75,7 @@ def task(cfg: DictConfig) -> float | None:
 
     hc = HydraConfig.get()
     out = Path(hc.runtime.output_dir)
-    if cfg.output.resume and finished_ok(out, cfg):
+    if cfg.output.resume and finished_ok(out, _resolved(cfg)):
         summary = json.loads((out / "summary.json").read_text())
         log.info("already done (summary ok, same config), skipped: %s", out)
         return summary.get("final_e_max_mean")

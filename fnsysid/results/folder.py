@@ -93,20 +93,20 @@ def _row_prefixes(repeats: int, per_repeat: int) -> list[str]:
     return [f"{s},{r}," for s in range(repeats) for r in range(per_repeat)]
 
 
-def finished_ok(folder: Path, cfg) -> bool:
+def finished_ok(folder: Path, resolved: dict) -> bool:
     """True if ``folder`` holds a run whose summary is ``ok``, whose ``errors.csv`` has its
-    rows (:func:`errors_problem`) and whose resolved config equals ``cfg`` (up to settings that
-    change no number: resume, overwrite, plot, progress)."""
-    from omegaconf import OmegaConf
+    rows (:func:`errors_problem`) and whose ``config.yaml`` holds the settings ``resolved``
+    (a run config resolved into plain Python; up to settings that change no number: resume,
+    overwrite, plot, progress)."""
+    import yaml
 
     folder = Path(folder)
     try:
         summary = json.loads((folder / "summary.json").read_text())
-        saved = OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"))
-    except (OSError, ValueError):
+        saved = yaml.safe_load((folder / "config.yaml").read_text())
+    except (OSError, ValueError, yaml.YAMLError):
         return False
     if not isinstance(summary, dict) or summary.get("status") != "ok" or \
             errors_problem(folder, summary) is not None:
         return False
-    current = OmegaConf.to_container(cfg, resolve=True)
-    return _comparable(saved) == _comparable(current)
+    return isinstance(saved, dict) and _comparable(saved) == _comparable(dict(resolved))
