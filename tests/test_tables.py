@@ -165,27 +165,27 @@ def test_theorem1_of_the_summary_is_null_when_a_repeat_has_none():
 
 def test_config_yaml_is_the_text_omegaconf_writes():
     """Strings that read as another type stay quoted; unicode, long and multi-line strings,
-    special floats, lists and nesting come out as OmegaConf.to_yaml writes them."""
+    special floats, lists and nesting come out as OmegaConf.to_yaml writes them, from the
+    config or from its resolved settings alike."""
     from omegaconf import OmegaConf
 
-    from fnsysid.results.files import _emitted_alike, config_yaml
+    from fnsysid.results.files import config_yaml
 
     tricky = OmegaConf.create({
         "a": "yes", "b": "1e3", "c": "null", "d": "\u00fc \u2211 \u6f22\u5b57", "e": "x " * 60,
         "f": "line1\nline2", "g": "", "h": ":", "i": "- x", "j": [1, 2.5, None, True, "1"],
         "k": {"l": float("nan"), "m": float("inf"), "n": -0.0, "o": 1e-300, "ref": "${a}"},
         "p": "'quoted'", "q": "#c", "r": "a: b", "s": "  lead", "t": "trail ", "v": "~",
-        "w": "0x1F", "x": "012", "y": "on", "z": {}})
-    # characters the two emitters escape differently, and long quoted strings with tabs
-    odd = OmegaConf.create({"path": "/tmp/dat_\U0001F600_" + "longsegment" * 8,
-                            "tab": "a\tb " * 30, "nel": "x\x85y", "ok": "a b"})
-    quoting = OmegaConf.create({k: v for k, v in tricky.items() if k not in "def"})
-    assert _emitted_alike(OmegaConf.to_container(quoting, resolve=True))    # libyaml's path
-    assert not _emitted_alike(OmegaConf.to_container(odd))
-    for cfg in (tricky, quoting, odd, compose_cfg("M=3"),
-                compose_cfg("system=quadrotor", "strategy=fedprox")):
-        assert config_yaml(cfg) == OmegaConf.to_yaml(cfg, resolve=True)
-    assert "a: 'yes'" in config_yaml(tricky) and "ref: 'yes'" in config_yaml(tricky)
+        "w": "0x1F", "x": "012", "y": "on", "z": {}, "esc": "\\${a}",
+        "path": "/tmp/dat_\U0001F600_" + "longsegment" * 8, "tab": "a\tb " * 30,
+        "nel": "x\x85y"})
+    for cfg in (tricky, compose_cfg("M=3"), compose_cfg("system=quadrotor", "strategy=fedprox")):
+        text = OmegaConf.to_yaml(cfg, resolve=True)
+        assert config_yaml(cfg) == text
+        assert config_yaml(cfg, OmegaConf.to_container(cfg, resolve=True)) == text
+    text = config_yaml(tricky, OmegaConf.to_container(tricky, resolve=True))
+    assert "a: 'yes'" in text and "ref: 'yes'" in text and "esc: ${a}" in text
+    assert OmegaConf.to_container(OmegaConf.create(text))["k"]["ref"] == "yes"
 
 
 def test_one_resolved_config_serves_the_checks_the_build_the_data_key_and_config_yaml(

@@ -6,9 +6,7 @@ is known to be incomplete, and no file is ever left truncated."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,55 +74,15 @@ def write_run(out: Path, cfg, tables: Mapping[str, Table | pd.DataFrame], summar
 
 
 def config_yaml(cfg, resolved: dict | None = None) -> str:
-    """``OmegaConf.to_yaml(cfg, resolve=True)``, the same text, emitted by libyaml when PyYAML
-    has it (about twice as fast as PyYAML's own emitter) and every string is one the two
-    emitters write alike (:func:`_emitted_alike`); else by OmegaConf itself.
+    """``OmegaConf.to_yaml(cfg, resolve=True)``.
 
     ``resolved``: ``OmegaConf.to_container(cfg, resolve=True)`` if at hand (the run's checked
-    settings, :func:`fnsysid.config.checks.check_run`), emitted instead of converting ``cfg`` again.
+    settings, :func:`fnsysid.config.checks.check_run`), emitted instead of resolving ``cfg``
+    again (the same text).
     """
-    import yaml
-
-    if not yaml.__with_libyaml__:
+    if resolved is None:
         return OmegaConf.to_yaml(cfg, resolve=True)
-    plain = (OmegaConf.to_container(cfg, resolve=True, enum_to_str=True) if resolved is None
-             else resolved)
-    if not _emitted_alike(plain):
-        return OmegaConf.to_yaml(cfg, resolve=True)
-    return yaml.dump(plain, Dumper=_c_dumper(), default_flow_style=False, allow_unicode=True,
-                     sort_keys=False)
-
-
-#: longest string with a space that no line of config.yaml folds (keys and indent included)
-_UNFOLDED = 60
-
-
-def _emitted_alike(node) -> bool:
-    """Whether every string (key or value) in ``node`` is printable ASCII and, if it has a
-    space, short enough not to be folded: libyaml and PyYAML escape other characters (tabs,
-    emoji, ``\\x85``) and fold long quoted strings differently. False for an Enum (OmegaConf
-    writes its name)."""
-    if isinstance(node, Enum):
-        return False
-    if isinstance(node, dict):
-        return all(_emitted_alike(k) and _emitted_alike(v) for k, v in node.items())
-    if isinstance(node, list):
-        return all(_emitted_alike(v) for v in node)
-    if isinstance(node, str):
-        return node.isascii() and node.isprintable() and (" " not in node
-                                                           or len(node) <= _UNFOLDED)
-    return True
-
-
-@functools.cache
-def _c_dumper():
-    """OmegaConf's YAML dumper (strings that read as another type are quoted) on libyaml."""
-    import yaml
-    from omegaconf._utils import get_omega_conf_dumper
-
-    dumper = type("OmegaConfCDumper", (yaml.CDumper,), {})
-    dumper.add_representer(str, get_omega_conf_dumper().str_representer)
-    return dumper
+    return OmegaConf.to_yaml(OmegaConf.create(resolved))
 
 
 def write_trajectories(out: Path, trajectories: pd.DataFrame, truth: pd.DataFrame) -> None:
