@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -127,10 +127,10 @@ class Federation:
         # name their parent's pid or our ports on their command lines
         marks = [f"{HOST}:{p}" for p in (self.link_port, *self.node_ports)]
         marks += [f"--parent-pid {p.pid}" for p in self.procs]
-        for pid in leftover(marks):
+        for proc in leftover(marks):
             try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
+                proc.terminate()
+            except psutil.NoSuchProcess:
                 pass
 
 
@@ -147,18 +147,13 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 120.0) -> 
     raise SystemExit(f"nothing listens on {HOST}:{port} after {timeout:g} s")
 
 
-def leftover(marks: list[str]) -> list[int]:
+def leftover(marks: list[str]) -> list[psutil.Process]:
     """Flower processes whose command line contains one of ``marks``."""
     out = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or ())
         if ("flower-" in cmd or "flwr-" in cmd) and any(m in cmd for m in marks):
-            out.append(int(proc.name))
+            out.append(proc)
     return out
 
 

@@ -138,3 +138,28 @@ def test_deployment_data_are_read_with_the_default_overrides(tmp_path):
                                                             "data.shared_noise")]
     summary = fnsysid.run([*reading, "output.plot=false"], tmp_path / "run").summary
     assert summary["status"] == "ok" and summary["M"] == 3, summary
+
+
+def test_deployment_finds_its_leftover_processes_by_command_line():
+    """flower_deploy.leftover: the Flower processes (``flower-``/``flwr-`` on the command line)
+    that name one of the deployment's marks, and no other process."""
+    import importlib.util
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "flower_deploy.py"
+    spec = importlib.util.spec_from_file_location("flower_deploy", script)
+    deploy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(deploy)
+    mark, other = (f"127.0.0.1:{port}" for port in deploy.free_ports(2))
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    node = subprocess.Popen([*sleep, "flower-" + "supernode", "--port", mark])
+    plain = subprocess.Popen([*sleep, "--port", mark])                 # not a Flower process
+    try:
+        assert [p.pid for p in deploy.leftover([mark])] == [node.pid]
+        assert deploy.leftover([other]) == []
+    finally:
+        for proc in (node, plain):
+            proc.kill()
+            proc.wait()

@@ -207,6 +207,26 @@ def _alive(pids: list[int]) -> list[int]:
     return alive
 
 
+def test_a_watched_parent_is_dead_once_it_exited_even_unreaped():
+    """A worker watches its parent with interrupt._alive: alive while it runs; dead once it
+    exited, as a zombie not yet reaped and after."""
+    import os
+
+    from fnsysid.runtimes.interrupt import _alive as parent_alive
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert parent_alive(os.getpid()) and parent_alive(proc.pid)
+        proc.kill()
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)     # exited, not reaped
+        assert Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        assert not parent_alive(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not parent_alive(proc.pid)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_no_joblib_worker_outlives_a_killed_sweep(tmp_path, sig):

@@ -249,6 +249,28 @@ def test_huge_runs_refused_with_the_estimate_and_the_memory_available(args):
     assert msg.startswith("this run needs about ") and " is available (" in msg
 
 
+def test_available_memory_is_the_smallest_of_psutil_the_cgroup_and_rlimit_as(monkeypatch):
+    import resource
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import psutil
+
+    from fnsysid.app.resources import available_bytes
+
+    cgroup = Path("/sys/fs/cgroup/memory.max")
+    limit = cgroup.read_text().strip() if cgroup.exists() else "max"
+    cap = int(limit) if limit.isdigit() else 2**62
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=12345))
+    assert available_bytes() == 12345
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=2**62))
+    assert available_bytes() <= cap
+    getrlimit = resource.getrlimit
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (
+        (3 * 2**20, resource.RLIM_INFINITY) if which == resource.RLIMIT_AS else getrlimit(which)))
+    assert available_bytes() == 3 * 2**20
+
+
 def test_memory_estimate_grows_with_clients_and_is_checked_against_the_limit(monkeypatch):
     from fnsysid.app.build import build
     from fnsysid.app.resources import estimate_bytes

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import resource
+from pathlib import Path
 
 from fnsysid.config.errors import ConfigError
 
@@ -57,20 +58,16 @@ def estimate_bytes(cfg, model, optimizer, keep_clients: bool) -> int:
     return int(BASELINE_BYTES + TEMPORARIES * 8 * values)
 
 
-def available_bytes() -> int | None:
-    """Memory this process may still use: the smallest of MemAvailable, the cgroup limit and
-    RLIMIT_AS (None if none is known)."""
-    limits = []
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    limits.append(int(line.split()[1]) * 1024)
-    except OSError:
-        pass
+def available_bytes() -> int:
+    """Memory this process may still use: the smallest of the memory available
+    (``psutil.virtual_memory().available``, MemAvailable on Linux), the cgroup limit and
+    RLIMIT_AS."""
+    import psutil
+
+    limits = [psutil.virtual_memory().available]
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
-            text = open(path).read().strip()
+            text = Path(path).read_text().strip()
         except OSError:
             continue
         if text.isdigit() and int(text) < 2**60:
@@ -79,7 +76,7 @@ def available_bytes() -> int | None:
     soft = resource.getrlimit(resource.RLIMIT_AS)[0]
     if soft != resource.RLIM_INFINITY:
         limits.append(soft)
-    return min(limits) if limits else None
+    return min(limits)
 
 
 def estimate_disk_bytes(cfg, keep_clients: bool) -> int:
@@ -95,7 +92,6 @@ def check_disk(key: str, path, need: int) -> None:
     """Refuse when the results folder's file system (or the file-size limit) cannot hold
     ``need`` bytes (one line with both numbers)."""
     import shutil
-    from pathlib import Path
 
     target = Path(path)
     while not target.exists():
@@ -131,8 +127,8 @@ def check_memory(cfg, model, optimizer) -> None:
     need = estimate_bytes(cfg, model, optimizer, keep_per_client(cfg))
     have = available_bytes()
     if os.environ.get("FNSYSID_MEMORY_LIMIT"):        # tests and shared machines
-        have = min(have or 2**63, int(float(os.environ["FNSYSID_MEMORY_LIMIT"])))
-    if have is not None and need > have:
+        have = min(have, int(float(os.environ["FNSYSID_MEMORY_LIMIT"])))
+    if need > have:
         raise ConfigError(
             f"this run needs about {_size(need)} of memory but {_size(have)} is available "
             f"(M={cfg.M}, N={plain_n(cfg)}, T={cfg.T}, repeats={cfg.repeats}, R={cfg.R}; "

@@ -21,7 +21,6 @@ from hydra.experimental.callback import Callback
 
 from fnsysid.config.checks import DataError
 from fnsysid.results.folder import errors_problem
-from fnsysid.results.tables import Table
 
 if TYPE_CHECKING:       # pandas is imported where a sweep is read, not by every run
     import pandas as pd
@@ -204,9 +203,7 @@ def _sort_key(col: pd.Series) -> pd.Series:
 def write_results(sweep_dir: Path) -> Path:
     """Write ``results.csv`` at the root of ``sweep_dir``; return its path."""
     path = Path(sweep_dir) / RESULTS
-    table = results_table(sweep_dir)
-    csv = Table.from_frame(table)         # writes the bytes pandas writes, twice as fast
-    (table if csv is None else csv).to_csv(path, index=False, float_format="%.6g")
+    results_table(sweep_dir).to_csv(path, index=False, float_format="%.6g")
     return path
 
 

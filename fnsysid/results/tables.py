@@ -1,13 +1,13 @@
 """Result tables of a run as tidy tables (one row per observation) and its summary.
 
-A run builds its tables as :class:`Table` (named numpy columns) and writes them without
-pandas, whose import alone costs about 0.3 s of every run; :meth:`Table.to_frame` gives the
-DataFrame (the Python API's :attr:`fnsysid.app.experiment.Result.tables`)."""
+A run builds its tables as :class:`Table` (named numpy columns) and writes them with the
+standard library's :mod:`csv` module, not pandas, whose import alone costs about 0.3 s of every
+run; :meth:`Table.to_frame` gives the DataFrame (the Python API's
+:attr:`fnsysid.app.experiment.Result.tables`)."""
 
 from __future__ import annotations
 
 import csv
-import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -23,12 +23,9 @@ class Table:
     """A tidy table: named 1-D numpy columns of one length (scalars are repeated).
 
     ``table[name]`` is a column, ``table[mask]`` the rows where ``mask`` holds.
-    :meth:`to_csv` writes the bytes of ``DataFrame.to_csv(index=False)``: floats in their
-    shortest round-trip form (NumPy's ``str``, which pandas uses), NaN as an empty field, the
-    standard library's minimal quoting and ``os.linesep`` line ends.
     """
 
-    #: rows formatted at a time by :meth:`to_csv` (bounds its memory, as pandas' chunks do)
+    #: rows converted to Python values at a time by :meth:`to_csv` (bounds its memory)
     CHUNK = 100_000
 
     def __init__(self, columns: dict):
@@ -56,46 +53,30 @@ class Table:
 
         return pd.DataFrame(self.columns)
 
-    @classmethod
-    def from_frame(cls, frame: pd.DataFrame) -> Table | None:
-        """The columns of ``frame`` (not its index) as a Table that writes the CSV
-        ``frame.to_csv(index=False)`` writes; None when a column name is not a string or
-        a column is neither numbers, booleans nor strings and other Python objects."""
-        import pandas as pd
-
-        cols = {}
-        for name, col in frame.items():
-            if not isinstance(name, str) or name in cols:
-                return None
-            if isinstance(col.dtype, np.dtype) and col.dtype.kind in "iubf":
-                cols[name] = col.to_numpy()
-            elif col.dtype == object or isinstance(col.dtype, pd.StringDtype):
-                # missing values (NaN, None, pd.NA) as None: written as empty fields
-                cols[name] = col.to_numpy(dtype=object, na_value=None)
-            else:
-                return None
-        return cls(cols)
-
-    def to_csv(self, path, index: bool = False, float_format: str | None = None) -> None:
-        """Write the table as CSV, as ``self.to_frame().to_csv(path, index=False,
-        float_format=float_format)`` does (a ``float_format`` such as ``"%.6g"`` applies to
-        the float columns)."""
+    def to_csv(self, path, index: bool = False) -> None:
+        """Write the table as CSV with :func:`csv.writer` (``index=False`` as for a DataFrame,
+        which :func:`fnsysid.results.atomic.write_csv` also takes): floats in their shortest
+        round-trip form (``repr``), NaN and None as empty fields, minimal quoting."""
         if index:
             raise ValueError("a Table has no index to write")
-        cols = list(self.columns.values())
-        # numbers never need quoting: their rows are joined directly (csv.writer is ~4x slower)
-        plain = len(cols) > 1 and all(a.dtype.kind in "iubf" for a in cols)
-        end = os.linesep
         with open(path, "w", encoding="utf-8", newline="") as f:
-            out = csv.writer(f, lineterminator=end)
+            out = csv.writer(f, lineterminator="\n")
             out.writerow(self.columns)
             for start in range(0, len(self), self.CHUNK):
-                rows = zip(*_csv_fields([a[start:start + self.CHUNK] for a in cols],
-                                        float_format), strict=True)
-                if plain:
-                    f.write(end.join(map(",".join, rows)) + end)
-                else:
-                    out.writerows(rows)
+                out.writerows(zip(*(_cells(a[start:start + self.CHUNK])
+                                     for a in self.columns.values()), strict=True))
+
+
+def _cells(a: np.ndarray) -> list:
+    """A column as Python values for :func:`csv.writer`, which writes ``str`` of each (``repr``
+    for a float) and None as an empty field: NaN becomes None."""
+    values = a.tolist()
+    if a.dtype.kind == "f":
+        for i in np.flatnonzero(np.isnan(a)).tolist():
+            values[i] = None
+    elif a.dtype.kind == "O":
+        values = [None if isinstance(v, float) and v != v else v for v in values]
+    return values
 
 
 class Frames(Mapping):
@@ -124,53 +105,6 @@ class Frames(Mapping):
     def table(self, name: str):
         """The table ``name`` as it was given (a :class:`Table` is not converted)."""
         return self._tables[name]
-
-
-def _csv_fields(cols: list[np.ndarray], float_format: str | None = None) -> list[list[str]]:
-    """:func:`_csv_field` of each column; a float column equal bit for bit to an earlier one
-    (``e_max`` and ``e_mean`` of a single client) gets the same strings without formatting its
-    numbers again."""
-    out: list[list[str]] = []
-    for i, a in enumerate(cols):
-        same = next((out[j] for j in range(i) if a.dtype.kind == "f"
-                     and cols[j].dtype == a.dtype and cols[j].tobytes() == a.tobytes()), None)
-        out.append(_csv_field(a, float_format) if same is None else same)
-    return out
-
-
-def _csv_field(a: np.ndarray, float_format: str | None = None) -> list[str]:
-    """A column as the strings pandas' ``to_csv`` writes for it (missing values empty).
-
-    pandas writes NumPy's ``str`` of each value (``float_format % value`` for floats, if
-    given); for float64 and integers that is Python's ``repr``/``str`` of the value, which is
-    computed faster from a list. A column of small counts (repeat, round, client: from 0 to
-    less than its length) takes its strings from a table of the counts up to its largest."""
-    if a.dtype.kind in "iu" and len(a) > 64 and 0 <= a.min() and a.max() < len(a):
-        return np.array(list(map(str, range(int(a.max()) + 1))), dtype=object)[a].tolist()
-    if a.dtype.kind in "iub":
-        return list(map(str, a.tolist()))
-    if a.dtype.kind == "f":
-        if float_format is None and a.dtype != np.float64:
-            s = a.astype(str).tolist()
-        else:
-            s = _float_strings(a, repr if float_format is None else float_format.__mod__)
-        for i in np.flatnonzero(np.isnan(a)).tolist():
-            s[i] = ""
-        return s
-    return ["" if v is None or (isinstance(v, float) and v != v) else str(v) for v in a.tolist()]
-
-
-def _float_strings(a: np.ndarray, fmt) -> list[str]:
-    """``fmt(value)`` of each value of the float column ``a``, computed once per distinct
-    value (bit for bit: -0.0 is not 0.0) when values repeat (errors of identical clients, or
-    of a model that no longer changes)."""
-    if len(a) < 64 or a.itemsize not in (2, 4, 8):
-        return list(map(fmt, a.tolist()))
-    distinct, inverse = np.unique(a.view(f"i{a.itemsize}"), return_inverse=True)
-    if 4 * len(distinct) > 3 * len(a):              # few repeats: format every value
-        return list(map(fmt, a.tolist()))
-    strings = np.array(list(map(fmt, distinct.view(a.dtype).tolist())), dtype=object)
-    return strings[inverse].tolist()
 
 
 def errors_table(hist) -> Table:

@@ -89,15 +89,13 @@ def watch_parent(pid: int, interval: float = 0.5) -> None:
 
 def _alive(pid: int) -> bool:
     """True if process ``pid`` exists and is not a zombie (killed, not yet reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    import psutil
+
+    if not psutil.pid_exists(pid):
         return False
-    except PermissionError:
+    try:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
         return True
-    return True
