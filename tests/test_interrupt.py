@@ -136,10 +136,10 @@ def test_sweep_with_a_corrupt_finished_job_names_it_and_exits_3(tmp_path, capsys
     """A job's errors.csv corrupted after it finished: no results.csv, one line, exit 3."""
     from omegaconf import OmegaConf
 
-    from fnsysid.app.cli import SweepStatus, _sweep_exit
+    from fnsysid.app.callbacks import SweepStatus, SweepTable, sweep_exit
     from fnsysid.app.experiment import run_experiment
     from fnsysid.results.folder import errors_problem
-    from fnsysid.results.sweep import RESULTS, SweepTable
+    from fnsysid.results.sweep import RESULTS
     from tests.conftest import compose_cfg
 
     job = tmp_path / "M=1"
@@ -162,7 +162,7 @@ def test_sweep_with_a_corrupt_finished_job_names_it_and_exits_3(tmp_path, capsys
     SweepTable().on_multirun_end(cfg)
     assert not (tmp_path / RESULTS).exists()
     with pytest.raises(SystemExit) as info:
-        _sweep_exit()
+        sweep_exit()
     assert info.value.code == 3
     assert capsys.readouterr().err == (f"fnsysid: sweep {tmp_path} has jobs that are not ok "
                                        "(bad errors.csv: M=1); see their summary.json and "

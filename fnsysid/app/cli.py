@@ -13,14 +13,14 @@ import sys
 from pathlib import Path
 
 import hydra
-from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from fnsysid.app.callbacks import sweep_exit
 from fnsysid.app.preflight import _check_commands, _flags_first, absolute_config_path, preflight
 from fnsysid.config.checks import ConfigError
 from fnsysid.config.groups import CONF_DIR
 from fnsysid.results.atomic import WriteError, write_json
-from fnsysid.results.folder import clear_results, errors_problem, finished_ok
+from fnsysid.results.folder import clear_results, finished_ok
 from fnsysid.runtimes import interrupt
 
 log = logging.getLogger("fnsysid")
@@ -129,45 +129,6 @@ def task(cfg: DictConfig) -> float | None:
     return summary["final_e_max_mean"]
 
 
-#: jobs of the last multirun whose summary is not ``ok`` (set by :class:`SweepStatus`)
-SWEEP_PROBLEMS: dict[str, list[str]] = {}
-
-
-class SweepStatus(Callback):
-    """Hydra callback: after a multirun, collect the jobs that diverged or did not finish, and
-    finished jobs whose ``errors.csv`` lacks rows its summary counts."""
-
-    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
-        SWEEP_PROBLEMS.clear()
-        root = Path(config.hydra.sweep.dir)
-        for job in sorted(p.parent for p in root.glob("**/.hydra")):
-            try:
-                summary = json.loads((job / "summary.json").read_text())
-                status = summary["status"]
-            except (OSError, ValueError, KeyError, TypeError):
-                status = "incomplete"
-            if status == "ok" and errors_problem(job, summary) is not None:
-                status = "bad errors.csv"
-            if status != "ok":
-                SWEEP_PROBLEMS.setdefault(status, []).append(str(job.relative_to(root)))
-        if SWEEP_PROBLEMS:
-            SWEEP_PROBLEMS["_root"] = [str(root)]
-
-
-def _sweep_exit() -> None:
-    """Exit with one line if the multirun that just ended had jobs that are not ``ok``: 2 if a
-    job's settings were refused, else 3 (diverged, interrupted or unfinished jobs)."""
-    problems = dict(SWEEP_PROBLEMS)
-    SWEEP_PROBLEMS.clear()          # reported once: a later command in this process starts clean
-    if not problems:
-        return
-    root = problems.pop("_root")[0]
-    parts = [f"{status}: {', '.join(jobs)}" for status, jobs in sorted(problems.items())]
-    print(f"fnsysid: sweep {root} has jobs that are not ok ({'; '.join(parts)}); see their "
-          "summary.json and run.log", file=sys.stderr)
-    sys.exit(2 if "refused" in problems else 3)
-
-
 def main() -> None:
     """Console entry point (``fnsysid`` or ``python run.py``)."""
     global _EXISTED
@@ -199,4 +160,4 @@ def main() -> None:
               "without summary.json is incomplete (a sweep can be resumed with "
               "output.resume=true)", file=sys.stderr)
         sys.exit(interrupt.exit_code(signum))
-    _sweep_exit()
+    sweep_exit()

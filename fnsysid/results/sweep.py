@@ -4,8 +4,8 @@ Hydra writes one sub-folder per job (``.hydra/overrides.yaml``, ``errors.csv``,
 ``summary.json``) and the sweep's own config at the root (``multirun.yaml``). The keys a sweep
 varies are the ones its overrides declare as sweeps (``M=1,4`` on the command line or
 ``hydra.sweeper.params`` in an experiment file); every other override is a constant of the sweep
-and never appears as a column or a label. :class:`SweepTable` is the Hydra callback (registered in
-``conf/config.yaml``) that writes ``results.csv`` when a multirun ends.
+and never appears as a column or a label. :func:`write_results` writes ``results.csv``; the Hydra
+callback :class:`fnsysid.app.callbacks.SweepTable` calls it when a multirun ends.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import yaml
-from hydra.experimental.callback import Callback
 
 from fnsysid.config.checks import DataError
 from fnsysid.results.folder import errors_problem
@@ -205,19 +204,3 @@ def write_results(sweep_dir: Path) -> Path:
     path = Path(sweep_dir) / RESULTS
     results_table(sweep_dir).to_csv(path, index=False, float_format="%.6g")
     return path
-
-
-class SweepTable(Callback):
-    """Hydra callback: at the end of a multirun, ``results.csv`` at the sweep's root; if a
-    job's files cannot be read, one line in the log and no ``results.csv`` (the sweep's exit
-    status is set by :class:`fnsysid.app.cli.SweepStatus`, which names the job)."""
-
-    def on_multirun_end(self, config, **kwargs) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
-        if not sweep_dir.is_dir():
-            return
-        try:
-            log.info("sweep table: %s", write_results(sweep_dir))
-        except (DataError, OSError, ValueError) as exc:
-            (sweep_dir / RESULTS).unlink(missing_ok=True)
-            log.error("sweep table not written: %s", exc)
