@@ -15,7 +15,7 @@ from pathlib import Path
 from fnsysid.app.resources import check_disk
 from fnsysid.config.checks import ConfigError, check_batch_size, check_run, override_key
 from fnsysid.config.errors import one_line
-from fnsysid.config.groups import CONF_DIR, flag_value, with_config_dir
+from fnsysid.config.groups import CONF_DIR, with_config_dir
 from fnsysid.config.schema import GROUPS, KNOBS, TOP_LEVEL, check_value
 from fnsysid.results.folder import has_results
 
@@ -52,6 +52,17 @@ class _GroupOptions(dict):
         loader = GlobalHydra.instance().config_loader()
         self[group] = sorted(loader.get_group_options(group, ObjectType.CONFIG, *self._args))
         return self[group]
+
+
+def flag_value(argv: list[str], *names: str) -> str | None:
+    """Value of the last Hydra flag among ``names`` in ``argv`` (``--flag v`` or ``--flag=v``)."""
+    value = None
+    for i, a in enumerate(argv):
+        if a in names and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif "=" in a and a.split("=", 1)[0] in names:
+            value = a.split("=", 1)[1]
+    return value
 
 
 def _split_args(argv: list[str]) -> tuple[list[str], list[str]]:

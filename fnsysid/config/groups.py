@@ -22,20 +22,9 @@ _PACKAGE = Path(__file__).resolve().parents[1]
 CONF_DIR = _PACKAGE / "conf" if (_PACKAGE / "conf").is_dir() else _PACKAGE.parent / "conf"
 
 
-def flag_value(argv: list[str], *names: str) -> str | None:
-    """Value of the last Hydra flag among ``names`` in ``argv`` (``--flag v`` or ``--flag=v``)."""
-    value = None
-    for i, a in enumerate(argv):
-        if a in names and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif "=" in a and a.split("=", 1)[0] in names:
-            value = a.split("=", 1)[1]
-    return value
-
-
 @contextmanager
-def hydra_context(config_dir: str | Path | None = None):
-    """Hydra initialized on ``config_dir`` (default ``conf/``) for :func:`hydra.compose`.
+def hydra_context():
+    """Hydra initialized on ``conf/`` for :func:`hydra.compose`.
 
     Inside a running Hydra job (or a block of this already) Hydra is already initialized:
     that initialization is used as it is.
@@ -46,7 +35,7 @@ def hydra_context(config_dir: str | Path | None = None):
     if GlobalHydra.instance().is_initialized():
         yield
         return
-    with initialize_config_dir(config_dir=str(config_dir or CONF_DIR), version_base="1.3",
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3",
                                job_name="fnsysid"):
         yield
 
