@@ -66,6 +66,15 @@ class Section(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, populate_by_name=True)
 
 
+class ByClass(Section):
+    """A group option given by class path (``_target_``); a class that no table of this
+    module lists keeps its other keys, which its constructor checks."""
+
+    model_config = ConfigDict(extra="allow")
+
+    target: Text = Field(alias="_target_")
+
+
 class StepDistribution(Section):
     """Per-client local steps drawn from ``U{low..high}``."""
 
@@ -139,12 +148,9 @@ class Init(Section):
     reference: Literal["nominal", "client0"] = "nominal"
 
 
-class System(Section):
+class System(ByClass):
     """The keys every system shares; a system's own constants are the other keys."""
 
-    model_config = ConfigDict(extra="allow")
-
-    target: Text = Field(alias="_target_")
     knobs: Knobs
     solver: Solver
     init: Init
@@ -207,12 +213,8 @@ class Quadrotor(KnownSystem):
 Variables = Literal["x", "u", "xu"]
 
 
-class FeatureMap(Section):
-    """A feature library given by class path (its own keys checked by its constructor)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    target: Text = Field(alias="_target_")
+class FeatureMap(ByClass):
+    """A feature library given by class path."""
 
 
 class OwnFeatures(Section):
@@ -237,36 +239,29 @@ class Fourier(FeatureMap):
     cos: bool = None
 
 
-class Optimizer(Section):
+class Optimizer(ByClass):
     """A local solver given by class path."""
 
-    model_config = ConfigDict(extra="allow")
 
-    target: Text = Field(alias="_target_")
+class LocalSolver(Optimizer):
+    """The keys of the project's local solvers."""
 
-
-class GD(Optimizer):
     model_config = ConfigDict(extra="forbid")
     schedule: Literal["constant", "inverse_k"] = None
     reduction: Reduction = None
     scale_features: Scaling = None
+
+
+class GD(LocalSolver):
     affine: bool = None
 
 
-class SGD(Optimizer):
-    model_config = ConfigDict(extra="forbid")
-    schedule: Literal["constant", "inverse_k"] = None
-    reduction: Reduction = None
-    scale_features: Scaling = None
+class SGD(LocalSolver):
     batch_size: PosInt = None
 
 
-class Strategy(Section):
+class Strategy(ByClass):
     """A strategy given by class path."""
-
-    model_config = ConfigDict(extra="allow")
-
-    target: Text = Field(alias="_target_")
 
 
 class Weighted(Strategy):
