@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -33,3 +35,71 @@ def noiseless():
             out.append("system.x0.scale=[0.5,0.5]")
         return out
     return _for
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def run_cli(monkeypatch, capsys):
+    """The command line (``python run.py ARGS``) run in this process: ``fnsysid.app.cli.main``
+    with ``sys.argv`` set, in ``cwd`` (default: the repository, as ``tests.test_cli.cli``).
+
+    Returns what :func:`subprocess.run` would (``returncode``, ``stdout``, ``stderr``). For
+    tests whose point is not the process (settings, messages, files written); the state the
+    command sets for its own process (signal handlers, logging, environment, Hydra's job
+    config) is put back after each call.
+    """
+    import logging
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from hydra.core.hydra_config import HydraConfig
+
+    import fnsysid.app.callbacks as callbacks
+    import fnsysid.app.cli as cli
+    from fnsysid.runtimes import interrupt
+
+    def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+        env = dict(os.environ)
+        handlers = {s: signal.getsignal(s) for s in interrupt.SIGNALS}
+        root = logging.getLogger()
+        log_handlers, log_level = root.handlers[:], root.level
+        raise_exceptions = logging.raiseExceptions
+        hydra_cfg = HydraConfig.instance().cfg
+        state = dict(interrupt._state)
+        here = os.getcwd()
+        monkeypatch.setattr(sys, "argv", [str(ROOT / "run.py"), *args])
+        monkeypatch.setattr(cli, "_EXISTED", None)
+        capsys.readouterr()
+        code = 0
+        try:
+            os.chdir(cwd)
+            cli.main()
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+            if not isinstance(exc.code, (int, type(None))):
+                print(exc.code, file=sys.stderr)
+        finally:
+            os.chdir(here)
+            for s, h in handlers.items():
+                signal.signal(s, h)
+            for h in root.handlers:
+                if h not in log_handlers:
+                    h.close()
+            root.handlers[:] = log_handlers
+            root.setLevel(log_level)
+            logging.raiseExceptions = raise_exceptions
+            HydraConfig.instance().cfg = hydra_cfg
+            interrupt._state.clear()
+            interrupt._state.update(state)
+            callbacks.SWEEP_PROBLEMS.clear()
+            for k in set(os.environ) - set(env):
+                del os.environ[k]
+            os.environ.update(env)
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(sys.argv, code, out, err)
+
+    return run
