@@ -11,7 +11,7 @@ import fnsysid
 from fnsysid import load_trajectories
 from fnsysid.app.experiment import run_experiment
 from fnsysid.data.files import DataError
-from tests.conftest import compose_cfg
+from tests.conftest import cli_in_process, compose_cfg
 from tests.test_cli import cli
 
 
@@ -283,6 +283,7 @@ def test_client0_start_without_truth_is_refused(tmp_path):
 
 
 def test_bad_data_on_the_command_line_exits_2_without_a_folder(tmp_path):
+    """In a fresh interpreter (``python run.py``): the data are refused inside the job."""
     args, message = _bad_cases(tmp_path)["nan"]
     res = cli(*GENERIC, *args, f"hydra.run.dir={tmp_path}/run")
     assert res.returncode == 2, res.stderr
@@ -353,13 +354,13 @@ def test_bad_data_leaves_no_folder_behind_and_keeps_a_users_files(tmp_path):
     args, _ = _bad_cases(tmp_path)["nan"]
     work = tmp_path / "work"
     work.mkdir()
-    res = cli(*GENERIC, *args, cwd=work)                     # default outputs/runs/<time>
+    res = cli_in_process(*GENERIC, *args, cwd=work)          # default outputs/runs/<time>
     assert res.returncode == 2 and res.stderr.startswith("fnsysid: error: ")
     assert list(work.iterdir()) == []                         # not even an empty outputs/
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep")
-    res = cli(*GENERIC, *args, f"hydra.run.dir={mine}", "output.overwrite=true")
+    res = cli_in_process(*GENERIC, *args, f"hydra.run.dir={mine}", "output.overwrite=true")
     assert res.returncode == 2
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
 
@@ -391,7 +392,7 @@ def test_m_and_repeats_must_match_the_files(tmp_path, knob, message):
     with pytest.raises(fnsysid.ConfigError, match=message):
         fnsysid.run([*args, knob], output_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()
-    res = cli(*args, knob, f"hydra.run.dir={tmp_path}/cli")
+    res = cli_in_process(*args, knob, f"hydra.run.dir={tmp_path}/cli")
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert not (tmp_path / "cli").exists()
     for ok in ([], ["M=3", "repeats=1"]):
@@ -426,7 +427,8 @@ def test_own_data_option_without_m_runs_and_given_m_is_checked(tmp_path):
     assert summary["status"] == "ok" and summary["M"] == 3
     with pytest.raises(fnsysid.ConfigError, match="M=5 does not match data.path="):
         fnsysid.run([*args, "M=5"], config_dir=tmp_path / "conf")
-    res = cli("--config-dir", str(tmp_path / "conf"), *args, f"hydra.run.dir={tmp_path}/a")
+    res = cli_in_process("--config-dir", str(tmp_path / "conf"), *args,
+                         f"hydra.run.dir={tmp_path}/a")
     assert res.returncode == 0, res.stderr
     files = [*GENERIC, f"data.path={tmp_path / 'logs'}", "R=2"]
     assert fnsysid.run([*files, "M=null", "repeats=null"]).summary["M"] == 3
