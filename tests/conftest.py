@@ -4,6 +4,8 @@ the command line in this process."""
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import io
 import logging
 import os
@@ -23,7 +25,16 @@ from fnsysid.config.groups import CONF_DIR
 
 
 def compose_cfg(*overrides: str):
-    """The composed run config for ``overrides`` (quiet, no plot unless asked)."""
+    """The composed run config for ``overrides`` (quiet, no plot unless asked).
+
+    Composed once per process for each tuple of overrides (conf/ does not change during the
+    tests); each call returns its own deep copy, which the test may change.
+    """
+    return copy.deepcopy(_composed(overrides))
+
+
+@functools.lru_cache(maxsize=None)
+def _composed(overrides: tuple[str, ...]):
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("config", overrides=["progress=false", *overrides])
