@@ -236,6 +236,12 @@ def _bad_cases(tmp_path):
     return cases
 
 
+@pytest.fixture(scope="module")
+def bad_cases(tmp_path_factory):
+    """Every bad-data case, written once for the module (the tests only read them)."""
+    return _bad_cases(tmp_path_factory.mktemp("bad_data"))
+
+
 CASES = ["missing_column", "misspelt_column", "nan", "inf", "text", "t_not_increasing",
          "short_trajectory", "feature_map", "empty_dir", "no_path", "no_client_column",
          "misspelt_case", "empty_repeat", "fractional_repeat", "same_client_twice",
@@ -243,8 +249,8 @@ CASES = ["missing_column", "misspelt_column", "nan", "inf", "text", "t_not_incre
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_bad_data_is_one_line_and_raises_before_writing(tmp_path, name):
-    args, message = _bad_cases(tmp_path)[name]
+def test_bad_data_is_one_line_and_raises_before_writing(tmp_path, bad_cases, name):
+    args, message = bad_cases[name]
     args = [a for a in args if not a.startswith("system=")] + (
         [a for a in args if a.startswith("system=")] or ["system=generic"])
     overrides = [o for o in GENERIC if not o.startswith("system=")] + args
@@ -257,8 +263,8 @@ def test_bad_data_is_one_line_and_raises_before_writing(tmp_path, name):
     assert not (tmp_path / "out").exists()
 
 
-def test_no_val_path_names_the_setting(tmp_path):
-    args, _ = _bad_cases(tmp_path)["no_val_path"]
+def test_no_val_path_names_the_setting(tmp_path, bad_cases):
+    args, _ = bad_cases["no_val_path"]
     with pytest.raises(DataError, match=r"^data\.val_path=\S*nowhere does not exist$"):
         run_experiment(compose_cfg(*GENERIC, *args), tmp_path / "out")
 
@@ -282,9 +288,9 @@ def test_client0_start_without_truth_is_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_bad_data_on_the_command_line_exits_2_without_a_folder(tmp_path):
+def test_bad_data_on_the_command_line_exits_2_without_a_folder(tmp_path, bad_cases):
     """In a fresh interpreter (``python run.py``): the data are refused inside the job."""
-    args, message = _bad_cases(tmp_path)["nan"]
+    args, message = bad_cases["nan"]
     res = cli(*GENERIC, *args, f"hydra.run.dir={tmp_path}/run")
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
@@ -350,8 +356,8 @@ def test_bad_truth_and_unreadable_parquet_are_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_bad_data_leaves_no_folder_behind_and_keeps_a_users_files(tmp_path):
-    args, _ = _bad_cases(tmp_path)["nan"]
+def test_bad_data_leaves_no_folder_behind_and_keeps_a_users_files(tmp_path, bad_cases):
+    args, _ = bad_cases["nan"]
     work = tmp_path / "work"
     work.mkdir()
     res = cli_in_process(*GENERIC, *args, cwd=work)          # default outputs/runs/<time>
