@@ -380,8 +380,13 @@ def test_knobs_of_simulated_data_are_refused_with_files(tmp_path, knob):
                                                   "with data=files"):
         fnsysid.run(args, output_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()
-    # left at their defaults, the same knobs do not stop the run
-    result = fnsysid.run(args[:-1])
+
+
+def test_knobs_of_simulated_data_left_at_their_defaults_do_not_stop_a_run_with_files(tmp_path):
+    """The knobs refused above, left at their defaults (one run for all of them)."""
+    df, _ = linear_fleet()
+    write_per_client(df, tmp_path / "logs")
+    result = fnsysid.run([*GENERIC, f"data.path={tmp_path / 'logs'}", "R=2"])
     assert result.summary["status"] == "ok" and result.summary["M"] == 3
 
 
@@ -391,7 +396,7 @@ def test_knobs_of_simulated_data_are_refused_with_files(tmp_path, knob):
 ])
 def test_m_and_repeats_must_match_the_files(tmp_path, knob, message):
     """The files give the clients and repeats; a value that differs is refused, one that
-    matches (as a Flower deployment gives M) is accepted."""
+    matches (as a Flower deployment gives M) is accepted (next test)."""
     df, _ = linear_fleet()
     write_per_client(df, tmp_path / "logs")
     args = [*GENERIC, f"data.path={tmp_path / 'logs'}", "R=2"]
@@ -401,6 +406,13 @@ def test_m_and_repeats_must_match_the_files(tmp_path, knob, message):
     res = cli_in_process(*args, knob, f"hydra.run.dir={tmp_path}/cli")
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert not (tmp_path / "cli").exists()
+
+
+def test_m_and_repeats_that_match_the_files_are_accepted(tmp_path):
+    """Left out, or given as the files have them (one check for both knobs above)."""
+    df, _ = linear_fleet()
+    write_per_client(df, tmp_path / "logs")
+    args = [*GENERIC, f"data.path={tmp_path / 'logs'}", "R=2"]
     for ok in ([], ["M=3", "repeats=1"]):
         summary = fnsysid.run([*args, *ok]).summary
         assert summary["status"] == "ok" and summary["M"] == 3 and summary["repeats"] == 1
