@@ -214,9 +214,10 @@ def test_summary_is_strict_json_with_null_and_reason(tmp_path):
 
 
 def test_sweep_with_a_diverged_job_names_it_and_exits_3(tmp_path):
-    """In a fresh interpreter (``python run.py -m``): the exit status of a sweep."""
+    """In a fresh interpreter (``python run.py -m``): the exit status of a sweep. (No plots:
+    nothing here reads them, and a job's plots are checked in test_cli.py and test_api.py.)"""
     res = cli("-m", "system=pendulum", "lr=10,0.01", "M=2", "R=20", "repeats=1",
-              "hydra/launcher=basic", f"hydra.sweep.dir={tmp_path}")
+              "output.plot=false", "hydra/launcher=basic", f"hydra.sweep.dir={tmp_path}")
     assert res.returncode == 3, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "diverged: " in lines[0] and "lr=10" in lines[0]
