@@ -12,7 +12,7 @@ import pytest
 
 from fnsysid.app.build import build
 from fnsysid.app.experiment import run_experiment
-from fnsysid.config.checks import KNOBS, ConfigError
+from fnsysid.config.checks import KNOBS, ConfigError, check_run
 from fnsysid.config.groups import options
 from fnsysid.config.schema import GROUPS
 from tests.conftest import compose_cfg
@@ -79,6 +79,8 @@ def test_every_group_option_composes_and_instantiates(group):
             extra += ["data.path=logs"]
         model, optimizer, strategy = build(compose_cfg(f"{group}={option}", *extra))
         assert model.p >= 2 and optimizer is not None and strategy is not None
+        if option == "generic":       # the schema takes it composed alone too (simulated data)
+            check_run(compose_cfg("system=generic"))
         if group == "feature_map" and option != "default":
             assert model.library is not None and model.p > len(model.system.param_names)
 

@@ -153,8 +153,11 @@ def test_the_job_checks_the_composed_config_again(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_every_composed_option_passes_the_schema():
-    """The schema covers every option shipped in conf/ (nothing valid is refused)."""
+    """The schema covers every option shipped in conf/ (nothing valid is refused). In make
+    test, test_cli.py::test_every_group_option_composes_and_instantiates checks the same
+    compositions (build checks each against the schema first)."""
     from fnsysid.config.checks import check_run
 
     fits = {"fourier": "synthetic", "polynomial": "linear", "affine": "linear"}
