@@ -57,7 +57,6 @@ def noiseless():
     return _for
 
 
-
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -114,9 +113,3 @@ def cli_in_process(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
             del os.environ[k]
         os.environ.update(env)
     return subprocess.CompletedProcess(["run.py", *args], code, out.getvalue(), err.getvalue())
-
-
-@pytest.fixture
-def run_cli():
-    """:func:`cli_in_process`, for tests that take it as a fixture."""
-    return cli_in_process

@@ -15,7 +15,7 @@ from fnsysid.app.experiment import run_experiment
 from fnsysid.config.checks import KNOBS, ConfigError, check_run
 from fnsysid.config.groups import options
 from fnsysid.config.schema import GROUPS
-from tests.conftest import compose_cfg
+from tests.conftest import cli_in_process, compose_cfg
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,8 +25,9 @@ def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
-def test_end_to_end_run_writes_tidy_outputs_and_error_falls(tmp_path, run_cli):
-    res = run_cli("system=synthetic", "M=5", "R=60", "repeats=2", f"hydra.run.dir={tmp_path}")
+def test_end_to_end_run_writes_tidy_outputs_and_error_falls(tmp_path):
+    res = cli_in_process("system=synthetic", "M=5", "R=60", "repeats=2",
+                         f"hydra.run.dir={tmp_path}")
     assert res.returncode == 0, res.stderr
     assert "final e_R" in res.stdout and str(tmp_path) in res.stdout
     errors = pd.read_csv(tmp_path / "errors.csv")
@@ -85,8 +86,8 @@ def test_every_group_option_composes_and_instantiates(group):
             assert model.library is not None and model.p > len(model.system.param_names)
 
 
-def test_help_lists_groups_options_and_knobs(run_cli):
-    res = run_cli("--help")
+def test_help_lists_groups_options_and_knobs():
+    res = cli_in_process("--help")
     assert res.returncode == 0
     for group in GROUPS[:-1]:
         assert f"{group}: {', '.join(options(group))}" in res.stdout
@@ -135,8 +136,9 @@ def assert_bad_input(res, tmp_path: Path, message: str) -> None:
 
 
 @pytest.mark.parametrize("args, message", BAD)
-def test_bad_input_is_one_line_nonzero_and_writes_nothing(tmp_path, run_cli, args, message):
-    res = run_cli(*args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep")
+def test_bad_input_is_one_line_nonzero_and_writes_nothing(tmp_path, args, message):
+    res = cli_in_process(*args, f"hydra.run.dir={tmp_path}/run",
+                         f"hydra.sweep.dir={tmp_path}/sweep")
     assert_bad_input(res, tmp_path, message)
 
 
@@ -179,9 +181,9 @@ def assert_hydra_refused(res, tmp_path: Path, start: str) -> None:
 
 
 @pytest.mark.parametrize("args, start", BAD_FOR_HYDRA)
-def test_input_hydra_refuses_is_one_line_exit_2_and_writes_nothing(tmp_path, run_cli, args,
-                                                                    start):
-    res = run_cli(*args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep")
+def test_input_hydra_refuses_is_one_line_exit_2_and_writes_nothing(tmp_path, args, start):
+    res = cli_in_process(*args, f"hydra.run.dir={tmp_path}/run",
+                         f"hydra.sweep.dir={tmp_path}/sweep")
     assert_hydra_refused(res, tmp_path, start)
 
 
@@ -197,8 +199,7 @@ def test_input_hydra_refuses_from_a_fresh_interpreter(tmp_path, args, start):
      "hydra.job.env_copy: FNSYSID_UNSET_VAR not set in the environment"),
     (("hydra:\n", "hydra:\n  job:\n    chdir: false\n"), "while constructing a mapping"),
 ])
-def test_a_config_file_hydra_refuses_is_one_line_exit_2_and_writes_nothing(tmp_path, run_cli,
-                                                                          edit, start):
+def test_a_config_file_hydra_refuses_is_one_line_exit_2_and_writes_nothing(tmp_path, edit, start):
     """A primary config of one's own that names an unset variable in hydra.job.env_copy, or
     that is not valid YAML (a key given twice)."""
     import shutil
@@ -209,36 +210,37 @@ def test_a_config_file_hydra_refuses_is_one_line_exit_2_and_writes_nothing(tmp_p
     assert edit[0] in text
     (conf / "config.yaml").write_text(text.replace(edit[0], edit[1], 1))
     out = tmp_path / "out"
-    res = run_cli("--config-path", str(conf), "M=3", f"hydra.run.dir={out}")
+    res = cli_in_process("--config-path", str(conf), "M=3", f"hydra.run.dir={out}")
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1, res.stderr
     assert lines[0].startswith(f"fnsysid: error: {start}")
     assert "Traceback" not in res.stderr + res.stdout and not out.exists()
 
 
-def test_the_forms_the_messages_suggest_pass_the_check(tmp_path, run_cli):
+def test_the_forms_the_messages_suggest_pass_the_check(tmp_path):
     from fnsysid.app.preflight import preflight
 
     out = [f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"]
-    res = run_cli("-m", "M=3", "hydra.sweeper.params.seed=1,2", *out)
+    res = cli_in_process("-m", "M=3", "hydra.sweeper.params.seed=1,2", *out)
     assert "quote it to change an experiment's sweep (hydra.sweeper.params.seed='1,2'), or sweep" \
         " on the command line (-m seed=1,2, which wins over the experiment's sweep of seed)" \
         in res.stderr
     preflight(["experiment=synthetic_gd_M", "hydra.sweeper.params.M='2,3'", *out])
     preflight(["-cp", str(ROOT / "conf"), "M=3", *out])
     preflight(["-m", "M=3", "seed=1,2", *out])
-    assert "e.g. --config-path " + str(ROOT / "conf") in run_cli("-cp", "nosuch", *out).stderr
+    assert "e.g. --config-path " + str(ROOT / "conf") in \
+        cli_in_process("-cp", "nosuch", *out).stderr
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_relative_config_path_is_a_folder_of_the_working_folder(tmp_path, run_cli):
+def test_a_relative_config_path_is_a_folder_of_the_working_folder(tmp_path):
     import shutil
 
     shutil.copytree(ROOT / "conf", tmp_path / "myconf")
     (tmp_path / "myconf" / "config.yaml").write_text(
         (ROOT / "conf" / "config.yaml").read_text().replace("M: 20 ", "M: 3  "))
-    res = run_cli("-cp", "myconf", "R=2", "repeats=1", "output.plot=false", "hydra.run.dir=out",
-              cwd=tmp_path)
+    res = cli_in_process("-cp", "myconf", "R=2", "repeats=1", "output.plot=false",
+                         "hydra.run.dir=out", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "M: 3" in (tmp_path / "out" / "config.yaml").read_text()
 
@@ -257,9 +259,9 @@ def test_settings_checked_inside_a_job_leave_no_folder(tmp_path):
     assert not (tmp_path / "sweep").exists()
 
 
-def test_divergence_is_reported_rows_kept_and_not_plotted(tmp_path, run_cli):
-    res = run_cli("system=synthetic", "lr=0.05", "M=2", "R=30", "repeats=1",
-              f"hydra.run.dir={tmp_path}")
+def test_divergence_is_reported_rows_kept_and_not_plotted(tmp_path):
+    res = cli_in_process("system=synthetic", "lr=0.05", "M=2", "R=30", "repeats=1",
+                         f"hydra.run.dir={tmp_path}")
     assert res.returncode == 3
     assert "diverged at round" in res.stdout and "smaller lr" in res.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -272,10 +274,9 @@ def test_divergence_is_reported_rows_kept_and_not_plotted(tmp_path, run_cli):
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-2"])
-def test_bad_fnsysid_threads_is_one_line_exit_2_nothing_written(tmp_path, run_cli, monkeypatch,
-                                                                value):
+def test_bad_fnsysid_threads_is_one_line_exit_2_nothing_written(tmp_path, monkeypatch, value):
     monkeypatch.setenv("FNSYSID_THREADS", value)
-    res = run_cli("M=3", "R=2", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    res = cli_in_process("M=3", "R=2", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert res.returncode == 2
     assert res.stderr.strip() == (f"fnsysid: error: FNSYSID_THREADS={value}; allowed: an "
                                   "integer >= 1")
