@@ -67,7 +67,7 @@ def test_earlier_run_folder_refused_then_overwritten_cleanly(tmp_path):
         preflight(["system=pendulum", "M=3", f"hydra.run.dir={run}"])
     # M=21 writes no clients.csv and output.plot=false no error.png: the old ones must go
     new = cli_in_process("system=pendulum", "M=21", "R=2", "repeats=1", "output.plot=false",
-              "output.overwrite=true", f"hydra.run.dir={run}")
+                         "output.overwrite=true", f"hydra.run.dir={run}")
     assert new.returncode == 0, new.stderr
     assert not (run / "clients.csv").exists() and not (run / "error.png").exists()
     assert json.loads((run / "summary.json").read_text())["M"] == 21
@@ -86,9 +86,8 @@ def test_resume_skips_finished_jobs_and_reruns_the_rest(tmp_path):
     (todo / "summary.json").unlink()                       # as if killed before the end
     stamp = (done / "errors.csv").stat().st_mtime_ns
     res = cli_in_process("-m", "system=pendulum", "M=1,2", "R=3", "repeats=1",
-                         "hydra/launcher=basic",
-              "output.plot=false",
-              f"hydra.sweep.dir={sweep}", "output.resume=true")
+                         "hydra/launcher=basic", "output.plot=false",
+                         f"hydra.sweep.dir={sweep}", "output.resume=true")
     assert res.returncode == 0, res.stderr
     assert "already done" in res.stdout and "skipped" in res.stdout
     assert (done / "errors.csv").stat().st_mtime_ns == stamp   # not run again
