@@ -1,10 +1,23 @@
-"""Shared fixtures: compose configs from conf/ the way run.py does, without running Hydra."""
+"""Shared fixtures: compose configs from conf/ the way run.py does, without running Hydra; run
+the command line in this process."""
 
 from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import io
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
 
 from fnsysid.app.build import build
 from fnsysid.config.checks import check_run
@@ -12,7 +25,16 @@ from fnsysid.config.groups import CONF_DIR
 
 
 def compose_cfg(*overrides: str):
-    """The composed run config for ``overrides`` (quiet, no plot unless asked)."""
+    """The composed run config for ``overrides`` (quiet, no plot unless asked).
+
+    Composed once per process for each tuple of overrides (conf/ does not change during the
+    tests); each call returns its own deep copy, which the test may change.
+    """
+    return copy.deepcopy(_composed(overrides))
+
+
+@functools.lru_cache(maxsize=None)
+def _composed(overrides: tuple[str, ...]):
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("config", overrides=["progress=false", *overrides])
@@ -33,3 +55,61 @@ def noiseless():
             out.append("system.x0.scale=[0.5,0.5]")
         return out
     return _for
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli_in_process(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """The command line (``python run.py ARGS``) run in this process: ``fnsysid.app.cli.main``
+    with ``sys.argv`` set, in ``cwd`` (default: the repository, as ``tests.test_cli.cli``).
+
+    Returns what :func:`subprocess.run` would (``returncode``, ``stdout``, ``stderr``). For
+    tests whose point is not the process (settings, messages, files written); the state the
+    command sets for its own process (signal handlers, logging, environment, Hydra's job
+    config) is put back after each call. Multiruns here take ``hydra/launcher=basic`` or
+    ``hydra.launcher.n_jobs=1`` (joblib then runs the jobs in this process).
+    """
+    import fnsysid.app.callbacks as callbacks
+    import fnsysid.app.cli as cli
+    from fnsysid.runtimes import interrupt
+
+    env = dict(os.environ)
+    handlers = {s: signal.getsignal(s) for s in interrupt.SIGNALS}
+    root = logging.getLogger()
+    log_handlers, log_level = root.handlers[:], root.level
+    raise_exceptions = logging.raiseExceptions
+    hydra_cfg = HydraConfig.instance().cfg
+    state, existed = dict(interrupt._state), cli._EXISTED
+    here, argv = os.getcwd(), sys.argv
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    try:
+        sys.argv = [str(ROOT / "run.py"), *args]
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            cli.main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+        if not isinstance(exc.code, (int, type(None))):     # sys.exit("message")
+            print(exc.code, file=err)
+    finally:
+        sys.argv = argv
+        os.chdir(here)
+        for s, h in handlers.items():
+            signal.signal(s, h)
+        for h in root.handlers:
+            if h not in log_handlers:
+                h.close()
+        root.handlers[:] = log_handlers
+        root.setLevel(log_level)
+        logging.raiseExceptions = raise_exceptions
+        HydraConfig.instance().cfg = hydra_cfg
+        interrupt._state.clear()
+        interrupt._state.update(state)
+        cli._EXISTED = existed
+        callbacks.SWEEP_PROBLEMS.clear()
+        for k in set(os.environ) - set(env):
+            del os.environ[k]
+        os.environ.update(env)
+    return subprocess.CompletedProcess(["run.py", *args], code, out.getvalue(), err.getvalue())

@@ -12,10 +12,10 @@ import pytest
 
 from fnsysid.app.build import build
 from fnsysid.app.experiment import run_experiment
-from fnsysid.config.checks import KNOBS, ConfigError
+from fnsysid.config.checks import KNOBS, ConfigError, check_run
 from fnsysid.config.groups import options
 from fnsysid.config.schema import GROUPS
-from tests.conftest import compose_cfg
+from tests.conftest import cli_in_process, compose_cfg
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,7 +26,8 @@ def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 
 def test_end_to_end_run_writes_tidy_outputs_and_error_falls(tmp_path):
-    res = cli("system=synthetic", "M=5", "R=60", "repeats=2", f"hydra.run.dir={tmp_path}")
+    res = cli_in_process("system=synthetic", "M=5", "R=60", "repeats=2",
+                         f"hydra.run.dir={tmp_path}")
     assert res.returncode == 0, res.stderr
     assert "final e_R" in res.stdout and str(tmp_path) in res.stdout
     errors = pd.read_csv(tmp_path / "errors.csv")
@@ -79,12 +80,14 @@ def test_every_group_option_composes_and_instantiates(group):
             extra += ["data.path=logs"]
         model, optimizer, strategy = build(compose_cfg(f"{group}={option}", *extra))
         assert model.p >= 2 and optimizer is not None and strategy is not None
+        if option == "generic":       # the schema takes it composed alone too (simulated data)
+            check_run(compose_cfg("system=generic"))
         if group == "feature_map" and option != "default":
             assert model.library is not None and model.p > len(model.system.param_names)
 
 
 def test_help_lists_groups_options_and_knobs():
-    res = cli("--help")
+    res = cli_in_process("--help")
     assert res.returncode == 0
     for group in GROUPS[:-1]:
         assert f"{group}: {', '.join(options(group))}" in res.stdout
@@ -117,14 +120,33 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("args, message", BAD)
-def test_bad_input_is_one_line_nonzero_and_writes_nothing(tmp_path, args, message):
-    res = cli(*args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep")
+def fresh_first(cases: list) -> list:
+    """``cases`` with all but the first marked slow: the first runs in a fresh interpreter in
+    ``make test`` too, every one in ``make test-slow``."""
+    return [c if i == 0 else pytest.param(*c, marks=pytest.mark.slow)
+            for i, c in enumerate(cases)]
+
+
+def assert_bad_input(res, tmp_path: Path, message: str) -> None:
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fnsysid: error: ") and message in lines[0]
     assert "Traceback" not in res.stderr + res.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, message", BAD)
+def test_bad_input_is_one_line_nonzero_and_writes_nothing(tmp_path, args, message):
+    res = cli_in_process(*args, f"hydra.run.dir={tmp_path}/run",
+                         f"hydra.sweep.dir={tmp_path}/sweep")
+    assert_bad_input(res, tmp_path, message)
+
+
+@pytest.mark.parametrize("args, message", fresh_first(BAD))
+def test_bad_input_from_a_fresh_interpreter(tmp_path, args, message):
+    """The same through ``python run.py`` (nothing on stderr from start-up or exit)."""
+    res = cli(*args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep")
+    assert_bad_input(res, tmp_path, message)
 
 
 #: commands Hydra itself would end with a traceback or its own multi-line message: the first
@@ -150,14 +172,26 @@ BAD_FOR_HYDRA = [
 ]
 
 
-@pytest.mark.parametrize("args, start", BAD_FOR_HYDRA)
-def test_input_hydra_refuses_is_one_line_exit_2_and_writes_nothing(tmp_path, args, start):
-    res = cli(*args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep")
+def assert_hydra_refused(res, tmp_path: Path, start: str) -> None:
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1, res.stderr
     assert lines[0].startswith(f"fnsysid: error: {start}")
     assert "Traceback" not in res.stderr + res.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, start", BAD_FOR_HYDRA)
+def test_input_hydra_refuses_is_one_line_exit_2_and_writes_nothing(tmp_path, args, start):
+    res = cli_in_process(*args, f"hydra.run.dir={tmp_path}/run",
+                         f"hydra.sweep.dir={tmp_path}/sweep")
+    assert_hydra_refused(res, tmp_path, start)
+
+
+@pytest.mark.parametrize("args, start", fresh_first(BAD_FOR_HYDRA))
+def test_input_hydra_refuses_from_a_fresh_interpreter(tmp_path, args, start):
+    """The same through ``python run.py``."""
+    res = cli(*args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep")
+    assert_hydra_refused(res, tmp_path, start)
 
 
 @pytest.mark.parametrize("edit, start", [
@@ -176,7 +210,7 @@ def test_a_config_file_hydra_refuses_is_one_line_exit_2_and_writes_nothing(tmp_p
     assert edit[0] in text
     (conf / "config.yaml").write_text(text.replace(edit[0], edit[1], 1))
     out = tmp_path / "out"
-    res = cli("--config-path", str(conf), "M=3", f"hydra.run.dir={out}")
+    res = cli_in_process("--config-path", str(conf), "M=3", f"hydra.run.dir={out}")
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1, res.stderr
     assert lines[0].startswith(f"fnsysid: error: {start}")
@@ -187,14 +221,15 @@ def test_the_forms_the_messages_suggest_pass_the_check(tmp_path):
     from fnsysid.app.preflight import preflight
 
     out = [f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"]
-    res = cli("-m", "M=3", "hydra.sweeper.params.seed=1,2", *out)
+    res = cli_in_process("-m", "M=3", "hydra.sweeper.params.seed=1,2", *out)
     assert "quote it to change an experiment's sweep (hydra.sweeper.params.seed='1,2'), or sweep" \
         " on the command line (-m seed=1,2, which wins over the experiment's sweep of seed)" \
         in res.stderr
     preflight(["experiment=synthetic_gd_M", "hydra.sweeper.params.M='2,3'", *out])
     preflight(["-cp", str(ROOT / "conf"), "M=3", *out])
     preflight(["-m", "M=3", "seed=1,2", *out])
-    assert "e.g. --config-path " + str(ROOT / "conf") in cli("-cp", "nosuch", *out).stderr
+    assert "e.g. --config-path " + str(ROOT / "conf") in \
+        cli_in_process("-cp", "nosuch", *out).stderr
     assert list(tmp_path.iterdir()) == []
 
 
@@ -204,8 +239,8 @@ def test_a_relative_config_path_is_a_folder_of_the_working_folder(tmp_path):
     shutil.copytree(ROOT / "conf", tmp_path / "myconf")
     (tmp_path / "myconf" / "config.yaml").write_text(
         (ROOT / "conf" / "config.yaml").read_text().replace("M: 20 ", "M: 3  "))
-    res = cli("-cp", "myconf", "R=2", "repeats=1", "output.plot=false", "hydra.run.dir=out",
-              cwd=tmp_path)
+    res = cli_in_process("-cp", "myconf", "R=2", "repeats=1", "output.plot=false",
+                         "hydra.run.dir=out", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "M: 3" in (tmp_path / "out" / "config.yaml").read_text()
 
@@ -225,8 +260,8 @@ def test_settings_checked_inside_a_job_leave_no_folder(tmp_path):
 
 
 def test_divergence_is_reported_rows_kept_and_not_plotted(tmp_path):
-    res = cli("system=synthetic", "lr=0.05", "M=2", "R=30", "repeats=1",
-              f"hydra.run.dir={tmp_path}")
+    res = cli_in_process("system=synthetic", "lr=0.05", "M=2", "R=30", "repeats=1",
+                         f"hydra.run.dir={tmp_path}")
     assert res.returncode == 3
     assert "diverged at round" in res.stdout and "smaller lr" in res.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -239,13 +274,9 @@ def test_divergence_is_reported_rows_kept_and_not_plotted(tmp_path):
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-2"])
-def test_bad_fnsysid_threads_is_one_line_exit_2_nothing_written(tmp_path, value):
-    import os
-
-    env = {**os.environ, "FNSYSID_THREADS": value}
-    res = subprocess.run([sys.executable, str(ROOT / "run.py"), "M=3", "R=2",
-                          f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120, env=env)
+def test_bad_fnsysid_threads_is_one_line_exit_2_nothing_written(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("FNSYSID_THREADS", value)
+    res = cli_in_process("M=3", "R=2", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert res.returncode == 2
     assert res.stderr.strip() == (f"fnsysid: error: FNSYSID_THREADS={value}; allowed: an "
                                   "integer >= 1")

@@ -11,7 +11,7 @@ import fnsysid
 from fnsysid import load_trajectories
 from fnsysid.app.experiment import run_experiment
 from fnsysid.data.files import DataError
-from tests.conftest import compose_cfg
+from tests.conftest import cli_in_process, compose_cfg
 from tests.test_cli import cli
 
 
@@ -236,6 +236,12 @@ def _bad_cases(tmp_path):
     return cases
 
 
+@pytest.fixture(scope="module")
+def bad_cases(tmp_path_factory):
+    """Every bad-data case, written once for the module (the tests only read them)."""
+    return _bad_cases(tmp_path_factory.mktemp("bad_data"))
+
+
 CASES = ["missing_column", "misspelt_column", "nan", "inf", "text", "t_not_increasing",
          "short_trajectory", "feature_map", "empty_dir", "no_path", "no_client_column",
          "misspelt_case", "empty_repeat", "fractional_repeat", "same_client_twice",
@@ -243,8 +249,8 @@ CASES = ["missing_column", "misspelt_column", "nan", "inf", "text", "t_not_incre
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_bad_data_is_one_line_and_raises_before_writing(tmp_path, name):
-    args, message = _bad_cases(tmp_path)[name]
+def test_bad_data_is_one_line_and_raises_before_writing(tmp_path, bad_cases, name):
+    args, message = bad_cases[name]
     args = [a for a in args if not a.startswith("system=")] + (
         [a for a in args if a.startswith("system=")] or ["system=generic"])
     overrides = [o for o in GENERIC if not o.startswith("system=")] + args
@@ -257,8 +263,8 @@ def test_bad_data_is_one_line_and_raises_before_writing(tmp_path, name):
     assert not (tmp_path / "out").exists()
 
 
-def test_no_val_path_names_the_setting(tmp_path):
-    args, _ = _bad_cases(tmp_path)["no_val_path"]
+def test_no_val_path_names_the_setting(tmp_path, bad_cases):
+    args, _ = bad_cases["no_val_path"]
     with pytest.raises(DataError, match=r"^data\.val_path=\S*nowhere does not exist$"):
         run_experiment(compose_cfg(*GENERIC, *args), tmp_path / "out")
 
@@ -282,8 +288,9 @@ def test_client0_start_without_truth_is_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_bad_data_on_the_command_line_exits_2_without_a_folder(tmp_path):
-    args, message = _bad_cases(tmp_path)["nan"]
+def test_bad_data_on_the_command_line_exits_2_without_a_folder(tmp_path, bad_cases):
+    """In a fresh interpreter (``python run.py``): the data are refused inside the job."""
+    args, message = bad_cases["nan"]
     res = cli(*GENERIC, *args, f"hydra.run.dir={tmp_path}/run")
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
@@ -349,17 +356,17 @@ def test_bad_truth_and_unreadable_parquet_are_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_bad_data_leaves_no_folder_behind_and_keeps_a_users_files(tmp_path):
-    args, _ = _bad_cases(tmp_path)["nan"]
+def test_bad_data_leaves_no_folder_behind_and_keeps_a_users_files(tmp_path, bad_cases):
+    args, _ = bad_cases["nan"]
     work = tmp_path / "work"
     work.mkdir()
-    res = cli(*GENERIC, *args, cwd=work)                     # default outputs/runs/<time>
+    res = cli_in_process(*GENERIC, *args, cwd=work)          # default outputs/runs/<time>
     assert res.returncode == 2 and res.stderr.startswith("fnsysid: error: ")
     assert list(work.iterdir()) == []                         # not even an empty outputs/
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep")
-    res = cli(*GENERIC, *args, f"hydra.run.dir={mine}", "output.overwrite=true")
+    res = cli_in_process(*GENERIC, *args, f"hydra.run.dir={mine}", "output.overwrite=true")
     assert res.returncode == 2
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
 
@@ -373,8 +380,13 @@ def test_knobs_of_simulated_data_are_refused_with_files(tmp_path, knob):
                                                   "with data=files"):
         fnsysid.run(args, output_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()
-    # left at their defaults, the same knobs do not stop the run
-    result = fnsysid.run(args[:-1])
+
+
+def test_knobs_of_simulated_data_left_at_their_defaults_do_not_stop_a_run_with_files(tmp_path):
+    """The knobs refused above, left at their defaults (one run for all of them)."""
+    df, _ = linear_fleet()
+    write_per_client(df, tmp_path / "logs")
+    result = fnsysid.run([*GENERIC, f"data.path={tmp_path / 'logs'}", "R=2"])
     assert result.summary["status"] == "ok" and result.summary["M"] == 3
 
 
@@ -384,16 +396,23 @@ def test_knobs_of_simulated_data_are_refused_with_files(tmp_path, knob):
 ])
 def test_m_and_repeats_must_match_the_files(tmp_path, knob, message):
     """The files give the clients and repeats; a value that differs is refused, one that
-    matches (as a Flower deployment gives M) is accepted."""
+    matches (as a Flower deployment gives M) is accepted (next test)."""
     df, _ = linear_fleet()
     write_per_client(df, tmp_path / "logs")
     args = [*GENERIC, f"data.path={tmp_path / 'logs'}", "R=2"]
     with pytest.raises(fnsysid.ConfigError, match=message):
         fnsysid.run([*args, knob], output_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()
-    res = cli(*args, knob, f"hydra.run.dir={tmp_path}/cli")
+    res = cli_in_process(*args, knob, f"hydra.run.dir={tmp_path}/cli")
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert not (tmp_path / "cli").exists()
+
+
+def test_m_and_repeats_that_match_the_files_are_accepted(tmp_path):
+    """Left out, or given as the files have them (one check for both knobs above)."""
+    df, _ = linear_fleet()
+    write_per_client(df, tmp_path / "logs")
+    args = [*GENERIC, f"data.path={tmp_path / 'logs'}", "R=2"]
     for ok in ([], ["M=3", "repeats=1"]):
         summary = fnsysid.run([*args, *ok]).summary
         assert summary["status"] == "ok" and summary["M"] == 3 and summary["repeats"] == 1
@@ -426,7 +445,8 @@ def test_own_data_option_without_m_runs_and_given_m_is_checked(tmp_path):
     assert summary["status"] == "ok" and summary["M"] == 3
     with pytest.raises(fnsysid.ConfigError, match="M=5 does not match data.path="):
         fnsysid.run([*args, "M=5"], config_dir=tmp_path / "conf")
-    res = cli("--config-dir", str(tmp_path / "conf"), *args, f"hydra.run.dir={tmp_path}/a")
+    res = cli_in_process("--config-dir", str(tmp_path / "conf"), *args,
+                         f"hydra.run.dir={tmp_path}/a")
     assert res.returncode == 0, res.stderr
     files = [*GENERIC, f"data.path={tmp_path / 'logs'}", "R=2"]
     assert fnsysid.run([*files, "M=null", "repeats=null"]).summary["M"] == 3

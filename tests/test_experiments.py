@@ -15,31 +15,43 @@ from fnsysid.app.build import build
 from fnsysid.config.checks import check_run
 from fnsysid.config.groups import CONF_DIR, options
 from fnsysid.dynamics.model import centred_stats, generate
-from tests.conftest import compose_cfg, make
+from tests.conftest import make
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENTS = options("experiment")
 REGISTRY = yaml.safe_load((ROOT / "scripts" / "figures.yaml").read_text())
 
 
+def _first_job(params) -> list[str]:
+    """The overrides of a sweep's first job: the first value of every swept setting."""
+    return [f"{k}={str(v).split(',')[0]}" for k, v in params.items()]
+
+
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_experiment_composes_as_a_multirun_sweep(name):
+    """The experiment's first job composed once, with Hydra's node: the sweep settings, then
+    the run config (the node dropped, as compose does without return_hydra_config)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import open_dict, read_write
 
+    spec = yaml.safe_load((CONF_DIR / "experiment" / f"{name}.yaml").read_text())
+    first = _first_job(spec["hydra"]["sweeper"]["params"])
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True)
+        cfg = compose("config", overrides=["progress=false", f"experiment={name}", *first],
+                      return_hydra_config=True)
     assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
     # a stored sweep gets its own timestamped folder: a rerun never adds jobs to an older sweep
     assert re.fullmatch(rf"outputs/sweeps/{name}/\d{{4}}-\d\d-\d\d_\d\d-\d\d-\d\d",
                         cfg.hydra.sweep.dir)
     params = cfg.hydra.sweeper.params
     assert params and all("," in str(v) for v in params.values())
-    first = [f"{k}={str(v).split(',')[0]}" for k, v in params.items()]
-    run_cfg = compose_cfg(f"experiment={name}", *first)
-    check_run(run_cfg)
-    build(run_cfg)
+    assert _first_job(params) == first              # the composed sweep's first job
+    with read_write(cfg), open_dict(cfg):
+        del cfg["hydra"]
+    check_run(cfg)
+    build(cfg)
 
 
 def test_every_experiment_is_drawn_and_every_panel_names_an_experiment():

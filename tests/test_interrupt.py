@@ -12,7 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.test_cli import ROOT, cli
+from tests.conftest import cli_in_process
+from tests.test_cli import ROOT
 
 LONG = ["system=pendulum", "M=500", "R=1000000", "repeats=1", "output.plot=false"]
 
@@ -65,8 +66,8 @@ def test_earlier_run_folder_refused_then_overwritten_cleanly(tmp_path):
     with pytest.raises(ConfigError, match="holds an earlier run: .* output.overwrite=true"):
         preflight(["system=pendulum", "M=3", f"hydra.run.dir={run}"])
     # M=21 writes no clients.csv and output.plot=false no error.png: the old ones must go
-    new = cli("system=pendulum", "M=21", "R=2", "repeats=1", "output.plot=false",
-              "output.overwrite=true", f"hydra.run.dir={run}")
+    new = cli_in_process("system=pendulum", "M=21", "R=2", "repeats=1", "output.plot=false",
+                         "output.overwrite=true", f"hydra.run.dir={run}")
     assert new.returncode == 0, new.stderr
     assert not (run / "clients.csv").exists() and not (run / "error.png").exists()
     assert json.loads((run / "summary.json").read_text())["M"] == 21
@@ -84,9 +85,9 @@ def test_resume_skips_finished_jobs_and_reruns_the_rest(tmp_path):
                                "output.plot=false"), todo)
     (todo / "summary.json").unlink()                       # as if killed before the end
     stamp = (done / "errors.csv").stat().st_mtime_ns
-    res = cli("-m", "system=pendulum", "M=1,2", "R=3", "repeats=1", "hydra/launcher=basic",
-              "output.plot=false",
-              f"hydra.sweep.dir={sweep}", "output.resume=true")
+    res = cli_in_process("-m", "system=pendulum", "M=1,2", "R=3", "repeats=1",
+                         "hydra/launcher=basic", "output.plot=false",
+                         f"hydra.sweep.dir={sweep}", "output.resume=true")
     assert res.returncode == 0, res.stderr
     assert "already done" in res.stdout and "skipped" in res.stdout
     assert (done / "errors.csv").stat().st_mtime_ns == stamp   # not run again
@@ -113,8 +114,9 @@ def test_resume_reruns_a_finished_job_whose_errors_csv_is_corrupt(tmp_path):
     (jobs[0] / "errors.csv").write_text("1,2\n")          # summary ok, table gone
     assert not finished_ok(jobs[0], resolved)
     stamp = (jobs[1] / "errors.csv").stat().st_mtime_ns
-    res = cli("-m", "system=pendulum", "M=1,2", "R=3", "repeats=2", "hydra/launcher=basic",
-              "output.plot=false", f"hydra.sweep.dir={sweep}", "output.resume=true")
+    res = cli_in_process("-m", "system=pendulum", "M=1,2", "R=3", "repeats=2",
+                         "hydra/launcher=basic", "output.plot=false", f"hydra.sweep.dir={sweep}",
+                         "output.resume=true")
     assert res.returncode == 0, res.stderr
     assert f"skipped: {jobs[1]}" in res.stdout and f"skipped: {jobs[0]}" not in res.stdout
     assert (jobs[1] / "errors.csv").stat().st_mtime_ns == stamp
@@ -248,25 +250,17 @@ def test_no_joblib_worker_outlives_a_killed_sweep(tmp_path, sig):
     assert not list((tmp_path / "s").glob("*/summary.json"))
 
 
-def test_sweep_job_refused_in_the_job_is_marked_and_exits_2(tmp_path, monkeypatch, capsys):
+def test_sweep_job_refused_in_the_job_is_marked_and_exits_2(tmp_path, monkeypatch):
     """A combination past the preflight's limit that turns out bad marks its job 'refused'."""
-    import fnsysid.app.cli as cli_mod
     import fnsysid.app.preflight as preflight_mod
 
     monkeypatch.setattr(preflight_mod, "MAX_CHECKED", 1)
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    monkeypatch.setattr(sys, "argv", [
-        "run.py", "-m", "optimizer=sgd", "optimizer.batch_size=30", "T=5", "N=10,5", "R=1",
+    res = cli_in_process(
+        "-m", "optimizer=sgd", "optimizer.batch_size=30", "T=5", "N=10,5", "R=1",
         "repeats=1", "M=1", "output.plot=false", "progress=false", "hydra/launcher=basic",
-        f"hydra.sweep.dir={tmp_path}"])
-    try:
-        with pytest.raises(SystemExit) as info:
-            cli_mod.main()
-    finally:
-        for s, h in saved.items():
-            signal.signal(s, h)
-    assert info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
+        f"hydra.sweep.dir={tmp_path}")
+    assert res.returncode == 2
+    err = res.stderr.strip().splitlines()
     assert len(err) == 1 and "refused: " in err[0] and "N=5" in err[0]
     statuses = {p.parent.name: json.loads(p.read_text())["status"]
                 for p in tmp_path.glob("*/summary.json")}

@@ -2,8 +2,13 @@
 
 import matplotlib.pyplot as plt
 import numpy as np
+import pytest
 
 from fnsysid.results.plotting import save
+from tests.conftest import cli_in_process
+
+#: sweeps run in this process, their jobs one after another (the launcher is not under test)
+QUIET = ["output.plot=false", "progress=false", "hydra.launcher.n_jobs=1"]
 
 
 def _figure():
@@ -45,22 +50,25 @@ def test_save_lays_the_figure_out_once(tmp_path, monkeypatch):
     assert len(calls) == 2                              # savefig lays out for each file
 
 
+@pytest.fixture(scope="module")
+def lr_strategy_sweep(tmp_path_factory):
+    """lr x strategy, 2 x 2 jobs; lr=0.05 diverges with either strategy."""
+    sweep = tmp_path_factory.mktemp("lr_strategy") / "sweep"
+    res = cli_in_process("-m", "system=synthetic", "M=2", "R=20", "repeats=1", "lr=0.002,0.05",
+                         "strategy=fedavg,fedprox", *QUIET, f"hydra.sweep.dir={sweep}")
+    assert res.returncode == 3, res.stderr
+    return sweep
+
+
 def test_a_diverged_job_is_named_in_the_legend_and_the_table_not_drawn(tmp_path):
     """A figure of a sweep where one job diverged: curves, final error against the knob and
     the quadrotor-style parameter panel each list it (red x, 'diverged at r=..; not drawn')
     and draw only the finished jobs."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     from fnsysid.results.plotting import figure
 
-    root = Path(__file__).resolve().parent.parent
     sweep = tmp_path / "sweep"
-    res = subprocess.run([sys.executable, str(root / "run.py"), "-m", "system=synthetic", "M=2",
-                          "R=30", "repeats=1", "lr=0.001,0.002,0.05", "output.plot=false",
-                          "progress=false", f"hydra.sweep.dir={sweep}"],
-                         capture_output=True, text=True, timeout=120)
+    res = cli_in_process("-m", "system=synthetic", "M=2", "R=30", "repeats=1",
+                         "lr=0.001,0.002,0.05", *QUIET, f"hydra.sweep.dir={sweep}")
     assert res.returncode == 3, res.stderr               # the sweep reports the diverged job
     panels = [{"dir": sweep, "title": "curves", "where": {}},
               {"dir": sweep, "title": "final", "x": "lr", "fit": False, "where": {}},
@@ -91,23 +99,14 @@ def test_a_diverged_job_is_named_in_the_legend_and_the_table_not_drawn(tmp_path)
     assert sorted(final["lr"]) == [0.001, 0.002]
 
 
-def test_one_legend_for_several_panels_names_the_jobs_not_drawn_in_each(tmp_path):
+def test_one_legend_for_several_panels_names_the_jobs_not_drawn_in_each(tmp_path,
+                                                                       lr_strategy_sweep):
     """plot_sweep.py's grid (one panel per lr, one legend for the figure): a job that diverged
     in the second panel is named with its panel, beside the curves of the first."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     import fnsysid.results.plotting as plotting
     from fnsysid.results.sweep import read_sweep
 
-    root = Path(__file__).resolve().parent.parent
-    sweep = tmp_path / "sweep"
-    res = subprocess.run([sys.executable, str(root / "run.py"), "-m", "system=synthetic", "M=2",
-                          "R=20", "repeats=1", "lr=0.002,0.05", "strategy=fedavg,fedprox",
-                          "output.plot=false", "progress=false", f"hydra.sweep.dir={sweep}"],
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 3, res.stderr
+    sweep = lr_strategy_sweep
     captured = {}
     real_save = plotting.save
 
@@ -127,20 +126,11 @@ def test_one_legend_for_several_panels_names_the_jobs_not_drawn_in_each(tmp_path
     assert len(gone) == 2 and all(t.startswith("lr=0.05: strategy=fed") for t in gone)
 
 
-def test_heat_map_names_a_diverged_cell(tmp_path):
-    import subprocess
-    import sys
-    from pathlib import Path
-
+def test_heat_map_names_a_diverged_cell(tmp_path, lr_strategy_sweep):
     import fnsysid.results.plotting as plotting
     from fnsysid.results.sweep import read_sweep
 
-    root = Path(__file__).resolve().parent.parent
-    sweep = tmp_path / "sweep"
-    subprocess.run([sys.executable, str(root / "run.py"), "-m", "system=synthetic", "M=2",
-                    "R=20", "repeats=1", "lr=0.002,0.05", "strategy=fedavg,fedprox",
-                    "output.plot=false", "progress=false", f"hydra.sweep.dir={sweep}"],
-                   capture_output=True, text=True, timeout=120)
+    sweep = lr_strategy_sweep
     captured = {}
     real_save = plotting.save
 

@@ -19,7 +19,7 @@ from fnsysid.config.errors import show
 from fnsysid.config.groups import options
 from fnsysid.config.messages import allowed
 from fnsysid.config.schema import TOP_LEVEL, check_value
-from tests.conftest import compose_cfg
+from tests.conftest import cli_in_process, compose_cfg
 from tests.test_cli import cli
 
 REFUSED = [
@@ -153,8 +153,11 @@ def test_the_job_checks_the_composed_config_again(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_every_composed_option_passes_the_schema():
-    """The schema covers every option shipped in conf/ (nothing valid is refused)."""
+    """The schema covers every option shipped in conf/ (nothing valid is refused). In make
+    test, test_cli.py::test_every_group_option_composes_and_instantiates checks the same
+    compositions (build checks each against the schema first)."""
     from fnsysid.config.checks import check_run
 
     fits = {"fourier": "synthetic", "polynomial": "linear", "affine": "linear"}
@@ -214,8 +217,10 @@ def test_summary_is_strict_json_with_null_and_reason(tmp_path):
 
 
 def test_sweep_with_a_diverged_job_names_it_and_exits_3(tmp_path):
+    """In a fresh interpreter (``python run.py -m``): the exit status of a sweep. (No plots:
+    nothing here reads them, and a job's plots are checked in test_cli.py and test_api.py.)"""
     res = cli("-m", "system=pendulum", "lr=10,0.01", "M=2", "R=20", "repeats=1",
-              "hydra/launcher=basic", f"hydra.sweep.dir={tmp_path}")
+              "output.plot=false", "hydra/launcher=basic", f"hydra.sweep.dir={tmp_path}")
     assert res.returncode == 3, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "diverged: " in lines[0] and "lr=10" in lines[0]
@@ -225,13 +230,18 @@ def test_sweep_with_a_diverged_job_names_it_and_exits_3(tmp_path):
     assert sorted(statuses.values()) == ["diverged", "ok"]
 
 
+@pytest.mark.parametrize("run", [cli_in_process, pytest.param(cli, marks=pytest.mark.slow)],
+                         ids=["in_process", "fresh_interpreter"])
 @pytest.mark.parametrize("args, message", [
     (["data.shared_noise='false'"], "data.shared_noise='false' is not allowed"),
     (["-m", "M=1,2", "hydra.launcher.n_jobs=0"], "hydra.launcher.n_jobs=0"),
     (["~system"], "setting 'system' is missing"),
 ])
-def test_command_line_refusals_are_one_line_exit_2_nothing_written(tmp_path, args, message):
-    res = cli(*args, cwd=tmp_path)
+def test_command_line_refusals_are_one_line_exit_2_nothing_written(tmp_path, run, args,
+                                                                   message):
+    """In this process; through ``python run.py`` too in make test-slow (make test runs
+    one refusal through a fresh interpreter in test_cli.py)."""
+    res = run(*args, cwd=tmp_path)
     assert res.returncode == 2
     assert res.stderr.strip() == f"fnsysid: error: {res.stderr.strip()[16:]}"
     assert len(res.stderr.strip().splitlines()) == 1 and message in res.stderr

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
+import runpy
 import sys
 from pathlib import Path
 
@@ -12,14 +12,15 @@ import pytest
 
 from fnsysid.app.plot_cli import main as plot_main
 from fnsysid.results.sweep import declared_keys, find_sweep, read_sweep, results_table
+from tests.conftest import cli_in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 QUIET = ["progress=false", "output.plot=false", "hydra.launcher.n_jobs=1"]
 
 
-def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    res = subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd,
-                         capture_output=True, text=True, timeout=120)
+def run(*args: str, cwd: Path = ROOT):
+    """The command line, in this process (the jobs one after another: n_jobs=1)."""
+    res = cli_in_process(*args, cwd=cwd)
     assert res.returncode == 0, res.stderr[-2000:]
     return res
 
@@ -33,13 +34,16 @@ def two_key_sweep(tmp_path_factory) -> Path:
     return sweep
 
 
-def test_multirun_one_job_per_value_and_the_script_wraps_the_command(two_key_sweep):
+def test_multirun_one_job_per_value_and_the_script_wraps_the_command(two_key_sweep, capsys,
+                                                                    monkeypatch):
     jobs = sorted(p.name for p in two_key_sweep.iterdir() if p.is_dir())
     assert jobs == [f"M={m},R=3,eps={e},repeats=2,system=synthetic"
                     for m in (1, 4) for e in ("0", "0.1")]
-    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_sweep.py"), "--help"],
-                         capture_output=True, text=True, cwd=ROOT)
-    assert res.returncode == 0 and "usage: fnsysid-plot" in res.stdout
+    script = ROOT / "scripts" / "plot_sweep.py"
+    monkeypatch.setattr(sys, "argv", [str(script), "--help"])
+    with pytest.raises(SystemExit) as info:
+        runpy.run_path(str(script), run_name="__main__")
+    assert info.value.code == 0 and "usage: fnsysid-plot" in capsys.readouterr().out
 
 
 def test_results_csv_one_row_per_job_and_round_one_column_per_swept_key(two_key_sweep):

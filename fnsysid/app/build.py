@@ -50,27 +50,34 @@ def build(settings: Settings):
     try:
         model = build_model(system, library)
     except FeatureMapError as exc:
-        name = option_name("feature_map", groups["feature_map"])
+        nodes = option_nodes("feature_map")      # each option composed once for both answers
+        name = option_name("feature_map", groups["feature_map"], nodes)
         raise ConfigError(f"feature_map={name} does not fit system={system.name}: {exc}; "
-                          f"options that fit: {', '.join(fitting_feature_maps(system))}") from exc
+                          "options that fit: "
+                          f"{', '.join(fitting_feature_maps(system, nodes))}") from exc
     optimizer = _build(groups["optimizer"], "optimizer")
     strategy = _build(groups["strategy"], "strategy")
     return model, optimizer, strategy
 
 
-def option_name(group: str, node: dict) -> str:
-    """Name of the group option whose YAML gives ``node`` ("custom" if none does)."""
-    for name in options(group):
-        if OmegaConf.to_container(load_option(group, name), resolve=True) == node:
-            return name
-    return "custom"
+def option_nodes(group: str) -> dict[str, dict]:
+    """Each option of ``group`` (in the order of :func:`options`) with its resolved node."""
+    return {name: OmegaConf.to_container(load_option(group, name), resolve=True)
+            for name in options(group)}
 
 
-def fitting_feature_maps(system) -> list[str]:
-    """Options of the feature_map group that can represent ``system``."""
+def option_name(group: str, node: dict, nodes: dict[str, dict] | None = None) -> str:
+    """Name of the group option whose YAML gives ``node`` ("custom" if none does);
+    ``nodes``: the options' nodes (:func:`option_nodes`), loaded here if not given."""
+    nodes = option_nodes(group) if nodes is None else nodes
+    return next((name for name, option in nodes.items() if option == node), "custom")
+
+
+def fitting_feature_maps(system, nodes: dict[str, dict] | None = None) -> list[str]:
+    """Options of the feature_map group that can represent ``system``; ``nodes``: the
+    options' nodes (:func:`option_nodes`), loaded here if not given."""
     fit = []
-    for name in options("feature_map"):
-        node = OmegaConf.to_container(load_option("feature_map", name), resolve=True)
+    for name, node in (option_nodes("feature_map") if nodes is None else nodes).items():
         lib = _build(node, f"feature_map={name}") if node else None
         try:
             build_model(system, lib)
