@@ -13,7 +13,7 @@ the run it is compared with, and the ratio is run compute (``runtime_s.total_s``
 compute, and process over process.
 
 Cases: **paper** the pendulum M-sweep of the paper (one process, six runs) and the synthetic
-M=100 run; **M** the pendulum run of issue 10 (N=10, T=5, K=5, R=200, repeats=1, lr 1e-2) for
+M=100 run; **M** the large pendulum run (N=10, T=5, K=5, R=200, repeats=1, lr 1e-2) for
 M = 10^2 .. 10^6, with its floor; **K** the same at M=10^5 for K = 1, 5, 50 (round cost from
 two runs, R=200 and R=20, so that precomputing the maps is apart; and the step-by-step path);
 **p** the linear system with n_x = 2, 4, 8 (p = n_x (n_x + 2)) and the linear system with
@@ -41,7 +41,7 @@ PEND = ["system=pendulum", "N=10", "T=5", "K=5", "R=200", "repeats=1", "lr=1e-2"
 M_VALUES = [100, 1000, 10_000, 100_000, 1_000_000]
 K_VALUES = [1, 5, 50]
 NX_VALUES = [2, 4, 8]
-#: goals of issue 10 (2-core machine)
+#: the goals of docs/PERFORMANCE.md (2-core machine)
 GOAL_E2E_1E6_S, GOAL_E2E_1E5_S, GOAL_RSS_MIB, GOAL_RATIO = 10.0, 2.0, 1536.0, 1.5
 
 
@@ -155,7 +155,7 @@ def bench(cases: list[str], quick: bool) -> dict:
         results["cases"]["paper"] = rows
     if "M" in cases:
         rows = []
-        print("\nM: pendulum N=10 T=5 K=5 R=200 repeats=1 lr=1e-2 (issue 10), beside the floor")
+        print("\nM: pendulum N=10 T=5 K=5 R=200 repeats=1 lr=1e-2, beside the floor")
         print(_row(["M", "wall_s", "cpu_s", "data_s", "train_s", "rss_MiB", "fl_wall", "fl_cpu",
                     "fl_comp", "ratio_cmp", "ratio_wall", "ratio_cpu"]))
         for M in ([100, 10_000] if quick else M_VALUES):
