@@ -78,6 +78,10 @@ REFUSED = [
     (["--foo"], "unknown option '--foo'", "--help"),
     (["hydra.run.dir="], "hydra.run.dir is empty", "hydra.run.dir=outputs/myrun"),
     (["-m", "M=1,2", "hydra.sweep.dir="], "hydra.sweep.dir is empty", "outputs/myrun"),
+    # the key that chooses a group's model, and a group given as a plain value
+    (["data.source=nosuch"], "data.source=nosuch is not allowed", "allowed: simulated, files"),
+    (["~data.source"], "data.source=null is not allowed", "allowed: simulated, files"),
+    (["runtime.name=x"], "runtime.name=x is not allowed", "allowed: inprocess, flower"),
     # a sweep value checked like a single one
     (["-m", "data.shared_noise=true,maybe"], "data.shared_noise=maybe", "true or false"),
 ]

@@ -30,15 +30,17 @@ def message(error: dict, root, meanings: Mapping[str, str], system_keys: tuple =
         parent = key.rpartition(".")[0]
         if parent.startswith("system.") or parent == "system" and field in system_keys:
             names = [f.alias or n for n, f in holder.model_fields.items() if f.is_required()]
-            where = parent if parent != "system" else "system"
-            return (f"{key} is missing: {where} needs {', '.join(names)} "
+            return (f"{key} is missing: {parent} needs {', '.join(names)} "
                     "(see docs/EXTENDING.md)")
         return f"setting '{key}' is missing (removed with ~?); it is required: {what}"
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         name = (tag_keys or {}).get(key, "_target_")
-        value = error["input"].get(name) if isinstance(error["input"], Mapping) else None
-        tags = (error.get("ctx") or {}).get("expected_tags") or ""
-        return f"{key}.{name}={show(value)} is not allowed; allowed: {tags}"
+        given = error["input"]
+        if not isinstance(given, Mapping):
+            return not_allowed(key, given, f"a group of settings with {name}: "
+                                           + ", ".join(_tags(info.annotation)))
+        return (f"{key}.{name}={show(given.get(name))} is not allowed; allowed: "
+                + ", ".join(_tags(info.annotation)))
     return not_allowed(key, error.get("input"), what, meanings.get(key))
 
 
@@ -82,6 +84,14 @@ def _locate(loc: tuple, root):
             continue
         model = _member(model, part)        # a union's tag: the member it names
     return key, holder, field, info
+
+
+def _tags(tp) -> list[str]:
+    """The tags of the members of a tagged union (the values that choose a member)."""
+    if typing.get_origin(tp) is Annotated:
+        return _tags(typing.get_args(tp)[0])
+    return [m.tag for arg in typing.get_args(tp) if typing.get_origin(arg) is Annotated
+            for m in typing.get_args(arg)[1:] if isinstance(m, Tag)]
 
 
 def _optional(tp):
