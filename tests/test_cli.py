@@ -117,6 +117,9 @@ BAD = [
     (["data.holdout=0.3"], "unknown setting 'data.holdout' with data=simulated; data=simulated "
      "has: source, shared_noise, val_N, states, inputs; it is a setting of data=files"),
     (["strategy.mu=1"], "it is a setting of strategy=fedprox"),
+    (["system=null"], "system=null is not an option; allowed: generic, linear, pendulum"),
+    (["-m", "system=pendulum,null"], "system=null is not an option"),
+    (["hydra/launcher=null"], "hydra/launcher=null is not an option"),
 ]
 
 

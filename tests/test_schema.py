@@ -78,6 +78,12 @@ REFUSED = [
     (["--foo"], "unknown option '--foo'", "--help"),
     (["hydra.run.dir="], "hydra.run.dir is empty", "hydra.run.dir=outputs/myrun"),
     (["-m", "M=1,2", "hydra.sweep.dir="], "hydra.sweep.dir is empty", "outputs/myrun"),
+    # 0 and 1 are not false and true; a section that may be absent is not null
+    (["output.per_client=1"], "output.per_client=1 is not allowed", "auto, true, false"),
+    (["system.solver.scale_features=0"], "system.solver.scale_features=0 is not allowed",
+     "none, diagonal, zscore, whiten, true, false"),
+    (["system.disturbance=null"], "system.disturbance=null is not allowed", "group of settings"),
+    (["system=quadrotor", "system.controller=null"], "system.controller=null", "kp_z"),
     # the key that chooses a group's model, and a group given as a plain value
     (["data.source=nosuch"], "data.source=nosuch is not allowed", "allowed: simulated, files"),
     (["~data.source"], "data.source=null is not allowed", "allowed: simulated, files"),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from fnsysid.app.resources import check_disk
 from fnsysid.config.checks import ConfigError, check_batch_size, check_run, override_key
-from fnsysid.config.errors import one_line
+from fnsysid.config.errors import one_line, show
 from fnsysid.config.groups import CONF_DIR, with_config_dir
 from fnsysid.config.schema import GROUPS, KNOBS, TOP_LEVEL, check_value
 from fnsysid.results.folder import has_results
@@ -125,8 +125,12 @@ def _check_commands(argv: list[str]) -> None:
 def _check_value(key: str, value, groups: dict) -> None:
     if key in groups:
         allowed = groups[key]
-        if value is not None and str(value) not in allowed:
-            raise ConfigError(f"{key}={value} is not an option; allowed: {', '.join(allowed)}")
+        if value is None or str(value) not in allowed:
+            raise ConfigError(f"{key}={show(value)} is not an option; allowed: "
+                              f"{', '.join(allowed)}")
+    elif "/" in key and value is None:          # a group of Hydra's own (hydra/launcher=...)
+        raise ConfigError(f"{key}=null is not an option: a config group takes the name of one "
+                          "of its options (--hydra-help lists Hydra's)")
     elif key == "optimizer.batch_size":
         check_batch_size(value)
     else:

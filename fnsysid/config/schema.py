@@ -54,14 +54,22 @@ NonNegVec = Union[NonNegReal, Annotated[list[NonNegReal], Field(min_length=1)]]
 Matrix = Annotated[list[Annotated[list[Finite], Field(min_length=1)]], Field(min_length=1)]
 #: column names, or null for the system's own
 Names = Union[None, Annotated[list[Text], Field(min_length=1)]]
-Scaling = Literal[False, True, "none", "diagonal", "zscore", "whiten"]
+
+
+def _either(*words: str):
+    """``true``, ``false`` or one of ``words`` (strict: not 0 or 1, not ``'true'``)."""
+    allowed = "one of " + ", ".join([*words, "true", "false"])
+    return Annotated[Union[bool, Literal[words]], Field(json_schema_extra={"allowed": allowed})]
+
+
+Scaling = _either("none", "diagonal", "zscore", "whiten")
 Reduction = Literal["sum", "mean"]
 
 
 class Section(BaseModel):
     """A group of settings: strictly typed (no ``'3'`` for 3, no ``0`` for false), no unknown
     keys, read-only once checked. A key with the default None may be absent (its class's
-    constructor has the default)."""
+    constructor has the default), but not given as null unless its type says so."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, populate_by_name=True)
 
@@ -154,9 +162,9 @@ class System(ByClass):
     knobs: Knobs
     solver: Solver
     init: Init
-    x0: Noise | None = None
-    inputs: Noise | None = None
-    disturbance: Noise | None = None
+    x0: Noise = None
+    inputs: Noise = None
+    disturbance: Noise = None
 
     #: keys that configure the run, not the system object
     RUN_KEYS: ClassVar[tuple[str, ...]] = ("knobs", "solver", "init")
@@ -172,10 +180,10 @@ class Generic(KnownSystem):
 
 
 class Dense(KnownSystem):
-    A0: Matrix | None = None
-    B0: Matrix | None = None
-    V: Matrix | None = None
-    U: Matrix | None = None
+    A0: Matrix = None
+    B0: Matrix = None
+    V: Matrix = None
+    U: Matrix = None
 
 
 class Pendulum(KnownSystem):
@@ -205,7 +213,7 @@ class Quadrotor(KnownSystem):
     g: Finite = None
     dt: PosReal = None
     identify_drag: bool = None
-    controller: Controller | None = None
+    controller: Controller = None
 
 
 # --- feature maps, local solvers, strategies ------------------------------------------------
@@ -390,7 +398,7 @@ class Theory(Section):
 
 
 class Output(Section):
-    per_client: Literal["auto", True, False]
+    per_client: _either("auto")
     per_client_max: NonNegInt
     plot: bool
     eval_every: PosInt

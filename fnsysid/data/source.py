@@ -138,7 +138,7 @@ def simulated(settings: Settings, model: Model, optimizer) -> Dataset:
     if n_val > 0:
         x, u = simulate_all(model, settings, n_val, rnd.HOLDOUT)
         ho = heldout_from_trajectories(model, x, u, np.ones(x.shape[:-1], bool))
-    facts = {"M": s.M, "N": s.N, "T": s.T, "eps": s.eps}
+    facts = {k: s.resolved[k] for k in ("M", "N", "T", "eps")}     # as given
     return Dataset(train, ho, [str(m) for m in range(s.M)], facts)
 
 

@@ -333,7 +333,7 @@ def server_dataset(settings, labels: list[str] | None = None):
         facts = {"M": len(labels), "N": None, "T": None, "eps": None, "clients": labels}
     else:
         labels = [str(m) for m in range(settings.M)] if labels is None else labels
-        facts = {"M": settings.M, "N": settings.N, "T": settings.T, "eps": settings.eps}
+        facts = {k: settings.resolved[k] for k in ("M", "N", "T", "eps")}     # as given
     return Dataset(None, None, list(labels), facts)
 
 
