@@ -78,6 +78,9 @@ REFUSED = [
     (["--foo"], "unknown option '--foo'", "--help"),
     (["hydra.run.dir="], "hydra.run.dir is empty", "hydra.run.dir=outputs/myrun"),
     (["-m", "M=1,2", "hydra.sweep.dir="], "hydra.sweep.dir is empty", "outputs/myrun"),
+    # a wrong item of a list of numbers names the whole setting and its value
+    (["system=synthetic", "system.A0=[[1,abc]]"], "system.A0=[[1,abc]] is not allowed: "
+     "system.A0 must be", "each a finite number"),
     # 0 and 1 are not false and true; a section that may be absent is not null
     (["output.per_client=1"], "output.per_client=1 is not allowed", "auto, true, false"),
     (["system.solver.scale_features=0"], "system.solver.scale_features=0 is not allowed",

@@ -8,18 +8,18 @@ import typing
 from collections.abc import Mapping
 from typing import Annotated, Any, Union
 
-from pydantic import Tag, TypeAdapter
+from pydantic import BaseModel, Tag, TypeAdapter
 
 from fnsysid.config.errors import show
 
 
-def message(error: dict, root, meanings: Mapping[str, str], system_keys: tuple = (),
-            tag_keys: Mapping[str, str] | None = None) -> str:
-    """One line for a pydantic error of model ``root``: the setting, its value and what is
-    allowed (``meanings``: words for top-level keys; ``system_keys``: the sections a system
-    YAML must have, named with the keys they need when missing; ``tag_keys``: the key that
-    chooses the model of a group, e.g. ``data`` -> ``source``)."""
-    key, holder, field, info = _locate(error["loc"], root)
+def message(error: dict, root, data: Mapping, meanings: Mapping[str, str],
+            system_keys: tuple = (), tag_keys: Mapping[str, str] | None = None) -> str:
+    """One line for a pydantic error of model ``root`` checking ``data``: the setting, its
+    value and what is allowed (``meanings``: words for top-level keys; ``system_keys``: the
+    sections a system YAML must have, named with the keys they need when missing;
+    ``tag_keys``: the key that chooses the model of a group, e.g. ``data`` -> ``source``)."""
+    key, holder, field, info, path = _locate(error["loc"], root)
     kind = error["type"]
     if kind == "extra_forbidden":
         names = [f.alias or n for n, f in holder.model_fields.items()]
@@ -41,7 +41,7 @@ def message(error: dict, root, meanings: Mapping[str, str], system_keys: tuple =
                                            + ", ".join(_tags(info.annotation)))
         return (f"{key}.{name}={show(given.get(name))} is not allowed; allowed: "
                 + ", ".join(_tags(info.annotation)))
-    return not_allowed(key, error.get("input"), what, meanings.get(key))
+    return not_allowed(key, _value_at(data, path), what, meanings.get(key))
 
 
 def not_allowed(key: str, value, what: str, meaning: str | None = None) -> str:
@@ -57,33 +57,56 @@ def field_words(info) -> str:
 
 
 def _locate(loc: tuple, root):
-    """(dotted key, model holding it, field name, its FieldInfo) of a pydantic location.
+    """(dotted key, model holding it, field name, its FieldInfo, path of the value) of a
+    pydantic location.
 
     A location holds field names, list indices and the tags of unions (``custom``, a class
-    path, ``constrained-int``); the walk follows the fields and list items and skips the tags.
+    path, ``constrained-int``); the walk follows the fields and the list items of groups and
+    skips the tags. It stops at a field that holds no group: a wrong item of a list of numbers
+    is reported as the whole field (``system.A0``), whose allowed values are known.
     """
     model: Any = root
     info = None
-    key, holder, field = "", root, None
+    key, holder, field, path = "", root, None, []
     for part in loc:
         model = _optional(model)
         fields = getattr(model, "model_fields", None) if isinstance(model, type) else None
         if isinstance(part, int):
             key += f"[{part}]"
+            path.append(part)
             model = _member(model, None)
             continue
         if fields is not None:
             by_alias = {f.alias or n: n for n, f in fields.items()}
             holder, field = model, part
             key = f"{key}.{part}" if key else str(part)
-            if part in by_alias:
-                info = fields[by_alias[part]]
-                model = info.annotation
-            else:
-                info, model = None, None
+            path.append(part)
+            if part not in by_alias:
+                return key, holder, field, None, path
+            info = fields[by_alias[part]]
+            model = info.annotation
+            if not _holds_group(model):
+                break
             continue
         model = _member(model, part)        # a union's tag: the member it names
-    return key, holder, field, info
+    return key, holder, field, info, path
+
+
+def _holds_group(tp) -> bool:
+    """Whether a value of type ``tp`` can be (or contain) a group of settings."""
+    if isinstance(tp, type):
+        return issubclass(tp, BaseModel)
+    return any(_holds_group(arg) for arg in typing.get_args(tp))
+
+
+def _value_at(data, path: list):
+    """The value at ``path`` (keys and indices) of ``data``, or None."""
+    for part in path:
+        try:
+            data = data[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
 
 
 def _tags(tp) -> list[str]:

@@ -469,7 +469,7 @@ def settings_from(plain: Mapping) -> Settings:
         settings = Settings.model_validate(plain)
     except ValidationError as exc:
         error = exc.errors(include_url=False)[0]
-        raise ConfigError(message(error, Settings, KNOBS, System.RUN_KEYS,
+        raise ConfigError(message(error, Settings, plain, KNOBS, System.RUN_KEYS,
                                   {"data": "source", "runtime": "name"})) from None
     settings._resolved = plain
     return settings
