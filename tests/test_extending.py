@@ -77,3 +77,17 @@ def test_noiseless_duffing_data_give_each_clients_parameters(duffing_importable)
     data = generate(model, M=3, N=2, T=30, eps=0.5, repeats=1, seed=4)
     np.testing.assert_allclose(least_squares(data.H, data.b), data.theta_true, rtol=1e-8)
     assert np.ptp(data.theta_true[0, :, 1]) > 1e-2       # the clients do differ in alpha
+
+
+def test_a_config_dir_whose_path_has_commas_and_quotes_is_found(tmp_path, duffing_importable):
+    """--config-dir reaches the check before the run as a quoted search path entry."""
+    import shutil
+
+    from fnsysid.app.preflight import preflight
+
+    conf = tmp_path / "own,dir's [conf]"
+    shutil.copytree(CONF, conf)
+    _, cfg = preflight(["--config-dir", str(conf), "system=duffing", "M=3",
+                        f"hydra.run.dir={tmp_path / 'run'}"])
+    assert cfg.hydra.runtime.choices.system == "duffing"
+    assert not (tmp_path / "run").exists()

@@ -48,7 +48,8 @@ def with_config_dir(overrides: list[str], folder: str | Path | None) -> list[str
         return list(overrides)
     if not os.path.isdir(folder):
         raise ConfigError(f"--config-dir {folder}: no such folder")
-    entry = f"file://{os.path.abspath(folder)}"
+    path = f"file://{os.path.abspath(folder)}"
+    entry = "'" + path.replace("\\", "\\\\").replace("'", "\\'") + "'"   # quoted: , = ] ok
     out, merged = [], False
     for line in overrides:
         key, _, value = line.partition("=")
