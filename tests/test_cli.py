@@ -120,6 +120,7 @@ BAD = [
     (["system=null"], "system=null is not an option; allowed: generic, linear, pendulum"),
     (["-m", "system=pendulum,null"], "system=null is not an option"),
     (["hydra/launcher=null"], "hydra/launcher=null is not an option"),
+    (["-m", 'data.shared_noise=false,"false"'], "data.shared_noise='false' is not allowed"),
 ]
 
 

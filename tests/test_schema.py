@@ -150,6 +150,7 @@ ACCEPTED = [
      "+feature_map.bias=true"],                    # a library given by class path
     ["+system.x0.clip=inf", "system.x0.kind=truncnormal"],
     ["experiment=pendulum_gd_M"],
+    ["-m", 'strategy.weighting="uniform",samples'],      # a quoted item of a sweep
 ]
 
 

@@ -143,7 +143,10 @@ def _sweep_values(override, key: str) -> list:
                           f"sweeper; list the values instead (e.g. {key}=0.1,0.5 or "
                           f"{key}=range(1,5))")
     if override.is_sweep_override():
-        return list(override.sweep_iterator())
+        from hydra.core.override_parser.types import QuotedString
+
+        # a quoted item of a sweep ("uniform",samples) is a string like the others
+        return [v.text if isinstance(v, QuotedString) else v for v in override.sweep_iterator()]
     return [override.value()]
 
 
