@@ -121,6 +121,8 @@ BAD = [
     (["-m", "system=pendulum,null"], "system=null is not an option"),
     (["hydra/launcher=null"], "hydra/launcher=null is not an option"),
     (["-m", 'data.shared_noise=false,"false"'], "data.shared_noise='false' is not allowed"),
+    (["-m", "system=pendulum,synthetic", "system.m=1"], "unknown setting 'system.m' with "
+     "system=synthetic; system=synthetic has: A0,"),
 ]
 
 

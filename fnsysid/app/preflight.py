@@ -273,7 +273,7 @@ def _preflight(argv, config_dir: Path, config_name: str):
         for val in values:
             _check_value(o.key_or_group, val, groups)
         dims[k] = values
-    disk = _check_combinations(config_name, fixed, dims, compose, base)
+    disk = _check_combinations(config_name, fixed, dims, compose, base, groups)
     n_jobs = 1
     for values in dims.values():
         n_jobs *= len(values)
@@ -421,7 +421,8 @@ def check_output_dir(key: str, path: Path) -> Path:
     return target
 
 
-def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base) -> int:
+def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base,
+                        groups) -> int:
     """Compose every combination of group options once; apply plain values on a copy.
 
     Returns the largest disk space a job's result files need (bytes).
@@ -439,17 +440,18 @@ def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base
     def is_group(key: str) -> bool:
         return key.lstrip("+~") in GROUPS or "/" in key
 
-    groups = [k for k in dims if is_group(k)]
+    swept = [k for k in dims if is_group(k)]
     values = [k for k in dims if not is_group(k) and not k.startswith("hydra")]
     checked = disk = 0
-    for gcombo in itertools.product(*(dims[k] for k in groups)):
-        ovr = fixed + [f"{k}={encode(v)}" for k, v in zip(groups, gcombo, strict=True)]
+    for gcombo in itertools.product(*(dims[k] for k in swept)):
+        ovr = fixed + [f"{k}={encode(v)}" for k, v in zip(swept, gcombo, strict=True)]
         ovr += [f"{k}={encode(dims[k][0])}" for k in values]
-        if groups:
+        if swept:
             try:
                 base = compose(config_name, overrides=ovr)
             except (HydraException, OmegaConfBaseException) as exc:
-                raise ConfigError(one_line(exc)) from exc
+                raise ConfigError(_not_in_option(exc, ovr, config_name, compose, groups)
+                                  or one_line(exc)) from exc
         else:    # nothing to recompose: the run config is ``base`` without Hydra's node
             base = base.copy()
             with open_dict(base):
