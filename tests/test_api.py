@@ -95,3 +95,13 @@ def test_output_dir_is_checked_before_the_run_like_the_command_lines_folder(tmp_
     (tmp_path / "file").write_text("x")
     with pytest.raises(fnsysid.ConfigError, match=r"output_dir=\S*file is a file, not a folder"):
         fnsysid.run(small, output_dir=tmp_path / "file")
+
+
+def test_run_without_output_dir_does_not_check_hydras_folder(tmp_path, monkeypatch):
+    """fnsysid.run writes nothing without output_dir, so a working folder where Hydra's
+    results folder could not be made (here `outputs` is a file) does not stop it."""
+    (tmp_path / "outputs").write_text("not a folder")
+    monkeypatch.chdir(tmp_path)
+    res = fnsysid.run({"M": 3, "R": 2, "repeats": 1, "progress": False})
+    assert res.summary["status"] == "ok"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs"]

@@ -91,3 +91,22 @@ def test_a_config_dir_whose_path_has_commas_and_quotes_is_found(tmp_path, duffin
                         f"hydra.run.dir={tmp_path / 'run'}"])
     assert cfg.hydra.runtime.choices.system == "duffing"
     assert not (tmp_path / "run").exists()
+
+
+def test_a_feature_map_of_ones_own_is_named_and_listed_among_those_that_fit(tmp_path):
+    from fnsysid.app.preflight import preflight
+    from fnsysid.config.checks import ConfigError
+
+    own = tmp_path / "conf" / "feature_map"
+    own.mkdir(parents=True)
+    (own / "mine.yaml").write_text("_target_: fnsysid.dynamics.features.Polynomial\n"
+                                   "degree: 1\nvariables: xu\nbias: false\n")
+    (own / "sines.yaml").write_text(
+        "_target_: fnsysid.dynamics.features.Concat\nlibraries:\n"
+        "  - {_target_: fnsysid.dynamics.features.Fourier, variables: x, n_frequencies: 1}\n"
+        "  - {_target_: fnsysid.dynamics.features.Identity, variables: u, bias: false}\n")
+    with pytest.raises(ConfigError) as info:
+        preflight(["--config-dir", str(tmp_path / "conf"), "system=synthetic",
+                   "feature_map=mine", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert str(info.value).startswith("feature_map=mine does not fit system=synthetic")
+    assert str(info.value).endswith("options that fit: default, fourier, sines")

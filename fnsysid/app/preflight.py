@@ -15,7 +15,7 @@ from pathlib import Path
 from fnsysid.app.resources import check_disk
 from fnsysid.config.checks import ConfigError, check_batch_size, check_run, override_key
 from fnsysid.config.errors import one_line, show
-from fnsysid.config.groups import CONF_DIR, with_config_dir
+from fnsysid.config.groups import CONF_DIR, command, with_config_dir
 from fnsysid.config.schema import GROUPS, KNOBS, TOP_LEVEL, check_value
 from fnsysid.results.folder import has_results
 
@@ -154,11 +154,13 @@ def _is_multirun(argv: list[str]) -> bool:
     return "-m" in argv or "--multirun" in argv
 
 
-def preflight(argv: list[str]):
+def preflight(argv: list[str], folders: bool = True):
     """Raise :class:`ConfigError` for the first bad setting in ``argv`` (or in its sweeps).
 
-    Returns (the deepest existing folder on the way to the results folder, the config
-    composed with the first value of every sweep, with Hydra's node).
+    Returns (the deepest existing folder on the way to the results folder, or None without
+    ``folders``, the config composed with the first value of every sweep, with Hydra's node).
+    ``folders=False`` leaves out the checks of Hydra's results folders (the Python API writes
+    into a folder of its own, if any).
     """
     from hydra import initialize_config_dir
 
@@ -172,7 +174,8 @@ def preflight(argv: list[str]):
     config_dir = primary_config_dir(flag_value(argv, "--config-path", "-cp"))
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3",
                                job_name="fnsysid"):
-        return _preflight(argv, config_dir, flag_value(argv, "--config-name", "-cn") or "config")
+        return _preflight(argv, config_dir, flag_value(argv, "--config-name", "-cn") or "config",
+                          folders)
 
 
 def primary_config_dir(config_path: str | None) -> Path:
@@ -189,20 +192,16 @@ def primary_config_dir(config_path: str | None) -> Path:
                           f"{CONF_DIR})")
     if not any(folder.glob("*.yaml")):
         held = sorted(p.name for p in folder.iterdir())
+        shown = ", ".join(held[:8]) + (f", ... ({len(held)} in all)" if len(held) > 8 else "")
         raise ConfigError(f"--config-path {config_path}: no primary config (.yaml) in this "
-                          f"folder; it holds: {', '.join(held) if held else 'nothing'}")
+                          f"folder; it holds: {shown or 'nothing'}")
     return folder
 
 
-def _preflight(argv, config_dir: Path, config_name: str):
-    import yaml
-    from hydra import compose
+def _preflight(argv, config_dir: Path, config_name: str, folders: bool):
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
-    from hydra.types import RunMode
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
     # --config-dir as Hydra's entry point has it: one more folder in the config search path
     args = with_config_dir(_overrides(argv), flag_value(argv, "--config-dir", "-cd"))
@@ -218,7 +217,21 @@ def _preflight(argv, config_dir: Path, config_name: str):
                           + ", ".join(found))
     searchpath = [o.input_line for o in parsed
                   if o.key_or_group == "hydra.searchpath" and not o.is_delete()]
-    groups = _GroupOptions(config_name, searchpath)
+    # the messages that list options (feature maps that fit, ...) read this search path too
+    with command(config_name, searchpath):
+        return _check_command(argv, config_name, parser, parsed,
+                              _GroupOptions(config_name, searchpath), folders)
+
+
+def _check_command(argv, config_name: str, parser, parsed, groups, folders: bool):
+    """The checks of :func:`preflight` once the overrides are parsed."""
+    import yaml
+    from hydra import compose
+    from hydra.errors import HydraException
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     dims, fixed = {}, []
     for o in parsed:
         key = o.key_or_group
@@ -263,7 +276,7 @@ def _preflight(argv, config_dir: Path, config_name: str):
         k = next(iter(dims))
         raise ConfigError(f"{k}={','.join(encode(v) for v in dims[k])} is a sweep: add -m to run "
                           f"one job per value, or write {k}=[...] for a list value")
-    existing = _check_hydra(base, multirun)
+    existing = _check_hydra(base, multirun) if folders else None
     # sweeps stored in experiment files (hydra.sweeper.params); the command line wins
     for k, v in (base.hydra.sweeper.get("params") or {}).items():
         if k in dims or any(override_key(f) == k for f in fixed):
@@ -278,7 +291,8 @@ def _preflight(argv, config_dir: Path, config_name: str):
     for values in dims.values():
         n_jobs *= len(values)
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    check_disk(key, OmegaConf.select(base, key), disk * n_jobs)
+    if folders:
+        check_disk(key, OmegaConf.select(base, key), disk * n_jobs)
     return existing, base
 
 
@@ -358,8 +372,9 @@ def _not_in_option(exc, first: list[str], config_name: str, compose, groups) -> 
     except Exception:          # another bad override: Hydra's own message
         return None
     also = f"; it is a setting of {', '.join(f'{group}={h}' for h in have)}" if have else ""
-    return (f"unknown setting '{key}' with {group}={chosen}; {group}={chosen} has: "
-            f"{', '.join(k for k in cfg[group] if not k.startswith('_'))}{also}")
+    keys = [k for k in cfg[group] if not k.startswith("_")]
+    has = f"has: {', '.join(keys)}" if keys else "has no settings"
+    return f"unknown setting '{key}' with {group}={chosen}; {group}={chosen} {has}{also}"
 
 
 def _check_hydra(base, multirun: bool) -> Path:
@@ -547,7 +562,7 @@ def compose(overrides, config_dir=None):
         if not folder.is_dir():
             raise ConfigError(f"config_dir={config_dir}: no such folder")
         extra = ["--config-dir", str(folder)]
-    _, cfg = preflight(args + extra)
+    _, cfg = preflight(args + extra, folders=False)     # output_dir is checked by the caller
     choices = {k: v for k, v in cfg.hydra.runtime.choices.items()
                if not k.startswith("hydra/")}
     run_config = OmegaConf.to_container(cfg, resolve=False)

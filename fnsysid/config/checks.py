@@ -70,10 +70,12 @@ def _check_present(raw: Mapping) -> None:
             raise ConfigError(f"system.{name} is missing: every system's YAML needs {name}: "
                               f"a group of settings ({', '.join(keys)}) (see docs/EXTENDING.md)")
         required = [k for k, f in info.annotation.model_fields.items() if f.is_required()]
+        optional = [k for k in keys if k not in required]
         missing = [k for k in required if isinstance(sub, Mapping) and k not in sub]
         if missing:
+            also = f" (and may have {', '.join(optional)})" if optional else ""
             raise ConfigError(f"system.{name}.{missing[0]} is missing: system.{name} needs "
-                              f"{', '.join(keys)} (see docs/EXTENDING.md)")
+                              f"{', '.join(required)}{also} (see docs/EXTENDING.md)")
 
 
 def _check_together(s: Settings, raw: Mapping | None) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -61,13 +62,29 @@ def with_config_dir(overrides: list[str], folder: str | Path | None) -> list[str
     return out if merged else [*out, f"hydra.searchpath=[{entry}]"]
 
 
+#: (config name, ``hydra.searchpath`` overrides) of the command being checked, while
+#: :func:`command` is on (the check before a run composes outside a Hydra job)
+_COMMAND: ContextVar[tuple[str, list[str]] | None] = ContextVar("fnsysid_command", default=None)
+
+
+@contextmanager
+def command(config_name: str, searchpath: list[str]):
+    """Within the block, :func:`options` and :func:`load_option` read the config search path
+    of the command being checked (its ``--config-dir`` and ``hydra.searchpath``)."""
+    token = _COMMAND.set((config_name, list(searchpath)))
+    try:
+        yield
+    finally:
+        _COMMAND.reset(token)
+
+
 def _job_overrides() -> tuple[str, list[str]]:
-    """(config name, ``hydra.searchpath`` overrides) of the running Hydra job; ``config`` and
-    none outside a job."""
+    """(config name, ``hydra.searchpath`` overrides) of the running Hydra job or of the
+    command being checked; ``config`` and none otherwise."""
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized():
-        return "config", []
+        return _COMMAND.get() or ("config", [])
     hc = HydraConfig.get()
     return hc.job.config_name, [o for o in hc.overrides.hydra
                                 if o.lstrip("+").startswith("hydra.searchpath")]
