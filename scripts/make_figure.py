@@ -194,8 +194,7 @@ def main(argv=None) -> int:
               "--plot-only", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    # one store per worker, shared by its experiments; conf/ is read once per worker;
-    # OmegaConf's copies and parses cheaper (fnsysid.config.fast_configs)
+    # one store of simulated data per worker, shared by its experiments' jobs
     with reuse_simulations():
         tables = run_and_draw(names, registry, args)
     for n, table in tables.items():

@@ -32,7 +32,11 @@ def _build(node: dict, what: str, drop=()):
         while root.__cause__ is not None:
             root = root.__cause__
         hint = ""
-        if isinstance(root, ImportError):
+        if isinstance(root, ImportError) and str(getattr(root, "name", "")).startswith("fnsysid"):
+            hint = (" (fnsysid's classes are in its stage folders, e.g. "
+                    "fnsysid.dynamics.systems.Pendulum, fnsysid.dynamics.features.Polynomial, "
+                    "fnsysid.learning.strategies.FedAvg; see README, Layout)")
+        elif isinstance(root, ImportError):
             hint = " (put the folder of your module on PYTHONPATH; see docs/EXTENDING.md)"
         raise ConfigError(f"{what}: {root}{hint}") from exc
 

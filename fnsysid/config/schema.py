@@ -507,16 +507,12 @@ def _field_at(key: str):
         same = len({repr(f.rebuild_annotation()) for f in found}) == 1
         return found[0] if found and same else None
     model: Any = Settings
-    for i, part in enumerate(parts):
-        fields = getattr(model, "model_fields", None)
-        if fields is None or part not in fields:
-            return None
-        if i == len(parts) - 1:
-            return fields[part]
-        model = fields[part].annotation
+    for part in parts[:-1]:
+        fields = getattr(model, "model_fields", {})
+        model = fields[part].annotation if part in fields else None
         if not (isinstance(model, type) and issubclass(model, Section)):
             return None
-    return None
+    return getattr(model, "model_fields", {}).get(parts[-1])
 
 
 def _allowed_at(key: str) -> str:

@@ -11,21 +11,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
+import secrets
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-#: permissions of a new result file (mkstemp makes 0600; results are as readable as open())
-FILE_MODE = 0o666 & ~_umask()
 
 
 class WriteError(OSError):
@@ -48,10 +38,7 @@ def write_atomic(path: str | Path, write: Callable[[str], None]) -> Path:
     path = Path(path)
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}",
-                                   dir=path.parent)
-        os.fchmod(fd, FILE_MODE)
-        os.close(fd)
+        os.close(_new_file(tmp := _temporary_name(path)))
         write(tmp)
         with open(tmp, "rb") as f:      # on disk before the rename makes it visible
             os.fsync(f.fileno())
@@ -67,6 +54,17 @@ def write_atomic(path: str | Path, write: Callable[[str], None]) -> Path:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def _temporary_name(path: Path) -> str:
+    """A name beside ``path`` that no other file has (``.errors.csv.<random>.tmp.csv``)."""
+    return str(path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp{path.suffix}")
+
+
+def _new_file(name: str) -> int:
+    """Create ``name`` (refused if it exists) with the permissions ``open()`` gives a new
+    file (0666 less the umask, applied by the system; ``tempfile.mkstemp`` makes 0600)."""
+    return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
 
 
 def _error(path: Path, exc: OSError) -> WriteError:
