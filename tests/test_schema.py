@@ -78,6 +78,8 @@ REFUSED = [
     (["--foo"], "unknown option '--foo'", "--help"),
     (["hydra.run.dir="], "hydra.run.dir is empty", "hydra.run.dir=outputs/myrun"),
     (["-m", "M=1,2", "hydra.sweep.dir="], "hydra.sweep.dir is empty", "outputs/myrun"),
+    # a system's default of a knob is named as the system's, not as the knob
+    (["system.knobs.R=0"], "system.knobs.R=0 is not allowed", "an integer >= 1"),
     # a wrong item of a list of numbers names the whole setting and its value
     (["system=synthetic", "system.A0=[[1,abc]]"], "system.A0=[[1,abc]] is not allowed: "
      "system.A0 must be", "each a finite number"),

@@ -468,7 +468,11 @@ def settings_from(plain: Mapping) -> Settings:
     try:
         settings = Settings.model_validate(plain)
     except ValidationError as exc:
-        error = exc.errors(include_url=False)[0]
+        errors = exc.errors(include_url=False)
+        error = errors[0]
+        if error["loc"][0] in SYSTEM_KNOBS:     # a knob left at its system default: name that
+            error = next((e for e in errors if e["loc"][0] == "system" and "knobs" in e["loc"]
+                          and e["loc"][-1] == error["loc"][0]), error)
         raise ConfigError(message(error, Settings, plain, KNOBS, System.RUN_KEYS,
                                   {"data": "source", "runtime": "name"})) from None
     settings._resolved = plain
