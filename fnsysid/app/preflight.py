@@ -450,6 +450,7 @@ def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base
 
     from fnsysid.app.build import build
     from fnsysid.app.resources import check_memory, estimate_disk_bytes
+    from fnsysid.data.files import check_paths
     from fnsysid.results.history import keep_per_client
 
     def is_group(key: str) -> bool:
@@ -480,6 +481,8 @@ def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base
             except OmegaConfBaseException as exc:
                 raise ConfigError(one_line(exc)) from exc
             settings = check_run(cfg)
+            if settings.files:            # FIFOs, devices, unreadable folders: before a folder
+                check_paths(settings.data)
             check_memory(settings, *build(settings)[:2])
             disk = max(disk, estimate_disk_bytes(settings, keep_per_client(settings)))
             checked += 1

@@ -1,9 +1,10 @@
 """Reading trajectory files (CSV or Parquet) and ground-truth files, with checks.
 
 Layout (``data=files``): ``data.path`` is a folder with one ``.csv`` or ``.parquet`` file per
-client (client id = file stem, clients in sorted order), or one file with a ``client`` column.
-Columns: the states and inputs by name, and optionally ``trajectory`` (absent: one trajectory),
-``t`` (the sample order; must increase within a trajectory), ``repeat`` (independent
+client (client id = file stem, clients in sorted order), or one file with a ``client`` column;
+client ids are text (``00`` is not ``0``). Columns: the states and inputs by name, and
+optionally ``trajectory`` (absent: one trajectory), ``t`` (the sample order; must increase
+within a trajectory; integers compared exactly), ``repeat`` (independent
 repetitions) and ``split`` (``train``/``val``). A trajectory of length L gives L - 1
 transitions; the inputs of its last sample are not used and may be empty.
 
@@ -14,6 +15,9 @@ header not counted) or the column. Each file is read once.
 from __future__ import annotations
 
 import difflib
+import errno
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -28,39 +32,108 @@ SPLITS = ("train", "val")
 PUBLIC_COLUMNS = ["repeat", "client", "trajectory", "t", "split"]
 
 
-def read_table(path: Path) -> pd.DataFrame:
-    """One CSV or Parquet file as a DataFrame (Parquet through pyarrow)."""
+def read_table(path: Path, text: tuple[str, ...] = ("client",)) -> pd.DataFrame:
+    """One CSV or Parquet file as a DataFrame (Parquet through pyarrow); the CSV columns in
+    ``text`` are read as text (client ``00`` stays ``00``). A column name given twice is an
+    error naming it (pandas would rename the second one)."""
     path = Path(path)
     try:
         if path.suffix.lower() == ".parquet":
             return pd.read_parquet(path)
-        return pd.read_csv(path, skipinitialspace=True)
+        header = pd.read_csv(path, header=None, nrows=1, dtype=str, skipinitialspace=True)
+        names = [c for c in header.iloc[0] if isinstance(c, str)] if len(header) else []
+        twice = [c for c in names if names.count(c) > 1]
+        if twice:
+            raise DataError(f"{path}: column '{twice[0]}' appears twice in the header; allowed: "
+                            "one column per name")
+        return pd.read_csv(path, skipinitialspace=True, dtype=dict.fromkeys(text, str))
+    except DataError:
+        raise
     except Exception as exc:  # pandas and pyarrow raise many kinds; report the first line
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise DataError(f"{path}: cannot be read as {path.suffix[1:]}: {msg}") from exc
 
 
+def _not_regular(path: Path) -> str | None:
+    """What ``path`` is when it is neither a regular file nor a folder (a FIFO, a device, a
+    socket, a broken link), or None."""
+    try:
+        mode = path.stat().st_mode                        # follows symbolic links
+    except FileNotFoundError:
+        return "a broken symbolic link" if path.is_symlink() else None
+    except OSError as exc:
+        return f"not accessible ({exc.strerror or exc})"
+    kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else
+            "a character device" if stat.S_ISCHR(mode) else
+            "a block device" if stat.S_ISBLK(mode) else
+            "a socket" if stat.S_ISSOCK(mode) else None)
+    if kind and path.is_symlink():
+        kind += f" (a link to {os.path.realpath(path)})"
+    return kind
+
+
+def readable_file(path, setting: str | None = None,
+                  allowed: str = "a .csv or .parquet file") -> Path:
+    """``path`` as a regular file that can be read, else a :class:`DataError` naming it
+    (``setting=path`` when given): a FIFO or device would block or never end."""
+    path = Path(path)
+    name = f"{setting}={path}" if setting else str(path)
+    kind = _not_regular(path)
+    if kind is None and not path.exists():
+        raise DataError(f"{name} does not exist")
+    if kind is None and path.is_dir():
+        kind = "a folder"
+    if kind is not None:
+        raise DataError(f"{name} is {kind}, not a regular file; allowed: {allowed}"
+                        + ("" if setting else " (remove it or move it out of the folder)"))
+    if not os.access(path, os.R_OK):
+        raise DataError(f"{name} cannot be read (permission denied); allowed: a file this user "
+                        "may read")
+    return path
+
+
 def data_files(path, setting: str = "data.path") -> list[Path]:
     """The trajectory files of ``setting`` (``data.path`` or ``data.val_path``): the file
     itself or a folder's files (suffix in any case: ``.csv``, ``.CSV``), sorted; a client id
-    (file stem) given by two files is an error."""
+    (file stem) given by two files is an error, and so is an entry with such a suffix that is
+    not a regular readable file (a FIFO, a link to a device, a folder). Reads no contents."""
     path = Path(path)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise DataError(f"{setting}={path} does not exist")
-    if path.is_file():
+    if not path.is_dir():
+        readable_file(path, setting, "a .csv or .parquet file, or a folder of them")
         if path.suffix.lower() not in SUFFIXES:
             raise DataError(f"{setting}={path}: allowed file types: .csv, .parquet")
         return [path]
-    files = sorted(p for p in path.iterdir() if p.suffix.lower() in SUFFIXES and p.is_file())
+    try:
+        if not os.access(path, os.R_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        entries = list(path.iterdir())
+    except OSError as exc:
+        raise DataError(f"{setting}={path}: the folder cannot be read ({exc.strerror or exc}); "
+                        "allowed: a folder this user may list and read") from exc
+    files = sorted(p for p in entries if p.suffix.lower() in SUFFIXES)
     if not files:
         raise DataError(f"{setting}={path} holds no .csv or .parquet files")
     seen: dict[str, Path] = {}
     for f in files:
+        readable_file(f)
         if f.stem in seen:
             raise DataError(f"{setting}={path}: {seen[f.stem].name} and {f.name} both give "
                             f"client '{f.stem}'; keep one file per client")
         seen[f.stem] = f
     return files
+
+
+def check_paths(data) -> None:
+    """The files of ``data.path``, ``data.val_path`` and ``data.truth`` (a ``data=files``
+    section) exist and are regular files that can be read; their contents are not read (the
+    check before a results folder is made)."""
+    data_files(data.path, "data.path")
+    if data.val_path:
+        data_files(data.val_path, "data.val_path")
+    if data.truth:
+        readable_file(data.truth, "data.truth")
 
 
 def read_trajectories(path, states, inputs=(), setting: str = "data.path") -> pd.DataFrame:
@@ -111,11 +184,11 @@ def _check_file(df: pd.DataFrame, f: Path, states, inputs, one_file: bool) -> pd
     out["_row"] = np.arange(1, len(df) + 1)
     out["repeat"] = _repeat(df, f) if "repeat" in cols else 0
     if one_file:
-        out["client"] = df["client"]
+        out["client"] = _text(df["client"])
     else:
         out["client"] = f.stem
         if "client" in cols:        # the file stem names the client; a column may only agree
-            other = (df["client"].astype(str).str.strip() != f.stem).to_numpy()
+            other = (_text(df["client"]) != f.stem).to_numpy()
             if other.any():
                 i = int(np.flatnonzero(other)[0])
                 raise DataError(f"{f}: row {i + 1}, column 'client' is '{df['client'].iloc[i]}'"
@@ -123,7 +196,10 @@ def _check_file(df: pd.DataFrame, f: Path, states, inputs, one_file: bool) -> pd
                                 "drop the column, or give data.path=<one file> holding all "
                                 "clients")
     out["trajectory"] = df["trajectory"] if "trajectory" in cols else 0
-    out["t"] = _numeric(df, "t", f) if "t" in cols else np.arange(len(df), dtype=float)
+    if "t" in cols and pd.api.types.is_integer_dtype(df["t"]):
+        out["t"] = df["t"].to_numpy()          # integer stamps (ns) compared exactly
+    else:
+        out["t"] = _numeric(df, "t", f) if "t" in cols else np.arange(len(df), dtype=float)
     if "split" in cols:
         split = df["split"].astype(str).str.strip()
         bad = ~split.isin(SPLITS)
@@ -170,10 +246,30 @@ def _numeric(df: pd.DataFrame, col: str, f: Path) -> np.ndarray:
     return s.to_numpy(dtype=float, na_value=np.nan)
 
 
+def _text(values: pd.Series) -> pd.Series:
+    """Labels as text without surrounding blanks (missing values stay missing)."""
+    return values.where(values.isna(), values.astype(str).str.strip())
+
+
+def _client_rank(labels: pd.Series) -> np.ndarray:
+    """Rank of each client label (text) in the clients' order: numerically when all labels
+    are numbers (``2`` before ``10``; ``1`` and ``01`` stay two clients), else as text."""
+    names = np.asarray(pd.unique(labels), dtype=str)
+    num = pd.to_numeric(pd.Series(names), errors="coerce").to_numpy(dtype=float)
+    order = np.lexsort((names, num)) if np.isfinite(num).all() else np.argsort(names,
+                                                                            kind="stable")
+    return pd.Index(names[order]).get_indexer(labels.to_numpy(dtype=str))
+
+
 def _sort_key(values: pd.Series):
     """Sort labels numerically when they are all numbers, else as text."""
     num = pd.to_numeric(values, errors="coerce")
     return num if num.notna().all() else values.astype(str)
+
+
+def _show(v) -> str:
+    """A number for messages: integers in full, floats short."""
+    return str(int(v)) if isinstance(v, (int, np.integer)) else f"{v:g}"
 
 
 def _combine(parts, files, one_file, states, inputs) -> pd.DataFrame:
@@ -185,18 +281,17 @@ def _combine(parts, files, one_file, states, inputs) -> pd.DataFrame:
         return f"{files[df['_file'].iat[i]]}: row {df['_row'].iat[i]}"
 
     # labels in sorted order; stable sort keeps each trajectory's rows in file order
-    for c in ("client", "trajectory"):
-        key = _sort_key(df[c])
-        order = pd.Index(pd.unique(key)).sort_values()
-        df["_" + c] = order.get_indexer(key)
-        df[c] = df[c].astype(str) if c == "client" else df[c]
+    df["client"] = df["client"].astype(str)
+    df["_client"] = _client_rank(df["client"])
+    key = _sort_key(df["trajectory"])
+    df["_trajectory"] = pd.Index(pd.unique(key)).sort_values().get_indexer(key)
     df = df.sort_values(["repeat", "_client", "_trajectory"], kind="stable",
                         ignore_index=True)
     group = df[["repeat", "_client", "_trajectory"]].to_numpy()
     same_next = (group[1:] == group[:-1]).all(axis=1)          # row i and i+1: one trajectory
     last = np.append(~same_next, True)                         # last sample of a trajectory
 
-    t = df["t"].to_numpy()
+    t = df["t"].to_numpy()                                     # integers stay integers
     for c in ["t"] + states + inputs:
         v = df[c].to_numpy()
         bad = ~np.isfinite(v)
@@ -209,9 +304,9 @@ def _combine(parts, files, one_file, states, inputs) -> pd.DataFrame:
     bad = same_next & ~(t[1:] > t[:-1])
     if bad.any():
         i = int(np.flatnonzero(bad)[0]) + 1
-        raise DataError(f"{where(i)}: t={t[i]:g} does not increase within client "
+        raise DataError(f"{where(i)}: t={_show(t[i])} does not increase within client "
                         f"'{df['client'].iat[i]}', trajectory {df['trajectory'].iat[i]} "
-                        f"(previous t={t[i - 1]:g})")
+                        f"(previous t={_show(t[i - 1])})")
     starts = np.flatnonzero(np.append(True, ~same_next))
     lengths = np.diff(np.append(starts, len(df)))
     if (lengths < 2).any():
@@ -237,11 +332,14 @@ def _combine(parts, files, one_file, states, inputs) -> pd.DataFrame:
 
 def load_truth(path, clients: list[str], param_names: list[str], repeats: int) -> np.ndarray:
     """True parameters (S, M, p) from a file with columns ``repeat`` (optional), ``client``,
-    ``parameter``, ``value``, in the model's parameter basis."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"data.truth={path} does not exist")
-    df = read_table(path)
+    ``parameter``, ``value``, in the model's parameter basis.
+
+    Client ids are compared as text with ``clients`` (``00`` is not ``0``); a ``repeat`` that
+    is not an integer >= 0 and a second row for one (repeat,) client and parameter are errors
+    naming the row.
+    """
+    path = readable_file(path, "data.truth")
+    df = read_table(path, text=("client", "parameter"))
     cols = [str(c) for c in df.columns]
     df.columns = cols
     for c in ("client", "parameter", "value"):
@@ -253,9 +351,9 @@ def load_truth(path, clients: list[str], param_names: list[str], repeats: int) -
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise DataError(f"{path}: row {i + 1}, column 'value' is not a finite number")
-    rep = _numeric(df, "repeat", path).astype(int) if "repeat" in cols else None
-    client = df["client"].astype(str).to_numpy()
-    param = df["parameter"].astype(str).to_numpy()
+    rep = _repeat(df, path) if "repeat" in cols else None
+    client = _text(df["client"]).fillna("").to_numpy(dtype=str)
+    param = _text(df["parameter"]).fillna("").to_numpy(dtype=str)
     c_idx = pd.Index(clients).get_indexer(client)
     p_idx = pd.Index(param_names).get_indexer(param)
     for idx, what, allowed, vals in ((c_idx, "client", clients, client),
@@ -265,13 +363,22 @@ def load_truth(path, clients: list[str], param_names: list[str], repeats: int) -
             shown = ", ".join(allowed[:12]) + (", ..." if len(allowed) > 12 else "")
             raise DataError(f"{path}: row {i + 1}: {what} '{vals[i]}' is not in the data's "
                             f"{what}s ({shown})")
+    keys = pd.DataFrame({"repeat": 0 if rep is None else rep, "client": c_idx, "param": p_idx})
+    again = keys.duplicated().to_numpy()
+    if again.any():
+        i = int(np.flatnonzero(again)[0])
+        first = int(np.flatnonzero((keys.to_numpy() == keys.to_numpy()[i]).all(axis=1))[0])
+        which = "" if rep is None else f"repeat {rep[i]}, "
+        raise DataError(f"{path}: row {i + 1}: {which}client '{client[i]}', parameter "
+                        f"'{param[i]}' is given again (first in row {first + 1}); allowed: one "
+                        f"row per {'' if rep is None else 'repeat, '}client and parameter")
     S, M, p = repeats, len(clients), len(param_names)
     theta = np.full((S, M, p), np.nan)
     if rep is None:
         theta[:, c_idx, p_idx] = value
     else:
-        if ((rep < 0) | (rep >= S)).any():
-            i = int(np.flatnonzero((rep < 0) | (rep >= S))[0])
+        if (rep >= S).any():
+            i = int(np.flatnonzero(rep >= S)[0])
             raise DataError(f"{path}: row {i + 1}: repeat {rep[i]} is not in 0..{S - 1}")
         theta[rep, c_idx, p_idx] = value
     if np.isnan(theta).any():

@@ -1,0 +1,215 @@
+"""Checks of file data beyond the layout: truth files (text client ids, duplicated rows,
+fractional repeats), special files (FIFOs, links to devices, unreadable folders), duplicated
+CSV columns, integer timestamps and values whose statistics overflow float64."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import fnsysid
+from fnsysid import load_trajectories
+from fnsysid.app.build import build
+from fnsysid.app.experiment import run_experiment
+from fnsysid.data.files import DataError, data_files, load_truth
+from fnsysid.data.source import load_data
+from tests.conftest import cli_in_process, compose_cfg
+from tests.test_data_files import GENERIC, linear_fleet, write_per_client
+
+ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def zero_padded_fleet(tmp_path, n_clients=3):
+    """Per-client files ``00.csv, 01.csv, ...`` and a truth file naming the clients so."""
+    df, theta = linear_fleet(n_clients=n_clients, n_traj=3, length=15)
+    df["client"] = df["client"].str.replace("robot", "0")
+    folder = write_per_client(df, tmp_path / "logs")
+    truth = pd.DataFrame([{"client": f"0{c}", "parameter": f"{s}+:{f}", "value": theta[i, k]}
+                          for c in range(n_clients) for i, s in enumerate(["x1", "x2"])
+                          for k, f in enumerate(["x1", "x2", "u"])])
+    return df, folder, truth
+
+
+# --- truth files --------------------------------------------------------------------------------
+
+def test_zero_padded_client_ids_are_text_in_data_and_truth(tmp_path):
+    df, folder, truth = zero_padded_fleet(tmp_path)
+    truth.to_csv(tmp_path / "truth.csv", index=False)
+    cfg = compose_cfg(*GENERIC, f"data.path={folder}", f"data.truth={tmp_path / 'truth.csv'}",
+                      "R=2")
+    model, optimizer, _ = build(cfg)
+    ds = load_data(cfg, model, optimizer)
+    assert ds.clients == ["00", "01", "02"] and ds.has_truth
+    # one file with a client column: the ids stay text too
+    df.to_csv(tmp_path / "all.csv", index=False)
+    got = load_trajectories(tmp_path / "all.csv", ["x1", "x2"], ["u"])
+    assert got["client"].unique().tolist() == ["00", "01", "02"]
+    # a client column in a folder's file that agrees with the stem as text is accepted
+    own = pd.read_csv(folder / "00.csv")
+    own.insert(0, "client", "00")
+    own.to_csv(folder / "00.csv", index=False)
+    assert (folder / "00.csv").read_text().splitlines()[1].startswith("00,")
+    assert load_trajectories(folder, ["x1", "x2"], ["u"])["client"].nunique() == 3
+
+
+def test_labels_equal_as_numbers_but_not_as_text_are_two_clients(tmp_path):
+    df, _ = linear_fleet(n_clients=3, n_traj=2, length=5)
+    df["client"] = df["client"].map({"robot0": "1", "robot1": "01", "robot2": "10"})
+    df.to_csv(tmp_path / "all.csv", index=False)
+    got = load_trajectories(tmp_path / "all.csv", ["x1", "x2"], ["u"])
+    # numeric order (1 = 01 < 10), ties by text
+    assert got["client"].unique().tolist() == ["01", "1", "10"]
+
+
+def test_a_second_truth_row_for_one_client_and_parameter_is_refused(tmp_path):
+    _, folder, truth = zero_padded_fleet(tmp_path)
+    dup = pd.concat([truth, truth.iloc[[4]].assign(value=5.0)], ignore_index=True)
+    dup.to_csv(tmp_path / "truth.csv", index=False)
+    with pytest.raises(DataError, match=r"truth.csv: row 19: client '00', parameter "
+                                        r"'x2\+:x2' is given again \(first in row 5\); "
+                                        "allowed: one row per client and parameter$"):
+        load_truth(tmp_path / "truth.csv", ["00", "01", "02"],
+                   ["x1+:x1", "x1+:x2", "x1+:u", "x2+:x1", "x2+:x2", "x2+:u"], 1)
+    # with a repeat column the key holds the repeat: the same row in two repeats is fine
+    two = pd.concat([truth.assign(repeat=0), truth.assign(repeat=1)], ignore_index=True)
+    two.to_csv(tmp_path / "truth2.csv", index=False)
+    theta = load_truth(tmp_path / "truth2.csv", ["00", "01", "02"],
+                       ["x1+:x1", "x1+:x2", "x1+:u", "x2+:x1", "x2+:x2", "x2+:u"], 2)
+    assert theta.shape == (2, 3, 6) and theta[1, 2, 4] == truth["value"].iloc[16]
+    pd.concat([two, two.iloc[[20]]]).to_csv(tmp_path / "truth3.csv", index=False)
+    with pytest.raises(DataError, match=r"row 37: repeat 1, client '00', parameter "):
+        load_truth(tmp_path / "truth3.csv", ["00", "01", "02"],
+                   ["x1+:x1", "x1+:x2", "x1+:u", "x2+:x1", "x2+:x2", "x2+:u"], 2)
+
+
+def test_a_fractional_truth_repeat_is_refused_on_the_command_line(tmp_path):
+    _, folder, truth = zero_padded_fleet(tmp_path)
+    rep = truth.assign(repeat=[0.7] + [0] * (len(truth) - 1))
+    rep.to_csv(tmp_path / "truth.csv", index=False)
+    res = cli_in_process(*GENERIC, f"data.path={folder}", f"data.truth={tmp_path / 'truth.csv'}",
+                         f"hydra.run.dir={tmp_path}/run")
+    assert res.returncode == 2
+    assert res.stderr.strip() == (f"fnsysid: error: {tmp_path / 'truth.csv'}: row 1, column "
+                                  "'repeat' is 0.7; allowed: integers >= 0")
+    assert not (tmp_path / "run").exists()
+
+
+# --- special files ------------------------------------------------------------------------------
+
+def _fifo(path):
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
+@pytest.mark.parametrize("where", ["data.path", "in_folder", "data.truth", "data.val_path"])
+def test_a_fifo_is_refused_before_a_folder_is_made(tmp_path, where):
+    df, _ = linear_fleet(n_clients=3, n_traj=2, length=5)
+    folder = write_per_client(df, tmp_path / "logs")
+    fifo = _fifo(tmp_path / "pipe.csv")
+    args = {"data.path": [f"data.path={fifo}"],
+            "in_folder": [f"data.path={folder}"],
+            "data.truth": [f"data.path={folder}", f"data.truth={fifo}"],
+            "data.val_path": [f"data.path={folder}", f"data.val_path={fifo}"]}[where]
+    if where == "in_folder":
+        (folder / "robot2.csv").unlink()
+        _fifo(folder / "robot2.csv")
+        message = f"{folder / 'robot2.csv'} is a FIFO (named pipe), not a regular file; " \
+                  "allowed: a .csv or .parquet file (remove it or move it out of the folder)"
+    else:
+        message = f"{where}={fifo} is a FIFO (named pipe), not a regular file; allowed: a " \
+                  ".csv or .parquet file"
+    res = cli_in_process(*GENERIC, *args, f"hydra.run.dir={tmp_path}/run")
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [f"fnsysid: error: {message}" +
+                                               (", or a folder of them" if where in (
+                                                   "data.path", "data.val_path") else "")]
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(DataError, match="FIFO"):             # the Python API, the same check
+        fnsysid.run([*GENERIC, *args, "R=1"], output_dir=tmp_path / "api")
+    assert not (tmp_path / "api").exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero")
+def test_a_link_to_a_device_is_refused_in_a_folder_and_as_the_path(tmp_path):
+    df, _ = linear_fleet(n_clients=4, n_traj=2, length=5)
+    folder = write_per_client(df, tmp_path / "logs")
+    (folder / "robot3.csv").unlink()
+    (folder / "robot3.csv").symlink_to("/dev/zero")
+    with pytest.raises(DataError, match=r"robot3.csv is a character device \(a link to "
+                                        r"/dev/zero\), not a regular file"):
+        data_files(folder)                                   # not M = 3
+    (tmp_path / "zero.parquet").symlink_to("/dev/zero")
+    with pytest.raises(DataError, match=r"^data.path=\S+zero.parquet is a character device"):
+        data_files(tmp_path / "zero.parquet")
+    # a link to a regular file is read as the file
+    (folder / "robot3.csv").unlink()
+    df[df["client"] == "robot0"].drop(columns="client").to_csv(tmp_path / "r.csv", index=False)
+    (folder / "robot3.csv").symlink_to(tmp_path / "r.csv")
+    assert [f.name for f in data_files(folder)] == [f"robot{i}.csv" for i in range(4)]
+
+
+def test_a_folder_and_a_broken_link_with_a_data_suffix_are_refused(tmp_path):
+    df, _ = linear_fleet(n_clients=2, n_traj=2, length=5)
+    folder = write_per_client(df, tmp_path / "logs")
+    (folder / "old.csv").mkdir()
+    with pytest.raises(DataError, match=r"old.csv is a folder, not a regular file"):
+        data_files(folder)
+    (folder / "old.csv").rmdir()
+    (folder / "gone.parquet").symlink_to(tmp_path / "nowhere.parquet")
+    with pytest.raises(DataError, match=r"gone.parquet is a broken symbolic link"):
+        data_files(folder)
+
+
+@pytest.mark.skipif(ROOT, reason="root reads any folder")
+def test_an_unreadable_folder_or_file_is_refused(tmp_path):
+    df, _ = linear_fleet(n_clients=2, n_traj=2, length=5)
+    folder = write_per_client(df, tmp_path / "logs")
+    (folder / "robot1.csv").chmod(0)
+    try:
+        with pytest.raises(DataError, match=r"robot1.csv cannot be read \(permission denied\)"):
+            data_files(folder)
+        folder.chmod(0)
+        with pytest.raises(DataError, match=r"^data.path=\S+logs: the folder cannot be read"):
+            data_files(folder)
+    finally:
+        folder.chmod(0o755)
+        (folder / "robot1.csv").chmod(0o644)
+
+
+# --- duplicated columns, integer timestamps ------------------------------------------------------
+
+def test_a_column_name_given_twice_in_a_csv_is_refused(tmp_path):
+    df, _ = linear_fleet(n_clients=2, n_traj=2, length=5)
+    folder = write_per_client(df, tmp_path / "logs")
+    text = (folder / "robot1.csv").read_text().splitlines()
+    assert text[0] == "trajectory,t,x1,x2,u"
+    (folder / "robot1.csv").write_text("\n".join(["trajectory,t,x1,x2, x1"] + text[1:]) + "\n")
+    with pytest.raises(DataError, match=r"robot1.csv: column 'x1' appears twice in the header; "
+                                        "allowed: one column per name$"):
+        load_trajectories(folder, ["x1", "x2"], ["u"])
+
+
+def test_integer_nanosecond_timestamps_are_compared_exactly(tmp_path):
+    df, _ = linear_fleet(n_clients=2, n_traj=2, length=6)
+    start = 1_700_000_000_000_000_000                       # ns since 1970; float spacing 256
+    df["t"] = start + 100 * df.groupby(["client", "trajectory"]).cumcount().astype("int64")
+    for fmt in ("csv", "parquet"):
+        path = tmp_path / f"all.{fmt}"
+        df.to_csv(path, index=False) if fmt == "csv" else df.to_parquet(path)
+        got = load_trajectories(path, ["x1", "x2"], ["u"])
+        assert got["t"].dtype == np.int64 and got["t"].iloc[:6].tolist() == [
+            start + 100 * k for k in range(6)]
+    swapped = df.copy()
+    swapped.loc[[2, 3], "t"] = swapped.loc[[3, 2], "t"].to_numpy()
+    swapped.to_csv(tmp_path / "swapped.csv", index=False)
+    with pytest.raises(DataError, match=rf"row 4: t={start + 200} does not increase within "
+                                        rf"client 'robot0', trajectory 0 \(previous "
+                                        rf"t={start + 300}\)"):
+        load_trajectories(tmp_path / "swapped.csv", ["x1", "x2"], ["u"])
+    summary = run_experiment(compose_cfg(*GENERIC, f"data.path={tmp_path / 'all.csv'}", "R=2"),
+                             tmp_path / "run")
+    assert summary["status"] == "ok" and summary["M"] == 2
