@@ -213,3 +213,57 @@ def test_integer_nanosecond_timestamps_are_compared_exactly(tmp_path):
     summary = run_experiment(compose_cfg(*GENERIC, f"data.path={tmp_path / 'all.csv'}", "R=2"),
                              tmp_path / "run")
     assert summary["status"] == "ok" and summary["M"] == 2
+
+
+# --- values that overflow float64 ---------------------------------------------------------------
+
+@pytest.mark.parametrize("row, which", [(5, "training"), (28, "held-out")])
+def test_a_value_whose_statistics_overflow_is_refused_naming_the_file_and_row(tmp_path, row,
+                                                                              which):
+    df, _ = linear_fleet(n_clients=3, n_traj=2, length=15)
+    folder = write_per_client(df, tmp_path / "logs")
+    one = pd.read_csv(folder / "robot1.csv")
+    one.loc[row - 1, "x2"] = 1e308 if which == "training" else -1e200   # row 28: trajectory 1
+    one.to_csv(folder / "robot1.csv", index=False)
+    res = cli_in_process(*GENERIC, f"data.path={folder}", "optimizer.scale_features=whiten",
+                         f"hydra.run.dir={tmp_path}/run")
+    assert res.returncode == 2, res.stderr
+    value = "1e+308" if which == "training" else "-1e+200"
+    assert res.stderr.strip().splitlines() == [
+        f"fnsysid: error: {folder / 'robot1.csv'}: row {row}, column 'x2' is {value}: the "
+        f"{which} statistics of client 'robot1' (its features squared and summed over its "
+        "samples) overflow float64 (this is the client's largest |value|); allowed: values "
+        "whose squared features sum to less than 1.8e+308 (rescale the column)"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_large_value_whose_statistics_stay_finite_is_read(tmp_path):
+    df, _ = linear_fleet(n_clients=2, n_traj=2, length=10)
+    df.loc[3, "x1"] = 1e150                                  # squared: 1e300, finite
+    df.to_csv(tmp_path / "all.csv", index=False)
+    cfg = compose_cfg(*GENERIC, f"data.path={tmp_path / 'all.csv'}", "data.holdout=0")
+    model, optimizer, _ = build(cfg)
+    data = load_data(cfg, model, optimizer).train
+    assert np.isfinite(data.H).all() and data.H[0, 0, 0, 0] == pytest.approx(1e300)
+
+
+def test_a_start_model_that_overflows_is_refused(tmp_path):
+    res = cli_in_process("system=pendulum", "R=2", "output.plot=false", "system.init.scale=1e308",
+                         f"hydra.run.dir={tmp_path}/run")
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "fnsysid: error: system.init.scale=1e+308: the start model (1e+308 x the nominal "
+        "parameters, norm ") and "allowed: |system.init.scale| below " in lines[0]
+    assert not (tmp_path / "run").exists()
+    limit = float(lines[0].rsplit(" ", 1)[1])
+    from fnsysid.learning.start import initial_model
+
+    model = build(compose_cfg("system=pendulum"))[0]
+    for scale, ok in ((0.99 * limit, True), (1.01 * limit, False)):
+        init = type("Init", (), {"reference": "nominal", "scale": scale})
+        if ok:
+            assert np.isfinite(initial_model(model, None, init, repeats=1)).all()
+        else:
+            with pytest.raises(fnsysid.ConfigError, match="overflows float64"):
+                initial_model(model, None, init, repeats=1)

@@ -325,9 +325,43 @@ def _combine(parts, files, one_file, states, inputs) -> pd.DataFrame:
     if inputs:                                                 # unused last inputs: 0
         df.loc[last, inputs] = df.loc[last, inputs].fillna(0.0)
     keep = ["repeat", "client", "trajectory", "t", "split"] + states + inputs
-    out = df[keep + ["_client", "_trajectory"]].copy()
+    out = df[keep + ["_client", "_trajectory", "_row"]].copy()
+    out["_file"] = pd.Categorical.from_codes(df["_file"], [str(f) for f in files])
     out.attrs["files"] = [str(f) for f in files]
     return out
+
+
+def check_finite(train, heldout, train_rows: pd.DataFrame, val_rows: pd.DataFrame,
+                 columns: list[str], clients: list[str]) -> None:
+    """Refuse data whose statistics overflow float64 (before any round or feature scaling).
+
+    ``train`` the training statistics (``H, b, yy``), ``heldout`` the held-out ones (``gram,
+    cross, yy, std``) or None, computed from ``train_rows``/``val_rows`` (as returned by
+    :func:`read_trajectories`). A client whose sums of squared features (or targets) are not
+    finite is named with the file and row of its largest value in ``columns``.
+    """
+    parts = [("training", (train.H, train.b, train.yy), train_rows)]
+    if heldout is not None:
+        parts.append(("held-out", (heldout.gram, heldout.cross, heldout.yy, heldout.std),
+                      val_rows))
+    for which, arrays, rows in parts:
+        S, M = arrays[0].shape[:2]
+        bad = np.zeros((S, M), bool)
+        for a in arrays:
+            bad |= ~np.isfinite(a).reshape(S, M, -1).all(axis=-1)
+        if not bad.any():
+            continue
+        s, m = (int(k) for k in np.argwhere(bad)[0])
+        mine = rows[(rows["repeat"].to_numpy() == s) & (rows["_client"].to_numpy() == m)]
+        values = np.abs(mine[columns].to_numpy(float))
+        i, k = np.unravel_index(int(np.argmax(values)), values.shape)
+        rep = f" (repeat {s})" if S > 1 else ""
+        raise DataError(
+            f"{mine['_file'].iat[i]}: row {mine['_row'].iat[i]}, column '{columns[k]}' is "
+            f"{mine[columns[k]].iat[i]:g}: the {which} statistics of client '{clients[m]}'{rep}"
+            " (its features squared and summed over its samples) overflow float64 (this is the "
+            "client's largest |value|); allowed: values whose squared features sum to less "
+            f"than {np.finfo(float).max:.3g} (rescale the column)")
 
 
 def load_truth(path, clients: list[str], param_names: list[str], repeats: int) -> np.ndarray:

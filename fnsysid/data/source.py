@@ -229,6 +229,7 @@ def column_names(settings, model: Model) -> tuple[list[str], list[str]]:
     return list(states), list(inputs)
 
 
+@np.errstate(over="ignore", invalid="ignore")    # statistics that overflow: refused, not warned
 def from_files(settings: Settings, model: Model, optimizer,
                given: frozenset[str] = frozenset()) -> Dataset:
     """Clients read from ``data.path`` (and ``data.val_path``), truth from ``data.truth``.
@@ -238,7 +239,7 @@ def from_files(settings: Settings, model: Model, optimizer,
     """
     import pandas as pd
 
-    from fnsysid.data.files import load_truth, read_trajectories
+    from fnsysid.data.files import check_finite, load_truth, read_trajectories
 
     states, inputs = column_names(settings, model)
     df = read_trajectories(settings.data.path, states, inputs)
@@ -277,6 +278,7 @@ def from_files(settings: Settings, model: Model, optimizer,
     if settings.data.truth:
         train.theta_true = load_truth(settings.data.truth, clients, model.param_names, S)
     ho = _heldout(model, val_rows, S, M, states, inputs) if len(val_rows) else None
+    check_finite(train, ho, train_rows, val_rows, states + inputs, clients)
     n_traj = train_rows.groupby(["repeat", "_client"])["_trajectory"].nunique()
     batch_size = getattr(settings.optimizer, "batch_size", None)
     if batch_size is not None:

@@ -11,7 +11,7 @@ from fnsysid.dynamics.model import ClientData, Model
 def initial_model(model: Model, data: ClientData | None, init,
                   repeats: int | None = None) -> np.ndarray:
     """Server model of round 0, (S, p): ``init.scale`` times the nominal model or client 0's
-    (``init.reference``).
+    (``init.reference``); a start whose squared norm overflows float64 is refused.
 
     Without ``data`` (a federated server sees none) only the nominal reference is possible and
     ``repeats`` gives S.
@@ -28,4 +28,14 @@ def initial_model(model: Model, data: ClientData | None, init,
         base = data.theta_true[:, 0]
     else:
         raise ConfigError(f"system.init.reference={ref} is not allowed; allowed: nominal, client0")
-    return float(init.scale) * np.array(base)
+    scale = float(init.scale)
+    with np.errstate(over="ignore", invalid="ignore"):
+        theta0 = scale * np.array(base)
+        norm2 = np.einsum("...i,...i->...", theta0, theta0)
+    if not np.isfinite(norm2).all():
+        norm = float(np.linalg.norm(base, axis=-1).max())
+        raise ConfigError(f"system.init.scale={scale:g}: the start model ({scale:g} x the {ref} "
+                          f"parameters, norm {norm:.3g}) overflows float64 (its squared norm is "
+                          "not finite); allowed: |system.init.scale| below "
+                          f"{np.sqrt(np.finfo(float).max) / norm:.3g}")
+    return theta0
