@@ -203,6 +203,10 @@ def test_integer_nanosecond_timestamps_are_compared_exactly(tmp_path):
         got = load_trajectories(path, ["x1", "x2"], ["u"])
         assert got["t"].dtype == np.int64 and got["t"].iloc[:6].tolist() == [
             start + 100 * k for k in range(6)]
+    # a Parquet timestamp column: its nanoseconds, exactly
+    df.assign(t=pd.to_datetime(df["t"], unit="ns")).to_parquet(tmp_path / "stamps.parquet")
+    got = load_trajectories(tmp_path / "stamps.parquet", ["x1", "x2"], ["u"])
+    assert got["t"].iloc[:3].tolist() == [start, start + 100, start + 200]
     swapped = df.copy()
     swapped.loc[[2, 3], "t"] = swapped.loc[[3, 2], "t"].to_numpy()
     swapped.to_csv(tmp_path / "swapped.csv", index=False)

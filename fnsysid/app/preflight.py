@@ -459,6 +459,7 @@ def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base
     swept = [k for k in dims if is_group(k)]
     values = [k for k in dims if not is_group(k) and not k.startswith("hydra")]
     checked = disk = 0
+    seen = set()                       # data paths checked (once per sweep)
     for gcombo in itertools.product(*(dims[k] for k in swept)):
         ovr = fixed + [f"{k}={encode(v)}" for k, v in zip(swept, gcombo, strict=True)]
         ovr += [f"{k}={encode(dims[k][0])}" for k in values]
@@ -481,8 +482,11 @@ def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base
             except OmegaConfBaseException as exc:
                 raise ConfigError(one_line(exc)) from exc
             settings = check_run(cfg)
-            if settings.files:            # FIFOs, devices, unreadable folders: before a folder
+            paths = (settings.data.path, settings.data.val_path, settings.data.truth) \
+                if settings.files else None
+            if paths and paths not in seen:   # FIFOs, devices, unreadable folders: refused here
                 check_paths(settings.data)
+                seen.add(paths)
             check_memory(settings, *build(settings)[:2])
             disk = max(disk, estimate_disk_bytes(settings, keep_per_client(settings)))
             checked += 1

@@ -196,10 +196,7 @@ def _check_file(df: pd.DataFrame, f: Path, states, inputs, one_file: bool) -> pd
                                 "drop the column, or give data.path=<one file> holding all "
                                 "clients")
     out["trajectory"] = df["trajectory"] if "trajectory" in cols else 0
-    if "t" in cols and pd.api.types.is_integer_dtype(df["t"]):
-        out["t"] = df["t"].to_numpy()          # integer stamps (ns) compared exactly
-    else:
-        out["t"] = _numeric(df, "t", f) if "t" in cols else np.arange(len(df), dtype=float)
+    out["t"] = _time(df, f) if "t" in cols else np.arange(len(df), dtype=float)
     if "split" in cols:
         split = df["split"].astype(str).str.strip()
         bad = ~split.isin(SPLITS)
@@ -231,6 +228,21 @@ def _repeat(df: pd.DataFrame, f: Path) -> np.ndarray:
         shown = "empty" if np.isnan(rep[i]) else f"{df['repeat'].iloc[i]}"
         raise DataError(f"{f}: row {i + 1}, column 'repeat' is {shown}; allowed: integers >= 0")
     return rep.astype(int)
+
+
+def _time(df: pd.DataFrame, f: Path) -> np.ndarray:
+    """Column ``t``: integers (e.g. nanosecond stamps) and Parquet timestamps (as int64
+    nanoseconds) kept as integers, so that their order is checked exactly (a float has 53
+    bits: stamps 100 ns apart near 2023 would be equal); other numbers as floats."""
+    s = df["t"]
+    if pd.api.types.is_datetime64_any_dtype(s):
+        if s.isna().any():
+            i = int(np.flatnonzero(s.isna().to_numpy())[0])
+            raise DataError(f"{f}: row {i + 1}, column 't' is empty; allowed: times or numbers")
+        return s.dt.as_unit("ns").astype("int64").to_numpy()
+    if pd.api.types.is_integer_dtype(s) and not pd.api.types.is_bool_dtype(s):
+        return s.to_numpy(dtype=np.int64)
+    return _numeric(df, "t", f)
 
 
 def _numeric(df: pd.DataFrame, col: str, f: Path) -> np.ndarray:
