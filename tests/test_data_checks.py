@@ -228,6 +228,7 @@ def test_a_value_whose_statistics_overflow_is_refused_naming_the_file_and_row(tm
     folder = write_per_client(df, tmp_path / "logs")
     one = pd.read_csv(folder / "robot1.csv")
     one.loc[row - 1, "x2"] = 1e308 if which == "training" else -1e200   # row 28: trajectory 1
+    one.loc[14, "u"] = 1.7e308            # row 15: the last sample's input, not used: not named
     one.to_csv(folder / "robot1.csv", index=False)
     res = cli_in_process(*GENERIC, f"data.path={folder}", "optimizer.scale_features=whiten",
                          f"hydra.run.dir={tmp_path}/run")
@@ -239,6 +240,17 @@ def test_a_value_whose_statistics_overflow_is_refused_naming_the_file_and_row(tm
         "samples) overflow float64 (this is the client's largest |value|); allowed: values "
         "whose squared features sum to less than 1.8e+308 (rescale the column)"]
     assert not (tmp_path / "run").exists()
+
+
+def test_true_parameters_whose_norm_overflows_are_refused(tmp_path):
+    _, folder, truth = zero_padded_fleet(tmp_path)
+    truth.loc[9, "value"] = -1e200                           # client 01
+    truth.to_csv(tmp_path / "truth.csv", index=False)
+    with pytest.raises(DataError, match=r"truth.csv: row 10, column 'value' is -1e\+200: the "
+                                        "true parameters of client '01' have a squared norm "
+                                        "that overflows float64"):
+        load_truth(tmp_path / "truth.csv", ["00", "01", "02"],
+                   ["x1+:x1", "x1+:x2", "x1+:u", "x2+:x1", "x2+:x2", "x2+:u"], 1)
 
 
 def test_a_large_value_whose_statistics_stay_finite_is_read(tmp_path):

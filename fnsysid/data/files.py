@@ -344,13 +344,14 @@ def _combine(parts, files, one_file, states, inputs) -> pd.DataFrame:
 
 
 def check_finite(train, heldout, train_rows: pd.DataFrame, val_rows: pd.DataFrame,
-                 columns: list[str], clients: list[str]) -> None:
+                 states: list[str], inputs: list[str], clients: list[str]) -> None:
     """Refuse data whose statistics overflow float64 (before any round or feature scaling).
 
     ``train`` the training statistics (``H, b, yy``), ``heldout`` the held-out ones (``gram,
     cross, yy, std``) or None, computed from ``train_rows``/``val_rows`` (as returned by
     :func:`read_trajectories`). A client whose sums of squared features (or targets) are not
-    finite is named with the file and row of its largest value in ``columns``.
+    finite is named with the file and row of its largest value among the states and the
+    inputs that are used (not those of a trajectory's last sample).
     """
     parts = [("training", (train.H, train.b, train.yy), train_rows)]
     if heldout is not None:
@@ -365,7 +366,10 @@ def check_finite(train, heldout, train_rows: pd.DataFrame, val_rows: pd.DataFram
             continue
         s, m = (int(k) for k in np.argwhere(bad)[0])
         mine = rows[(rows["repeat"].to_numpy() == s) & (rows["_client"].to_numpy() == m)]
+        columns = states + inputs
         values = np.abs(mine[columns].to_numpy(float))
+        traj = mine["_trajectory"].to_numpy()
+        values[np.append(traj[1:] != traj[:-1], True), len(states):] = 0.0   # unused inputs
         i, k = np.unravel_index(int(np.argmax(values)), values.shape)
         rep = f" (repeat {s})" if S > 1 else ""
         raise DataError(
@@ -431,4 +435,15 @@ def load_truth(path, clients: list[str], param_names: list[str], repeats: int) -
         s, m, k = np.argwhere(np.isnan(theta))[0]
         raise DataError(f"{path}: no value for repeat {s}, client '{clients[m]}', parameter "
                         f"'{param_names[k]}'")
+    with np.errstate(over="ignore"):
+        norm2 = np.einsum("smp,smp->sm", theta, theta)
+    if not np.isfinite(norm2).all():                   # e_r divides by the norm
+        s, m = (int(k) for k in np.argwhere(~np.isfinite(norm2))[0])
+        mine = (c_idx == m) & ((rep == s) if rep is not None else True)
+        i = int(np.flatnonzero(mine)[np.argmax(np.abs(value[mine]))])
+        raise DataError(f"{path}: row {i + 1}, column 'value' is {value[i]:g}: the true parameters "
+                        f"of client '{clients[m]}' have a squared norm that overflows float64 "
+                        "(e_r divides by their norm); allowed: "
+                        f"values whose squares sum to less than {np.finfo(float).max:.3g} per "
+                        "client")
     return theta

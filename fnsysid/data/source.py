@@ -278,7 +278,7 @@ def from_files(settings: Settings, model: Model, optimizer,
     if settings.data.truth:
         train.theta_true = load_truth(settings.data.truth, clients, model.param_names, S)
     ho = _heldout(model, val_rows, S, M, states, inputs) if len(val_rows) else None
-    check_finite(train, ho, train_rows, val_rows, states + inputs, clients)
+    check_finite(train, ho, train_rows, val_rows, states, inputs, clients)
     n_traj = train_rows.groupby(["repeat", "_client"])["_trajectory"].nunique()
     batch_size = getattr(settings.optimizer, "batch_size", None)
     if batch_size is not None:
