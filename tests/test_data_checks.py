@@ -283,3 +283,12 @@ def test_a_start_model_that_overflows_is_refused(tmp_path):
         else:
             with pytest.raises(fnsysid.ConfigError, match="overflows float64"):
                 initial_model(model, None, init, repeats=1)
+
+
+def test_simulated_states_that_overflow_are_refused(tmp_path):
+    with pytest.raises(fnsysid.ConfigError, match=r"^data=simulated: the training statistics of "
+                                                  r"client 0 \(repeat 0\) overflow float64 .*"
+                                                  r"system=linear grow too large\); allowed: "):
+        fnsysid.run(["system=linear", "M=2", "R=1", "system.x0.scale=1e200",
+                     "output.plot=false"], output_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()

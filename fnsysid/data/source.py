@@ -124,9 +124,11 @@ def _read_only(dataset: Dataset) -> Dataset:
 
 # --- simulated ----------------------------------------------------------------------------------
 
+@np.errstate(over="ignore", invalid="ignore")    # statistics that overflow: refused, not warned
 def simulated(settings: Settings, model: Model, optimizer) -> Dataset:
     """Simulated clients; ``data.val_N`` held-out trajectories per client from their own
-    random streams (the training data do not depend on them)."""
+    random streams (the training data do not depend on them). Data whose statistics overflow
+    float64 (states that grow without bound, huge initial states or inputs) are refused."""
     if not model.system.simulates:
         raise ConfigError(f"system={model.system.name} has no simulator; use data=files "
                           "data.path=... (see README, Your own data)")
@@ -138,6 +140,19 @@ def simulated(settings: Settings, model: Model, optimizer) -> Dataset:
     if n_val > 0:
         x, u = simulate_all(model, settings, n_val, rnd.HOLDOUT)
         ho = heldout_from_trajectories(model, x, u, np.ones(x.shape[:-1], bool))
+    for which, arrays in (("training", (train.H, train.b, train.yy)),
+                          ("held-out", () if ho is None else (ho.gram, ho.cross, ho.yy, ho.std))):
+        bad = np.zeros((s.repeats, s.M), bool)
+        for a in arrays:
+            bad |= ~np.isfinite(a).reshape(s.repeats, s.M, -1).all(axis=-1)
+        if bad.any():
+            r, m = (int(k) for k in np.argwhere(bad)[0])
+            raise ConfigError(
+                f"data=simulated: the {which} statistics of client {m} (repeat {r}) overflow "
+                "float64 (its features squared and summed over its samples: the simulated "
+                f"states of system={model.system.name} grow too large); allowed: system.x0, "
+                "system.inputs, system.disturbance and T for which the states stay finite when "
+                "squared (|x| below about 1e154)")
     facts = {k: s.resolved[k] for k in ("M", "N", "T", "eps")}     # as given
     return Dataset(train, ho, [str(m) for m in range(s.M)], facts)
 
