@@ -450,7 +450,6 @@ def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base
 
     from fnsysid.app.build import build
     from fnsysid.app.resources import check_memory, estimate_disk_bytes
-    from fnsysid.data.files import check_paths
     from fnsysid.results.history import keep_per_client
 
     def is_group(key: str) -> bool:
@@ -485,6 +484,8 @@ def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base
             paths = (settings.data.path, settings.data.val_path, settings.data.truth) \
                 if settings.files else None
             if paths and paths not in seen:   # FIFOs, devices, unreadable folders: refused here
+                from fnsysid.data.files import check_paths     # pandas: only with data=files
+
                 check_paths(settings.data)
                 seen.add(paths)
             check_memory(settings, *build(settings)[:2])
