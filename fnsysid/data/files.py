@@ -9,7 +9,8 @@ repetitions) and ``split`` (``train``/``val``). A trajectory of length L gives L
 transitions; the inputs of its last sample are not used and may be empty.
 
 Every problem is reported as :class:`DataError`, one line naming the file and the row (1-based,
-header not counted) or the column. Each file is read once.
+header not counted) or the column. Each file is read once (a CSV's header line twice, to find a
+column name given twice).
 """
 
 from __future__ import annotations
