@@ -484,7 +484,7 @@ def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base
             paths = (settings.data.path, settings.data.val_path, settings.data.truth) \
                 if settings.files else None
             if paths and paths not in seen:   # FIFOs, devices, unreadable folders: refused here
-                from fnsysid.data.files import check_paths     # pandas: only with data=files
+                from fnsysid.data.files import check_paths  # pandas: only with data=files
 
                 check_paths(settings.data)
                 seen.add(paths)
