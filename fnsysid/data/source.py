@@ -28,7 +28,7 @@ from fnsysid.dynamics.model import (
     chunk_clients,
     for_chunks,
     generate,
-    sample_stats,
+    ragged_stats,
     simulate_blocks,
 )
 
@@ -336,6 +336,12 @@ def _client_data(model: Model, rows: pd.DataFrame, S: int, M: int, states, input
         k = int(np.flatnonzero(count == 0)[0])
         raise DataError(f"data.path={path}: client '{clients[k % M]}' (repeat {k // M}) has no "
                         "training trajectory (all are held out)")
+    stats = ragged_stats(model, Phi, Y, count)           # segments in order: no padding
+    H, b, yy, n, phi2max, phi_mean, y_mean = (a.reshape((S, M) + a.shape[1:]) for a in stats)
+    theta_true = np.full((S, M, model.p), np.nan)
+    if not keep_samples:
+        return ClientData(theta_true, H, b, yy, n, None, None, None, phi2max, phi_mean, y_mean)
+    # mini-batch SGD draws from every client's samples at once: padded to the longest
     starts = np.concatenate([[0], np.cumsum(count)[:-1]])
     pos = np.arange(len(seg)) - starts[seg]
     n_max = int(count.max())
@@ -344,14 +350,9 @@ def _client_data(model: Model, rows: pd.DataFrame, S: int, M: int, states, input
     Yp = np.zeros((S * M, n_max, n_y))
     W = np.zeros((S * M, n_max))
     P[seg, pos], Yp[seg, pos], W[seg, pos] = Phi, Y, 1.0
-    stats = sample_stats(model, P, Yp, W)
-    H, b, yy, n, phi2max, phi_mean, y_mean = (a.reshape((S, M) + a.shape[1:]) for a in stats)
-    theta_true = np.full((S, M, model.p), np.nan)
-    if keep_samples:
-        return ClientData(theta_true, H, b, yy, n, P.reshape(S, M, n_max, n_phi),
-                          Yp.reshape(S, M, n_max, n_y), W.reshape(S, M, n_max), phi2max,
-                          phi_mean, y_mean)
-    return ClientData(theta_true, H, b, yy, n, None, None, None, phi2max, phi_mean, y_mean)
+    return ClientData(theta_true, H, b, yy, n, P.reshape(S, M, n_max, n_phi),
+                      Yp.reshape(S, M, n_max, n_y), W.reshape(S, M, n_max), phi2max,
+                      phi_mean, y_mean)
 
 
 def _heldout(model: Model, rows: pd.DataFrame, S: int, M: int, states, inputs) -> HeldOut:
