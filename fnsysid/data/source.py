@@ -20,7 +20,7 @@ import numpy as np
 
 from fnsysid.config.checks import ConfigError, DataError, check_batch_size
 from fnsysid.config.schema import Settings
-from fnsysid.data.heldout import HeldOut, heldout_from_trajectories
+from fnsysid.data.heldout import HeldOut, add_block, empty_heldout, heldout_from_trajectories
 from fnsysid.dynamics import random as rnd
 from fnsysid.dynamics.model import (
     ClientData,
@@ -28,6 +28,7 @@ from fnsysid.dynamics.model import (
     chunk_clients,
     for_chunks,
     generate,
+    length_classes,
     ragged_stats,
     simulate_blocks,
 )
@@ -114,7 +115,9 @@ def _simulation_key(settings: Settings, optimizer) -> str:
 
 def _read_only(dataset: Dataset) -> Dataset:
     """``dataset`` with its arrays made read-only (a run that wrote into shared data fails)."""
-    for part in (dataset.train, dataset.heldout):
+    parts = [dataset.train, dataset.heldout]
+    parts += dataset.heldout.blocks if dataset.heldout is not None else []
+    for part in parts:
         for f in fields(part) if part is not None else ():
             a = getattr(part, f.name)
             if isinstance(a, np.ndarray):
@@ -356,8 +359,13 @@ def _client_data(model: Model, rows: pd.DataFrame, S: int, M: int, states, input
 
 
 def _heldout(model: Model, rows: pd.DataFrame, S: int, M: int, states, inputs) -> HeldOut:
-    """Held-out trajectories padded to (S, M, J, L)."""
-    key = rows["repeat"].to_numpy() * M + rows["_client"].to_numpy()
+    """Held-out trajectories in blocks of clients of one length class of their number of
+    trajectories and of their longest (the most over the repeats), each block padded to its
+    own largest: a few long clients do not pad the many short ones (see
+    :class:`~fnsysid.data.heldout.HeldOut`)."""
+    rep = rows["repeat"].to_numpy()
+    cl = rows["_client"].to_numpy()
+    key = rep * M + cl
     tr = rows["_trajectory"].to_numpy()
     new_traj = np.append(True, (key[1:] != key[:-1]) | (tr[1:] != tr[:-1]))
     traj_id = np.cumsum(new_traj) - 1                                 # global trajectory index
@@ -367,17 +375,27 @@ def _heldout(model: Model, rows: pd.DataFrame, S: int, M: int, states, inputs) -
     new_seg = np.append(True, traj_key[1:] != traj_key[:-1])
     seg_start = np.flatnonzero(new_seg)
     j = np.arange(len(traj_key)) - seg_start[np.cumsum(new_seg) - 1]  # trajectory within client
-    J, L = int(j.max()) + 1, int(t_pos.max()) + 1
-    n_u = len(inputs)
-    x = np.zeros((S * M, J, L, len(states)))
-    u = np.zeros((S * M, J, L, n_u))
-    mask = np.zeros((S * M, J, L), bool)
+    # each client's most trajectories and longest trajectory over the repeats
+    J_c, L_c = np.zeros(M, int), np.zeros(M, int)
+    np.maximum.at(J_c, cl[t_start], j + 1)
+    np.maximum.at(L_c, cl, t_pos + 1)
+    has = np.flatnonzero(J_c > 0)
+    cls = length_classes(J_c[has]) * 64 + length_classes(L_c[has])
+    X = rows[states].to_numpy(float)
+    U = rows[inputs].to_numpy(float) if inputs else np.zeros((len(rows), 0))
     jj = j[traj_id]
-    x[key, jj, t_pos] = rows[states].to_numpy(float)
-    if n_u:
-        u[key, jj, t_pos] = rows[inputs].to_numpy(float)
-    mask[key, jj, t_pos] = True
-    shape = (S, M, J, L)
-    return heldout_from_trajectories(model, x.reshape(shape + (-1,)),
-                                     u.reshape(shape + (n_u,))[..., :-1, :],
-                                     mask.reshape(shape))
+    ho = empty_heldout(model, S, M)
+    rank = np.zeros(M, int)
+    for k in np.unique(cls):
+        clients = has[cls == k]
+        rank[clients] = np.arange(len(clients))
+        J, L = int(J_c[clients].max()), int(L_c[clients].max())
+        sel = np.isin(cl, clients)
+        at = (rep[sel], rank[cl[sel]], jj[sel], t_pos[sel])
+        m = len(clients)
+        x = np.zeros((S, m, J, L, len(states)))
+        u = np.zeros((S, m, J, L, U.shape[1]))
+        mask = np.zeros((S, m, J, L), bool)
+        x[at], u[at], mask[at] = X[sel], U[sel], True
+        add_block(model, ho, clients, x, u[..., :-1, :], mask)
+    return ho
