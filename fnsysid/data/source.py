@@ -60,9 +60,10 @@ class Dataset:
 
 
 def load_data(settings: Settings, model: Model, optimizer,
-              given: frozenset[str] = frozenset()) -> Dataset:
+              given: frozenset[str] = frozenset(), budget=None) -> Dataset:
     """The clients' data for the run described by ``settings`` (``data.source``); ``given``: the
-    settings given explicitly (see :func:`from_files`)."""
+    settings given explicitly, ``budget``: the memory check of file data (see
+    :func:`from_files`)."""
     source = settings.data.source
     if source == "simulated":
         if _REUSED is None:
@@ -75,7 +76,7 @@ def load_data(settings: Settings, model: Model, optimizer,
         _REUSED.move_to_end(key)
         return _REUSED[key]
     if source == "files":
-        return from_files(settings, model, optimizer, given)
+        return from_files(settings, model, optimizer, given, budget)
     raise ConfigError(f"data.source={source} is not allowed; allowed: {', '.join(SOURCES)}")
 
 
@@ -233,11 +234,14 @@ def column_names(settings, model: Model) -> tuple[list[str], list[str]]:
 
 
 def from_files(settings: Settings, model: Model, optimizer,
-               given: frozenset[str] = frozenset()) -> Dataset:
+               given: frozenset[str] = frozenset(), budget=None) -> Dataset:
     """Clients read from ``data.path`` (and ``data.val_path``), truth from ``data.truth``.
 
     The files give the clients and repeats; an ``M`` or ``repeats`` in ``given`` (the
-    settings given explicitly) that differs from them is refused.
+    settings given explicitly) that differs from them is refused. ``budget(need, what)``,
+    when given, is called with the bytes the arrays of the data read will need
+    (:func:`fnsysid.data.memory.built_bytes`) and a description of the data, before they are
+    built; it raises to refuse them.
     """
     import pandas as pd
 
@@ -275,6 +279,9 @@ def from_files(settings: Settings, model: Model, optimizer,
         df = _hold_out(df, settings.data.holdout, settings.data.path)
     train_rows = df[df["split"] == "train"]
     val_rows = df[df["split"] == "val"] if val is None else val
+    if budget is not None:
+        _check_budget(budget, model, optimizer, train_rows, val_rows, S, M, len(states) +
+                      len(inputs), settings.data.path)
     train = _client_data(model, train_rows, S, M, states, inputs, optimizer.needs_samples,
                          settings.data.path, clients)
     if settings.data.truth:
@@ -288,6 +295,26 @@ def from_files(settings: Settings, model: Model, optimizer,
     facts = {"M": M, "N": N[0] if len(set(N)) == 1 else N, "T": None, "eps": None,
              "repeats": S, "clients": clients if M <= 50 else clients[:50] + ["..."]}
     return Dataset(train, ho, clients, facts)
+
+
+def _check_budget(budget, model: Model, optimizer, train_rows, val_rows, S: int, M: int,
+                  columns: int, path) -> None:
+    """Call ``budget`` with the memory the arrays of these rows need and what they are."""
+    from fnsysid.data.memory import built_bytes
+
+    seg = train_rows["repeat"].to_numpy() * M + train_rows["_client"].to_numpy()
+    count = np.bincount(seg, minlength=S * M)
+    blocks = [(len(c), J, L) for c, J, L in _heldout_layout(val_rows, M)[1]] \
+        if len(val_rows) else []
+    # the files' columns: states, inputs, repeat, client, trajectory, t, split
+    need = built_bytes(model, len(train_rows) + len(val_rows), columns + 5,
+                       S, M, count, optimizer.needs_samples, blocks)
+    what = (f"data.path={path} ({len(train_rows) + len(val_rows)} rows, {M} clients"
+            + (f" x {S} repeats" if S > 1 else "")
+            + f", the longest client {int(count.max())} samples"
+            + ("; optimizer=sgd keeps every client's samples, padded to the longest"
+               if optimizer.needs_samples else "") + ")")
+    budget(need, what)
 
 
 def _hold_out(df: pd.DataFrame, frac: float, path: str) -> pd.DataFrame:
@@ -358,11 +385,11 @@ def _client_data(model: Model, rows: pd.DataFrame, S: int, M: int, states, input
                       phi_mean, y_mean)
 
 
-def _heldout(model: Model, rows: pd.DataFrame, S: int, M: int, states, inputs) -> HeldOut:
-    """Held-out trajectories in blocks of clients of one length class of their number of
-    trajectories and of their longest (the most over the repeats), each block padded to its
-    own largest: a few long clients do not pad the many short ones (see
-    :class:`~fnsysid.data.heldout.HeldOut`)."""
+def _heldout_layout(rows: pd.DataFrame, M: int):
+    """Where each held-out row goes: its repeat, client, trajectory within the client and
+    position within the trajectory; and the blocks of clients (one length class of their
+    number of trajectories and of their longest, the most over the repeats) with each
+    block's clients, most trajectories ``J`` and longest trajectory ``L``."""
     rep = rows["repeat"].to_numpy()
     cl = rows["_client"].to_numpy()
     key = rep * M + cl
@@ -375,21 +402,27 @@ def _heldout(model: Model, rows: pd.DataFrame, S: int, M: int, states, inputs) -
     new_seg = np.append(True, traj_key[1:] != traj_key[:-1])
     seg_start = np.flatnonzero(new_seg)
     j = np.arange(len(traj_key)) - seg_start[np.cumsum(new_seg) - 1]  # trajectory within client
-    # each client's most trajectories and longest trajectory over the repeats
     J_c, L_c = np.zeros(M, int), np.zeros(M, int)
     np.maximum.at(J_c, cl[t_start], j + 1)
     np.maximum.at(L_c, cl, t_pos + 1)
     has = np.flatnonzero(J_c > 0)
     cls = length_classes(J_c[has]) * 64 + length_classes(L_c[has])
+    blocks = [(c, int(J_c[c].max()), int(L_c[c].max()))
+              for c in (has[cls == k] for k in np.unique(cls))]
+    return (rep, cl, j[traj_id], t_pos), blocks
+
+
+def _heldout(model: Model, rows: pd.DataFrame, S: int, M: int, states, inputs) -> HeldOut:
+    """Held-out trajectories in blocks of clients of similar size (:func:`_heldout_layout`),
+    each block padded to its own largest: a few long clients do not pad the many short ones
+    (see :class:`~fnsysid.data.heldout.HeldOut`)."""
+    (rep, cl, jj, t_pos), blocks = _heldout_layout(rows, M)
     X = rows[states].to_numpy(float)
     U = rows[inputs].to_numpy(float) if inputs else np.zeros((len(rows), 0))
-    jj = j[traj_id]
     ho = empty_heldout(model, S, M)
     rank = np.zeros(M, int)
-    for k in np.unique(cls):
-        clients = has[cls == k]
+    for clients, J, L in blocks:
         rank[clients] = np.arange(len(clients))
-        J, L = int(J_c[clients].max()), int(L_c[clients].max())
         sel = np.isin(cl, clients)
         at = (rep[sel], rank[cl[sel]], jj[sel], t_pos[sel])
         m = len(clients)
