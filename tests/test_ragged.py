@@ -109,6 +109,12 @@ def test_ragged_fleet_gives_the_results_of_the_padded_path(tmp_path, monkeypatch
     monkeypatch.setattr(source, "ragged_stats", padded_stats)
     monkeypatch.setattr(source, "_heldout", padded_heldout)
     run_experiment(compose_cfg(*over), tmp_path / "padded")
+    ref = source.load_data(cfg, model, optimizer).heldout
+    assert len(ref.blocks) == 1
+    (x, u, mask), (x_ref, u_ref, mask_ref) = ho.padded(), ref.padded()
+    assert np.array_equal(x, x_ref) and np.array_equal(mask, mask_ref)
+    used = mask[..., 1:]                        # inputs of a sample with a successor
+    assert np.array_equal(u[used], u_ref[used])
     for name in ("errors.csv", "clients.csv", "estimates.csv"):
         a, b = pd.read_csv(tmp_path / "ragged" / name), pd.read_csv(tmp_path / "padded" / name)
         assert a.columns.tolist() == b.columns.tolist() and len(a) == len(b)
