@@ -161,7 +161,7 @@ def test_file_data_over_the_memory_limit_are_refused_before_reading(tmp_path, mo
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(
-        f"fnsysid: error: data.path={tmp_path / 'fleet.csv'}: reading its 3201 rows needs about")
+        f"fnsysid: error: data.path={tmp_path / 'fleet.csv'}: reading its 3200 rows needs about")
     assert "above the limit of 977 KiB (FNSYSID_MEMORY_LIMIT=1e6)" in lines[0]
     assert not out.exists()
 
@@ -189,3 +189,20 @@ def test_sgd_on_a_ragged_fleet_over_the_limit_is_refused_once_read(tmp_path, mon
     res = cli_in_process(*run[:-3], "R=2")
     assert res.returncode == 0, res.stderr
     assert (out / "summary.json").exists()
+
+
+def test_rows_are_counted_without_reading_the_data(tmp_path):
+    import os
+
+    from fnsysid.data.memory import file_counts
+
+    df = pd.DataFrame({"t": range(7), "x1": 0.5, "x2": 1.5, "u": 2.5})
+    df.to_parquet(tmp_path / "a.parquet", index=False)
+    df.to_csv(tmp_path / "b.csv", index=False)
+    (tmp_path / "c.csv").write_text("t,x1\n0,1\n1,2")          # no newline at the end
+    assert file_counts([tmp_path / "a.parquet"]) == (7, 4)
+    assert file_counts([tmp_path / "b.csv"]) == (7, 4)
+    assert file_counts([tmp_path / "c.csv"]) == (2, 2)
+    # a FIFO is not opened (it would block), a missing file counts nothing
+    os.mkfifo(tmp_path / "d.csv")
+    assert file_counts([tmp_path / "d.csv", tmp_path / "e.csv", tmp_path / "a.parquet"]) == (7, 4)

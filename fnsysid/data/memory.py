@@ -55,9 +55,11 @@ def file_counts(files: list[Path]) -> tuple[int, int]:
             with open(f, "rb") as fh:
                 header = fh.readline(1 << 20)
                 cols = max(cols, header.count(b",") + 1)
+                last = b"\n"
                 while chunk := fh.read(1 << 24):
                     rows += chunk.count(b"\n")
-                rows += 1                         # a last line without a newline
+                    last = chunk[-1:]
+                rows += last != b"\n"             # a last line without a newline
         except Exception:  # noqa: BLE001  (unreadable or broken: the reader says why)
             continue
     return rows, cols
