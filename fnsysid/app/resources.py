@@ -215,7 +215,7 @@ def file_budget():
             raise ConfigError(
                 f"{what}: these data need about {_size(need)} of memory, above the limit of "
                 f"{_size(have)} ({source}); allowed: data whose arrays fit (fewer or shorter "
-                "clients; optimizer=gd keeps statistics only, see README, Your own data)")
+                "clients; optimizer=gd keeps statistics only, see README, Memory and disk)")
     return budget
 
 
