@@ -150,7 +150,7 @@ def check_memory(cfg, model, optimizer) -> None:
                 f"data.path={cfg.data.path}: reading its {rows} rows needs about {_size(need)} "
                 f"of memory, above the limit of {_size(have)} ({source}); allowed: data whose "
                 "rows fit (memory grows with the rows and the features per row, see README, "
-                "Your own data)")
+                "Memory and disk)")
         return
     need = estimate_bytes(cfg, model, optimizer, keep_per_client(cfg))
     have, source = memory_limit()
