@@ -1,8 +1,9 @@
 """Benchmark: time and peak memory against M, K and p, beside a bare-numpy floor.
 
-Usage: ``python scripts/bench.py [--cases paper,M,K,p] [--quick] [--json FILE] [--plot FILE]``
-(``make bench`` runs every case and writes ``outputs/bench/bench.json``; ``--plot`` draws the
-scaling figure of docs/PERFORMANCE.md from such a file without running anything).
+Usage: ``python scripts/bench.py [--cases paper,M,K,p,ragged] [--quick] [--json FILE]
+[--plot FILE]`` (``make bench`` runs every case and writes ``outputs/bench/bench.json``;
+``--plot`` draws the scaling figure of docs/PERFORMANCE.md from such a file without running
+anything).
 
 Every measurement is one fresh process, started here and timed from the outside: its wall
 time, and its own peak RSS (``ru_maxrss``, printed by the process as it exits). A run is the
@@ -17,7 +18,8 @@ M=100 run; **M** the large pendulum run (N=10, T=5, K=5, R=200, repeats=1, lr 1e
 M = 10^2 .. 10^6, with its floor; **K** the same at M=10^5 for K = 1, 5, 50 (round cost from
 two runs, R=200 and R=20, so that precomputing the maps is apart; and the step-by-step path);
 **p** the linear system with n_x = 2, 4, 8 (p = n_x (n_x + 2)) and the linear system with
-quadratic features (p = 63), M = 1000.
+quadratic features (p = 63), M = 1000; **ragged** trajectory files of 2000 clients of 2
+samples and one of 10^5 beside the same rows spread evenly over the clients.
 """
 
 from __future__ import annotations
@@ -214,7 +216,50 @@ def bench(cases: list[str], quick: bool) -> dict:
             print(f"  {name:16s} p={p:3d}  data {res['data_s']:.3f} s  train {res['train_s']:.3f}"
                   f" s  wall {res['wall_s']:.2f} s  rss {res['rss_mib']:.0f} MiB")
         results["cases"]["p"] = rows
+    if "ragged" in cases:
+        rows = []
+        n_small, n_big = (200, 10_000) if quick else (2000, 100_000)
+        print(f"\nragged: trajectory files, {n_small} clients of 2 samples and one of {n_big} "
+              "beside the same rows spread evenly (system=generic, R=50)")
+        with tempfile.TemporaryDirectory() as tmp:
+            rows_total = 2 * n_small + n_big
+            even = rows_total // (n_small + 1)
+            for name, lengths in (("ragged", [2] * n_small + [n_big]),
+                                  ("even", [even] * (n_small + 1))):
+                path = Path(tmp) / f"{name}.csv"
+                fleet_csv(path, lengths)
+                res = run_cmd(["system=generic", "data=files", f"data.path={path}",
+                               "data.states=[x1,x2]", "data.inputs=[u]", "R=50"])
+                rows.append(dict(name=name, rows=sum(lengths), clients=len(lengths), **res))
+                print(f"  {name:7s} {sum(lengths):7d} rows  data {res['data_s']:.3f} s  train "
+                      f"{res['train_s']:.3f} s  wall {res['wall_s']:.2f} s  rss "
+                      f"{res['rss_mib']:.0f} MiB")
+        results["cases"]["ragged"] = rows
     return results
+
+
+def fleet_csv(path: Path, lengths: list[int]) -> None:
+    """One CSV of clients with ``lengths`` samples of x+ = A x + B u + noise (one trajectory
+    each), simulated for the clients of one length at once."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    lengths = np.asarray(lengths)
+    A, B = np.array([[0.9, 0.2], [-0.1, 0.8]]), np.array([0.0, 0.5])
+    parts = []
+    for L in np.unique(lengths):
+        ids = np.flatnonzero(lengths == L)
+        u = rng.standard_normal((L, len(ids)))
+        x = np.empty((L, len(ids), 2))
+        x[0] = rng.standard_normal((len(ids), 2))
+        for t in range(L - 1):
+            x[t + 1] = x[t] @ A.T + u[t, :, None] * B + 0.05 * rng.standard_normal((len(ids), 2))
+        parts.append(pd.DataFrame({"client": np.repeat(ids, L), "t": np.tile(np.arange(L),
+                                                                             len(ids)),
+                                   "x1": x[..., 0].T.ravel(), "x2": x[..., 1].T.ravel(),
+                                   "u": u.T.ravel()}))
+    pd.concat(parts).to_csv(path, index=False)
 
 
 def plot(results: dict, path: Path) -> None:
@@ -263,7 +308,8 @@ def plot(results: dict, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="paper,M,K,p", help="comma-separated: paper,M,K,p")
+    ap.add_argument("--cases", default="paper,M,K,p,ragged",
+                    help="comma-separated: paper,M,K,p,ragged")
     ap.add_argument("--quick", action="store_true", help="small sizes only")
     ap.add_argument("--json", type=Path, default=ROOT / "outputs" / "bench" / "bench.json")
     ap.add_argument("--plot", type=Path, help="draw the scaling figure from --json and stop")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fnsysid.app.build import build
-from fnsysid.app.resources import check_memory
+from fnsysid.app.resources import check_memory, file_budget
 from fnsysid.config.checks import check_run, override_key
 from fnsysid.config.schema import Settings
 from fnsysid.data.source import Dataset, load_data
@@ -156,7 +156,7 @@ def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = Non
         data, t_data, theory = None, 0.0, None
     else:
         dataset = load_data(settings, model, optimizer,
-                            _job_given() if given is None else given)
+                            _job_given() if given is None else given, file_budget())
         data = dataset.train
         theta0 = initial_model(model, data, settings.system.init)
         t_data = time.perf_counter() - t0

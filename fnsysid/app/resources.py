@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import resource
+from functools import lru_cache
 from pathlib import Path
 
 from fnsysid.config.errors import ConfigError
@@ -114,26 +115,108 @@ def _size(n: float) -> str:
     return f"{n:.3g} PiB"    # pragma: no cover
 
 
-def check_memory(cfg, model, optimizer) -> None:
-    """Refuse a simulated run whose estimated memory exceeds what is available (one line).
+def memory_limit() -> tuple[int, str]:
+    """The memory a run may use (:func:`available_bytes`, lowered by the environment variable
+    ``FNSYSID_MEMORY_LIMIT`` in bytes) and where that limit comes from, for messages."""
+    have = available_bytes()
+    raw = os.environ.get("FNSYSID_MEMORY_LIMIT")
+    if raw:                                          # tests and shared machines
+        try:
+            limit = int(float(raw))
+        except ValueError:
+            raise ConfigError(f"FNSYSID_MEMORY_LIMIT={raw} is not a number; allowed: bytes, "
+                              "e.g. 4e9") from None
+        if limit <= have:
+            return limit, f"FNSYSID_MEMORY_LIMIT={raw}"
+    return have, "available"
 
+
+def check_memory(cfg, model, optimizer) -> None:
+    """Refuse a run whose estimated memory exceeds what is available (one line).
+
+    Simulated data: from the shapes of the run's arrays (:func:`estimate_bytes`). File data:
+    from the rows and columns of the files before they are read
+    (:func:`estimate_file_bytes`); once read, :func:`file_budget` checks the exact counts.
     The environment variable ``FNSYSID_MEMORY_LIMIT`` (bytes) lowers the limit, e.g. on a
     shared machine or in the tests.
     """
     from fnsysid.results.history import keep_per_client
 
     if cfg.files:
+        need, rows = estimate_file_bytes(cfg, model)
+        have, source = memory_limit()
+        if need > have:
+            raise ConfigError(
+                f"data.path={cfg.data.path}: reading its {rows} rows needs about {_size(need)} "
+                f"of memory, above the limit of {_size(have)} ({source}); allowed: data whose "
+                "rows fit (memory grows with the rows and the features per row, see README, "
+                "Memory and disk)")
         return
     need = estimate_bytes(cfg, model, optimizer, keep_per_client(cfg))
-    have = available_bytes()
-    if os.environ.get("FNSYSID_MEMORY_LIMIT"):        # tests and shared machines
-        have = min(have, int(float(os.environ["FNSYSID_MEMORY_LIMIT"])))
+    have, source = memory_limit()
     if need > have:
         raise ConfigError(
             f"this run needs about {_size(need)} of memory but {_size(have)} is available "
             f"(M={cfg.M}, N={plain_n(cfg)}, T={cfg.T}, repeats={cfg.repeats}, R={cfg.R}; "
             "memory grows with repeats x M x (p^2 + held-out data [+ N T samples for SGD]), "
             "see README); lower M, N, T or repeats")
+
+
+def estimate_file_bytes(cfg, model) -> tuple[int, int]:
+    """Bytes that reading the files of ``data.path`` (and ``data.val_path``) needs, from their
+    rows and columns counted before they are read, and the rows (0 when a path cannot be
+    listed: the reader reports it)."""
+    from fnsysid.config.checks import DataError
+    from fnsysid.data.files import data_files
+    from fnsysid.data.memory import TEMPORARIES, per_client_values, reading_bytes
+
+    rows = cols = clients = 0
+    for setting in ("data.path", "data.val_path"):
+        path = getattr(cfg.data, setting.split(".")[1], None)
+        if not path:
+            continue
+        try:
+            files = data_files(path, setting)
+        except (DataError, OSError):
+            return BASELINE_BYTES, 0
+        r, c = _file_counts(tuple((str(f), *_stamp(f)) for f in files))
+        rows, cols = rows + r, max(cols, c)
+        clients = max(clients, len(files) if Path(path).is_dir() else 1)
+    need = BASELINE_BYTES + reading_bytes(model, rows, cols) + \
+        TEMPORARIES * 8 * clients * per_client_values(model)
+    return int(need), rows
+
+
+def _stamp(f) -> tuple:
+    try:
+        st = Path(f).stat()
+        return st.st_size, st.st_mtime_ns
+    except OSError:
+        return 0, 0
+
+
+@lru_cache(maxsize=64)
+def _file_counts(files: tuple) -> tuple[int, int]:
+    """Rows and columns of files ``(path, size, mtime)``, counted once per process (a sweep
+    checks every job)."""
+    from fnsysid.data.memory import file_counts
+
+    return file_counts([Path(f[0]) for f in files])
+
+
+def file_budget():
+    """The memory check of file data once read (see
+    :func:`fnsysid.data.source.from_files`): refuses in one line naming the estimate and the
+    limit."""
+    def budget(need: int, what: str) -> None:
+        need += BASELINE_BYTES
+        have, source = memory_limit()
+        if need > have:
+            raise ConfigError(
+                f"{what}: these data need about {_size(need)} of memory, above the limit of "
+                f"{_size(have)} ({source}); allowed: data whose arrays fit (fewer or shorter "
+                "clients; optimizer=gd keeps statistics only, see README, Memory and disk)")
+    return budget
 
 
 def plain_n(cfg):

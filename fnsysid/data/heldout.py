@@ -17,9 +17,23 @@ from fnsysid.dynamics.model import Model, chunk_clients, for_chunks, moments
 
 
 @dataclass
+class Trajectories:
+    """Held-out trajectories of the clients ``clients`` (m,), padded to the most trajectories
+    (``J``) and the longest (``L``) among them.
+
+    x : (S, m, J, L, n_x) states; u : (S, m, J, L - 1, n_u) inputs; mask : (S, m, J, L) bool,
+    True where a sample exists (a prefix of each trajectory).
+    """
+
+    clients: np.ndarray
+    x: np.ndarray
+    u: np.ndarray
+    mask: np.ndarray
+
+
+@dataclass
 class HeldOut:
-    """Held-out data of ``S`` repeats x ``M`` clients, padded to ``J`` trajectories of ``L``
-    samples.
+    """Held-out data of ``S`` repeats x ``M`` clients.
 
     Attributes
     ----------
@@ -28,7 +42,11 @@ class HeldOut:
     yy : (S, M, n_y) ``sum_t y_t^2`` per target.
     n : (S, M) number of held-out transitions (0: client without held-out data).
     std : (S, M, n_x) standard deviation of each state over the client's held-out samples.
-    x : (S, M, J, L, n_x) states; u : (S, M, J, L - 1, n_u) inputs; mask : (S, M, J, L) bool.
+    blocks : the trajectories, in blocks of clients of similar size (:class:`Trajectories`):
+        one block of every client for simulated data; clients of files grouped by the length
+        class of their number of trajectories and of their longest one, so a fleet of short
+        and long clients is not padded to its longest. A client without held-out data is in
+        no block.
     """
 
     gram: np.ndarray
@@ -36,14 +54,62 @@ class HeldOut:
     yy: np.ndarray
     n: np.ndarray
     std: np.ndarray
-    x: np.ndarray
-    u: np.ndarray
-    mask: np.ndarray
+    blocks: list[Trajectories]
 
     @property
     def valid(self) -> np.ndarray:
         """(S, M) clients with held-out data."""
         return self.n > 0
+
+    def client(self, m: int) -> tuple[Trajectories, int]:
+        """The block holding client ``m`` and the client's position in it."""
+        for block in self.blocks:
+            at = np.flatnonzero(block.clients == m)
+            if len(at):
+                return block, int(at[0])
+        raise KeyError(m)
+
+    def padded(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """States (S, M, J, L, n_x), inputs (S, M, J, L - 1, n_u) and mask (S, M, J, L) of every
+        client, padded to the most trajectories and the longest of all (the block's own arrays
+        when one block holds every client in order; else a padded copy, for small data)."""
+        S, M = self.n.shape
+        if len(self.blocks) == 1 and np.array_equal(self.blocks[0].clients, np.arange(M)):
+            b = self.blocks[0]
+            return b.x, b.u, b.mask
+        J = max(b.mask.shape[2] for b in self.blocks)
+        L = max(b.mask.shape[3] for b in self.blocks)
+        n_x, n_u = self.blocks[0].x.shape[-1], self.blocks[0].u.shape[-1]
+        x, u = np.zeros((S, M, J, L, n_x)), np.zeros((S, M, J, L - 1, n_u))
+        mask = np.zeros((S, M, J, L), bool)
+        for b in self.blocks:
+            j, t = b.mask.shape[2:]
+            x[:, b.clients, :j, :t], u[:, b.clients, :j, :t - 1] = b.x, b.u
+            mask[:, b.clients, :j, :t] = b.mask
+        return x, u, mask
+
+    @property
+    def x(self) -> np.ndarray:
+        """States of every client, padded (see :meth:`padded`)."""
+        return self.padded()[0]
+
+    @property
+    def u(self) -> np.ndarray:
+        """Inputs of every client, padded (see :meth:`padded`)."""
+        return self.padded()[1]
+
+    @property
+    def mask(self) -> np.ndarray:
+        """Where the padded samples exist (see :meth:`padded`)."""
+        return self.padded()[2]
+
+
+def empty_heldout(model: Model, S: int, M: int) -> HeldOut:
+    """Held-out statistics of no data yet (filled by :func:`add_block`)."""
+    n_y, n_phi = model.structure.shape[:2]
+    return HeldOut(np.zeros((S, M, n_phi, n_phi)), np.zeros((S, M, n_y, n_phi)),
+                   np.zeros((S, M, n_y)), np.zeros((S, M)),
+                   np.zeros((S, M, model.system.n_x)), [])
 
 
 def heldout_from_trajectories(model: Model, x: np.ndarray, u: np.ndarray,
@@ -59,10 +125,27 @@ def heldout_from_trajectories(model: Model, x: np.ndarray, u: np.ndarray,
     :func:`~fnsysid.dynamics.model.for_chunks` (the values do not depend on the chunking).
     """
     mask = np.asarray(mask, bool)
+    S, M = mask.shape[:2]
+    ho = empty_heldout(model, S, M)
+    add_block(model, ho, np.arange(M), x, u, mask)
+    return ho
+
+
+def add_block(model: Model, ho: HeldOut, clients: np.ndarray, x: np.ndarray, u: np.ndarray,
+              mask: np.ndarray) -> None:
+    """Add the trajectories of clients ``clients`` (m,) to ``ho``: ``x`` (S, m, J, L, n_x),
+    ``u`` (S, m, J, L - 1, n_u), ``mask`` (S, m, J, L) as in :func:`heldout_from_trajectories`;
+    their statistics are written into the rows of ``clients``."""
+    mask = np.asarray(mask, bool)
+    clients = np.asarray(clients)
     S, M, J, L = mask.shape
     n_y, n_phi = model.structure.shape[:2]
-    gram, cross = np.empty((S, M, n_phi, n_phi)), np.empty((S, M, n_y, n_phi))
-    yy, n, std = np.empty((S, M, n_y)), np.empty((S, M)), np.empty((S, M, x.shape[-1]))
+    every = M == ho.n.shape[1] and np.array_equal(clients, np.arange(M))
+    if every:                                   # written in place
+        gram, cross, yy, n, std = ho.gram, ho.cross, ho.yy, ho.n, ho.std
+    else:
+        gram, cross = np.empty((S, M, n_phi, n_phi)), np.empty((S, M, n_y, n_phi))
+        yy, n, std = np.empty((S, M, n_y)), np.empty((S, M)), np.empty((S, M, x.shape[-1]))
 
     def work(s: int, chunk: list[tuple[int, int, int]]) -> None:
         lo, hi = chunk[0][1], chunk[-1][2]
@@ -86,4 +169,8 @@ def heldout_from_trajectories(model: Model, x: np.ndarray, u: np.ndarray,
         std[s, lo:hi] = np.sqrt(d.sum(axis=-1) / cnt).T
 
     for_chunks(S, rnd.blocks(M), chunk_clients(model, J, L - 1), work)
-    return HeldOut(gram, cross, yy, n, std, x, u, mask)
+    if not every:
+        for whole, part in ((ho.gram, gram), (ho.cross, cross), (ho.yy, yy), (ho.n, n),
+                            (ho.std, std)):
+            whole[:, clients] = part
+    ho.blocks.append(Trajectories(clients, x, u, mask))

@@ -20,7 +20,7 @@ import numpy as np
 
 from fnsysid.config.checks import ConfigError, DataError, check_batch_size
 from fnsysid.config.schema import Settings
-from fnsysid.data.heldout import HeldOut, heldout_from_trajectories
+from fnsysid.data.heldout import HeldOut, add_block, empty_heldout, heldout_from_trajectories
 from fnsysid.dynamics import random as rnd
 from fnsysid.dynamics.model import (
     ClientData,
@@ -28,7 +28,8 @@ from fnsysid.dynamics.model import (
     chunk_clients,
     for_chunks,
     generate,
-    sample_stats,
+    length_classes,
+    ragged_stats,
     simulate_blocks,
 )
 
@@ -59,9 +60,10 @@ class Dataset:
 
 
 def load_data(settings: Settings, model: Model, optimizer,
-              given: frozenset[str] = frozenset()) -> Dataset:
+              given: frozenset[str] = frozenset(), budget=None) -> Dataset:
     """The clients' data for the run described by ``settings`` (``data.source``); ``given``: the
-    settings given explicitly (see :func:`from_files`)."""
+    settings given explicitly, ``budget``: the memory check of file data (see
+    :func:`from_files`)."""
     source = settings.data.source
     if source == "simulated":
         if _REUSED is None:
@@ -74,7 +76,7 @@ def load_data(settings: Settings, model: Model, optimizer,
         _REUSED.move_to_end(key)
         return _REUSED[key]
     if source == "files":
-        return from_files(settings, model, optimizer, given)
+        return from_files(settings, model, optimizer, given, budget)
     raise ConfigError(f"data.source={source} is not allowed; allowed: {', '.join(SOURCES)}")
 
 
@@ -114,7 +116,9 @@ def _simulation_key(settings: Settings, optimizer) -> str:
 
 def _read_only(dataset: Dataset) -> Dataset:
     """``dataset`` with its arrays made read-only (a run that wrote into shared data fails)."""
-    for part in (dataset.train, dataset.heldout):
+    parts = [dataset.train, dataset.heldout]
+    parts += dataset.heldout.blocks if dataset.heldout is not None else []
+    for part in parts:
         for f in fields(part) if part is not None else ():
             a = getattr(part, f.name)
             if isinstance(a, np.ndarray):
@@ -246,11 +250,14 @@ def column_names(settings, model: Model) -> tuple[list[str], list[str]]:
 
 @np.errstate(over="ignore", invalid="ignore")    # statistics that overflow: refused, not warned
 def from_files(settings: Settings, model: Model, optimizer,
-               given: frozenset[str] = frozenset()) -> Dataset:
+               given: frozenset[str] = frozenset(), budget=None) -> Dataset:
     """Clients read from ``data.path`` (and ``data.val_path``), truth from ``data.truth``.
 
     The files give the clients and repeats; an ``M`` or ``repeats`` in ``given`` (the
-    settings given explicitly) that differs from them is refused.
+    settings given explicitly) that differs from them is refused. ``budget(need, what)``,
+    when given, is called with the bytes the arrays of the data read will need
+    (:func:`fnsysid.data.memory.built_bytes`) and a description of the data, before they are
+    built; it raises to refuse them.
     """
     import pandas as pd
 
@@ -288,6 +295,9 @@ def from_files(settings: Settings, model: Model, optimizer,
         df = _hold_out(df, settings.data.holdout, settings.data.path)
     train_rows = df[df["split"] == "train"]
     val_rows = df[df["split"] == "val"] if val is None else val
+    if budget is not None:
+        _check_budget(budget, model, optimizer, train_rows, val_rows, S, M, len(states) +
+                      len(inputs), settings.data.path)
     train = _client_data(model, train_rows, S, M, states, inputs, optimizer.needs_samples,
                          settings.data.path, clients)
     if settings.data.truth:
@@ -302,6 +312,26 @@ def from_files(settings: Settings, model: Model, optimizer,
     facts = {"M": M, "N": N[0] if len(set(N)) == 1 else N, "T": None, "eps": None,
              "repeats": S, "clients": clients if M <= 50 else clients[:50] + ["..."]}
     return Dataset(train, ho, clients, facts)
+
+
+def _check_budget(budget, model: Model, optimizer, train_rows, val_rows, S: int, M: int,
+                  columns: int, path) -> None:
+    """Call ``budget`` with the memory the arrays of these rows need and what they are."""
+    from fnsysid.data.memory import built_bytes
+
+    seg = train_rows["repeat"].to_numpy() * M + train_rows["_client"].to_numpy()
+    count = np.bincount(seg, minlength=S * M)
+    blocks = [(len(c), J, L) for c, J, L in _heldout_layout(val_rows, M)[1]] \
+        if len(val_rows) else []
+    # the files' columns: states, inputs, repeat, client, trajectory, t, split
+    need = built_bytes(model, len(train_rows) + len(val_rows), columns + 5,
+                       S, M, count, optimizer.needs_samples, blocks)
+    what = (f"data.path={path} ({len(train_rows) + len(val_rows)} rows, {M} clients"
+            + (f" x {S} repeats" if S > 1 else "")
+            + f", the longest client {int(count.max())} samples"
+            + ("; optimizer=sgd keeps every client's samples, padded to the longest"
+               if optimizer.needs_samples else "") + ")")
+    budget(need, what)
 
 
 def _hold_out(df: pd.DataFrame, frac: float, path: str) -> pd.DataFrame:
@@ -353,6 +383,12 @@ def _client_data(model: Model, rows: pd.DataFrame, S: int, M: int, states, input
         k = int(np.flatnonzero(count == 0)[0])
         raise DataError(f"data.path={path}: client '{clients[k % M]}' (repeat {k // M}) has no "
                         "training trajectory (all are held out)")
+    stats = ragged_stats(model, Phi, Y, count)           # segments in order: no padding
+    H, b, yy, n, phi2max, phi_mean, y_mean = (a.reshape((S, M) + a.shape[1:]) for a in stats)
+    theta_true = np.full((S, M, model.p), np.nan)
+    if not keep_samples:
+        return ClientData(theta_true, H, b, yy, n, None, None, None, phi2max, phi_mean, y_mean)
+    # mini-batch SGD draws from every client's samples at once: padded to the longest
     starts = np.concatenate([[0], np.cumsum(count)[:-1]])
     pos = np.arange(len(seg)) - starts[seg]
     n_max = int(count.max())
@@ -361,19 +397,19 @@ def _client_data(model: Model, rows: pd.DataFrame, S: int, M: int, states, input
     Yp = np.zeros((S * M, n_max, n_y))
     W = np.zeros((S * M, n_max))
     P[seg, pos], Yp[seg, pos], W[seg, pos] = Phi, Y, 1.0
-    stats = sample_stats(model, P, Yp, W)
-    H, b, yy, n, phi2max, phi_mean, y_mean = (a.reshape((S, M) + a.shape[1:]) for a in stats)
-    theta_true = np.full((S, M, model.p), np.nan)
-    if keep_samples:
-        return ClientData(theta_true, H, b, yy, n, P.reshape(S, M, n_max, n_phi),
-                          Yp.reshape(S, M, n_max, n_y), W.reshape(S, M, n_max), phi2max,
-                          phi_mean, y_mean)
-    return ClientData(theta_true, H, b, yy, n, None, None, None, phi2max, phi_mean, y_mean)
+    return ClientData(theta_true, H, b, yy, n, P.reshape(S, M, n_max, n_phi),
+                      Yp.reshape(S, M, n_max, n_y), W.reshape(S, M, n_max), phi2max,
+                      phi_mean, y_mean)
 
 
-def _heldout(model: Model, rows: pd.DataFrame, S: int, M: int, states, inputs) -> HeldOut:
-    """Held-out trajectories padded to (S, M, J, L)."""
-    key = rows["repeat"].to_numpy() * M + rows["_client"].to_numpy()
+def _heldout_layout(rows: pd.DataFrame, M: int):
+    """Where each held-out row goes: its repeat, client, trajectory within the client and
+    position within the trajectory; and the blocks of clients (one length class of their
+    number of trajectories and of their longest, the most over the repeats) with each
+    block's clients, most trajectories ``J`` and longest trajectory ``L``."""
+    rep = rows["repeat"].to_numpy()
+    cl = rows["_client"].to_numpy()
+    key = rep * M + cl
     tr = rows["_trajectory"].to_numpy()
     new_traj = np.append(True, (key[1:] != key[:-1]) | (tr[1:] != tr[:-1]))
     traj_id = np.cumsum(new_traj) - 1                                 # global trajectory index
@@ -383,17 +419,33 @@ def _heldout(model: Model, rows: pd.DataFrame, S: int, M: int, states, inputs) -
     new_seg = np.append(True, traj_key[1:] != traj_key[:-1])
     seg_start = np.flatnonzero(new_seg)
     j = np.arange(len(traj_key)) - seg_start[np.cumsum(new_seg) - 1]  # trajectory within client
-    J, L = int(j.max()) + 1, int(t_pos.max()) + 1
-    n_u = len(inputs)
-    x = np.zeros((S * M, J, L, len(states)))
-    u = np.zeros((S * M, J, L, n_u))
-    mask = np.zeros((S * M, J, L), bool)
-    jj = j[traj_id]
-    x[key, jj, t_pos] = rows[states].to_numpy(float)
-    if n_u:
-        u[key, jj, t_pos] = rows[inputs].to_numpy(float)
-    mask[key, jj, t_pos] = True
-    shape = (S, M, J, L)
-    return heldout_from_trajectories(model, x.reshape(shape + (-1,)),
-                                     u.reshape(shape + (n_u,))[..., :-1, :],
-                                     mask.reshape(shape))
+    J_c, L_c = np.zeros(M, int), np.zeros(M, int)
+    np.maximum.at(J_c, cl[t_start], j + 1)
+    np.maximum.at(L_c, cl, t_pos + 1)
+    has = np.flatnonzero(J_c > 0)
+    cls = length_classes(J_c[has]) * 64 + length_classes(L_c[has])
+    blocks = [(c, int(J_c[c].max()), int(L_c[c].max()))
+              for c in (has[cls == k] for k in np.unique(cls))]
+    return (rep, cl, j[traj_id], t_pos), blocks
+
+
+def _heldout(model: Model, rows: pd.DataFrame, S: int, M: int, states, inputs) -> HeldOut:
+    """Held-out trajectories in blocks of clients of similar size (:func:`_heldout_layout`),
+    each block padded to its own largest: a few long clients do not pad the many short ones
+    (see :class:`~fnsysid.data.heldout.HeldOut`)."""
+    (rep, cl, jj, t_pos), blocks = _heldout_layout(rows, M)
+    X = rows[states].to_numpy(float)
+    U = rows[inputs].to_numpy(float) if inputs else np.zeros((len(rows), 0))
+    ho = empty_heldout(model, S, M)
+    rank = np.zeros(M, int)
+    for clients, J, L in blocks:
+        rank[clients] = np.arange(len(clients))
+        sel = np.isin(cl, clients)
+        at = (rep[sel], rank[cl[sel]], jj[sel], t_pos[sel])
+        m = len(clients)
+        x = np.zeros((S, m, J, L, len(states)))
+        u = np.zeros((S, m, J, L, U.shape[1]))
+        mask = np.zeros((S, m, J, L), bool)
+        x[at], u[at], mask[at] = X[sel], U[sel], True
+        add_block(model, ho, clients, x, u[..., :-1, :], mask)
+    return ho

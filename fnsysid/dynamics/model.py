@@ -325,6 +325,64 @@ def sample_stats(model: Model, Phi, Y, wgt):
     return H, b, yy, n, phi2max, phi_mean, y_mean
 
 
+def length_classes(count: np.ndarray) -> np.ndarray:
+    """Length class of segments of ``count`` samples: ``ceil(log2(count))`` (0 for one
+    sample). Segments of one class differ in length by less than a factor 2, so padding them
+    to their longest at most doubles their samples."""
+    count = np.asarray(count, dtype=np.int64)
+    return np.where(count > 1, np.ceil(np.log2(np.maximum(count, 1))), 0).astype(int)
+
+
+def ragged_chunks(count: np.ndarray, values_per_sample: int,
+                  limit: int | None = None) -> list[np.ndarray]:
+    """Segments of ``count`` samples grouped for padded work: the segments of one length class
+    (:func:`length_classes`), in slices holding about ``limit`` values at most (at least one
+    segment each; default :data:`CHUNK_VALUES`). Every segment is in exactly one chunk, in
+    increasing order within it."""
+    limit = CHUNK_VALUES if limit is None else limit
+    classes = length_classes(count)
+    out = []
+    for k in np.unique(classes):
+        ids = np.flatnonzero(classes == k)
+        n_b = int(count[ids].max())
+        step = max(1, limit // max(1, n_b * values_per_sample))
+        out.extend(ids[lo:lo + step] for lo in range(0, len(ids), step))
+    return out
+
+
+def ragged_stats(model: Model, Phi: np.ndarray, Y: np.ndarray, count: np.ndarray):
+    """Per-segment statistics of concatenated samples, without padding every segment to the
+    longest: ``Phi`` (n, n_phi) and ``Y`` (n, n_y) hold segment 0's ``count[0]`` samples, then
+    segment 1's, ...; every ``count`` > 0.
+
+    Returns the arrays of :func:`sample_stats`, one row per segment (the same values as
+    :func:`sample_stats` of the segments padded to the longest with weight 0, up to the
+    order of the sums). The segments of one length class (:func:`ragged_chunks`) are padded
+    to their own longest, so memory stays within twice the samples whatever the spread of
+    lengths; the loop runs over a few classes (and slices of a large class), not over
+    segments.
+    """
+    count = np.asarray(count, dtype=np.int64)
+    n_seg = len(count)
+    n_y, n_phi = model.structure.shape[:2]
+    p = model.p
+    starts = np.concatenate([[0], np.cumsum(count)[:-1]])
+    H, b = np.empty((n_seg, p, p)), np.empty((n_seg, p))
+    yy, n, phi2max = np.empty(n_seg), np.empty(n_seg), np.empty(n_seg)
+    phi_mean, y_mean = np.empty((n_seg, n_phi)), np.empty((n_seg, n_y))
+    for ids in ragged_chunks(count, 3 * n_phi + 3 * n_y + 3):
+        n_b = int(count[ids].max())
+        pos = np.arange(n_b)
+        w = pos[None, :] < count[ids, None]                      # (m, n_b)
+        idx = np.where(w, starts[ids, None] + pos, 0)
+        P, Yb = Phi[idx], Y[idx]
+        if not w.all():
+            P[~w], Yb[~w] = 0.0, 0.0
+        (H[ids], b[ids], yy[ids], n[ids], phi2max[ids], phi_mean[ids],
+         y_mean[ids]) = sample_stats(model, P, Yb, w.astype(float))
+    return H, b, yy, n, phi2max, phi_mean, y_mean
+
+
 def threads(n_jobs: int) -> int:
     """Threads that simulate chunks of clients at once: ``FNSYSID_THREADS`` (default: the
     number of cores), at most one per chunk."""

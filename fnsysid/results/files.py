@@ -98,10 +98,11 @@ def write_fit_plot(out: Path, model, estimate, dataset, repeat: int = 0) -> None
     if not len(valid):
         return
     m = int(valid[0])
-    sl = (slice(repeat, repeat + 1), slice(m, m + 1))
+    block, at = ho.client(m)
+    sl = (slice(repeat, repeat + 1), slice(at, at + 1))
     est = np.asarray(estimate)[repeat:repeat + 1]
     est = est[:, m:m + 1] if est.shape[1] > 1 else est
-    x, u, mask = ho.x[sl][:, :, :1], ho.u[sl][:, :, :1], ho.mask[sl][0, 0, 0]
+    x, u, mask = block.x[sl][:, :, :1], block.u[sl][:, :, :1], block.mask[sl][0, 0, 0]
     L = int(mask.sum())
     sim = free_run(model, est, x, u)[0, 0, 0, :L]
     step = one_step(model, est, x, u)[0, 0, 0, :L - 1]

@@ -91,10 +91,13 @@ class HeldOutScores:
         self.stats = np.empty((S, len(rows), M))                          # (S, terms, M)
         for r, row in enumerate(rows):
             self.stats[:, r] = row
-        self.mask = ho.mask[..., 1:]
-        self.full = bool(self.mask.all())
-        count = (np.full(ho.n.shape, self.mask[0, 0].size) if self.full
-                 else np.maximum(self.mask.sum(axis=(2, 3)), 1))
+        # per block of clients: where a prediction exists, and whether everywhere
+        self.masks = [b.mask[..., 1:] for b in ho.blocks]
+        self.full = [bool(m.all()) for m in self.masks]
+        count = np.ones(ho.n.shape)
+        for b, m, full in zip(ho.blocks, self.masks, self.full, strict=True):
+            count[:, b.clients] = (np.full(m.shape[:2], m[0, 0].size) if full
+                                   else np.maximum(m.sum(axis=(2, 3)), 1))
         self.w_run = np.moveaxis(self._weights(ho.std, count), 0, -1)
 
     def _weights(self, std, count):
@@ -152,23 +155,29 @@ class HeldOutScores:
 
     def free_run(self, theta: np.ndarray) -> np.ndarray:
         """Free-run NRMSE (S, M) of estimates ``theta`` (S, 1 or M, p); ``inf`` for a rollout
-        that blows up. Rolled out for a chunk of clients at a time (temporaries in cache)."""
-        x = self.ho.x
+        that blows up. Rolled out for a chunk of clients of one block at a time (temporaries
+        in cache)."""
         Th = self.model.theta_matrix(np.asarray(theta, float))             # (S, m, n_y, n_phi)
-        S, M, J = x.shape[:3]
-        sse = np.empty((S, M, x.shape[-1]))
-        step = max(1, CHUNK // (4 * J))
+        sse = np.zeros(self.ho.std.shape)                                  # (S, M, n_x)
         with np.errstate(all="ignore"):
-            for lo in range(0, M, step):
-                sl = slice(lo, min(lo + step, M))
-                sse[:, sl] = self._rollout(Th if Th.shape[1] == 1 else Th[:, sl], sl)
+            for b, block in enumerate(self.ho.blocks):
+                S, M, J = block.x.shape[:3]
+                every = M == sse.shape[1]          # one block of every client, in order
+                step = max(1, CHUNK // (4 * J))
+                for lo in range(0, M, step):
+                    sl = slice(lo, min(lo + step, M))
+                    at = sl if every else block.clients[sl]
+                    sse[:, at] = self._rollout(Th if Th.shape[1] == 1 else Th[:, at], b, sl)
             out = (np.sqrt(sse) * self.w_run).sum(axis=-1)
         return np.where(np.isnan(out) & self.valid, np.inf, out)
 
-    def _rollout(self, Th: np.ndarray, sl: slice) -> np.ndarray:
-        """Squared free-run errors of clients ``sl`` summed over their samples, (S, m, n_x)."""
+    def _rollout(self, Th: np.ndarray, b: int, sl: slice) -> np.ndarray:
+        """Squared free-run errors of the clients ``sl`` of block ``b`` summed over their
+        samples, (S, m, n_x)."""
         model = self.model
-        x, u = self.ho.x[:, sl], self.ho.u[:, sl]
+        block = self.ho.blocks[b]
+        x, u = block.x[:, sl], block.u[:, sl]
+        mask = self.masks[b][:, sl]
         state = x[..., 0, :]
         sse = np.zeros(x.shape[:3] + x.shape[-1:])
         for t in range(x.shape[-2] - 1):
@@ -179,8 +188,8 @@ class HeldOutScores:
                 y = np.einsum("smyk,smjk->smjy", Th, phi)
             state = model.system.predict(state, u[..., t, :], y)
             d = state - x[..., t + 1, :]
-            if not self.full:
-                d = np.where(self.mask[:, sl, :, t, None], d, 0.0)
+            if not self.full[b]:
+                d = np.where(mask[:, :, :, t, None], d, 0.0)
             sse += d * d
         return sse.sum(axis=2)
 
