@@ -1,5 +1,6 @@
-"""Hydra callbacks of a multirun (registered in ``conf/config.yaml``): ``results.csv`` at the
-sweep's root, and the jobs that are not ``ok``, which set the command's exit status."""
+"""Hydra callbacks (registered in ``conf/config.yaml``): the lock on the results folder of a run
+or a sweep, ``results.csv`` at a sweep's root, and the jobs that are not ``ok``, which set the
+command's exit status."""
 
 from __future__ import annotations
 
@@ -9,13 +10,68 @@ import sys
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from fnsysid.config.errors import DataError
-from fnsysid.results.folder import errors_problem
+from fnsysid.config.errors import ConfigError, DataError
+from fnsysid.results.folder import errors_problem, lock_folder
 from fnsysid.results.sweep import RESULTS, write_results
 
 log = logging.getLogger("fnsysid")
+
+#: the results folders this process holds for its run or sweep: folder -> lock
+HELD: dict[Path, object] = {}
+
+
+class FolderLock(Callback):
+    """Hydra callback: the results folder (``hydra.run.dir``, or a sweep's ``hydra.sweep.dir``
+    with all its jobs) belongs to one command at a time. Before Hydra writes anything there,
+    the command takes the folder's exclusive lock (:func:`fnsysid.results.folder.lock_folder`)
+    or stops with one line and exit status 2, touching nothing of the run that holds it; it
+    then checks again, under the lock, that the folder holds no earlier run (unless asked to
+    replace or resume it). The lock is given up when the run
+    or the sweep ends (the jobs of a sweep, in this process or in a launcher's workers,
+    write their sub-folders under their command's lock)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        _take(config, "hydra.run.dir", multirun=False)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        _take(config, "hydra.sweep.dir", multirun=True)
+
+    def on_run_end(self, config: DictConfig, **kwargs) -> None:
+        release(Path(str(config.hydra.run.dir)))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        release(Path(str(config.hydra.sweep.dir)))
+
+
+def _take(config: DictConfig, key: str, multirun: bool) -> None:
+    """Lock the folder of ``key`` and check it again under the lock; one line and exit 2 if
+    it is refused (the folder left as it was)."""
+    from fnsysid.app.preflight import check_earlier
+
+    folder = Path(str(OmegaConf.select(config, key)))   # resolves (and fixes) ${now:...}
+    try:
+        lock = lock_folder(folder, f"{key}={folder}")
+    except ConfigError as exc:
+        print(f"fnsysid: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    HELD[folder] = lock
+    try:
+        output = config.get("output") or {}
+        check_earlier(key, folder, output, multirun)
+    except ConfigError as exc:
+        release(folder)
+        print(f"fnsysid: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+def release(folder: Path | None = None) -> None:
+    """Give up the lock this process holds on ``folder`` (all of them when None)."""
+    for f in [folder] if folder is not None else list(HELD):
+        lock = HELD.pop(f, None)
+        if lock is not None:
+            lock.release()
 
 
 class SweepTable(Callback):

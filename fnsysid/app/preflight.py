@@ -390,12 +390,7 @@ def _check_hydra(base, multirun: bool) -> Path:
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     folder = Path(str(OmegaConf.select(base, key)))
     existing = check_output_dir(key, folder).resolve()
-    out = base.get("output") or {}
-    if has_results(folder) and not out.get("overwrite") and not (multirun and out.get("resume")):
-        what = "an earlier sweep" if multirun else "an earlier run"
-        raise ConfigError(f"{key}={folder} holds {what}: choose a new folder, or add "
-                          "output.overwrite=true to replace its results"
-                          + (" (output.resume=true to finish it)" if multirun else ""))
+    check_earlier(key, folder, base.get("output") or {}, multirun)
     launcher = base.hydra.get("launcher") or {}
     if multirun and "joblib" in str(launcher.get("_target_", "")):
         n = launcher.get("n_jobs")
@@ -403,6 +398,17 @@ def _check_hydra(base, multirun: bool) -> Path:
             raise ConfigError(f"hydra.launcher.n_jobs={n} is not allowed: an integer >= 1 "
                               "(workers), or -1 for all cores (-2 all but one, ...)")
     return existing
+
+
+def check_earlier(key: str, folder: Path, output, multirun: bool) -> None:
+    """Refuse a results folder that holds an earlier run (or sweep) unless the ``output``
+    settings say to replace it (``overwrite``) or to finish the sweep (``resume``)."""
+    if has_results(folder) and not output.get("overwrite") and \
+            not (multirun and output.get("resume")):
+        what = "an earlier sweep" if multirun else "an earlier run"
+        raise ConfigError(f"{key}={folder} holds {what}: choose a new folder, or add "
+                          "output.overwrite=true to replace its results"
+                          + (" (output.resume=true to finish it)" if multirun else ""))
 
 
 def check_output_dir(key: str, path: Path) -> Path:
