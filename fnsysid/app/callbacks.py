@@ -12,9 +12,9 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from fnsysid.config.errors import ConfigError, DataError
-from fnsysid.results.folder import errors_problem, lock_folder
-from fnsysid.results.sweep import RESULTS, write_results
+from fnsysid.config.errors import ConfigError, DataError, show
+from fnsysid.results.folder import MISSING, errors_problem, first_difference, lock_folder
+from fnsysid.results.sweep import MULTIRUN, RESULTS, sweep_keys, write_results
 
 log = logging.getLogger("fnsysid")
 
@@ -27,8 +27,8 @@ class FolderLock(Callback):
     with all its jobs) belongs to one command at a time. Before Hydra writes anything there,
     the command takes the folder's exclusive lock (:func:`fnsysid.results.folder.lock_folder`)
     or stops with one line and exit status 2, touching nothing of the run that holds it; it
-    then checks again, under the lock, that the folder holds no earlier run (unless asked to
-    replace or resume it). The lock is given up when the run
+    then checks again, under the lock, that the folder holds no earlier run (or, with
+    ``output.resume=true``, a sweep of the same settings). The lock is given up when the run
     or the sweep ends (the jobs of a sweep, in this process or in a launcher's workers,
     write their sub-folders under their command's lock)."""
 
@@ -60,6 +60,8 @@ def _take(config: DictConfig, key: str, multirun: bool) -> None:
     try:
         output = config.get("output") or {}
         check_earlier(key, folder, output, multirun)
+        if multirun and output.get("resume"):
+            check_resume(config, folder)
     except ConfigError as exc:
         release(folder)
         print(f"fnsysid: error: {exc}", file=sys.stderr)
@@ -72,6 +74,55 @@ def release(folder: Path | None = None) -> None:
         lock = HELD.pop(f, None)
         if lock is not None:
             lock.release()
+
+
+def _plain(config) -> dict:
+    """A run config without Hydra's node, resolved into plain Python where it can be."""
+    cfg = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except Exception:           # an interpolation that needs a running job: compared as text
+        return OmegaConf.to_container(cfg, resolve=False)
+
+
+def check_resume(config: DictConfig, folder: Path) -> None:
+    """``output.resume=true`` finishes a sweep only with the settings it was started with
+    (up to the swept values and the settings that change no number): refuse otherwise in one
+    line naming the setting and both values. ``config`` is the new sweep's (with Hydra's
+    node); the earlier sweep's is its ``multirun.yaml`` (none: nothing to compare)."""
+    path = folder / MULTIRUN
+    if not path.is_file():
+        return
+    try:
+        old = OmegaConf.load(path)
+        if not isinstance(old, DictConfig):
+            raise ValueError("not a mapping")
+    except Exception as exc:        # a damaged multirun.yaml: the sweep cannot be compared
+        raise ConfigError(f"output.resume=true: {path} cannot be read ({type(exc).__name__}); "
+                          "resume needs the sweep's own multirun.yaml, or choose a new "
+                          "hydra.sweep.dir") from None
+    old_hydra = OmegaConf.to_container(old.get("hydra") or {}, resolve=False)
+    new_hydra = OmegaConf.to_container(config.hydra, resolve=False)
+    old_keys, new_keys = sweep_keys(old_hydra), sweep_keys(new_hydra)
+    if set(old_keys) != set(new_keys):
+        now, was = (", ".join(keys) or "nothing" for keys in (new_keys, old_keys))
+        raise ConfigError(f"output.resume=true: this command sweeps {now}, the sweep in "
+                          f"{folder} swept {was}; resume it with the same swept settings, or "
+                          "choose a new hydra.sweep.dir")
+    choices = [{k: v for k, v in ((h.get("runtime") or {}).get("choices") or {}).items()
+                if not k.startswith("hydra/")} for h in (old_hydra, new_hydra)]
+    diff = first_difference(*choices, skip=new_keys) or \
+        first_difference(_plain(old), _plain(config), skip=new_keys)
+    if diff is not None:
+        key, was, now = diff
+        raise ConfigError(
+            f"output.resume=true: {key}={_shown(now)} differs from {key}={_shown(was)} of the "
+            f"sweep in {folder}; resume it only with its own settings (other values of its "
+            "swept settings may be added), or choose a new hydra.sweep.dir")
+
+
+def _shown(value) -> str:
+    return "(not set)" if value is MISSING else show(value)
 
 
 class SweepTable(Callback):

@@ -243,3 +243,37 @@ def finished_ok(folder: Path, resolved: dict) -> bool:
         return False
     return isinstance(saved, dict) and _comparable(saved) == _comparable(dict(resolved))
 
+
+def _leaves(cfg, prefix: str = "") -> dict:
+    """A nested config (plain dicts) as ``{"dotted.key": value}`` (lists are values)."""
+    if not isinstance(cfg, dict) or not cfg:
+        return {prefix: cfg} if prefix else {}
+    out = {}
+    for k, v in cfg.items():
+        out.update(_leaves(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+#: the value :func:`first_difference` gives for a setting that one config lacks
+MISSING = _Missing()
+
+
+def first_difference(old: dict, new: dict, skip=()) -> tuple[str, object, object] | None:
+    """The first setting (dotted key, old value, new value; a missing one is ``MISSING``)
+    in which two resolved run configs differ, or None; up to the settings that change no
+    number (resume, overwrite, plot, progress) and the keys in ``skip`` (with what is below
+    them: a swept group)."""
+    a, b = _leaves(_comparable(dict(old))), _leaves(_comparable(dict(new)))
+
+    def skipped(key: str) -> bool:
+        return any(key == s or key.startswith(s + ".") for s in skip)
+
+    for key in [*b, *(k for k in a if k not in b)]:
+        if not skipped(key) and a.get(key, MISSING) != b.get(key, MISSING):
+            return key, a.get(key, MISSING), b.get(key, MISSING)
+    return None
