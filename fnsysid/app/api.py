@@ -25,7 +25,8 @@ def run(overrides=(), output_dir=None, config_dir=None) -> Result:
     Parameters
     ----------
     overrides : list of ``"key=value"`` strings (exactly the command line's) or a dict
-        ``{"system": "pendulum", "M": 5, "data.states": ["x1", "x2"]}``.
+        ``{"system": "pendulum", "M": 5, "data.states": ["x1", "x2"]}`` (string keys; values
+        str, int, float, bool, None or numpy scalars, and lists and dicts of them).
     output_dir : folder to write the run's files into (as the command line does); None
         writes nothing. Checked before the run: a file, a folder that cannot be written, one
         holding an earlier run (unless ``output.overwrite=true``) or one in use by another

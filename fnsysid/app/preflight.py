@@ -538,8 +538,41 @@ def as_overrides(overrides) -> list[str]:
         raise ConfigError("overrides must be a list of 'key=value' strings or a dict, not one "
                           "string")
     if isinstance(overrides, Mapping):
-        return [f"{k}={encode(v)}" for k, v in overrides.items()]
+        for k in overrides:
+            if not isinstance(k, str):
+                raise ConfigError(f"overrides: the key {k!r} ({type(k).__name__}) is not a "
+                                  "setting name; keys are strings such as 'M', 'system' or "
+                                  "'data.states'")
+        return [f"{k}={encode(plain(v, k))}" for k, v in overrides.items()]
     return [str(o) for o in overrides]
+
+
+def plain(value, key: str):
+    """An override's value as plain Python (what :func:`encode` writes): numpy scalars become
+    the int, float, bool or str they are; lists, tuples and string-keyed mappings are taken
+    item by item; any other object is refused in one line naming ``key``."""
+    if type(value).__module__ == "numpy":         # np.float64 is also a float: first
+        import numpy as np
+
+        if isinstance(value, np.generic) and isinstance(value.item(), (bool, int, float, str)):
+            return value.item()
+    if value is None or isinstance(value, (bool, str, Path)):
+        return value
+    if isinstance(value, (int, float)):             # an int or float of a subclass: plain
+        return int(value) if isinstance(value, int) else float(value)
+    if isinstance(value, (list, tuple)):
+        return [plain(v, key) for v in value]
+    if isinstance(value, Mapping):
+        for k in value:
+            if not isinstance(k, str):
+                raise ConfigError(f"{key}: the key {k!r} ({type(k).__name__}) is not a "
+                                  "setting name; keys are strings")
+        return {k: plain(v, f"{key}.{k}") for k, v in value.items()}
+    hint = (" (a numpy array: give value.tolist())" if type(value).__name__ == "ndarray"
+            else "")
+    raise ConfigError(f"{key}: a value of type {type(value).__name__} is not a setting value"
+                      f"{hint}; allowed: str, int, float, bool, None (numpy scalars too), and "
+                      "lists and dicts of them")
 
 
 def compose(overrides, config_dir=None):
