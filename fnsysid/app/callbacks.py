@@ -12,14 +12,21 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from fnsysid.app.preflight import check_earlier
 from fnsysid.config.errors import ConfigError, DataError, show
-from fnsysid.results.folder import MISSING, errors_problem, first_difference, lock_folder
+from fnsysid.results.folder import (
+    MISSING,
+    errors_problem,
+    first_difference,
+    lock_folder,
+)
+from fnsysid.results.folder import FolderLock as Lock
 from fnsysid.results.sweep import MULTIRUN, RESULTS, sweep_keys, write_results
 
 log = logging.getLogger("fnsysid")
 
 #: the results folders this process holds for its run or sweep: folder -> lock
-HELD: dict[Path, object] = {}
+HELD: dict[Path, Lock] = {}
 
 
 class FolderLock(Callback):
@@ -48,8 +55,6 @@ class FolderLock(Callback):
 def _take(config: DictConfig, key: str, multirun: bool) -> None:
     """Lock the folder of ``key`` and check it again under the lock; one line and exit 2 if
     it is refused (the folder left as it was)."""
-    from fnsysid.app.preflight import check_earlier
-
     folder = Path(str(OmegaConf.select(config, key)))   # resolves (and fixes) ${now:...}
     try:
         lock = lock_folder(folder, f"{key}={folder}")
