@@ -108,7 +108,7 @@ def lock_folder(folder: Path, name: str) -> FolderLock:
     releases it when the process ends, however it ends. On a file system without locks the
     run goes on unlocked, with a warning.
     """
-    folder = Path(folder)
+    folder = Path(folder).absolute()      # given up at this path whatever the working folder
     path = folder / LOCK
     made: list[Path] = []
     for _ in range(20):
