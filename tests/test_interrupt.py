@@ -296,3 +296,19 @@ def test_resume_refuses_a_sweep_started_with_other_settings(tmp_path):
     assert res.returncode == 0, res.stderr
     table = pd.read_csv(sweep / "results.csv")
     assert table.groupby("M").size().to_dict() == {1: 4, 2: 4, 3: 4}     # R=3: rounds 0..3
+
+
+def test_resume_of_a_group_sweep_compares_the_settings_given_inside_the_group(tmp_path):
+    """With strategy swept, the composed sweep config holds the default strategy: a setting
+    given inside the group (strategy.weighting=samples) is compared as the command gave it."""
+    sweep = tmp_path / "sweep"
+    base = ["-m", "system=synthetic", "strategy=fedavg,fedprox", "R=2", "repeats=1",
+            "hydra/launcher=basic", "output.plot=false", f"hydra.sweep.dir={sweep}"]
+    assert cli_in_process(*base, "strategy.weighting=samples").returncode == 0
+    for given, shown in [("strategy.weighting=uniform", "uniform"), (None, "(not set)")]:
+        res = cli_in_process(*base, *([given] if given else []), "output.resume=true")
+        assert (res.returncode, res.stderr.split(" of the sweep")[0]) == (
+            2, f"fnsysid: error: output.resume=true: strategy.weighting={shown} differs from "
+               "strategy.weighting=samples")
+    res = cli_in_process(*base, "strategy.weighting=samples", "output.resume=true")
+    assert res.returncode == 0 and res.stdout.count("already done") == 2, res.stderr

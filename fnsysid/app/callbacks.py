@@ -13,6 +13,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from fnsysid.app.preflight import check_earlier
+from fnsysid.config.checks import override_key
 from fnsysid.config.errors import ConfigError, DataError, show
 from fnsysid.results.folder import (
     MISSING,
@@ -116,14 +117,29 @@ def check_resume(config: DictConfig, folder: Path) -> None:
                           "choose a new hydra.sweep.dir")
     choices = [{k: v for k, v in ((h.get("runtime") or {}).get("choices") or {}).items()
                 if not k.startswith("hydra/")} for h in (old_hydra, new_hydra)]
+    groups = [k for k in new_keys if k in choices[0] or k in choices[1]]
     diff = first_difference(*choices, skip=new_keys) or \
-        first_difference(_plain(old), _plain(config), skip=new_keys)
+        first_difference(_plain(old), _plain(config), skip=new_keys) or \
+        first_difference(*(_inside(h, groups, new_keys) for h in (old_hydra, new_hydra)))
     if diff is not None:
         key, was, now = diff
         raise ConfigError(
             f"output.resume=true: {key}={_shown(now)} differs from {key}={_shown(was)} of the "
             f"sweep in {folder}; resume it only with its own settings (other values of its "
             "swept settings may be added), or choose a new hydra.sweep.dir")
+
+
+def _inside(hydra_cfg: dict, groups: list[str], swept: list[str]) -> dict:
+    """The settings that a sweep's command line gives inside the groups it sweeps
+    (``strategy.mu=0.1`` with ``strategy=fedavg,fedprox``), which its composed config does
+    not hold: setting -> value as given."""
+    lines = (hydra_cfg.get("overrides") or {}).get("task") or []
+    out = {}
+    for line in lines:
+        key = override_key(line)
+        if key not in swept and any(key.startswith(g + ".") for g in groups):
+            out[key] = line.split("=", 1)[1] if "=" in line else "(removed)"
+    return out
 
 
 def _shown(value) -> str:
