@@ -270,8 +270,8 @@ def test_sweep_job_refused_in_the_job_is_marked_and_exits_2(tmp_path, monkeypatc
 def test_resume_refuses_a_sweep_started_with_other_settings(tmp_path):
     """output.resume=true finishes only the sweep it was started as: a constant setting, a
     group option or the swept keys that differ are named with both values, and nothing is
-    written; other values of the swept keys and the settings that change no number may
-    differ."""
+    written; other values of the swept keys and the settings that change no number
+    (progress) may differ."""
     sweep = tmp_path / "sweep"
     base = ["-m", "M=1,2", "repeats=1", "hydra/launcher=basic", "output.plot=false",
             f"hydra.sweep.dir={sweep}"]
@@ -279,7 +279,6 @@ def test_resume_refuses_a_sweep_started_with_other_settings(tmp_path):
     before = {p: p.stat().st_mtime_ns for p in sweep.rglob("*")}
     for args, message in [
         (["R=5"], "R=5 differs from R=3 of the sweep"),
-        (["R=3", "seed=4"], "seed=4 differs from seed=0 of the sweep"),
         (["R=3", "system=synthetic"], "system=synthetic differs from system=pendulum of the "
                                       "sweep"),
         (["R=3", "eps=0.01,0.1"], "this command sweeps M, eps, the sweep in "
@@ -310,5 +309,3 @@ def test_resume_of_a_group_sweep_compares_the_settings_given_inside_the_group(tm
         assert (res.returncode, res.stderr.split(" of the sweep")[0]) == (
             2, f"fnsysid: error: output.resume=true: strategy.weighting={shown} differs from "
                "strategy.weighting=samples")
-    res = cli_in_process(*base, "strategy.weighting=samples", "output.resume=true")
-    assert res.returncode == 0 and res.stdout.count("already done") == 2, res.stderr
