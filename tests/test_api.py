@@ -51,6 +51,44 @@ def test_dict_overrides_take_nested_values_and_keep_strings_strings():
         fnsysid.run({"data.shared_noise": "false", "M": 2, "R": 1})
 
 
+def test_numpy_scalars_are_the_python_numbers_they_are():
+    """Values straight from numpy (np.int64, np.float64, np.bool_, np.logspace's items)
+    reach the run as the int, float and bool they are, nested ones too."""
+    lrs = np.logspace(-4, -2, 3)
+    res = fnsysid.run({"system": "synthetic", "M": np.int64(3), "eps": np.float64(0.1),
+                       "R": np.int32(2), "lr": lrs[1], "repeats": 1, "progress": np.bool_(False),
+                       "K": {"kind": "uniform_int", "low": np.int64(1), "high": np.int16(3)}})
+    s = res.settings
+    assert (s.M, s.eps, s.R, s.lr, s.progress) == (3, 0.1, 2, 1e-3, False)
+    assert type(s.M) is int and type(s.lr) is float
+    assert res.summary["K"] == {"kind": "uniform_int", "low": 1, "high": 3}
+    same = fnsysid.run({"system": "synthetic", "M": 3, "eps": 0.1, "R": 2, "lr": 1e-3,
+                        "repeats": 1, "progress": False,
+                        "K": {"kind": "uniform_int", "low": 1, "high": 3}})
+    assert res.errors.equals(same.errors)
+    with pytest.raises(fnsysid.ConfigError, match=r"^M=3.0 is not allowed"):
+        fnsysid.run({"M": np.float64(3.0)})           # a float is not an integer setting
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({5: 1}, "overrides: the key 5 (int) is not a setting name; keys are strings such as 'M'"),
+    ({("M",): 1}, "overrides: the key ('M',) (tuple) is not a setting name"),
+    ({"N": np.array([5, 10])}, "N: a value of type ndarray is not a setting value (a numpy "
+                               "array: give value.tolist()); allowed: str, int, float, bool, "
+                               "None (numpy scalars too), and lists and dicts of them"),
+    ({"M": object()}, "M: a value of type object is not a setting value; allowed:"),
+    ({"N": [5, b"10"]}, "N: a value of type bytes is not a setting value"),
+    ({"K": {1: 2}}, "K: the key 1 (int) is not a setting name; keys are strings"),
+    ({"K": {"kind": "uniform_int", "low": np.datetime64("2020-01-01")}},
+     "K.low: a value of type datetime64 is not a setting value"),
+])
+def test_other_objects_and_keys_are_refused_naming_the_key(tmp_path, overrides, message):
+    with pytest.raises(fnsysid.ConfigError) as exc:
+        fnsysid.run(overrides, output_dir=tmp_path / "out")
+    assert str(exc.value).startswith(message) and "\n" not in str(exc.value)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["M=0"], "M=0 is not allowed"),
     ({"system": "foo"}, "system=foo is not an option; allowed: generic,"),

@@ -43,7 +43,7 @@ def test_experiment_composes_as_a_multirun_sweep(name):
                       return_hydra_config=True)
     assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
     # a stored sweep gets its own timestamped folder: a rerun never adds jobs to an older sweep
-    assert re.fullmatch(rf"outputs/sweeps/{name}/\d{{4}}-\d\d-\d\d_\d\d-\d\d-\d\d",
+    assert re.fullmatch(rf"outputs/sweeps/{name}/\d{{4}}-\d\d-\d\d_\d\d-\d\d-\d\d-\d{{6}}",
                         cfg.hydra.sweep.dir)
     params = cfg.hydra.sweeper.params
     assert params and all("," in str(v) for v in params.values())

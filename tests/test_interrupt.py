@@ -265,3 +265,47 @@ def test_sweep_job_refused_in_the_job_is_marked_and_exits_2(tmp_path, monkeypatc
     statuses = {p.parent.name: json.loads(p.read_text())["status"]
                 for p in tmp_path.glob("*/summary.json")}
     assert sorted(statuses.values()) == ["ok", "refused"]
+
+
+def test_resume_refuses_a_sweep_started_with_other_settings(tmp_path):
+    """output.resume=true finishes only the sweep it was started as: a constant setting, a
+    group option or the swept keys that differ are named with both values, and nothing is
+    written; other values of the swept keys and the settings that change no number
+    (progress) may differ."""
+    sweep = tmp_path / "sweep"
+    base = ["-m", "M=1,2", "repeats=1", "hydra/launcher=basic", "output.plot=false",
+            f"hydra.sweep.dir={sweep}"]
+    assert cli_in_process(*base, "R=3").returncode == 0
+    before = {p: p.stat().st_mtime_ns for p in sweep.rglob("*")}
+    for args, message in [
+        (["R=5"], "R=5 differs from R=3 of the sweep"),
+        (["R=3", "system=synthetic"], "system=synthetic differs from system=pendulum of the "
+                                      "sweep"),
+        (["R=3", "eps=0.01,0.1"], "this command sweeps M, eps, the sweep in "
+                                  f"{sweep} swept M;"),
+    ]:
+        res = cli_in_process(*base, *args, "output.resume=true")
+        assert res.returncode == 2
+        assert res.stderr.startswith(f"fnsysid: error: output.resume=true: {message}"), \
+            res.stderr
+        assert res.stderr.count("\n") == 1
+        assert {p: p.stat().st_mtime_ns for p in sweep.rglob("*")} == before
+    res = cli_in_process(*base[:1], "M=1,2,3", *base[2:], "R=3", "progress=false",
+                         "output.resume=true")
+    assert res.returncode == 0, res.stderr
+    table = pd.read_csv(sweep / "results.csv")
+    assert table.groupby("M").size().to_dict() == {1: 4, 2: 4, 3: 4}     # R=3: rounds 0..3
+
+
+def test_resume_of_a_group_sweep_compares_the_settings_given_inside_the_group(tmp_path):
+    """With strategy swept, the composed sweep config holds the default strategy: a setting
+    given inside the group (strategy.weighting=samples) is compared as the command gave it."""
+    sweep = tmp_path / "sweep"
+    base = ["-m", "system=synthetic", "strategy=fedavg,fedprox", "R=2", "repeats=1",
+            "hydra/launcher=basic", "output.plot=false", f"hydra.sweep.dir={sweep}"]
+    assert cli_in_process(*base, "strategy.weighting=samples").returncode == 0
+    for given, shown in [("strategy.weighting=uniform", "uniform"), (None, "(not set)")]:
+        res = cli_in_process(*base, *([given] if given else []), "output.resume=true")
+        assert (res.returncode, res.stderr.split(" of the sweep")[0]) == (
+            2, f"fnsysid: error: output.resume=true: strategy.weighting={shown} differs from "
+               "strategy.weighting=samples")

@@ -16,7 +16,7 @@ from fnsysid.app.preflight import as_overrides, check_output_dir, compose
 from fnsysid.config.checks import ConfigError, check_run
 from fnsysid.data.files import PUBLIC_COLUMNS, read_trajectories
 from fnsysid.results.files import write_outputs
-from fnsysid.results.folder import clear_results, has_results
+from fnsysid.results.folder import clear_results, has_results, lock_folder
 
 
 def run(overrides=(), output_dir=None, config_dir=None) -> Result:
@@ -25,10 +25,12 @@ def run(overrides=(), output_dir=None, config_dir=None) -> Result:
     Parameters
     ----------
     overrides : list of ``"key=value"`` strings (exactly the command line's) or a dict
-        ``{"system": "pendulum", "M": 5, "data.states": ["x1", "x2"]}``.
+        ``{"system": "pendulum", "M": 5, "data.states": ["x1", "x2"]}`` (string keys; values
+        str, int, float, bool, None or numpy scalars, and lists and dicts of them).
     output_dir : folder to write the run's files into (as the command line does); None
-        writes nothing. Checked before the run: a file, a folder that cannot be written, or
-        one holding an earlier run (unless ``output.overwrite=true``) is refused.
+        writes nothing. Checked before the run: a file, a folder that cannot be written, one
+        holding an earlier run (unless ``output.overwrite=true``) or one in use by another
+        run (its lock, held by this call until it returns) is refused.
     config_dir : a folder of your own config groups (like ``--config-dir``).
 
     Returns
@@ -44,21 +46,24 @@ def run(overrides=(), output_dir=None, config_dir=None) -> Result:
     """
     cfg, choices = compose(overrides, config_dir)
     settings = check_run(cfg)
-    if output_dir is not None:
-        check_output_folder(Path(output_dir), settings)
-    result = execute(settings, choices, given_keys(as_overrides(overrides)))
-    if output_dir is not None:
+    if output_dir is None:
+        return execute(settings, choices, given_keys(as_overrides(overrides)))
+    folder = Path(output_dir)
+    check_output_dir("output_dir", folder)
+    with lock_folder(folder, f"output_dir={folder}"):      # one run at a time in the folder
+        check_output_folder(folder, settings)
+        result = execute(settings, choices, given_keys(as_overrides(overrides)))
         if settings.output.overwrite:
-            clear_results(Path(output_dir))
-        write_outputs(Path(output_dir), settings, result)
+            clear_results(folder)
+        write_outputs(folder, settings, result)
     return result
 
 
 def check_output_folder(folder: Path, settings) -> None:
-    """``output_dir`` must be (or become) a writable folder without an earlier run's results
-    (unless ``output.overwrite=true``), as the command line's results folder: checked before
-    the run starts."""
-    check_output_dir("output_dir", folder)
+    """``output_dir`` must hold no earlier run's results (unless ``output.overwrite=true``),
+    as the command line's results folder: checked before the run starts, under the folder's
+    lock (:func:`~fnsysid.results.folder.lock_folder`; a folder another run holds is
+    refused)."""
     if has_results(folder) and not settings.output.overwrite:
         raise ConfigError(f"output_dir={folder} holds an earlier run: choose a new folder, or "
                           "add output.overwrite=true to replace its results")

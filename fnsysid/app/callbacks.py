@@ -1,5 +1,6 @@
-"""Hydra callbacks of a multirun (registered in ``conf/config.yaml``): ``results.csv`` at the
-sweep's root, and the jobs that are not ``ok``, which set the command's exit status."""
+"""Hydra callbacks (registered in ``conf/config.yaml``): the lock on the results folder of a run
+or a sweep, ``results.csv`` at a sweep's root, and the jobs that are not ``ok``, which set the
+command's exit status."""
 
 from __future__ import annotations
 
@@ -9,13 +10,140 @@ import sys
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from fnsysid.config.errors import DataError
-from fnsysid.results.folder import errors_problem
-from fnsysid.results.sweep import RESULTS, write_results
+from fnsysid.app.preflight import check_earlier
+from fnsysid.config.checks import override_key
+from fnsysid.config.errors import ConfigError, DataError, show
+from fnsysid.results.folder import (
+    MISSING,
+    errors_problem,
+    first_difference,
+    lock_folder,
+)
+from fnsysid.results.folder import FolderLock as Lock
+from fnsysid.results.sweep import MULTIRUN, RESULTS, sweep_keys, write_results
 
 log = logging.getLogger("fnsysid")
+
+#: the results folders this process holds for its run or sweep: folder -> lock
+HELD: dict[Path, Lock] = {}
+
+
+class FolderLock(Callback):
+    """Hydra callback: the results folder (``hydra.run.dir``, or a sweep's ``hydra.sweep.dir``
+    with all its jobs) belongs to one command at a time. Before Hydra writes anything there,
+    the command takes the folder's exclusive lock (:func:`fnsysid.results.folder.lock_folder`)
+    or stops with one line and exit status 2, touching nothing of the run that holds it; it
+    then checks again, under the lock, that the folder holds no earlier run (or, with
+    ``output.resume=true``, a sweep of the same settings). The lock is given up when the run
+    or the sweep ends (the jobs of a sweep, in this process or in a launcher's workers,
+    write their sub-folders under their command's lock)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        _take(config, "hydra.run.dir", multirun=False)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        _take(config, "hydra.sweep.dir", multirun=True)
+
+    def on_run_end(self, config: DictConfig, **kwargs) -> None:
+        release(Path(str(config.hydra.run.dir)))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        release(Path(str(config.hydra.sweep.dir)))
+
+
+def _take(config: DictConfig, key: str, multirun: bool) -> None:
+    """Lock the folder of ``key`` and check it again under the lock; one line and exit 2 if
+    it is refused (the folder left as it was)."""
+    folder = Path(str(OmegaConf.select(config, key)))   # resolves (and fixes) ${now:...}
+    try:
+        lock = lock_folder(folder, f"{key}={folder}")
+    except ConfigError as exc:
+        print(f"fnsysid: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    HELD[folder] = lock
+    try:
+        output = config.get("output") or {}
+        check_earlier(key, folder, output, multirun)
+        if multirun and output.get("resume"):
+            check_resume(config, folder)
+    except ConfigError as exc:
+        release(folder)
+        print(f"fnsysid: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+def release(folder: Path | None = None) -> None:
+    """Give up the lock this process holds on ``folder`` (all of them when None)."""
+    for f in [folder] if folder is not None else list(HELD):
+        lock = HELD.pop(f, None)
+        if lock is not None:
+            lock.release()
+
+
+def _plain(config) -> dict:
+    """A run config without Hydra's node, resolved into plain Python where it can be."""
+    cfg = OmegaConf.masked_copy(config, [k for k in config if k != "hydra"])
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except Exception:           # an interpolation that needs a running job: compared as text
+        return OmegaConf.to_container(cfg, resolve=False)
+
+
+def check_resume(config: DictConfig, folder: Path) -> None:
+    """``output.resume=true`` finishes a sweep only with the settings it was started with
+    (up to the swept values and the settings that change no number): refuse otherwise in one
+    line naming the setting and both values. ``config`` is the new sweep's (with Hydra's
+    node); the earlier sweep's is its ``multirun.yaml`` (none: nothing to compare)."""
+    path = folder / MULTIRUN
+    if not path.is_file():
+        return
+    try:
+        old = OmegaConf.load(path)
+        if not isinstance(old, DictConfig):
+            raise ValueError("not a mapping")
+    except Exception as exc:        # a damaged multirun.yaml: the sweep cannot be compared
+        raise ConfigError(f"output.resume=true: {path} cannot be read ({type(exc).__name__}); "
+                          "resume needs the sweep's own multirun.yaml, or choose a new "
+                          "hydra.sweep.dir") from None
+    old_hydra = OmegaConf.to_container(old.get("hydra") or {}, resolve=False)
+    new_hydra = OmegaConf.to_container(config.hydra, resolve=False)
+    old_keys, new_keys = sweep_keys(old_hydra), sweep_keys(new_hydra)
+    if set(old_keys) != set(new_keys):
+        now, was = (", ".join(keys) or "nothing" for keys in (new_keys, old_keys))
+        raise ConfigError(f"output.resume=true: this command sweeps {now}, the sweep in "
+                          f"{folder} swept {was}; resume it with the same swept settings, or "
+                          "choose a new hydra.sweep.dir")
+    choices = [{k: v for k, v in ((h.get("runtime") or {}).get("choices") or {}).items()
+                if not k.startswith("hydra/")} for h in (old_hydra, new_hydra)]
+    groups = [k for k in new_keys if k in choices[0] or k in choices[1]]
+    diff = first_difference(*choices, skip=new_keys) or \
+        first_difference(_plain(old), _plain(config), skip=new_keys) or \
+        first_difference(*(_inside(h, groups, new_keys) for h in (old_hydra, new_hydra)))
+    if diff is not None:
+        key, was, now = diff
+        raise ConfigError(
+            f"output.resume=true: {key}={_shown(now)} differs from {key}={_shown(was)} of the "
+            f"sweep in {folder}; resume it only with its own settings (other values of its "
+            "swept settings may be added), or choose a new hydra.sweep.dir")
+
+
+def _inside(hydra_cfg: dict, groups: list[str], swept: list[str]) -> dict:
+    """The settings that a sweep's command line gives inside the groups it sweeps
+    (``strategy.mu=0.1`` with ``strategy=fedavg,fedprox``), which its composed config does
+    not hold: setting -> value as given."""
+    lines = (hydra_cfg.get("overrides") or {}).get("task") or []
+    out = {}
+    for line in lines:
+        key = override_key(line)
+        if key not in swept and any(key.startswith(g + ".") for g in groups):
+            out[key] = line.split("=", 1)[1] if "=" in line else "(removed)"
+    return out
+
+
+def _shown(value) -> str:
+    return "(not set)" if value is MISSING else show(value)
 
 
 class SweepTable(Callback):

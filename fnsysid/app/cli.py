@@ -15,7 +15,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from fnsysid.app.callbacks import sweep_exit
+from fnsysid.app.callbacks import release, sweep_exit
 from fnsysid.app.preflight import _check_commands, _flags_first, absolute_config_path, preflight
 from fnsysid.config.checks import ConfigError
 from fnsysid.config.groups import CONF_DIR
@@ -160,4 +160,6 @@ def main() -> None:
               "without summary.json is incomplete (a sweep can be resumed with "
               "output.resume=true)", file=sys.stderr)
         sys.exit(interrupt.exit_code(signum))
+    finally:
+        release()           # the results folder's lock, however the run ended
     sweep_exit()

@@ -390,12 +390,7 @@ def _check_hydra(base, multirun: bool) -> Path:
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     folder = Path(str(OmegaConf.select(base, key)))
     existing = check_output_dir(key, folder).resolve()
-    out = base.get("output") or {}
-    if has_results(folder) and not out.get("overwrite") and not (multirun and out.get("resume")):
-        what = "an earlier sweep" if multirun else "an earlier run"
-        raise ConfigError(f"{key}={folder} holds {what}: choose a new folder, or add "
-                          "output.overwrite=true to replace its results"
-                          + (" (output.resume=true to finish it)" if multirun else ""))
+    check_earlier(key, folder, base.get("output") or {}, multirun)
     launcher = base.hydra.get("launcher") or {}
     if multirun and "joblib" in str(launcher.get("_target_", "")):
         n = launcher.get("n_jobs")
@@ -403,6 +398,17 @@ def _check_hydra(base, multirun: bool) -> Path:
             raise ConfigError(f"hydra.launcher.n_jobs={n} is not allowed: an integer >= 1 "
                               "(workers), or -1 for all cores (-2 all but one, ...)")
     return existing
+
+
+def check_earlier(key: str, folder: Path, output, multirun: bool) -> None:
+    """Refuse a results folder that holds an earlier run (or sweep) unless the ``output``
+    settings say to replace it (``overwrite``) or to finish the sweep (``resume``)."""
+    if has_results(folder) and not output.get("overwrite") and \
+            not (multirun and output.get("resume")):
+        what = "an earlier sweep" if multirun else "an earlier run"
+        raise ConfigError(f"{key}={folder} holds {what}: choose a new folder, or add "
+                          "output.overwrite=true to replace its results"
+                          + (" (output.resume=true to finish it)" if multirun else ""))
 
 
 def check_output_dir(key: str, path: Path) -> Path:
@@ -540,8 +546,41 @@ def as_overrides(overrides) -> list[str]:
         raise ConfigError("overrides must be a list of 'key=value' strings or a dict, not one "
                           "string")
     if isinstance(overrides, Mapping):
-        return [f"{k}={encode(v)}" for k, v in overrides.items()]
+        for k in overrides:
+            if not isinstance(k, str):
+                raise ConfigError(f"overrides: the key {k!r} ({type(k).__name__}) is not a "
+                                  "setting name; keys are strings such as 'M', 'system' or "
+                                  "'data.states'")
+        return [f"{k}={encode(plain(v, k))}" for k, v in overrides.items()]
     return [str(o) for o in overrides]
+
+
+def plain(value, key: str):
+    """An override's value as plain Python (what :func:`encode` writes): numpy scalars become
+    the int, float, bool or str they are; lists, tuples and string-keyed mappings are taken
+    item by item; any other object is refused in one line naming ``key``."""
+    if type(value).__module__ == "numpy":         # np.float64 is also a float: first
+        import numpy as np
+
+        if isinstance(value, np.generic) and isinstance(value.item(), (bool, int, float, str)):
+            return value.item()
+    if value is None or isinstance(value, (bool, str, Path)):
+        return value
+    if isinstance(value, (int, float)):             # an int or float of a subclass: plain
+        return int(value) if isinstance(value, int) else float(value)
+    if isinstance(value, (list, tuple)):
+        return [plain(v, key) for v in value]
+    if isinstance(value, Mapping):
+        for k in value:
+            if not isinstance(k, str):
+                raise ConfigError(f"{key}: the key {k!r} ({type(k).__name__}) is not a "
+                                  "setting name; keys are strings")
+        return {k: plain(v, f"{key}.{k}") for k, v in value.items()}
+    hint = (" (a numpy array: give value.tolist())" if type(value).__name__ == "ndarray"
+            else "")
+    raise ConfigError(f"{key}: a value of type {type(value).__name__} is not a setting value"
+                      f"{hint}; allowed: str, int, float, bool, None (numpy scalars too), and "
+                      "lists and dicts of them")
 
 
 def compose(overrides, config_dir=None):

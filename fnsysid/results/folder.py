@@ -1,17 +1,27 @@
-"""The state of a results folder: empty, finished (``summary.json``) or stale, and its cleanup.
+"""The state of a results folder: empty, finished (``summary.json``) or stale, its cleanup, and
+the lock that gives it to one run at a time.
 
 A run never writes into a folder that holds an earlier run unless asked
 (``output.overwrite=true``, which first clears the earlier result files); a sweep resumed with
 ``output.resume=true`` skips the jobs that finished ``ok`` with the same config and clears the
-others before running them again.
+others before running them again. While a run (or a sweep) works in a folder it holds an
+exclusive OS lock on the file ``.fnsysid.lock`` inside it (:func:`lock_folder`, ``fcntl.flock``):
+a second run into the same folder is refused, and the lock ends with the process that holds it,
+however it ends.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import functools
 import itertools
 import json
+import logging
+import os
 from pathlib import Path
+
+from fnsysid.config.errors import ConfigError
 
 #: files a run writes at the top of its folder (Hydra adds .hydra/ and run.log)
 RESULT_PATTERNS = ("*.csv", "*.json", "*.png", "*.pdf", "*.parquet", "config.yaml",
@@ -20,10 +30,132 @@ RESULT_PATTERNS = ("*.csv", "*.json", "*.png", "*.pdf", "*.parquet", "config.yam
 IGNORED = {"output": ("resume", "overwrite", "plot"), "progress": None}
 
 
+#: the lock file inside a results folder while a run or a sweep works in it
+LOCK = ".fnsysid.lock"
+
+
 def has_results(folder: Path) -> bool:
-    """True if ``folder`` holds anything (a file, a job folder, Hydra's records)."""
+    """True if ``folder`` holds anything (a file, a job folder, Hydra's records) but a lock."""
     folder = Path(folder)
-    return folder.is_dir() and any(folder.iterdir())
+    return folder.is_dir() and any(p.name != LOCK for p in folder.iterdir())
+
+
+class FolderInUse(ConfigError):
+    """The results folder is locked by another run (another process, or another call)."""
+
+
+class FolderLock:
+    """An exclusive lock on a results folder (from :func:`lock_folder`); a context manager.
+
+    :meth:`release` removes the lock file and the folders that :func:`lock_folder` made if
+    they are left empty (a run refused after the lock leaves no folder behind).
+    """
+
+    def __init__(self, folder: Path, fd: int | None, made: list[Path]):
+        self.folder, self._fd, self._made = folder, fd, made
+
+    def release(self) -> None:
+        """Give the folder up (once; later calls do nothing)."""
+        if self._fd is not None:
+            # unlinked before the unlock: a run that opened the old file and locks it after
+            # this finds the name gone and takes the lock again on a new file
+            (self.folder / LOCK).unlink(missing_ok=True)
+            os.close(self._fd)
+            self._fd = None
+        _remove_empty(self._made)
+        self._made = []
+
+    def __enter__(self) -> FolderLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _remove_empty(made: list[Path]) -> None:
+    """Remove the folders in ``made`` (deepest first) while they are empty."""
+    for d in made:
+        try:
+            d.rmdir()
+        except OSError:
+            return
+
+
+def _make(folder: Path) -> list[Path]:
+    """Make ``folder`` and its missing parents; the folders this call made, deepest first."""
+    missing = []
+    p = folder
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    made = []
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+            made.append(d)
+        except FileExistsError:         # made by another run at the same moment
+            pass
+    return made[::-1]
+
+
+def lock_folder(folder: Path, name: str) -> FolderLock:
+    """Take the exclusive lock of the results folder ``folder`` (made if missing) for this
+    run, without waiting.
+
+    ``name`` is how the message names the folder (``hydra.run.dir=/tmp/x``). Raises
+    :class:`FolderInUse` (a :class:`ConfigError`) naming the process that holds it. The lock
+    is ``fcntl.flock`` on ``folder/.fnsysid.lock``, which holds the holder's pid; the system
+    releases it when the process ends, however it ends. On a file system without locks the
+    run goes on unlocked, with a warning.
+    """
+    folder = Path(folder).absolute()      # given up at this path whatever the working folder
+    path = folder / LOCK
+    made: list[Path] = []
+    for _ in range(20):
+        made += _make(folder)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except FileNotFoundError:       # the folder was removed meanwhile: make it again
+            continue
+        except OSError as exc:
+            _remove_empty(made)
+            raise ConfigError(f"{name}: the lock file {LOCK} cannot be made "
+                              f"({exc.strerror or exc}); a writable folder") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _read_pid(fd)
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                _remove_empty(made)
+                raise FolderInUse(
+                    f"{name}: in use by another run ({f'pid {holder}' if holder else 'pid unknown'}"
+                    "); wait for it to end, or choose another folder") from None
+            logging.getLogger("fnsysid").warning(
+                "%s: no lock on this file system (%s): another run could write into it at the "
+                "same time", name, exc.strerror or exc)
+            return FolderLock(folder, None, made)
+        try:
+            same = os.path.samestat(os.stat(path), os.fstat(fd))
+        except FileNotFoundError:
+            same = False
+        if same:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            return FolderLock(folder, fd, made)
+        os.close(fd)        # the holder removed the file as it ended: lock the new one
+    _remove_empty(made)
+    raise FolderInUse(f"{name}: in use by other runs that keep replacing its lock; choose "
+                      "another folder")
+
+
+def _read_pid(fd: int) -> int | None:
+    """The pid written in a lock file (None if not yet written)."""
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
 
 
 def clear_results(folder: Path) -> list[str]:
@@ -110,3 +242,38 @@ def finished_ok(folder: Path, resolved: dict) -> bool:
             errors_problem(folder, summary) is not None:
         return False
     return isinstance(saved, dict) and _comparable(saved) == _comparable(dict(resolved))
+
+
+def _leaves(cfg, prefix: str = "") -> dict:
+    """A nested config (plain dicts) as ``{"dotted.key": value}`` (lists are values)."""
+    if not isinstance(cfg, dict) or not cfg:
+        return {prefix: cfg} if prefix else {}
+    out = {}
+    for k, v in cfg.items():
+        out.update(_leaves(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+#: the value :func:`first_difference` gives for a setting that one config lacks
+MISSING = _Missing()
+
+
+def first_difference(old: dict, new: dict, skip=()) -> tuple[str, object, object] | None:
+    """The first setting (dotted key, old value, new value; a missing one is ``MISSING``)
+    in which two resolved run configs differ, or None; up to the settings that change no
+    number (resume, overwrite, plot, progress) and the keys in ``skip`` (with what is below
+    them: a swept group)."""
+    a, b = _leaves(_comparable(dict(old))), _leaves(_comparable(dict(new)))
+
+    def skipped(key: str) -> bool:
+        return any(key == s or key.startswith(s + ".") for s in skip)
+
+    for key in [*b, *(k for k in a if k not in b)]:
+        if not skipped(key) and a.get(key, MISSING) != b.get(key, MISSING):
+            return key, a.get(key, MISSING), b.get(key, MISSING)
+    return None

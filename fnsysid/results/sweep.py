@@ -84,9 +84,14 @@ def declared_keys(sweep_dir: Path) -> list[str] | None:
     path = Path(sweep_dir) / MULTIRUN
     if not path.exists():
         return None
+    return sweep_keys((load_yaml(path) or {}).get("hydra", {}))
+
+
+def sweep_keys(hydra_cfg: dict) -> list[str]:
+    """Keys a multirun's Hydra node (a plain dict, as in ``multirun.yaml``) declares as swept:
+    sweeps among its command line's overrides, then ``hydra.sweeper.params``."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    hydra_cfg = (load_yaml(path) or {}).get("hydra", {})
     lines = list((hydra_cfg.get("overrides") or {}).get("task") or [])
     params = (hydra_cfg.get("sweeper") or {}).get("params") or {}
     given = {_split(line)[0] for line in lines}
