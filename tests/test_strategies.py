@@ -208,3 +208,51 @@ def test_oneshot_run_names_a_client_with_all_zero_data_and_averages_the_others(t
     assert not [r for r in caplog.records if "strategy=oneshot" in r.getMessage()]
     np.testing.assert_allclose(four.estimates["estimate"], three.estimates["estimate"],
                                rtol=0, atol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def fleet_with_a_zero_client(tmp_path_factory):
+    """Folders of trajectory files: 4 clients of which robot3 is all zeros, and the other 3."""
+    from tests.test_data_files import linear_fleet, write_per_client
+
+    tmp = tmp_path_factory.mktemp("zero_client")
+    df, _ = linear_fleet(n_clients=4, noise=0.05, seed=1)
+    df.loc[df["client"] == "robot3", ["x1", "x2", "u"]] = 0.0
+    return (write_per_client(df, tmp / "four"),
+            write_per_client(df[df["client"] != "robot3"], tmp / "three"))
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "fedprox", "fedlin", "fednova",
+                                      "scaffold optimizer.scale_features=diagonal"])
+def test_gradient_strategies_end_where_the_other_clients_put_them(strategy,
+                                                                  fleet_with_a_zero_client):
+    """A client with all-zero data returns the server model: the fixed point is the one of
+    the other three clients alone."""
+    import fnsysid
+    from tests.test_data_files import GENERIC
+
+    four, three = fleet_with_a_zero_client
+    run = [*GENERIC, *f"strategy={strategy}".split(), "R=200"]
+    a = fnsysid.run([*run, f"data.path={four}"]).estimates["estimate"]
+    b = fnsysid.run([*run, f"data.path={three}"]).estimates["estimate"]
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
+
+
+def test_scaffold_with_whitening_refuses_a_client_without_full_rank(fleet_with_a_zero_client,
+                                                                     tmp_path):
+    """Whitening's H_i^+ cannot carry SCAFFOLD's correction where a client has no data (the
+    run would end 0.09 away from the other clients' solution): refused in one line, nothing
+    written; with full-rank clients the same settings run."""
+    import fnsysid
+    from fnsysid.config.errors import ConfigError
+    from tests.test_data_files import GENERIC
+
+    four, three = fleet_with_a_zero_client
+    run = [*GENERIC, "strategy=scaffold", "optimizer.scale_features=whiten", "R=5"]
+    with pytest.raises(ConfigError, match=r"^strategy=scaffold with optimizer.scale_features="
+                                          r"whiten: 1 of 4 client\(s\) \(numbers 3, from 0 in "
+                                          r"the data's order\) have data whose Gram matrix has "
+                                          r"rank below the 6 parameters, .*; allowed: "):
+        fnsysid.run([*run, f"data.path={four}"], output_dir=tmp_path / "four")
+    assert not (tmp_path / "four").exists()
+    assert fnsysid.run([*run, f"data.path={three}"]).summary["status"] == "ok"

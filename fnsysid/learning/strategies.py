@@ -310,7 +310,28 @@ class Scaffold(FedAvg):
     """SCAFFOLD with option II control variates (Karimireddy et al. 2020), full participation,
     global step size 1: local gradient ``g_i + c - c_i``; afterwards
     ``c_i <- c_i - c + (theta_s - theta_i) / (sum of local step sizes)`` and ``c = mean c_i``.
-    Each client keeps its ``c_i`` (per-client maps, O(M p^2) a round); the server keeps ``c``."""
+    Each client keeps its ``c_i`` (per-client maps, O(M p^2) a round); the server keeps ``c``.
+
+    With whitened features (``optimizer.scale_features=whiten``, preconditioner ``n_i H_i^+``)
+    every client's Gram matrix must have full rank (:func:`determined`): ``H_i^+`` is blind to
+    the directions a client's data lack, so its local steps cannot apply the correction
+    ``c - c_i`` there and its ``c_i`` drifts, moving the result (4 clients, one all zeros: 0.09
+    from the other three's solution). Such data are refused."""
+
+    def setup(self, theta0, data, model, optimizer, K, lr, seed):
+        if getattr(optimizer, "scale_features", "none") == "whiten":
+            ok = determined(data.H)
+            if not ok.all():
+                bad = np.flatnonzero(~ok.all(axis=0))
+                raise ConfigError(
+                    f"strategy=scaffold with optimizer.scale_features=whiten: {len(bad)} of "
+                    f"{ok.shape[1]} client(s) (numbers {', '.join(map(str, bad[:10]))}"
+                    f"{', ...' if len(bad) > 10 else ''}, from 0 in the data's order) have "
+                    f"data whose Gram matrix has rank below the {data.H.shape[-1]} parameters, "
+                    "where whitening cannot apply SCAFFOLD's correction; allowed: "
+                    "optimizer.scale_features=diagonal or none, another strategy, or data of "
+                    "full rank for every client")
+        super().setup(theta0, data, model, optimizer, K, lr, seed)
 
     def make_clients(self, solver, K, lr):
         return Clients(solver, K, lr, correction=True)
