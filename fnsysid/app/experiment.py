@@ -197,6 +197,7 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
         summary["left_out_clients"] = left_out
     signum = interrupt.requested()
     if signum is not None and diverged is None:
+        summary.pop("growth", None)          # judged on the rows of a run that did not end
         summary["status"] = "interrupted"
         summary["interrupted_by"] = signal.Signals(signum).name
     return Result(tables, summary, model, strategy.estimate(), dataset, diverged, settings)
