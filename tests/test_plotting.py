@@ -1,10 +1,11 @@
-"""Saving figures: the layout runs once and every file is rendered from it."""
+"""Saving figures: the layout runs once and every file is rendered from it; figures are drawn
+outside pyplot."""
 
-import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 import pytest
 
-from fnsysid.results.plotting import save
+from fnsysid.results.plotting import new_figure, save
 from tests.conftest import cli_in_process
 
 #: sweeps run in this process, their jobs one after another (the launcher is not under test)
@@ -12,7 +13,8 @@ QUIET = ["output.plot=false", "progress=false", "hydra.launcher.n_jobs=1"]
 
 
 def _figure():
-    fig, axes = plt.subplots(1, 2, figsize=(6, 3), layout="constrained")
+    fig = new_figure(figsize=(6, 3), layout="constrained")
+    axes = fig.subplots(1, 2)
     r = np.arange(50)
     for ax in axes:
         ax.plot(r, 0.9 ** r + 1e-3, label="a long legend entry")
@@ -26,13 +28,11 @@ def _figure():
 def test_save_writes_the_png_savefig_writes_and_a_pdf_without_creation_date(tmp_path):
     ref = _figure()
     ref.savefig(tmp_path / "ref.png", dpi=110)
-    plt.close(ref)
     fig = _figure()
     save(fig, [tmp_path / "fig.png", tmp_path / "fig.pdf"], dpi=110)
     assert (tmp_path / "fig.png").read_bytes() == (tmp_path / "ref.png").read_bytes()
     pdf = (tmp_path / "fig.pdf").read_bytes()
     assert pdf.startswith(b"%PDF") and b"CreationDate" not in pdf
-    assert not plt.fignum_exists(fig.number)           # closed
 
 
 def test_save_lays_the_figure_out_once(tmp_path, monkeypatch):
@@ -46,7 +46,6 @@ def test_save_lays_the_figure_out_once(tmp_path, monkeypatch):
     assert len(calls) == 1
     ref = _figure()
     ref.savefig(tmp_path / "b.png", dpi=110)
-    plt.close(ref)
     assert len(calls) == 2                              # savefig lays out for each file
 
 
@@ -148,3 +147,80 @@ def test_heat_map_names_a_diverged_cell(tmp_path, lr_strategy_sweep):
     assert len(captured["texts"]) == 4                  # two values, two diverged cells
     assert sorted(table.loc[table["status"] == "diverged", "strategy"]) == ["fedavg", "fedprox"]
     assert table.loc[table["status"] == "ok", "final_mean"].notna().all()
+
+
+def _in_threads(n, target):
+    """Run ``target(i)`` for i < n in n threads at once; the exceptions they raised."""
+    import threading
+
+    raised, start = [], threading.Barrier(n)
+
+    def run(i):
+        try:
+            start.wait()
+            target(i)
+        except BaseException as exc:                    # noqa: BLE001 - reported below
+            raised.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return raised
+
+
+def test_runs_in_threads_write_the_folders_a_sequential_run_writes(tmp_path):
+    """fnsysid.run with plots in three threads at once: every folder complete, its tables and
+    figures the bytes of the same run alone."""
+    import fnsysid
+
+    def overrides(i):
+        return ["system=pendulum", "M=3", "R=10", "repeats=2", "progress=false", f"seed={i}"]
+
+    files = ["clients.csv", "config.yaml", "error.png", "errors.csv", "estimates.csv",
+             "fit.png", "summary.json", "theory.csv"]
+    raised = _in_threads(3, lambda i: fnsysid.run(overrides(i),
+                                                  output_dir=tmp_path / f"thread{i}"))
+    assert not raised, raised
+    for i in range(3):
+        alone, folder = tmp_path / f"alone{i}", tmp_path / f"thread{i}"
+        fnsysid.run(overrides(i), output_dir=alone)
+        assert sorted(p.name for p in folder.iterdir()) == files
+        for name in ("errors.csv", "estimates.csv", "error.png", "fit.png"):
+            assert (folder / name).read_bytes() == (alone / name).read_bytes(), name
+
+
+def test_figures_drawn_in_threads_are_the_figures_drawn_alone(tmp_path):
+    """plot_run (math text in the labels) from three threads, four figures each: the bytes of
+    the same figure drawn alone."""
+    from fnsysid.results.plotting import plot_run
+
+    rounds = np.arange(30)
+    errors = pd.DataFrame({"repeat": np.repeat([0, 1], 30), "round": np.tile(rounds, 2),
+                           "e_max": np.concatenate([0.9 ** rounds, 0.8 ** rounds]) + 1e-3,
+                           "e_mean": np.concatenate([0.85 ** rounds, 0.7 ** rounds]) + 1e-3})
+    plot_run(errors, tmp_path / "alone.png", title="$e_r$ in a title")
+    raised = _in_threads(3, lambda i: [plot_run(errors, tmp_path / f"t{i}_{k}.png",
+                                                title="$e_r$ in a title") for k in range(4)])
+    assert not raised, raised
+    alone = (tmp_path / "alone.png").read_bytes()
+    assert all((tmp_path / f"t{i}_{k}.png").read_bytes() == alone
+               for i in range(3) for k in range(4))
+
+
+def test_plotting_does_not_use_pyplot():
+    """Drawing needs no pyplot (its figure registry and backend are process-wide state)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, tempfile, pathlib, pandas as pd\n"
+            "from fnsysid.results.plotting import plot_run\n"
+            "e = pd.DataFrame({'repeat': [0, 0], 'round': [0, 1], 'e_max': [1.0, 0.5],"
+            " 'e_mean': [1.0, 0.4]})\n"
+            "plot_run(e, pathlib.Path(tempfile.mkdtemp()) / 'e.png', title='t')\n"
+            "print('matplotlib.pyplot' in sys.modules)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "False"

@@ -3,8 +3,8 @@
 Random override sets are drawn from the knobs, the groups and the typed settings, with valid,
 wrong-type, out-of-range and non-finite values, and run through the command line. Each must
 end in one of three ways: exit 0 with a complete folder (``summary.json`` says ``ok``), exit 2
-with exactly one line and nothing written, or exit 3 with a result marked ``diverged``. A few
-examples run in ``make test``; ``make test-slow`` runs many more.
+with exactly one line and nothing written, or exit 3 with a result marked ``diverged`` or
+``growing``. A few examples run in ``make test``; ``make test-slow`` runs many more.
 """
 
 from __future__ import annotations
@@ -88,9 +88,14 @@ def check_outcome(args: list[str]) -> int:
                 assert (run / name).exists(), (args, name)
         elif res.returncode == 3:
             summary = json.loads((run / "summary.json").read_text())
-            assert summary["status"] == "diverged", args
-            assert not (run / "error.png").exists()
-            assert "diverged" in res.stdout, args
+            assert summary["status"] in ("diverged", "growing"), args
+            if summary["status"] == "diverged":
+                assert not (run / "error.png").exists()
+                assert "diverged" in res.stdout, args
+            else:                               # every round, far above the start
+                assert summary["rounds_completed"] == summary["R"], args
+                assert summary["growth"]["ratio"] > summary["growth"]["factor"], args
+                assert "run growing" in res.stdout, args
         else:
             raise AssertionError(f"{args}: exit {res.returncode}: {text[-2000:]}")
         return res.returncode

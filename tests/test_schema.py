@@ -222,7 +222,7 @@ def test_unbounded_growth_is_divergence_not_ok(tmp_path):
 
 def test_summary_is_strict_json_with_null_and_reason(tmp_path):
     """One sample per client makes Theorem 1's constants undefined: null, with the reason."""
-    cfg = compose_cfg("system=pendulum", "strategy=oneshot", "M=1", "N=1", "T=1", "R=1",
+    cfg = compose_cfg("system=pendulum", "strategy=fedavg", "M=1", "N=1", "T=1", "R=1",
                       "repeats=1", "output.plot=false")
     run_experiment(cfg, tmp_path)
     text = (tmp_path / "summary.json").read_text()

@@ -47,6 +47,46 @@ def test_oneshot_is_the_average_of_per_client_lstsq():
     np.testing.assert_allclose(s.server, ref, rtol=1e-9, atol=1e-11)
 
 
+def test_oneshot_leaves_out_clients_whose_data_do_not_determine_their_model():
+    """4 clients: one without data (H = 0, b = 0), and in repeat 1 another whose Gram matrix
+    has rank 1 (too few samples). The average is over the others to 1e-12, the others named
+    in ``left_out``; uniform and sample weighting alike."""
+    from dataclasses import replace
+
+    model, d = _data(M=4, keep=False)
+    H, b, n = d.H.copy(), d.b.copy(), d.n.copy()
+    H[:, 2], b[:, 2], n[:, 2] = 0.0, 0.0, 0
+    v = d.b[1, 1] / np.linalg.norm(d.b[1, 1])
+    H[1, 1] = 3.0 * np.outer(v, v)                                  # rank 1 of p
+    data = replace(d, H=H, b=b, n=n)
+    own = least_squares(d.H, d.b)                                   # the full-rank clients'
+    for weighting in ("uniform", "samples"):
+        s = _run(OneShot(weighting=weighting), model, data, GD(), R=1)
+        keep = [[0, 1, 3], [0, 3]]
+        w = [np.ones(3), np.ones(2)] if weighting == "uniform" else [n[0, k] for k in keep]
+        ref = np.array([np.average(own[r, k], axis=0, weights=w[r]) for r, k in enumerate(keep)])
+        np.testing.assert_allclose(s.server, ref, rtol=0, atol=1e-12)
+        assert s.left_out.tolist() == [[False, False, True, False], [False, True, True, False]]
+    full = _run(OneShot(), model, d, GD(), R=1)                     # all determined: the mean
+    assert not full.left_out.any()
+    np.testing.assert_allclose(full.server, own.mean(axis=1), rtol=0, atol=1e-12)
+
+
+def test_oneshot_refuses_a_repeat_where_no_client_determines_its_model():
+    from dataclasses import replace
+
+    from fnsysid.config.errors import ConfigError
+
+    model, d = _data(M=2, keep=False)
+    H = d.H.copy()
+    H[1] = 0.0                                                      # repeat 1: no data at all
+    with pytest.raises(ConfigError, match=r"strategy=oneshot: no client's own data determine "
+                                          r"its least-squares model in repeat 1 \(every "
+                                          r"client's Gram matrix has rank below the \d+ "
+                                          r"parameters, from at most 25 samples each"):
+        _run(OneShot(), model, replace(d, H=H), GD(), R=1)
+
+
 def test_centralized_exact_is_pooled_lstsq_and_gd_approaches_it():
     model, d = _data()
     exact = _run(Centralized(exact=True), model, d, GD(), R=1).server
@@ -139,3 +179,80 @@ def test_scaffold_with_whitening_reaches_the_pooled_solution():
     opt = GD(reduction="mean", scale_features="whiten")
     got = _run(Scaffold(), model, d, opt, K=5, lr=0.1, R=300).server
     np.testing.assert_allclose(got, target, atol=1e-8)
+
+
+def test_oneshot_run_names_a_client_with_all_zero_data_and_averages_the_others(tmp_path,
+                                                                              caplog):
+    """Trajectory files of 4 clients, one all zeros: a warning and the summary name it, and
+    the estimate is the one-shot average of the other three clients' files alone."""
+    import logging
+
+    import fnsysid
+    from tests.test_data_files import GENERIC, linear_fleet, write_per_client
+
+    df, _ = linear_fleet(n_clients=4, noise=0.05, seed=1)
+    df.loc[df["client"] == "robot3", ["x1", "x2", "u"]] = 0.0
+    write_per_client(df, tmp_path / "four")
+    write_per_client(df[df["client"] != "robot3"], tmp_path / "three")
+    run = [*GENERIC, "strategy=oneshot", "R=1"]
+    with caplog.at_level(logging.WARNING, logger="fnsysid"):
+        four = fnsysid.run([*run, f"data.path={tmp_path / 'four'}"])
+    warned = [r.getMessage() for r in caplog.records if "strategy=oneshot" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith(
+        "strategy=oneshot: 1 of 4 client(s) left out of the average") and \
+        warned[0].endswith(": robot3")
+    assert four.summary["left_out_clients"] == ["robot3"]
+    caplog.clear()
+    three = fnsysid.run([*run, f"data.path={tmp_path / 'three'}"])
+    assert "left_out_clients" not in three.summary
+    assert not [r for r in caplog.records if "strategy=oneshot" in r.getMessage()]
+    np.testing.assert_allclose(four.estimates["estimate"], three.estimates["estimate"],
+                               rtol=0, atol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def fleet_with_a_zero_client(tmp_path_factory):
+    """Folders of trajectory files: 4 clients of which robot3 is all zeros, and the other 3."""
+    from tests.test_data_files import linear_fleet, write_per_client
+
+    tmp = tmp_path_factory.mktemp("zero_client")
+    df, _ = linear_fleet(n_clients=4, noise=0.05, seed=1)
+    df.loc[df["client"] == "robot3", ["x1", "x2", "u"]] = 0.0
+    return (write_per_client(df, tmp / "four"),
+            write_per_client(df[df["client"] != "robot3"], tmp / "three"))
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "fedprox", "fedlin", "fednova",
+                                      "scaffold optimizer.scale_features=diagonal"])
+def test_gradient_strategies_end_where_the_other_clients_put_them(strategy,
+                                                                  fleet_with_a_zero_client):
+    """A client with all-zero data returns the server model: the fixed point is the one of
+    the other three clients alone."""
+    import fnsysid
+    from tests.test_data_files import GENERIC
+
+    four, three = fleet_with_a_zero_client
+    run = [*GENERIC, *f"strategy={strategy}".split(), "R=200"]
+    a = fnsysid.run([*run, f"data.path={four}"]).estimates["estimate"]
+    b = fnsysid.run([*run, f"data.path={three}"]).estimates["estimate"]
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
+
+
+def test_scaffold_with_whitening_refuses_a_client_without_full_rank(fleet_with_a_zero_client,
+                                                                     tmp_path):
+    """Whitening's H_i^+ cannot carry SCAFFOLD's correction where a client has no data (the
+    run would end 0.09 away from the other clients' solution): refused in one line, nothing
+    written; with full-rank clients the same settings run."""
+    import fnsysid
+    from fnsysid.config.errors import ConfigError
+    from tests.test_data_files import GENERIC
+
+    four, three = fleet_with_a_zero_client
+    run = [*GENERIC, "strategy=scaffold", "optimizer.scale_features=whiten", "R=5"]
+    with pytest.raises(ConfigError, match=r"^strategy=scaffold with optimizer.scale_features="
+                                          r"whiten: 1 of 4 client\(s\) \(numbers 3, from 0 in "
+                                          r"the data's order\) have data whose Gram matrix has "
+                                          r"rank below the 6 parameters, .*; allowed: "):
+        fnsysid.run([*run, f"data.path={four}"], output_dir=tmp_path / "four")
+    assert not (tmp_path / "four").exists()
+    assert fnsysid.run([*run, f"data.path={three}"]).summary["status"] == "ok"

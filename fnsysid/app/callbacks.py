@@ -167,8 +167,8 @@ SWEEP_PROBLEMS: dict[str, list[str]] = {}
 
 
 class SweepStatus(Callback):
-    """Hydra callback: after a multirun, collect the jobs that diverged or did not finish, and
-    finished jobs whose ``errors.csv`` lacks rows its summary counts."""
+    """Hydra callback: after a multirun, collect the jobs that diverged, grew (``growing``) or
+    did not finish, and finished jobs whose ``errors.csv`` lacks rows its summary counts."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         SWEEP_PROBLEMS.clear()
@@ -189,7 +189,7 @@ class SweepStatus(Callback):
 
 def sweep_exit() -> None:
     """Exit with one line if the multirun that just ended had jobs that are not ``ok``: 2 if a
-    job's settings were refused, else 3 (diverged, interrupted or unfinished jobs)."""
+    job's settings were refused, else 3 (diverged, growing, interrupted or unfinished jobs)."""
     problems = dict(SWEEP_PROBLEMS)
     SWEEP_PROBLEMS.clear()          # reported once: a later command in this process starts clean
     if not problems:

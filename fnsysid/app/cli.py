@@ -106,7 +106,7 @@ def task(cfg: DictConfig) -> float | None:
               f"{summary['rounds_completed']} of {cfg.R}: rows so far in {out} (status: "
               "interrupted)", file=sys.stderr)
         sys.exit(interrupt.exit_code(signum))
-    if summary["status"] != "ok":
+    if summary["status"] not in ("ok", "growing"):
         log.error("run diverged at round %s (an error not finite or above %g times its start):"
                   " results up to round %s kept; try a smaller lr than %g",
                   summary["diverged_round"], DIVERGENCE_FACTOR, summary["rounds_completed"],
@@ -124,6 +124,16 @@ def task(cfg: DictConfig) -> float | None:
                  "%.4f | %.4f, free run %.4f | %.4f", summary["final_nrmse_1step_max"],
                  summary["final_nrmse_1step_mean"], summary["final_nrmse_sim_max"],
                  summary["final_nrmse_sim_mean"])
+    if summary["status"] == "growing":
+        g = summary["growth"]
+        log.warning("run growing: %s %.4g at round %s (repeat %s) is %.3g times max(1, its start "
+                    "%.4g), above the limit of %g times: not a converged result (status: "
+                    "growing); try a smaller lr than %g", g["metric"], g["final"],
+                    summary["rounds_completed"], g["repeat"], g["ratio"], g["start"],
+                    g["factor"], cfg.lr)
+        if hc.mode == RunMode.RUN:
+            sys.exit(3)
+        return None
     if summary["final_e_max_mean"] is None:
         return summary["final_nrmse_1step_max"]
     return summary["final_e_max_mean"]

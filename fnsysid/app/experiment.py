@@ -8,6 +8,7 @@ lives in its own module: :mod:`fnsysid.app.build` (objects from the config),
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 from collections.abc import Mapping
@@ -40,6 +41,8 @@ from fnsysid.runtimes.inprocess import train
 
 if TYPE_CHECKING:
     import pandas as pd
+
+log = logging.getLogger("fnsysid")
 
 
 @dataclass
@@ -189,11 +192,34 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
         tables["theory"] = theory
     summary = make_summary(settings, model, diverged, tables["errors"], theory, runtime=runtime,
                            settings=dataset.settings, choices=choices)
+    left_out = left_out_clients(strategy, dataset.clients)
+    if left_out:
+        summary["left_out_clients"] = left_out
     signum = interrupt.requested()
     if signum is not None and diverged is None:
+        summary.pop("growth", None)          # judged on the rows of a run that did not end
         summary["status"] = "interrupted"
         summary["interrupted_by"] = signal.Signals(signum).name
     return Result(tables, summary, model, strategy.estimate(), dataset, diverged, settings)
+
+
+def left_out_clients(strategy, clients: list[str]) -> list[str]:
+    """The labels of the clients a strategy left out of its estimate (``strategy.left_out``,
+    (S, M), set by :class:`~fnsysid.learning.strategies.OneShot` for clients whose data do not
+    determine their own model), each named once in a warning (the first 10) and in the
+    summary (the first 50); [] when none."""
+    left = getattr(strategy, "left_out", None)
+    if left is None or not left.any():
+        return []
+    names = [str(clients[m]) for m in np.flatnonzero(left.any(axis=0))]
+    S = left.shape[0]
+    where = ("" if S == 1 else " in every repeat" if (left == left[:1]).all()
+             else f" in some of the {S} repeats")
+    log.warning("strategy=oneshot: %d of %d client(s) left out of the average%s, their own data "
+                "not determining their model (Gram matrix of rank below %d: no data, all-zero "
+                "data or too few samples): %s", len(names), left.shape[1], where,
+                strategy.data.H.shape[-1], ", ".join(names[:10] + ["..."] * (len(names) > 10)))
+    return names[:50] + ["..."] * (len(names) > 50)
 
 
 def run_experiment(cfg, output_dir: str | Path) -> dict:

@@ -15,7 +15,7 @@ from pathlib import Path
 from fnsysid.app.resources import check_disk
 from fnsysid.config.checks import ConfigError, check_batch_size, check_run, override_key
 from fnsysid.config.errors import one_line, show
-from fnsysid.config.groups import CONF_DIR, command, with_config_dir
+from fnsysid.config.groups import CONF_DIR, HYDRA_LOCK, command, with_config_dir
 from fnsysid.config.schema import GROUPS, KNOBS, TOP_LEVEL, check_value
 from fnsysid.results.folder import has_results
 
@@ -172,8 +172,8 @@ def preflight(argv: list[str], folders: bool = True):
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     config_dir = primary_config_dir(flag_value(argv, "--config-path", "-cp"))
-    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3",
-                               job_name="fnsysid"):
+    with HYDRA_LOCK, initialize_config_dir(config_dir=str(config_dir), version_base="1.3",
+                                           job_name="fnsysid"):
         return _preflight(argv, config_dir, flag_value(argv, "--config-name", "-cn") or "config",
                           folders)
 

@@ -9,6 +9,7 @@ plus ``--config-dir`` and ``hydra.searchpath``), read through Hydra's public com
 from __future__ import annotations
 
 import os
+import threading
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -23,9 +24,15 @@ _PACKAGE = Path(__file__).resolve().parents[1]
 CONF_DIR = _PACKAGE / "conf" if (_PACKAGE / "conf").is_dir() else _PACKAGE.parent / "conf"
 
 
+#: held while this process's Hydra (one :class:`~hydra.core.global_hydra.GlobalHydra` per
+#: process) is initialized for a composition: runs in threads (``fnsysid.run``) compose one
+#: after another instead of initializing or clearing it under each other
+HYDRA_LOCK = threading.RLock()
+
+
 @contextmanager
 def hydra_context():
-    """Hydra initialized on ``conf/`` for :func:`hydra.compose`.
+    """Hydra initialized on ``conf/`` for :func:`hydra.compose`, under :data:`HYDRA_LOCK`.
 
     Inside a running Hydra job (or a block of this already) Hydra is already initialized:
     that initialization is used as it is.
@@ -33,12 +40,13 @@ def hydra_context():
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    if GlobalHydra.instance().is_initialized():
-        yield
-        return
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3",
-                               job_name="fnsysid"):
-        yield
+    with HYDRA_LOCK:
+        if GlobalHydra.instance().is_initialized():
+            yield
+            return
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3",
+                                   job_name="fnsysid"):
+            yield
 
 
 def with_config_dir(overrides: list[str], folder: str | Path | None) -> list[str]:

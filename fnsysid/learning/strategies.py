@@ -310,7 +310,28 @@ class Scaffold(FedAvg):
     """SCAFFOLD with option II control variates (Karimireddy et al. 2020), full participation,
     global step size 1: local gradient ``g_i + c - c_i``; afterwards
     ``c_i <- c_i - c + (theta_s - theta_i) / (sum of local step sizes)`` and ``c = mean c_i``.
-    Each client keeps its ``c_i`` (per-client maps, O(M p^2) a round); the server keeps ``c``."""
+    Each client keeps its ``c_i`` (per-client maps, O(M p^2) a round); the server keeps ``c``.
+
+    With whitened features (``optimizer.scale_features=whiten``, preconditioner ``n_i H_i^+``)
+    every client's Gram matrix must have full rank (:func:`determined`): ``H_i^+`` is blind to
+    the directions a client's data lack, so its local steps cannot apply the correction
+    ``c - c_i`` there and its ``c_i`` drifts, moving the result (4 clients, one all zeros: 0.09
+    from the other three's solution). Such data are refused."""
+
+    def setup(self, theta0, data, model, optimizer, K, lr, seed):
+        if getattr(optimizer, "scale_features", "none") == "whiten":
+            ok = determined(data.H)
+            if not ok.all():
+                bad = np.flatnonzero(~ok.all(axis=0))
+                raise ConfigError(
+                    f"strategy=scaffold with optimizer.scale_features=whiten: {len(bad)} of "
+                    f"{ok.shape[1]} client(s) (numbers {', '.join(map(str, bad[:10]))}"
+                    f"{', ...' if len(bad) > 10 else ''}, from 0 in the data's order) have "
+                    f"data whose Gram matrix has rank below the {data.H.shape[-1]} parameters, "
+                    "where whitening cannot apply SCAFFOLD's correction; allowed: "
+                    "optimizer.scale_features=diagonal or none, another strategy, or data of "
+                    "full rank for every client")
+        super().setup(theta0, data, model, optimizer, K, lr, seed)
 
     def make_clients(self, solver, K, lr):
         return Clients(solver, K, lr, correction=True)
@@ -396,13 +417,44 @@ def _normalized(weights, shape) -> np.ndarray:
     return w / w.sum(axis=-1, keepdims=True)
 
 
+def determined(H: np.ndarray) -> np.ndarray:
+    """Whether each client's statistics determine its own least-squares solution: its Gram
+    matrix ``H_i`` (..., p, p) has full rank p (:func:`numpy.linalg.matrix_rank`, whose
+    tolerance is ``p`` machine epsilons of the largest eigenvalue; a client without data,
+    with all-zero data or with fewer samples than the features need has a lower rank)."""
+    return np.linalg.matrix_rank(H, hermitian=True) == H.shape[-1]
+
+
 class OneShot(Strategy):
     """theta_bar_LSE of the paper's Theorem 1: the average of the clients' own exact
-    least-squares estimates, computed once (a flat curve over rounds, round 0 included)."""
+    least-squares estimates, computed once (a flat curve over rounds, round 0 included).
+
+    A client whose statistics do not determine its own solution (:func:`determined`) is left
+    out of the average (its weight set to zero; ``left_out`` (S, M) marks them, for the
+    run's warning): its minimum-norm solution would pull the average towards zero. A repeat
+    in which no client determines its solution is refused.
+    """
+
+    #: (S, M) clients left out of the average (set by :meth:`setup`)
+    left_out: np.ndarray | None = None
 
     def setup(self, theta0, data, model, optimizer, K, lr, seed):
         super().setup(theta0, data, model, optimizer, K, lr, seed)
-        self.server = aggregate(least_squares(data.H, data.b), self.weights)
+        ok = determined(data.H)
+        if not ok.any(axis=1).all():
+            s = int(np.flatnonzero(~ok.any(axis=1))[0])
+            raise ConfigError(
+                f"strategy=oneshot: no client's own data determine its least-squares model in "
+                f"repeat {s} (every client's Gram matrix has rank below the "
+                f"{data.H.shape[-1]} parameters, from at most {int(data.n[s].max())} "
+                "samples each: too few samples, or data without excitation); allowed: clients "
+                "whose data have full rank, or a strategy that pools or iterates "
+                "(centralized_exact, fedavg, ...)")
+        self.left_out = ~ok
+        w = self.weights
+        if not ok.all():
+            w = (np.ones(ok.shape) if w is None else w) * ok
+        self.server = aggregate(least_squares(data.H, data.b), w)
 
     def round(self, r):
         pass

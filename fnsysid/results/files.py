@@ -35,11 +35,16 @@ def write_outputs(out, cfg, result) -> None:
     on disk before any is renamed into place, ``summary.json`` last (:func:`together`)."""
     from fnsysid.results.tables import run_title
 
-    ok = result.summary["status"] == "ok"        # not diverged, not interrupted
-    plot = ok and cfg.output.plot
+    # drawn when finished: ok, or growing (the curve shows the growth; the title says so);
+    # not after a divergence or an interruption
+    status = result.summary["status"]
+    plot = status in ("ok", "growing") and cfg.output.plot
+    title = run_title(cfg, result.model, result.dataset.settings) if plot else None
+    if plot and status == "growing":
+        g = result.summary["growth"]
+        title += f"\nstatus: growing (final {g['metric']} = {g['ratio']:.3g} x max(1, start))"
     with together():
-        write_run(out, cfg.resolved, result.tables, None,
-                  run_title(cfg, result.model, result.dataset.settings) if plot else None)
+        write_run(out, cfg.resolved, result.tables, None, title)
         if cfg.output.trajectories:
             from fnsysid.data.source import export_trajectories
 

@@ -1,4 +1,5 @@
-"""A run's metrics per round and the rule that stops a run that diverged (both runtimes)."""
+"""A run's metrics per round, the rule that stops a run that diverged and the rule that marks a
+finished run whose error grew (both runtimes)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from fnsysid.results.metrics import over_clients, row_means
 
 #: a run diverged when some client's error exceeds this many times the largest start error
 DIVERGENCE_FACTOR = 1e3
+#: a finished run is growing when some repeat's last error exceeds this many times the largest
+#: start error (at least 1)
+GROWTH_FACTOR = 10.0
 #: columns of errors.csv after repeat and round
 COLUMNS = ("e_max", "e_mean", "nrmse_1step_max", "nrmse_1step_mean", "nrmse_sim_max",
            "nrmse_sim_mean")
@@ -24,6 +28,36 @@ def growth_limit(start: float) -> float:
 def errors_diverged(e: np.ndarray, limit: float) -> bool:
     """Whether parameter errors ``e`` (S, M) show divergence: not finite, or above ``limit``."""
     return not (np.isfinite(e).all() and e.max() <= limit)
+
+
+def growth(errors) -> dict | None:
+    """Whether a run's ``errors`` table (``errors.csv``: a :class:`~fnsysid.results.tables.Table`
+    or DataFrame) shows an error that grew: some repeat's error at the last round above
+    ``GROWTH_FACTOR * max(1, start)``, ``start`` the largest error at round 0.
+
+    The error is ``e_max`` when the run has a ground truth, else the held-out one-step NRMSE
+    ``nrmse_1step_max`` (the metric the divergence rule reads). Returns None when no repeat
+    grew (or the run has neither), else ``{"metric", "start", "final", "repeat", "ratio",
+    "factor"}`` of the repeat that grew most.
+    """
+    rounds = np.asarray(errors["round"])
+    if not len(rounds):
+        return None
+    repeats = np.asarray(errors["repeat"])
+    for metric in ("e_max", "nrmse_1step_max"):
+        e = np.asarray(errors[metric], dtype=float)
+        first, last = e[rounds == 0], e[rounds == rounds.max()]
+        if np.isnan(first).all() or np.isnan(last).all():
+            continue
+        start = float(np.nanmax(first))
+        worst = int(np.nanargmax(last))
+        limit = max(1.0, start)
+        if last[worst] <= GROWTH_FACTOR * limit:
+            return None
+        return {"metric": metric, "start": start, "final": float(last[worst]),
+                "repeat": int(repeats[rounds == rounds.max()][worst]),
+                "ratio": float(last[worst] / limit), "factor": GROWTH_FACTOR}
+    return None
 
 
 @dataclass

@@ -2,26 +2,55 @@
 
 Plotting only reads what runs wrote (``errors.csv``, ``.hydra/overrides.yaml``,
 ``summary.json``); it never runs an experiment.
+
+Figures are drawn without pyplot (a :class:`~matplotlib.figure.Figure` on its own
+:class:`~matplotlib.backends.backend_agg.FigureCanvasAgg`: no global figure registry, no
+backend switch), and each public drawing function holds one module lock while it draws, since
+matplotlib's text layout and math text parser are shared by all figures of the process and are
+not safe to use from several threads at once: runs in threads (``fnsysid.run`` with an
+``output_dir`` each) draw their plots one after another.
 """
 
 from __future__ import annotations
 
+import functools
 import textwrap
+import threading
 from pathlib import Path
 
 import matplotlib
+import matplotlib.colors
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+from fnsysid.results.sweep import declared_keys, load_yaml, read_sweep, swept_keys, typed  # noqa: F401
+from fnsysid.results.tables import last_round
 
-from fnsysid.results.sweep import declared_keys, load_yaml, read_sweep, swept_keys, typed  # noqa: E402, F401
-from fnsysid.results.tables import last_round  # noqa: E402
+#: colour and line-style cycle (``ax.set_prop_cycle(**STYLE)``): neighbouring curves differ in
+#: both
+STYLE = {"color": list(matplotlib.colormaps["tab10"].colors),
+         "linestyle": ["-", "--", "-.", ":", (0, (5, 1))] * 2}
 
-#: colour and line-style cycle: neighbouring curves differ in both
-STYLE = (plt.cycler(color=plt.get_cmap("tab10").colors)
-         + plt.cycler(linestyle=["-", "--", "-.", ":", (0, (5, 1))] * 2))
+#: held while a figure is drawn (see the module's docstring)
+LOCK = threading.RLock()
+
+
+def locked(draw):
+    """``draw`` run under :data:`LOCK`."""
+    @functools.wraps(draw)
+    def run(*args, **kwargs):
+        with LOCK:
+            return draw(*args, **kwargs)
+    return run
+
+
+def new_figure(**kwargs) -> Figure:
+    """A figure (``Figure(**kwargs)``) on an Agg canvas of its own, outside pyplot."""
+    fig = Figure(**kwargs)
+    FigureCanvasAgg(fig)
+    return fig
 
 METRICS = {"e_max": r"$e_r = \max_i e_r^{(i)}$", "e_mean": r"mean$_i\, e_r^{(i)}$",
            "nrmse_1step_max": "one-step NRMSE (held-out), max over clients",
@@ -74,13 +103,15 @@ def wrap(text: str | None, width: int) -> str | None:
     return "\n".join(textwrap.fill(part, width) for part in str(text).split("\n"))
 
 
+@locked
 def plot_run(errors: pd.DataFrame, path: Path, title: str = "") -> None:
     """e_r against r for one run: max over clients and mean over clients, each the mean over
     repeats with its min..max band, in two colours (the mean line drawn on top).
 
     Without ground truth (``e_max`` empty) the held-out one-step NRMSE is drawn instead.
     """
-    fig, ax = plt.subplots(figsize=(5, 3.6), layout="constrained")
+    fig = new_figure(figsize=(5, 3.6), layout="constrained")
+    ax = fig.subplots()
     metric = "e_max" if errors["e_max"].notna().any() else "nrmse_1step_max"
     mean = metric.replace("_max", "_mean")
     same = np.allclose(errors[metric], errors[mean], rtol=1e-12, atol=0, equal_nan=True)
@@ -116,7 +147,7 @@ def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | No
     final error of each curve (x at the last round) and adds to the table the fraction of
     repeats whose final error lies within ``tol`` (relative) of it.
     """
-    ax.set_prop_cycle(STYLE)
+    ax.set_prop_cycle(**STYLE)
     keys = swept_keys(jobs) if keys is None else keys
     jobs = sorted(jobs, key=lambda j: [_sort_value(j["overrides"].get(k, "")) for k in keys])
     rows = []
@@ -174,8 +205,9 @@ def status_text(summary: dict, sep: str = " at ") -> str:
 
 
 def mark_not_drawn(ax, job: dict, label: str) -> str:
-    """A legend entry (a red x, no line) for a job that did not finish ``ok``, which is not
-    drawn: its label with the status and the round (``diverged at r=22; not drawn``)."""
+    """A legend entry (a red x, no line) for a job that did not finish ``ok`` (diverged,
+    growing, interrupted, ...), which is not drawn: its label with the status and the round
+    (``diverged at r=22; not drawn``, ``growing; not drawn``)."""
     label += f" ({status_text(job['summary'])}; not drawn)"
     ax.plot([], [], ls="none", marker="x", color="firebrick", label=label, gid=NOT_DRAWN)
     return label
@@ -240,7 +272,7 @@ def plot_final(jobs: list[dict], ax, x: str, metric: str = "e_max", sqrt: bool =
     dotted; ``bound_proof`` dash-dotted when present) and with ``ref`` a ``c / sqrt(x)``
     reference line through the first point of the first curve. ``sqrt`` draws against
     ``sqrt(x)``. Returns the tidy table (one row per curve and value of ``x``)."""
-    ax.set_prop_cycle(STYLE)
+    ax.set_prop_cycle(**STYLE)
     df = final_errors(jobs, metric)
     others = [k for k in (swept_keys(jobs) if keys is None else keys) if k != x]
     rows, b = not_drawn_rows(ax, jobs, [*others, x]), None      # not in df: listed only
@@ -328,7 +360,7 @@ def plot_params(jobs: list[dict], ax, x: str, title: str | None = None,
                 column: str = "rel_error_max") -> list[dict]:
     """Relative error of each identified parameter (``estimates.csv``, mean over repeats)
     against swept knob ``x``, log-log; one line per parameter. Returns the tidy table."""
-    ax.set_prop_cycle(STYLE)
+    ax.set_prop_cycle(**STYLE)
     rows = not_drawn_rows(ax, jobs, [x])              # no estimates.csv: listed only
     frames = [pd.read_csv(Path(j["dir"]) / "estimates.csv").assign(
         **{x: float(j["overrides"][x])}) for j in jobs if j["summary"]["status"] == "ok"]
@@ -434,6 +466,7 @@ def settle_round(jobs: list[dict], metric: str = "e_max", tol: float = 0.02) -> 
     return last
 
 
+@locked
 def figure(panels: list[dict], out_base: Path, metric: str = "e_max",
            suptitle: str | None = None, ncols: int | None = None) -> pd.DataFrame:
     """Panels in a grid (``ncols`` per row, default all in one row), saved as ``out_base``.png
@@ -450,8 +483,8 @@ def figure(panels: list[dict], out_base: Path, metric: str = "e_max",
     n = len(panels)
     ncols = ncols or n
     nrows = -(-n // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(max(4.4 * ncols, 6.0), 3.3 * nrows + 0.9),
-                             layout="constrained", squeeze=False)
+    fig = new_figure(figsize=(max(4.4 * ncols, 6.0), 3.3 * nrows + 0.9), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False)
     loaded = [(panel, *panel_jobs(panel)) for panel in panels]
     curve_panels = [p for p, _, _ in loaded if not p.get("x")]
     shared = False
@@ -512,8 +545,9 @@ def figure(panels: list[dict], out_base: Path, metric: str = "e_max",
     return table[cols]
 
 
+@locked
 def save(fig, paths, dpi: float) -> None:
-    """Save ``fig`` to each of ``paths`` (format by suffix) and close it, laying it out once.
+    """Save ``fig`` to each of ``paths`` (format by suffix), laying it out once.
 
     For every file, ``savefig`` of a figure with a layout engine lays it out and draws it
     twice (once without rendering, to measure it); here the layout runs once, at ``dpi`` as
@@ -533,13 +567,13 @@ def save(fig, paths, dpi: float) -> None:
     for path in paths:
         meta = {"CreationDate": None} if Path(path).suffix == ".pdf" else {}
         fig.savefig(path, dpi=dpi, metadata=meta)
-    plt.close(fig)
 
 
 def _label(keys, values) -> str:
     return ", ".join(f"{k}={v}" for k, v in zip(keys, values, strict=True))
 
 
+@locked
 def sweep_figure(jobs: list[dict], keys: list[str], outs, metric: str = "e_max",
                  title: str | None = None, panel_key: str | None = None) -> pd.DataFrame:
     """Curves of a sweep, saved to each path of ``outs`` (format by suffix).
@@ -562,8 +596,8 @@ def sweep_figure(jobs: list[dict], keys: list[str], outs, metric: str = "e_max",
     n = len(groups)
     ncol = min(n, 3)
     nrow = -(-n // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.2 * nrow + 0.6),
-                             layout="constrained", squeeze=False, sharex=True, sharey=True)
+    fig = new_figure(figsize=(4.2 * ncol, 3.2 * nrow + 0.6), layout="constrained")
+    axes = fig.subplots(nrow, ncol, squeeze=False, sharex=True, sharey=True)
     tables = []
     for ax, (name, group) in zip(axes.flat, groups.items(), strict=False):
         rows = plot_sweep(group, ax, metric, keys=curve_keys, title=name or title,
@@ -582,6 +616,7 @@ def sweep_figure(jobs: list[dict], keys: list[str], outs, metric: str = "e_max",
     return table[["panel"] + [c for c in table.columns if c != "panel"]]
 
 
+@locked
 def sweep_heatmap(jobs: list[dict], keys: list[str], outs, metric: str = "e_max",
                   title: str | None = None) -> pd.DataFrame:
     """Final error (mean over repeats) of a two-key sweep as a heat map: ``keys[0]`` across,
@@ -596,8 +631,8 @@ def sweep_heatmap(jobs: list[dict], keys: list[str], outs, metric: str = "e_max"
     xs = sorted({*df[x], *(j["overrides"].get(x) for j in bad)}, key=_sort_value)
     ys = sorted({*df[y], *(j["overrides"].get(y) for j in bad)}, key=_sort_value)
     grid = df.pivot(index=y, columns=x, values="final_mean").reindex(index=ys, columns=xs)
-    fig, ax = plt.subplots(figsize=(1.0 * len(xs) + 2.4, 0.6 * len(ys) + 1.6),
-                           layout="constrained")
+    fig = new_figure(figsize=(1.0 * len(xs) + 2.4, 0.6 * len(ys) + 1.6), layout="constrained")
+    ax = fig.subplots()
     vals = grid.to_numpy(float)
     positive = vals[np.isfinite(vals) & (vals > 0)]
     norm = None
@@ -629,6 +664,7 @@ def sweep_heatmap(jobs: list[dict], keys: list[str], outs, metric: str = "e_max"
 
 
 
+@locked
 def plot_fit(measured, one_step, free_run, names, path: Path, title: str = "") -> None:
     """Held-out fit of one trajectory: measured states, one-step-ahead predictions and the
     free-run simulation from the first state, one panel per state."""
@@ -636,8 +672,8 @@ def plot_fit(measured, one_step, free_run, names, path: Path, title: str = "") -
     n_x = measured.shape[-1]
     cols = min(n_x, 4)
     rows = -(-n_x // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False,
-                             layout="constrained")
+    fig = new_figure(figsize=(3.2 * cols, 2.4 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
     t = np.arange(len(measured))
     for k, ax in enumerate(axes.ravel()):
         if k >= n_x:

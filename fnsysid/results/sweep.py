@@ -128,7 +128,8 @@ def results_table(sweep_dir: Path) -> pd.DataFrame:
     ``e`` (its mean over the repeats), ``e_se`` (standard error of that mean,
     ``std(ddof=1) / sqrt(repeats)``), ``e_lo`` and ``e_hi`` (min and max over the repeats).
     ``n_repeats`` counts the repeats; ``final`` marks each job's last round; ``status`` is the
-    job's (``ok``, or ``diverged`` with rows up to the round before the divergence).
+    job's (``ok``, ``growing`` with every row, or ``diverged`` with rows up to the round before
+    the divergence).
     """
     import pandas as pd
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fnsysid.learning.local_work import label as k_label
+from fnsysid.results.history import growth
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -206,6 +207,10 @@ def make_summary(cfg, model, diverged, errors, theory, runtime,
                  settings: dict | None = None, choices: dict | None = None) -> dict:
     """``summary.json``: status, final errors (mean and std over repeats), settings, runtime.
 
+    Status ``diverged`` when ``diverged`` (the round) is given, ``growing`` (with ``growth``,
+    see :func:`fnsysid.results.history.growth`) when some repeat's last error is far above the
+    start, else ``ok``.
+
     ``cfg``: the run's checked settings (:class:`~fnsysid.config.schema.Settings`); their
     values are recorded as given. Values that a run does not have (parameter errors without
     ground truth, NRMSE without held-out data) are null. ``settings`` (the data's M, N, T,
@@ -222,9 +227,11 @@ def make_summary(cfg, model, diverged, errors, theory, runtime,
         finals[f"final_{col}_std"] = _final_std(last, col)
     for col in ("nrmse_1step_max", "nrmse_1step_mean", "nrmse_sim_max", "nrmse_sim_mean"):
         finals[f"final_{col}"] = _final(last, col)
+    grew = None if diverged is not None else growth(errors)
     return {
-        "status": "diverged" if diverged is not None else "ok",
+        "status": "diverged" if diverged is not None else "growing" if grew else "ok",
         "diverged_round": diverged,
+        **({"growth": grew} if grew else {}),
         "rounds_completed": int(errors["round"].max()),
         **finals,
         "system": choices.get("system", model.system.name),

@@ -1,0 +1,113 @@
+"""A finished run whose error ends far above its start is ``growing``, not ``ok``: the rule on
+made-up tables, a run at the edge of stability (exit 3, a warning, its plot marked), a sweep
+with such a job (exit 3, named; not drawn in the sweep's figure)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fnsysid.results.history import GROWTH_FACTOR, growth
+from tests.conftest import cli_in_process
+
+#: pendulum at lr 1.9 (stable up to about 1.7 for these draws): the error grows without
+#: reaching the divergence limit (1000 times its start) within 20 rounds
+EDGE = ["system=pendulum", "lr=1.9", "M=2", "repeats=1", "R=20", "progress=false"]
+
+
+def _errors(e_max, nrmse=None, repeats=1):
+    """errors.csv of ``repeats`` repeats with the rounds' e_max (a list per repeat)."""
+    rows = []
+    for s in range(repeats):
+        e = e_max[s] if repeats > 1 else e_max
+        n = nrmse[s] if nrmse is not None and repeats > 1 else nrmse
+        for r, v in enumerate(e):
+            rows.append({"repeat": s, "round": r, "e_max": v,
+                         "nrmse_1step_max": np.nan if n is None else n[r]})
+    return pd.DataFrame(rows)
+
+
+def test_rule_compares_the_last_round_with_the_largest_start():
+    assert GROWTH_FACTOR == 10
+    assert growth(_errors([1.0, 0.5, 9.99])) is None
+    g = growth(_errors([1.0, 0.5, 10.01]))
+    assert g["metric"] == "e_max" and g["final"] == 10.01 and g["ratio"] == pytest.approx(10.01)
+    # a start below 1 counts as 1: 0.01 -> 5 is not growing, 0.01 -> 11 is
+    assert growth(_errors([0.01, 5.0])) is None
+    assert growth(_errors([0.01, 11.0]))["ratio"] == pytest.approx(11.0)
+    # the largest start over repeats; the repeat that grew most is named
+    g = growth(_errors([[2.0, 1.0, 25.0], [1.0, 3.0, 30.0]], repeats=2))
+    assert (g["start"], g["final"], g["repeat"]) == (2.0, 30.0, 1)
+    assert growth(_errors([[2.0, 1.0, 19.0], [1.0, 3.0, 20.0]], repeats=2)) is None
+    # a dip below the start and back is not growth (the running minimum is not the reference)
+    assert growth(_errors([1.0, 0.001, 0.5])) is None
+
+
+def test_rule_reads_the_one_step_nrmse_without_a_ground_truth():
+    nan = np.nan
+    g = growth(_errors([nan, nan, nan], nrmse=[1.5, 1.0, 16.0]))
+    assert g["metric"] == "nrmse_1step_max" and g["ratio"] == pytest.approx(16.0 / 1.5)
+    assert growth(_errors([nan, nan, nan], nrmse=[1.5, 1.0, 14.0])) is None
+    assert growth(_errors([nan, nan], nrmse=None)) is None       # nothing to judge by
+
+
+def test_run_at_the_edge_of_stability_is_growing_exit_3(tmp_path):
+    res = cli_in_process(*EDGE, f"hydra.run.dir={tmp_path}")
+    assert res.returncode == 3, res.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    errors = pd.read_csv(tmp_path / "errors.csv")
+    final = float(errors["e_max"].iloc[-1])
+    assert summary["status"] == "growing" and summary["diverged_round"] is None
+    assert summary["rounds_completed"] == 20 and len(errors) == 21       # every row kept
+    assert final > GROWTH_FACTOR * errors["e_max"].iloc[0]
+    assert summary["growth"] == {"metric": "e_max", "start": 1.0, "final": final,
+                                 "repeat": 0, "ratio": final, "factor": GROWTH_FACTOR}
+    out = res.stdout + res.stderr
+    warning = [ln for ln in out.splitlines() if "run growing" in ln]
+    assert len(warning) == 1 and "[WARNING]" in warning[0] and f"{final:.4g}" in warning[0]
+    assert "smaller lr than 1.9" in warning[0]
+    assert "run growing" in (tmp_path / "run.log").read_text()
+    assert (tmp_path / "error.png").stat().st_size > 0                  # drawn, title marked
+    assert (tmp_path / "estimates.csv").exists()
+    # the same settings with a smaller step: ok, exit 0
+    ok = cli_in_process(*EDGE, "lr=0.5", f"hydra.run.dir={tmp_path / 'ok'}")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads((tmp_path / "ok" / "summary.json").read_text())["status"] == "ok"
+
+
+def test_growing_run_plot_says_so(tmp_path, monkeypatch):
+    import fnsysid
+    import fnsysid.results.plotting as plotting
+
+    titles = []
+    real = plotting.save
+
+    def keep(fig, paths, dpi):
+        titles.extend(ax.get_title() for ax in fig.axes)
+        real(fig, paths, dpi)
+
+    monkeypatch.setattr(plotting, "save", keep)
+    res = fnsysid.run(EDGE, output_dir=tmp_path)
+    assert res.summary["status"] == "growing"
+    assert any("status: growing" in t for t in titles)
+    assert (tmp_path / "error.png").exists() and (tmp_path / "fit.png").exists()
+
+
+def test_sweep_with_a_growing_job_names_it_exits_3_and_does_not_draw_it(tmp_path):
+    from fnsysid.results.plotting import figure
+
+    sweep = tmp_path / "sweep"
+    res = cli_in_process("-m", *EDGE, "lr=0.5,1.9", "output.plot=false",
+                         "hydra/launcher=basic", f"hydra.sweep.dir={sweep}")
+    assert res.returncode == 3, res.stderr
+    line = [ln for ln in res.stderr.splitlines() if ln.startswith("fnsysid: sweep")]
+    assert len(line) == 1 and "(growing: M=2,R=20,lr=1.9,repeats=1,system=pendulum)" in line[0]
+    results = pd.read_csv(sweep / "results.csv")
+    assert set(results.loc[results["lr"] == 1.9, "status"]) == {"growing"}
+    table = figure([{"dir": sweep, "title": "curves"}], tmp_path / "fig")
+    row = table[table["status"] == "growing"]
+    assert list(row["curve"]) == ["lr=1.9 (growing; not drawn)"]
+    assert table.loc[table["status"] == "ok", "lr"].tolist() == [0.5]
