@@ -208,6 +208,13 @@ def test_oneshot_run_names_a_client_with_all_zero_data_and_averages_the_others(t
     assert not [r for r in caplog.records if "strategy=oneshot" in r.getMessage()]
     np.testing.assert_allclose(four.estimates["estimate"], three.estimates["estimate"],
                                rtol=0, atol=1e-12)
+    # its held-out data have no spread: left out of the NRMSE (named), which the other three
+    # clients give, as without it (it was NaN, null in the summary, for every client)
+    assert four.summary["unscored_clients"] == ["robot3"]
+    assert "unscored_clients" not in three.summary
+    cols = ["nrmse_1step_max", "nrmse_1step_mean", "nrmse_sim_max", "nrmse_sim_mean"]
+    assert np.isfinite(four.errors[cols].to_numpy()).all()
+    np.testing.assert_allclose(four.errors[cols], three.errors[cols], rtol=1e-12, atol=0)
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ from fnsysid.dynamics.model import Model
 from fnsysid.learning.start import initial_model
 from fnsysid.results.files import check_output, write_outputs
 from fnsysid.results.history import keep_per_client
+from fnsysid.results.metrics import scored
 from fnsysid.results.tables import (
     Frames,
     clients_table,
@@ -195,6 +196,9 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     left_out = left_out_clients(strategy, dataset.clients)
     if left_out:
         summary["left_out_clients"] = left_out
+    unscored = unscored_clients(model, dataset)
+    if unscored:
+        summary["unscored_clients"] = unscored
     signum = interrupt.requested()
     if signum is not None and diverged is None:
         summary.pop("growth", None)          # judged on the rows of a run that did not end
@@ -219,6 +223,24 @@ def left_out_clients(strategy, clients: list[str]) -> list[str]:
                 "not determining their model (Gram matrix of rank below %d: no data, all-zero "
                 "data or too few samples): %s", len(names), left.shape[1], where,
                 strategy.data.H.shape[-1], ", ".join(names[:10] + ["..."] * (len(names) > 10)))
+    return names[:50] + ["..."] * (len(names) > 50)
+
+
+def unscored_clients(model, dataset) -> list[str]:
+    """The labels of the clients with held-out data left out of the held-out NRMSE because no
+    predicted state varies in them (:func:`~fnsysid.results.metrics.scored`), named in a
+    warning (the first 10) and in the summary (the first 50); [] when none."""
+    ho = getattr(dataset, "heldout", None)
+    if ho is None:
+        return []
+    left = (ho.n > 0) & ~scored(model, ho)
+    if not left.any():
+        return []
+    names = [str(dataset.clients[m]) for m in np.flatnonzero(left.any(axis=0))]
+    log.warning("held-out NRMSE: %d of %d client(s) left out of its max and mean, no predicted "
+                "state varying in their held-out data (an NRMSE has no scale there): %s",
+                len(names), left.shape[1],
+                ", ".join(names[:10] + ["..."] * (len(names) > 10)))
     return names[:50] + ["..."] * (len(names) > 50)
 
 

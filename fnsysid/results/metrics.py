@@ -66,6 +66,13 @@ def _theta_matrix_per_client(model, theta: np.ndarray) -> np.ndarray:
     return model.theta_matrix(np.asarray(theta, float))
 
 
+def scored(model, ho) -> np.ndarray:
+    """(S, M) clients whose held-out NRMSE is defined: held-out data in which some predicted
+    state varies. The others (no held-out data, or constant states such as all-zero logs,
+    whose RMSE has no scale) are left out of the max and mean over clients."""
+    return (ho.n > 0) & (ho.std[..., model.system.target_states] > 0).any(axis=-1)
+
+
 class HeldOutScores:
     """One-step and free-run NRMSE of estimates on fixed held-out data, evaluated every round.
 
@@ -79,7 +86,7 @@ class HeldOutScores:
     def __init__(self, model, ho):
         self.model, self.ho = model, ho
         S, M = ho.n.shape
-        self.valid = ho.n > 0
+        self.valid = scored(model, ho)
         self.n_y, self.n_phi = ho.cross.shape[-2:]
         self.pairs = np.triu_indices(self.n_phi)
         self.w_step = self._weights(ho.std[..., model.system.target_states], ho.n)
