@@ -57,6 +57,23 @@ def test_flower_runtime_detects_finite_growth_as_in_process(tmp_path):
     ea, eb = (pd.read_csv(tmp_path / d / "errors.csv") for d in "ab")
     assert ea["round"].max() == eb["round"].max() == 3
     np.testing.assert_allclose(eb["e_max"], ea["e_max"], rtol=0, atol=1e-10)
+    assert _children_left() == []      # Ray shut down: none of its processes outlives the run
+
+
+def _children_left(wait: float = 15.0) -> list[str]:
+    """Processes started by this one that still run ``wait`` seconds after it asked for
+    them to end (Ray's processes end within moments of ray.shutdown)."""
+    import time
+
+    import psutil
+
+    t0 = time.monotonic()
+    while True:
+        left = [p for p in psutil.Process().children(recursive=True)
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not left or time.monotonic() - t0 > wait:
+            return [" ".join(p.cmdline()[:2]) for p in left]
+        time.sleep(0.5)
 
 
 def test_flower_runtime_without_the_extra_says_how_to_install(monkeypatch, tmp_path):
@@ -163,3 +180,75 @@ def test_deployment_finds_its_leftover_processes_by_command_line():
         for proc in (node, plain):
             proc.kill()
             proc.wait()
+
+
+def _session(sid: int) -> list:
+    """The processes of session ``sid`` (a command started with ``start_new_session``: it
+    and everything it started, Ray's processes included, wherever they were reparented)."""
+    import os
+
+    import psutil
+
+    out = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getsid(proc.pid) == sid:
+                out.append(proc)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return out
+
+
+@needs_flower
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code, group", [("SIGINT", 130, True), ("SIGTERM", 143, False)])
+def test_flower_run_stops_at_end_of_round_on_a_signal_and_leaves_no_process(
+        tmp_path, sig, code, group):
+    """Ctrl-C (SIGINT to the terminal's process group, Ray's processes included) or SIGTERM
+    (to the command) after the first round: exit 130/143, the rounds so far written with status
+    interrupted (the same numbers as in process), and no process of the run left."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import fnsysid
+
+    root = Path(__file__).resolve().parent.parent
+    out, log = tmp_path / "run", tmp_path / "console.txt"
+    args = ["runtime=flower", "system=synthetic", "M=2", "repeats=2", "eps=0.3",
+            "output.plot=false"]
+    with open(log, "w") as console:
+        proc = subprocess.Popen([sys.executable, str(root / "run.py"), *args, "R=100000",
+                                 f"hydra.run.dir={out}"], cwd=root, stdout=console,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while "round 1 of 100000 done" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() - t0 < 300, log.read_text()
+            time.sleep(0.2)
+        started = _session(proc.pid)
+        assert any("ray" in " ".join(p.cmdline()) for p in started)   # Ray runs
+        (os.killpg if group else os.kill)(proc.pid, getattr(signal, sig))
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == code, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"fnsysid: interrupted by {sig}"), err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["interrupted_by"] == sig
+    r = summary["rounds_completed"]
+    assert 1 <= r < 100000 and f"after round {r} of 100000" in lines[0]
+    errors = pd.read_csv(out / "errors.csv")
+    assert len(errors) == 2 * (r + 1) and errors["round"].max() == r
+    inprocess = fnsysid.run([*args, f"R={r}"]).errors
+    np.testing.assert_allclose(errors["e_max"], inprocess["e_max"], rtol=0, atol=1e-10)
+    for _ in range(30):                 # Ray's processes end within moments of ray.shutdown
+        if not any(p.is_running() and p.status() != "zombie" for p in started):
+            break
+        time.sleep(0.5)
+    assert not [p for p in _session(proc.pid) if p.status() != "zombie"], "processes left"

@@ -31,6 +31,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -40,6 +43,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fnsysid.learning.start import initial_model
+from fnsysid.runtimes import interrupt
 
 log = logging.getLogger("fnsysid")
 
@@ -202,21 +206,41 @@ def wait_for_nodes(grid: Grid, n: int, timeout: float = 300.0) -> list[int]:
     return nodes
 
 
+#: seconds between two looks for replies (Flower's in-memory grid polls as often)
+PULL_INTERVAL = 0.1
+
+
+class Aborted(FlowerError):
+    """The run was told to stop at once (a second SIGINT/SIGTERM) while waiting for replies."""
+
+
 def exchange(grid: Grid, sends: list[tuple]) -> list[RecordDict]:
     """Send messages ``(node, message_type, arrays, config or None)``; the replies' contents
-    in the order of ``sends``."""
+    in the order of ``sends``.
+
+    Waits for the replies with the grid's ``push_messages``/``pull_messages``, looking every
+    :data:`PULL_INTERVAL` seconds, and gives up (:class:`Aborted`) as soon as the run is
+    told to stop at once (:func:`fnsysid.runtimes.interrupt.aborted`).
+    """
     msgs = []
     for node, message_type, arrays, config in sends:
         content = {"arrays": to_record(arrays or {})}
         if config:
             content["config"] = ConfigRecord(config)
         msgs.append(Message(RecordDict(content), dst_node_id=node, message_type=message_type))
+    waiting = set(grid.push_messages(msgs))
     by_node = {}
-    for rep in grid.send_and_receive(msgs):
-        if rep.has_error():
-            raise FlowerError(f"node {rep.metadata.src_node_id} failed on "
-                              f"{rep.metadata.message_type}: {rep.error.reason}")
-        by_node[rep.metadata.src_node_id] = rep.content
+    while waiting:
+        for rep in grid.pull_messages(waiting):
+            waiting.discard(rep.metadata.reply_to_message_id)
+            if rep.has_error():
+                raise FlowerError(f"node {rep.metadata.src_node_id} failed on "
+                                  f"{rep.metadata.message_type}: {rep.error.reason}")
+            by_node[rep.metadata.src_node_id] = rep.content
+        if waiting:
+            if interrupt.aborted():
+                raise Aborted("stopped at once by a second signal")
+            time.sleep(PULL_INTERVAL)
     missing = [node for node, *_ in sends if node not in by_node]
     if missing:
         raise FlowerError(f"no reply from nodes {missing}")
@@ -238,7 +262,9 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
     get an ``evaluate`` message), so the errors cover all clients and a round costs one network
     round trip per exchange. One ``evaluate`` exchange after the last round gives the final
     errors. Returns (history, diverged round or None, start model (S, p), client labels); the
-    clients are ordered as in process. A round diverges as in process
+    clients are ordered as in process. A SIGINT/SIGTERM (:mod:`fnsysid.runtimes.interrupt`)
+    stops the rounds before the next one starts: the model of the last finished round is
+    evaluated and the rounds so far are returned. A round diverges as in process
     (:func:`fnsysid.runtimes.inprocess.train`): when the server model is not finite or, with a
     ground truth, some client's error is not finite or grows past the limit; the errors of a round's
     model arrive with the next round's first exchange.
@@ -270,8 +296,12 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
         hist.record(e)
         return True
 
+    last = settings.R                   # the last round whose model is evaluated
     with np.errstate(over="ignore", invalid="ignore"):
         for r in range(1, settings.R + 1):
+            if interrupt.requested():       # SIGINT/SIGTERM: stop between rounds
+                last = r - 1
+                break
             active = strategy.participants(r)
             on = np.arange(M) if active is None else np.flatnonzero(active.any(axis=0))
             off = np.setdiff1d(np.arange(M), on)
@@ -299,11 +329,12 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
             if not np.isfinite(strategy.server).all():
                 diverged = r
                 break
+            log.info("round %d of %d done", r, settings.R)
         if diverged is None:
             final = exchange(grid, [(nd, "evaluate", {"theta": strategy.server}, None)
                                     for nd in nodes])
-            if not record(settings.R, stacked(final)["_e"]):
-                diverged = settings.R
+            if not record(last, stacked(final)["_e"]):
+                diverged = last
     return hist, diverged, theta0, labels
 
 
@@ -352,24 +383,52 @@ def quiet_flower() -> None:
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
 
+def start_ray() -> bool:
+    """Start Ray for Flower's simulation engine (as Flower starts it), unless it runs already;
+    True if started here.
+
+    ``ray.init`` installs a SIGTERM handler of its own (which exits at once); the handlers in
+    place before it are put back, so that SIGTERM, like SIGINT, stops the run at the end of a
+    round (:mod:`fnsysid.runtimes.interrupt`).
+    """
+    import ray
+
+    if ray.is_initialized():
+        return False
+    main = threading.current_thread() is threading.main_thread()
+    saved = {s: signal.getsignal(s) for s in interrupt.SIGNALS} if main else {}
+    pythonpath = os.pathsep.join([*sys.path, *filter(None, [os.environ.get("PYTHONPATH")])])
+    ray.init(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+    for s, handler in saved.items():
+        if handler is not None:
+            signal.signal(s, handler)
+    return True
+
+
 def run(settings, model, strategy, dataset, keep_clients: bool, client_app: ClientApp):
     """Run the rounds of ``settings`` on Flower's simulation engine (Ray backend), one virtual
     SuperNode per client of ``dataset`` (:func:`server_dataset`), answered by ``client_app``.
 
     Returns (history, diverged round or None, start model); ``dataset.settings`` gets the
-    number of repeats the clients reported.
+    number of repeats the clients reported. Ray is shut down whatever the end (the last
+    round, an error, a signal), so none of its processes outlives the run.
     """
+    quiet_flower()                      # before flwr.simulation's imports log at INFO
+    import ray
     from flwr.simulation import run_simulation
 
-    quiet_flower()
     result: dict = {}
     M = len(dataset.clients)
     server = make_server_app(settings, model, strategy, M, keep_clients, result)
     backend = {"client_resources": {"num_cpus": float(settings.runtime.client_cpus),
                                     "num_gpus": 0.0},
                "init_args": {"logging_level": "ERROR", "log_to_driver": False}}
-    run_simulation(server, client_app, num_supernodes=M,
-                   backend_config=backend)
+    try:
+        start_ray()
+        run_simulation(server, client_app, num_supernodes=M, backend_config=backend)
+    finally:
+        ray.shutdown()
     if "serve" not in result:
         raise FlowerError("the Flower ServerApp stopped before the last round; see the log")
     hist, diverged, theta0, labels = result["serve"]
