@@ -252,3 +252,70 @@ def test_flower_run_stops_at_end_of_round_on_a_signal_and_leaves_no_process(
             break
         time.sleep(0.5)
     assert not [p for p in _session(proc.pid) if p.status() != "zombie"], "processes left"
+
+
+def _client_folder(tmp_path, M: int = 3):
+    """A simulated run's data as a folder of one CSV per client without a ``client`` column
+    (README's layout), its truth file, and the overrides that read them."""
+    import fnsysid
+
+    sim = tmp_path / "sim"
+    fnsysid.run(["system=synthetic", f"M={M}", "repeats=2", "eps=0.3", "R=1",
+                 "output.trajectories=true", "output.plot=false"], sim)
+    traj = pd.read_parquet(sim / "trajectories.parquet")
+    folder = tmp_path / "clients"
+    folder.mkdir()
+    for client, part in traj.groupby("client"):
+        part.drop(columns="client").to_csv(folder / f"robot{client}.csv", index=False,
+                                           float_format="%.17g")
+    truth = pd.read_csv(sim / "truth.csv")
+    truth["client"] = "robot" + truth["client"].astype(str)
+    truth.to_csv(tmp_path / "truth.csv", index=False, float_format="%.17g")
+    return folder, ["system=synthetic", "data=files", f"data.path={folder}",
+                    f"data.truth={tmp_path / 'truth.csv'}", "R=3", "output.plot=false"]
+
+
+@needs_flower
+def test_flower_reads_a_folder_of_client_files_as_in_process(tmp_path):
+    """README's layout (one CSV per client, no ``client`` column): each ClientApp reads its
+    own file as a folder's file, and the run gives the in-process errors and estimates."""
+    folder, args = _client_folder(tmp_path)
+    assert "client" not in pd.read_csv(folder / "robot0.csv").columns
+    a = run_experiment(compose_cfg(*args), tmp_path / "a")
+    b = run_experiment(compose_cfg(*args, "runtime=flower"), tmp_path / "b")
+    assert a["status"] == b["status"] == "ok" and b["M"] == 3
+    ea, eb = (pd.read_csv(tmp_path / d / "errors.csv") for d in "ab")
+    assert len(eb) == 2 * 4 and eb["e_max"].notna().all()
+    np.testing.assert_allclose(eb["e_max"], ea["e_max"], rtol=0, atol=1e-10)
+    ca, cb = (pd.read_csv(tmp_path / d / "clients.csv") for d in "ab")
+    assert cb["client"].tolist() == ca["client"].tolist() and cb["client"].nunique() == 3
+    np.testing.assert_allclose(cb["error"], ca["error"], rtol=0, atol=1e-10)
+    sa, sb = (pd.read_csv(tmp_path / d / "estimates.csv") for d in "ab")
+    np.testing.assert_allclose(sb["estimate"], sa["estimate"], rtol=0, atol=1e-10)
+
+
+@needs_flower
+@pytest.mark.parametrize("damage, message", [
+    (lambda df: df.assign(x1=["oops", *df["x1"].iloc[1:]]),
+     r"robot1\.csv: row 1, column 'x1': 'oops' is not a number"),
+    (lambda df: df.drop(columns="x2"), r"robot1\.csv: column 'x2' \(data\.states\) is missing"),
+], ids=["text", "missing-column"])
+def test_flower_refuses_a_bad_client_file_in_one_line_before_starting(tmp_path, damage,
+                                                                      message):
+    """A bad client file under runtime=flower: the in-process message (file, row or column),
+    exit 2, no traceback, no folder, and Flower never started (the check comes first)."""
+    import re
+
+    from tests.conftest import cli_in_process
+
+    folder, args = _client_folder(tmp_path)
+    bad = folder / "robot1.csv"
+    damage(pd.read_csv(bad)).to_csv(bad, index=False)
+    out = tmp_path / "run"
+    res = cli_in_process(*args, "runtime=flower", f"hydra.run.dir={out}")
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fnsysid: error: "), res.stderr
+    assert re.search(message, lines[0]), lines[0]
+    assert "Traceback" not in res.stderr + res.stdout and "ray" not in res.stdout.lower()
+    assert not out.exists()

@@ -132,7 +132,8 @@ def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = Non
     With ``runtime=flower`` the rounds run on Flower (:func:`fnsysid.runtimes.flower.run`): the
     clients load and keep their own data, so there is no ``theory`` table (the pooled data it
     needs exist nowhere), ``true_mean`` of the estimates is empty and no held-out NRMSE is
-    recorded.
+    recorded. With ``data=files`` the clients' files are read and checked here first, as in
+    process (and not kept): bad data stops the run before Flower starts.
     """
     t_start = time.perf_counter()
     settings = check_run(cfg)          # typed, read-only: what the steps below read
@@ -146,8 +147,12 @@ def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = Non
         import json
 
         from fnsysid.app.build import build_client_app
+        from fnsysid.data.source import from_files
         from fnsysid.runtimes import flower
 
+        if settings.files:      # bad data: one line before Flower starts, as in process
+            from_files(flower.node_settings(settings), model, optimizer,
+                       _job_given() if given is None else given)
         dataset = flower.server_dataset(settings)
         keep_clients = keep_per_client(settings, len(dataset.clients))
         hist, diverged, theta0 = flower.run(

@@ -230,18 +230,19 @@ def column_names(settings, model: Model) -> tuple[list[str], list[str]]:
 
 
 def from_files(settings: Settings, model: Model, optimizer,
-               given: frozenset[str] = frozenset()) -> Dataset:
+               given: frozenset[str] = frozenset(), client_file: bool = False) -> Dataset:
     """Clients read from ``data.path`` (and ``data.val_path``), truth from ``data.truth``.
 
     The files give the clients and repeats; an ``M`` or ``repeats`` in ``given`` (the
-    settings given explicitly) that differs from them is refused.
+    settings given explicitly) that differs from them is refused. ``client_file``:
+    ``data.path`` is one client's file of a folder (a Flower node's own file).
     """
     import pandas as pd
 
     from fnsysid.data.files import load_truth, read_trajectories
 
     states, inputs = column_names(settings, model)
-    df = read_trajectories(settings.data.path, states, inputs)
+    df = read_trajectories(settings.data.path, states, inputs, client_file=client_file)
     clients = [str(c) for c in df.drop_duplicates("_client").sort_values("_client")["client"]]
     S, M = int(df["repeat"].max()) + 1, len(clients)
     for key, have, what in (("M", M, "clients"), ("repeats", S, "repeats")):

@@ -121,9 +121,8 @@ class ClientNode:
         from fnsysid.data.source import from_files
 
         path = data_path or data_files(settings.data.path)[index]
-        own = settings.replace(data={**settings.resolved["data"], "path": str(path),
-                                     "val_path": None, "truth": truth_path})
-        dataset = from_files(own, model, optimizer)
+        own = node_settings(settings, path, truth_path)
+        dataset = from_files(own, model, optimizer, client_file=True)
         label, data = dataset.clients[0], dataset.train
         if truth_path is None and settings.data.truth:
             labels = [f.stem for f in data_files(settings.data.path)]
@@ -138,6 +137,19 @@ class ClientNode:
 
         with np.errstate(invalid="ignore"):
             return client_errors(theta[:, None, :], self.data.theta_true)
+
+
+def node_settings(settings, path=None, truth_path: str | None = None):
+    """The settings with which a node reads its own file ``path`` (None: the settings with
+    which the whole ``data.path`` folder is checked before the simulation starts): no held-out
+    files (a node trains on what the in-process run trains on: with ``data.val_path``, all
+    of its rows; else what ``data.holdout`` leaves); ``truth_path``: its own truth file."""
+    data = {**settings.resolved["data"], "val_path": None}
+    if settings.data.val_path:
+        data["holdout"] = 0.0
+    if path is not None:
+        data.update(path=str(path), truth=truth_path)
+    return settings.replace(data=data)
 
 
 def node_identity(context: Context) -> tuple[int | None, str | None, str | None]:
