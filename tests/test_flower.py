@@ -319,3 +319,62 @@ def test_flower_refuses_a_bad_client_file_in_one_line_before_starting(tmp_path, 
     assert re.search(message, lines[0]), lines[0]
     assert "Traceback" not in res.stderr + res.stdout and "ray" not in res.stdout.lower()
     assert not out.exists()
+
+
+@needs_flower
+@pytest.mark.slow
+def test_deployment_with_a_supernode_that_dies_names_it_and_keeps_the_rounds(tmp_path):
+    """A SuperNode killed during a deployment: the command names the node, its client and
+    the round; the rounds every client evaluated are written with status interrupted (the
+    in-process numbers), and no Flower process is left."""
+    import importlib.util
+    import re
+    import threading
+    import time
+    from pathlib import Path
+
+    import psutil
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "flower_deploy.py"
+    spec = importlib.util.spec_from_file_location("flower_deploy", script)
+    deploy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(deploy)
+    victim = str(tmp_path / "data" / "1.parquet")
+
+    def kill_node_1() -> None:          # after its second train reply (round 2)
+        log, t0 = tmp_path / "supernode1.log", time.monotonic()
+        while time.monotonic() - t0 < 900:
+            if log.exists() and log.read_text().count("Sending: train message") >= 2:
+                for proc in psutil.process_iter(["cmdline"]):
+                    cmd = " ".join(proc.info["cmdline"] or ())
+                    if "flower-supernode" in cmd and victim in cmd:
+                        proc.kill()
+                return
+            time.sleep(0.2)
+
+    threading.Thread(target=kill_node_1, daemon=True).start()
+    with pytest.raises(SystemExit) as stop:
+        deploy.main(["--out", str(tmp_path), "--clients", "3", "system=synthetic", "R=300",
+                     "repeats=2"])
+    msg = str(stop.value)
+    assert msg.startswith("the deployment stopped: round "), msg
+    failed = int(re.match(r"the deployment stopped: round (\d+): SuperNode \d+ \(client 1\) "
+                          r"failed on (train|evaluate): ", msg).group(1))
+    assert "supernode1 (" in msg and "1.parquet, exit -9)" in msg      # the process that died
+    summary = json.loads((tmp_path / "flower" / "summary.json").read_text())
+    assert (summary["status"], summary["interrupted_by"]) == ("interrupted", "node failure")
+    assert summary["error"] in msg
+    r = summary["rounds_completed"]
+    assert f"rounds 0 to {r} written to" in msg and 0 <= r < failed <= 300
+    flower = pd.read_csv(tmp_path / "flower" / "errors.csv")
+    inprocess = pd.read_csv(tmp_path / "inprocess" / "errors.csv")
+    assert len(flower) == 2 * (r + 1) and flower["round"].max() == r
+    expected = inprocess[inprocess["round"] <= r].reset_index(drop=True)
+    np.testing.assert_allclose(flower["e_max"], expected["e_max"], rtol=0, atol=1e-10)
+    assert not (tmp_path / "flower" / "estimates.csv").exists()
+    home = f"FLWR_HOME={tmp_path / 'flwr-home'}".encode()
+    for _ in range(20):
+        if not _processes_with(home):
+            break
+        time.sleep(1)
+    assert not _processes_with(home), "Flower processes of the deployment still run"

@@ -180,14 +180,19 @@ def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = Non
 
 
 def make_result(settings: Settings, model, strategy, dataset, hist, diverged, theta0, data,
-                theory, keep_clients: bool, runtime: dict, choices: dict | None = None
-                ) -> Result:
+                theory, keep_clients: bool, runtime: dict, choices: dict | None = None,
+                failure: str | None = None) -> Result:
     """The tables and the summary of a finished run (``data``: the clients' training data, or
-    None where the run cannot see them; ``theory``: Theorem 1's table, or None)."""
+    None where the run cannot see them; ``theory``: Theorem 1's table, or None).
+
+    ``failure``: why a deployed run stopped early (a SuperNode that died): the summary says
+    ``status: interrupted``, ``interrupted_by: node failure`` and the line in ``error``;
+    the rounds recorded are kept and no ``estimates`` table is made (the server's model may
+    be ahead of the last round every client evaluated)."""
     tables = {"errors": errors_table(hist)}
     if keep_clients:
         tables["clients"] = clients_table(hist)
-    if diverged is None:
+    if diverged is None and failure is None:
         tables["estimates"] = estimates_table(model, strategy.estimate(), data, theta0,
                                               keep_clients)
     if theory is not None:
@@ -195,7 +200,9 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     summary = make_summary(settings, model, diverged, tables["errors"], theory, runtime=runtime,
                            settings=dataset.settings, choices=choices)
     signum = interrupt.requested()
-    if signum is not None and diverged is None:
+    if failure is not None and diverged is None:
+        summary.update(status="interrupted", interrupted_by="node failure", error=failure)
+    elif signum is not None and diverged is None:
         summary["status"] = "interrupted"
         summary["interrupted_by"] = signal.Signals(signum).name
     return Result(tables, summary, model, strategy.estimate(), dataset, diverged, settings)

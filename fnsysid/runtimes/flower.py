@@ -226,9 +226,15 @@ class Aborted(FlowerError):
     """The run was told to stop at once (a second SIGINT/SIGTERM) while waiting for replies."""
 
 
-def exchange(grid: Grid, sends: list[tuple]) -> list[RecordDict]:
+def node_name(node: int, names: dict | None) -> str:
+    """A node as messages name it: its id and, once known, its client."""
+    return f"SuperNode {node} (client {names[node]})" if names and node in names else \
+        f"node {node}"
+
+
+def exchange(grid: Grid, sends: list[tuple], names: dict | None = None) -> list[RecordDict]:
     """Send messages ``(node, message_type, arrays, config or None)``; the replies' contents
-    in the order of ``sends``.
+    in the order of ``sends``. ``names``: node id -> client label, for messages.
 
     Waits for the replies with the grid's ``push_messages``/``pull_messages``, looking every
     :data:`PULL_INTERVAL` seconds, and gives up (:class:`Aborted`) as soon as the run is
@@ -240,22 +246,28 @@ def exchange(grid: Grid, sends: list[tuple]) -> list[RecordDict]:
         if config:
             content["config"] = ConfigRecord(config)
         msgs.append(Message(RecordDict(content), dst_node_id=node, message_type=message_type))
-    waiting = set(grid.push_messages(msgs))
+    ids = list(grid.push_messages(msgs))
+    if len(ids) != len(msgs):
+        raise FlowerError(f"the grid took {len(ids)} of {len(msgs)} messages")
+    dst = {i: (node, kind) for i, (node, kind, *_) in zip(ids, sends, strict=True)}
+    waiting = set(ids)
     by_node = {}
     while waiting:
         for rep in grid.pull_messages(waiting):
-            waiting.discard(rep.metadata.reply_to_message_id)
-            if rep.has_error():
-                raise FlowerError(f"node {rep.metadata.src_node_id} failed on "
-                                  f"{rep.metadata.message_type}: {rep.error.reason}")
-            by_node[rep.metadata.src_node_id] = rep.content
+            sent = rep.metadata.reply_to_message_id
+            waiting.discard(sent)
+            node, kind = dst.get(sent, (rep.metadata.src_node_id, rep.metadata.message_type))
+            if rep.has_error():         # (an error from the SuperLink names it as the source)
+                raise FlowerError(f"{node_name(node, names)} failed on {kind}: "
+                                  f"{rep.error.reason.strip().rstrip('.')}")
+            by_node[node] = rep.content
         if waiting:
             if interrupt.aborted():
                 raise Aborted("stopped at once by a second signal")
             time.sleep(PULL_INTERVAL)
-    missing = [node for node, *_ in sends if node not in by_node]
+    missing = [node_name(node, names) for node, *_ in sends if node not in by_node]
     if missing:
-        raise FlowerError(f"no reply from nodes {missing}")
+        raise FlowerError(f"no reply from {', '.join(missing)}")
     return [by_node[node] for node, *_ in sends]
 
 
@@ -273,10 +285,13 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
     of a round also asks every client for its error of the current server model (the others
     get an ``evaluate`` message), so the errors cover all clients and a round costs one network
     round trip per exchange. One ``evaluate`` exchange after the last round gives the final
-    errors. Returns (history, diverged round or None, start model (S, p), client labels); the
-    clients are ordered as in process. A SIGINT/SIGTERM (:mod:`fnsysid.runtimes.interrupt`)
-    stops the rounds before the next one starts: the model of the last finished round is
-    evaluated and the rounds so far are returned. A round diverges as in process
+    errors. Returns (history, diverged round or None, start model (S, p), client labels,
+    failure or None); the clients are ordered as in process. A node that fails or does not
+    answer (a SuperNode that died) ends the rounds: ``failure`` is one line naming the round
+    and the node, and the history holds the rounds whose errors all clients had sent. A
+    SIGINT/SIGTERM (:mod:`fnsysid.runtimes.interrupt`) stops the rounds before the next one
+    starts: the model of the last finished round is evaluated and the rounds so far are
+    returned. A round diverges as in process
     (:func:`fnsysid.runtimes.inprocess.train`): when the server model is not finite or, with a
     ground truth, some client's error is not finite or grows past the limit; the errors of a round's
     model arrive with the next round's first exchange.
@@ -293,6 +308,7 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
     n = stacked([info[i] for i in order])["n"]
     theta0 = initial_model(model, None, settings.system.init, repeats=n.shape[0])
     strategy.setup_server(theta0, n, settings.seed)
+    names = dict(zip(nodes, labels, strict=True))
 
     hist = History(per_client=[] if keep_clients else None)
     diverged = None
@@ -309,45 +325,54 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
         return True
 
     last = settings.R                   # the last round whose model is evaluated
-    with np.errstate(over="ignore", invalid="ignore"):
-        for r in range(1, settings.R + 1):
-            if interrupt.requested():       # SIGINT/SIGTERM: stop between rounds
-                last = r - 1
-                break
-            active = strategy.participants(r)
-            on = np.arange(M) if active is None else np.flatnonzero(active.any(axis=0))
-            off = np.setdiff1d(np.arange(M), on)
-            for j, ex in enumerate(strategy.exchanges):
-                msg = strategy.message(ex)
-                config = {"exchange": ex, "round": r, "evaluate": j == 0}
-                sends = [(nodes[i], "train", msg if active is None else
-                          {**msg, "active": active[:, i]}, config) for i in on]
-                if j == 0:
-                    sends += [(nodes[i], "evaluate", {"theta": msg["theta"]}, None) for i in off]
-                replies = exchange(grid, sends)
-                arrays = stacked(replies[:len(on)])
-                if j == 0:
-                    e = np.empty((n.shape[0], M))
-                    e[:, on] = arrays.pop("_e")
-                    if len(off):
-                        e[:, off] = stacked(replies[len(on):])["_e"]
-                    if not record(r - 1, e):
-                        diverged = r - 1
-                        break
-                strategy.server_update(ex, arrays, sel=on,
-                                       active=None if active is None else active[:, on])
-            if diverged is not None:
-                break
-            if not np.isfinite(strategy.server).all():
-                diverged = r
-                break
-            log.info("round %d of %d done", r, settings.R)
-        if diverged is None:
-            final = exchange(grid, [(nd, "evaluate", {"theta": strategy.server}, None)
-                                    for nd in nodes])
-            if not record(last, stacked(final)["_e"]):
-                diverged = last
-    return hist, diverged, theta0, labels
+    failure, stage = None, "round 1"
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            for r in range(1, settings.R + 1):
+                if interrupt.requested():       # SIGINT/SIGTERM: stop between rounds
+                    last = r - 1
+                    break
+                stage = f"round {r}"
+                active = strategy.participants(r)
+                on = np.arange(M) if active is None else np.flatnonzero(active.any(axis=0))
+                off = np.setdiff1d(np.arange(M), on)
+                for j, ex in enumerate(strategy.exchanges):
+                    msg = strategy.message(ex)
+                    config = {"exchange": ex, "round": r, "evaluate": j == 0}
+                    sends = [(nodes[i], "train", msg if active is None else
+                              {**msg, "active": active[:, i]}, config) for i in on]
+                    if j == 0:
+                        sends += [(nodes[i], "evaluate", {"theta": msg["theta"]}, None)
+                                  for i in off]
+                    replies = exchange(grid, sends, names)
+                    arrays = stacked(replies[:len(on)])
+                    if j == 0:
+                        e = np.empty((n.shape[0], M))
+                        e[:, on] = arrays.pop("_e")
+                        if len(off):
+                            e[:, off] = stacked(replies[len(on):])["_e"]
+                        if not record(r - 1, e):
+                            diverged = r - 1
+                            break
+                    strategy.server_update(ex, arrays, sel=on,
+                                           active=None if active is None else active[:, on])
+                if diverged is not None:
+                    break
+                if not np.isfinite(strategy.server).all():
+                    diverged = r
+                    break
+                log.info("round %d of %d done", r, settings.R)
+            if diverged is None:
+                stage = f"the evaluation after round {last}"
+                final = exchange(grid, [(nd, "evaluate", {"theta": strategy.server}, None)
+                                        for nd in nodes], names)
+                if not record(last, stacked(final)["_e"]):
+                    diverged = last
+    except Aborted:
+        raise
+    except FlowerError as exc:
+        failure = f"{stage}: {exc}"
+    return hist, diverged, theta0, labels, failure
 
 
 def make_server_app(settings, model, strategy, M: int, keep_clients: bool,
@@ -443,7 +468,9 @@ def run(settings, model, strategy, dataset, keep_clients: bool, client_app: Clie
         ray.shutdown()
     if "serve" not in result:
         raise FlowerError("the Flower ServerApp stopped before the last round; see the log")
-    hist, diverged, theta0, labels = result["serve"]
+    hist, diverged, theta0, labels, failure = result["serve"]
+    if failure is not None:
+        raise FlowerError(failure)
     dataset.clients[:] = labels
     dataset.settings.setdefault("repeats", theta0.shape[0])
     return hist, diverged, theta0
