@@ -378,3 +378,34 @@ def test_deployment_with_a_supernode_that_dies_names_it_and_keeps_the_rounds(tmp
             break
         time.sleep(1)
     assert not _processes_with(home), "Flower processes of the deployment still run"
+
+
+@needs_flower
+def test_exchange_gives_up_waiting_once_told_to_stop_at_once(monkeypatch):
+    """A second signal (interrupt.aborted) ends the server's wait for replies that never come
+    (the engine shut down under it); before it, the server keeps waiting."""
+    from fnsysid.runtimes import flower, interrupt
+
+    class Silent:                       # a grid whose nodes never answer
+        polls = 0
+
+        def push_messages(self, messages):
+            return [f"m{i}" for i, _ in enumerate(messages)]
+
+        def pull_messages(self, ids):
+            assert set(ids) == {"m0", "m1"}
+            self.polls += 1
+            assert self.polls < 10, "kept waiting after the abort"
+            if self.polls == 3:
+                interrupt._state["abort"] = True
+            return []
+
+    monkeypatch.setitem(interrupt._state, "abort", False)
+    monkeypatch.setattr(flower, "PULL_INTERVAL", 0.0)
+    # outside a Flower run a Message cannot be made (no run id): a stand-in carries the fields
+    monkeypatch.setattr(flower, "Message", lambda content, **meta: (content, meta))
+    grid = Silent()
+    with pytest.raises(flower.Aborted):
+        flower.exchange(grid, [(7, "train", {"theta": np.zeros((1, 2))}, {"round": 1}),
+                               (8, "evaluate", {"theta": np.zeros((1, 2))}, None)])
+    assert grid.polls == 3
