@@ -69,10 +69,9 @@ def _children_left(wait: float = 15.0) -> list[str]:
 
     t0 = time.monotonic()
     while True:
-        left = [p for p in psutil.Process().children(recursive=True)
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        left = [p for p in psutil.Process().children(recursive=True) if _alive(p)]
         if not left or time.monotonic() - t0 > wait:
-            return [" ".join(p.cmdline()[:2]) for p in left]
+            return [f"pid {p.pid}" for p in left]
         time.sleep(0.5)
 
 
@@ -182,6 +181,16 @@ def test_deployment_finds_its_leftover_processes_by_command_line():
             proc.wait()
 
 
+def _alive(proc) -> bool:
+    """True if ``proc`` (a psutil.Process) runs and is not a zombie (ended, not yet reaped)."""
+    import psutil
+
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _session(sid: int) -> list:
     """The processes of session ``sid`` (a command started with ``start_new_session``: it
     and everything it started, Ray's processes included, wherever they were reparented)."""
@@ -248,10 +257,10 @@ def test_flower_run_stops_at_end_of_round_on_a_signal_and_leaves_no_process(
     inprocess = fnsysid.run([*args, f"R={r}"]).errors
     np.testing.assert_allclose(errors["e_max"], inprocess["e_max"], rtol=0, atol=1e-10)
     for _ in range(30):                 # Ray's processes end within moments of ray.shutdown
-        if not any(p.is_running() and p.status() != "zombie" for p in started):
+        if not any(_alive(p) for p in started):
             break
         time.sleep(0.5)
-    assert not [p for p in _session(proc.pid) if p.status() != "zombie"], "processes left"
+    assert not [p for p in _session(proc.pid) if _alive(p)], "processes left"
 
 
 def _client_folder(tmp_path, M: int = 3):
