@@ -79,6 +79,7 @@ class Federation:
     def __init__(self, home: Path, data_files: list[Path], truth: Path, log_dir: Path):
         self.home, self.truth, self.log_dir = home, truth, log_dir
         self.procs: list[subprocess.Popen] = []
+        self.names: list[str] = []
         self.link_port, *self.node_ports = free_ports(1 + len(data_files))
         self.env = {**os.environ, "FLWR_HOME": str(home),
                     "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -93,6 +94,16 @@ class Federation:
         log = open(self.log_dir / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
         self.procs.append(subprocess.Popen(args, env=self.env, stdout=log,
                                            stderr=subprocess.STDOUT, cwd=self.log_dir))
+        self.names.append(name)
+
+    def stopped(self) -> list[str]:
+        """The processes that ended on their own: ``name (file, exit code)``."""
+        out = []
+        for i, (name, proc) in enumerate(zip(self.names, self.procs, strict=True)):
+            if proc.poll() is not None:
+                what = f", {self.data_files[i - 1].name}" if i else ""
+                out.append(f"{name} ({self.log_dir / name}.log{what}, exit {proc.returncode})")
+        return out
 
     def __enter__(self):
         self._start("superlink", [str(BIN / "flower-superlink"), "--insecure", "--host", HOST,
@@ -190,12 +201,19 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     with Federation(out / "flwr-home", files, out / "truth", out) as fed:
         res = fed.run(overrides, out / "flower", args.timeout)
+        stopped = fed.stopped()
     t_flower = time.perf_counter() - t0
     (out / "flwr-run.log").write_text(res.stdout + res.stderr)
-    if res.returncode != 0 or not (out / "flower" / "summary.json").exists():
-        raise SystemExit(f"flwr run failed (exit {res.returncode}); see {out}/flwr-run.log and "
-                         f"{out}/supernode*.log")
+    died = f"; stopped during the run: {', '.join(stopped)}" if stopped else ""
+    if not (out / "flower" / "summary.json").exists():
+        raise SystemExit(f"flwr run wrote no results (exit {res.returncode}){died}; see "
+                         f"{out}/flwr-run.log and {out}/supernode*.log")
     summary = json.loads((out / "flower" / "summary.json").read_text())
+    if summary["status"] != "ok":
+        raise SystemExit(f"the deployment stopped: {summary.get('error', summary['status'])}"
+                         f"{died}; rounds 0 to {summary['rounds_completed']} written to "
+                         f"{out / 'flower'} (status: {summary['status']}); see "
+                         f"{out}/flwr-run.log")
     diff = compare(out / "inprocess", out / "flower")
     report = {"clients": len(files), "overrides": overrides, "runtime": summary["runtime"],
               "final_e_max_mean": summary["final_e_max_mean"], "max_abs_diff": diff,

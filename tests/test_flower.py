@@ -57,6 +57,22 @@ def test_flower_runtime_detects_finite_growth_as_in_process(tmp_path):
     ea, eb = (pd.read_csv(tmp_path / d / "errors.csv") for d in "ab")
     assert ea["round"].max() == eb["round"].max() == 3
     np.testing.assert_allclose(eb["e_max"], ea["e_max"], rtol=0, atol=1e-10)
+    assert _children_left() == []      # Ray shut down: none of its processes outlives the run
+
+
+def _children_left(wait: float = 15.0) -> list[str]:
+    """Processes started by this one that still run ``wait`` seconds after it asked for
+    them to end (Ray's processes end within moments of ray.shutdown)."""
+    import time
+
+    import psutil
+
+    t0 = time.monotonic()
+    while True:
+        left = [p for p in psutil.Process().children(recursive=True) if _alive(p)]
+        if not left or time.monotonic() - t0 > wait:
+            return [f"pid {p.pid}" for p in left]
+        time.sleep(0.5)
 
 
 def test_flower_runtime_without_the_extra_says_how_to_install(monkeypatch, tmp_path):
@@ -163,3 +179,242 @@ def test_deployment_finds_its_leftover_processes_by_command_line():
         for proc in (node, plain):
             proc.kill()
             proc.wait()
+
+
+def _alive(proc) -> bool:
+    """True if ``proc`` (a psutil.Process) runs and is not a zombie (ended, not yet reaped)."""
+    import psutil
+
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _session(sid: int) -> list:
+    """The processes of session ``sid`` (a command started with ``start_new_session``: it
+    and everything it started, Ray's processes included, wherever they were reparented)."""
+    import os
+
+    import psutil
+
+    out = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getsid(proc.pid) == sid:
+                out.append(proc)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return out
+
+
+@needs_flower
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code, group", [("SIGINT", 130, True), ("SIGTERM", 143, False)])
+def test_flower_run_stops_at_end_of_round_on_a_signal_and_leaves_no_process(
+        tmp_path, sig, code, group):
+    """Ctrl-C (SIGINT to the terminal's process group, Ray's processes included) or SIGTERM
+    (to the command) after the first round: exit 130/143, the rounds so far written with status
+    interrupted (the same numbers as in process), and no process of the run left."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import fnsysid
+
+    root = Path(__file__).resolve().parent.parent
+    out, log = tmp_path / "run", tmp_path / "console.txt"
+    args = ["runtime=flower", "system=synthetic", "M=2", "repeats=2", "eps=0.3",
+            "output.plot=false"]
+    with open(log, "w") as console:
+        proc = subprocess.Popen([sys.executable, str(root / "run.py"), *args, "R=100000",
+                                 f"hydra.run.dir={out}"], cwd=root, stdout=console,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while "round 1 of 100000 done" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() - t0 < 300, log.read_text()
+            time.sleep(0.2)
+        started = _session(proc.pid)
+        assert any("ray" in " ".join(p.cmdline()) for p in started)   # Ray runs
+        (os.killpg if group else os.kill)(proc.pid, getattr(signal, sig))
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == code, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"fnsysid: interrupted by {sig}"), err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["interrupted_by"] == sig
+    r = summary["rounds_completed"]
+    assert 1 <= r < 100000 and f"after round {r} of 100000" in lines[0]
+    errors = pd.read_csv(out / "errors.csv")
+    assert len(errors) == 2 * (r + 1) and errors["round"].max() == r
+    inprocess = fnsysid.run([*args, f"R={r}"]).errors
+    np.testing.assert_allclose(errors["e_max"], inprocess["e_max"], rtol=0, atol=1e-10)
+    for _ in range(30):                 # Ray's processes end within moments of ray.shutdown
+        if not any(_alive(p) for p in started):
+            break
+        time.sleep(0.5)
+    assert not [p for p in _session(proc.pid) if _alive(p)], "processes left"
+
+
+def _client_folder(tmp_path, M: int = 3):
+    """A simulated run's data as a folder of one CSV per client without a ``client`` column
+    (README's layout), its truth file, and the overrides that read them."""
+    import fnsysid
+
+    sim = tmp_path / "sim"
+    fnsysid.run(["system=synthetic", f"M={M}", "repeats=2", "eps=0.3", "R=1",
+                 "output.trajectories=true", "output.plot=false"], sim)
+    traj = pd.read_parquet(sim / "trajectories.parquet")
+    folder = tmp_path / "clients"
+    folder.mkdir()
+    for client, part in traj.groupby("client"):
+        part.drop(columns="client").to_csv(folder / f"robot{client}.csv", index=False,
+                                           float_format="%.17g")
+    truth = pd.read_csv(sim / "truth.csv")
+    truth["client"] = "robot" + truth["client"].astype(str)
+    truth.to_csv(tmp_path / "truth.csv", index=False, float_format="%.17g")
+    return folder, ["system=synthetic", "data=files", f"data.path={folder}",
+                    f"data.truth={tmp_path / 'truth.csv'}", "R=3", "output.plot=false"]
+
+
+@needs_flower
+def test_flower_reads_a_folder_of_client_files_as_in_process(tmp_path):
+    """README's layout (one CSV per client, no ``client`` column): each ClientApp reads its
+    own file as a folder's file, and the run gives the in-process errors and estimates."""
+    folder, args = _client_folder(tmp_path)
+    assert "client" not in pd.read_csv(folder / "robot0.csv").columns
+    a = run_experiment(compose_cfg(*args), tmp_path / "a")
+    b = run_experiment(compose_cfg(*args, "runtime=flower"), tmp_path / "b")
+    assert a["status"] == b["status"] == "ok" and b["M"] == 3
+    ea, eb = (pd.read_csv(tmp_path / d / "errors.csv") for d in "ab")
+    assert len(eb) == 2 * 4 and eb["e_max"].notna().all()
+    np.testing.assert_allclose(eb["e_max"], ea["e_max"], rtol=0, atol=1e-10)
+    ca, cb = (pd.read_csv(tmp_path / d / "clients.csv") for d in "ab")
+    assert cb["client"].tolist() == ca["client"].tolist() and cb["client"].nunique() == 3
+    np.testing.assert_allclose(cb["error"], ca["error"], rtol=0, atol=1e-10)
+    sa, sb = (pd.read_csv(tmp_path / d / "estimates.csv") for d in "ab")
+    np.testing.assert_allclose(sb["estimate"], sa["estimate"], rtol=0, atol=1e-10)
+
+
+@needs_flower
+@pytest.mark.parametrize("damage, message", [
+    (lambda df: df.assign(x1=["oops", *df["x1"].iloc[1:]]),
+     r"robot1\.csv: row 1, column 'x1': 'oops' is not a number"),
+    (lambda df: df.drop(columns="x2"), r"robot1\.csv: column 'x2' \(data\.states\) is missing"),
+], ids=["text", "missing-column"])
+def test_flower_refuses_a_bad_client_file_in_one_line_before_starting(tmp_path, damage,
+                                                                      message):
+    """A bad client file under runtime=flower: the in-process message (file, row or column),
+    exit 2, no traceback, no folder, and Flower never started (the check comes first)."""
+    import re
+
+    from tests.conftest import cli_in_process
+
+    folder, args = _client_folder(tmp_path)
+    bad = folder / "robot1.csv"
+    damage(pd.read_csv(bad)).to_csv(bad, index=False)
+    out = tmp_path / "run"
+    res = cli_in_process(*args, "runtime=flower", f"hydra.run.dir={out}")
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fnsysid: error: "), res.stderr
+    assert re.search(message, lines[0]), lines[0]
+    assert "Traceback" not in res.stderr + res.stdout and "ray" not in res.stdout.lower()
+    assert not out.exists()
+
+
+@needs_flower
+@pytest.mark.slow
+def test_deployment_with_a_supernode_that_dies_names_it_and_keeps_the_rounds(tmp_path):
+    """A SuperNode killed during a deployment: the command names the node, its client and
+    the round; the rounds every client evaluated are written with status interrupted (the
+    in-process numbers), and no Flower process is left."""
+    import importlib.util
+    import re
+    import threading
+    import time
+    from pathlib import Path
+
+    import psutil
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "flower_deploy.py"
+    spec = importlib.util.spec_from_file_location("flower_deploy", script)
+    deploy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(deploy)
+    victim = str(tmp_path / "data" / "1.parquet")
+
+    def kill_node_1() -> None:          # after its second train reply (round 2)
+        log, t0 = tmp_path / "supernode1.log", time.monotonic()
+        while time.monotonic() - t0 < 900:
+            if log.exists() and log.read_text().count("Sending: train message") >= 2:
+                for proc in psutil.process_iter(["cmdline"]):
+                    cmd = " ".join(proc.info["cmdline"] or ())
+                    if "flower-supernode" in cmd and victim in cmd:
+                        proc.kill()
+                return
+            time.sleep(0.2)
+
+    threading.Thread(target=kill_node_1, daemon=True).start()
+    with pytest.raises(SystemExit) as stop:
+        deploy.main(["--out", str(tmp_path), "--clients", "3", "system=synthetic", "R=300",
+                     "repeats=2"])
+    msg = str(stop.value)
+    assert msg.startswith("the deployment stopped: round "), msg
+    failed = int(re.match(r"the deployment stopped: round (\d+): SuperNode \d+ \(client 1\) "
+                          r"failed on (train|evaluate): ", msg).group(1))
+    assert "supernode1 (" in msg and "1.parquet, exit -9)" in msg      # the process that died
+    summary = json.loads((tmp_path / "flower" / "summary.json").read_text())
+    assert (summary["status"], summary["interrupted_by"]) == ("interrupted", "node failure")
+    assert summary["error"] in msg
+    r = summary["rounds_completed"]
+    assert f"rounds 0 to {r} written to" in msg and 0 <= r < failed <= 300
+    flower = pd.read_csv(tmp_path / "flower" / "errors.csv")
+    inprocess = pd.read_csv(tmp_path / "inprocess" / "errors.csv")
+    assert len(flower) == 2 * (r + 1) and flower["round"].max() == r
+    expected = inprocess[inprocess["round"] <= r].reset_index(drop=True)
+    np.testing.assert_allclose(flower["e_max"], expected["e_max"], rtol=0, atol=1e-10)
+    assert not (tmp_path / "flower" / "estimates.csv").exists()
+    home = f"FLWR_HOME={tmp_path / 'flwr-home'}".encode()
+    for _ in range(20):
+        if not _processes_with(home):
+            break
+        time.sleep(1)
+    assert not _processes_with(home), "Flower processes of the deployment still run"
+
+
+@needs_flower
+def test_exchange_gives_up_waiting_once_told_to_stop_at_once(monkeypatch):
+    """A second signal (interrupt.aborted) ends the server's wait for replies that never come
+    (the engine shut down under it); before it, the server keeps waiting."""
+    from fnsysid.runtimes import flower, interrupt
+
+    class Silent:                       # a grid whose nodes never answer
+        polls = 0
+
+        def push_messages(self, messages):
+            return [f"m{i}" for i, _ in enumerate(messages)]
+
+        def pull_messages(self, ids):
+            assert set(ids) == {"m0", "m1"}
+            self.polls += 1
+            assert self.polls < 10, "kept waiting after the abort"
+            if self.polls == 3:
+                interrupt._state["abort"] = True
+            return []
+
+    monkeypatch.setitem(interrupt._state, "abort", False)
+    monkeypatch.setattr(flower, "PULL_INTERVAL", 0.0)
+    # outside a Flower run a Message cannot be made (no run id): a stand-in carries the fields
+    monkeypatch.setattr(flower, "Message", lambda content, **meta: (content, meta))
+    grid = Silent()
+    with pytest.raises(flower.Aborted):
+        flower.exchange(grid, [(7, "train", {"theta": np.zeros((1, 2))}, {"round": 1}),
+                               (8, "evaluate", {"theta": np.zeros((1, 2))}, None)])
+    assert grid.polls == 3

@@ -136,7 +136,8 @@ def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = Non
     With ``runtime=flower`` the rounds run on Flower (:func:`fnsysid.runtimes.flower.run`): the
     clients load and keep their own data, so there is no ``theory`` table (the pooled data it
     needs exist nowhere), ``true_mean`` of the estimates is empty and no held-out NRMSE is
-    recorded.
+    recorded. With ``data=files`` the clients' files are read and checked here first, as in
+    process (and not kept): bad data stops the run before Flower starts.
     """
     t_start = time.perf_counter()
     settings = check_run(cfg)          # typed, read-only: what the steps below read
@@ -150,8 +151,12 @@ def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = Non
         import json
 
         from fnsysid.app.build import build_client_app
+        from fnsysid.data.source import from_files
         from fnsysid.runtimes import flower
 
+        if settings.files:      # bad data: one line before Flower starts, as in process
+            from_files(flower.node_settings(settings), model, optimizer,
+                       _job_given() if given is None else given)
         dataset = flower.server_dataset(settings)
         keep_clients = keep_per_client(settings, len(dataset.clients))
         hist, diverged, theta0 = flower.run(
@@ -179,14 +184,19 @@ def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = Non
 
 
 def make_result(settings: Settings, model, strategy, dataset, hist, diverged, theta0, data,
-                theory, keep_clients: bool, runtime: dict, choices: dict | None = None
-                ) -> Result:
+                theory, keep_clients: bool, runtime: dict, choices: dict | None = None,
+                failure: str | None = None) -> Result:
     """The tables and the summary of a finished run (``data``: the clients' training data, or
-    None where the run cannot see them; ``theory``: Theorem 1's table, or None)."""
+    None where the run cannot see them; ``theory``: Theorem 1's table, or None).
+
+    ``failure``: why a deployed run stopped early (a SuperNode that died): the summary says
+    ``status: interrupted``, ``interrupted_by: node failure`` and the line in ``error``;
+    the rounds recorded are kept and no ``estimates`` table is made (the server's model may
+    be ahead of the last round every client evaluated)."""
     tables = {"errors": errors_table(hist)}
     if keep_clients:
         tables["clients"] = clients_table(hist)
-    if diverged is None:
+    if diverged is None and failure is None:
         tables["estimates"] = estimates_table(model, strategy.estimate(), data, theta0,
                                               keep_clients)
     if theory is not None:
@@ -200,7 +210,10 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     if unscored:
         summary["unscored_clients"] = unscored
     signum = interrupt.requested()
-    if signum is not None and diverged is None:
+    if failure is not None and diverged is None:
+        summary.pop("growth", None)          # judged on the rows of a run that did not end
+        summary.update(status="interrupted", interrupted_by="node failure", error=failure)
+    elif signum is not None and diverged is None:
         summary.pop("growth", None)          # judged on the rows of a run that did not end
         summary["status"] = "interrupted"
         summary["interrupted_by"] = signal.Signals(signum).name

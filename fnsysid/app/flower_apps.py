@@ -17,7 +17,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fnsysid.app.build import build, build_client_app
 from fnsysid.config.checks import check_run
-from fnsysid.runtimes.flower import quiet_flower, serve, server_dataset
+from fnsysid.runtimes.flower import FlowerError, quiet_flower, serve, server_dataset
 
 log = logging.getLogger("fnsysid")
 
@@ -38,7 +38,11 @@ server_app = ServerApp()
 @server_app.main()
 def deployed_main(grid: Grid, context: Context) -> None:
     """Server of a deployed run: waits for ``M`` SuperNodes, runs the rounds and writes the
-    run's files into the run config's ``outdir`` (``summary.json`` says ``runtime: flower``)."""
+    run's files into the run config's ``outdir`` (``summary.json`` says ``runtime: flower``).
+
+    A SuperNode that fails or dies ends the run: the rounds every client evaluated are
+    written with ``status: interrupted`` and the line naming the round and the node in
+    ``error``, and the ServerApp then fails with that line (Flower marks the run failed)."""
     from fnsysid.app.experiment import make_result
     from fnsysid.results.files import write_outputs
     from fnsysid.results.history import keep_per_client
@@ -49,7 +53,11 @@ def deployed_main(grid: Grid, context: Context) -> None:
     model, _, strategy = build(cfg)
     M = cfg.M if cfg.M is not None else len(server_dataset(cfg).clients)
     keep_clients = keep_per_client(cfg, M)
-    hist, diverged, theta0, labels = serve(grid, cfg, model, strategy, M, keep_clients)
+    hist, diverged, theta0, labels, failure = serve(grid, cfg, model, strategy, M,
+                                                    keep_clients)
+    out = Path(str(context.run_config.get("outdir", "outputs/flower")))
+    if failure is not None and not hist.e_max:
+        raise FlowerError(f"{failure}; no round finished, nothing written to {out}")
     dataset = server_dataset(cfg, labels)
     dataset.settings["repeats"] = theta0.shape[0]
     elapsed = time.perf_counter() - t_start
@@ -57,9 +65,11 @@ def deployed_main(grid: Grid, context: Context) -> None:
                "strategy": type(strategy).__name__.lower()}
     result = make_result(cfg, model, strategy, dataset, hist, diverged, theta0, None, None,
                          keep_clients, dict(data_s=0.0, train_s=elapsed, total_s=elapsed),
-                         choices)
-    out = Path(str(context.run_config.get("outdir", "outputs/flower")))
+                         choices, failure)
     write_outputs(out, cfg, result)
+    if failure is not None:
+        raise FlowerError(f"{failure}; rounds 0 to {result.summary['rounds_completed']} "
+                          f"written to {out.resolve()} (status: interrupted)")
     log.info("results: %s (final e_max %s)", out.resolve(), result.summary["final_e_max_mean"])
 
 

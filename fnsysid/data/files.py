@@ -137,7 +137,8 @@ def check_paths(data) -> None:
         readable_file(data.truth, "data.truth")
 
 
-def read_trajectories(path, states, inputs=(), setting: str = "data.path") -> pd.DataFrame:
+def read_trajectories(path, states, inputs=(), setting: str = "data.path",
+                      client_file: bool = False) -> pd.DataFrame:
     """Read and check trajectories: the validated samples as one DataFrame.
 
     Parameters
@@ -145,6 +146,8 @@ def read_trajectories(path, states, inputs=(), setting: str = "data.path") -> pd
     path : a folder of per-client files or one file with a ``client`` column.
     states, inputs : names of the state and input columns (one name may be a string).
     setting : the setting that gave ``path``, for messages.
+    client_file : ``path`` is one client's file of a folder (a Flower node's own file),
+        read as in the folder: the file name gives the client.
 
     Returns
     -------
@@ -157,7 +160,7 @@ def read_trajectories(path, states, inputs=(), setting: str = "data.path") -> pd
     states = [states] if isinstance(states, str) else list(states)
     inputs = [inputs] if isinstance(inputs, str) else list(inputs or [])
     files = data_files(path, setting)
-    one_file = Path(path).is_file()
+    one_file = Path(path).is_file() and not client_file
     parts = []
     for f in files:
         df = read_table(f)

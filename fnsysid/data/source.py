@@ -250,21 +250,23 @@ def column_names(settings, model: Model) -> tuple[list[str], list[str]]:
 
 @np.errstate(over="ignore", invalid="ignore")    # statistics that overflow: refused, not warned
 def from_files(settings: Settings, model: Model, optimizer,
-               given: frozenset[str] = frozenset(), budget=None) -> Dataset:
+               given: frozenset[str] = frozenset(), budget=None,
+               client_file: bool = False) -> Dataset:
     """Clients read from ``data.path`` (and ``data.val_path``), truth from ``data.truth``.
 
     The files give the clients and repeats; an ``M`` or ``repeats`` in ``given`` (the
     settings given explicitly) that differs from them is refused. ``budget(need, what)``,
     when given, is called with the bytes the arrays of the data read will need
     (:func:`fnsysid.data.memory.built_bytes`) and a description of the data, before they are
-    built; it raises to refuse them.
+    built; it raises to refuse them. ``client_file``: ``data.path`` is one client's file of a
+    folder (a Flower node's own file).
     """
     import pandas as pd
 
     from fnsysid.data.files import check_finite, load_truth, read_trajectories
 
     states, inputs = column_names(settings, model)
-    df = read_trajectories(settings.data.path, states, inputs)
+    df = read_trajectories(settings.data.path, states, inputs, client_file=client_file)
     clients = [str(c) for c in df.drop_duplicates("_client").sort_values("_client")["client"]]
     S, M = int(df["repeat"].max()) + 1, len(clients)
     for key, have, what in (("M", M, "clients"), ("repeats", S, "repeats")):

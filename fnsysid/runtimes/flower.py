@@ -31,6 +31,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -40,6 +43,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fnsysid.learning.start import initial_model
+from fnsysid.runtimes import interrupt
 
 log = logging.getLogger("fnsysid")
 
@@ -117,9 +121,8 @@ class ClientNode:
         from fnsysid.data.source import from_files
 
         path = data_path or data_files(settings.data.path)[index]
-        own = settings.replace(data={**settings.resolved["data"], "path": str(path),
-                                     "val_path": None, "truth": truth_path})
-        dataset = from_files(own, model, optimizer)
+        own = node_settings(settings, path, truth_path)
+        dataset = from_files(own, model, optimizer, client_file=True)
         label, data = dataset.clients[0], dataset.train
         if truth_path is None and settings.data.truth:
             labels = [f.stem for f in data_files(settings.data.path)]
@@ -134,6 +137,19 @@ class ClientNode:
 
         with np.errstate(invalid="ignore"):
             return client_errors(theta[:, None, :], self.data.theta_true)
+
+
+def node_settings(settings, path=None, truth_path: str | None = None):
+    """The settings with which a node reads its own file ``path`` (None: the settings with
+    which the whole ``data.path`` folder is checked before the simulation starts): no held-out
+    files (a node trains on what the in-process run trains on: with ``data.val_path``, all
+    of its rows; else what ``data.holdout`` leaves); ``truth_path``: its own truth file."""
+    data = {**settings.resolved["data"], "val_path": None}
+    if settings.data.val_path:
+        data["holdout"] = 0.0
+    if path is not None:
+        data.update(path=str(path), truth=truth_path)
+    return settings.replace(data=data)
 
 
 def node_identity(context: Context) -> tuple[int | None, str | None, str | None]:
@@ -202,24 +218,56 @@ def wait_for_nodes(grid: Grid, n: int, timeout: float = 300.0) -> list[int]:
     return nodes
 
 
-def exchange(grid: Grid, sends: list[tuple]) -> list[RecordDict]:
+#: seconds between two looks for replies (Flower's in-memory grid polls as often)
+PULL_INTERVAL = 0.1
+
+
+class Aborted(FlowerError):
+    """The run was told to stop at once (a second SIGINT/SIGTERM) while waiting for replies."""
+
+
+def node_name(node: int, names: dict | None) -> str:
+    """A node as messages name it: its id and, once known, its client."""
+    return f"SuperNode {node} (client {names[node]})" if names and node in names else \
+        f"node {node}"
+
+
+def exchange(grid: Grid, sends: list[tuple], names: dict | None = None) -> list[RecordDict]:
     """Send messages ``(node, message_type, arrays, config or None)``; the replies' contents
-    in the order of ``sends``."""
+    in the order of ``sends``. ``names``: node id -> client label, for messages.
+
+    Waits for the replies with the grid's ``push_messages``/``pull_messages``, looking every
+    :data:`PULL_INTERVAL` seconds, and gives up (:class:`Aborted`) as soon as the run is
+    told to stop at once (:func:`fnsysid.runtimes.interrupt.aborted`).
+    """
     msgs = []
     for node, message_type, arrays, config in sends:
         content = {"arrays": to_record(arrays or {})}
         if config:
             content["config"] = ConfigRecord(config)
         msgs.append(Message(RecordDict(content), dst_node_id=node, message_type=message_type))
+    ids = list(grid.push_messages(msgs))
+    if len(ids) != len(msgs):
+        raise FlowerError(f"the grid took {len(ids)} of {len(msgs)} messages")
+    dst = {i: (node, kind) for i, (node, kind, *_) in zip(ids, sends, strict=True)}
+    waiting = set(ids)
     by_node = {}
-    for rep in grid.send_and_receive(msgs):
-        if rep.has_error():
-            raise FlowerError(f"node {rep.metadata.src_node_id} failed on "
-                              f"{rep.metadata.message_type}: {rep.error.reason}")
-        by_node[rep.metadata.src_node_id] = rep.content
-    missing = [node for node, *_ in sends if node not in by_node]
+    while waiting:
+        for rep in grid.pull_messages(waiting):
+            sent = rep.metadata.reply_to_message_id
+            waiting.discard(sent)
+            node, kind = dst.get(sent, (rep.metadata.src_node_id, rep.metadata.message_type))
+            if rep.has_error():         # (an error from the SuperLink names it as the source)
+                raise FlowerError(f"{node_name(node, names)} failed on {kind}: "
+                                  f"{rep.error.reason.strip().rstrip('.')}")
+            by_node[node] = rep.content
+        if waiting:
+            if interrupt.aborted():
+                raise Aborted("stopped at once by a second signal")
+            time.sleep(PULL_INTERVAL)
+    missing = [node_name(node, names) for node, *_ in sends if node not in by_node]
     if missing:
-        raise FlowerError(f"no reply from nodes {missing}")
+        raise FlowerError(f"no reply from {', '.join(missing)}")
     return [by_node[node] for node, *_ in sends]
 
 
@@ -237,8 +285,13 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
     of a round also asks every client for its error of the current server model (the others
     get an ``evaluate`` message), so the errors cover all clients and a round costs one network
     round trip per exchange. One ``evaluate`` exchange after the last round gives the final
-    errors. Returns (history, diverged round or None, start model (S, p), client labels); the
-    clients are ordered as in process. A round diverges as in process
+    errors. Returns (history, diverged round or None, start model (S, p), client labels,
+    failure or None); the clients are ordered as in process. A node that fails or does not
+    answer (a SuperNode that died) ends the rounds: ``failure`` is one line naming the round
+    and the node, and the history holds the rounds whose errors all clients had sent. A
+    SIGINT/SIGTERM (:mod:`fnsysid.runtimes.interrupt`) stops the rounds before the next one
+    starts: the model of the last finished round is evaluated and the rounds so far are
+    returned. A round diverges as in process
     (:func:`fnsysid.runtimes.inprocess.train`): when the server model is not finite or, with a
     ground truth, some client's error is not finite or grows past the limit; the errors of a round's
     model arrive with the next round's first exchange.
@@ -255,6 +308,7 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
     n = stacked([info[i] for i in order])["n"]
     theta0 = initial_model(model, None, settings.system.init, repeats=n.shape[0])
     strategy.setup_server(theta0, n, settings.seed)
+    names = dict(zip(nodes, labels, strict=True))
 
     hist = History(per_client=[] if keep_clients else None)
     diverged = None
@@ -270,41 +324,55 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
         hist.record(e)
         return True
 
-    with np.errstate(over="ignore", invalid="ignore"):
-        for r in range(1, settings.R + 1):
-            active = strategy.participants(r)
-            on = np.arange(M) if active is None else np.flatnonzero(active.any(axis=0))
-            off = np.setdiff1d(np.arange(M), on)
-            for j, ex in enumerate(strategy.exchanges):
-                msg = strategy.message(ex)
-                config = {"exchange": ex, "round": r, "evaluate": j == 0}
-                sends = [(nodes[i], "train", msg if active is None else
-                          {**msg, "active": active[:, i]}, config) for i in on]
-                if j == 0:
-                    sends += [(nodes[i], "evaluate", {"theta": msg["theta"]}, None) for i in off]
-                replies = exchange(grid, sends)
-                arrays = stacked(replies[:len(on)])
-                if j == 0:
-                    e = np.empty((n.shape[0], M))
-                    e[:, on] = arrays.pop("_e")
-                    if len(off):
-                        e[:, off] = stacked(replies[len(on):])["_e"]
-                    if not record(r - 1, e):
-                        diverged = r - 1
-                        break
-                strategy.server_update(ex, arrays, sel=on,
-                                       active=None if active is None else active[:, on])
-            if diverged is not None:
-                break
-            if not np.isfinite(strategy.server).all():
-                diverged = r
-                break
-        if diverged is None:
-            final = exchange(grid, [(nd, "evaluate", {"theta": strategy.server}, None)
-                                    for nd in nodes])
-            if not record(settings.R, stacked(final)["_e"]):
-                diverged = settings.R
-    return hist, diverged, theta0, labels
+    last = settings.R                   # the last round whose model is evaluated
+    failure, stage = None, "round 1"
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            for r in range(1, settings.R + 1):
+                if interrupt.requested():       # SIGINT/SIGTERM: stop between rounds
+                    last = r - 1
+                    break
+                stage = f"round {r}"
+                active = strategy.participants(r)
+                on = np.arange(M) if active is None else np.flatnonzero(active.any(axis=0))
+                off = np.setdiff1d(np.arange(M), on)
+                for j, ex in enumerate(strategy.exchanges):
+                    msg = strategy.message(ex)
+                    config = {"exchange": ex, "round": r, "evaluate": j == 0}
+                    sends = [(nodes[i], "train", msg if active is None else
+                              {**msg, "active": active[:, i]}, config) for i in on]
+                    if j == 0:
+                        sends += [(nodes[i], "evaluate", {"theta": msg["theta"]}, None)
+                                  for i in off]
+                    replies = exchange(grid, sends, names)
+                    arrays = stacked(replies[:len(on)])
+                    if j == 0:
+                        e = np.empty((n.shape[0], M))
+                        e[:, on] = arrays.pop("_e")
+                        if len(off):
+                            e[:, off] = stacked(replies[len(on):])["_e"]
+                        if not record(r - 1, e):
+                            diverged = r - 1
+                            break
+                    strategy.server_update(ex, arrays, sel=on,
+                                           active=None if active is None else active[:, on])
+                if diverged is not None:
+                    break
+                if not np.isfinite(strategy.server).all():
+                    diverged = r
+                    break
+                log.info("round %d of %d done", r, settings.R)
+            if diverged is None:
+                stage = f"the evaluation after round {last}"
+                final = exchange(grid, [(nd, "evaluate", {"theta": strategy.server}, None)
+                                        for nd in nodes], names)
+                if not record(last, stacked(final)["_e"]):
+                    diverged = last
+    except Aborted:
+        raise
+    except FlowerError as exc:
+        failure = f"{stage}: {exc}"
+    return hist, diverged, theta0, labels, failure
 
 
 def make_server_app(settings, model, strategy, M: int, keep_clients: bool,
@@ -352,27 +420,57 @@ def quiet_flower() -> None:
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
 
+def start_ray() -> bool:
+    """Start Ray for Flower's simulation engine (as Flower starts it), unless it runs already;
+    True if started here.
+
+    ``ray.init`` installs a SIGTERM handler of its own (which exits at once); the handlers in
+    place before it are put back, so that SIGTERM, like SIGINT, stops the run at the end of a
+    round (:mod:`fnsysid.runtimes.interrupt`).
+    """
+    import ray
+
+    if ray.is_initialized():
+        return False
+    main = threading.current_thread() is threading.main_thread()
+    saved = {s: signal.getsignal(s) for s in interrupt.SIGNALS} if main else {}
+    pythonpath = os.pathsep.join([*sys.path, *filter(None, [os.environ.get("PYTHONPATH")])])
+    ray.init(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+    for s, handler in saved.items():
+        if handler is not None:
+            signal.signal(s, handler)
+    return True
+
+
 def run(settings, model, strategy, dataset, keep_clients: bool, client_app: ClientApp):
     """Run the rounds of ``settings`` on Flower's simulation engine (Ray backend), one virtual
     SuperNode per client of ``dataset`` (:func:`server_dataset`), answered by ``client_app``.
 
     Returns (history, diverged round or None, start model); ``dataset.settings`` gets the
-    number of repeats the clients reported.
+    number of repeats the clients reported. Ray is shut down whatever the end (the last
+    round, an error, a signal), so none of its processes outlives the run.
     """
+    quiet_flower()                      # before flwr.simulation's imports log at INFO
+    import ray
     from flwr.simulation import run_simulation
 
-    quiet_flower()
     result: dict = {}
     M = len(dataset.clients)
     server = make_server_app(settings, model, strategy, M, keep_clients, result)
     backend = {"client_resources": {"num_cpus": float(settings.runtime.client_cpus),
                                     "num_gpus": 0.0},
                "init_args": {"logging_level": "ERROR", "log_to_driver": False}}
-    run_simulation(server, client_app, num_supernodes=M,
-                   backend_config=backend)
+    try:
+        start_ray()
+        run_simulation(server, client_app, num_supernodes=M, backend_config=backend)
+    finally:
+        ray.shutdown()
     if "serve" not in result:
         raise FlowerError("the Flower ServerApp stopped before the last round; see the log")
-    hist, diverged, theta0, labels = result["serve"]
+    hist, diverged, theta0, labels, failure = result["serve"]
+    if failure is not None:
+        raise FlowerError(failure)
     dataset.clients[:] = labels
     dataset.settings.setdefault("repeats", theta0.shape[0])
     return hist, diverged, theta0

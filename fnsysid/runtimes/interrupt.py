@@ -21,7 +21,7 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 #: environment variable holding the pid of the command (workers watch it)
 PARENT_ENV = "FNSYSID_PARENT_PID"
 
-_state = {"signal": None, "in_job": False, "watching": False}
+_state = {"signal": None, "in_job": False, "watching": False, "abort": False}
 
 
 class Interrupted(BaseException):     # not an Exception: nothing on the way may swallow it
@@ -37,6 +37,12 @@ def requested() -> int | None:
     return _state["signal"]
 
 
+def aborted() -> bool:
+    """True once a signal asked to stop at once (a second one in a job, or one outside a job):
+    threads of a job that wait (a Flower server waiting for replies) give up."""
+    return _state["abort"]
+
+
 def exit_code(signum: int) -> int:
     """The shell's convention: 128 + signal number."""
     return 128 + int(signum)
@@ -46,6 +52,7 @@ def _on_signal(signum, frame) -> None:
     if _state["in_job"] and _state["signal"] is None:
         _state["signal"] = signum          # stop at the end of the current round
         return
+    _state["abort"] = True
     raise Interrupted(signum)
 
 
