@@ -292,3 +292,38 @@ def test_simulated_states_that_overflow_are_refused(tmp_path):
         fnsysid.run(["system=linear", "M=2", "R=1", "system.x0.scale=1e200",
                      "output.plot=false"], output_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_statistics_that_overflow_only_summed_over_clients_are_refused(tmp_path):
+    # each client's x1 squared is 8.1e307; two summed are finite, three are not
+    df, _ = linear_fleet(n_clients=3, n_traj=2, length=15)
+    df.loc[df.groupby("client").head(15).index[4::15], "x1"] = 9e153     # row 5 of each client
+    df.to_parquet(tmp_path / "all.parquet", index=False)
+    path = tmp_path / "all.parquet"
+    for strategy in ("oneshot", "centralized_exact", "fedavg"):
+        res = cli_in_process(*GENERIC, f"data.path={path}", f"strategy={strategy}", "R=2",
+                             f"hydra.run.dir={tmp_path}/run")
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.strip().splitlines() == [
+            f"fnsysid: error: data.path={path}: the training statistics of its 3 clients summed "
+            "(the pooled data of strategy=centralized and of the theory table: features squared "
+            "and summed over all clients' samples) overflow float64, though each client's are "
+            f"finite; the largest |value| is 9e+153 ({path}: row 5, column 'x1', client "
+            "'robot0'); allowed: values whose squared features summed over all clients stay "
+            "below 1.8e+308 (rescale the column)"]
+        assert not (tmp_path / "run").exists()
+    # two clients sum to a finite value: read
+    df[df["client"] != "robot2"].to_csv(tmp_path / "two.csv", index=False)
+    cfg = compose_cfg(*GENERIC, f"data.path={tmp_path / 'two.csv'}", "data.holdout=0")
+    model, optimizer, _ = build(cfg)
+    H = load_data(cfg, model, optimizer).train.H
+    assert H.sum(axis=1)[0, 0, 0] == pytest.approx(2 * 8.1e307)
+
+
+def test_simulated_statistics_that_overflow_summed_over_clients_are_refused(tmp_path):
+    with pytest.raises(fnsysid.ConfigError, match=r"^data=simulated: the training statistics of "
+                                                  r"the 50 clients \(repeat 0\) summed overflow "
+                                                  "float64 "):
+        fnsysid.run(["system=linear", "M=50", "R=1", "system.x0.scale=3e152",
+                     "output.plot=false"], output_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()

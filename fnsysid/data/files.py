@@ -347,15 +347,31 @@ def _combine(parts, files, one_file, states, inputs) -> pd.DataFrame:
     return out
 
 
+def _largest(rows: pd.DataFrame, states: list[str], inputs: list[str]) -> tuple[int, str]:
+    """Position (in ``rows``) and column of the largest |value| among the states and the
+    inputs that are used (not those of a trajectory's last sample)."""
+    columns = states + inputs
+    values = np.abs(rows[columns].to_numpy(float))
+    key = rows["repeat"].to_numpy() * (1 << 40) + rows["_client"].to_numpy() * (1 << 20) \
+        + rows["_trajectory"].to_numpy()
+    values[np.append(key[1:] != key[:-1], True), len(states):] = 0.0      # unused inputs
+    i, k = np.unravel_index(int(np.argmax(values)), values.shape)
+    return int(i), columns[k]
+
+
 def check_finite(train, heldout, train_rows: pd.DataFrame, val_rows: pd.DataFrame,
-                 states: list[str], inputs: list[str], clients: list[str]) -> None:
+                 states: list[str], inputs: list[str], clients: list[str],
+                 path=None) -> None:
     """Refuse data whose statistics overflow float64 (before any round or feature scaling).
 
     ``train`` the training statistics (``H, b, yy``), ``heldout`` the held-out ones (``gram,
     cross, yy, std``) or None, computed from ``train_rows``/``val_rows`` (as returned by
     :func:`read_trajectories`). A client whose sums of squared features (or targets) are not
     finite is named with the file and row of its largest value among the states and the
-    inputs that are used (not those of a trajectory's last sample).
+    inputs that are used (not those of a trajectory's last sample). So are the training
+    statistics summed over the clients of a repeat (the pooled data of ``strategy=
+    centralized`` and of the theory table), which may overflow when each client's do not;
+    ``path`` (``data.path``) names the data then.
     """
     parts = [("training", (train.H, train.b, train.yy), train_rows)]
     if heldout is not None:
@@ -370,18 +386,34 @@ def check_finite(train, heldout, train_rows: pd.DataFrame, val_rows: pd.DataFram
             continue
         s, m = (int(k) for k in np.argwhere(bad)[0])
         mine = rows[(rows["repeat"].to_numpy() == s) & (rows["_client"].to_numpy() == m)]
-        columns = states + inputs
-        values = np.abs(mine[columns].to_numpy(float))
-        traj = mine["_trajectory"].to_numpy()
-        values[np.append(traj[1:] != traj[:-1], True), len(states):] = 0.0   # unused inputs
-        i, k = np.unravel_index(int(np.argmax(values)), values.shape)
+        i, col = _largest(mine, states, inputs)
         rep = f" (repeat {s})" if S > 1 else ""
         raise DataError(
-            f"{mine['_file'].iat[i]}: row {mine['_row'].iat[i]}, column '{columns[k]}' is "
-            f"{mine[columns[k]].iat[i]:g}: the {which} statistics of client '{clients[m]}'{rep}"
+            f"{mine['_file'].iat[i]}: row {mine['_row'].iat[i]}, column '{col}' is "
+            f"{mine[col].iat[i]:g}: the {which} statistics of client '{clients[m]}'{rep}"
             " (its features squared and summed over its samples) overflow float64 (this is the "
             "client's largest |value|); allowed: values whose squared features sum to less "
             f"than {np.finfo(float).max:.3g} (rescale the column)")
+    S, M = train.H.shape[:2]
+    with np.errstate(over="ignore", invalid="ignore"):
+        bad = np.zeros(S, bool)
+        for a in (train.H, train.b, train.yy):
+            bad |= ~np.isfinite(a.sum(axis=1)).reshape(S, -1).all(axis=-1)
+    if bad.any():
+        s = int(np.flatnonzero(bad)[0])
+        mine = train_rows[train_rows["repeat"].to_numpy() == s]
+        i, col = _largest(mine, states, inputs)
+        m = int(mine["_client"].iat[i])
+        rep = f" of repeat {s}" if S > 1 else ""
+        name = f"data.path={path}" if path is not None else str(mine["_file"].iat[i])
+        raise DataError(
+            f"{name}: the training statistics of its {M} clients{rep} summed (the pooled data "
+            "of strategy=centralized and of the theory table: features squared and summed over "
+            "all clients' samples) overflow float64, though each client's are finite; the "
+            f"largest |value| is {mine[col].iat[i]:g} ({mine['_file'].iat[i]}: row "
+            f"{mine['_row'].iat[i]}, column '{col}', client '{clients[m]}'); allowed: values "
+            "whose squared features summed over all clients stay below "
+            f"{np.finfo(float).max:.3g} (rescale the column)")
 
 
 def load_truth(path, clients: list[str], param_names: list[str], repeats: int) -> np.ndarray:

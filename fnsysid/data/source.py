@@ -157,6 +157,16 @@ def simulated(settings: Settings, model: Model, optimizer) -> Dataset:
                 f"states of system={model.system.name} grow too large); allowed: system.x0, "
                 "system.inputs, system.disturbance and T for which the states stay finite when "
                 "squared (|x| below about 1e154)")
+    bad = np.zeros(s.repeats, bool)
+    for a in (train.H, train.b, train.yy):
+        bad |= ~np.isfinite(a.sum(axis=1)).reshape(s.repeats, -1).all(axis=-1)
+    if bad.any():
+        raise ConfigError(
+            f"data=simulated: the training statistics of the {s.M} clients (repeat "
+            f"{int(np.flatnonzero(bad)[0])}) summed overflow float64 (the pooled data of "
+            "strategy=centralized and of the theory table), though each client's are finite; "
+            "allowed: system.x0, system.inputs, system.disturbance and T for which the states "
+            "of all clients stay finite when squared and summed")
     facts = {k: s.resolved[k] for k in ("M", "N", "T", "eps")}     # as given
     return Dataset(train, ho, [str(m) for m in range(s.M)], facts)
 
@@ -305,7 +315,8 @@ def from_files(settings: Settings, model: Model, optimizer,
     if settings.data.truth:
         train.theta_true = load_truth(settings.data.truth, clients, model.param_names, S)
     ho = _heldout(model, val_rows, S, M, states, inputs) if len(val_rows) else None
-    check_finite(train, ho, train_rows, val_rows, states, inputs, clients)
+    check_finite(train, ho, train_rows, val_rows, states, inputs, clients,
+                 settings.data.path)
     n_traj = train_rows.groupby(["repeat", "_client"])["_trajectory"].nunique()
     batch_size = getattr(settings.optimizer, "batch_size", None)
     if batch_size is not None:
