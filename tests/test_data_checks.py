@@ -327,3 +327,24 @@ def test_simulated_statistics_that_overflow_summed_over_clients_are_refused(tmp_
         fnsysid.run(["system=linear", "M=50", "R=1", "system.x0.scale=3e152",
                      "output.plot=false"], output_dir=tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("tiny", [0.0, 1e-170])
+def test_true_parameters_of_norm_zero_are_refused_naming_the_client(tmp_path, tiny):
+    _, folder, truth = zero_padded_fleet(tmp_path)
+    truth.loc[6:11, "value"] = [tiny, -tiny, 0.0, 0.0, 0.0, 0.0]   # client 01: rows 7..12
+    truth.to_csv(tmp_path / "truth.csv", index=False)
+    res = cli_in_process(*GENERIC, f"data.path={folder}", f"data.truth={tmp_path / 'truth.csv'}",
+                         "R=2", f"hydra.run.dir={tmp_path}/run")
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        f"fnsysid: error: {tmp_path / 'truth.csv'}: client '01': the true parameters have norm "
+        "0 (all zero, or so small that their squares underflow: the largest |value| is "
+        f"{tiny:g}, row 7) and e_r divides by their norm; allowed: per client, some |value| "
+        "above about 1e-154"]
+    assert not (tmp_path / "run").exists()
+    truth.loc[6, "value"] = 1e-150                           # squared 1e-300: a norm above 0
+    truth.to_csv(tmp_path / "truth.csv", index=False)
+    theta = load_truth(tmp_path / "truth.csv", ["00", "01", "02"],
+                       ["x1+:x1", "x1+:x2", "x1+:u", "x2+:x1", "x2+:x2", "x2+:u"], 1)
+    assert theta[0, 1, 0] == 1e-150

@@ -482,4 +482,14 @@ def load_truth(path, clients: list[str], param_names: list[str], repeats: int) -
                         "(e_r divides by their norm); allowed: "
                         f"values whose squares sum to less than {np.finfo(float).max:.3g} per "
                         "client")
+    zero = np.linalg.norm(theta, axis=-1) == 0         # as e_r computes it
+    if zero.any():
+        s, m = (int(k) for k in np.argwhere(zero)[0])
+        mine = (c_idx == m) & ((rep == s) if rep is not None else True)
+        i = int(np.flatnonzero(mine)[np.argmax(np.abs(value[mine]))])
+        which = f"repeat {s}, " if rep is not None else ""
+        raise DataError(f"{path}: {which}client '{clients[m]}': the true parameters have norm 0 "
+                        "(all zero, or so small that their squares underflow: the largest |value|"
+                        f" is {abs(value[i]):g}, row {i + 1}) and e_r divides by their norm; "
+                        "allowed: per client, some |value| above about 1e-154")
     return theta
