@@ -348,3 +348,47 @@ def test_true_parameters_of_norm_zero_are_refused_naming_the_client(tmp_path, ti
     theta = load_truth(tmp_path / "truth.csv", ["00", "01", "02"],
                        ["x1+:x1", "x1+:x2", "x1+:u", "x2+:x1", "x2+:x2", "x2+:u"], 1)
     assert theta[0, 1, 0] == 1e-150
+
+
+def test_truth_repeats_are_matched_by_the_data_s_repeat_labels(tmp_path):
+    _, folder, truth = zero_padded_fleet(tmp_path)
+    data = pd.concat([pd.read_csv(f, dtype={"client": str}).assign(client=f.stem)
+                      for f in sorted(folder.glob("*.csv"))])
+    both = pd.concat([data.assign(repeat=7), data.assign(repeat=3)], ignore_index=True)
+    both.to_csv(tmp_path / "all.csv", index=False)
+    two = pd.concat([truth.assign(repeat=3), truth.assign(repeat=7, value=truth["value"] + 1)],
+                    ignore_index=True)
+    two.to_csv(tmp_path / "truth.csv", index=False)
+    cfg = compose_cfg(*GENERIC, f"data.path={tmp_path / 'all.csv'}",
+                      f"data.truth={tmp_path / 'truth.csv'}", "R=2")
+    model, optimizer, _ = build(cfg)
+    ds = load_data(cfg, model, optimizer)
+    # repeats 0, 1 of the run are the labels 3, 7 in their order; truth by label
+    assert ds.repeats == [3, 7] and ds.settings["repeat_labels"] == [3, 7]
+    assert ds.train.theta_true[0, 1, 0] == truth["value"].iloc[6]
+    assert ds.train.theta_true[1, 1, 0] == truth["value"].iloc[6] + 1
+    # labels absent from the data (0, 1: the positions) are refused naming them
+    two.assign(repeat=two["repeat"].map({3: 0, 7: 1})).to_csv(tmp_path / "t01.csv", index=False)
+    res = cli_in_process(*GENERIC, f"data.path={tmp_path / 'all.csv'}",
+                         f"data.truth={tmp_path / 't01.csv'}", f"hydra.run.dir={tmp_path}/run")
+    assert res.returncode == 2
+    assert res.stderr.strip() == (f"fnsysid: error: {tmp_path / 't01.csv'}: row 1: repeat 0 is "
+                                  "not a repeat of the data; allowed: the data's repeat labels "
+                                  "(3, 7)")
+    assert not (tmp_path / "run").exists()
+    # a boolean is not a repeat label (True is not 1)
+    two.assign(repeat=two["repeat"] == 7).to_parquet(tmp_path / "tb.parquet", index=False)
+    with pytest.raises(DataError, match=r"tb.parquet: row 1, column 'repeat' is False; "
+                                        "allowed: integers >= 0$"):
+        load_truth(tmp_path / "tb.parquet", ["00", "01", "02"], model.param_names, [0, 1])
+    # held-out files need the same repeat labels
+    both.assign(repeat=both["repeat"].map({3: 0, 7: 1})).to_csv(tmp_path / "val.csv",
+                                                                 index=False)
+    with pytest.raises(DataError, match=r"val.csv has repeats 0, 1, data.path 3, 7; allowed: "
+                                        "the same repeat labels$"):
+        load_data(compose_cfg(*GENERIC, f"data.path={tmp_path / 'all.csv'}",
+                              f"data.val_path={tmp_path / 'val.csv'}"), model, optimizer)
+    # the outputs number the repeats 0..S-1; summary.json gives their labels
+    summary = run_experiment(cfg, tmp_path / "ok")
+    assert summary["repeat_labels"] == [3, 7] and summary["status"] == "ok"
+    assert pd.read_csv(tmp_path / "ok" / "errors.csv")["repeat"].unique().tolist() == [0, 1]

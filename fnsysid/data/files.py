@@ -154,8 +154,10 @@ def read_trajectories(path, states, inputs=(), setting: str = "data.path",
     DataFrame with columns ``repeat, client, trajectory, t, split``, the states and the inputs,
     sorted by (repeat, client, trajectory) with the file's order kept within a trajectory,
     and the helper columns ``_client``, ``_trajectory`` (sort ranks). ``client`` holds strings
-    (file stems or the ``client`` column's values); ``repeat`` is 0 and ``split`` is ``train``
-    where the file has no such column. Raises :class:`DataError`.
+    (file stems or the ``client`` column's values); ``repeat`` numbers the files' repeat
+    labels 0..S-1 in their order (``attrs["repeats"]`` holds the labels) and is 0 where the
+    file has no such column; ``split`` is ``train`` where the file has no such column. Raises
+    :class:`DataError`.
     """
     states = [states] if isinstance(states, str) else list(states)
     inputs = [inputs] if isinstance(inputs, str) else list(inputs or [])
@@ -224,6 +226,14 @@ def _check_file(df: pd.DataFrame, f: Path, states, inputs, one_file: bool) -> pd
 def _repeat(df: pd.DataFrame, f: Path) -> np.ndarray:
     """Column ``repeat`` as integers >= 0; an empty, fractional or negative value is an error
     naming the row."""
+    col = df["repeat"]
+    boolean = (np.ones(len(col), bool) if pd.api.types.is_bool_dtype(col) else
+               col.map(lambda v: isinstance(v, (bool, np.bool_))).to_numpy(bool)
+               if col.dtype == object else np.zeros(len(col), bool))
+    if boolean.any():                                  # True is not the label 1
+        i = int(np.flatnonzero(boolean)[0])
+        raise DataError(f"{f}: row {i + 1}, column 'repeat' is {col.iloc[i]}; allowed: "
+                        "integers >= 0")
     rep = _numeric(df, "repeat", f)
     with np.errstate(invalid="ignore"):
         bad = ~np.isfinite(rep) | (rep < 0) | (rep != np.round(rep))
@@ -337,13 +347,15 @@ def _combine(parts, files, one_file, states, inputs) -> pd.DataFrame:
             raise DataError(f"{files[0] if one_file else Path(files[0]).parent}: repeat {rep} "
                             "has other clients than repeat "
                             f"{clients.index[0]}; every repeat needs the same clients")
-    df["repeat"] = pd.Index(np.unique(df["repeat"])).get_indexer(df["repeat"])
+    labels = np.unique(df["repeat"])
+    df["repeat"] = pd.Index(labels).get_indexer(df["repeat"])
     if inputs:                                                 # unused last inputs: 0
         df.loc[last, inputs] = df.loc[last, inputs].fillna(0.0)
     keep = ["repeat", "client", "trajectory", "t", "split"] + states + inputs
     out = df[keep + ["_client", "_trajectory", "_row"]].copy()
     out["_file"] = pd.Categorical.from_codes(df["_file"], [str(f) for f in files])
     out.attrs["files"] = [str(f) for f in files]
+    out.attrs["repeats"] = [int(r) for r in labels]     # the files' labels of repeats 0..S-1
     return out
 
 
@@ -361,7 +373,7 @@ def _largest(rows: pd.DataFrame, states: list[str], inputs: list[str]) -> tuple[
 
 def check_finite(train, heldout, train_rows: pd.DataFrame, val_rows: pd.DataFrame,
                  states: list[str], inputs: list[str], clients: list[str],
-                 path=None) -> None:
+                 path=None, repeats=None) -> None:
     """Refuse data whose statistics overflow float64 (before any round or feature scaling).
 
     ``train`` the training statistics (``H, b, yy``), ``heldout`` the held-out ones (``gram,
@@ -371,8 +383,9 @@ def check_finite(train, heldout, train_rows: pd.DataFrame, val_rows: pd.DataFram
     inputs that are used (not those of a trajectory's last sample). So are the training
     statistics summed over the clients of a repeat (the pooled data of ``strategy=
     centralized`` and of the theory table), which may overflow when each client's do not;
-    ``path`` (``data.path``) names the data then.
+    ``path`` (``data.path``) names the data then; ``repeats`` the repeats' labels.
     """
+    labels = repeats if repeats is not None else range(train.H.shape[0])
     parts = [("training", (train.H, train.b, train.yy), train_rows)]
     if heldout is not None:
         parts.append(("held-out", (heldout.gram, heldout.cross, heldout.yy, heldout.std),
@@ -387,7 +400,7 @@ def check_finite(train, heldout, train_rows: pd.DataFrame, val_rows: pd.DataFram
         s, m = (int(k) for k in np.argwhere(bad)[0])
         mine = rows[(rows["repeat"].to_numpy() == s) & (rows["_client"].to_numpy() == m)]
         i, col = _largest(mine, states, inputs)
-        rep = f" (repeat {s})" if S > 1 else ""
+        rep = f" (repeat {labels[s]})" if S > 1 else ""
         raise DataError(
             f"{mine['_file'].iat[i]}: row {mine['_row'].iat[i]}, column '{col}' is "
             f"{mine[col].iat[i]:g}: the {which} statistics of client '{clients[m]}'{rep}"
@@ -404,7 +417,7 @@ def check_finite(train, heldout, train_rows: pd.DataFrame, val_rows: pd.DataFram
         mine = train_rows[train_rows["repeat"].to_numpy() == s]
         i, col = _largest(mine, states, inputs)
         m = int(mine["_client"].iat[i])
-        rep = f" of repeat {s}" if S > 1 else ""
+        rep = f" of repeat {labels[s]}" if S > 1 else ""
         name = f"data.path={path}" if path is not None else str(mine["_file"].iat[i])
         raise DataError(
             f"{name}: the training statistics of its {M} clients{rep} summed (the pooled data "
@@ -416,14 +429,17 @@ def check_finite(train, heldout, train_rows: pd.DataFrame, val_rows: pd.DataFram
             f"{np.finfo(float).max:.3g} (rescale the column)")
 
 
-def load_truth(path, clients: list[str], param_names: list[str], repeats: int) -> np.ndarray:
+def load_truth(path, clients: list[str], param_names: list[str], repeats) -> np.ndarray:
     """True parameters (S, M, p) from a file with columns ``repeat`` (optional), ``client``,
     ``parameter``, ``value``, in the model's parameter basis.
 
-    Client ids are compared as text with ``clients`` (``00`` is not ``0``); a ``repeat`` that
-    is not an integer >= 0 and a second row for one (repeat,) client and parameter are errors
-    naming the row.
+    ``repeats``: the data's repeat labels (S of them, in order), or their number S (labels
+    0..S-1). Client ids are compared as text with ``clients`` (``00`` is not ``0``), repeats
+    by their labels; a ``repeat`` that is not an integer >= 0 or not among the labels and a
+    second row for one (repeat,) client and parameter are errors naming the row.
     """
+    labels = list(range(repeats)) if isinstance(repeats, (int, np.integer)) else \
+        [int(r) for r in repeats]
     path = readable_file(path, "data.truth")
     df = read_table(path, text=("client", "parameter"))
     cols = [str(c) for c in df.columns]
@@ -458,24 +474,27 @@ def load_truth(path, clients: list[str], param_names: list[str], repeats: int) -
         raise DataError(f"{path}: row {i + 1}: {which}client '{client[i]}', parameter "
                         f"'{param[i]}' is given again (first in row {first + 1}); allowed: one "
                         f"row per {'' if rep is None else 'repeat, '}client and parameter")
-    S, M, p = repeats, len(clients), len(param_names)
+    S, M, p = len(labels), len(clients), len(param_names)
     theta = np.full((S, M, p), np.nan)
     if rep is None:
         theta[:, c_idx, p_idx] = value
     else:
-        if (rep >= S).any():
-            i = int(np.flatnonzero(rep >= S)[0])
-            raise DataError(f"{path}: row {i + 1}: repeat {rep[i]} is not in 0..{S - 1}")
-        theta[rep, c_idx, p_idx] = value
+        r_idx = pd.Index(labels).get_indexer(rep)
+        if (r_idx < 0).any():
+            i = int(np.flatnonzero(r_idx < 0)[0])
+            shown = ", ".join(map(str, labels[:12])) + (", ..." if S > 12 else "")
+            raise DataError(f"{path}: row {i + 1}: repeat {rep[i]} is not a repeat of the "
+                            f"data; allowed: the data's repeat labels ({shown})")
+        theta[r_idx, c_idx, p_idx] = value
     if np.isnan(theta).any():
         s, m, k = np.argwhere(np.isnan(theta))[0]
-        raise DataError(f"{path}: no value for repeat {s}, client '{clients[m]}', parameter "
-                        f"'{param_names[k]}'")
+        raise DataError(f"{path}: no value for repeat {labels[s]}, client '{clients[m]}', "
+                        f"parameter '{param_names[k]}'")
     with np.errstate(over="ignore"):
         norm2 = np.einsum("smp,smp->sm", theta, theta)
     if not np.isfinite(norm2).all():                   # e_r divides by the norm
         s, m = (int(k) for k in np.argwhere(~np.isfinite(norm2))[0])
-        mine = (c_idx == m) & ((rep == s) if rep is not None else True)
+        mine = (c_idx == m) & ((rep == labels[s]) if rep is not None else True)
         i = int(np.flatnonzero(mine)[np.argmax(np.abs(value[mine]))])
         raise DataError(f"{path}: row {i + 1}, column 'value' is {value[i]:g}: the true parameters "
                         f"of client '{clients[m]}' have a squared norm that overflows float64 "
@@ -485,9 +504,9 @@ def load_truth(path, clients: list[str], param_names: list[str], repeats: int) -
     zero = np.linalg.norm(theta, axis=-1) == 0         # as e_r computes it
     if zero.any():
         s, m = (int(k) for k in np.argwhere(zero)[0])
-        mine = (c_idx == m) & ((rep == s) if rep is not None else True)
+        mine = (c_idx == m) & ((rep == labels[s]) if rep is not None else True)
         i = int(np.flatnonzero(mine)[np.argmax(np.abs(value[mine]))])
-        which = f"repeat {s}, " if rep is not None else ""
+        which = f"repeat {labels[s]}, " if rep is not None else ""
         raise DataError(f"{path}: {which}client '{clients[m]}': the true parameters have norm 0 "
                         "(all zero, or so small that their squares underflow: the largest |value|"
                         f" is {abs(value[i]):g}, row {i + 1}) and e_r divides by their norm; "

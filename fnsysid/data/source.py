@@ -46,13 +46,15 @@ class Dataset:
 
     ``train`` the clients' training statistics (``theta_true`` NaN when the truth is unknown);
     ``heldout`` their held-out trajectories or None; ``clients`` the client labels;
-    ``settings`` the data's own M, N, T, eps for the summary.
+    ``settings`` the data's own M, N, T, eps for the summary; ``repeats`` the files' repeat
+    labels of repeats 0..S-1 (None: 0..S-1).
     """
 
     train: ClientData
     heldout: HeldOut | None
     clients: list[str]
     settings: dict = field(default_factory=dict)
+    repeats: list[int] | None = None
 
     @property
     def has_truth(self) -> bool:
@@ -278,7 +280,8 @@ def from_files(settings: Settings, model: Model, optimizer,
     states, inputs = column_names(settings, model)
     df = read_trajectories(settings.data.path, states, inputs, client_file=client_file)
     clients = [str(c) for c in df.drop_duplicates("_client").sort_values("_client")["client"]]
-    S, M = int(df["repeat"].max()) + 1, len(clients)
+    labels = df.attrs["repeats"]                         # the files' repeat labels
+    S, M = len(labels), len(clients)
     for key, have, what in (("M", M, "clients"), ("repeats", S, "repeats")):
         value = getattr(settings, key)
         if key in given and value is not None and value != have:
@@ -294,9 +297,10 @@ def from_files(settings: Settings, model: Model, optimizer,
             bad = val["client"].to_numpy()[val_clients < 0][0]
             raise DataError(f"data.val_path={settings.data.val_path}: client '{bad}' is not in "
                             f"data.path's clients")
-        if int(val["repeat"].max()) + 1 != S:
-            raise DataError(f"data.val_path={settings.data.val_path} has "
-                            f"{int(val['repeat'].max()) + 1} repeats, data.path {S}")
+        if val.attrs["repeats"] != labels:
+            raise DataError(f"data.val_path={settings.data.val_path} has repeats "
+                            f"{_labels(val.attrs['repeats'])}, data.path "
+                            f"{_labels(labels)}; allowed: the same repeat labels")
         val["_client"] = val_clients
         val["split"] = "val"
         val = val.sort_values(["repeat", "_client", "_trajectory"], kind="stable",
@@ -311,12 +315,12 @@ def from_files(settings: Settings, model: Model, optimizer,
         _check_budget(budget, model, optimizer, train_rows, val_rows, S, M, len(states) +
                       len(inputs), settings.data.path)
     train = _client_data(model, train_rows, S, M, states, inputs, optimizer.needs_samples,
-                         settings.data.path, clients)
+                         settings.data.path, clients, labels)
     if settings.data.truth:
-        train.theta_true = load_truth(settings.data.truth, clients, model.param_names, S)
+        train.theta_true = load_truth(settings.data.truth, clients, model.param_names, labels)
     ho = _heldout(model, val_rows, S, M, states, inputs) if len(val_rows) else None
     check_finite(train, ho, train_rows, val_rows, states, inputs, clients,
-                 settings.data.path)
+                 settings.data.path, labels)
     n_traj = train_rows.groupby(["repeat", "_client"])["_trajectory"].nunique()
     batch_size = getattr(settings.optimizer, "batch_size", None)
     if batch_size is not None:
@@ -324,7 +328,14 @@ def from_files(settings: Settings, model: Model, optimizer,
     N = n_traj.groupby(level=1).max().tolist()
     facts = {"M": M, "N": N[0] if len(set(N)) == 1 else N, "T": None, "eps": None,
              "repeats": S, "clients": clients if M <= 50 else clients[:50] + ["..."]}
-    return Dataset(train, ho, clients, facts)
+    if labels != list(range(S)):                     # outputs number the repeats 0..S-1
+        facts["repeat_labels"] = labels if S <= 50 else labels[:50] + ["..."]
+    return Dataset(train, ho, clients, facts, labels)
+
+
+def _labels(labels: list[int]) -> str:
+    """Repeat labels for messages (the first 12)."""
+    return ", ".join(map(str, labels[:12])) + (", ..." if len(labels) > 12 else "")
 
 
 def _check_budget(budget, model: Model, optimizer, train_rows, val_rows, S: int, M: int,
@@ -382,9 +393,9 @@ def _positions(rows: pd.DataFrame, S: int, M: int):
 
 
 def _client_data(model: Model, rows: pd.DataFrame, S: int, M: int, states, inputs,
-                 keep_samples: bool, path, clients: list[str]) -> ClientData:
+                 keep_samples: bool, path, clients: list[str], repeats=None) -> ClientData:
     """Training statistics of the rows (sorted by repeat, client, trajectory, sample);
-    ``clients`` the labels of the client indices."""
+    ``clients`` the labels of the client indices, ``repeats`` those of the repeats."""
     X = rows[states].to_numpy(float)
     U = rows[inputs].to_numpy(float) if inputs else np.zeros((len(rows), 0))
     Phi, Y = model.regression(X, U[:-1])                 # consecutive rows: transitions
@@ -394,7 +405,7 @@ def _client_data(model: Model, rows: pd.DataFrame, S: int, M: int, states, input
     count = np.bincount(seg, minlength=S * M)
     if (count == 0).any():
         k = int(np.flatnonzero(count == 0)[0])
-        raise DataError(f"data.path={path}: client '{clients[k % M]}' (repeat {k // M}) has no "
+        raise DataError(f"data.path={path}: client '{clients[k % M]}' (repeat {(repeats or range(S))[k // M]}) has no "
                         "training trajectory (all are held out)")
     stats = ragged_stats(model, Phi, Y, count)           # segments in order: no padding
     H, b, yy, n, phi2max, phi_mean, y_mean = (a.reshape((S, M) + a.shape[1:]) for a in stats)

@@ -126,7 +126,8 @@ class ClientNode:
         label, data = dataset.clients[0], dataset.train
         if truth_path is None and settings.data.truth:
             labels = [f.stem for f in data_files(settings.data.path)]
-            truth = load_truth(settings.data.truth, labels, model.param_names, data.shape[0])
+            truth = load_truth(settings.data.truth, labels, model.param_names,
+                               dataset.repeats or data.shape[0])
             data.theta_true = truth[:, [labels.index(label)]]
         return label, data
 
