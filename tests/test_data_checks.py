@@ -392,3 +392,28 @@ def test_truth_repeats_are_matched_by_the_data_s_repeat_labels(tmp_path):
     summary = run_experiment(cfg, tmp_path / "ok")
     assert summary["repeat_labels"] == [3, 7] and summary["status"] == "ok"
     assert pd.read_csv(tmp_path / "ok" / "errors.csv")["repeat"].unique().tolist() == [0, 1]
+
+
+def test_clients_and_estimates_of_file_data_name_the_clients_by_their_ids(tmp_path):
+    _, folder, truth = zero_padded_fleet(tmp_path)
+    (folder / "02.csv").rename(folder / "1.csv")        # ids 00, 01, 1: positions 0, 1, 2
+    third = truth["client"] == "02"                      # its truth twice the data's: e ~ 0.5
+    truth.loc[third, "value"] *= 2
+    truth.loc[third, "client"] = "1"
+    truth.to_csv(tmp_path / "truth.csv", index=False)
+    summary = run_experiment(compose_cfg(*GENERIC, f"data.path={folder}", "strategy=local",
+                                         f"data.truth={tmp_path / 'truth.csv'}", "R=2"),
+                             tmp_path / "run")
+    assert summary["clients"] == ["00", "01", "1"]
+    clients = pd.read_csv(tmp_path / "run" / "clients.csv", dtype={"client": str})
+    assert clients["client"].tolist()[:3] == ["00", "01", "1"] and len(clients) == 9
+    estimates = pd.read_csv(tmp_path / "run" / "estimates.csv", dtype={"client": str})
+    assert estimates["client"].unique().tolist() == ["00", "01", "1"]
+    # the error of client '1' is that of the file 1.csv (the third client), not of position 1
+    e = clients[clients["round"] == 2].set_index("client")["error"]
+    assert e.index.tolist() == ["00", "01", "1"]
+    assert e["1"] > 0.4 and e["00"] < 0.3 and e["01"] < 0.3
+    # simulated clients keep their positions 0..M-1
+    res = fnsysid.run(["system=linear", "M=3", "R=1", "strategy=local", "output.plot=false"])
+    assert res.clients["client"].tolist()[:3] == [0, 1, 2]
+    assert res.estimates["client"].unique().tolist() == ["0", "1", "2"]

@@ -194,11 +194,12 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     the rounds recorded are kept and no ``estimates`` table is made (the server's model may
     be ahead of the last round every client evaluated)."""
     tables = {"errors": errors_table(hist)}
+    labels = dataset.clients if settings.files else None     # file data: the clients' ids
     if keep_clients:
-        tables["clients"] = clients_table(hist)
+        tables["clients"] = clients_table(hist, labels)
     if diverged is None and failure is None:
         tables["estimates"] = estimates_table(model, strategy.estimate(), data, theta0,
-                                              keep_clients)
+                                              keep_clients, labels)
     if theory is not None:
         tables["theory"] = theory
     summary = make_summary(settings, model, diverged, tables["errors"], theory, runtime=runtime,

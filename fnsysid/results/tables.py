@@ -120,21 +120,25 @@ def errors_table(hist) -> Table:
     })
 
 
-def clients_table(hist) -> Table:
-    """Tidy table: one row per (repeat, round, client)."""
+def clients_table(hist, labels: list[str] | None = None) -> Table:
+    """Tidy table: one row per (repeat, round, client); ``client`` the client's label
+    (``labels``: file data's client ids, as text) or its position 0..M-1."""
     e = np.array(hist.per_client).transpose(1, 0, 2)              # (S, rounds, M)
     S, R1, M = e.shape
     ss, rr, mm = np.meshgrid(np.arange(S), np.arange(R1), np.arange(M), indexing="ij")
-    return Table({"repeat": ss.ravel(), "round": rr.ravel(), "client": mm.ravel(),
+    client = mm.ravel() if labels is None else np.asarray(labels, dtype=object)[mm.ravel()]
+    return Table({"repeat": ss.ravel(), "round": rr.ravel(), "client": client,
                   "error": e.ravel()})
 
 
-def estimates_table(model, estimate, data, theta0, per_client: bool) -> Table:
+def estimates_table(model, estimate, data, theta0, per_client: bool,
+                    labels: list[str] | None = None) -> Table:
     """Final estimates with the clients' mean truth, the nominal model and the start.
 
     One row per (repeat, parameter) with ``client = "server"``; a strategy that evaluates each
     client with its own model (``local``) gets one row per client when per-client output is on,
-    else its mean over clients (``client = "mean"``).
+    else its mean over clients (``client = "mean"``); per-client rows name the client by its
+    label (``labels``: file data's client ids) or its position 0..M-1.
 
     Per parameter: ``rel_error = |estimate - true_mean| / |true_mean|`` (NaN where the truth is
     0) and ``rel_error_max``, the largest ``|estimate - theta_i| / |theta_i|`` over the clients
@@ -149,7 +153,7 @@ def estimates_table(model, estimate, data, theta0, per_client: bool) -> Table:
     if estimate.shape[1] == 1:
         labels, est = ["server"], estimate
     elif per_client:
-        labels, est = [str(m) for m in range(M)], estimate
+        labels, est = [str(m) for m in (range(M) if labels is None else labels)], estimate
     else:
         labels, est = ["mean"], estimate.mean(axis=1, keepdims=True)
     C = len(labels)
