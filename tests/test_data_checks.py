@@ -219,6 +219,39 @@ def test_integer_nanosecond_timestamps_are_compared_exactly(tmp_path):
     assert summary["status"] == "ok" and summary["M"] == 2
 
 
+def test_integer_stamps_stay_exact_beside_another_client_s_fractional_times(tmp_path):
+    df, _ = linear_fleet(n_clients=2, n_traj=1, length=6)
+    start = 1_700_000_000_000_000_000                       # float spacing 256: 100 ns equal
+    k = df.groupby("client").cumcount()
+    stamps = [str(start + 100 * i) for i in k[df["client"] == "robot0"]]
+    seconds = [f"{0.5 + i}" for i in k[df["client"] == "robot1"]]
+    df["t"] = stamps + seconds
+    df.to_csv(tmp_path / "all.csv", index=False)
+    got = load_trajectories(tmp_path / "all.csv", ["x1", "x2"], ["u"])
+    assert got["t"].tolist() == [start + 100 * i for i in range(6)] + [0.5 + i for i in range(6)]
+    # a folder: one client's file of stamps, the other's of seconds
+    folder = write_per_client(df, tmp_path / "logs")
+    assert load_trajectories(folder, ["x1", "x2"], ["u"])["t"].tolist()[:2] == [start,
+                                                                                start + 100]
+    summary = run_experiment(compose_cfg(*GENERIC, f"data.path={folder}", "R=2"),
+                             tmp_path / "run")
+    assert summary["status"] == "ok" and summary["M"] == 2
+    # stamps out of order are still found, by their exact values
+    df.loc[[2, 3], "t"] = df.loc[[3, 2], "t"].to_numpy()
+    df.to_csv(tmp_path / "swapped.csv", index=False)
+    with pytest.raises(DataError, match=rf"row 4: t={start + 200} does not increase within "
+                                        rf"client 'robot0', trajectory 0 \(previous "
+                                        rf"t={start + 300}\)$"):
+        load_trajectories(tmp_path / "swapped.csv", ["x1", "x2"], ["u"])
+    # fractional times out of order too
+    df.loc[[2, 3], "t"] = df.loc[[3, 2], "t"].to_numpy()
+    df.loc[[8, 9], "t"] = df.loc[[9, 8], "t"].to_numpy()
+    df.to_csv(tmp_path / "swapped2.csv", index=False)
+    with pytest.raises(DataError, match=r"row 10: t=2.5 does not increase within client "
+                                        r"'robot1', trajectory 0 \(previous t=3.5\)$"):
+        load_trajectories(tmp_path / "swapped2.csv", ["x1", "x2"], ["u"])
+
+
 # --- values that overflow float64 ---------------------------------------------------------------
 
 @pytest.mark.parametrize("row, which", [(5, "training"), (28, "held-out")])

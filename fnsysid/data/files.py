@@ -4,7 +4,8 @@ Layout (``data=files``): ``data.path`` is a folder with one ``.csv`` or ``.parqu
 client (client id = file stem, clients in sorted order), or one file with a ``client`` column;
 client ids are text (``00`` is not ``0``). Columns: the states and inputs by name, and
 optionally ``trajectory`` (absent: one trajectory), ``t`` (the sample order; must increase
-within a trajectory; integers compared exactly), ``repeat`` (independent
+within a trajectory; integers compared exactly, a CSV's read as text so that one client's
+integer stamps stay exact beside another's fractional times), ``repeat`` (independent
 repetitions) and ``split`` (``train``/``val``). A trajectory of length L gives L - 1
 transitions; the inputs of its last sample are not used and may be empty.
 
@@ -165,7 +166,7 @@ def read_trajectories(path, states, inputs=(), setting: str = "data.path",
     one_file = Path(path).is_file() and not client_file
     parts = []
     for f in files:
-        df = read_table(f)
+        df = read_table(f, text=("client", "t"))          # t as text: integers stay exact
         parts.append(_check_file(df, f, states, inputs, one_file))
     return _combine(parts, files, one_file, states, inputs)
 
@@ -244,10 +245,18 @@ def _repeat(df: pd.DataFrame, f: Path) -> np.ndarray:
     return rep.astype(int)
 
 
+#: integers of larger magnitude are not all exact as floats
+EXACT = 2 ** 53
+_INTEGER = r"\s*[+-]?\d+\s*"
+
+
 def _time(df: pd.DataFrame, f: Path) -> np.ndarray:
     """Column ``t``: integers (e.g. nanosecond stamps) and Parquet timestamps (as int64
     nanoseconds) kept as integers, so that their order is checked exactly (a float has 53
-    bits: stamps 100 ns apart near 2023 would be equal); other numbers as floats."""
+    bits: stamps 100 ns apart near 2023 would be equal); other numbers as floats. A CSV's
+    ``t`` is read as text: when some values are integers and others not (one client's
+    stamps, another's seconds), the integers stay exact (an object array of Python ints and
+    floats, which compare exactly) unless they are all within 2**53."""
     s = df["t"]
     if pd.api.types.is_datetime64_any_dtype(s):
         if s.isna().any():
@@ -255,7 +264,19 @@ def _time(df: pd.DataFrame, f: Path) -> np.ndarray:
             raise DataError(f"{f}: row {i + 1}, column 't' is empty; allowed: times or numbers")
         return s.dt.as_unit("ns").astype("int64").to_numpy()
     if pd.api.types.is_integer_dtype(s) and not pd.api.types.is_bool_dtype(s):
-        return s.to_numpy(dtype=np.int64)
+        return s.to_numpy(dtype=np.uint64 if s.dtype.kind == "u" else np.int64)
+    if pd.api.types.is_string_dtype(s):                    # text (a CSV's t)
+        whole = s.str.fullmatch(_INTEGER).astype(object).fillna(False).to_numpy(bool)
+        if whole.any():
+            ints = pd.to_numeric(s[whole].str.strip())    # int64, uint64 (else float)
+            exact = ints.dtype.kind in "iu"
+            if whole.all() and exact:
+                return ints.to_numpy()
+            values = _numeric(df, "t", f)                 # the others, or an error naming them
+            if not exact or np.abs(ints.to_numpy(float)).max() > EXACT:
+                values = values.astype(object)
+                values[whole] = [int(v) for v in s[whole]]
+            return values
     return _numeric(df, "t", f)
 
 
@@ -300,7 +321,12 @@ def _show(v) -> str:
 
 def _combine(parts, files, one_file, states, inputs) -> pd.DataFrame:
     sizes = [len(p) for p in parts]
+    times = [p["t"].to_numpy() for p in parts]
     df = pd.concat(parts, ignore_index=True)
+    if len({a.dtype for a in times}) > 1 and any(
+            a.dtype.kind in "iuO" and len(a) and np.abs(a.astype(float)).max() > EXACT
+            for a in times):                      # files of integers and of floats: ints exact
+        df["t"] = np.concatenate([a.astype(object) for a in times])
     df["_file"] = np.repeat(np.arange(len(parts)), sizes)
 
     def where(i: int) -> str:
@@ -320,7 +346,7 @@ def _combine(parts, files, one_file, states, inputs) -> pd.DataFrame:
     t = df["t"].to_numpy()                                     # integers stay integers
     for c in ["t"] + states + inputs:
         v = df[c].to_numpy()
-        bad = ~np.isfinite(v)
+        bad = ~np.isfinite(v.astype(float))
         if c in inputs:
             bad &= ~last                                       # last inputs are not used
         if bad.any():
