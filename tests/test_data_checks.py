@@ -450,3 +450,19 @@ def test_clients_and_estimates_of_file_data_name_the_clients_by_their_ids(tmp_pa
     res = fnsysid.run(["system=linear", "M=3", "R=1", "strategy=local", "output.plot=false"])
     assert res.clients["client"].tolist()[:3] == [0, 1, 2]
     assert res.estimates["client"].unique().tolist() == ["0", "1", "2"]
+
+
+def test_fit_plot_shows_a_scored_client_not_one_of_all_zero_data(tmp_path, monkeypatch):
+    import fnsysid.results.plotting as plotting
+
+    df, _ = linear_fleet(n_clients=3, n_traj=3, length=15)
+    df.loc[df["client"] == "robot0", ["x1", "x2", "u"]] = 0.0    # the first client: zeros
+    folder = write_per_client(df, tmp_path / "logs")
+    drawn = {}
+    monkeypatch.setattr(plotting, "plot_fit", lambda measured, step, sim, names, path, title:
+                        drawn.update(measured=measured, title=title))
+    res = fnsysid.run([*GENERIC, f"data.path={folder}", "strategy=oneshot", "R=1"])
+    assert res.summary["unscored_clients"] == ["robot0"]
+    res.plot_fit(tmp_path / "fit.png")
+    assert drawn["title"] == "client robot1, held-out trajectory 1"
+    assert np.ptp(drawn["measured"], axis=0).min() > 0             # states that vary

@@ -91,7 +91,8 @@ class Result:
         return self.tables.get("theory")
 
     def plot_fit(self, path, repeat: int = 0) -> None:
-        """Save the held-out fit of the first client with held-out data (as ``fit.png``)."""
+        """Save the held-out fit of the first scored client (as ``fit.png``; see
+        :func:`~fnsysid.results.files.write_fit_plot`)."""
         from fnsysid.results.files import write_fit_plot
 
         if self.dataset.heldout is None:

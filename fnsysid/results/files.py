@@ -91,18 +91,21 @@ def write_trajectories(out: Path, trajectories: pd.DataFrame, truth: pd.DataFram
 
 def write_fit_plot(out: Path, model, estimate, dataset, repeat: int = 0) -> None:
     """``fit.png`` in folder ``out`` (or the file ``out`` if it ends in an image suffix):
-    measured, one-step and free-run states of the first client with held-out data (first
-    held-out trajectory, repeat 0)."""
+    measured, one-step and free-run states of the first scored client (held-out data in which
+    a predicted state varies, :func:`~fnsysid.results.metrics.scored`; else the first with
+    held-out data: a client of all-zero logs would show flat lines), first held-out
+    trajectory, repeat 0."""
     import numpy as np
 
-    from fnsysid.results.metrics import free_run, one_step
+    from fnsysid.results.metrics import free_run, one_step, scored
     from fnsysid.results.plotting import plot_fit
 
     ho = dataset.heldout
     valid = np.flatnonzero(ho.valid[repeat])
     if not len(valid):
         return
-    m = int(valid[0])
+    good = np.flatnonzero(ho.valid[repeat] & scored(model, ho)[repeat])
+    m = int(good[0] if len(good) else valid[0])
     block, at = ho.client(m)
     sl = (slice(repeat, repeat + 1), slice(at, at + 1))
     est = np.asarray(estimate)[repeat:repeat + 1]
