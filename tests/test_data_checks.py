@@ -250,6 +250,12 @@ def test_integer_stamps_stay_exact_beside_another_client_s_fractional_times(tmp_
     with pytest.raises(DataError, match=r"row 10: t=2.5 does not increase within client "
                                         r"'robot1', trajectory 0 \(previous t=3.5\)$"):
         load_trajectories(tmp_path / "swapped2.csv", ["x1", "x2"], ["u"])
+    # stamps beyond int64 (uint64) keep their values (they wrapped to negative numbers)
+    big = 18_000_000_000_000_000_000
+    df.assign(t=[str(big + 100 * i) for i in range(12)]).to_csv(tmp_path / "big.csv",
+                                                                 index=False)
+    got = load_trajectories(tmp_path / "big.csv", ["x1", "x2"], ["u"])["t"]
+    assert got.tolist()[:2] == [big, big + 100] and got.dtype == np.uint64
 
 
 # --- values that overflow float64 ---------------------------------------------------------------
@@ -398,6 +404,8 @@ def test_truth_repeats_are_matched_by_the_data_s_repeat_labels(tmp_path):
     ds = load_data(cfg, model, optimizer)
     # repeats 0, 1 of the run are the labels 3, 7 in their order; truth by label
     assert ds.repeats == [3, 7] and ds.settings["repeat_labels"] == [3, 7]
+    assert load_trajectories(tmp_path / "all.csv", ["x1", "x2"], ["u"])["repeat"].unique(
+        ).tolist() == [3, 7]
     assert ds.train.theta_true[0, 1, 0] == truth["value"].iloc[6]
     assert ds.train.theta_true[1, 1, 0] == truth["value"].iloc[6] + 1
     # labels absent from the data (0, 1: the positions) are refused naming them

@@ -72,10 +72,13 @@ def check_output_folder(folder: Path, settings) -> None:
 def load_trajectories(path, states, inputs=()) -> pd.DataFrame:
     """Read and check trajectory files (the ``data=files`` layout) into one DataFrame.
 
-    Columns ``repeat, client, trajectory, t, split``, the states and the inputs; raises
+    Columns ``repeat, client, trajectory, t, split``, the states and the inputs (``repeat``
+    the files' labels, 0 without the column); raises
     :class:`~fnsysid.data.files.DataError` (a :class:`ConfigError`) naming the file and
     row or column of the first problem.
     """
     df = read_trajectories(path, states, inputs)
     names = [c for c in df.columns if c not in PUBLIC_COLUMNS and not c.startswith("_")]
-    return df[PUBLIC_COLUMNS + names].reset_index(drop=True)
+    out = df[PUBLIC_COLUMNS + names].reset_index(drop=True)
+    out["repeat"] = out["repeat"].map(dict(enumerate(df.attrs["repeats"])))
+    return out

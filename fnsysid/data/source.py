@@ -405,7 +405,8 @@ def _client_data(model: Model, rows: pd.DataFrame, S: int, M: int, states, input
     count = np.bincount(seg, minlength=S * M)
     if (count == 0).any():
         k = int(np.flatnonzero(count == 0)[0])
-        raise DataError(f"data.path={path}: client '{clients[k % M]}' (repeat {(repeats or range(S))[k // M]}) has no "
+        rep = (repeats or range(S))[k // M]
+        raise DataError(f"data.path={path}: client '{clients[k % M]}' (repeat {rep}) has no "
                         "training trajectory (all are held out)")
     stats = ragged_stats(model, Phi, Y, count)           # segments in order: no padding
     H, b, yy, n, phi2max, phi_mean, y_mean = (a.reshape((S, M) + a.shape[1:]) for a in stats)
