@@ -390,9 +390,8 @@ def _largest(rows: pd.DataFrame, states: list[str], inputs: list[str]) -> tuple[
     inputs that are used (not those of a trajectory's last sample)."""
     columns = states + inputs
     values = np.abs(rows[columns].to_numpy(float))
-    key = rows["repeat"].to_numpy() * (1 << 40) + rows["_client"].to_numpy() * (1 << 20) \
-        + rows["_trajectory"].to_numpy()
-    values[np.append(key[1:] != key[:-1], True), len(states):] = 0.0      # unused inputs
+    key = rows[["repeat", "_client", "_trajectory"]].to_numpy()
+    values[np.append((key[1:] != key[:-1]).any(axis=1), True), len(states):] = 0.0  # unused
     i, k = np.unravel_index(int(np.argmax(values)), values.shape)
     return int(i), columns[k]
 
