@@ -17,7 +17,7 @@ from fnsysid.config.checks import ConfigError, check_batch_size, check_run, over
 from fnsysid.config.errors import one_line, show
 from fnsysid.config.groups import CONF_DIR, HYDRA_LOCK, command, with_config_dir
 from fnsysid.config.schema import GROUPS, KNOBS, TOP_LEVEL, check_value
-from fnsysid.results.folder import has_results
+from fnsysid.results.folder import FolderInUse, has_results, in_use, in_use_message
 
 #: Hydra flags followed by a value
 _VALUE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
@@ -390,6 +390,9 @@ def _check_hydra(base, multirun: bool) -> Path:
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     folder = Path(str(OmegaConf.select(base, key)))
     existing = check_output_dir(key, folder).resolve()
+    other = in_use(folder)          # looked at first: nothing else matters then
+    if other is not None:
+        raise FolderInUse(in_use_message(f"{key}={folder}", folder.absolute(), *other))
     check_earlier(key, folder, base.get("output") or {}, multirun)
     launcher = base.hydra.get("launcher") or {}
     if multirun and "joblib" in str(launcher.get("_target_", "")):
