@@ -17,7 +17,7 @@ from fnsysid.config.checks import ConfigError, check_batch_size, check_run, over
 from fnsysid.config.errors import one_line, show
 from fnsysid.config.groups import CONF_DIR, HYDRA_LOCK, command, with_config_dir
 from fnsysid.config.schema import GROUPS, KNOBS, TOP_LEVEL, check_value
-from fnsysid.results.folder import FolderInUse, has_results, in_use, in_use_message
+from fnsysid.results.folder import MULTIRUN, FolderInUse, has_results, in_use, in_use_message
 
 #: Hydra flags followed by a value
 _VALUE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
@@ -29,6 +29,8 @@ _FLAGS = {"-m", "--multirun", "--resolve", "--run", "-r", "--version", "-h", "--
 _COMMANDS = {"-r": "--run", "--run": "--run", "-m": "-m", "--multirun": "-m", "-c": "--cfg",
              "--cfg": "--cfg", "-i": "--info", "--info": "--info", "-sc": "--shell-completion",
              "--shell-completion": "--shell-completion"}
+#: what a single run leaves at the top of its folder (a sweep has them in its job folders)
+SINGLE_RUN = (".hydra", "summary.json", "errors.csv")
 #: most sweep combinations composed and checked before a multirun starts
 MAX_CHECKED = 256
 
@@ -406,6 +408,13 @@ def _check_hydra(base, multirun: bool) -> Path:
 def check_earlier(key: str, folder: Path, output, multirun: bool) -> None:
     """Refuse a results folder that holds an earlier run (or sweep) unless the ``output``
     settings say to replace it (``overwrite``) or to finish the sweep (``resume``)."""
+    if multirun and output.get("resume") and not output.get("overwrite") and \
+            not (Path(folder) / MULTIRUN).is_file() and \
+            any((Path(folder) / name).exists() for name in SINGLE_RUN):
+        raise ConfigError(f"{key}={folder} holds a single run, not a sweep (no {MULTIRUN}): "
+                          "output.resume=true finishes a sweep in its own folder; choose a new "
+                          "folder, or add output.overwrite=true (without output.resume) to "
+                          "replace its results")
     if has_results(folder) and not output.get("overwrite") and \
             not (multirun and output.get("resume")):
         what = "an earlier sweep" if multirun else "an earlier run"

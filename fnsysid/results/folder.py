@@ -2,7 +2,8 @@
 the lock that gives it to one run at a time.
 
 A run never writes into a folder that holds an earlier run unless asked
-(``output.overwrite=true``, which first clears the earlier result files); a sweep resumed with
+(``output.overwrite=true``, which first removes the earlier run or sweep:
+:func:`clear_earlier`); a sweep resumed with
 ``output.resume=true`` skips the jobs that finished ``ok`` with the same config and clears the
 others before running them again. While a run (or a sweep) works in a folder it holds an
 exclusive OS lock on the file ``.fnsysid.lock`` inside it (:func:`lock_folder`, ``fcntl.flock``):
@@ -256,6 +257,49 @@ def clear_results(folder: Path) -> list[str]:
             if p.is_file():
                 p.unlink()
                 removed.append(p.name)
+    return sorted(removed)
+
+
+#: the sweep's config that Hydra writes at the top of a sweep folder
+MULTIRUN = "multirun.yaml"
+#: what a run or a sweep writes at the top of its folder besides :data:`RESULT_PATTERNS`
+RUN_RECORDS = (MULTIRUN, "run.log")
+
+
+def clear_earlier(folder: Path) -> list[str]:
+    """Remove the earlier run or sweep in ``folder`` (``output.overwrite=true``): its result
+    files (:func:`clear_results`), Hydra's records at the top (``.hydra/``, ``run.log``,
+    ``multirun.yaml``) and every job folder of a sweep (a folder below that holds ``.hydra/``)
+    with all it holds, then the folders that this leaves empty. Other files and folders
+    stay. Returns the names removed (relative to ``folder``)."""
+    import shutil
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = clear_results(folder)
+    for name in RUN_RECORDS:
+        p = folder / name
+        if p.is_file() or p.is_symlink():
+            p.unlink()
+            removed.append(name)
+    if (folder / ".hydra").is_dir() and not (folder / ".hydra").is_symlink():
+        shutil.rmtree(folder / ".hydra")
+        removed.append(".hydra")
+    jobs = []
+    for top, dirs, _ in os.walk(folder):
+        if Path(top) != folder and ".hydra" in dirs:
+            jobs.append(Path(top))
+            dirs[:] = []                    # a job folder goes whole
+        else:
+            dirs[:] = [d for d in dirs if d != ".hydra"]
+    for job in jobs:
+        shutil.rmtree(job)
+        removed.append(job.relative_to(folder).as_posix())
+        parent = job.parent
+        while parent != folder and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
     return sorted(removed)
 
 
