@@ -237,3 +237,14 @@ def test_a_lock_file_that_is_not_one_is_refused_and_left_alone(tmp_path, kind):
     assert sorted(p.name for p in out.iterdir()) == [LOCK] and \
         (out / LOCK).is_symlink() == (kind == "symlink")
 
+
+def test_a_results_folder_with_a_name_too_long_is_refused_in_one_line(tmp_path):
+    long = tmp_path / ("a" * 256)
+    for args, key, folder in [([f"hydra.run.dir={long}"], "hydra.run.dir", long),
+                              (["-m", "M=1,2", f"hydra.sweep.dir={long}/b"], "hydra.sweep.dir",
+                               long / "b")]:
+        res = cli_in_process("M=1", *QUIET, *args)
+        assert (res.returncode, res.stderr) == (
+            2, f"fnsysid: error: {key}={folder}: File name too long; a path whose every part "
+               "has at most 255 bytes\n")
+    assert list(tmp_path.iterdir()) == []

@@ -7,6 +7,7 @@ composed and checked up front.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 from collections.abc import Mapping
@@ -430,6 +431,22 @@ def check_output_dir(key: str, path: Path) -> Path:
     Writability is probed by creating (and removing) a temporary file, which also catches
     read-only file systems and runs as root.
     """
+    try:
+        return _check_output_dir(key, path)
+    except ConfigError:
+        raise
+    except OSError as exc:      # a name too long, a loop of links, ...: before anything is made
+        raise ConfigError(path_error(key, path, exc)) from None
+
+
+def path_error(key: str, path, exc: OSError) -> str:
+    """The one line for a path that the system refuses (``exc``) as the setting ``key``."""
+    allowed = "a path whose every part has at most 255 bytes" \
+        if exc.errno == errno.ENAMETOOLONG else "a path this system can use"
+    return f"{key}={path}: {exc.strerror or exc}; {allowed}"
+
+
+def _check_output_dir(key: str, path: Path) -> Path:
     import tempfile
 
     target = path
@@ -504,6 +521,7 @@ def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base
             if paths and paths not in seen:   # FIFOs, devices, unreadable folders: refused here
                 from fnsysid.data.files import check_paths  # pandas: only with data=files
 
+                _check_path_names(settings.data)
                 check_paths(settings.data)
                 seen.add(paths)
             check_memory(settings, *build(settings)[:2])
@@ -512,6 +530,21 @@ def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base
             if checked >= MAX_CHECKED:
                 return disk
     return disk
+
+
+def _check_path_names(data) -> None:
+    """Each data path is one the system can look up (a part longer than 255 bytes, a loop of
+    links: one line naming the setting; a missing file is left to the data checks)."""
+    for key in ("path", "val_path", "truth"):
+        value = getattr(data, key, None)
+        if value is None:
+            continue
+        try:
+            os.stat(value)
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        except OSError as exc:
+            raise ConfigError(path_error(f"data.{key}", value, exc)) from None
 
 
 def encode(v) -> str:
@@ -564,7 +597,17 @@ def as_overrides(overrides) -> list[str]:
                                   "setting name; keys are strings such as 'M', 'system' or "
                                   "'data.states'")
         return [f"{k}={encode(plain(v, k))}" for k, v in overrides.items()]
-    return [str(o) for o in overrides]
+    try:
+        items = list(overrides)
+    except TypeError:
+        raise ConfigError(f"overrides: a value of type {type(overrides).__name__} is not a list "
+                          "of 'key=value' strings or a dict") from None
+    for n, o in enumerate(items, start=1):
+        if not isinstance(o, str):
+            raise ConfigError(f"overrides: item {n} (the {type(o).__name__} {o!r}) is not an "
+                              "override string; allowed: 'key=value' strings such as 'M=20' (or "
+                              "a dict {'M': 20})")
+    return [str(o) for o in items]
 
 
 def plain(value, key: str):
