@@ -108,6 +108,8 @@ def test_an_output_dir_or_data_path_with_a_name_too_long_is_a_config_error(tmp_p
         fnsysid.run({"M": 3}, output_dir=long)
     assert str(exc.value) == (f"output_dir={long}: File name too long; a path whose every part "
                               "has at most 255 bytes")
+    with pytest.raises(fnsysid.ConfigError, match=f"^config_dir={long}: File name too long;"):
+        fnsysid.run({"M": 3}, config_dir=long)
     for key in ("path", "val_path"):
         paths = {"path": str(tmp_path / "data.csv"), key: str(long)}
         with pytest.raises(fnsysid.ConfigError) as exc:

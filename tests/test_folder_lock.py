@@ -247,4 +247,8 @@ def test_a_results_folder_with_a_name_too_long_is_refused_in_one_line(tmp_path):
         assert (res.returncode, res.stderr) == (
             2, f"fnsysid: error: {key}={folder}: File name too long; a path whose every part "
                "has at most 255 bytes\n")
+    res = cli_in_process("--config-path", str(long), "M=1")
+    assert (res.returncode, res.stderr) == (
+        2, f"fnsysid: error: --config-path={long}: File name too long; a path whose every part "
+           "has at most 255 bytes\n")
     assert list(tmp_path.iterdir()) == []

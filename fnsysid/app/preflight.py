@@ -190,6 +190,12 @@ def primary_config_dir(config_path: str | None) -> Path:
                               "`make install`")
         return CONF_DIR
     folder = Path(config_path).absolute()
+    try:
+        folder.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as exc:
+        raise ConfigError(path_error("--config-path", config_path, exc)) from None
     if not folder.is_dir():
         raise ConfigError(f"--config-path {config_path}: no such folder (e.g. --config-path "
                           f"{CONF_DIR})")
@@ -660,7 +666,15 @@ def compose(overrides, config_dir=None):
                           "(sweeps are for the command line's -m)")
     extra = []
     if config_dir is not None:
-        folder = Path(config_dir).resolve()
+        try:
+            folder = Path(config_dir).resolve()
+            folder.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        except (OSError, RuntimeError) as exc:
+            if not isinstance(exc, OSError):        # a loop of links (Path.resolve)
+                exc = OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+            raise ConfigError(path_error("config_dir", config_dir, exc)) from None
         if not folder.is_dir():
             raise ConfigError(f"config_dir={config_dir}: no such folder")
         extra = ["--config-dir", str(folder)]
