@@ -90,6 +90,53 @@ def test_other_objects_and_keys_are_refused_naming_the_key(tmp_path, overrides, 
 
 
 @pytest.mark.parametrize("overrides, message", [
+    (["M=3", 2], "overrides: item 2 (the int 2) is not an override string; allowed: "
+                 "'key=value' strings such as 'M=20' (or a dict {'M': 20})"),
+    (("M=3", None), "overrides: item 2 (the NoneType None) is not an override string"),
+    (5, "overrides: a value of type int is not a list of 'key=value' strings or a dict"),
+])
+def test_overrides_that_are_not_strings_are_named(tmp_path, overrides, message):
+    with pytest.raises(fnsysid.ConfigError) as exc:
+        fnsysid.run(overrides, output_dir=tmp_path / "out")
+    assert str(exc.value).startswith(message) and "\n" not in str(exc.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_output_dir_or_data_path_with_a_name_too_long_is_a_config_error(tmp_path):
+    long = tmp_path / ("a" * 256) / "out"
+    with pytest.raises(fnsysid.ConfigError) as exc:
+        fnsysid.run({"M": 3}, output_dir=long)
+    assert str(exc.value) == (f"output_dir={long}: File name too long; a path whose every part "
+                              "has at most 255 bytes")
+    with pytest.raises(fnsysid.ConfigError, match=f"^config_dir={long}: File name too long;"):
+        fnsysid.run({"M": 3}, config_dir=long)
+    for key in ("path", "val_path"):
+        paths = {"path": str(tmp_path / "data.csv"), key: str(long)}
+        with pytest.raises(fnsysid.ConfigError) as exc:
+            fnsysid.run({"system": "generic", "data": "files", "data.states": ["x1"],
+                         **{f"data.{k}": v for k, v in paths.items()}})
+        assert str(exc.value).startswith(f"data.{key}={long}: File name too long;")
+
+
+@pytest.mark.parametrize("value, problem", [
+    ("inf", "is not allowed"), ("1e400", "is not allowed"), ("-5e9", "is not allowed"),
+    ("0", "is not allowed"), ("nan", "is not a number"), ("4 GB", "is not a number")])
+def test_a_memory_limit_that_is_not_a_positive_finite_number_is_refused(monkeypatch, value,
+                                                                         problem):
+    from fnsysid.app.resources import memory_limit
+
+    monkeypatch.setenv("FNSYSID_MEMORY_LIMIT", value)
+    with pytest.raises(fnsysid.ConfigError) as exc:
+        memory_limit()
+    assert str(exc.value) == (f"FNSYSID_MEMORY_LIMIT={value} {problem}; allowed: a positive "
+                              "finite number of bytes, e.g. 4e9 (unset: the available memory)")
+    with pytest.raises(fnsysid.ConfigError, match="^FNSYSID_MEMORY_LIMIT="):
+        fnsysid.run({"M": 3, "R": 2, "repeats": 1})
+    monkeypatch.setenv("FNSYSID_MEMORY_LIMIT", "1.5e6")
+    assert memory_limit() == (1_500_000, "FNSYSID_MEMORY_LIMIT=1.5e6")
+
+
+@pytest.mark.parametrize("overrides, message", [
     (["M=0"], "M=0 is not allowed"),
     ({"system": "foo"}, "system=foo is not an option; allowed: generic,"),
     (["M=1,2"], "fnsysid.run runs one job"),

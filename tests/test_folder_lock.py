@@ -145,3 +145,110 @@ def test_sweep_jobs_in_worker_processes_write_under_their_sweeps_lock(tmp_path):
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert len(pd.read_csv(sweep / "results.csv")) == 6 and not (sweep / LOCK).exists()
+
+
+def inside(key: str, folder: Path, held: Path, pid: int) -> str:
+    """The refusal of ``folder`` because a run holds ``held`` above or below it."""
+    where = f"{held} inside it" if folder in held.parents else str(held)
+    return (f"fnsysid: error: {key}={folder}: in use by another run (pid {pid}, which writes "
+            f"into {where}); wait for it to end, or choose another folder\n")
+
+
+def test_a_folder_inside_or_around_a_folder_in_use_is_refused(tmp_path):
+    """A sweep's folder holds its job folders: a run into a job folder or any other folder
+    below it, a sweep into a sub-folder, a sweep into a folder around it and a Python call
+    into a job folder are refused, in one line naming the folder in use; nothing is
+    written."""
+    sweep = tmp_path / "s3"
+    job = sweep / "M=20000,R=10000"
+    with lock_folder(sweep, "x"):
+        earlier_run(job)
+        before = snapshot(tmp_path)
+        for args, key, folder in [
+            ([f"hydra.run.dir='{job}'", "output.overwrite=true"], "hydra.run.dir", job),
+            ([f"hydra.run.dir={sweep}/extra"], "hydra.run.dir", sweep / "extra"),
+            (["-m", "M=1,2", f"hydra.sweep.dir={sweep}/sub"], "hydra.sweep.dir", sweep / "sub"),
+            (["-m", "M=1,2", f"hydra.sweep.dir={tmp_path}", "output.overwrite=true"],
+             "hydra.sweep.dir", tmp_path),
+        ]:
+            res = cli_in_process("M=1", *QUIET, "hydra/launcher=basic", *args)
+            assert (res.returncode, res.stderr) == (2, inside(key, folder, sweep, os.getpid()))
+            assert snapshot(tmp_path) == before
+        with pytest.raises(FolderInUse) as info:
+            fnsysid.run({**SMALL, "output.overwrite": True}, output_dir=job)
+        assert f"{info.value}\n" == inside("output_dir", job, sweep, os.getpid())[16:]
+        assert snapshot(tmp_path) == before
+    # the lock itself (taken after the pre-run check): a folder below or above one in use
+    with lock_folder(job, "x"):
+        with pytest.raises(FolderInUse, match=rf"^y: in use by another run \(pid {os.getpid()}, "
+                                              rf"which writes into {job} inside it\)"):
+            lock_folder(sweep, "y")
+        assert not (sweep / LOCK).exists() and (job / LOCK).exists()
+    with lock_folder(sweep, "x"):
+        with pytest.raises(FolderInUse, match=r"which writes into .*s3\)"):
+            lock_folder(sweep / "new" / "deeper", "y")
+        assert not (sweep / "new").exists()             # the folders it made, given back
+    with lock_folder(job, "x"):                         # a lock given up counts no more
+        pass
+
+
+def test_a_second_run_into_a_folder_in_use_is_told_it_is_in_use_not_that_it_holds_a_run(
+        tmp_path):
+    """The lock is looked at first: the advice to add output.overwrite=true (which would
+    then be refused as in use) is not given while a run holds the folder."""
+    run, sweep = tmp_path / "x", tmp_path / "s"
+    with lock_folder(run, "x"), lock_folder(sweep, "x"):
+        earlier_run(run)
+        earlier_run(sweep / "M=1")
+        before = snapshot(tmp_path)
+        for args, key, folder in [([f"hydra.run.dir={run}"], "hydra.run.dir", run),
+                                  ([f"hydra.run.dir={run}", "output.resume=true"],
+                                   "hydra.run.dir", run),
+                                  (["-m", "M=5,6", f"hydra.sweep.dir={sweep}"],
+                                   "hydra.sweep.dir", sweep)]:
+            res = cli_in_process("M=5", *QUIET, "hydra/launcher=basic", *args)
+            assert (res.returncode, res.stderr) == (2, in_use(key, folder, os.getpid()))
+        assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("kind", ["symlink", "hard link", "fifo"])
+def test_a_lock_file_that_is_not_one_is_refused_and_left_alone(tmp_path, kind):
+    """A .fnsysid.lock that is a link (to a file the pid would replace) or not a regular file:
+    the run is refused in one line and the file it names keeps its bytes."""
+    out, target = tmp_path / "out", tmp_path / "precious.txt"
+    out.mkdir()
+    target.write_text("keep me\n")
+    if kind == "symlink":
+        (out / LOCK).symlink_to(target)
+        what = "is a symbolic link, not a lock file of fnsysid; remove the link"
+    elif kind == "hard link":
+        os.link(target, out / LOCK)
+        what = "is a file with 2 names (a hard link), not a lock file of fnsysid; remove it"
+    else:
+        os.mkfifo(out / LOCK)
+        what = "is not a regular file, not a lock file of fnsysid; remove it"
+    res = cli_in_process("M=5", *QUIET, f"hydra.run.dir={out}", "output.overwrite=true")
+    assert (res.returncode, res.stderr) == (
+        2, f"fnsysid: error: hydra.run.dir={out}: {LOCK} {what}, or choose another folder\n")
+    with pytest.raises(fnsysid.ConfigError) as info:
+        fnsysid.run(SMALL, output_dir=out)
+    assert str(info.value) == f"output_dir={out}: {LOCK} {what}, or choose another folder"
+    assert target.read_text() == "keep me\n"
+    assert sorted(p.name for p in out.iterdir()) == [LOCK] and \
+        (out / LOCK).is_symlink() == (kind == "symlink")
+
+
+def test_a_results_folder_with_a_name_too_long_is_refused_in_one_line(tmp_path):
+    long = tmp_path / ("a" * 256)
+    for args, key, folder in [([f"hydra.run.dir={long}"], "hydra.run.dir", long),
+                              (["-m", "M=1,2", f"hydra.sweep.dir={long}/b"], "hydra.sweep.dir",
+                               long / "b")]:
+        res = cli_in_process("M=1", *QUIET, *args)
+        assert (res.returncode, res.stderr) == (
+            2, f"fnsysid: error: {key}={folder}: File name too long; a path whose every part "
+               "has at most 255 bytes\n")
+    res = cli_in_process("--config-path", str(long), "M=1")
+    assert (res.returncode, res.stderr) == (
+        2, f"fnsysid: error: --config-path={long}: File name too long; a path whose every part "
+           "has at most 255 bytes\n")
+    assert list(tmp_path.iterdir()) == []

@@ -73,6 +73,60 @@ def test_earlier_run_folder_refused_then_overwritten_cleanly(tmp_path):
     assert json.loads((run / "summary.json").read_text())["M"] == 21
 
 
+SWEEP = ["R=3", "repeats=1", "progress=false", "output.plot=false", "hydra/launcher=basic"]
+
+
+def jobs_of(sweep: Path) -> list[str]:
+    """The job folders of a sweep folder (those with Hydra's record)."""
+    return sorted(p.parent.relative_to(sweep).as_posix() for p in sweep.glob("**/.hydra"))
+
+
+def test_overwrite_removes_the_earlier_sweep_or_run_whole_and_nothing_else(tmp_path):
+    """output.overwrite=true replaces what is there: an earlier sweep's job folders,
+    multirun.yaml and results.csv, or an earlier run's files, .hydra and run.log, whichever
+    of the two comes next; a file of the user's stays."""
+    folder = tmp_path / "s4"
+    sweep = ["-m", *SWEEP, f"hydra.sweep.dir={folder}"]
+    assert cli_in_process(*sweep, "M=7,8").returncode == 0
+    (folder / "notes.txt").write_text("mine\n")
+    res = cli_in_process(*sweep, "M=1,2", "output.overwrite=true")
+    assert res.returncode == 0, res.stderr
+    assert jobs_of(folder) == ["M=1,R=3,repeats=1", "M=2,R=3,repeats=1"]
+    assert sorted(pd.read_csv(folder / "results.csv")["M"].unique()) == [1, 2]
+    # a single run into the sweep's folder: no job folder, no multirun.yaml, no results.csv
+    run = [*SWEEP[:-1], f"hydra.run.dir={folder}"]
+    res = cli_in_process(*run, "M=5", "output.overwrite=true")
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in folder.iterdir() if p.is_dir()) == [".hydra"]
+    assert not (folder / "multirun.yaml").exists() and not (folder / "results.csv").exists()
+    # run.log holds this run's lines only (Hydra appends to the file it finds)
+    assert cli_in_process(*run, "M=6", "output.overwrite=true").returncode == 0
+    log = (folder / "run.log").read_text()
+    assert log.count("final e_R at R=3") == 1 and f"results: {folder}" in log
+    assert json.loads((folder / "summary.json").read_text())["M"] == 6
+    # a sweep into the run's folder: the run's files go, no job "." in results.csv
+    res = cli_in_process(*sweep, "M=1,2", "output.overwrite=true")
+    assert res.returncode == 0, res.stderr
+    assert jobs_of(folder) == ["M=1,R=3,repeats=1", "M=2,R=3,repeats=1"]
+    assert not (folder / "summary.json").exists() and not (folder / "run.log").exists()
+    assert sorted(pd.read_csv(folder / "results.csv")["job"].unique()) == jobs_of(folder)
+    assert (folder / "notes.txt").read_text() == "mine\n"
+
+
+def test_resume_into_a_single_runs_folder_is_refused(tmp_path):
+    folder = tmp_path / "single"
+    assert cli_in_process(*SWEEP[:-1], "M=2", f"hydra.run.dir={folder}").returncode == 0
+    before = {p: p.stat().st_mtime_ns for p in folder.rglob("*")}
+    res = cli_in_process("-m", *SWEEP, "M=1,2", f"hydra.sweep.dir={folder}",
+                         "output.resume=true")
+    assert (res.returncode, res.stderr) == (
+        2, f"fnsysid: error: hydra.sweep.dir={folder} holds a single run, not a sweep (no "
+           "multirun.yaml): output.resume=true finishes a sweep in its own folder; choose a new "
+           "folder, or add output.overwrite=true (without output.resume) to replace its "
+           "results\n")
+    assert {p: p.stat().st_mtime_ns for p in folder.rglob("*")} == before
+
+
 def test_resume_skips_finished_jobs_and_reruns_the_rest(tmp_path):
     from fnsysid.app.experiment import run_experiment
     from tests.conftest import compose_cfg
@@ -283,6 +337,9 @@ def test_resume_refuses_a_sweep_started_with_other_settings(tmp_path):
                                       "sweep"),
         (["R=3", "eps=0.01,0.1"], "this command sweeps M, eps, the sweep in "
                                   f"{sweep} swept M;"),
+        # the values in effect, but given: Hydra would name every job folder anew
+        (["R=3", "seed=0"], f"seed=0 is not on the command line of the sweep in {sweep} "),
+        (["R=3", "system=pendulum"], "system=pendulum is not on the command line of the "),
     ]:
         res = cli_in_process(*base, *args, "output.resume=true")
         assert res.returncode == 2
@@ -299,13 +356,22 @@ def test_resume_refuses_a_sweep_started_with_other_settings(tmp_path):
 
 def test_resume_of_a_group_sweep_compares_the_settings_given_inside_the_group(tmp_path):
     """With strategy swept, the composed sweep config holds the default strategy: a setting
-    given inside the group (strategy.weighting=samples) is compared as the command gave it."""
+    given inside the group (strategy.weighting=samples) is compared as the command gave it,
+    and one the sweep's command did not give is refused even at its default value
+    (strategy.fraction=1.0 would name every job folder anew)."""
     sweep = tmp_path / "sweep"
     base = ["-m", "system=synthetic", "strategy=fedavg,fedprox", "R=2", "repeats=1",
             "hydra/launcher=basic", "output.plot=false", f"hydra.sweep.dir={sweep}"]
     assert cli_in_process(*base, "strategy.weighting=samples").returncode == 0
-    for given, shown in [("strategy.weighting=uniform", "uniform"), (None, "(not set)")]:
-        res = cli_in_process(*base, *([given] if given else []), "output.resume=true")
-        assert (res.returncode, res.stderr.split(" of the sweep")[0]) == (
-            2, f"fnsysid: error: output.resume=true: strategy.weighting={shown} differs from "
-               "strategy.weighting=samples")
+    for given, problem in [
+        (["strategy.weighting=uniform"], "strategy.weighting=uniform differs from "
+                                         "strategy.weighting=samples on the command line"),
+        ([], "strategy.weighting is not given, but the sweep in "
+             f"{sweep} was started with strategy.weighting=samples"),
+        (["strategy.weighting=samples", "strategy.fraction=1.0"],
+         f"strategy.fraction=1.0 is not on the command line of the sweep in {sweep}"),
+    ]:
+        res = cli_in_process(*base, *given, "output.resume=true")
+        assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+        assert res.stderr.startswith(f"fnsysid: error: output.resume=true: {problem}"), \
+            res.stderr

@@ -16,7 +16,7 @@ from fnsysid.app.preflight import as_overrides, check_output_dir, compose
 from fnsysid.config.checks import ConfigError, check_run
 from fnsysid.data.files import PUBLIC_COLUMNS, read_trajectories
 from fnsysid.results.files import write_outputs
-from fnsysid.results.folder import clear_results, has_results, lock_folder
+from fnsysid.results.folder import clear_earlier, has_results, lock_folder
 
 
 def run(overrides=(), output_dir=None, config_dir=None) -> Result:
@@ -29,8 +29,9 @@ def run(overrides=(), output_dir=None, config_dir=None) -> Result:
         str, int, float, bool, None or numpy scalars, and lists and dicts of them).
     output_dir : folder to write the run's files into (as the command line does); None
         writes nothing. Checked before the run: a file, a folder that cannot be written, one
-        holding an earlier run (unless ``output.overwrite=true``) or one in use by another
-        run (its lock, held by this call until it returns) is refused.
+        holding an earlier run (unless ``output.overwrite=true``, which removes it once the
+        run is done) or one in use by another run (its lock, held by this call until it
+        returns; a folder inside or around a folder in use is in use too) is refused.
     config_dir : a folder of your own config groups (like ``--config-dir``).
 
     Returns
@@ -54,7 +55,7 @@ def run(overrides=(), output_dir=None, config_dir=None) -> Result:
         check_output_folder(folder, settings)
         result = execute(settings, choices, given_keys(as_overrides(overrides)))
         if settings.output.overwrite:
-            clear_results(folder)
+            clear_earlier(folder)
         write_outputs(folder, settings, result)
     return result
 

@@ -17,6 +17,7 @@ from fnsysid.config.checks import override_key
 from fnsysid.config.errors import ConfigError, DataError, show
 from fnsysid.results.folder import (
     MISSING,
+    clear_earlier,
     errors_problem,
     first_difference,
     lock_folder,
@@ -36,9 +37,11 @@ class FolderLock(Callback):
     the command takes the folder's exclusive lock (:func:`fnsysid.results.folder.lock_folder`)
     or stops with one line and exit status 2, touching nothing of the run that holds it; it
     then checks again, under the lock, that the folder holds no earlier run (or, with
-    ``output.resume=true``, a sweep of the same settings). The lock is given up when the run
-    or the sweep ends (the jobs of a sweep, in this process or in a launcher's workers,
-    write their sub-folders under their command's lock)."""
+    ``output.resume=true``, a sweep of the same settings), and with ``output.overwrite=true``
+    removes the earlier run or sweep (before Hydra opens ``run.log``). The lock is given up
+    when the run or the sweep ends (the jobs of a sweep, in this process or in a launcher's
+    workers, write their sub-folders under their command's lock and take none of their
+    own)."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         _take(config, "hydra.run.dir", multirun=False)
@@ -68,6 +71,11 @@ def _take(config: DictConfig, key: str, multirun: bool) -> None:
         check_earlier(key, folder, output, multirun)
         if multirun and output.get("resume"):
             check_resume(config, folder)
+        elif output.get("overwrite"):   # before Hydra writes (and opens run.log) there
+            removed = clear_earlier(folder)
+            if removed:
+                log.info("output.overwrite=true: removed the earlier results in %s: %s",
+                         folder, ", ".join(removed))
     except ConfigError as exc:
         release(folder)
         print(f"fnsysid: error: {exc}", file=sys.stderr)
@@ -117,29 +125,41 @@ def check_resume(config: DictConfig, folder: Path) -> None:
                           "choose a new hydra.sweep.dir")
     choices = [{k: v for k, v in ((h.get("runtime") or {}).get("choices") or {}).items()
                 if not k.startswith("hydra/")} for h in (old_hydra, new_hydra)]
-    groups = [k for k in new_keys if k in choices[0] or k in choices[1]]
+    own = ("resume it only with its own settings (other values of its swept settings may be "
+           "added), or choose a new hydra.sweep.dir")
     diff = first_difference(*choices, skip=new_keys) or \
-        first_difference(_plain(old), _plain(config), skip=new_keys) or \
-        first_difference(*(_inside(h, groups, new_keys) for h in (old_hydra, new_hydra)))
+        first_difference(_plain(old), _plain(config), skip=new_keys)
     if diff is not None:
         key, was, now = diff
         raise ConfigError(
             f"output.resume=true: {key}={_shown(now)} differs from {key}={_shown(was)} of the "
-            f"sweep in {folder}; resume it only with its own settings (other values of its "
-            "swept settings may be added), or choose a new hydra.sweep.dir")
+            f"sweep in {folder}; {own}")
+    # Hydra names a job's folder by its command line's settings (override_dirname): a setting
+    # given now and not then (seed=0, the value in effect anyway) would rerun every job in a
+    # new folder
+    exclude = set(OmegaConf.select(config, "hydra.job.config.override_dirname.exclude_keys")
+                  or [])
+    was, now = (_given(h, new_keys, exclude) for h in (old_hydra, new_hydra))
+    for key in [*now, *(k for k in was if k not in now)]:
+        if was.get(key) == now.get(key):
+            continue
+        if key not in was:
+            what = f"{now[key]} is not on the command line of the sweep in {folder}"
+        elif key not in now:
+            what = f"{key} is not given, but the sweep in {folder} was started with {was[key]}"
+        else:
+            what = f"{now[key]} differs from {was[key]} on the command line of the sweep in " \
+                f"{folder}"
+        raise ConfigError(f"output.resume=true: {what} (the job folders are named by the "
+                          f"settings the command line gives); {own}")
 
 
-def _inside(hydra_cfg: dict, groups: list[str], swept: list[str]) -> dict:
-    """The settings that a sweep's command line gives inside the groups it sweeps
-    (``strategy.mu=0.1`` with ``strategy=fedavg,fedprox``), which its composed config does
-    not hold: setting -> value as given."""
+def _given(hydra_cfg: dict, swept: list[str], exclude: set[str]) -> dict:
+    """The settings a sweep's command line gives (``hydra.overrides.task``) that name its job
+    folders: setting -> override as written, without the swept ones and ``exclude``."""
     lines = (hydra_cfg.get("overrides") or {}).get("task") or []
-    out = {}
-    for line in lines:
-        key = override_key(line)
-        if key not in swept and any(key.startswith(g + ".") for g in groups):
-            out[key] = line.split("=", 1)[1] if "=" in line else "(removed)"
-    return out
+    return {override_key(line): line for line in lines
+            if override_key(line) not in swept and override_key(line) not in exclude}
 
 
 def _shown(value) -> str:

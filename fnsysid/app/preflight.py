@@ -7,6 +7,7 @@ composed and checked up front.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 from collections.abc import Mapping
@@ -17,7 +18,7 @@ from fnsysid.config.checks import ConfigError, check_batch_size, check_run, over
 from fnsysid.config.errors import one_line, show
 from fnsysid.config.groups import CONF_DIR, HYDRA_LOCK, command, with_config_dir
 from fnsysid.config.schema import GROUPS, KNOBS, TOP_LEVEL, check_value
-from fnsysid.results.folder import has_results
+from fnsysid.results.folder import MULTIRUN, FolderInUse, has_results, in_use, in_use_message
 
 #: Hydra flags followed by a value
 _VALUE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
@@ -29,6 +30,8 @@ _FLAGS = {"-m", "--multirun", "--resolve", "--run", "-r", "--version", "-h", "--
 _COMMANDS = {"-r": "--run", "--run": "--run", "-m": "-m", "--multirun": "-m", "-c": "--cfg",
              "--cfg": "--cfg", "-i": "--info", "--info": "--info", "-sc": "--shell-completion",
              "--shell-completion": "--shell-completion"}
+#: what a single run leaves at the top of its folder (a sweep has them in its job folders)
+SINGLE_RUN = (".hydra", "summary.json", "errors.csv")
 #: most sweep combinations composed and checked before a multirun starts
 MAX_CHECKED = 256
 
@@ -187,6 +190,12 @@ def primary_config_dir(config_path: str | None) -> Path:
                               "`make install`")
         return CONF_DIR
     folder = Path(config_path).absolute()
+    try:
+        folder.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as exc:
+        raise ConfigError(path_error("--config-path", config_path, exc)) from None
     if not folder.is_dir():
         raise ConfigError(f"--config-path {config_path}: no such folder (e.g. --config-path "
                           f"{CONF_DIR})")
@@ -390,6 +399,9 @@ def _check_hydra(base, multirun: bool) -> Path:
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     folder = Path(str(OmegaConf.select(base, key)))
     existing = check_output_dir(key, folder).resolve()
+    other = in_use(folder)          # looked at first: nothing else matters then
+    if other is not None:
+        raise FolderInUse(in_use_message(f"{key}={folder}", folder.absolute(), *other))
     check_earlier(key, folder, base.get("output") or {}, multirun)
     launcher = base.hydra.get("launcher") or {}
     if multirun and "joblib" in str(launcher.get("_target_", "")):
@@ -403,6 +415,13 @@ def _check_hydra(base, multirun: bool) -> Path:
 def check_earlier(key: str, folder: Path, output, multirun: bool) -> None:
     """Refuse a results folder that holds an earlier run (or sweep) unless the ``output``
     settings say to replace it (``overwrite``) or to finish the sweep (``resume``)."""
+    if multirun and output.get("resume") and not output.get("overwrite") and \
+            not (Path(folder) / MULTIRUN).is_file() and \
+            any((Path(folder) / name).exists() for name in SINGLE_RUN):
+        raise ConfigError(f"{key}={folder} holds a single run, not a sweep (no {MULTIRUN}): "
+                          "output.resume=true finishes a sweep in its own folder; choose a new "
+                          "folder, or add output.overwrite=true (without output.resume) to "
+                          "replace its results")
     if has_results(folder) and not output.get("overwrite") and \
             not (multirun and output.get("resume")):
         what = "an earlier sweep" if multirun else "an earlier run"
@@ -418,6 +437,22 @@ def check_output_dir(key: str, path: Path) -> Path:
     Writability is probed by creating (and removing) a temporary file, which also catches
     read-only file systems and runs as root.
     """
+    try:
+        return _check_output_dir(key, path)
+    except ConfigError:
+        raise
+    except OSError as exc:      # a name too long, a loop of links, ...: before anything is made
+        raise ConfigError(path_error(key, path, exc)) from None
+
+
+def path_error(key: str, path, exc: OSError) -> str:
+    """The one line for a path that the system refuses (``exc``) as the setting ``key``."""
+    allowed = "a path whose every part has at most 255 bytes" \
+        if exc.errno == errno.ENAMETOOLONG else "a path this system can use"
+    return f"{key}={path}: {exc.strerror or exc}; {allowed}"
+
+
+def _check_output_dir(key: str, path: Path) -> Path:
     import tempfile
 
     target = path
@@ -492,6 +527,7 @@ def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base
             if paths and paths not in seen:   # FIFOs, devices, unreadable folders: refused here
                 from fnsysid.data.files import check_paths  # pandas: only with data=files
 
+                _check_path_names(settings.data)
                 check_paths(settings.data)
                 seen.add(paths)
             check_memory(settings, *build(settings)[:2])
@@ -500,6 +536,21 @@ def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base
             if checked >= MAX_CHECKED:
                 return disk
     return disk
+
+
+def _check_path_names(data) -> None:
+    """Each data path is one the system can look up (a part longer than 255 bytes, a loop of
+    links: one line naming the setting; a missing file is left to the data checks)."""
+    for key in ("path", "val_path", "truth"):
+        value = getattr(data, key, None)
+        if value is None:
+            continue
+        try:
+            os.stat(value)
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        except OSError as exc:
+            raise ConfigError(path_error(f"data.{key}", value, exc)) from None
 
 
 def encode(v) -> str:
@@ -552,7 +603,17 @@ def as_overrides(overrides) -> list[str]:
                                   "setting name; keys are strings such as 'M', 'system' or "
                                   "'data.states'")
         return [f"{k}={encode(plain(v, k))}" for k, v in overrides.items()]
-    return [str(o) for o in overrides]
+    try:
+        items = list(overrides)
+    except TypeError:
+        raise ConfigError(f"overrides: a value of type {type(overrides).__name__} is not a list "
+                          "of 'key=value' strings or a dict") from None
+    for n, o in enumerate(items, start=1):
+        if not isinstance(o, str):
+            raise ConfigError(f"overrides: item {n} (the {type(o).__name__} {o!r}) is not an "
+                              "override string; allowed: 'key=value' strings such as 'M=20' (or "
+                              "a dict {'M': 20})")
+    return [str(o) for o in items]
 
 
 def plain(value, key: str):
@@ -605,7 +666,15 @@ def compose(overrides, config_dir=None):
                           "(sweeps are for the command line's -m)")
     extra = []
     if config_dir is not None:
-        folder = Path(config_dir).resolve()
+        try:
+            folder = Path(config_dir).resolve()
+            folder.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        except (OSError, RuntimeError) as exc:
+            if not isinstance(exc, OSError):        # a loop of links (Path.resolve)
+                exc = OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+            raise ConfigError(path_error("config_dir", config_dir, exc)) from None
         if not folder.is_dir():
             raise ConfigError(f"config_dir={config_dir}: no such folder")
         extra = ["--config-dir", str(folder)]

@@ -19,6 +19,7 @@ baseline; it is checked against the memory available (``MemAvailable``, a cgroup
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 from functools import lru_cache
@@ -122,10 +123,14 @@ def memory_limit() -> tuple[int, str]:
     raw = os.environ.get("FNSYSID_MEMORY_LIMIT")
     if raw:                                          # tests and shared machines
         try:
-            limit = int(float(raw))
+            value = float(raw)
         except ValueError:
-            raise ConfigError(f"FNSYSID_MEMORY_LIMIT={raw} is not a number; allowed: bytes, "
-                              "e.g. 4e9") from None
+            value = math.nan
+        if not math.isfinite(value) or value < 1:
+            what = "is not a number" if math.isnan(value) else "is not allowed"
+            raise ConfigError(f"FNSYSID_MEMORY_LIMIT={raw} {what}; allowed: a positive finite "
+                              "number of bytes, e.g. 4e9 (unset: the available memory)")
+        limit = int(value)
         if limit <= have:
             return limit, f"FNSYSID_MEMORY_LIMIT={raw}"
     return have, "available"

@@ -2,12 +2,14 @@
 the lock that gives it to one run at a time.
 
 A run never writes into a folder that holds an earlier run unless asked
-(``output.overwrite=true``, which first clears the earlier result files); a sweep resumed with
+(``output.overwrite=true``, which first removes the earlier run or sweep:
+:func:`clear_earlier`); a sweep resumed with
 ``output.resume=true`` skips the jobs that finished ``ok`` with the same config and clears the
 others before running them again. While a run (or a sweep) works in a folder it holds an
 exclusive OS lock on the file ``.fnsysid.lock`` inside it (:func:`lock_folder`, ``fcntl.flock``):
-a second run into the same folder is refused, and the lock ends with the process that holds it,
-however it ends.
+a second run into the same folder, into a folder inside it (a job folder of a running sweep)
+or into a folder around it is refused (:func:`in_use`), and the lock ends with the process that
+holds it, however it ends. The lock file is never opened through a link.
 """
 
 from __future__ import annotations
@@ -103,7 +105,9 @@ def lock_folder(folder: Path, name: str) -> FolderLock:
     run, without waiting.
 
     ``name`` is how the message names the folder (``hydra.run.dir=/tmp/x``). Raises
-    :class:`FolderInUse` (a :class:`ConfigError`) naming the process that holds it. The lock
+    :class:`FolderInUse` (a :class:`ConfigError`) naming the process that holds it, or that
+    holds a folder above or below it (:func:`in_use`, looked at once this lock is held, so of
+    two runs into nested folders starting together at least one sees the other). The lock
     is ``fcntl.flock`` on ``folder/.fnsysid.lock``, which holds the holder's pid; the system
     releases it when the process ends, however it ends. On a file system without locks the
     run goes on unlocked, with a warning.
@@ -113,14 +117,23 @@ def lock_folder(folder: Path, name: str) -> FolderLock:
     made: list[Path] = []
     for _ in range(20):
         made += _make(folder)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:        # never through a link: the pid would be written into its target
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
         except FileNotFoundError:       # the folder was removed meanwhile: make it again
             continue
         except OSError as exc:
             _remove_empty(made)
+            if exc.errno == errno.ELOOP:
+                raise ConfigError(f"{name}: {LOCK} is a symbolic link, not a lock file of "
+                                  "fnsysid; remove the link, or choose another folder") from None
             raise ConfigError(f"{name}: the lock file {LOCK} cannot be made "
                               f"({exc.strerror or exc}); a writable folder") from exc
+        problem = _not_lock_file(os.fstat(fd))
+        if problem:
+            os.close(fd)
+            _remove_empty(made)
+            raise ConfigError(f"{name}: {LOCK} is {problem}, not a lock file of fnsysid; "
+                              "remove it, or choose another folder")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -128,9 +141,7 @@ def lock_folder(folder: Path, name: str) -> FolderLock:
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 _remove_empty(made)
-                raise FolderInUse(
-                    f"{name}: in use by another run ({f'pid {holder}' if holder else 'pid unknown'}"
-                    "); wait for it to end, or choose another folder") from None
+                raise FolderInUse(in_use_message(name, folder, folder, holder)) from None
             logging.getLogger("fnsysid").warning(
                 "%s: no lock on this file system (%s): another run could write into it at the "
                 "same time", name, exc.strerror or exc)
@@ -140,13 +151,93 @@ def lock_folder(folder: Path, name: str) -> FolderLock:
         except FileNotFoundError:
             same = False
         if same:
+            lock = FolderLock(folder, fd, made)
+            other = in_use(folder, own=fd)
+            if other is not None:       # a run above or below this folder: give it back
+                lock.release()
+                raise FolderInUse(in_use_message(name, folder, *other))
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            return FolderLock(folder, fd, made)
+            return lock
         os.close(fd)        # the holder removed the file as it ended: lock the new one
     _remove_empty(made)
     raise FolderInUse(f"{name}: in use by other runs that keep replacing its lock; choose "
                       "another folder")
+
+
+def _not_lock_file(st: os.stat_result) -> str | None:
+    """What the opened ``.fnsysid.lock`` is if it is not a lock file that only fnsysid uses
+    (a FIFO, a device, a folder, a hard link to another file, whose bytes the pid would
+    replace); None if it is one."""
+    import stat
+
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_nlink > 1:
+        return f"a file with {st.st_nlink} names (a hard link)"
+    return None
+
+
+def in_use_message(name: str, folder: Path, where: Path, holder: int | None) -> str:
+    """The refusal of the folder ``folder`` (named ``name``) because a run holds ``where``."""
+    pid = f"pid {holder}" if holder else "pid unknown"
+    inside = "" if where == folder else \
+        f", which writes into {where}" if where in folder.parents else \
+        f", which writes into {where} inside it"
+    return f"{name}: in use by another run ({pid}{inside}); wait for it to end, or choose " \
+        "another folder"
+
+
+def _held(path: Path, own: tuple[int, int] | None = None) -> tuple[bool, int | None]:
+    """Whether another open file holds the lock ``path`` (probed with a shared lock that is
+    given up at once; nothing is made or changed), and the pid written in it; ``own`` (device,
+    inode) is this run's lock file, not counted."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:                 # none, a link or unreadable: no run of fnsysid holds it
+        return False, None
+    try:
+        st = os.fstat(fd)
+        if _not_lock_file(st) or (st.st_dev, st.st_ino) == own:
+            return False, None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES), _read_pid(fd)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False, None
+    finally:
+        os.close(fd)
+
+
+def in_use(folder: Path, own: int | None = None) -> tuple[Path, int | None] | None:
+    """The folder and pid of a run that holds ``folder``, a folder above it (a sweep whose
+    job folders it would mix with) or a folder inside it, or None; ``own`` is the open lock
+    file of this run, not counted. Only looks: nothing is made or locked."""
+    folder = Path(folder).absolute()
+    me = None
+    if own is not None:
+        st = os.fstat(own)
+        me = st.st_dev, st.st_ino
+    try:
+        real = folder.resolve()
+    except (OSError, RuntimeError):
+        real = folder
+    above = [folder, *folder.parents, *(d for d in [real, *real.parents]
+                                        if d not in folder.parents and d != folder)]
+    for d in above:
+        held, pid = _held(d / LOCK, me)
+        if held:
+            return d, pid
+    if not real.is_dir():
+        return None
+    for top, dirs, files in os.walk(real, onerror=lambda exc: None):
+        if Path(top) != real and LOCK in files:
+            held, pid = _held(Path(top) / LOCK, me)
+            if held:
+                return Path(top), pid
+        dirs[:] = [d for d in dirs if d != ".hydra"]
+    return None
 
 
 def _read_pid(fd: int) -> int | None:
@@ -166,6 +257,49 @@ def clear_results(folder: Path) -> list[str]:
             if p.is_file():
                 p.unlink()
                 removed.append(p.name)
+    return sorted(removed)
+
+
+#: the sweep's config that Hydra writes at the top of a sweep folder
+MULTIRUN = "multirun.yaml"
+#: what a run or a sweep writes at the top of its folder besides :data:`RESULT_PATTERNS`
+RUN_RECORDS = (MULTIRUN, "run.log")
+
+
+def clear_earlier(folder: Path) -> list[str]:
+    """Remove the earlier run or sweep in ``folder`` (``output.overwrite=true``): its result
+    files (:func:`clear_results`), Hydra's records at the top (``.hydra/``, ``run.log``,
+    ``multirun.yaml``) and every job folder of a sweep (a folder below that holds ``.hydra/``)
+    with all it holds, then the folders that this leaves empty. Other files and folders
+    stay. Returns the names removed (relative to ``folder``)."""
+    import shutil
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = clear_results(folder)
+    for name in RUN_RECORDS:
+        p = folder / name
+        if p.is_file() or p.is_symlink():
+            p.unlink()
+            removed.append(name)
+    if (folder / ".hydra").is_dir() and not (folder / ".hydra").is_symlink():
+        shutil.rmtree(folder / ".hydra")
+        removed.append(".hydra")
+    jobs = []
+    for top, dirs, _ in os.walk(folder):
+        if Path(top) != folder and ".hydra" in dirs:
+            jobs.append(Path(top))
+            dirs[:] = []                    # a job folder goes whole
+        else:
+            dirs[:] = [d for d in dirs if d != ".hydra"]
+    for job in jobs:
+        shutil.rmtree(job)
+        removed.append(job.relative_to(folder).as_posix())
+        parent = job.parent
+        while parent != folder and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
     return sorted(removed)
 
 
