@@ -207,16 +207,21 @@ def test_integer_nanosecond_timestamps_are_compared_exactly(tmp_path):
     df.assign(t=pd.to_datetime(df["t"], unit="ns")).to_parquet(tmp_path / "stamps.parquet")
     got = load_trajectories(tmp_path / "stamps.parquet", ["x1", "x2"], ["u"])
     assert got["t"].iloc[:3].tolist() == [start, start + 100, start + 200]
-    swapped = df.copy()
-    swapped.loc[[2, 3], "t"] = swapped.loc[[3, 2], "t"].to_numpy()
-    swapped.to_csv(tmp_path / "swapped.csv", index=False)
-    with pytest.raises(DataError, match=rf"row 4: t={start + 200} does not increase within "
-                                        rf"client 'robot0', trajectory 0 \(previous "
-                                        rf"t={start + 300}\)"):
-        load_trajectories(tmp_path / "swapped.csv", ["x1", "x2"], ["u"])
+    assert_swapped_stamps_refused(df.copy(), tmp_path, start)
     summary = run_experiment(compose_cfg(*GENERIC, f"data.path={tmp_path / 'all.csv'}", "R=2"),
                              tmp_path / "run")
     assert summary["status"] == "ok" and summary["M"] == 2
+
+
+def assert_swapped_stamps_refused(df, folder, start: int) -> None:
+    """Rows 4 and 5 of ``df`` (stamps ``start + 200``, ``start + 300`` of client robot0)
+    swapped, written as CSV: refused naming both exact values."""
+    df.loc[[2, 3], "t"] = df.loc[[3, 2], "t"].to_numpy()
+    df.to_csv(folder / "swapped.csv", index=False)
+    with pytest.raises(DataError, match=rf"row 4: t={start + 200} does not increase within "
+                                        rf"client 'robot0', trajectory 0 \(previous "
+                                        rf"t={start + 300}\)$"):
+        load_trajectories(folder / "swapped.csv", ["x1", "x2"], ["u"])
 
 
 def test_integer_stamps_stay_exact_beside_another_client_s_fractional_times(tmp_path):
@@ -237,12 +242,7 @@ def test_integer_stamps_stay_exact_beside_another_client_s_fractional_times(tmp_
                              tmp_path / "run")
     assert summary["status"] == "ok" and summary["M"] == 2
     # stamps out of order are still found, by their exact values
-    df.loc[[2, 3], "t"] = df.loc[[3, 2], "t"].to_numpy()
-    df.to_csv(tmp_path / "swapped.csv", index=False)
-    with pytest.raises(DataError, match=rf"row 4: t={start + 200} does not increase within "
-                                        rf"client 'robot0', trajectory 0 \(previous "
-                                        rf"t={start + 300}\)$"):
-        load_trajectories(tmp_path / "swapped.csv", ["x1", "x2"], ["u"])
+    assert_swapped_stamps_refused(df, tmp_path, start)
     # fractional times out of order too
     df.loc[[2, 3], "t"] = df.loc[[3, 2], "t"].to_numpy()
     df.loc[[8, 9], "t"] = df.loc[[9, 8], "t"].to_numpy()
