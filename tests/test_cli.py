@@ -93,6 +93,11 @@ def test_help_lists_groups_options_and_knobs():
         assert f"{group}: {', '.join(options(group))}" in res.stdout
     for knob in KNOBS:
         assert f"\n  {knob}=" in res.stdout
+    # the exit statuses, with the growth rule's factor the code applies
+    from fnsysid.results.history import GROWTH_FACTOR
+
+    assert f"growing (final error above {GROWTH_FACTOR:g} x max(1, start))" in \
+        " ".join(res.stdout.split())
 
 
 BAD = [
