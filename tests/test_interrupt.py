@@ -113,6 +113,30 @@ def test_overwrite_removes_the_earlier_sweep_or_run_whole_and_nothing_else(tmp_p
     assert (folder / "notes.txt").read_text() == "mine\n"
 
 
+def test_overwrite_removes_only_what_an_earlier_run_wrote(tmp_path):
+    """output.overwrite=true never removes a user's files: not in a folder that holds no run
+    (data files beside the results), not the new run's input files even where an earlier run
+    wrote them, not runs in folders below that are not the folder's own sweep."""
+    run = [*SWEEP[:-1], "M=2", "output.overwrite=true"]
+    sim = tmp_path / "proj" / "runs" / "a"
+    assert cli_in_process(*run, "output.trajectories=true", f"hydra.run.dir={sim}"
+                          ).returncode == 0
+    # a folder of the user's with other runs below: nothing of theirs goes
+    (tmp_path / "proj" / "readme.txt").write_text("mine\n")
+    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "proj").rglob("*"))
+    res = cli_in_process(*run, f"hydra.run.dir={tmp_path / 'proj'}")
+    assert res.returncode == 0, res.stderr
+    assert set(before) <= {p.relative_to(tmp_path) for p in (tmp_path / "proj").rglob("*")}
+    assert json.loads((sim / "summary.json").read_text())["M"] == 2
+    # the earlier run's own trajectories, the new run's input: kept, read, then replaced
+    data = ["system=pendulum", "data=files", f"data.path={sim / 'trajectories.parquet'}",
+            f"data.truth={sim / 'truth.csv'}", "R=2", "output.plot=false"]
+    res = cli_in_process(*data, "output.overwrite=true", f"hydra.run.dir={sim}")
+    assert res.returncode == 0, res.stderr
+    assert (sim / "trajectories.parquet").exists() and (sim / "truth.csv").exists()
+    assert json.loads((sim / "summary.json").read_text())["data"] == "files"
+
+
 def test_resume_into_a_single_runs_folder_is_refused(tmp_path):
     folder = tmp_path / "single"
     assert cli_in_process(*SWEEP[:-1], "M=2", f"hydra.run.dir={folder}").returncode == 0

@@ -16,7 +16,7 @@ from fnsysid.app.preflight import as_overrides, check_output_dir, compose
 from fnsysid.config.checks import ConfigError, check_run
 from fnsysid.data.files import PUBLIC_COLUMNS, read_trajectories
 from fnsysid.results.files import write_outputs
-from fnsysid.results.folder import clear_earlier, has_results, lock_folder
+from fnsysid.results.folder import clear_earlier, has_results, input_paths, lock_folder
 
 
 def run(overrides=(), output_dir=None, config_dir=None) -> Result:
@@ -55,7 +55,7 @@ def run(overrides=(), output_dir=None, config_dir=None) -> Result:
         check_output_folder(folder, settings)
         result = execute(settings, choices, given_keys(as_overrides(overrides)))
         if settings.output.overwrite:
-            clear_earlier(folder)
+            clear_earlier(folder, input_paths(settings.data))
         write_outputs(folder, settings, result)
     return result
 

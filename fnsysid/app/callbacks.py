@@ -20,6 +20,7 @@ from fnsysid.results.folder import (
     clear_earlier,
     errors_problem,
     first_difference,
+    input_paths,
     lock_folder,
 )
 from fnsysid.results.folder import FolderLock as Lock
@@ -72,7 +73,7 @@ def _take(config: DictConfig, key: str, multirun: bool) -> None:
         if multirun and output.get("resume"):
             check_resume(config, folder)
         elif output.get("overwrite"):   # before Hydra writes (and opens run.log) there
-            removed = clear_earlier(folder)
+            removed = clear_earlier(folder, input_paths(config.get("data") or {}))
             if removed:
                 log.info("output.overwrite=true: removed the earlier results in %s: %s",
                          folder, ", ".join(removed))

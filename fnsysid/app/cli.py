@@ -20,7 +20,7 @@ from fnsysid.app.preflight import _check_commands, _flags_first, absolute_config
 from fnsysid.config.checks import ConfigError
 from fnsysid.config.groups import CONF_DIR
 from fnsysid.results.atomic import WriteError, write_json
-from fnsysid.results.folder import clear_results, finished_ok
+from fnsysid.results.folder import clear_results, finished_ok, input_paths
 from fnsysid.runtimes import interrupt
 
 log = logging.getLogger("fnsysid")
@@ -80,7 +80,7 @@ def task(cfg: DictConfig) -> float | None:
         log.info("already done (summary ok, same config), skipped: %s", out)
         return summary.get("final_e_max_mean")
     if cfg.output.overwrite or cfg.output.resume:
-        cleared = clear_results(out)
+        cleared = clear_results(out, input_paths(cfg.data))
         if cleared:
             log.info("cleared the earlier results in %s: %s", out, ", ".join(cleared))
     interrupt.job_handlers()

@@ -26,8 +26,11 @@ from pathlib import Path
 from fnsysid.config.errors import ConfigError
 
 #: files a run writes at the top of its folder (Hydra adds .hydra/ and run.log)
-RESULT_PATTERNS = ("*.csv", "*.json", "*.png", "*.pdf", "*.parquet", "config.yaml",
-                   ".*.tmp*")
+#: files a run or a sweep (with fnsysid-plot) writes at the top of its folder (Hydra adds
+#: .hydra/, run.log and multirun.yaml); the temporaries of an interrupted write match ".*.tmp*"
+RESULT_FILES = ("config.yaml", "summary.json", "errors.csv", "clients.csv", "estimates.csv",
+                "theory.csv", "error.png", "fit.png", "trajectories.parquet", "truth.csv",
+                "results.csv", "sweep.png", "sweep.pdf", "sweep.csv")
 #: settings that do not change what a run computes (ignored when comparing configs)
 IGNORED = {"output": ("resume", "overwrite", "plot"), "progress": None}
 
@@ -249,51 +252,82 @@ def _read_pid(fd: int) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def clear_results(folder: Path) -> list[str]:
-    """Remove an earlier run's result files from ``folder`` (not other files); their names."""
+def is_earlier_run(folder: Path) -> bool:
+    """True if ``folder`` holds a run's or a sweep's records (``summary.json``, ``.hydra/`` or
+    ``multirun.yaml``): only then does ``output.overwrite=true`` remove anything in it."""
+    folder = Path(folder)
+    return any((folder / name).exists() for name in ("summary.json", ".hydra", MULTIRUN))
+
+
+def _kept(path: Path, keep) -> bool:
+    """True if ``path`` is one of the paths ``keep`` (a run's inputs) or holds one."""
+    path = Path(os.path.abspath(path))
+    return any(k == path or path in k.parents for k in keep)
+
+
+def input_paths(data) -> list[str]:
+    """The input files of a run's ``data`` section (a mapping or settings object):
+    ``data.path``, ``data.val_path`` and ``data.truth`` where given."""
+    get = data.get if hasattr(data, "get") else (lambda k, d=None: getattr(data, k, d))
+    return [str(get(k)) for k in ("path", "val_path", "truth") if get(k, None)]
+
+
+def clear_results(folder: Path, keep=()) -> list[str]:
+    """Remove an earlier run's result files (:data:`RESULT_FILES` and temporaries) from
+    ``folder`` if it holds a run (:func:`is_earlier_run`), never a path of ``keep`` (the new
+    run's input files); other files stay. Their names."""
+    folder = Path(folder)
+    if not is_earlier_run(folder):
+        return []
+    keep = [Path(os.path.abspath(k)) for k in keep]
     removed = []
-    for pattern in RESULT_PATTERNS:
-        for p in Path(folder).glob(pattern):
-            if p.is_file():
-                p.unlink()
-                removed.append(p.name)
+    for p in [folder / name for name in RESULT_FILES] + list(folder.glob(".*.tmp*")):
+        if p.is_file() and not p.is_symlink() and not _kept(p, keep):
+            p.unlink()
+            removed.append(p.name)
     return sorted(removed)
 
 
 #: the sweep's config that Hydra writes at the top of a sweep folder
 MULTIRUN = "multirun.yaml"
-#: what a run or a sweep writes at the top of its folder besides :data:`RESULT_PATTERNS`
+#: what a run or a sweep writes at the top of its folder besides :data:`RESULT_FILES`
 RUN_RECORDS = (MULTIRUN, "run.log")
 
 
-def clear_earlier(folder: Path) -> list[str]:
-    """Remove the earlier run or sweep in ``folder`` (``output.overwrite=true``): its result
-    files (:func:`clear_results`), Hydra's records at the top (``.hydra/``, ``run.log``,
-    ``multirun.yaml``) and every job folder of a sweep (a folder below that holds ``.hydra/``)
-    with all it holds, then the folders that this leaves empty. Other files and folders
-    stay. Returns the names removed (relative to ``folder``)."""
+def clear_earlier(folder: Path, keep=()) -> list[str]:
+    """Remove the earlier run or sweep in ``folder`` (``output.overwrite=true``), if it holds
+    one (:func:`is_earlier_run`): its result files (:func:`clear_results`), Hydra's records at
+    the top (``.hydra/``, ``run.log``, ``multirun.yaml``) and, for a sweep (``multirun.yaml``),
+    every job folder (a folder below that holds ``.hydra/``) with all it holds, then the
+    folders that this leaves empty. Nothing that is or holds a path of ``keep`` (the new
+    run's input files) is removed, nor other files and folders. Returns the names removed
+    (relative to ``folder``)."""
     import shutil
 
     folder = Path(folder)
-    if not folder.is_dir():
+    if not folder.is_dir() or not is_earlier_run(folder):
         return []
-    removed = clear_results(folder)
+    keep = [Path(os.path.abspath(k)) for k in keep]
+    sweep = (folder / MULTIRUN).is_file()
+    removed = clear_results(folder, keep)
     for name in RUN_RECORDS:
         p = folder / name
-        if p.is_file() or p.is_symlink():
+        if (p.is_file() or p.is_symlink()) and not _kept(p, keep):
             p.unlink()
             removed.append(name)
     if (folder / ".hydra").is_dir() and not (folder / ".hydra").is_symlink():
         shutil.rmtree(folder / ".hydra")
         removed.append(".hydra")
     jobs = []
-    for top, dirs, _ in os.walk(folder):
+    for top, dirs, _ in os.walk(folder) if sweep else ():
         if Path(top) != folder and ".hydra" in dirs:
             jobs.append(Path(top))
             dirs[:] = []                    # a job folder goes whole
         else:
             dirs[:] = [d for d in dirs if d != ".hydra"]
     for job in jobs:
+        if _kept(job, keep):
+            continue
         shutil.rmtree(job)
         removed.append(job.relative_to(folder).as_posix())
         parent = job.parent
