@@ -368,7 +368,7 @@ def test_simulated_statistics_that_overflow_summed_over_clients_are_refused(tmp_
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("tiny", [0.0, 1e-170])
+@pytest.mark.parametrize("tiny", [0.0, 1e-160, 1e-170])
 def test_true_parameters_of_norm_zero_are_refused_naming_the_client(tmp_path, tiny):
     _, folder, truth = zero_padded_fleet(tmp_path)
     truth.loc[6:11, "value"] = [tiny, -tiny, 0.0, 0.0, 0.0, 0.0]   # client 01: rows 7..12

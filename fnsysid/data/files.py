@@ -526,7 +526,8 @@ def load_truth(path, clients: list[str], param_names: list[str], repeats) -> np.
                         "(e_r divides by their norm); allowed: "
                         f"values whose squares sum to less than {np.finfo(float).max:.3g} per "
                         "client")
-    zero = np.linalg.norm(theta, axis=-1) == 0         # as e_r computes it
+    with np.errstate(under="ignore"):       # squares below the smallest normal float: too small
+        zero = np.square(theta).sum(axis=-1) < np.finfo(float).tiny
     if zero.any():
         s, m = (int(k) for k in np.argwhere(zero)[0])
         mine = (c_idx == m) & ((rep == labels[s]) if rep is not None else True)
