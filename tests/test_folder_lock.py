@@ -252,3 +252,27 @@ def test_a_results_folder_with_a_name_too_long_is_refused_in_one_line(tmp_path):
         2, f"fnsysid: error: --config-path={long}: File name too long; a path whose every part "
            "has at most 255 bytes\n")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("subdir, says", [
+    ("same", "gives every job of the sweep the same folder"),
+    (".", "gives every job of the sweep the same folder"),
+    ("../busy/j${hydra.job.num}", "puts job folders outside hydra.sweep.dir"),
+    ("/tmp/elsewhere/a${hydra.job.num}", "puts job folders outside hydra.sweep.dir"),
+])
+def test_job_folders_of_a_sweep_are_its_own_and_inside_it(tmp_path, subdir, says):
+    """Two jobs in one folder lose one's results; a job folder outside the sweep folder
+    escapes its lock (it wrote into a running run's folder) and its results.csv."""
+    from tests.conftest import cli_in_process
+
+    res = cli_in_process("-m", "M=2", "R=2", "lr=0.1,0.2", "output.plot=false",
+                         f"hydra.sweep.dir={tmp_path}/s", f"hydra.sweep.subdir={subdir}")
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"fnsysid: error: hydra.sweep.subdir={subdir} {says}; allowed: "), res.stderr
+    assert list(tmp_path.iterdir()) == []
+    ok = cli_in_process("-m", "M=2", "R=2", "lr=0.1,0.2", "output.plot=false",
+                        f"hydra.sweep.dir={tmp_path}/t", "hydra.sweep.subdir=job_${hydra.job.num}")
+    assert ok.returncode == 0 and sorted(p.name for p in (tmp_path / "t").glob("job_*")) == [
+        "job_0", "job_1"]

@@ -396,6 +396,8 @@ def _check_hydra(base, multirun: bool) -> Path:
         if value is None or not str(value).strip():
             raise ConfigError(f"{key} is empty: give a folder for the results "
                               f"(e.g. {key}=outputs/myrun)")
+    if multirun:
+        _check_subdir(OmegaConf.to_container(base.hydra.sweep, resolve=False).get("subdir"))
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     folder = Path(str(OmegaConf.select(base, key)))
     existing = check_output_dir(key, folder).resolve()
@@ -410,6 +412,22 @@ def _check_hydra(base, multirun: bool) -> Path:
             raise ConfigError(f"hydra.launcher.n_jobs={n} is not allowed: an integer >= 1 "
                               "(workers), or -1 for all cores (-2 all but one, ...)")
     return existing
+
+
+def _check_subdir(subdir) -> None:
+    """A sweep's job folders (``hydra.sweep.subdir``, unresolved) are each job's own and lie
+    inside ``hydra.sweep.dir``: the text names a job (``${hydra.job.num}``,
+    ``${hydra.job.id}`` or ``${hydra.job.override_dirname}``), is relative and has no ``..``
+    (two jobs in one folder lose one's results; a job folder elsewhere escapes the sweep's
+    lock and table)."""
+    text = str(subdir)
+    if not any(f"hydra.job.{k}" in text for k in ("num", "id", "override_dirname")):
+        raise ConfigError(f"hydra.sweep.subdir={text} gives every job of the sweep the same "
+                          "folder; allowed: a folder per job, e.g. hydra.sweep.subdir="
+                          "'${hydra.job.num}' (default: ${hydra.job.override_dirname})")
+    if Path(text).is_absolute() or ".." in Path(text).parts:
+        raise ConfigError(f"hydra.sweep.subdir={text} puts job folders outside "
+                          "hydra.sweep.dir; allowed: a relative path without '..'")
 
 
 def check_earlier(key: str, folder: Path, output, multirun: bool) -> None:
