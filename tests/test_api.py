@@ -108,6 +108,10 @@ def test_an_output_dir_or_data_path_with_a_name_too_long_is_a_config_error(tmp_p
         fnsysid.run({"M": 3}, output_dir=long)
     assert str(exc.value) == (f"output_dir={long}: File name too long; a path whose every part "
                               "has at most 255 bytes")
+    missing = tmp_path / "new" / ("a" * 256)       # below a missing folder: nothing made
+    with pytest.raises(fnsysid.ConfigError, match=f"^output_dir={missing}: File name too long;"):
+        fnsysid.run({"M": 3}, output_dir=missing)
+    assert not (tmp_path / "new").exists()
     with pytest.raises(fnsysid.ConfigError, match=f"^config_dir={long}: File name too long;"):
         fnsysid.run({"M": 3}, config_dir=long)
     for key in ("path", "val_path"):

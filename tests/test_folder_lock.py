@@ -240,7 +240,9 @@ def test_a_lock_file_that_is_not_one_is_refused_and_left_alone(tmp_path, kind):
 
 def test_a_results_folder_with_a_name_too_long_is_refused_in_one_line(tmp_path):
     long = tmp_path / ("a" * 256)
+    missing = tmp_path / "new" / ("a" * 256)      # a missing parent is not made on the way
     for args, key, folder in [([f"hydra.run.dir={long}"], "hydra.run.dir", long),
+                              ([f"hydra.run.dir={missing}"], "hydra.run.dir", missing),
                               (["-m", "M=1,2", f"hydra.sweep.dir={long}/b"], "hydra.sweep.dir",
                                long / "b")]:
         res = cli_in_process("M=1", *QUIET, *args)

@@ -456,11 +456,18 @@ def check_output_dir(key: str, path: Path) -> Path:
     read-only file systems and runs as root.
     """
     try:
+        too_long = [p for p in Path(path).parts if len(os.fsencode(p)) > NAME_MAX]
+        if too_long:        # found before a missing parent is made on the way to it
+            raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG))
         return _check_output_dir(key, path)
     except ConfigError:
         raise
     except OSError as exc:      # a name too long, a loop of links, ...: before anything is made
         raise ConfigError(path_error(key, path, exc)) from None
+
+
+#: the longest name of a file or folder (one part of a path) on Linux and macOS file systems
+NAME_MAX = 255
 
 
 def path_error(key: str, path, exc: OSError) -> str:
