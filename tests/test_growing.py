@@ -111,3 +111,18 @@ def test_sweep_with_a_growing_job_names_it_exits_3_and_does_not_draw_it(tmp_path
     row = table[table["status"] == "growing"]
     assert list(row["curve"]) == ["lr=1.9 (growing; not drawn)"]
     assert table.loc[table["status"] == "ok", "lr"].tolist() == [0.5]
+
+
+def test_fnsysid_plot_of_a_sweep_without_an_ok_job_draws_nothing_and_exits_3(tmp_path, capsys):
+    """An empty figure is not a result: fnsysid-plot names the jobs and their status."""
+    from fnsysid.app.plot_cli import main
+
+    sweep = tmp_path / "sweep"
+    res = cli_in_process("-m", *EDGE, "lr=1.9", "output.plot=false", "hydra/launcher=basic",
+                         f"hydra.sweep.dir={sweep}")
+    assert res.returncode == 3, res.stderr
+    assert main([str(sweep)]) == 3
+    assert capsys.readouterr().err == (
+        f"fnsysid-plot: error: nothing to draw under {sweep}: no job ended ok: "
+        "M=2,R=20,lr=1.9,repeats=1,system=pendulum (growing)\n")
+    assert not list(sweep.glob("sweep.*"))

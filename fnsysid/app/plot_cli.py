@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fnsysid.results.plotting import METRICS, sweep_figure, sweep_heatmap
+from fnsysid.results.plotting import METRICS, status_text, sweep_figure, sweep_heatmap
 from fnsysid.results.sweep import declared_keys, find_sweep, read_sweep, swept_keys
 
 
@@ -40,6 +40,12 @@ def main(argv=None) -> int:
     jobs = read_sweep(sweep)
     if not jobs:
         return _error(f"no finished jobs (errors.csv) under {sweep}")
+    if not any(j["summary"].get("status") == "ok" for j in jobs):
+        bad = [f"{j['dir'].relative_to(sweep).as_posix()} ({status_text(j['summary'])})"
+               for j in jobs]
+        print(f"fnsysid-plot: error: nothing to draw under {sweep}: no job ended ok: "
+              + ", ".join(bad[:5] + ["..."] * (len(bad) > 5)), file=sys.stderr)
+        return 3
     keys = swept_keys(jobs, declared_keys(sweep))
     out = args.out or sweep / "sweep.png"
     outs = [out.with_suffix(".png"), out.with_suffix(".pdf")]
