@@ -101,6 +101,8 @@ def test_help_lists_groups_options_and_knobs():
 
 
 BAD = [
+    (["-m", "M=1,2", "output.resume=true", "output.overwrite=true"],
+     "output.resume=true and output.overwrite=true ask for opposites"),
     (["M=0"], "M=0 is not allowed"),
     (["N=0"], "N=0 is not allowed"),
     (["T=0"], "T=0 is not allowed"),

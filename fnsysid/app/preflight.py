@@ -432,7 +432,10 @@ def _check_subdir(subdir) -> None:
 
 def check_earlier(key: str, folder: Path, output, multirun: bool) -> None:
     """Refuse a results folder that holds an earlier run (or sweep) unless the ``output``
-    settings say to replace it (``overwrite``) or to finish the sweep (``resume``)."""
+    settings say to replace it (``overwrite``) or to finish the sweep (``resume``), not both."""
+    if output.get("resume") and output.get("overwrite"):
+        raise ConfigError("output.resume=true and output.overwrite=true ask for opposites "
+                          "(keep the finished jobs, remove them); allowed: one of the two")
     if multirun and output.get("resume") and not output.get("overwrite") and \
             not (Path(folder) / MULTIRUN).is_file() and \
             any((Path(folder) / name).exists() for name in SINGLE_RUN):
