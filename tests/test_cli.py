@@ -101,6 +101,9 @@ def test_help_lists_groups_options_and_knobs():
 
 
 BAD = [
+    (["system=pendulum", "data=files", "data.path=logs/fleet.csv", "hydra.job.chdir=true"],
+     "data.path=logs/fleet.csv is relative, and hydra.job.chdir=true runs each job in its "
+     "results folder"),
     (["-m", "M=1,2", "output.resume=true", "output.overwrite=true"],
      "output.resume=true and output.overwrite=true ask for opposites"),
     (["M=0"], "M=0 is not allowed"),

@@ -398,6 +398,14 @@ def _check_hydra(base, multirun: bool) -> Path:
                               f"(e.g. {key}=outputs/myrun)")
     if multirun:
         _check_subdir(OmegaConf.to_container(base.hydra.sweep, resolve=False).get("subdir"))
+    if OmegaConf.select(base, "hydra.job.chdir") is True:
+        for k in ("path", "val_path", "truth"):
+            value = OmegaConf.select(base, f"data.{k}", default=None)
+            if isinstance(value, str) and value and not Path(value).is_absolute():
+                raise ConfigError(
+                    f"data.{k}={value} is relative, and hydra.job.chdir=true runs each job in "
+                    "its results folder, where it would be looked up; allowed: an absolute "
+                    f"path (data.{k}={Path(value).absolute()}), or hydra.job.chdir=false")
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     folder = Path(str(OmegaConf.select(base, key)))
     existing = check_output_dir(key, folder).resolve()
