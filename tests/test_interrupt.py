@@ -121,13 +121,15 @@ def test_overwrite_removes_only_what_an_earlier_run_wrote(tmp_path):
     sim = tmp_path / "proj" / "runs" / "a"
     assert cli_in_process(*run, "output.trajectories=true", f"hydra.run.dir={sim}"
                           ).returncode == 0
-    # a folder of the user's with other runs below: nothing of theirs goes
+    # a folder of the user's with other runs further below: not a results folder, refused
+    # even with overwrite, nothing of theirs touched
     (tmp_path / "proj" / "readme.txt").write_text("mine\n")
-    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "proj").rglob("*"))
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "proj").rglob("*")}
     res = cli_in_process(*run, f"hydra.run.dir={tmp_path / 'proj'}")
-    assert res.returncode == 0, res.stderr
-    assert set(before) <= {p.relative_to(tmp_path) for p in (tmp_path / "proj").rglob("*")}
-    assert json.loads((sim / "summary.json").read_text())["M"] == 2
+    assert (res.returncode, res.stderr) == (
+        2, f"fnsysid: error: hydra.run.dir={tmp_path / 'proj'} is not empty and holds no "
+           "earlier run (readme.txt, runs); allowed: a new or empty folder, or an earlier run's\n")
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "proj").rglob("*")} == before
     # the earlier run's own trajectories, the new run's input: kept, read, then replaced
     data = ["system=pendulum", "data=files", f"data.path={sim / 'trajectories.parquet'}",
             f"data.truth={sim / 'truth.csv'}", "R=2", "output.plot=false"]

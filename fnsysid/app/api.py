@@ -16,7 +16,13 @@ from fnsysid.app.preflight import as_overrides, check_output_dir, compose
 from fnsysid.config.checks import ConfigError, check_run
 from fnsysid.data.files import PUBLIC_COLUMNS, read_trajectories
 from fnsysid.results.files import write_outputs
-from fnsysid.results.folder import clear_earlier, has_results, input_paths, lock_folder
+from fnsysid.results.folder import (
+    clear_earlier,
+    has_results,
+    input_paths,
+    lock_folder,
+    not_a_run,
+)
 
 
 def run(overrides=(), output_dir=None, config_dir=None) -> Result:
@@ -65,6 +71,9 @@ def check_output_folder(folder: Path, settings) -> None:
     as the command line's results folder: checked before the run starts, under the folder's
     lock (:func:`~fnsysid.results.folder.lock_folder`; a folder another run holds is
     refused)."""
+    foreign = not_a_run("output_dir", folder)
+    if foreign:
+        raise ConfigError(foreign)
     if has_results(folder) and not settings.output.overwrite:
         raise ConfigError(f"output_dir={folder} holds an earlier run: choose a new folder, or "
                           "add output.overwrite=true to replace its results")

@@ -18,7 +18,14 @@ from fnsysid.config.checks import ConfigError, check_batch_size, check_run, over
 from fnsysid.config.errors import one_line, show
 from fnsysid.config.groups import CONF_DIR, HYDRA_LOCK, command, with_config_dir
 from fnsysid.config.schema import GROUPS, KNOBS, TOP_LEVEL, check_value
-from fnsysid.results.folder import MULTIRUN, FolderInUse, has_results, in_use, in_use_message
+from fnsysid.results.folder import (
+    MULTIRUN,
+    FolderInUse,
+    has_results,
+    in_use,
+    in_use_message,
+    not_a_run,
+)
 
 #: Hydra flags followed by a value
 _VALUE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
@@ -444,6 +451,9 @@ def check_earlier(key: str, folder: Path, output, multirun: bool) -> None:
     if output.get("resume") and output.get("overwrite"):
         raise ConfigError("output.resume=true and output.overwrite=true ask for opposites "
                           "(keep the finished jobs, remove them); allowed: one of the two")
+    foreign = not_a_run(key, folder)
+    if foreign:
+        raise ConfigError(foreign)
     if multirun and output.get("resume") and not output.get("overwrite") and \
             not (Path(folder) / MULTIRUN).is_file() and \
             any((Path(folder) / name).exists() for name in SINGLE_RUN):

@@ -253,10 +253,37 @@ def _read_pid(fd: int) -> int | None:
 
 
 def is_earlier_run(folder: Path) -> bool:
-    """True if ``folder`` holds a run's or a sweep's records (``summary.json``, ``.hydra/`` or
-    ``multirun.yaml``): only then does ``output.overwrite=true`` remove anything in it."""
+    """True if ``folder`` holds a run's or a sweep's records (``summary.json``,
+    ``config.yaml``, ``.hydra/``, ``multirun.yaml``, or the temporaries of an interrupted
+    write): only then does ``output.overwrite=true`` remove anything in it."""
     folder = Path(folder)
-    return any((folder / name).exists() for name in ("summary.json", ".hydra", MULTIRUN))
+    return any((folder / name).exists()
+               for name in ("summary.json", "config.yaml", ".hydra", MULTIRUN)) or \
+        any(folder.glob(".*.tmp*")) or _has_jobs(folder)
+
+
+def _has_jobs(folder: Path) -> bool:
+    """True if a folder right below ``folder`` is a job's (holds ``.hydra/`` or
+    ``summary.json``): a sweep's folder, also one whose ``multirun.yaml`` was never written
+    (a sweep killed early)."""
+    try:
+        return any((p / ".hydra").is_dir() or (p / "summary.json").is_file()
+                   for p in Path(folder).iterdir() if p.is_dir())
+    except OSError:
+        return False
+
+
+def not_a_run(name: str, folder: Path) -> str | None:
+    """The one line refusing ``folder`` (the setting ``name``) if it holds files but no run
+    (:func:`is_earlier_run`): a folder of one's own files is no results folder, even with
+    ``output.overwrite=true`` (which removes only what a run wrote); None otherwise."""
+    folder = Path(folder)
+    if not has_results(folder) or is_earlier_run(folder):
+        return None
+    names = sorted(p.name for p in folder.iterdir() if p.name != LOCK)
+    return (f"{name}={folder} is not empty and holds no earlier run ("
+            + ", ".join(names[:5] + ["..."] * (len(names) > 5))
+            + "); allowed: a new or empty folder, or an earlier run's")
 
 
 def _kept(path: Path, keep) -> bool:
@@ -297,7 +324,8 @@ RUN_RECORDS = (MULTIRUN, "run.log")
 def clear_earlier(folder: Path, keep=()) -> list[str]:
     """Remove the earlier run or sweep in ``folder`` (``output.overwrite=true``), if it holds
     one (:func:`is_earlier_run`): its result files (:func:`clear_results`), Hydra's records at
-    the top (``.hydra/``, ``run.log``, ``multirun.yaml``) and, for a sweep (``multirun.yaml``),
+    the top (``.hydra/``, ``run.log``, ``multirun.yaml``) and, for a sweep (``multirun.yaml``
+    or job folders right below),
     every job folder (a folder below that holds ``.hydra/``) with all it holds, then the
     folders that this leaves empty. Nothing that is or holds a path of ``keep`` (the new
     run's input files) is removed, nor other files and folders. Returns the names removed
@@ -308,7 +336,7 @@ def clear_earlier(folder: Path, keep=()) -> list[str]:
     if not folder.is_dir() or not is_earlier_run(folder):
         return []
     keep = [Path(os.path.abspath(k)) for k in keep]
-    sweep = (folder / MULTIRUN).is_file()
+    sweep = (folder / MULTIRUN).is_file() or _has_jobs(folder)
     removed = clear_results(folder, keep)
     for name in RUN_RECORDS:
         p = folder / name
