@@ -21,6 +21,7 @@ import numpy as np
 from fnsysid.app.build import build
 from fnsysid.app.resources import check_memory, file_budget
 from fnsysid.config.checks import check_run, override_key
+from fnsysid.config.errors import some
 from fnsysid.config.schema import Settings
 from fnsysid.data.source import Dataset, load_data
 from fnsysid.dynamics.model import Model
@@ -222,6 +223,11 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     return Result(tables, summary, model, strategy.estimate(), dataset, diverged, settings)
 
 
+def _labels(left: np.ndarray, clients) -> list[str]:
+    """The labels of the clients marked in ``left`` (S, M) in some repeat."""
+    return [str(clients[m]) for m in np.flatnonzero(left.any(axis=0))]
+
+
 def left_out_clients(strategy, clients: list[str]) -> list[str]:
     """The labels of the clients a strategy left out of its estimate (``strategy.left_out``,
     (S, M), set by :class:`~fnsysid.learning.strategies.OneShot` for clients whose data do not
@@ -230,15 +236,15 @@ def left_out_clients(strategy, clients: list[str]) -> list[str]:
     left = getattr(strategy, "left_out", None)
     if left is None or not left.any():
         return []
-    names = [str(clients[m]) for m in np.flatnonzero(left.any(axis=0))]
+    names = _labels(left, clients)
     S = left.shape[0]
     where = ("" if S == 1 else " in every repeat" if (left == left[:1]).all()
              else f" in some of the {S} repeats")
     log.warning("strategy=oneshot: %d of %d client(s) left out of the average%s, their own data "
                 "not determining their model (Gram matrix of rank below %d: no data, all-zero "
                 "data or too few samples): %s", len(names), left.shape[1], where,
-                strategy.data.H.shape[-1], ", ".join(names[:10] + ["..."] * (len(names) > 10)))
-    return names[:50] + ["..."] * (len(names) > 50)
+                strategy.data.H.shape[-1], ", ".join(some(names, 10)))
+    return some(names, 50)
 
 
 def unscored_clients(model, dataset) -> list[str]:
@@ -251,12 +257,11 @@ def unscored_clients(model, dataset) -> list[str]:
     left = (ho.n > 0) & ~scored(model, ho)
     if not left.any():
         return []
-    names = [str(dataset.clients[m]) for m in np.flatnonzero(left.any(axis=0))]
+    names = _labels(left, dataset.clients)
     log.warning("held-out NRMSE: %d of %d client(s) left out of its max and mean, no predicted "
                 "state varying in their held-out data (an NRMSE has no scale there): %s",
-                len(names), left.shape[1],
-                ", ".join(names[:10] + ["..."] * (len(names) > 10)))
-    return names[:50] + ["..."] * (len(names) > 50)
+                len(names), left.shape[1], ", ".join(some(names, 10)))
+    return some(names, 50)
 
 
 def run_experiment(cfg, output_dir: str | Path) -> dict:

@@ -17,6 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from fnsysid.config.errors import some
 from fnsysid.results.plotting import METRICS, status_text, sweep_figure, sweep_heatmap
 from fnsysid.results.sweep import declared_keys, find_sweep, read_sweep, swept_keys
 
@@ -44,7 +45,7 @@ def main(argv=None) -> int:
         bad = [f"{j['dir'].relative_to(sweep).as_posix()} ({status_text(j['summary'])})"
                for j in jobs]
         print(f"fnsysid-plot: error: nothing to draw under {sweep}: no job ended ok: "
-              + ", ".join(bad[:5] + ["..."] * (len(bad) > 5)), file=sys.stderr)
+              + ", ".join(some(bad, 5)), file=sys.stderr)
         return 3
     keys = swept_keys(jobs, declared_keys(sweep))
     out = args.out or sweep / "sweep.png"

@@ -14,6 +14,13 @@ class DataError(ConfigError):
     """A trajectory or truth file that cannot be used as it is."""
 
 
+def some(items, n: int) -> list:
+    """The first ``n`` of ``items``, and ``"..."`` after them if there are more (lists of
+    names in messages and summaries)."""
+    items = list(items)
+    return items[:n] + ["..."] * (len(items) > n)
+
+
 def show(value) -> str:
     """A value as the user would type it on the command line (``'false'`` for the string,
     ``false`` for the boolean)."""

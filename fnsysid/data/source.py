@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fnsysid.config.checks import ConfigError, DataError, check_batch_size
+from fnsysid.config.errors import some
 from fnsysid.config.schema import Settings
 from fnsysid.data.heldout import HeldOut, add_block, empty_heldout, heldout_from_trajectories
 from fnsysid.dynamics import random as rnd
@@ -327,9 +328,9 @@ def from_files(settings: Settings, model: Model, optimizer,
         check_batch_size(batch_size, int(train.n.min()))
     N = n_traj.groupby(level=1).max().tolist()
     facts = {"M": M, "N": N[0] if len(set(N)) == 1 else N, "T": None, "eps": None,
-             "repeats": S, "clients": clients if M <= 50 else clients[:50] + ["..."]}
+             "repeats": S, "clients": some(clients, 50)}
     if labels != list(range(S)):                     # outputs number the repeats 0..S-1
-        facts["repeat_labels"] = labels if S <= 50 else labels[:50] + ["..."]
+        facts["repeat_labels"] = some(labels, 50)
     return Dataset(train, ho, clients, facts, labels)
 
 

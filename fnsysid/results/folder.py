@@ -23,7 +23,7 @@ import logging
 import os
 from pathlib import Path
 
-from fnsysid.config.errors import ConfigError
+from fnsysid.config.errors import ConfigError, some
 
 #: files a run writes at the top of its folder (Hydra adds .hydra/ and run.log)
 #: files a run or a sweep (with fnsysid-plot) writes at the top of its folder (Hydra adds
@@ -282,7 +282,7 @@ def not_a_run(name: str, folder: Path) -> str | None:
         return None
     names = sorted(p.name for p in folder.iterdir() if p.name != LOCK)
     return (f"{name}={folder} is not empty and holds no earlier run ("
-            + ", ".join(names[:5] + ["..."] * (len(names) > 5))
+            + ", ".join(some(names, 5))
             + "); allowed: a new or empty folder, or an earlier run's")
 
 
@@ -306,13 +306,18 @@ def clear_results(folder: Path, keep=()) -> list[str]:
     folder = Path(folder)
     if not is_earlier_run(folder):
         return []
-    keep = [Path(os.path.abspath(k)) for k in keep]
+    return sorted(_remove_result_files(folder, [Path(os.path.abspath(k)) for k in keep]))
+
+
+def _remove_result_files(folder: Path, keep: list[Path]) -> list[str]:
+    """Remove :data:`RESULT_FILES` and temporaries from ``folder`` (not links, not a path of
+    ``keep``: absolute); their names."""
     removed = []
     for p in [folder / name for name in RESULT_FILES] + list(folder.glob(".*.tmp*")):
         if p.is_file() and not p.is_symlink() and not _kept(p, keep):
             p.unlink()
             removed.append(p.name)
-    return sorted(removed)
+    return removed
 
 
 #: the sweep's config that Hydra writes at the top of a sweep folder
@@ -337,7 +342,7 @@ def clear_earlier(folder: Path, keep=()) -> list[str]:
         return []
     keep = [Path(os.path.abspath(k)) for k in keep]
     sweep = (folder / MULTIRUN).is_file() or _has_jobs(folder)
-    removed = clear_results(folder, keep)
+    removed = _remove_result_files(folder, keep)
     for name in RUN_RECORDS:
         p = folder / name
         if (p.is_file() or p.is_symlink()) and not _kept(p, keep):
