@@ -62,12 +62,7 @@ def _take(config: DictConfig, key: str, multirun: bool) -> None:
     it is refused (the folder left as it was)."""
     folder = Path(str(OmegaConf.select(config, key)))   # resolves (and fixes) ${now:...}
     try:
-        lock = lock_folder(folder, f"{key}={folder}")
-    except ConfigError as exc:
-        print(f"fnsysid: error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    HELD[folder] = lock
-    try:
+        HELD[folder] = lock_folder(folder, f"{key}={folder}")
         output = config.get("output") or {}
         check_earlier(key, folder, output, multirun)
         if multirun and output.get("resume"):
@@ -78,7 +73,7 @@ def _take(config: DictConfig, key: str, multirun: bool) -> None:
                 log.info("output.overwrite=true: removed the earlier results in %s: %s",
                          folder, ", ".join(removed))
     except ConfigError as exc:
-        release(folder)
+        release(folder)                 # if it was taken
         print(f"fnsysid: error: {exc}", file=sys.stderr)
         sys.exit(2)
 
@@ -159,8 +154,8 @@ def _given(hydra_cfg: dict, swept: list[str], exclude: set[str]) -> dict:
     """The settings a sweep's command line gives (``hydra.overrides.task``) that name its job
     folders: setting -> override as written, without the swept ones and ``exclude``."""
     lines = (hydra_cfg.get("overrides") or {}).get("task") or []
-    return {override_key(line): line for line in lines
-            if override_key(line) not in swept and override_key(line) not in exclude}
+    given = {override_key(line): line for line in lines}
+    return {k: line for k, line in given.items() if k not in swept and k not in exclude}
 
 
 def _shown(value) -> str:
