@@ -306,10 +306,24 @@ def plot(results: dict, path: Path) -> None:
     print(f"wrote {path}")
 
 
+#: the benchmark cases, in the order they run
+CASES = ("paper", "M", "K", "p", "ragged")
+
+
+def _cases(text: str) -> list[str]:
+    """``--cases``: names of :data:`CASES`, comma-separated (an unknown one is refused)."""
+    names = text.split(",")
+    bad = [n for n in names if n not in CASES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{','.join(bad)} is not a case; allowed: "
+                                         f"{','.join(CASES)}")
+    return names
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="paper,M,K,p,ragged",
-                    help="comma-separated: paper,M,K,p,ragged")
+    ap.add_argument("--cases", default=",".join(CASES), type=_cases,
+                    help=f"comma-separated: {','.join(CASES)}")
     ap.add_argument("--quick", action="store_true", help="small sizes only")
     ap.add_argument("--json", type=Path, default=ROOT / "outputs" / "bench" / "bench.json")
     ap.add_argument("--plot", type=Path, help="draw the scaling figure from --json and stop")
@@ -319,7 +333,7 @@ def main() -> None:
         return floor_main(args.floor)
     if args.plot:
         return plot(json.loads(args.json.read_text()), args.plot)
-    results = bench(args.cases.split(","), args.quick)
+    results = bench(args.cases, args.quick)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=1) + "\n")
     print(f"\nwrote {args.json}")

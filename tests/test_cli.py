@@ -284,3 +284,12 @@ def test_bad_fnsysid_threads_is_one_line_exit_2_nothing_written(tmp_path, monkey
     assert res.stderr.strip() == (f"fnsysid: error: FNSYSID_THREADS={value}; allowed: an "
                                   "integer >= 1")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_refuses_an_unknown_case():
+    """scripts/bench.py --cases nosuch ran nothing, wrote an empty bench.json and exited 0."""
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--cases",
+                          "M,nosuch"], capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1] == (
+        "bench.py: error: argument --cases: nosuch is not a case; allowed: paper,M,K,p,ragged")
