@@ -14,7 +14,7 @@ import pandas as pd
 from fnsysid.app.experiment import Result, execute, given_keys
 from fnsysid.app.preflight import as_overrides, check_output_dir, compose
 from fnsysid.config.checks import ConfigError, check_run
-from fnsysid.data.files import PUBLIC_COLUMNS, read_trajectories
+from fnsysid.data.files import PUBLIC_COLUMNS, ColumnMap, read_trajectories
 from fnsysid.results.files import write_outputs
 from fnsysid.results.folder import (
     clear_earlier,
@@ -79,15 +79,22 @@ def check_output_folder(folder: Path, settings) -> None:
                           "add output.overwrite=true to replace its results")
 
 
-def load_trajectories(path, states, inputs=()) -> pd.DataFrame:
+def load_trajectories(path, states, inputs=(), *, trajectory: str = "trajectory",
+                      time: str = "t", ignore=()) -> pd.DataFrame:
     """Read and check trajectory files (the ``data=files`` layout) into one DataFrame.
 
-    Columns ``repeat, client, trajectory, t, split``, the states and the inputs (``repeat``
-    the files' labels, 0 without the column); raises
+    ``trajectory``, ``time``, ``ignore``: as ``data.trajectory``, ``data.time`` and
+    ``data.ignore`` (the columns of the trajectory ids and of the times; columns not used;
+    any other column that is not a state, an input, ``client``, ``repeat`` or ``split`` is
+    refused). Columns ``repeat, client, trajectory, t, split`` (the mapped columns under these
+    names), the states and the inputs (``repeat`` the files' labels, 0 without the column);
+    raises
     :class:`~fnsysid.data.files.DataError` (a :class:`ConfigError`) naming the file and
     row or column of the first problem.
     """
-    df = read_trajectories(path, states, inputs)
+    ignore = [ignore] if isinstance(ignore, str) else list(ignore or ())
+    df = read_trajectories(path, states, inputs,
+                           columns=ColumnMap(trajectory, time, tuple(ignore)))
     names = [c for c in df.columns if c not in PUBLIC_COLUMNS and not c.startswith("_")]
     out = df[PUBLIC_COLUMNS + names].reset_index(drop=True)
     out["repeat"] = out["repeat"].map(dict(enumerate(df.attrs["repeats"])))

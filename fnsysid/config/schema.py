@@ -367,6 +367,10 @@ class Files(Section):
     truth: Text | None
     holdout: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
     val_path: Text | None
+    trajectory: Text = "trajectory"
+    time: Text = "t"
+    ignore: Annotated[list[Text], Field(json_schema_extra={
+        "allowed": "a list of column names, e.g. [battery, note]"})] = []
 
 
 class InProcess(Section):

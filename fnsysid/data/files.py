@@ -20,6 +20,7 @@ import difflib
 import errno
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,8 @@ from fnsysid.config.checks import DataError
 
 SUFFIXES = (".csv", ".parquet")
 OPTIONAL = ("repeat", "trajectory", "t", "split")
+#: the labels a file may hold besides the states, the inputs and the mapped columns
+KNOWN = ("client", "repeat", "split")
 SPLITS = ("train", "val")
 #: columns of a validated trajectory table before the states and inputs
 PUBLIC_COLUMNS = ["repeat", "client", "trajectory", "t", "split"]
@@ -138,8 +141,94 @@ def check_paths(data) -> None:
         readable_file(data.truth, "data.truth")
 
 
+@dataclass(frozen=True)
+class ColumnMap:
+    """Which columns of a trajectory table are the trajectory id and the time
+    (``data.trajectory``, ``data.time``), and which other columns are not used
+    (``data.ignore``). A column given by a name other than the default must be present."""
+
+    trajectory: str = "trajectory"
+    time: str = "t"
+    ignore: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, data) -> ColumnMap:
+        """The mapping of a ``data`` section (defaults for the settings it lacks)."""
+        return cls(getattr(data, "trajectory", None) or "trajectory",
+                   getattr(data, "time", None) or "t",
+                   tuple(getattr(data, "ignore", None) or ()))
+
+
+#: what each column the reader may use is, for messages
+SETTINGS = "data.states, data.inputs, data.trajectory, data.time or data.ignore"
+
+
+def check_columns(df: pd.DataFrame, where, states, inputs=(), columns: ColumnMap | None = None,
+                  one_file: bool = False, rename: bool = True) -> pd.DataFrame:
+    """The columns of one trajectory table (a file's or an in-memory DataFrame) checked and
+    renamed to the reader's names: the states and inputs as given, the mapped trajectory and
+    time columns as ``trajectory`` and ``t`` (``rename=False``: as in ``df``), the ignored ones
+    dropped.
+
+    A column that is neither a state, an input, a known label (``client``, ``repeat``,
+    ``split``) nor mapped or ignored is refused naming it, ``where`` (the file) and the
+    settings that would use it: nothing is read into another column silently. A state, an
+    input or the client column (``one_file``: one table holds all clients) that is missing is
+    refused, so is a mapped column given by a name other than the default that is missing, and
+    a name given to two uses. Raises :class:`DataError`.
+    """
+    columns = columns or ColumnMap()
+    states = [states] if isinstance(states, str) else list(states)
+    inputs = [inputs] if isinstance(inputs, str) else list(inputs or [])
+    cols = [str(c) for c in df.columns]
+    uses: dict[str, str] = {}
+    # a default name in data.ignore: that column is not used (one trajectory, the row order)
+    mapped = [(name, setting) for name, setting, default in
+              ((columns.trajectory, "data.trajectory", "trajectory"),
+               (columns.time, "data.time", "t"))
+              if not (name == default and name in columns.ignore)]
+    for name, setting in ([(c, "data.states") for c in states]
+                          + [(c, "data.inputs") for c in inputs] + mapped
+                          + [(c, "data.ignore") for c in columns.ignore]):
+        if name in uses and uses[name] != setting or name in KNOWN:
+            first = uses.get(name, "a label the reader knows (client, repeat, split)")
+            raise DataError(f"{setting}: column '{name}' is also {first}; allowed: one use "
+                            "per column")
+        uses[name] = setting
+    need = [(c, "data.states") for c in states] + [(c, "data.inputs") for c in inputs]
+    if one_file:
+        need.append(("client", "one file holds all clients"))
+    for name, setting, default in ((columns.trajectory, "data.trajectory", "trajectory"),
+                                   (columns.time, "data.time", "t")):
+        if name != default:
+            need.append((name, f"{setting}={name}"))
+    for c, why in need:
+        if c not in cols:
+            near = [k for k in cols if k.lower() == c.lower()] or \
+                difflib.get_close_matches(c, cols, n=1)
+            hint = f"; did you mean '{near[0]}'?" if near else ""
+            raise DataError(f"{where}: column '{c}' ({why}) is missing; columns: "
+                            f"{', '.join(cols)}{hint}")
+    unknown = [c for c in cols if c not in uses and c not in KNOWN]
+    if unknown:
+        c = unknown[0]
+        more = f" (and {len(unknown) - 1} more: {', '.join(unknown[1:4])}" \
+            f"{', ...' if len(unknown) > 4 else ''})" if len(unknown) > 1 else ""
+        raise DataError(f"{where}: column '{c}'{more} is neither a state, an input, the "
+                        f"trajectory ('{columns.trajectory}'), the time ('{columns.time}') nor "
+                        f"client, repeat or split; allowed: name it in {SETTINGS} "
+                        f"(to leave it out: data.ignore=[{c}])")
+    out = df.copy(deep=False)
+    out.columns = cols
+    out = out.drop(columns=[c for c in cols if c in columns.ignore])
+    if not rename:
+        return out
+    return out.rename(columns={columns.trajectory: "trajectory", columns.time: "t"})
+
+
 def read_trajectories(path, states, inputs=(), setting: str = "data.path",
-                      client_file: bool = False) -> pd.DataFrame:
+                      client_file: bool = False, columns: ColumnMap | None = None
+                      ) -> pd.DataFrame:
     """Read and check trajectories: the validated samples as one DataFrame.
 
     Parameters
@@ -149,6 +238,8 @@ def read_trajectories(path, states, inputs=(), setting: str = "data.path",
     setting : the setting that gave ``path``, for messages.
     client_file : ``path`` is one client's file of a folder (a Flower node's own file),
         read as in the folder: the file name gives the client.
+    columns : the trajectory and time columns and the ignored ones (:class:`ColumnMap`;
+        default: ``trajectory``, ``t``, none); see :func:`check_columns`.
 
     Returns
     -------
@@ -165,28 +256,23 @@ def read_trajectories(path, states, inputs=(), setting: str = "data.path",
     files = data_files(path, setting)
     one_file = Path(path).is_file() and not client_file
     parts = []
+    columns = columns or ColumnMap()
     for f in files:
-        df = read_table(f, text=("client", "t"))          # t as text: integers stay exact
-        parts.append(_check_file(df, f, states, inputs, one_file))
-    return _combine(parts, files, one_file, states, inputs)
+        # t as text: integers stay exact
+        df = read_table(f, text=("client", columns.time))
+        parts.append(_check_file(df, f, states, inputs, one_file, columns))
+    return _combine(parts, files, one_file, states, inputs, columns)
 
 
-def _check_file(df: pd.DataFrame, f: Path, states, inputs, one_file: bool) -> pd.DataFrame:
+def _check_file(df: pd.DataFrame, f: Path, states, inputs, one_file: bool,
+                columns: ColumnMap | None = None) -> pd.DataFrame:
     """Columns present and numeric; returns the used columns with a canonical layout."""
     if len(df) == 0:
         raise DataError(f"{f}: no rows")
-    cols = [str(c) for c in df.columns]
-    df.columns = cols
-    need = [(c, "data.states") for c in states] + [(c, "data.inputs") for c in inputs]
-    if one_file:
-        need.append(("client", "one file holds all clients"))
-    for c, why in need:
-        if c not in cols:
-            near = [k for k in cols if k.lower() == c.lower()] or \
-                difflib.get_close_matches(c, cols, n=1)
-            hint = f"; did you mean '{near[0]}'?" if near else ""
-            raise DataError(f"{f}: column '{c}' ({why}) is missing; columns: "
-                            f"{', '.join(cols)}{hint}")
+    columns = columns or ColumnMap()
+    df = check_columns(df, f, states, inputs, columns, one_file, rename=False)
+    cols = list(df.columns)
+    traj, time = columns.trajectory, columns.time
     out = pd.DataFrame(index=df.index)
     out["_row"] = np.arange(1, len(df) + 1)
     out["repeat"] = _repeat(df, f) if "repeat" in cols else 0
@@ -202,8 +288,8 @@ def _check_file(df: pd.DataFrame, f: Path, states, inputs, one_file: bool) -> pd
                                 f" but in a folder the file name gives the client ('{f.stem}'); "
                                 "drop the column, or give data.path=<one file> holding all "
                                 "clients")
-    out["trajectory"] = df["trajectory"] if "trajectory" in cols else 0
-    out["t"] = _time(df, f) if "t" in cols else np.arange(len(df), dtype=float)
+    out["trajectory"] = df[traj] if traj in cols else 0
+    out["t"] = _time(df, f, time) if time in cols else np.arange(len(df), dtype=float)
     if "split" in cols:
         split = df["split"].astype(str).str.strip()
         bad = ~split.isin(SPLITS)
@@ -214,10 +300,10 @@ def _check_file(df: pd.DataFrame, f: Path, states, inputs, one_file: bool) -> pd
         out["split"] = split
     else:
         out["split"] = "train"
-    for c in ("client", "trajectory"):
+    for c, name in (("client", "client"), ("trajectory", traj)):
         miss = out[c].isna().to_numpy()
         if miss.any():
-            raise DataError(f"{f}: row {int(np.flatnonzero(miss)[0]) + 1}, column '{c}' is "
+            raise DataError(f"{f}: row {int(np.flatnonzero(miss)[0]) + 1}, column '{name}' is "
                             "empty")
     for c in states + inputs:
         out[c] = _numeric(df, c, f)
@@ -250,18 +336,20 @@ EXACT = 2 ** 53
 _INTEGER = r"\s*[+-]?\d+\s*"
 
 
-def _time(df: pd.DataFrame, f: Path) -> np.ndarray:
-    """Column ``t``: integers (e.g. nanosecond stamps) and Parquet timestamps (as int64
-    nanoseconds) kept as integers, so that their order is checked exactly (a float has 53
-    bits: stamps 100 ns apart near 2023 would be equal); other numbers as floats. A CSV's
-    ``t`` is read as text: when some values are integers and others not (one client's
-    stamps, another's seconds), the integers stay exact (an object array of Python ints and
-    floats, which compare exactly) unless they are all within 2**53."""
-    s = df["t"]
+def _time(df: pd.DataFrame, f: Path, col: str = "t") -> np.ndarray:
+    """Column ``col`` (the time, ``t`` unless ``data.time`` names another): integers (e.g.
+    nanosecond stamps) and Parquet timestamps (as int64 nanoseconds) kept as integers, so
+    that their order is checked exactly (a float has 53 bits: stamps 100 ns apart near 2023
+    would be equal); other numbers as floats. A CSV's time is read as text: when some values
+    are integers and others not (one client's stamps, another's seconds), the integers stay
+    exact (an object array of Python ints and floats, which compare exactly) unless they are
+    all within 2**53."""
+    s = df[col]
     if pd.api.types.is_datetime64_any_dtype(s):
         if s.isna().any():
             i = int(np.flatnonzero(s.isna().to_numpy())[0])
-            raise DataError(f"{f}: row {i + 1}, column 't' is empty; allowed: times or numbers")
+            raise DataError(f"{f}: row {i + 1}, column '{col}' is empty; allowed: times or "
+                            "numbers")
         return s.dt.as_unit("ns").astype("int64").to_numpy()
     if pd.api.types.is_integer_dtype(s) and not pd.api.types.is_bool_dtype(s):
         return s.to_numpy(dtype=np.uint64 if s.dtype.kind == "u" else np.int64)
@@ -272,12 +360,12 @@ def _time(df: pd.DataFrame, f: Path) -> np.ndarray:
             exact = ints.dtype.kind in "iu"
             if whole.all() and exact:
                 return ints.to_numpy()
-            values = _numeric(df, "t", f)                 # the others, or an error naming them
+            values = _numeric(df, col, f)                 # the others, or an error naming them
             if not exact or np.abs(ints.to_numpy(float)).max() > EXACT:
                 values = values.astype(object)
                 values[whole] = [int(v) for v in s[whole]]
             return values
-    return _numeric(df, "t", f)
+    return _numeric(df, col, f)
 
 
 def _numeric(df: pd.DataFrame, col: str, f: Path) -> np.ndarray:
@@ -319,7 +407,8 @@ def _show(v) -> str:
     return str(int(v)) if isinstance(v, (int, np.integer)) else f"{v:g}"
 
 
-def _combine(parts, files, one_file, states, inputs) -> pd.DataFrame:
+def _combine(parts, files, one_file, states, inputs, columns: ColumnMap) -> pd.DataFrame:
+    time = columns.time                  # the time column's name in the files, for messages
     sizes = [len(p) for p in parts]
     times = [p["t"].to_numpy() for p in parts]
     df = pd.concat(parts, ignore_index=True)
@@ -352,13 +441,14 @@ def _combine(parts, files, one_file, states, inputs) -> pd.DataFrame:
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             what = "empty or NaN" if np.isnan(v[i]) else f"{v[i]}"
-            raise DataError(f"{where(i)}, column '{c}' is {what}; allowed: finite numbers")
+            raise DataError(f"{where(i)}, column '{time if c == 't' else c}' is {what}; "
+                            "allowed: finite numbers")
     bad = same_next & ~(t[1:] > t[:-1])
     if bad.any():
         i = int(np.flatnonzero(bad)[0]) + 1
-        raise DataError(f"{where(i)}: t={_show(t[i])} does not increase within client "
+        raise DataError(f"{where(i)}: {time}={_show(t[i])} does not increase within client "
                         f"'{df['client'].iat[i]}', trajectory {df['trajectory'].iat[i]} "
-                        f"(previous t={_show(t[i - 1])})")
+                        f"(previous {time}={_show(t[i - 1])})")
     starts = np.flatnonzero(np.append(True, ~same_next))
     lengths = np.diff(np.append(starts, len(df)))
     if (lengths < 2).any():

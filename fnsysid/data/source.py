@@ -276,10 +276,17 @@ def from_files(settings: Settings, model: Model, optimizer,
     """
     import pandas as pd
 
-    from fnsysid.data.files import check_finite, load_truth, read_trajectories
+    from fnsysid.data.files import (
+        ColumnMap,
+        check_finite,
+        load_truth,
+        read_trajectories,
+    )
 
     states, inputs = column_names(settings, model)
-    df = read_trajectories(settings.data.path, states, inputs, client_file=client_file)
+    columns = ColumnMap.of(settings.data)
+    df = read_trajectories(settings.data.path, states, inputs, client_file=client_file,
+                           columns=columns)
     clients = [str(c) for c in df.drop_duplicates("_client").sort_values("_client")["client"]]
     labels = df.attrs["repeats"]                         # the files' repeat labels
     S, M = len(labels), len(clients)
@@ -292,7 +299,8 @@ def from_files(settings: Settings, model: Model, optimizer,
         if (df["split"] == "val").any():
             raise DataError(f"data.path={settings.data.path} marks held-out rows (split=val) and "
                             f"data.val_path={settings.data.val_path} gives held-out files: use one")
-        val = read_trajectories(settings.data.val_path, states, inputs, setting="data.val_path")
+        val = read_trajectories(settings.data.val_path, states, inputs, setting="data.val_path",
+                                columns=columns)
         val_clients = pd.Index(clients).get_indexer(val["client"])
         if (val_clients < 0).any():
             bad = val["client"].to_numpy()[val_clients < 0][0]

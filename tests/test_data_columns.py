@@ -1,0 +1,109 @@
+"""File data: the column mapping (data.trajectory, data.time, data.ignore), the export round trip
+with any data.val_N, truth files that give a subset of the parameters, parameters.csv."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from fnsysid import load_trajectories
+from fnsysid.data.files import DataError, check_columns
+from tests.conftest import cli_in_process
+from tests.test_data_files import GENERIC, linear_fleet, write_per_client
+
+
+def renamed_fleet(tmp_path):
+    """The same fleet twice: default column names, and run_id/time with a battery column."""
+    df, theta = linear_fleet(n_clients=3, n_traj=5, length=12, noise=0.05, seed=4)
+    write_per_client(df, tmp_path / "plain")
+    own = df.rename(columns={"trajectory": "run_id", "t": "time"}).assign(battery=12.5)
+    write_per_client(own, tmp_path / "own")
+    return theta
+
+
+MAPPED = ["data.trajectory=run_id", "data.time=time", "data.ignore=[battery]"]
+
+
+def test_mapped_columns_give_the_same_errors_as_the_default_names(tmp_path):
+    renamed_fleet(tmp_path)
+    for name, extra in (("plain", []), ("own", MAPPED)):
+        res = cli_in_process(*GENERIC, "R=6", f"data.path={tmp_path / name}", *extra,
+                             f"hydra.run.dir={tmp_path / ('out_' + name)}")
+        assert res.returncode == 0, res.stderr
+    a, b = (pd.read_csv(tmp_path / f"out_{n}" / "errors.csv") for n in ("plain", "own"))
+    assert a["nrmse_1step_max"].notna().all()          # 5 runs a client: one is held out
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    # the Python reader takes the same mapping
+    x = load_trajectories(tmp_path / "plain", ["x1", "x2"], ["u"])
+    y = load_trajectories(tmp_path / "own", ["x1", "x2"], ["u"], trajectory="run_id",
+                          time="time", ignore=["battery"])
+    pd.testing.assert_frame_equal(x, y)
+    assert x["trajectory"].nunique() == 5
+
+
+def test_an_unknown_column_is_one_line_exit_2_and_no_folder(tmp_path):
+    renamed_fleet(tmp_path)
+    out = tmp_path / "out"
+    res = cli_in_process(*GENERIC, f"data.path={tmp_path / 'own'}", "data.trajectory=run_id",
+                         "data.time=time", f"hydra.run.dir={out}")
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert lines == [f"fnsysid: error: {tmp_path / 'own' / 'robot0.csv'}: column 'battery' is "
+                     "neither a state, an input, the trajectory ('run_id'), the time ('time') "
+                     "nor client, repeat or split; allowed: name it in data.states, data.inputs, "
+                     "data.trajectory, data.time or data.ignore (to leave it out: "
+                     "data.ignore=[battery])"]
+    assert not out.exists()
+    # unmapped: the runs are not glued into one trajectory, the columns are refused
+    res = cli_in_process(*GENERIC, f"data.path={tmp_path / 'own'}", f"hydra.run.dir={out}")
+    assert res.returncode == 2 and not out.exists()
+    assert "column 'run_id' (and 2 more: time, battery) is neither" in res.stderr
+
+
+def test_a_mapped_column_that_is_missing_names_the_setting(tmp_path):
+    renamed_fleet(tmp_path)
+    with pytest.raises(DataError, match=r"column 'runid' \(data.trajectory=runid\) is missing; "
+                                        r"columns: run_id, time, x1, x2, u, battery; did you "
+                                        r"mean 'run_id'\?"):
+        load_trajectories(tmp_path / "own", ["x1", "x2"], ["u"], trajectory="runid",
+                          time="time", ignore=["battery"])
+    # the default names are optional: without them a client's rows are one trajectory in the
+    # row order
+    df = load_trajectories(tmp_path / "plain", ["x1", "x2"], ["u"], ignore=["trajectory", "t"])
+    assert df["trajectory"].nunique() == 1 and len(df) == 3 * 5 * 12
+    assert df["t"].tolist()[:3] == [0.0, 1.0, 2.0]
+
+
+def test_time_errors_name_the_mapped_column(tmp_path):
+    renamed_fleet(tmp_path)
+    f = tmp_path / "own" / "robot1.csv"
+    df = pd.read_csv(f)
+    df.loc[3, "time"] = df.loc[2, "time"]
+    df.to_csv(f, index=False)
+    with pytest.raises(DataError, match=r"robot1.csv: row 4: time=0.2 does not increase "
+                                        r"within client 'robot1', trajectory 0 \(previous "
+                                        r"time=0.2\)"):
+        load_trajectories(tmp_path / "own", ["x1", "x2"], ["u"], trajectory="run_id",
+                          time="time", ignore=["battery"])
+
+
+def test_check_columns_works_on_a_dataframe():
+    df = pd.DataFrame({"run": [0, 0], "stamp": [0.0, 1.0], "x": [1.0, 2.0], "note": ["a", "b"]})
+    from fnsysid.data.files import ColumnMap
+
+    cols = ColumnMap(trajectory="run", time="stamp", ignore=("note",))
+    out = check_columns(df, "frame", ["x"], [], cols)
+    assert list(out.columns) == ["trajectory", "t", "x"]
+    with pytest.raises(DataError, match="^frame: column 'note' is neither"):
+        check_columns(df, "frame", ["x"], [], ColumnMap(trajectory="run", time="stamp"))
+    with pytest.raises(DataError, match=r"^data.time: column 'x' is also data.states; allowed: "
+                                        "one use per column"):
+        check_columns(df, "frame", ["x"], [], ColumnMap(trajectory="run", time="x",
+                                                        ignore=("note", "stamp")))
+
+
+def test_ignore_and_mapping_are_typed_settings(tmp_path):
+    res = cli_in_process(*GENERIC, f"data.path={tmp_path}", "data.ignore=battery",
+                         f"hydra.run.dir={tmp_path / 'out'}")
+    assert res.returncode == 2 and "data.ignore" in res.stderr
+    assert not (tmp_path / "out").exists()
