@@ -3,12 +3,14 @@ with any data.val_N, truth files that give a subset of the parameters, parameter
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from fnsysid import load_trajectories
+from fnsysid.app.experiment import run_experiment
 from fnsysid.data.files import DataError, check_columns
-from tests.conftest import cli_in_process
+from tests.conftest import cli_in_process, compose_cfg
 from tests.test_data_files import GENERIC, linear_fleet, write_per_client
 
 
@@ -107,3 +109,23 @@ def test_ignore_and_mapping_are_typed_settings(tmp_path):
                          f"hydra.run.dir={tmp_path / 'out'}")
     assert res.returncode == 2 and "data.ignore" in res.stderr
     assert not (tmp_path / "out").exists()
+
+
+# --- export round trip ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("val_n", [0, 1])
+def test_round_trip_with_any_val_n(tmp_path, val_n, caplog):
+    run = ["system=pendulum", "R=8", "output.plot=false"]
+    sim = ["M=3", "N=3", "repeats=1", "system.x0.scale=[0.3,0.3]", f"data.val_N={val_n}"]
+    with caplog.at_level("WARNING", logger="fnsysid"):
+        run_experiment(compose_cfg(*run, *sim, "output.trajectories=true"), tmp_path / "a")
+        run_experiment(compose_cfg(*run, "data=files",
+                                   f"data.path={tmp_path / 'a' / 'trajectories.parquet'}",
+                                   f"data.truth={tmp_path / 'a' / 'truth.csv'}"), tmp_path / "b")
+    ea, eb = (pd.read_csv(tmp_path / d / "errors.csv") for d in "ab")
+    assert len(ea) == len(eb) == 9
+    np.testing.assert_allclose(eb.to_numpy(float), ea.to_numpy(float), rtol=0, atol=1e-9)
+    assert ea["nrmse_1step_max"].isna().all() == (val_n == 0)
+    if val_n == 0:
+        assert "data.val_N=0: no held-out trajectories" in caplog.text
+        assert "its split column marks no row val" in caplog.text

@@ -257,11 +257,15 @@ def read_trajectories(path, states, inputs=(), setting: str = "data.path",
     one_file = Path(path).is_file() and not client_file
     parts = []
     columns = columns or ColumnMap()
+    split = False
     for f in files:
         # t as text: integers stay exact
         df = read_table(f, text=("client", columns.time))
+        split |= "split" in [str(c) for c in df.columns]
         parts.append(_check_file(df, f, states, inputs, one_file, columns))
-    return _combine(parts, files, one_file, states, inputs, columns)
+    out = _combine(parts, files, one_file, states, inputs, columns)
+    out.attrs["split_column"] = split      # a file has a split column: the files decide
+    return out
 
 
 def _check_file(df: pd.DataFrame, f: Path, states, inputs, one_file: bool,

@@ -144,6 +144,9 @@ def simulated(settings: Settings, model: Model, optimizer) -> Dataset:
                      keep_samples=optimizer.needs_samples, shared_noise=s.data.shared_noise)
     n_val = s.data.val_N
     ho = None
+    if n_val == 0:
+        log.warning("data.val_N=0: no held-out trajectories: the held-out NRMSE columns are "
+                    "empty")
     if n_val > 0:
         x, u = simulate_all(model, settings, n_val, rnd.HOLDOUT)
         ho = heldout_from_trajectories(model, x, u, np.ones(x.shape[:-1], bool))
@@ -317,7 +320,14 @@ def from_files(settings: Settings, model: Model, optimizer,
         df = df[df["split"] == "train"]
     else:
         val = None
+        split_column = df.attrs.get("split_column", False)
         df = _hold_out(df, settings.data.holdout, settings.data.path)
+        if not (df["split"] == "val").any():
+            why = ("its split column marks no row val" if split_column else
+                   "data.holdout=0" if settings.data.holdout == 0 else
+                   "no client has two trajectories")
+            log.warning("data.path=%s: no held-out trajectories (%s): the held-out NRMSE "
+                        "columns are empty", settings.data.path, why)
     train_rows = df[df["split"] == "train"]
     val_rows = df[df["split"] == "val"] if val is None else val
     if budget is not None:
@@ -370,10 +380,11 @@ def _check_budget(budget, model: Model, optimizer, train_rows, val_rows, S: int,
 def _hold_out(df: pd.DataFrame, frac: float, path: str) -> pd.DataFrame:
     """Mark the last ``round(frac * n)`` trajectories of each client (at least one when it
     has two or more, always at least one left for training) as ``val``, unless the files
-    have a ``split`` column with held-out rows already."""
+    have a ``split`` column (``df.attrs["split_column"]``): then the files decide, also when
+    they mark every row ``train`` (an export of data without held-out trajectories)."""
     if not 0.0 <= frac < 1.0:
         raise ConfigError(f"data.holdout={frac} is not allowed: a fraction in [0, 1)")
-    if frac == 0.0 or (df["split"] == "val").any():
+    if frac == 0.0 or df.attrs.get("split_column") or (df["split"] == "val").any():
         return df
     key = ["repeat", "_client"]
     traj = df.drop_duplicates(key + ["_trajectory"])[key + ["_trajectory"]]
