@@ -9,7 +9,8 @@ import pytest
 
 from fnsysid import load_trajectories
 from fnsysid.app.experiment import run_experiment
-from fnsysid.data.files import DataError, check_columns
+from fnsysid.data.files import DataError, check_columns, load_truth
+from fnsysid.results.metrics import ParameterErrors
 from tests.conftest import cli_in_process, compose_cfg
 from tests.test_data_files import GENERIC, linear_fleet, write_per_client
 
@@ -129,3 +130,54 @@ def test_round_trip_with_any_val_n(tmp_path, val_n, caplog):
     if val_n == 0:
         assert "data.val_N=0: no held-out trajectories" in caplog.text
         assert "its split column marks no row val" in caplog.text
+
+
+# --- truth files with a subset of the parameters, parameters.csv --------------------------------
+
+def test_a_truth_file_may_leave_parameters_out(tmp_path, caplog):
+    df, theta = linear_fleet(n_clients=2, n_traj=3, length=10)
+    write_per_client(df, tmp_path / "logs")
+    names = ["x1+:x1", "x1+:x2", "x1+:u", "x2+:x1", "x2+:x2", "x2+:u"]
+    keep = [1, 3, 5]                                    # x1+:x2, x2+:x1, x2+:u
+    rows = [{"client": c, "parameter": names[k], "value": theta.ravel()[k]}
+            for c in ("robot0", "robot1") for k in keep]
+    pd.DataFrame(rows).to_csv(tmp_path / "truth.csv", index=False)
+    with caplog.at_level("WARNING", logger="fnsysid"):
+        summary = run_experiment(compose_cfg(*GENERIC, "R=3", f"data.path={tmp_path / 'logs'}",
+                                             f"data.truth={tmp_path / 'truth.csv'}"),
+                                 tmp_path / "out")
+    assert "gives 3 of the 6 parameters: e_r is taken over those, 3 left out (not scored): " \
+        "x1+:x1, x1+:u, x2+:x2" in caplog.text
+    assert summary["truth_parameters"] == 3 and summary["status"] == "ok"
+    err = pd.read_csv(tmp_path / "out" / "errors.csv")
+    # round 0 starts from zero: the error over the scored parameters is 1 exactly
+    assert err["e_max"].iloc[0] == pytest.approx(1.0, abs=1e-12)
+    est = pd.read_csv(tmp_path / "out" / "estimates.csv").set_index("parameter")
+    t = theta.ravel()
+    want = np.linalg.norm(est.loc[[names[k] for k in keep], "estimate"] - t[keep]) \
+        / np.linalg.norm(t[keep])
+    assert err["e_max"].iloc[-1] == pytest.approx(want, rel=1e-9)
+    assert est.loc["x1+:x1", "true_mean"] != est.loc["x1+:x1", "true_mean"]   # NaN: unknown
+    params = pd.read_csv(tmp_path / "out" / "parameters.csv")
+    assert params["parameter"].tolist() == names and params["index"].tolist() == list(range(6))
+    assert params["scored"].tolist() == [False, True, False, True, False, True]
+    assert params["target"].tolist()[:2] == ["x1+", "x1+"] and params["feature"][2] == "u"
+
+
+def test_a_parameter_given_for_some_clients_only_is_refused(tmp_path):
+    df, theta = linear_fleet(n_clients=2, n_traj=2, length=5)
+    pd.DataFrame({"client": ["robot0", "robot0", "robot1"],
+                  "parameter": ["x1+:x1", "x2+:u", "x1+:x1"],
+                  "value": [0.9, 0.5, 0.9]}).to_csv(tmp_path / "truth.csv", index=False)
+    names = ["x1+:x1", "x1+:x2", "x1+:u", "x2+:x1", "x2+:x2", "x2+:u"]
+    with pytest.raises(DataError, match=r"no value for repeat 0, client 'robot1', parameter "
+                                        r"'x2\+:u' \(given for other clients\)"):
+        load_truth(tmp_path / "truth.csv", ["robot0", "robot1"], names, 1)
+
+
+def test_parameter_errors_over_the_known_coordinates():
+    truth = np.array([[[3.0, np.nan, 4.0], [0.0, np.nan, 2.0]]])
+    err = ParameterErrors(truth)(np.array([[[0.0, 100.0, 0.0]]]))
+    np.testing.assert_allclose(err, [[1.0, 1.0]])
+    err = ParameterErrors(truth)(np.array([[[3.0, -7.0, 0.0]]]))
+    np.testing.assert_allclose(err, [[4.0 / 5.0, np.sqrt(9 + 4) / 2]])

@@ -346,8 +346,8 @@ def test_bad_truth_and_unreadable_parquet_are_one_line(tmp_path):
     with pytest.raises(DataError, match=r"truth.csv: row 2: parameter 'x1\+:x9' is not in"):
         run_experiment(cfg, tmp_path / "out")
     truth.iloc[:1].to_csv(tmp_path / "truth.csv", index=False)
-    with pytest.raises(DataError, match="no value for repeat 0, client 'robot0', parameter "
-                                        "'x1\\+:x2'"):
+    with pytest.raises(DataError, match="no value for repeat 0, client 'robot1', parameter "
+                                        "'x1\\+:x1' \\(given for other clients\\)"):
         run_experiment(cfg, tmp_path / "out")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "robot0.parquet").write_bytes(b"not a parquet file")

@@ -91,6 +91,11 @@ class Result:
         """Theorem 1's right-hand side per repeat (theory.csv); None with runtime=flower."""
         return self.tables.get("theory")
 
+    @property
+    def parameters(self) -> pd.DataFrame | None:
+        """The parameters fitted, in order, and which ones ``e_r`` scores (parameters.csv)."""
+        return self.tables.get("parameters")
+
     def plot_fit(self, path, repeat: int = 0) -> None:
         """Save the held-out fit of the first scored client (as ``fit.png``; see
         :func:`~fnsysid.results.files.write_fit_plot`)."""
@@ -204,6 +209,9 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
                                               keep_clients, labels)
     if theory is not None:
         tables["theory"] = theory
+    from fnsysid.results.tables import parameters_table
+
+    tables["parameters"] = parameters_table(model, None if data is None else data.theta_true)
     summary = make_summary(settings, model, diverged, tables["errors"], theory, runtime=runtime,
                            settings=dataset.settings, choices=choices)
     left_out = left_out_clients(strategy, dataset.clients)

@@ -548,9 +548,20 @@ def check_finite(train, heldout, train_rows: pd.DataFrame, val_rows: pd.DataFram
             f"{np.finfo(float).max:.3g} (rescale the column)")
 
 
+def truth_parameters(theta: np.ndarray) -> np.ndarray:
+    """Which of the p parameters true parameters ``theta`` (S, M, p) score: those known
+    (finite) for every client and repeat, (p,) booleans."""
+    return np.isfinite(theta).reshape(-1, theta.shape[-1]).all(axis=0)
+
+
 def load_truth(path, clients: list[str], param_names: list[str], repeats) -> np.ndarray:
     """True parameters (S, M, p) from a file with columns ``repeat`` (optional), ``client``,
     ``parameter``, ``value``, in the model's parameter basis.
+
+    The file may give a subset of the parameters, the same for every client and repeat: the
+    others are NaN (not scored; ``e_r`` is taken over the given ones, see
+    :func:`truth_parameters`). A parameter given for some clients and not for others is an
+    error naming the first one without it.
 
     ``repeats``: the data's repeat labels (S of them, in order), or their number S (labels
     0..S-1). Client ids are compared as text with ``clients`` (``00`` is not ``0``), repeats
@@ -605,12 +616,17 @@ def load_truth(path, clients: list[str], param_names: list[str], repeats) -> np.
             raise DataError(f"{path}: row {i + 1}: repeat {rep[i]} is not a repeat of the "
                             f"data; allowed: the data's repeat labels ({shown})")
         theta[r_idx, c_idx, p_idx] = value
-    if np.isnan(theta).any():
-        s, m, k = np.argwhere(np.isnan(theta))[0]
+    given = np.isfinite(theta).any(axis=(0, 1))              # the parameters the file scores
+    if np.isnan(theta[..., given]).any():
+        s, m, k = np.argwhere(np.isnan(theta[..., given]))[0]
+        k = int(np.flatnonzero(given)[k])
         raise DataError(f"{path}: no value for repeat {labels[s]}, client '{clients[m]}', "
-                        f"parameter '{param_names[k]}'")
+                        f"parameter '{param_names[k]}' (given for other clients); allowed: the "
+                        "same parameters for every client and repeat (a parameter left out for "
+                        "all is not scored)")
+    known = np.where(np.isnan(theta), 0.0, theta)             # norms over the given ones
     with np.errstate(over="ignore"):
-        norm2 = np.einsum("smp,smp->sm", theta, theta)
+        norm2 = np.einsum("smp,smp->sm", known, known)
     if not np.isfinite(norm2).all():                   # e_r divides by the norm
         s, m = (int(k) for k in np.argwhere(~np.isfinite(norm2))[0])
         mine = (c_idx == m) & ((rep == labels[s]) if rep is not None else True)
@@ -621,7 +637,7 @@ def load_truth(path, clients: list[str], param_names: list[str], repeats) -> np.
                         f"values whose squares sum to less than {np.finfo(float).max:.3g} per "
                         "client")
     with np.errstate(under="ignore"):       # squares below the smallest normal float: too small
-        zero = np.square(theta).sum(axis=-1) < np.finfo(float).tiny
+        zero = np.square(known).sum(axis=-1) < np.finfo(float).tiny
     if zero.any():
         s, m = (int(k) for k in np.argwhere(zero)[0])
         mine = (c_idx == m) & ((rep == labels[s]) if rep is not None else True)

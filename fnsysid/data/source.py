@@ -59,7 +59,7 @@ class Dataset:
 
     @property
     def has_truth(self) -> bool:
-        return bool(np.isfinite(self.train.theta_true).all())
+        return bool(np.isfinite(self.train.theta_true).any(axis=-1).all())   # some scored
 
 
 def load_data(settings: Settings, model: Model, optimizer,
@@ -284,6 +284,7 @@ def from_files(settings: Settings, model: Model, optimizer,
         check_finite,
         load_truth,
         read_trajectories,
+        truth_parameters,
     )
 
     states, inputs = column_names(settings, model)
@@ -337,6 +338,12 @@ def from_files(settings: Settings, model: Model, optimizer,
                          settings.data.path, clients, labels)
     if settings.data.truth:
         train.theta_true = load_truth(settings.data.truth, clients, model.param_names, labels)
+        scored = truth_parameters(train.theta_true)
+        if not scored.all():
+            left = [n for n, k in zip(model.param_names, scored, strict=True) if not k]
+            log.warning("data.truth=%s gives %d of the %d parameters: e_r is taken over those, "
+                        "%d left out (not scored): %s", settings.data.truth, int(scored.sum()),
+                        model.p, len(left), ", ".join(some(left, 10)))
     ho = _heldout(model, val_rows, S, M, states, inputs) if len(val_rows) else None
     check_finite(train, ho, train_rows, val_rows, states, inputs, clients,
                  settings.data.path, labels)
@@ -347,6 +354,8 @@ def from_files(settings: Settings, model: Model, optimizer,
     N = n_traj.groupby(level=1).max().tolist()
     facts = {"M": M, "N": N[0] if len(set(N)) == 1 else N, "T": None, "eps": None,
              "repeats": S, "clients": some(clients, 50)}
+    if settings.data.truth:                          # the parameters e_r is taken over
+        facts["truth_parameters"] = int(truth_parameters(train.theta_true).sum())
     if labels != list(range(S)):                     # outputs number the repeats 0..S-1
         facts["repeat_labels"] = some(labels, 50)
     return Dataset(train, ho, clients, facts, labels)

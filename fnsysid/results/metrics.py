@@ -11,6 +11,9 @@ class ParameterErrors:
 
     The norms of the true parameters are computed once and the parameters kept one
     coordinate after another, so an evaluation is a few passes over contiguous (S, M) arrays.
+    Parameters whose truth is unknown (NaN for every client and repeat: a truth file that
+    gives a subset) are not scored: the norms are over the others. Without any truth the
+    errors are NaN.
 
     Examples
     --------
@@ -20,6 +23,12 @@ class ParameterErrors:
     """
 
     def __init__(self, theta_true: np.ndarray):
+        theta_true = np.asarray(theta_true, float)
+        known = np.isfinite(theta_true).reshape(-1, theta_true.shape[-1]).all(axis=0)
+        #: the scored coordinates, None for all (or none known: NaN errors)
+        self.keep = np.flatnonzero(known) if 0 < known.sum() < known.size else None
+        if self.keep is not None:
+            theta_true = theta_true[..., self.keep]
         self.coords = np.ascontiguousarray(np.moveaxis(theta_true, -1, 0))   # (p, S, M)
         self.norm = np.linalg.norm(theta_true, axis=-1)
 
@@ -33,7 +42,10 @@ class ParameterErrors:
 
     def _chunk(self, est: np.ndarray, sl: slice, acc: np.ndarray) -> None:
         """Errors of clients ``sl`` into ``acc`` (S, m); ``est`` (p, S, 1 or M)."""
-        d = (est if est.shape[-1] == 1 else est[..., sl]) - self.coords[..., sl]   # (p, S, m)
+        mine = est if est.shape[-1] == 1 else est[..., sl]
+        if self.keep is not None:
+            mine = mine[self.keep]
+        d = mine - self.coords[..., sl]                                    # (p, S, m)
         d *= d
         np.add.reduce(d, axis=0, out=acc)          # coordinate after coordinate, in order
         np.sqrt(acc, out=acc)

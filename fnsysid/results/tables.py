@@ -260,3 +260,28 @@ def _number(v) -> float:
     """A float; NaN/inf (e.g. Theorem 1 terms that need the truth) are written as null with
     the reason in ``null_values`` by :func:`fnsysid.results.atomic.write_json`."""
     return float(v)
+
+
+def parameters_table(model, theta_true=None) -> Table:
+    """The parameters a run fits, in order (``parameters.csv``): ``index`` (0..p-1),
+    ``parameter`` (the name used by ``estimates.csv`` and truth files), ``target`` and
+    ``feature`` (the two halves of a dense model's ``target:feature`` name, empty for a
+    structured model's own names), ``nominal`` and ``scored``: ``true`` where ``e_r`` is
+    taken over the parameter (its truth is known for every client), ``false`` where not
+    (no truth, or a truth file that leaves it out), empty where the run cannot tell (a
+    Flower server sees no truth)."""
+    names = list(model.param_names)
+    halves = [n.split(":", 1) if ":" in n else ["", ""] for n in names]
+    if theta_true is None:
+        scored = [""] * len(names)
+    else:
+        known = np.isfinite(theta_true).reshape(-1, len(names)).all(axis=0)
+        scored = ["true" if k else "false" for k in known]
+    return Table({
+        "index": np.arange(len(names)),
+        "parameter": np.array(names, dtype=object),
+        "target": np.array([h[0] for h in halves], dtype=object),
+        "feature": np.array([h[1] for h in halves], dtype=object),
+        "nominal": np.asarray(model.system.nominal @ model.embed, float),
+        "scored": np.array(scored, dtype=object),
+    })

@@ -45,7 +45,7 @@ def train(strategy, data: ClientData, theta0, optimizer, model, settings, progre
     K = local_steps(settings.K, data.shape[1], data.shape[0], settings.seed)
     strategy.setup(theta0, data, model, optimizer, K, settings.lr, settings.seed)
     hist = History(per_client=[] if keep_clients else None)
-    has_truth = bool(np.isfinite(data.theta_true).all())
+    has_truth = bool(np.isfinite(data.theta_true).any(axis=-1).all())    # some scored
 
     scores = None if heldout is None else HeldOutScores(model, heldout)
     # many clients, one model for all, nothing per client kept: summaries read the clients'
