@@ -179,7 +179,7 @@ def test_runs_in_threads_write_the_folders_a_sequential_run_writes(tmp_path):
         return ["system=pendulum", "M=3", "R=10", "repeats=2", "progress=false", f"seed={i}"]
 
     files = ["clients.csv", "config.yaml", "error.png", "errors.csv", "estimates.csv",
-             "fit.png", "summary.json", "theory.csv"]
+             "fit.png", "parameters.csv", "summary.json", "theory.csv"]
     raised = _in_threads(3, lambda i: fnsysid.run(overrides(i),
                                                   output_dir=tmp_path / f"thread{i}"))
     assert not raised, raised

@@ -264,24 +264,18 @@ def _number(v) -> float:
 
 def parameters_table(model, theta_true=None) -> Table:
     """The parameters a run fits, in order (``parameters.csv``): ``index`` (0..p-1),
-    ``parameter`` (the name used by ``estimates.csv`` and truth files), ``target`` and
-    ``feature`` (the two halves of a dense model's ``target:feature`` name, empty for a
-    structured model's own names), ``nominal`` and ``scored``: ``true`` where ``e_r`` is
-    taken over the parameter (its truth is known for every client), ``false`` where not
-    (no truth, or a truth file that leaves it out), empty where the run cannot tell (a
-    Flower server sees no truth)."""
+    ``parameter`` (the name used by ``estimates.csv`` and truth files), for a dense model
+    ``target`` and ``feature`` (the two halves of its ``target:feature`` names), ``nominal``,
+    and with the clients' true parameters ``theta_true`` (S, M, p) ``scored``: whether ``e_r``
+    is taken over the parameter (its truth known for every client; a Flower server sees no
+    truth and writes no such column)."""
     names = list(model.param_names)
-    halves = [n.split(":", 1) if ":" in n else ["", ""] for n in names]
-    if theta_true is None:
-        scored = [""] * len(names)
-    else:
-        known = np.isfinite(theta_true).reshape(-1, len(names)).all(axis=0)
-        scored = ["true" if k else "false" for k in known]
-    return Table({
-        "index": np.arange(len(names)),
-        "parameter": np.array(names, dtype=object),
-        "target": np.array([h[0] for h in halves], dtype=object),
-        "feature": np.array([h[1] for h in halves], dtype=object),
-        "nominal": np.asarray(model.system.nominal @ model.embed, float),
-        "scored": np.array(scored, dtype=object),
-    })
+    columns = {"index": np.arange(len(names)), "parameter": np.array(names, dtype=object)}
+    if names and all(":" in n for n in names):
+        halves = [n.split(":", 1) for n in names]
+        columns["target"] = np.array([h[0] for h in halves], dtype=object)
+        columns["feature"] = np.array([h[1] for h in halves], dtype=object)
+    columns["nominal"] = np.asarray(model.system.nominal @ model.embed, float)
+    if theta_true is not None:
+        columns["scored"] = np.isfinite(theta_true).reshape(-1, len(names)).all(axis=0)
+    return Table(columns)
