@@ -103,6 +103,9 @@ def test_check_columns_works_on_a_dataframe():
                                         "one use per column"):
         check_columns(df, "frame", ["x"], [], ColumnMap(trajectory="run", time="x",
                                                         ignore=("note", "stamp")))
+    with pytest.raises(DataError, match=r"^data.ignore: column 'repeat' is also a label the "
+                                        r"reader knows \(client, repeat, split\)"):
+        check_columns(df, "frame", ["x"], [], ColumnMap("run", "stamp", ("note", "repeat")))
 
 
 def test_ignore_and_mapping_are_typed_settings(tmp_path):
@@ -130,6 +133,13 @@ def test_round_trip_with_any_val_n(tmp_path, val_n, caplog):
     if val_n == 0:
         assert "data.val_N=0: no held-out trajectories" in caplog.text
         assert "its split column marks no row val" in caplog.text
+        # data.ignore=[split]: data.holdout holds out one of each client's 3 trajectories
+        run_experiment(compose_cfg(*run, "data=files", "data.ignore=[split]",
+                                   f"data.path={tmp_path / 'a' / 'trajectories.parquet'}",
+                                   f"data.truth={tmp_path / 'a' / 'truth.csv'}"), tmp_path / "c")
+        ec = pd.read_csv(tmp_path / "c" / "errors.csv")
+        assert ec["nrmse_1step_max"].notna().all()
+        assert abs(ec["e_max"].iloc[-1] - ea["e_max"].iloc[-1]) > 1e-6
 
 
 # --- truth files with a subset of the parameters, parameters.csv --------------------------------

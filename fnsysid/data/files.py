@@ -171,7 +171,8 @@ def check_columns(df: pd.DataFrame, where, states, inputs=(), columns: ColumnMap
     dropped.
 
     A column that is neither a state, an input, a known label (``client``, ``repeat``,
-    ``split``) nor mapped or ignored is refused naming it, ``where`` (the file) and the
+    ``split``; only ``split`` may be ignored: then ``data.holdout`` applies) nor mapped or
+    ignored is refused naming it, ``where`` (the file) and the
     settings that would use it: nothing is read into another column silently. A state, an
     input or the client column (``one_file``: one table holds all clients) that is missing is
     refused, so is a mapped column given by a name other than the default that is missing, and
@@ -190,7 +191,8 @@ def check_columns(df: pd.DataFrame, where, states, inputs=(), columns: ColumnMap
     for name, setting in ([(c, "data.states") for c in states]
                           + [(c, "data.inputs") for c in inputs] + mapped
                           + [(c, "data.ignore") for c in columns.ignore]):
-        if name in uses and uses[name] != setting or name in KNOWN:
+        known = name in KNOWN and not (name == "split" and setting == "data.ignore")
+        if name in uses and uses[name] != setting or known:
             first = uses.get(name, "a label the reader knows (client, repeat, split)")
             raise DataError(f"{setting}: column '{name}' is also {first}; allowed: one use "
                             "per column")
@@ -261,7 +263,7 @@ def read_trajectories(path, states, inputs=(), setting: str = "data.path",
     for f in files:
         # t as text: integers stay exact
         df = read_table(f, text=("client", columns.time))
-        split |= "split" in [str(c) for c in df.columns]
+        split |= "split" in [str(c) for c in df.columns] and "split" not in columns.ignore
         parts.append(_check_file(df, f, states, inputs, one_file, columns))
     out = _combine(parts, files, one_file, states, inputs, columns)
     out.attrs["split_column"] = split      # a file has a split column: the files decide
