@@ -7,7 +7,10 @@ optionally ``trajectory`` (absent: one trajectory), ``t`` (the sample order; mus
 within a trajectory; integers compared exactly, a CSV's read as text so that one client's
 integer stamps stay exact beside another's fractional times), ``repeat`` (independent
 repetitions) and ``split`` (``train``/``val``). A trajectory of length L gives L - 1
-transitions; the inputs of its last sample are not used and may be empty.
+transitions; the inputs of its last sample are not used and may be empty. Other names for the
+trajectory and time columns and the columns not used are given by a :class:`ColumnMap`
+(``data.trajectory``, ``data.time``, ``data.ignore``); any other column is refused
+(:func:`check_columns`).
 
 Every problem is reported as :class:`DataError`, one line naming the file and the row (1-based,
 header not counted) or the column. Each file is read once (a CSV's header line twice, to find a
