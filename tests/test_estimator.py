@@ -267,3 +267,17 @@ def test_a_fit_that_diverges_says_so_and_its_model_is_not_used():
     assert "status diverged" in repr(m).splitlines()[1]
     with pytest.raises(ValueError, match="^the fit diverged at round 67"):
         m.coefficients()
+
+
+def test_a_result_prints_in_one_line_and_a_dataframe_setting_points_to_the_estimator():
+    res = fnsysid.run({"system": "synthetic", "M": 3, "R": 2, "repeats": 1, "progress": False})
+    text = repr(res)
+    assert "\n" not in text and "array" not in text
+    assert text.startswith("Result(status=ok, system=synthetic, strategy=fedavg, M=3, rounds=2, "
+                           f"e_max_mean={res.summary['final_e_max_mean']:.4g}, ")
+    assert text.endswith("; tables: errors, clients, estimates, theory)")
+    with pytest.raises(fnsysid.ConfigError) as exc:
+        fnsysid.run({"system": "generic", "data": "files", "data.path": fleet(2, 2, 3)})
+    assert str(exc.value).startswith("data.path: a value of type DataFrame is not a setting "
+                                     "value (trajectories in a DataFrame: fnsysid."
+                                     "FederatedSysID().fit(df) takes them); allowed:")

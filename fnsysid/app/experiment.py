@@ -71,6 +71,16 @@ class Result:
         if not isinstance(self.tables, Frames):
             self.tables = Frames(self.tables)
 
+    def __repr__(self) -> str:
+        """A few words (the arrays are in the attributes): the run's status and settings."""
+        s = self.summary
+        final = ", ".join(f"{k.removeprefix('final_')}={s[k]:.4g}" for k in
+                          ("final_e_max_mean", "final_nrmse_1step_mean", "final_nrmse_sim_mean")
+                          if isinstance(s.get(k), float))
+        return (f"Result(status={s.get('status')}, system={s.get('system')}, strategy="
+                f"{s.get('strategy')}, M={s.get('M')}, rounds={s.get('rounds_completed')}"
+                + (f", {final}" if final else "") + f"; tables: {', '.join(self.tables)})")
+
     @property
     def errors(self) -> pd.DataFrame:
         """One row per (repeat, round): parameter errors and held-out NRMSE (errors.csv)."""

@@ -691,7 +691,8 @@ def plain(value, key: str):
                                   "setting name; keys are strings")
         return {k: plain(v, f"{key}.{k}") for k, v in value.items()}
     hint = (" (a numpy array: give value.tolist())" if type(value).__name__ == "ndarray"
-            else "")
+            else " (trajectories in a DataFrame: fnsysid.FederatedSysID().fit(df) takes them)"
+            if type(value).__name__ == "DataFrame" else "")
     raise ConfigError(f"{key}: a value of type {type(value).__name__} is not a setting value"
                       f"{hint}; allowed: str, int, float, bool, None (numpy scalars too), and "
                       "lists and dicts of them")
