@@ -239,7 +239,8 @@ def test_strategy_local_gives_each_client_its_own_model(fitted):
 
 def test_output_dir_writes_the_run_and_a_simulation_needs_no_data(tmp_path):
     df = fleet(n_clients=2, n_traj=3, length=10)
-    m = FederatedSysID(R=3, progress=False, output_dir=tmp_path / "out").fit(df, STATES, INPUTS)
+    m = FederatedSysID(R=3, progress=False, output_dir=tmp_path / "out",
+                       config={"output.plot": False}).fit(df, STATES, INPUTS)
     files = {p.name for p in (tmp_path / "out").iterdir()}
     assert {"errors.csv", "estimates.csv", "summary.json", "config.yaml"} <= files
     saved = json.loads((tmp_path / "out" / "summary.json").read_text())

@@ -53,11 +53,11 @@ class _Table:
         return f"{self.parent}, client '{self.stem}'"
 
 
-def _tables(data, what: str) -> tuple[list[tuple[_Table, pd.DataFrame]], pd.DataFrame,
-                                      list[np.ndarray]]:
+def _tables(data, what: str, rows: bool = False) -> tuple[list[tuple[_Table, pd.DataFrame]],
+                                                         pd.DataFrame | None, list[np.ndarray]]:
     """Per-client tables of ``data`` (a DataFrame with a ``client`` column or a mapping client
-    -> DataFrame), the rows as one DataFrame (``client`` filled in) and each table's row
-    positions in it."""
+    -> DataFrame), with ``rows`` the rows as one DataFrame (``client`` filled in; else None)
+    and each table's row positions in it."""
     if isinstance(data, pd.DataFrame):
         cols = [str(c) for c in data.columns]
         twice = [c for c in cols if cols.count(c) > 1]
@@ -75,11 +75,10 @@ def _tables(data, what: str) -> tuple[list[tuple[_Table, pd.DataFrame]], pd.Data
         if empty.any():
             raise DataError(f"{what}: row {int(np.flatnonzero(empty)[0]) + 1}, column 'client' "
                             "is empty; allowed: a client id in every row")
-        labels = client.astype(str).str.strip().to_numpy()
-        names = pd.unique(labels)
-        where = [np.flatnonzero(labels == k) for k in names]
-        tables = [(_Table(str(k), what), frame.iloc[w]) for k, w in zip(names, where,
-                                                                        strict=True)]
+        labels = client.astype(str).str.strip()
+        groups = labels.groupby(labels.to_numpy(), sort=False).indices    # label -> positions
+        where = list(groups.values())
+        tables = [(_Table(str(k), what), frame.iloc[w]) for k, w in groups.items()]
         return tables, frame, where
     if isinstance(data, Mapping):
         if not data:
@@ -95,12 +94,11 @@ def _tables(data, what: str) -> tuple[list[tuple[_Table, pd.DataFrame]], pd.Data
                                 f"'{name}'; keep one table per client")
             seen[name] = key
             tables.append((_Table(name, what), df.copy(deep=False)))
-            part = df.copy(deep=False)
-            part.columns = [str(c) for c in part.columns]
-            frames.append(part.assign(client=name))
+            frames.append(df.set_axis([str(c) for c in df.columns], axis=1).assign(client=name)
+                          if rows else None)
             where.append(np.arange(start, start + len(df)))
             start += len(df)
-        return tables, pd.concat(frames, ignore_index=True), where
+        return tables, pd.concat(frames, ignore_index=True) if rows else None, where
     raise ConfigError(f"{what}: a value of type {type(data).__name__} is not trajectory data; "
                       "allowed: a DataFrame (columns client, trajectory, t, the states and "
                       "inputs), a mapping client -> DataFrame, or a path to trajectory files")
@@ -304,7 +302,7 @@ class FederatedSysID:
             frame = rows[PUBLIC_COLUMNS + self.states_ + self.inputs_].copy()
             frame["repeat"] = frame["repeat"].map(dict(enumerate(rows.attrs["repeats"])))
             return rows, frame.reset_index(drop=True), np.arange(len(rows))
-        tables, frame, where = _tables(data, what)
+        tables, frame, where = _tables(data, what, rows=True)
         rows = check_tables(tables, self.states_, self.inputs_)
         codes = rows["_file"].cat.codes.to_numpy()
         pos = np.empty(len(rows), int)
