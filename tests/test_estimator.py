@@ -204,7 +204,11 @@ def test_settings_are_refused_as_the_command_line_refuses_them(tmp_path):
         with pytest.raises(fnsysid.ConfigError) as exc:
             m.fit(df, STATES, INPUTS)
         assert str(exc.value).startswith(message) and "\n" not in str(exc.value)
-    m = FederatedSysID(R=2, progress=False).fit(df, STATES, INPUTS)
+    with pytest.raises(fnsysid.ConfigError, match=r"^config: item 2 \(the int 3\) is not an "
+                                                  "override string"):
+        FederatedSysID(config=["R=2", 3]).fit(df, STATES, INPUTS)
+    m = FederatedSysID(config=["R=2", "progress=false"]).fit(df, STATES, INPUTS)
+    assert m.summary_["R"] == 2 and len(m.history_) == 3
     with pytest.raises(fnsysid.ConfigError, match="^client=r0: strategy=fedavg gives one server "
                                                   r"model.*allowed: .*\(local\)$"):
         m.predict(df, client="r0")

@@ -142,7 +142,12 @@ class FederatedSysID:
 
     def _overrides(self, data, states, inputs) -> list[str]:
         given = as_overrides(self.settings)
-        extra = as_overrides(self.config) if self.config is not None else []
+        try:
+            extra = as_overrides(self.config) if self.config is not None else []
+        except ConfigError as exc:                  # the argument is config=, not overrides
+            msg = str(exc)
+            raise ConfigError("config" + msg.removeprefix("overrides") if
+                              msg.startswith("overrides") else msg) from None
         overrides = given + extra
         keys = {override_key(o) for o in overrides}
         if data is not None:
