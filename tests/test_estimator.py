@@ -3,6 +3,7 @@ numbers as the command line on the same files), predicts, simulates, scores, pri
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -210,7 +211,9 @@ def test_settings_are_refused_as_the_command_line_refuses_them(tmp_path):
     m = FederatedSysID(config=["R=2", "progress=false"]).fit(df, STATES, INPUTS)
     assert m.summary_["R"] == 2 and len(m.history_) == 3
     with pytest.raises(fnsysid.ConfigError, match="^client=r0: strategy=fedavg gives one server "
-                                                  r"model.*allowed: .*\(local\)$"):
+                                                  r"model, no model of each client; allowed: "
+                                                  r"client=None, or a fit that gives one per "
+                                                  r"client \(strategy=local"):
         m.predict(df, client="r0")
     with pytest.raises(fnsysid.ConfigError, match="^kind=sim is not allowed; allowed: "
                                                   "one_step, free_run$"):
@@ -286,3 +289,22 @@ def test_a_result_prints_in_one_line_and_a_dataframe_setting_points_to_the_estim
     assert str(exc.value).startswith("data.path: a value of type DataFrame is not a setting "
                                      "value (trajectories in a DataFrame: fnsysid."
                                      "FederatedSysID().fit(df) takes them); allowed:")
+
+
+def test_client_picks_a_personalized_model_where_the_result_holds_them(fitted):
+    m, df = fitted
+    res = copy.copy(m.result_)
+    own = np.stack([res.estimate[:, 0] * (1 + 0.1 * c) for c in range(4)], axis=1)  # (1, 4, p)
+    res.client_models = own
+    other = FederatedSysID()
+    other.result_ = res
+    other.clients_, other.states_, other.inputs_ = m.clients_, STATES, INPUTS
+    coef = other.coefficients(client="r2")
+    assert list(coef.columns) == ["client", "parameter", "value"] and set(coef["client"]) == {"r2"}
+    np.testing.assert_array_equal(coef["value"], own[0, 2])
+    one = df[(df["client"] == "r0") & (df["split"] == "val")]
+    by_r2 = other.predict(one, client="r2")
+    x, u = one[STATES].to_numpy()[0], one["u"].to_numpy()[0]
+    np.testing.assert_allclose(by_r2[STATES].to_numpy()[1],
+                               res.model.predict(x, np.array([u]), own[0, 2]), rtol=1e-12)
+    np.testing.assert_array_equal(other.predict(one)[STATES], m.predict(one)[STATES])  # server

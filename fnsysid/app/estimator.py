@@ -27,6 +27,8 @@ from fnsysid.app.experiment import Result
 from fnsysid.app.preflight import as_overrides
 from fnsysid.config.checks import ConfigError, DataError, override_key
 from fnsysid.config.errors import some
+from fnsysid.config.groups import options
+from fnsysid.config.schema import GROUPS
 from fnsysid.data.files import PUBLIC_COLUMNS, check_tables, read_trajectories
 from fnsysid.data.source import column_names, heldout_of
 from fnsysid.results.metrics import HeldOutScores, free_run, over_clients
@@ -209,18 +211,25 @@ class FederatedSysID:
                              "'diverged'): its model is not usable; fit again with a smaller lr")
         return res
 
-    def _per_client(self) -> bool:
-        """Whether the result holds a model of each client (not one server model)."""
-        return self._result().estimate.shape[1] > 1
+    def _own_models(self) -> np.ndarray | None:
+        """The clients' own models (S, M, p): personalized ones where the result holds them
+        (``Result.client_models``), else a per-client strategy's estimates; None."""
+        res = self._result()
+        own = getattr(res, "client_models", None)
+        if own is not None:
+            return np.asarray(own, float)
+        return res.estimate if res.estimate.shape[1] > 1 else None
 
     def _client_index(self, client) -> int:
         res = self._result()
         name = str(client)
-        if not self._per_client():
-            strategy = res.summary.get("strategy")
-            raise ConfigError(f"client={name}: strategy={strategy} gives one server model, "
-                              "no model of each client; allowed: client=None, or a strategy "
-                              f"that gives one per client ({', '.join(PER_CLIENT)})")
+        if self._own_models() is None:
+            ways = [f"strategy={s}" for s in PER_CLIENT]
+            if "personalize" in GROUPS:
+                ways += [f"personalize={o}" for o in options("personalize") if o != "none"]
+            raise ConfigError(f"client={name}: strategy={res.summary.get('strategy')} gives one "
+                              "server model, no model of each client; allowed: client=None, or "
+                              f"a fit that gives one per client ({', '.join(ways)})")
         if name not in self.clients_:
             raise ConfigError(f"client={name} is not a client of the fit; allowed: "
                               f"{', '.join(some(self.clients_, 12))}")
@@ -236,7 +245,7 @@ class FederatedSysID:
         """The parameters (p,) of the server model or of ``client``."""
         est = self._result().estimate[self._repeat(repeat)]
         if client is not None:
-            return est[self._client_index(client)]
+            return self._own_models()[self._repeat(repeat), self._client_index(client)]
         if est.shape[0] > 1:
             strategy = self._result().summary.get("strategy")
             raise ConfigError(f"client=None: strategy={strategy} gives a model of each client "
@@ -249,21 +258,25 @@ class FederatedSysID:
         ``ci_hi`` where the run's estimates give them); with several repeats a ``repeat``
         column, with a model per client a ``client`` column (``client=``: one client's)."""
         res = self._result()
-        est = res.estimate
-        S, C, p = est.shape
-        labels = ["server"] if C == 1 else list(self.clients_)
-        picked = range(C) if client is None or C == 1 else [self._client_index(client)]
-        if client is not None and C == 1:
-            self._client_index(client)                       # refused: no per-client models
-        rows = [(s, labels[c], name, float(est[s, c, k]))
-                for s in range(S) for c in picked for k, name in enumerate(res.model.param_names)]
-        out = pd.DataFrame(rows, columns=["repeat", "client", "parameter", "value"])
         table = res.estimates
+        if client is None:
+            est = res.estimate
+            labels = ["server"] if est.shape[1] == 1 else list(self.clients_)
+        else:
+            m = self._client_index(client)
+            est, labels = self._own_models()[:, m:m + 1], [self.clients_[m]]
+            if getattr(res, "client_models", None) is not None:       # personalized models
+                table = res.tables.get("client_estimates")
+        S, C, _ = est.shape
+        rows = [(s, labels[c], name, float(est[s, c, k])) for s in range(S) for c in range(C)
+                for k, name in enumerate(res.model.param_names)]
+        out = pd.DataFrame(rows, columns=["repeat", "client", "parameter", "value"])
         extra = [c for c in UNCERTAINTY if table is not None and c in table.columns]
         if extra:
             t = table[["repeat", "client", "parameter", *extra]].astype({"client": str})
             out = out.merge(t, on=["repeat", "client", "parameter"], how="left")
-        keep = (["repeat"] if S > 1 else []) + (["client"] if C > 1 else [])
+        keep = (["repeat"] if S > 1 else []) + (["client"] if C > 1 or client is not None
+                                                else [])
         return out[keep + ["parameter", "value", *extra]]
 
     def _names(self) -> tuple[list[str], list[str]]:
@@ -331,7 +344,7 @@ class FederatedSysID:
         rep = reps[rows["repeat"].to_numpy()]
         est = res.estimate
         if client is not None:
-            return est[rep, self._client_index(client)], reps
+            return self._own_models()[rep, self._client_index(client)], reps
         if est.shape[1] == 1:
             return est[rep, 0], reps
         labels = rows["client"].to_numpy(dtype=str)
