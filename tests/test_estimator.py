@@ -175,20 +175,28 @@ def test_a_bad_row_names_the_client_and_the_row_and_writes_nothing(tmp_path, mon
     m = FederatedSysID(R=2, output_dir=tmp_path / "out")
     with pytest.raises(fnsysid.ConfigError) as exc:
         m.fit(df, STATES, INPUTS)
-    assert str(exc.value) == ("data, client 'r0': row 8, column 'x2' is empty or NaN; allowed: "
-                              "finite numbers")
+    assert str(exc.value) == ("data, client 'r0': row 8 (index 7), column 'x2' is empty or NaN; "
+                              "allowed: finite numbers")
     bad = df.copy()
     bad["x2"] = bad["x2"].astype(object)
     bad.loc[13, "x2"] = "abc"                  # client r1, its 4th row
-    with pytest.raises(fnsysid.DataError, match=r"^data, client 'r1': row 4, column 'x2': "
-                                                r"'abc' is not a number$"):
+    with pytest.raises(fnsysid.DataError, match=r"^data, client 'r1': row 4 \(index 13\), "
+                                                r"column 'x2': 'abc' is not a number$"):
         m.fit(bad, STATES, INPUTS)
-    with pytest.raises(fnsysid.DataError, match=r"^data: row 3, column 'client' is empty"):
+    with pytest.raises(fnsysid.DataError, match=r"^data: row 3 \(index 2\), column 'client' "
+                                                "is empty"):
         m.fit(df.assign(client=df["client"].where(df.index != 2)), STATES, INPUTS)
     with pytest.raises(fnsysid.DataError, match="^data, client 'r1': column 'u' "
                                                 r"\(data.inputs\) is missing"):
         m.fit({"r0": df[df.client == "r0"], "r1": df[df.client == "r1"].drop(columns="u")},
               STATES, INPUTS)
+    clean = fleet(n_clients=2, n_traj=2, length=5)
+    r1 = clean[clean.client == "r1"].drop(columns="client").set_axis(list("abcdefghij"))
+    r1.loc["c", "t"] = 0.0                                 # t goes back in its 3rd row
+    with pytest.raises(fnsysid.DataError, match=r"^data, client 'r1': row 3 \(index 'c'\): "
+                                                "t=0 does not increase within client 'r1'"):
+        m.fit({"r0": clean[clean.client == "r0"].drop(columns="client"), "r1": r1}, STATES,
+              INPUTS)
     with pytest.raises(fnsysid.ConfigError, match="^data: a value of type ndarray is not "
                                                   "trajectory data"):
         m.fit(df[STATES].to_numpy(), STATES)

@@ -15,8 +15,10 @@ so a score equals the run's ``nrmse_*_mean`` on the same held-out data.
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from collections.abc import Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,8 +77,9 @@ def _tables(data, what: str, rows: bool = False) -> tuple[list[tuple[_Table, pd.
         client = frame["client"]
         empty = client.isna().to_numpy() | (client.astype(str).str.strip() == "").to_numpy()
         if empty.any():
-            raise DataError(f"{what}: row {int(np.flatnonzero(empty)[0]) + 1}, column 'client' "
-                            "is empty; allowed: a client id in every row")
+            i = int(np.flatnonzero(empty)[0])
+            raise DataError(f"{what}: row {i + 1} (index {_label(data.index[i])}), column "
+                            "'client' is empty; allowed: a client id in every row")
         labels = client.astype(str).str.strip()
         groups = labels.groupby(labels.to_numpy(), sort=False).indices    # label -> positions
         where = list(groups.values())
@@ -104,6 +107,30 @@ def _tables(data, what: str, rows: bool = False) -> tuple[list[tuple[_Table, pd.
     raise ConfigError(f"{what}: a value of type {type(data).__name__} is not trajectory data; "
                       "allowed: a DataFrame (columns client, trajectory, t, the states and "
                       "inputs), a mapping client -> DataFrame, or a path to trajectory files")
+
+
+@contextmanager
+def _row_index(tables):
+    """A :class:`DataError` that names a row of one of ``tables`` (``<table>: row N``, N
+    counted from 1 within the client's rows) also gives the row's index label in its
+    DataFrame (``row N (index 7)``): what ``df.loc`` takes."""
+    try:
+        yield
+    except DataError as exc:
+        msg = str(exc)
+        for label, df in tables or ():
+            head = f"{label}: row "
+            n = re.match(r"\d+", msg[len(head):]) if msg.startswith(head) else None
+            if n and 1 <= int(n.group()) <= len(df):
+                rest = msg[len(head) + n.end():]
+                raise DataError(f"{head}{n.group()} (index {_label(df.index[int(n.group()) - 1])})"
+                                f"{rest}") from None
+        raise
+
+
+def _label(v) -> str:
+    """An index label for messages: numbers as they print, other labels quoted."""
+    return str(v) if isinstance(v, (int, np.integer)) else repr(v)
 
 
 def _is_path(data) -> bool:
@@ -187,8 +214,9 @@ class FederatedSysID:
         tables = None
         if data is not None and not _is_path(data):
             tables = _tables(data, "data")[0]
-        res = run_job(self._overrides(data, states, inputs), self.output_dir, self.config_dir,
-                      tables)
+        with _row_index(tables):
+            res = run_job(self._overrides(data, states, inputs), self.output_dir,
+                          self.config_dir, tables)
         self.result_ = res
         self.summary_ = res.summary
         self.history_ = res.errors
@@ -321,7 +349,8 @@ class FederatedSysID:
             frame["repeat"] = frame["repeat"].map(dict(enumerate(rows.attrs["repeats"])))
             return rows, frame.reset_index(drop=True), np.arange(len(rows))
         tables, frame, where = _tables(data, what, rows=True)
-        rows = check_tables(tables, self.states_, self.inputs_)
+        with _row_index(tables):
+            rows = check_tables(tables, self.states_, self.inputs_)
         codes = rows["_file"].cat.codes.to_numpy()
         pos = np.empty(len(rows), int)
         for k, w in enumerate(where):
