@@ -208,11 +208,16 @@ def test_settings_are_refused_as_the_command_line_refuses_them(tmp_path):
     cases = [(FederatedSysID(strategy="nope"), "strategy=nope is not an option; allowed:"),
              (FederatedSysID(N=5), "N=5 does not apply with data=files"),
              (FederatedSysID(config=["data.path=x.csv"]), "data.path: fit() was given data"),
-             (FederatedSysID(runtime="flower"), "runtime=flower: each Flower client reads")]
+             (FederatedSysID(runtime="flower"), "runtime=flower: each Flower client reads"),
+             (FederatedSysID(M=3), "M=3 does not match data.path=<DataFrame>, which holds 2 "
+                                   "clients")]
     for m, message in cases:
         with pytest.raises(fnsysid.ConfigError) as exc:
             m.fit(df, STATES, INPUTS)
         assert str(exc.value).startswith(message) and "\n" not in str(exc.value)
+    with pytest.raises(fnsysid.ConfigError, match=r"^states: fit\(data\) identifies "
+                                                  "system=generic from named columns"):
+        FederatedSysID().fit(df)
     with pytest.raises(fnsysid.ConfigError, match=r"^config: item 2 \(the int 3\) is not an "
                                                   "override string"):
         FederatedSysID(config=["R=2", 3]).fit(df, STATES, INPUTS)

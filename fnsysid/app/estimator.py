@@ -187,6 +187,10 @@ class FederatedSysID:
             path = str(data) if _is_path(data) else IN_MEMORY
             overrides = ["data=files", *overrides, *as_overrides({"data.path": path})]
             if "system" not in keys:
+                if states is None and "data.states" not in keys:
+                    raise ConfigError("states: fit(data) identifies system=generic from named "
+                                      "columns; allowed: fit(data, states=[...], inputs=[...]) "
+                                      "(or a system= whose columns the data carry)")
                 overrides.insert(0, "system=generic")
         for key, value in (("data.states", states), ("data.inputs", inputs)):
             if value is None:
