@@ -5,6 +5,8 @@ Python API (the command line's runs as function calls):
 - :func:`run`: one experiment, checked as the command line checks it; returns a
   :class:`Result` with the run's tables (DataFrames) and summary.
 - :func:`load_trajectories`: read and check trajectory files (the ``data=files`` layout).
+- :class:`FederatedSysID`: an estimator for notebooks (fit a fleet held in DataFrames, then
+  predict, simulate, score and print the identified equations) over the same engine.
 - :class:`ConfigError`: a setting that is not allowed (one-line message);
   :class:`DataError`: trajectory or truth files that cannot be used.
 
@@ -13,7 +15,8 @@ imported on first use.
 """
 
 __version__ = "0.1.0"
-__all__ = ["run", "load_trajectories", "Result", "ConfigError", "DataError", "__version__"]
+__all__ = ["run", "load_trajectories", "Result", "ConfigError", "DataError",
+           "FederatedSysID", "__version__"]
 
 #: where each public name lives
 _PUBLIC = {
@@ -22,6 +25,7 @@ _PUBLIC = {
     "Result": "fnsysid.app.experiment",
     "ConfigError": "fnsysid.config.errors",
     "DataError": "fnsysid.config.errors",
+    "FederatedSysID": "fnsysid.app.estimator",
 }
 
 

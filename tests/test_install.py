@@ -73,6 +73,7 @@ def test_import_changes_no_environment_and_lists_the_public_api():
     out = json.loads(res.stdout)
     assert out["env_same"] and out["heavy"] == []
     assert set(out["all"]) == {"run", "load_trajectories", "Result", "ConfigError",
-                               "DataError", "__version__"}
+                               "DataError", "FederatedSysID", "__version__"}
     assert set(out["all"]) <= set(out["dir"])
-    assert out["resolved"] == ["run", "load_trajectories", "Result", "ConfigError", "DataError"]
+    assert out["resolved"] == ["run", "load_trajectories", "Result", "ConfigError", "DataError",
+                               "FederatedSysID"]

@@ -51,15 +51,26 @@ def run(overrides=(), output_dir=None, config_dir=None) -> Result:
         With the command line's one-line message for a bad setting or bad data; nothing is
         written then.
     """
-    cfg, choices = compose(overrides, config_dir)
+    return run_job(overrides, output_dir, config_dir)
+
+
+def run_job(overrides=(), output_dir=None, config_dir=None, tables=None) -> Result:
+    """:func:`run`, with ``tables``: the trajectories of ``data=files`` held in memory as
+    ``(name, DataFrame)`` pairs (``data.path`` then names them; see
+    :func:`fnsysid.data.source.from_files`), checked as files are."""
+    cfg, choices = compose(overrides, config_dir, data_in_memory=tables is not None)
     settings = check_run(cfg)
+    if tables is not None and settings.runtime.name == "flower":
+        raise ConfigError("runtime=flower: each Flower client reads its own trajectory file; "
+                          "data held in memory cannot be sent to them; allowed: a folder of "
+                          "one file per client (data.path)")
     if output_dir is None:
-        return execute(settings, choices, given_keys(as_overrides(overrides)))
+        return execute(settings, choices, given_keys(as_overrides(overrides)), tables)
     folder = Path(output_dir)
     check_output_dir("output_dir", folder)
     with lock_folder(folder, f"output_dir={folder}"):      # one run at a time in the folder
         check_output_folder(folder, settings)
-        result = execute(settings, choices, given_keys(as_overrides(overrides)))
+        result = execute(settings, choices, given_keys(as_overrides(overrides)), tables)
         if settings.output.overwrite:
             clear_earlier(folder, input_paths(settings.data))
         write_outputs(folder, settings, result)

@@ -71,6 +71,16 @@ class Result:
         if not isinstance(self.tables, Frames):
             self.tables = Frames(self.tables)
 
+    def __repr__(self) -> str:
+        """A few words (the arrays are in the attributes): the run's status and settings."""
+        s = self.summary
+        final = ", ".join(f"{k.removeprefix('final_')}={s[k]:.4g}" for k in
+                          ("final_e_max_mean", "final_nrmse_1step_mean", "final_nrmse_sim_mean")
+                          if isinstance(s.get(k), float))
+        return (f"Result(status={s.get('status')}, system={s.get('system')}, strategy="
+                f"{s.get('strategy')}, M={s.get('M')}, rounds={s.get('rounds_completed')}"
+                + (f", {final}" if final else "") + f"; tables: {', '.join(self.tables)})")
+
     @property
     def errors(self) -> pd.DataFrame:
         """One row per (repeat, round): parameter errors and held-out NRMSE (errors.csv)."""
@@ -130,7 +140,8 @@ def _job_choices() -> dict:
     return dict(HydraConfig.get().runtime.choices)
 
 
-def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = None) -> Result:
+def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = None,
+            tables=None) -> Result:
     """Check the settings of ``cfg`` (a composed config), load the data, run the rounds and
     build the result tables.
 
@@ -144,7 +155,8 @@ def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = Non
     clients load and keep their own data, so there is no ``theory`` table (the pooled data it
     needs exist nowhere), ``true_mean`` of the estimates is empty and no held-out NRMSE is
     recorded. With ``data=files`` the clients' files are read and checked here first, as in
-    process (and not kept): bad data stops the run before Flower starts.
+    process (and not kept): bad data stops the run before Flower starts. ``tables``: the
+    trajectories of ``data=files`` held in memory (see :func:`fnsysid.data.source.from_files`).
     """
     t_start = time.perf_counter()
     settings = check_run(cfg)          # typed, read-only: what the steps below read
@@ -172,7 +184,7 @@ def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = Non
         data, t_data, theory = None, 0.0, None
     else:
         dataset = load_data(settings, model, optimizer,
-                            _job_given() if given is None else given, file_budget())
+                            _job_given() if given is None else given, file_budget(), tables)
         data = dataset.train
         theta0 = initial_model(model, data, settings.system.init)
         t_data = time.perf_counter() - t0

@@ -7,6 +7,7 @@ composed and checked up front.
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import itertools
 import os
@@ -41,6 +42,9 @@ _COMMANDS = {"-r": "--run", "--run": "--run", "-m": "-m", "--multirun": "-m", "-
 SINGLE_RUN = (".hydra", "summary.json", "errors.csv")
 #: most sweep combinations composed and checked before a multirun starts
 MAX_CHECKED = 256
+#: True while the config of trajectories held in memory is checked (``compose(...,
+#: data_in_memory=True)``): ``data.path`` then names them and is no file to check
+DATA_IN_MEMORY = contextvars.ContextVar("fnsysid_data_in_memory", default=False)
 
 
 
@@ -573,8 +577,11 @@ def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base
             if paths and paths not in seen:   # FIFOs, devices, unreadable folders: refused here
                 from fnsysid.data.files import check_paths  # pandas: only with data=files
 
-                _check_path_names(settings.data)
-                check_paths(settings.data)
+                data = settings.data
+                if DATA_IN_MEMORY.get():
+                    data = data.model_copy(update={"path": None})
+                _check_path_names(data)
+                check_paths(data)
                 seen.add(paths)
             check_memory(settings, *build(settings)[:2])
             disk = max(disk, estimate_disk_bytes(settings, keep_per_client(settings)))
@@ -684,18 +691,20 @@ def plain(value, key: str):
                                   "setting name; keys are strings")
         return {k: plain(v, f"{key}.{k}") for k, v in value.items()}
     hint = (" (a numpy array: give value.tolist())" if type(value).__name__ == "ndarray"
-            else "")
+            else " (trajectories in a DataFrame: fnsysid.FederatedSysID().fit(df) takes them)"
+            if type(value).__name__ == "DataFrame" else "")
     raise ConfigError(f"{key}: a value of type {type(value).__name__} is not a setting value"
                       f"{hint}; allowed: str, int, float, bool, None (numpy scalars too), and "
                       "lists and dicts of them")
 
 
-def compose(overrides, config_dir=None):
+def compose(overrides, config_dir=None, data_in_memory: bool = False):
     """The checked, composed run config of ``overrides`` (without Hydra's node) and the
     chosen group options.
 
     Runs the command line's pre-run check (one-line :class:`ConfigError` for bad input);
-    ``config_dir`` adds a folder of your own config groups, like ``--config-dir``.
+    ``config_dir`` adds a folder of your own config groups, like ``--config-dir``;
+    ``data_in_memory``: ``data.path`` names trajectories held in memory, not a file.
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -724,7 +733,11 @@ def compose(overrides, config_dir=None):
         if not folder.is_dir():
             raise ConfigError(f"config_dir={config_dir}: no such folder")
         extra = ["--config-dir", str(folder)]
-    _, cfg = preflight(args + extra, folders=False)     # output_dir is checked by the caller
+    token = DATA_IN_MEMORY.set(data_in_memory)
+    try:
+        _, cfg = preflight(args + extra, folders=False)  # output_dir is checked by the caller
+    finally:
+        DATA_IN_MEMORY.reset(token)
     choices = {k: v for k, v in cfg.hydra.runtime.choices.items()
                if not k.startswith("hydra/")}
     run_config = OmegaConf.to_container(cfg, resolve=False)

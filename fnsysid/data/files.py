@@ -136,8 +136,10 @@ def data_files(path, setting: str = "data.path") -> list[Path]:
 def check_paths(data) -> None:
     """The files of ``data.path``, ``data.val_path`` and ``data.truth`` (a ``data=files``
     section) exist and are regular files that can be read; their contents are not read (the
-    check before a results folder is made)."""
-    data_files(data.path, "data.path")
+    check before a results folder is made); a ``data.path`` of None (data held in memory) is
+    not looked at."""
+    if data.path is not None:
+        data_files(data.path, "data.path")
     if data.val_path:
         data_files(data.val_path, "data.val_path")
     if data.truth:
@@ -260,16 +262,29 @@ def read_trajectories(path, states, inputs=(), setting: str = "data.path",
     inputs = [inputs] if isinstance(inputs, str) else list(inputs or [])
     files = data_files(path, setting)
     one_file = Path(path).is_file() and not client_file
-    parts = []
     columns = columns or ColumnMap()
-    split = False
-    for f in files:
-        # t as text: integers stay exact
-        df = read_table(f, text=("client", columns.time))
+    # t as text: integers stay exact
+    tables = ((f, read_table(f, text=("client", columns.time))) for f in files)
+    return check_tables(tables, states, inputs, one_file, columns)
+
+
+def check_tables(tables, states, inputs=(), one_file: bool = False,
+                 columns: ColumnMap | None = None) -> pd.DataFrame:
+    """The checks and the result of :func:`read_trajectories` for tables already read:
+    ``tables`` is a sequence of ``(name, DataFrame)``, one per file (``name`` a path, or any
+    object with ``str()`` for messages and a ``stem`` naming the client); ``one_file``: a
+    single table whose ``client`` column gives the clients; ``columns``: the column mapping
+    (:class:`ColumnMap`). Data held in memory take the same checks as files this way."""
+    states = [states] if isinstance(states, str) else list(states)
+    inputs = [inputs] if isinstance(inputs, str) else list(inputs or [])
+    columns = columns or ColumnMap()
+    names, parts, split = [], [], False
+    for f, df in tables:
+        names.append(f)
         split |= "split" in [str(c) for c in df.columns] and "split" not in columns.ignore
         parts.append(_check_file(df, f, states, inputs, one_file, columns))
-    out = _combine(parts, files, one_file, states, inputs, columns)
-    out.attrs["split_column"] = split      # a file has a split column: the files decide
+    out = _combine(parts, names, one_file, states, inputs, columns)
+    out.attrs["split_column"] = split      # a table has a split column: the tables decide
     return out
 
 
@@ -469,7 +484,7 @@ def _combine(parts, files, one_file, states, inputs, columns: ColumnMap) -> pd.D
     ref = np.sort(clients.iloc[0])
     for rep, cl in clients.items():
         if not np.array_equal(np.sort(cl), ref):
-            raise DataError(f"{files[0] if one_file else Path(files[0]).parent}: repeat {rep} "
+            raise DataError(f"{files[0] if one_file else files[0].parent}: repeat {rep} "
                             "has other clients than repeat "
                             f"{clients.index[0]}; every repeat needs the same clients")
     labels = np.unique(df["repeat"])

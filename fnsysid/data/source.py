@@ -63,10 +63,10 @@ class Dataset:
 
 
 def load_data(settings: Settings, model: Model, optimizer,
-              given: frozenset[str] = frozenset(), budget=None) -> Dataset:
+              given: frozenset[str] = frozenset(), budget=None, tables=None) -> Dataset:
     """The clients' data for the run described by ``settings`` (``data.source``); ``given``: the
-    settings given explicitly, ``budget``: the memory check of file data (see
-    :func:`from_files`)."""
+    settings given explicitly, ``budget``: the memory check of file data, ``tables``: the
+    trajectories of ``data=files`` already read (see :func:`from_files`)."""
     source = settings.data.source
     if source == "simulated":
         if _REUSED is None:
@@ -79,7 +79,7 @@ def load_data(settings: Settings, model: Model, optimizer,
         _REUSED.move_to_end(key)
         return _REUSED[key]
     if source == "files":
-        return from_files(settings, model, optimizer, given, budget)
+        return from_files(settings, model, optimizer, given, budget, tables=tables)
     raise ConfigError(f"data.source={source} is not allowed; allowed: {', '.join(SOURCES)}")
 
 
@@ -267,7 +267,7 @@ def column_names(settings, model: Model) -> tuple[list[str], list[str]]:
 @np.errstate(over="ignore", invalid="ignore")    # statistics that overflow: refused, not warned
 def from_files(settings: Settings, model: Model, optimizer,
                given: frozenset[str] = frozenset(), budget=None,
-               client_file: bool = False) -> Dataset:
+               client_file: bool = False, tables=None) -> Dataset:
     """Clients read from ``data.path`` (and ``data.val_path``), truth from ``data.truth``.
 
     The files give the clients and repeats; an ``M`` or ``repeats`` in ``given`` (the
@@ -275,13 +275,16 @@ def from_files(settings: Settings, model: Model, optimizer,
     when given, is called with the bytes the arrays of the data read will need
     (:func:`fnsysid.data.memory.built_bytes`) and a description of the data, before they are
     built; it raises to refuse them. ``client_file``: ``data.path`` is one client's file of a
-    folder (a Flower node's own file).
+    folder (a Flower node's own file). ``tables``: the trajectories as ``(name, DataFrame)``
+    pairs, one per client, read already (data held in memory; ``data.path`` then only names
+    them in messages), checked as files are (:func:`~fnsysid.data.files.check_tables`).
     """
     import pandas as pd
 
     from fnsysid.data.files import (
         ColumnMap,
         check_finite,
+        check_tables,
         load_truth,
         read_trajectories,
         truth_parameters,
@@ -289,8 +292,9 @@ def from_files(settings: Settings, model: Model, optimizer,
 
     states, inputs = column_names(settings, model)
     columns = ColumnMap.of(settings.data)
-    df = read_trajectories(settings.data.path, states, inputs, client_file=client_file,
-                           columns=columns)
+    df = (read_trajectories(settings.data.path, states, inputs, client_file=client_file,
+                            columns=columns)
+          if tables is None else check_tables(tables, states, inputs, columns=columns))
     clients = [str(c) for c in df.drop_duplicates("_client").sort_values("_client")["client"]]
     labels = df.attrs["repeats"]                         # the files' repeat labels
     S, M = len(labels), len(clients)
@@ -481,6 +485,13 @@ def _heldout_layout(rows: pd.DataFrame, M: int):
     blocks = [(c, int(J_c[c].max()), int(L_c[c].max()))
               for c in (has[cls == k] for k in np.unique(cls))]
     return (rep, cl, j[traj_id], t_pos), blocks
+
+
+def heldout_of(model: Model, rows: pd.DataFrame, S: int, M: int, states, inputs) -> HeldOut:
+    """Held-out data (the scores' layout) of checked trajectory rows (as
+    :func:`~fnsysid.data.files.check_tables` returns them) of ``S`` repeats and ``M``
+    clients: the held-out data of a run are built from their rows this way."""
+    return _heldout(model, rows, S, M, states, inputs)
 
 
 def _heldout(model: Model, rows: pd.DataFrame, S: int, M: int, states, inputs) -> HeldOut:

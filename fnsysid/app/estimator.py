@@ -1,0 +1,496 @@
+"""``fnsysid.FederatedSysID``: an estimator for notebooks over the command line's engine.
+
+>>> m = fnsysid.FederatedSysID(feature_map="polynomial", R=60)        # doctest: +SKIP
+>>> m.fit(df, states=["x1", "x2"], inputs=["u"])                      # doctest: +SKIP
+>>> m.equations(), m.score(df_val)                                    # doctest: +SKIP
+
+One code path: :meth:`FederatedSysID.fit` composes and checks the settings as ``fnsysid.run``
+does (:func:`fnsysid.app.api.run_job`), and trajectories held in memory take the checks of
+trajectory files (:func:`fnsysid.data.files.check_tables`). ``predict``, ``simulate`` and
+``score`` evaluate the model with the engine's functions (``Model.predict``,
+:func:`fnsysid.results.metrics.free_run`, :class:`~fnsysid.results.metrics.HeldOutScores`),
+so a score equals the run's ``nrmse_*_mean`` on the same held-out data.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from collections.abc import Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from fnsysid.app.api import run_job
+from fnsysid.app.experiment import Result
+from fnsysid.app.preflight import as_overrides
+from fnsysid.config.checks import ConfigError, DataError, override_key
+from fnsysid.config.errors import some
+from fnsysid.config.groups import options
+from fnsysid.config.schema import GROUPS
+from fnsysid.data.files import PUBLIC_COLUMNS, ColumnMap, check_tables, read_trajectories
+from fnsysid.data.source import column_names, heldout_of
+from fnsysid.results.metrics import HeldOutScores, free_run, over_clients
+
+#: ``data.path`` of trajectories held in memory (it names them in messages)
+IN_MEMORY = "<DataFrame>"
+#: strategies whose result holds a model of each client (``client=``)
+PER_CLIENT = ("local",)
+#: the two kinds of score
+KINDS = ("one_step", "free_run")
+#: estimates-table columns passed through by :meth:`FederatedSysID.coefficients`
+UNCERTAINTY = ("se", "ci_lo", "ci_hi")
+
+
+@dataclass(frozen=True)
+class _Table:
+    """One client's rows held in memory, named in messages as a file is (``stem``: the
+    client, ``parent``: the data they belong to)."""
+
+    stem: str
+    parent: str
+
+    def __str__(self) -> str:
+        return f"{self.parent}, client '{self.stem}'"
+
+
+def _tables(data, what: str, rows: bool = False) -> tuple[list[tuple[_Table, pd.DataFrame]],
+                                                         pd.DataFrame | None, list[np.ndarray]]:
+    """Per-client tables of ``data`` (a DataFrame with a ``client`` column or a mapping client
+    -> DataFrame), with ``rows`` the rows as one DataFrame (``client`` filled in; else None)
+    and each table's row positions in it."""
+    if isinstance(data, pd.DataFrame):
+        cols = [str(c) for c in data.columns]
+        twice = [c for c in cols if cols.count(c) > 1]
+        if twice:
+            raise DataError(f"{what}: column '{twice[0]}' appears twice; allowed: one column "
+                            "per name")
+        if "client" not in cols:
+            raise DataError(f"{what}: column 'client' is missing; columns: {', '.join(cols)}; "
+                            "allowed: a DataFrame with a client column, or a mapping client -> "
+                            "DataFrame")
+        frame = data.copy(deep=False)
+        frame.columns = cols
+        client = frame["client"]
+        empty = client.isna().to_numpy() | (client.astype(str).str.strip() == "").to_numpy()
+        if empty.any():
+            i = int(np.flatnonzero(empty)[0])
+            raise DataError(f"{what}: row {i + 1} (index {_label(data.index[i])}), column "
+                            "'client' is empty; allowed: a client id in every row")
+        labels = client.astype(str).str.strip()
+        groups = labels.groupby(labels.to_numpy(), sort=False).indices    # label -> positions
+        where = list(groups.values())
+        tables = [(_Table(str(k), what), frame.iloc[w]) for k, w in groups.items()]
+        return tables, frame, where
+    if isinstance(data, Mapping):
+        if not data:
+            raise DataError(f"{what}: an empty mapping; allowed: client -> DataFrame, one or "
+                            "more")
+        tables, seen, frames, where, start = [], {}, [], [], 0
+        for key, df in data.items():
+            name = str(key).strip()
+            if not isinstance(df, pd.DataFrame):
+                raise DataError(f"{what}['{name}']: a {type(df).__name__}, not a DataFrame")
+            if name in seen:
+                raise DataError(f"{what}: keys {seen[name]!r} and {key!r} both give client "
+                                f"'{name}'; keep one table per client")
+            seen[name] = key
+            tables.append((_Table(name, what), df.copy(deep=False)))
+            frames.append(df.set_axis([str(c) for c in df.columns], axis=1).assign(client=name)
+                          if rows else None)
+            where.append(np.arange(start, start + len(df)))
+            start += len(df)
+        return tables, pd.concat(frames, ignore_index=True) if rows else None, where
+    raise ConfigError(f"{what}: a value of type {type(data).__name__} is not trajectory data; "
+                      "allowed: a DataFrame (columns client, trajectory, t, the states and "
+                      "inputs), a mapping client -> DataFrame, or a path to trajectory files")
+
+
+@contextmanager
+def _row_index(tables):
+    """A :class:`DataError` that names a row of one of ``tables`` (``<table>: row N``, N
+    counted from 1 within the client's rows) also gives the row's index label in its
+    DataFrame (``row N (index 7)``): what ``df.loc`` takes."""
+    try:
+        yield
+    except DataError as exc:
+        msg = str(exc)
+        for label, df in tables or ():
+            head = f"{label}: row "
+            n = re.match(r"\d+", msg[len(head):]) if msg.startswith(head) else None
+            if n and 1 <= int(n.group()) <= len(df):
+                rest = msg[len(head) + n.end():]
+                raise DataError(f"{head}{n.group()} (index {_label(df.index[int(n.group()) - 1])})"
+                                f"{rest}") from None
+        raise
+
+
+def _label(v) -> str:
+    """An index label for messages: numbers as they print, other labels quoted."""
+    return str(v) if isinstance(v, (int, np.integer)) else repr(v)
+
+
+def _is_path(data) -> bool:
+    return isinstance(data, (str, os.PathLike))
+
+
+class FederatedSysID:
+    """Federated identification of a fleet, fitted from DataFrames, files or a simulation.
+
+    Parameters
+    ----------
+    config : further settings: a dict with dotted keys (``{"feature_map.degree": 3}``) or a
+        list of override strings (``["feature_map.degree=3"]``).
+    output_dir : a folder to write the run's files into (as ``fnsysid.run``); None: nothing
+        is written.
+    config_dir : a folder of your own config groups (like ``--config-dir``).
+    **settings : knobs and groups of the command line, e.g. ``strategy="fedavg"``, ``R=60``,
+        ``system="generic"``, ``feature_map="polynomial"``.
+
+    Bad settings and bad data raise :class:`~fnsysid.config.errors.ConfigError` (bad data:
+    :class:`~fnsysid.config.errors.DataError`) with the command line's one-line message.
+
+    Attributes (after :meth:`fit`)
+    ------------------------------
+    result_ : the run's :class:`~fnsysid.app.experiment.Result`.
+    summary_ : what ``summary.json`` holds (``status``, final errors, settings).
+    history_ : per-round errors (``errors.csv``).
+    clients_ : the client labels; ``states_``, ``inputs_``: the state and input columns.
+    """
+
+    def __init__(self, config=None, output_dir=None, config_dir=None, **settings):
+        self.config = config
+        self.output_dir = output_dir
+        self.config_dir = config_dir
+        self.settings = settings
+
+    # --- fitting ----------------------------------------------------------------------------
+
+    def _overrides(self, data, states, inputs) -> list[str]:
+        given = as_overrides(self.settings)
+        try:
+            extra = as_overrides(self.config) if self.config is not None else []
+        except ConfigError as exc:                  # the argument is config=, not overrides
+            msg = str(exc)
+            raise ConfigError("config" + msg.removeprefix("overrides") if
+                              msg.startswith("overrides") else msg) from None
+        overrides = given + extra
+        keys = {override_key(o) for o in overrides}
+        if data is not None:
+            for key in ("data", "data.path"):
+                if key in keys:
+                    raise ConfigError(f"{key}: fit() was given data; give the data to fit() "
+                                      f"or the setting {key}, not both")
+            path = str(data) if _is_path(data) else IN_MEMORY
+            overrides = ["data=files", *overrides, *as_overrides({"data.path": path})]
+            if "system" not in keys:
+                if states is None and "data.states" not in keys:
+                    raise ConfigError("states: fit(data) identifies system=generic from named "
+                                      "columns; allowed: fit(data, states=[...], inputs=[...]) "
+                                      "(or a system= whose columns the data carry)")
+                overrides.insert(0, "system=generic")
+        for key, value in (("data.states", states), ("data.inputs", inputs)):
+            if value is None:
+                continue
+            if key in keys:
+                raise ConfigError(f"{key}: given to fit() and in the settings; give it once")
+            overrides += as_overrides({key: [value] if isinstance(value, str) else
+                                       list(value)})
+        return overrides
+
+    def fit(self, data=None, states=None, inputs=None) -> FederatedSysID:
+        """Identify the fleet's model; returns ``self``.
+
+        ``data``: a DataFrame in the layout of trajectory files (columns ``client``,
+        optional ``trajectory``, ``t``, ``split``, ``repeat``, the states and the inputs), a
+        mapping client -> DataFrame (without the ``client`` column), or a path to trajectory
+        files (as ``data=files data.path=...``); None: the settings' data (a simulation by
+        default). With data and no ``system`` setting, ``system=generic``. ``states``,
+        ``inputs``: the column names (``data.states``, ``data.inputs``).
+
+        Held-out rows (``split=val``, else ``data.holdout`` of each client's trajectories) give
+        the NRMSE of :attr:`history_` and :attr:`summary_`. A fit that does not end ``ok``
+        warns with its status.
+        """
+        tables = None
+        if data is not None and not _is_path(data):
+            tables = _tables(data, "data")[0]
+        with _row_index(tables):
+            res = run_job(self._overrides(data, states, inputs), self.output_dir,
+                          self.config_dir, tables)
+        self.result_ = res
+        self.summary_ = res.summary
+        self.history_ = res.errors
+        self.clients_ = list(res.dataset.clients)
+        self.states_, self.inputs_ = column_names(res.settings, res.model)
+        status = res.summary["status"]
+        if status != "ok":
+            warnings.warn(f"fnsysid: the fit ended with status '{status}' (see summary_ and "
+                          "history_): do not trust its model", stacklevel=2)
+        return self
+
+    # --- the fitted model -------------------------------------------------------------------
+
+    def _result(self, usable: bool = True) -> Result:
+        res = getattr(self, "result_", None)
+        if res is None:
+            raise ValueError("this FederatedSysID is not fitted yet: call fit(data) first")
+        if usable and res.diverged is not None:
+            raise ValueError(f"the fit diverged at round {res.diverged} (summary_['status'] is "
+                             "'diverged'): its model is not usable; fit again with a smaller lr")
+        return res
+
+    def _own_models(self) -> np.ndarray | None:
+        """The clients' own models (S, M, p): personalized ones where the result holds them
+        (``Result.client_models``), else a per-client strategy's estimates; None."""
+        res = self._result()
+        own = getattr(res, "client_models", None)
+        if own is not None:
+            return np.asarray(own, float)
+        return res.estimate if res.estimate.shape[1] > 1 else None
+
+    def _client_index(self, client) -> int:
+        res = self._result()
+        name = str(client)
+        if self._own_models() is None:
+            ways = [f"strategy={s}" for s in PER_CLIENT]
+            if "personalize" in GROUPS:
+                ways += [f"personalize={o}" for o in options("personalize") if o != "none"]
+            raise ConfigError(f"client={name}: strategy={res.summary.get('strategy')} gives one "
+                              "server model, no model of each client; allowed: client=None, or "
+                              f"a fit that gives one per client ({', '.join(ways)})")
+        if name not in self.clients_:
+            raise ConfigError(f"client={name} is not a client of the fit; allowed: "
+                              f"{', '.join(some(self.clients_, 12))}")
+        return self.clients_.index(name)
+
+    def _repeat(self, repeat: int) -> int:
+        S = self._result().estimate.shape[0]
+        if not isinstance(repeat, (int, np.integer)) or not 0 <= repeat < S:
+            raise ConfigError(f"repeat={repeat} is not allowed; allowed: 0..{S - 1}")
+        return int(repeat)
+
+    def _theta(self, client=None, repeat: int = 0) -> np.ndarray:
+        """The parameters (p,) of the server model or of ``client``."""
+        est = self._result().estimate[self._repeat(repeat)]
+        if client is not None:
+            return self._own_models()[self._repeat(repeat), self._client_index(client)]
+        if est.shape[0] > 1:
+            strategy = self._result().summary.get("strategy")
+            raise ConfigError(f"client=None: strategy={strategy} gives a model of each client "
+                              f"and no server model; allowed: client= one of "
+                              f"{', '.join(some(self.clients_, 12))}")
+        return est[0]
+
+    def coefficients(self, client=None) -> pd.DataFrame:
+        """The identified parameters: columns ``parameter``, ``value`` (and ``se``, ``ci_lo``,
+        ``ci_hi`` where the run's estimates give them); with several repeats a ``repeat``
+        column, with a model per client a ``client`` column (``client=``: one client's)."""
+        res = self._result()
+        table = res.estimates
+        if client is None:
+            est = res.estimate
+            labels = ["server"] if est.shape[1] == 1 else list(self.clients_)
+        else:
+            m = self._client_index(client)
+            est, labels = self._own_models()[:, m:m + 1], [self.clients_[m]]
+            if getattr(res, "client_models", None) is not None:       # personalized models
+                table = res.tables.get("client_estimates")
+        S, C, _ = est.shape
+        rows = [(s, labels[c], name, float(est[s, c, k])) for s in range(S) for c in range(C)
+                for k, name in enumerate(res.model.param_names)]
+        out = pd.DataFrame(rows, columns=["repeat", "client", "parameter", "value"])
+        extra = [c for c in UNCERTAINTY if table is not None and c in table.columns]
+        if extra:
+            t = table[["repeat", "client", "parameter", *extra]].astype({"client": str})
+            out = out.merge(t, on=["repeat", "client", "parameter"], how="left")
+        keep = (["repeat"] if S > 1 else []) + (["client"] if C > 1 or client is not None
+                                                else [])
+        return out[keep + ["parameter", "value", *extra]]
+
+    def _names(self) -> tuple[list[str], list[str]]:
+        """The regression targets and the feature names of the model."""
+        model = self._result().model
+        sys = model.system
+        if model.library is not None:
+            feats = sys.name_features(model.library.feature_names(sys.n_x, sys.n_u))
+        else:
+            feats = list(sys.feature_names)
+        return list(sys.target_names), list(feats)
+
+    def equations(self, client=None, precision: int = 3, repeat: int = 0) -> list[str]:
+        """The identified model as text, one string per regression target (for
+        ``system=generic`` and the feature-map systems one per state): ``"x1+ = 1.000 x1 +
+        0.050 x2"``; terms whose coefficient is exactly 0 are left out."""
+        res = self._result()
+        Th = res.model.theta_matrix(self._theta(client, repeat))
+        targets, feats = self._names()
+        lines = []
+        for j, target in enumerate(targets):
+            terms = []
+            for c, f in zip(Th[j], feats, strict=True):
+                if c == 0:
+                    continue
+                size = f"{abs(c):.{precision}f}"
+                term = size if f == "1" else f"{size} {f}"
+                sign = "-" if c < 0 else "+"
+                terms.append((f"-{term}" if sign == "-" else term) if not terms
+                             else f"{sign} {term}")
+            lines.append(f"{target} = {' '.join(terms) if terms else '0'}")
+        return lines
+
+    # --- prediction -------------------------------------------------------------------------
+
+    def _columns(self) -> ColumnMap:
+        """The fit's column mapping (``data.trajectory``, ``data.time``, ``data.ignore``)."""
+        return ColumnMap.of(self._result().settings.data)
+
+    def _rows(self, data, what: str):
+        """Checked rows of ``data`` (the fit's states and inputs), the data's rows as given
+        (a DataFrame) and where each checked row is among them."""
+        if _is_path(data):
+            rows = read_trajectories(data, self.states_, self.inputs_, setting=what,
+                                     columns=self._columns())
+            frame = rows[PUBLIC_COLUMNS + self.states_ + self.inputs_].copy()
+            frame["repeat"] = frame["repeat"].map(dict(enumerate(rows.attrs["repeats"])))
+            return rows, frame.reset_index(drop=True), np.arange(len(rows))
+        tables, frame, where = _tables(data, what, rows=True)
+        with _row_index(tables):
+            rows = check_tables(tables, self.states_, self.inputs_, columns=self._columns())
+        codes = rows["_file"].cat.codes.to_numpy()
+        pos = np.empty(len(rows), int)
+        for k, w in enumerate(where):
+            sel = codes == k
+            pos[sel] = w[rows["_row"].to_numpy()[sel] - 1]
+        return rows, frame, pos
+
+    def _row_thetas(self, rows, client, what: str) -> tuple[np.ndarray, np.ndarray]:
+        """The parameters of each row's model (n, p) and the fit's repeat of each of the
+        data's repeats (the data's repeat labels are the fit's)."""
+        res = self._result()
+        fit_labels = list(res.dataset.repeats or range(res.estimate.shape[0]))
+        reps = []
+        for label in rows.attrs["repeats"]:
+            if label not in fit_labels:
+                raise DataError(f"{what}: repeat {label} is not a repeat of the fit; allowed: "
+                                f"{', '.join(map(str, some(fit_labels, 12)))}")
+            reps.append(fit_labels.index(label))
+        reps = np.asarray(reps)
+        rep = reps[rows["repeat"].to_numpy()]
+        est = res.estimate
+        if client is not None:
+            return self._own_models()[rep, self._client_index(client)], reps
+        if est.shape[1] == 1:
+            return est[rep, 0], reps
+        labels = rows["client"].to_numpy(dtype=str)
+        idx = pd.Index(self.clients_).get_indexer(labels)
+        if (idx < 0).any():
+            name = labels[idx < 0][0]
+            raise DataError(f"{what}: client '{name}' has no model of its own (strategy="
+                            f"{res.summary.get('strategy')} fitted clients "
+                            f"{', '.join(some(self.clients_, 12))}); give client= one of them")
+        return est[rep, idx], reps
+
+    def _out(self, frame, pos, values, columns) -> pd.DataFrame:
+        """The data's own columns of the layout and ``values`` (checked rows' order) as
+        columns, one row per row of the data, in its order."""
+        out = frame[[c for c in PUBLIC_COLUMNS if c in frame.columns]].copy()
+        full = np.full((len(frame), values.shape[1]), np.nan)
+        full[pos] = values
+        for k, c in enumerate(columns):
+            out[c] = full[:, k]
+        return out
+
+    def predict(self, data, client=None) -> pd.DataFrame:
+        """One-step predictions: for each row, its states predicted from the trajectory's
+        previous row (states and inputs); NaN in a trajectory's first row. One row per row of
+        ``data`` (same layout as :meth:`fit`'s, in its order), with its layout columns."""
+        self._result()
+        rows, frame, pos = self._rows(data, "data")
+        theta, _ = self._row_thetas(rows, client, "data")
+        X = rows[self.states_].to_numpy(float)
+        U = rows[self.inputs_].to_numpy(float) if self.inputs_ else np.zeros((len(rows), 0))
+        key = rows[["repeat", "_client", "_trajectory"]].to_numpy()
+        same = (key[1:] == key[:-1]).all(axis=1)
+        pred = np.full(X.shape, np.nan)
+        with np.errstate(all="ignore"):
+            step = self.result_.model.predict(X[:-1], U[:-1], theta[:-1])
+        pred[1:][same] = step[same]
+        return self._out(frame, pos, pred, self.states_)
+
+    def simulate(self, data, client=None) -> pd.DataFrame:
+        """Free run: each trajectory simulated from its first state with its recorded inputs
+        (the first row holds the measured state). One row per row of ``data``, in its order."""
+        self._result()
+        rows, frame, pos = self._rows(data, "data")
+        theta, _ = self._row_thetas(rows, client, "data")
+        key = rows[["repeat", "_client", "_trajectory"]].to_numpy()
+        start = np.flatnonzero(np.append(True, (key[1:] != key[:-1]).any(axis=1)))
+        lengths = np.diff(np.append(start, len(rows)))
+        n, L = len(start), int(lengths.max())
+        traj = np.repeat(np.arange(n), lengths)
+        t = np.arange(len(rows)) - start[traj]
+        n_x, n_u = len(self.states_), len(self.inputs_)
+        x = np.zeros((1, n, 1, L, n_x))
+        u = np.zeros((1, n, 1, L, n_u))
+        x[0, traj, 0, t] = rows[self.states_].to_numpy(float)
+        if n_u:
+            u[0, traj, 0, t] = rows[self.inputs_].to_numpy(float)
+        sim = free_run(self.result_.model, theta[start][None], x, u[..., :-1, :])
+        return self._out(frame, pos, sim[0, traj, 0, t], self.states_)
+
+    def score(self, data, kind: str = "one_step", client=None) -> float:
+        """The held-out NRMSE of ``data`` (every row given is scored): per client, each
+        predicted state's RMSE over its standard deviation, averaged over the states; then
+        the mean over the clients (and over repeats) -- the run's ``nrmse_1step_mean``
+        (``kind="one_step"``) or ``nrmse_sim_mean`` (``kind="free_run"``) on the same data."""
+        if kind not in KINDS:
+            raise ConfigError(f"kind={kind} is not allowed; allowed: {', '.join(KINDS)}")
+        res = self._result()
+        rows, _, _ = self._rows(data, "data")
+        theta, reps = self._row_thetas(rows, client, "data")
+        S = len(rows.attrs["repeats"])
+        M = int(rows["_client"].max()) + 1
+        first = rows.drop_duplicates(["repeat", "_client"])
+        per = np.zeros((S, M, theta.shape[-1]))
+        per[first["repeat"].to_numpy(), first["_client"].to_numpy()] = \
+            theta[first.index.to_numpy()]
+        if client is None and res.estimate.shape[1] == 1:
+            per = res.estimate[reps]                           # one model per repeat
+        ho = heldout_of(res.model, rows, S, M, self.states_, self.inputs_)
+        scores = HeldOutScores(res.model, ho)
+        v = scores.one_step(per) if kind == "one_step" else scores.free_run(per)
+        mean = over_clients(v, scores.valid)[1]
+        return float(np.mean(mean))
+
+    # --- display ----------------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        res = getattr(self, "result_", None)
+        if res is None:
+            given = [f"{k}={v!r}" for k, v in self.settings.items()]
+            if self.config is not None:
+                given.append(f"config={self.config!r}")
+            return f"FederatedSysID({', '.join(given)}) (not fitted)"
+        s = res.summary
+        head = (f"FederatedSysID(system={s['system']}, feature_map={s['feature_map']}, "
+                f"strategy={s['strategy']}, M={s['M']}, R={s['R']})")
+        line = f"  status {s['status']}, {s['rounds_completed']} rounds"
+        one, sim = s.get("final_nrmse_1step_mean"), s.get("final_nrmse_sim_mean")
+        if one is not None:
+            line += f"; held-out NRMSE (mean over clients) one-step {one:.4g}"
+            if sim is not None:
+                line += f", free run {sim:.4g}"
+        return f"{head}\n{line}"
+
+    def __str__(self) -> str:
+        if getattr(self, "result_", None) is None or self.result_.diverged is not None:
+            return repr(self)
+        try:
+            eqs = self.equations()
+        except ConfigError:                                  # a model per client: the first
+            eqs = [f"client {self.clients_[0]}:"] + self.equations(client=self.clients_[0])
+        return "\n".join([repr(self)] + [f"  {e}" for e in eqs])

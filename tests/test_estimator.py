@@ -1,0 +1,323 @@
+"""fnsysid.FederatedSysID: fits a fleet held in memory through the command line's engine (same
+numbers as the command line on the same files), predicts, simulates, scores, prints."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import runpy
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import fnsysid
+from fnsysid.app.estimator import FederatedSysID
+from tests.conftest import cli_in_process
+
+ROOT = Path(__file__).resolve().parent.parent
+STATES, INPUTS = ["x1", "x2"], ["u"]
+
+
+def fleet(n_clients: int = 4, n_traj: int = 4, length: int = 30, seed: int = 0) -> pd.DataFrame:
+    """A fleet of damped oscillators, one row per sample; the last trajectory of each client is
+    held out (``split=val``)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for c in range(n_clients):
+        k, g = 1.0 + 0.1 * rng.random(), 0.5 + 0.05 * rng.random()
+        for j in range(n_traj):
+            x = rng.uniform(-1.0, 1.0, 2)
+            for t in range(length):
+                u = rng.uniform(-1.0, 1.0)
+                rows.append((f"r{c}", j, 0.1 * t, x[0], x[1], u,
+                             "val" if j == n_traj - 1 else "train"))
+                x = np.array([x[0] + 0.1 * x[1], x[1] + 0.1 * (-k * x[0] - 0.2 * x[1] + g * u)])
+                x += 0.002 * rng.standard_normal(2)
+    return pd.DataFrame(rows, columns=["client", "trajectory", "t", *STATES, *INPUTS, "split"])
+
+
+SETTINGS = dict(strategy="fedavg", R=20, progress=False,
+                config={"feature_map.degree": 2, "optimizer.scale_features": "whiten"})
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    df = fleet()
+    return FederatedSysID(feature_map="polynomial", **SETTINGS).fit(df, STATES, INPUTS), df
+
+
+def test_a_fleet_in_memory_writes_nothing_and_gives_the_command_lines_numbers(tmp_path,
+                                                                              monkeypatch):
+    df = fleet()
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    m = FederatedSysID(feature_map="polynomial", **SETTINGS)
+    assert m.fit(df, states=STATES, inputs=INPUTS) is m                 # fit returns self
+    assert list(here.iterdir()) == []                                   # nothing written
+    # the same data in a file, through the command line
+    df.to_parquet(tmp_path / "fleet.parquet")
+    out = tmp_path / "cli"
+    proc = cli_in_process("system=generic", "data=files", f"data.path={tmp_path}/fleet.parquet",
+                          "data.states=[x1,x2]", "data.inputs=[u]", "feature_map=polynomial",
+                          "feature_map.degree=2", "optimizer.scale_features=whiten",
+                          "strategy=fedavg", "R=20", "progress=false", "output.plot=false",
+                          f"hydra.run.dir={out}")
+    assert proc.returncode == 0, proc.stderr
+    cli = pd.read_csv(out / "estimates.csv")
+    coef = m.coefficients()
+    assert list(coef.columns) == ["parameter", "value"]
+    assert list(coef["parameter"]) == list(cli["parameter"])
+    np.testing.assert_allclose(coef["value"], cli["estimate"], rtol=1e-12, atol=1e-15)
+    summary = json.loads((out / "summary.json").read_text())
+    val = df[df["split"] == "val"]
+    for kind, col in (("one_step", "nrmse_1step_mean"), ("free_run", "nrmse_sim_mean")):
+        assert m.summary_[f"final_{col}"] == pytest.approx(summary[f"final_{col}"], rel=1e-9)
+        assert m.score(val, kind=kind) == pytest.approx(summary[f"final_{col}"], rel=1e-9)
+    errors = pd.read_csv(out / "errors.csv")
+    np.testing.assert_allclose(m.history_["nrmse_1step_mean"], errors["nrmse_1step_mean"],
+                               rtol=1e-9)
+    # a mapping client -> DataFrame and the path of the file give the same fit
+    parts = {c: g.drop(columns="client") for c, g in df.groupby("client")}
+    by_client = FederatedSysID(feature_map="polynomial", **SETTINGS).fit(parts, STATES, INPUTS)
+    by_path = FederatedSysID(feature_map="polynomial", **SETTINGS).fit(
+        tmp_path / "fleet.parquet", STATES, INPUTS)
+    for other in (by_client, by_path):
+        np.testing.assert_allclose(other.coefficients()["value"], coef["value"], rtol=1e-12)
+    assert list(here.iterdir()) == []
+
+
+def test_predict_and_simulate_give_one_row_per_row_from_the_identified_model(fitted):
+    m, df = fitted
+    val = df[df["split"] == "val"].sort_values("client", ascending=False, kind="stable")
+    pred, sim = m.predict(val), m.simulate(val)
+    for out in (pred, sim):
+        assert len(out) == len(val) and out.index.equals(val.index)
+        assert list(out[["client", "trajectory", "t"]].itertuples(index=False)) == \
+            list(val[["client", "trajectory", "t"]].itertuples(index=False))
+    # by hand: x+ = Theta phi(x, u), phi = [1, x1, x2, u, x1^2, x1 x2, x1 u, x2^2, x2 u, u^2]
+    theta = m.coefficients().set_index("parameter")["value"]
+    feats = ["1", "x1", "x2", "u", "x1^2", "x1*x2", "x1*u", "x2^2", "x2*u", "u^2"]
+    Th = np.array([[theta[f"{s}+:{f}"] for f in feats] for s in STATES])
+
+    def step(x, u):
+        x1, x2 = x
+        return Th @ np.array([1, x1, x2, u, x1 * x1, x1 * x2, x1 * u, x2 * x2, x2 * u, u * u])
+
+    one = df[(df["client"] == "r2") & (df["split"] == "val")]
+    X, U = one[STATES].to_numpy(), one["u"].to_numpy()
+    p = pred.loc[one.index, STATES].to_numpy()
+    assert np.isnan(p[0]).all()                              # no previous row
+    np.testing.assert_allclose(p[1:], [step(X[t], U[t]) for t in range(len(X) - 1)],
+                               rtol=1e-12)
+    s = sim.loc[one.index, STATES].to_numpy()
+    run = [X[0]]
+    for t in range(len(X) - 1):
+        run.append(step(run[-1], U[t]))
+    np.testing.assert_allclose(s, run, rtol=1e-10)
+    assert not np.allclose(s[5:], X[5:], rtol=1e-3)          # a free run, not the data
+    # the score is the NRMSE of these predictions (one client: RMSE / std, mean over states)
+    nrmse = np.mean([np.sqrt(np.mean((p[1:, k] - X[1:, k]) ** 2)) / X[:, k].std()
+                     for k in range(2)])
+    assert m.score(one) == pytest.approx(nrmse, rel=1e-9)
+    assert m.score(one, kind="free_run") == pytest.approx(np.mean(
+        [np.sqrt(np.mean((s[1:, k] - X[1:, k]) ** 2)) / X[:, k].std() for k in range(2)]),
+        rel=1e-9)
+
+
+def test_equations_one_string_per_state_and_print_shows_them(fitted):
+    m, _ = fitted
+    eqs = m.equations()
+    assert len(eqs) == 2 and eqs[0].startswith("x1+ = ") and eqs[1].startswith("x2+ = ")
+    theta = m.coefficients().set_index("parameter")["value"]
+    assert f"{theta['x1+:x2']:.3f} x2" in eqs[0] and f"{abs(theta['x2+:u']):.3f} u" in eqs[1]
+    text = str(m)
+    assert eqs[0] in text and eqs[1] in text
+    lines = repr(m).splitlines()
+    assert len(lines) == 2
+    assert lines[0] == ("FederatedSysID(system=generic, feature_map=polynomial, strategy=fedavg,"
+                        " M=4, R=20)")
+    assert f"one-step {m.summary_['final_nrmse_1step_mean']:.4g}" in lines[1]
+    assert "status ok" in lines[1]
+    assert repr(FederatedSysID(R=5)) == "FederatedSysID(R=5) (not fitted)"
+    assert "FederatedSysID" in dir(fnsysid) and fnsysid.FederatedSysID is FederatedSysID
+
+
+def test_exact_zeros_are_left_out_and_uncertainty_columns_pass_through(fitted):
+    m, _ = fitted
+    res = m.result_
+    est = res.estimate.copy()
+    names = res.model.param_names
+    est[0, 0, names.index("x1+:x1^2")] = 0.0
+    est[0, 0, names.index("x1+:1")] = 0.0
+    table = res.estimates.assign(se=0.01, ci_lo=lambda t: t["estimate"] - 0.02,
+                                 ci_hi=lambda t: t["estimate"] + 0.02)
+    other = FederatedSysID()
+    other.result_ = dataclasses.replace(res, estimate=est, tables={**res.tables,
+                                                                   "estimates": table})
+    other.clients_, other.states_, other.inputs_ = m.clients_, STATES, INPUTS
+    eq = other.equations()[0]
+    assert "x1^2" not in eq and eq.startswith("x1+ = 1.000 x1")
+    coef = other.coefficients()
+    assert list(coef.columns) == ["parameter", "value", "se", "ci_lo", "ci_hi"]
+    np.testing.assert_allclose(coef["ci_hi"], table["estimate"] + 0.02)
+
+
+def test_a_bad_row_names_the_client_and_the_row_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    df = fleet(n_clients=2, n_traj=2, length=5)
+    df.loc[7, "x2"] = np.nan                  # client r0, its 8th row
+    m = FederatedSysID(R=2, output_dir=tmp_path / "out")
+    with pytest.raises(fnsysid.ConfigError) as exc:
+        m.fit(df, STATES, INPUTS)
+    assert str(exc.value) == ("data, client 'r0': row 8 (index 7), column 'x2' is empty or NaN; "
+                              "allowed: finite numbers")
+    bad = df.copy()
+    bad["x2"] = bad["x2"].astype(object)
+    bad.loc[13, "x2"] = "abc"                  # client r1, its 4th row
+    with pytest.raises(fnsysid.DataError, match=r"^data, client 'r1': row 4 \(index 13\), "
+                                                r"column 'x2': 'abc' is not a number$"):
+        m.fit(bad, STATES, INPUTS)
+    with pytest.raises(fnsysid.DataError, match=r"^data: row 3 \(index 2\), column 'client' "
+                                                "is empty"):
+        m.fit(df.assign(client=df["client"].where(df.index != 2)), STATES, INPUTS)
+    with pytest.raises(fnsysid.DataError, match="^data, client 'r1': column 'u' "
+                                                r"\(data.inputs\) is missing"):
+        m.fit({"r0": df[df.client == "r0"], "r1": df[df.client == "r1"].drop(columns="u")},
+              STATES, INPUTS)
+    clean = fleet(n_clients=2, n_traj=2, length=5)
+    r1 = clean[clean.client == "r1"].drop(columns="client").set_axis(list("abcdefghij"))
+    r1.loc["c", "t"] = 0.0                                 # t goes back in its 3rd row
+    with pytest.raises(fnsysid.DataError, match=r"^data, client 'r1': row 3 \(index 'c'\): "
+                                                "t=0 does not increase within client 'r1'"):
+        m.fit({"r0": clean[clean.client == "r0"].drop(columns="client"), "r1": r1}, STATES,
+              INPUTS)
+    with pytest.raises(fnsysid.ConfigError, match="^data: a value of type ndarray is not "
+                                                  "trajectory data"):
+        m.fit(df[STATES].to_numpy(), STATES)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_settings_are_refused_as_the_command_line_refuses_them(tmp_path):
+    df = fleet(n_clients=2, n_traj=2, length=5)
+    cases = [(FederatedSysID(strategy="nope"), "strategy=nope is not an option; allowed:"),
+             (FederatedSysID(N=5), "N=5 does not apply with data=files"),
+             (FederatedSysID(config=["data.path=x.csv"]), "data.path: fit() was given data"),
+             (FederatedSysID(runtime="flower"), "runtime=flower: each Flower client reads"),
+             (FederatedSysID(M=3), "M=3 does not match data.path=<DataFrame>, which holds 2 "
+                                   "clients")]
+    for m, message in cases:
+        with pytest.raises(fnsysid.ConfigError) as exc:
+            m.fit(df, STATES, INPUTS)
+        assert str(exc.value).startswith(message) and "\n" not in str(exc.value)
+    with pytest.raises(fnsysid.ConfigError, match=r"^states: fit\(data\) identifies "
+                                                  "system=generic from named columns"):
+        FederatedSysID().fit(df)
+    with pytest.raises(fnsysid.ConfigError, match=r"^config: item 2 \(the int 3\) is not an "
+                                                  "override string"):
+        FederatedSysID(config=["R=2", 3]).fit(df, STATES, INPUTS)
+    m = FederatedSysID(config=["R=2", "progress=false"]).fit(df, STATES, INPUTS)
+    assert m.summary_["R"] == 2 and len(m.history_) == 3
+    with pytest.raises(fnsysid.ConfigError, match="^client=r0: strategy=fedavg gives one server "
+                                                  r"model, no model of each client; allowed: "
+                                                  r"client=None, or a fit that gives one per "
+                                                  r"client \(strategy=local"):
+        m.predict(df, client="r0")
+    with pytest.raises(fnsysid.ConfigError, match="^kind=sim is not allowed; allowed: "
+                                                  "one_step, free_run$"):
+        m.score(df, kind="sim")
+    with pytest.raises(ValueError, match="not fitted yet"):
+        FederatedSysID().predict(df)
+
+
+def test_strategy_local_gives_each_client_its_own_model(fitted):
+    _, df = fitted
+    m = FederatedSysID(strategy="local", R=20, progress=False).fit(df, STATES, INPUTS)
+    coef = m.coefficients()
+    assert list(coef.columns) == ["client", "parameter", "value"] and len(coef) == 4 * 6
+    assert list(m.coefficients(client="r1")["value"]) == \
+        list(coef[coef["client"] == "r1"]["value"])
+    val = df[df["split"] == "val"]
+    # each client's rows by its own model: the run's score
+    assert m.score(val) == pytest.approx(m.summary_["final_nrmse_1step_mean"], rel=1e-9)
+    one = val[val["client"] == "r3"]
+    own = m.predict(one)
+    np.testing.assert_array_equal(own[STATES], m.predict(one, client="r3")[STATES])
+    assert not np.allclose(m.predict(one, client="r0")[STATES].iloc[1:], own[STATES].iloc[1:])
+    assert m.equations(client="r1") != m.equations(client="r2")
+    with pytest.raises(fnsysid.ConfigError, match="^client=None: strategy=local gives a model "
+                                                  "of each client"):
+        m.equations()
+    with pytest.raises(fnsysid.DataError, match="client 'r9' has no model of its own"):
+        m.predict(one.assign(client="r9"))
+
+
+def test_output_dir_writes_the_run_and_a_simulation_needs_no_data(tmp_path):
+    df = fleet(n_clients=2, n_traj=3, length=10)
+    m = FederatedSysID(R=3, progress=False, output_dir=tmp_path / "out",
+                       config={"output.plot": False}).fit(df, STATES, INPUTS)
+    files = {p.name for p in (tmp_path / "out").iterdir()}
+    assert {"errors.csv", "estimates.csv", "summary.json", "config.yaml"} <= files
+    saved = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert saved["final_nrmse_1step_mean"] == pytest.approx(m.summary_["final_nrmse_1step_mean"])
+    sim = FederatedSysID(system="pendulum", M=3, R=5, repeats=1, progress=False).fit()
+    assert sim.equations()[0].startswith("d_omega = ")
+    assert len(sim.coefficients()) == 2
+
+
+def test_the_notebook_example_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["notebook.py", str(tmp_path)])
+    ns = runpy.run_path(str(ROOT / "examples" / "notebook.py"), run_name="__main__")
+    m = ns["model"]
+    assert m.summary_["status"] == "ok" and len(m.equations()) == 2
+    assert (tmp_path / "notebook_fit.png").stat().st_size > 0
+    assert os.listdir(tmp_path) == ["notebook_fit.png"]
+
+
+def test_a_fit_that_diverges_says_so_and_its_model_is_not_used():
+    m = FederatedSysID(system="pendulum", M=3, R=100, lr=1.9, repeats=1, progress=False)
+    with pytest.warns(UserWarning, match="^fnsysid: the fit ended with status 'diverged'"):
+        m.fit()
+    assert m.summary_["status"] == "diverged"
+    assert "status diverged" in repr(m).splitlines()[1]
+    with pytest.raises(ValueError, match="^the fit diverged at round 67"):
+        m.coefficients()
+
+
+def test_a_result_prints_in_one_line_and_a_dataframe_setting_points_to_the_estimator():
+    res = fnsysid.run({"system": "synthetic", "M": 3, "R": 2, "repeats": 1, "progress": False})
+    text = repr(res)
+    assert "\n" not in text and "array" not in text
+    assert text.startswith("Result(status=ok, system=synthetic, strategy=fedavg, M=3, rounds=2, "
+                           f"e_max_mean={res.summary['final_e_max_mean']:.4g}, ")
+    assert text.endswith("; tables: errors, clients, estimates, theory)")
+    with pytest.raises(fnsysid.ConfigError) as exc:
+        fnsysid.run({"system": "generic", "data": "files", "data.path": fleet(2, 2, 3)})
+    assert str(exc.value).startswith("data.path: a value of type DataFrame is not a setting "
+                                     "value (trajectories in a DataFrame: fnsysid."
+                                     "FederatedSysID().fit(df) takes them); allowed:")
+
+
+def test_client_picks_a_personalized_model_where_the_result_holds_them(fitted):
+    m, df = fitted
+    res = copy.copy(m.result_)
+    own = np.stack([res.estimate[:, 0] * (1 + 0.1 * c) for c in range(4)], axis=1)  # (1, 4, p)
+    res.client_models = own
+    other = FederatedSysID()
+    other.result_ = res
+    other.clients_, other.states_, other.inputs_ = m.clients_, STATES, INPUTS
+    coef = other.coefficients(client="r2")
+    assert list(coef.columns) == ["client", "parameter", "value"] and set(coef["client"]) == {"r2"}
+    np.testing.assert_array_equal(coef["value"], own[0, 2])
+    one = df[(df["client"] == "r0") & (df["split"] == "val")]
+    by_r2 = other.predict(one, client="r2")
+    x, u = one[STATES].to_numpy()[0], one["u"].to_numpy()[0]
+    np.testing.assert_allclose(by_r2[STATES].to_numpy()[1],
+                               res.model.predict(x, np.array([u]), own[0, 2]), rtol=1e-12)
+    np.testing.assert_array_equal(other.predict(one)[STATES], m.predict(one)[STATES])  # server
