@@ -25,10 +25,10 @@ from fnsysid.config.errors import some
 from fnsysid.config.schema import Settings
 from fnsysid.data.source import Dataset, load_data
 from fnsysid.dynamics.model import Model
+from fnsysid.learning.personalize import z_value
 from fnsysid.learning.start import initial_model
 from fnsysid.results.files import check_output, write_outputs
 from fnsysid.results.history import keep_per_client
-from fnsysid.learning.personalize import z_value
 from fnsysid.results.metrics import scored
 from fnsysid.results.personal import (
     add_personal_errors,
