@@ -191,3 +191,29 @@ def test_bad_personalize_settings_are_refused_in_one_line(tmp_path):
     assert r.stderr.strip().splitlines() == [
         "fnsysid: error: personalize=often is not an option; allowed: auto, finetune, none"]
     assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("fnsysid.runtimes.check", fromlist=["x"]).flower_installed(),
+                    reason="Flower is not installed (pip install -e '.[flower]')")
+@pytest.mark.parametrize("option", ["auto", "finetune"])
+def test_flower_clients_compute_the_personalized_models_of_the_inprocess_run(option, tmp_path):
+    """Under runtime=flower each ClientApp computes its own model from its own data and the
+    server's reply; the models, their intervals and errors equal the in-process ones (the
+    server never sees the truth: the truth column is empty)."""
+    from fnsysid.app.experiment import run_experiment
+
+    args = ["system=synthetic", "M=4", "R=3", "repeats=2", "eps=1", "N=[3,5,2,4]", "lr=2e-3",
+            "output.plot=false", f"personalize={option}"]
+    run_experiment(compose_cfg(*args), tmp_path / "a")
+    run_experiment(compose_cfg(*args, "runtime=flower"), tmp_path / "b")
+    import pandas as pd
+
+    ca, cb = (pd.read_csv(tmp_path / d / "client_estimates.csv") for d in "ab")
+    for col in ("estimate", "se", "ci_lo", "ci_hi", "local", "local_se"):
+        np.testing.assert_allclose(cb[col], ca[col], rtol=1e-9, atol=1e-12)
+    assert cb["truth"].isna().all() and ca["truth"].notna().all()
+    ea, eb = (pd.read_csv(tmp_path / d / "errors.csv") for d in "ab")
+    np.testing.assert_allclose(eb["e_pers_mean"], ea["e_pers_mean"], rtol=1e-9)
+    np.testing.assert_allclose(eb["e_pers_max"], ea["e_pers_max"], rtol=1e-9)
+    assert ea["e_pers_mean"].notna().sum() == 2

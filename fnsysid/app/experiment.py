@@ -225,12 +225,13 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
         tables["estimates"] = estimates_table(model, strategy.estimate(), data, theta0,
                                               keep_clients, labels, se,
                                               z_value(settings.output.ci_level))
-        if data is not None:
-            per = personalized(settings, model, strategy, data)
+        # in process from the clients' data; under Flower what the clients sent
+        per = (personalized(settings, model, strategy, data) if data is not None
+               else getattr(hist, "personal", None))
         if per is not None:
-            tables["errors"] = add_personal_errors(tables["errors"], per, data)
+            tables["errors"] = add_personal_errors(tables["errors"], per)
             tables["client_estimates"] = client_estimates_table(
-                per, data, model.param_names, settings.output.ci_level, labels)
+                per, model.param_names, settings.output.ci_level, labels)
     if theory is not None:
         tables["theory"] = theory
     summary = make_summary(settings, model, diverged, tables["errors"], theory, runtime=runtime,

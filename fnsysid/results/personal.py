@@ -32,7 +32,9 @@ class Personal:
     ``models`` (S, M, p): each client's own model (repeat, client, parameter);
     ``se`` (S, M, p): their standard errors (NaN where they have none: ``finetune``);
     ``local`` and ``local_se`` (S, M, p): each client's own least-squares estimate and its
-    standard errors (NaN where its data do not determine it).
+    standard errors (NaN where its data do not determine it); ``errors`` (S, M): each
+    client's ``||models - theta_i*|| / ||theta_i*||`` (NaN without ground truth);
+    ``truth`` (S, M, p) the clients' true parameters where the run knows them (NaN else).
     """
 
     option: str
@@ -40,6 +42,8 @@ class Personal:
     se: np.ndarray
     local: np.ndarray
     local_se: np.ndarray
+    errors: np.ndarray
+    truth: np.ndarray
 
 
 def n_targets(model) -> int:
@@ -60,7 +64,9 @@ def personalized(settings, model, strategy, data) -> Personal | None:
         models = pers.finetune(strategy.optimizer, data, model, strategy.estimate(), option.K,
                                option.lr, settings.seed)
         se = np.full(models.shape, np.nan)
-    return Personal(option.name, models, se, local, local_se)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        errors = ParameterErrors(data.theta_true)(models)
+    return Personal(option.name, models, se, local, local_se, errors, data.theta_true)
 
 
 def server_intervals(strategy, data, model) -> tuple[np.ndarray | None, str]:
@@ -87,7 +93,7 @@ def server_intervals(strategy, data, model) -> tuple[np.ndarray | None, str]:
                   "have intervals)")
 
 
-def client_estimates_table(per: Personal, data, param_names, level: float,
+def client_estimates_table(per: Personal, param_names, level: float,
                            labels=None) -> Table:
     """``client_estimates.csv``: one row per (repeat, client, parameter) with the
     personalized ``estimate``, ``se``, ``ci_lo``, ``ci_hi``, the client's own least squares
@@ -95,7 +101,6 @@ def client_estimates_table(per: Personal, data, param_names, level: float,
     S, M, p = per.models.shape
     z = pers.z_value(level)
     client = np.arange(M) if labels is None else np.asarray(labels, dtype=object)
-    truth = data.theta_true if data is not None else np.full((S, M, p), np.nan)
     return Table({
         "repeat": np.repeat(np.arange(S), M * p),
         "client": np.tile(np.repeat(client, p), S),
@@ -106,18 +111,18 @@ def client_estimates_table(per: Personal, data, param_names, level: float,
         "ci_hi": (per.models + z * per.se).ravel(),
         "local": per.local.ravel(),
         "local_se": per.local_se.ravel(),
-        "truth": truth.ravel(),
+        "truth": per.truth.ravel(),
     })
 
 
-def add_personal_errors(errors: Table, per: Personal | None, data) -> Table:
+def add_personal_errors(errors: Table, per: Personal | None) -> Table:
     """``errors.csv`` with ``e_pers_max`` and ``e_pers_mean`` (max and mean over clients of
     the personalized models' error) on each repeat's last recorded round, empty elsewhere and
     without ground truth or personalization."""
     e_max = np.full(len(errors), np.nan)
     e_mean = np.full(len(errors), np.nan)
-    if per is not None and data is not None and np.isfinite(data.theta_true).all():
-        e = ParameterErrors(data.theta_true)(per.models)               # (S, M)
+    if per is not None and np.isfinite(per.errors).all():
+        e = per.errors                                                  # (S, M)
         last = errors["round"] == errors["round"].max()
         rows = np.flatnonzero(last)
         e_max[rows] = e.max(axis=1)[errors["repeat"][rows]]
