@@ -93,8 +93,10 @@ def heterogeneity(theta, V, own) -> np.ndarray:
     ok = m >= 2
     spread = np.where(ok[:, None, None], spread, eye)
     Vbar = np.where(ok[:, None, None], Vbar, eye)
-    L = np.linalg.cholesky((Vbar + np.swapaxes(Vbar, -1, -2)) / 2)
-    Li = np.linalg.inv(L)
+    d, Q = np.linalg.eigh((Vbar + np.swapaxes(Vbar, -1, -2)) / 2)     # Vbar = L L'
+    d = np.maximum(d, np.finfo(float).tiny)
+    L = Q * np.sqrt(d)[:, None, :]
+    Li = np.swapaxes(Q, -1, -2) / np.sqrt(d)[:, :, None]
     white = Li @ spread @ np.swapaxes(Li, -1, -2)
     lam, U = np.linalg.eigh((white + np.swapaxes(white, -1, -2)) / 2)
     g = p / np.maximum(m - 1, 1)[:, None]
