@@ -51,14 +51,13 @@ def test_auto_without_heterogeneity_is_the_pooled_solution():
     client scaled by the fleet's) is the pooled least squares."""
     _, d = _fleet(0.0)
     own = pers.client_message(d.H, d.b, d.yy, d.n, 3)
-    assert not pers.fleet(own).Sigma.any()
-    one = pers.Message(d.H, d.b, own.rss, own.dof, np.zeros_like(own.scaled))
-    fl = pers.fleet(pers.Message(d.H, d.b, own.rss, own.dof, own.scaled))
-    fl_one = pers.Fleet(fl.mu, fl.cov_mu, fl.Sigma, fl.s2)
-    theta, _ = pers.client_posterior(one, fl_one)
+    fl = pers.fleet(own)
+    assert not fl.Sigma.any()
+    theta, _ = pers.client_posterior(own, fl)
     np.testing.assert_allclose(theta, np.broadcast_to(fl.mu[:, None], theta.shape))
-    mu_one = pers.fleet(pers.Message(d.H, d.b, own.rss, own.dof, own.scaled & False)).mu
-    np.testing.assert_allclose(mu_one, least_squares(d.H.sum(1), d.b.sum(1)), rtol=1e-8)
+    one = pers.Message(d.H, d.b, own.rss, own.dof, np.zeros_like(own.scaled))
+    np.testing.assert_allclose(pers.fleet(one).mu, least_squares(d.H.sum(1), d.b.sum(1)),
+                               rtol=1e-8)
 
 
 def test_heterogeneity_is_found_along_the_true_directions():
@@ -98,7 +97,8 @@ def test_a_client_without_data_gets_the_fleet_model_and_finite_errors():
     _, d = _fleet(1.0, repeats=2)
     H, b, yy, n = d.H.copy(), d.b.copy(), d.yy.copy(), d.n.copy()
     H[:, 3], b[:, 3], yy[:, 3] = 0.0, 0.0, 0.0          # client 3: all-zero data
-    H[:, 5] = H[:, 5] * 0 + np.eye(15)[0][:, None] * np.eye(15)[0]   # client 5: one direction
+    e0 = np.eye(15)[0]
+    H[:, 5], b[:, 5] = 4.0 * np.outer(e0, e0), 4.0 * e0  # client 5: data in one direction only
     theta, se, fl = pers.auto(H, b, yy, n, 3)
     assert np.isfinite(theta).all() and np.isfinite(se).all()
     np.testing.assert_allclose(theta[:, 3], fl.mu, atol=1e-10)
