@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-flower install-cluster run test test-slow lint bench figures clean flower-deploy
+.PHONY: help install install-flower install-cluster run test test-slow lint bench figures clean flower-deploy fig-personalized
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -54,6 +54,9 @@ FIGS := pendulum-gd pendulum-gd-long pendulum-gd-published pendulum-sgd syntheti
 .PHONY: $(addprefix fig-,$(FIGS))
 $(addprefix fig-,$(FIGS)): fig-%: $(STAMP)
 	$(PY) scripts/make_figure.py $(subst -,_,$*)
+
+fig-personalized: $(STAMP)  ## personalized models and interval coverage against eps (figures/personalized.*)
+	$(PY) scripts/personalized.py $(ARGS)
 
 figures-list:  ## only the fig-<name> targets
 	@for f in $(FIGS); do echo "  make fig-$$f"; done

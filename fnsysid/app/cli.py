@@ -119,6 +119,11 @@ def task(cfg: DictConfig) -> float | None:
                  "%.4f | mean over clients: %.4f", cfg.R, summary["repeats"],
                  summary["final_e_max_mean"], summary["final_e_max_std"],
                  summary["final_e_mean_mean"])
+    if summary.get("final_e_pers_max_mean") is not None:
+        log.info("personalized models (personalize=%s; max over clients, mean over repeats): "
+                 "%.4f | mean over clients: %.4f; client_estimates.csv",
+                 summary["personalize"], summary["final_e_pers_max_mean"],
+                 summary["final_e_pers_mean_mean"])
     if summary["final_nrmse_1step_max"] is not None:
         log.info("final held-out NRMSE (max | mean over clients, mean over repeats): one-step "
                  "%.4f | %.4f, free run %.4f | %.4f", summary["final_nrmse_1step_max"],

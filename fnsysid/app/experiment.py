@@ -25,10 +25,18 @@ from fnsysid.config.errors import some
 from fnsysid.config.schema import Settings
 from fnsysid.data.source import Dataset, load_data
 from fnsysid.dynamics.model import Model
+from fnsysid.learning.personalize import z_value
 from fnsysid.learning.start import initial_model
 from fnsysid.results.files import check_output, write_outputs
 from fnsysid.results.history import keep_per_client
 from fnsysid.results.metrics import scored
+from fnsysid.results.personal import (
+    add_personal_errors,
+    client_estimates_table,
+    personal_summary,
+    personalized,
+    server_intervals,
+)
 from fnsysid.results.tables import (
     Frames,
     clients_table,
@@ -66,6 +74,11 @@ class Result:
     diverged: int | None = None
     #: the run's checked settings
     settings: Settings | None = None
+    #: the clients' personalized models (S, M, p) (repeat, client, parameter in the order of
+    #: ``model.param_names``) with ``personalize=finetune`` or ``auto``; None without
+    client_models: np.ndarray | None = None
+    #: their standard errors (S, M, p) (NaN where they have none, e.g. ``finetune``)
+    client_se: np.ndarray | None = None
 
     def __post_init__(self):
         if not isinstance(self.tables, Frames):
@@ -95,6 +108,13 @@ class Result:
     def estimates(self) -> pd.DataFrame | None:
         """Final estimates per repeat and parameter (estimates.csv); None after divergence."""
         return self.tables.get("estimates")
+
+    @property
+    def client_estimates(self) -> pd.DataFrame | None:
+        """One row per (repeat, client, parameter): personalized model, ``se``, ``ci_lo``,
+        ``ci_hi``, the client's own least squares and the truth (client_estimates.csv); None
+        with ``personalize=none``."""
+        return self.tables.get("client_estimates")
 
     @property
     def theory(self) -> pd.DataFrame | None:
@@ -216,9 +236,19 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     labels = dataset.clients if settings.files else None     # file data: the clients' ids
     if keep_clients:
         tables["clients"] = clients_table(hist, labels)
+    per, ci_note = None, None
     if diverged is None and failure is None:
+        se, ci_note = server_intervals(strategy, data, model)
         tables["estimates"] = estimates_table(model, strategy.estimate(), data, theta0,
-                                              keep_clients, labels)
+                                              keep_clients, labels, se,
+                                              z_value(settings.output.ci_level))
+        # in process from the clients' data; under Flower what the clients sent
+        per = (personalized(settings, model, strategy, data) if data is not None
+               else getattr(hist, "personal", None))
+        if per is not None:
+            tables["errors"] = add_personal_errors(tables["errors"], per)
+            tables["client_estimates"] = client_estimates_table(
+                per, model.param_names, settings.output.ci_level, labels)
     if theory is not None:
         tables["theory"] = theory
     from fnsysid.results.tables import parameters_table
@@ -226,6 +256,7 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     tables["parameters"] = parameters_table(model, None if data is None else data.theta_true)
     summary = make_summary(settings, model, diverged, tables["errors"], theory, runtime=runtime,
                            settings=dataset.settings, choices=choices)
+    summary.update(personal_summary(settings, tables["errors"], ci_note))
     left_out = left_out_clients(strategy, dataset.clients)
     if left_out:
         summary["left_out_clients"] = left_out
@@ -240,7 +271,8 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
         summary.pop("growth", None)          # judged on the rows of a run that did not end
         summary["status"] = "interrupted"
         summary["interrupted_by"] = signal.Signals(signum).name
-    return Result(tables, summary, model, strategy.estimate(), dataset, diverged, settings)
+    return Result(tables, summary, model, strategy.estimate(), dataset, diverged, settings,
+                  None if per is None else per.models, None if per is None else per.se)
 
 
 def _labels(left: np.ndarray, clients) -> list[str]:

@@ -396,6 +396,28 @@ Data = _by_value("source", {"simulated": Simulated, "files": Files})
 Runtime = _by_value("name", {"inprocess": InProcess, "flower": Flower})
 
 
+class NoPersonalization(Section):
+    name: Literal["none"]
+
+
+class Finetune(Section):
+    """K local steps on each client's own data from the final server model."""
+
+    name: Literal["finetune"]
+    K: PosInt
+    lr: PosReal
+
+
+class AutoPersonalization(Section):
+    """Empirical-Bayes combination of each client's own and the fleet's estimate."""
+
+    name: Literal["auto"]
+
+
+Personalize = _by_value("name", {"none": NoPersonalization, "finetune": Finetune,
+                                 "auto": AutoPersonalization})
+
+
 class Theory(Section):
     #: failure probability of Theorem 1's bound
     delta: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
@@ -409,6 +431,8 @@ class Output(Section):
     trajectories: bool
     overwrite: bool
     resume: bool
+    #: level of the confidence intervals (estimates.csv, client_estimates.csv)
+    ci_level: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
 
 
 class Settings(Section):
@@ -431,6 +455,7 @@ class Settings(Section):
     strategy: StrategyGroup
     data: Data
     runtime: Runtime
+    personalize: Personalize
     theory: Theory
     output: Output
     progress: bool
@@ -455,7 +480,8 @@ class Settings(Section):
 
 
 #: config groups chosen by name (``group=option``); ``experiment`` patches the whole config
-GROUPS = ("data", "system", "feature_map", "optimizer", "strategy", "runtime", "experiment")
+GROUPS = ("data", "system", "feature_map", "optimizer", "strategy", "runtime", "personalize",
+          "experiment")
 #: the top-level keys of a run config
 TOP_LEVEL = tuple(f.alias or n for n, f in Settings.model_fields.items())
 
@@ -478,7 +504,8 @@ def settings_from(plain: Mapping) -> Settings:
             error = next((e for e in errors if e["loc"][0] == "system" and "knobs" in e["loc"]
                           and e["loc"][-1] == error["loc"][0]), error)
         raise ConfigError(message(error, Settings, plain, KNOBS, System.RUN_KEYS,
-                                  {"data": "source", "runtime": "name"})) from None
+                                  {"data": "source", "runtime": "name",
+                                   "personalize": "name"})) from None
     settings._resolved = plain
     return settings
 

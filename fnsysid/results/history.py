@@ -67,6 +67,9 @@ class History:
 
     rows: dict = field(default_factory=lambda: {c: [] for c in COLUMNS})
     per_client: list | None = None
+    #: the clients' personalized models sent after the last round under runtime=flower
+    #: (:class:`fnsysid.results.personal.Personal`), None otherwise
+    personal: object | None = None
 
     @property
     def e_max(self) -> list:

@@ -132,7 +132,7 @@ def clients_table(hist, labels: list[str] | None = None) -> Table:
 
 
 def estimates_table(model, estimate, data, theta0, per_client: bool,
-                    labels: list[str] | None = None) -> Table:
+                    labels: list[str] | None = None, se=None, z: float = 1.96) -> Table:
     """Final estimates with the clients' mean truth, the nominal model and the start.
 
     One row per (repeat, parameter) with ``client = "server"``; a strategy that evaluates each
@@ -145,6 +145,10 @@ def estimates_table(model, estimate, data, theta0, per_client: bool,
     the estimate serves (its own client for per-client rows). ``e_r`` (a norm over all
     parameters) can be small while a weakly excited parameter is far off; these columns show it.
     Without ``data`` (a federated server sees none) the truth columns are empty.
+
+    ``se`` (S, 1, p): standard errors of a server estimate with a closed form
+    (:func:`fnsysid.results.personal.server_intervals`), giving ``se`` and the interval
+    ``ci_lo``, ``ci_hi`` = estimate -/+ ``z`` se; empty without.
     """
     estimate = np.asarray(estimate)
     S, p = estimate.shape[0], estimate.shape[-1]
@@ -176,7 +180,16 @@ def estimates_table(model, estimate, data, theta0, per_client: bool,
         "initial": np.repeat(theta0, C, axis=0).ravel(),
         "rel_error": rel.ravel(),
         "rel_error_max": per.ravel(),
+        **_intervals(est, se, z),
     })
+
+
+def _intervals(est: np.ndarray, se, z: float) -> dict:
+    """The ``se``, ``ci_lo`` and ``ci_hi`` columns of estimates (NaN where ``se`` is None or
+    does not match the rows)."""
+    if se is None or np.shape(se) != est.shape:
+        se = np.full(est.shape, np.nan)
+    return {"se": se.ravel(), "ci_lo": (est - z * se).ravel(), "ci_hi": (est + z * se).ravel()}
 
 
 def last_round(errors):

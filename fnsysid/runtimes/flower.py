@@ -43,6 +43,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fnsysid.learning.start import initial_model
+from fnsysid.runtimes import flower_personal as personal
 from fnsysid.runtimes import interrupt
 
 log = logging.getLogger("fnsysid")
@@ -83,6 +84,7 @@ class ClientNode:
         from fnsysid.dynamics.model import generate
 
         self.strategy = strategy
+        self.settings, self.model = settings, model
         if settings.files:
             self.label, self.data = self._from_file(settings, model, optimizer, index, data_path,
                                                     truth_path)
@@ -184,6 +186,9 @@ def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
         arrays = from_record(msg.content["arrays"])
         state = context.state.array_records.get("state")
         me.clients.state = {} if state is None else from_record(state)
+        if str(config["exchange"]) in personal.EXCHANGES:        # after the last round
+            replies = personal.client_reply(me, str(config["exchange"]), arrays)
+            return Message(RecordDict({"arrays": to_record(replies, True)}), reply_to=msg)
         replies = me.strategy.client_update(str(config["exchange"]), arrays, me.clients)
         if me.clients.state:
             context.state["state"] = to_record(me.clients.state)
@@ -369,6 +374,11 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
                                         for nd in nodes], names)
                 if not record(last, stacked(final)["_e"]):
                     diverged = last
+            if (diverged is None and settings.personalize.name != "none"
+                    and not interrupt.requested()):
+                stage = f"the personalization after round {last}"
+                hist.personal = personal.serve_personalize(grid, settings, strategy, nodes,
+                                                           names, last)
     except Aborted:
         raise
     except FlowerError as exc:

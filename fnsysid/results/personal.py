@@ -1,0 +1,150 @@
+"""Personalized client models and confidence intervals of a finished run (in process).
+
+:func:`personalized` computes the clients' own models of the ``personalize`` option
+(:mod:`fnsysid.learning.personalize`), :func:`server_intervals` the standard errors of the
+strategy's final estimate where it has a closed form, :func:`client_estimates_table`
+``client_estimates.csv`` and :func:`add_personal_errors` the ``e_pers_*`` columns of
+``errors.csv``. Intervals use the normal quantile of ``output.ci_level``
+(:func:`fnsysid.learning.personalize.z_value`); the reasons are in ``docs/ALGORITHMS.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fnsysid.dynamics.model import pooled
+from fnsysid.learning import personalize as pers
+from fnsysid.learning.strategies import Centralized, OneShot, determined
+from fnsysid.results.metrics import ParameterErrors
+from fnsysid.results.tables import Table
+
+#: how the intervals are made (written to summary.json)
+CI_METHOD = ("normal quantile; least squares: se = sqrt(s^2 diag(H^-1)), s^2 = RSS / "
+             "(n n_y - p); personalize=auto: posterior standard deviation")
+
+
+@dataclass
+class Personal:
+    """The clients' personalized models of a run.
+
+    ``models`` (S, M, p): each client's own model (repeat, client, parameter);
+    ``se`` (S, M, p): their standard errors (NaN where they have none: ``finetune``);
+    ``local`` and ``local_se`` (S, M, p): each client's own least-squares estimate and its
+    standard errors (NaN where its data do not determine it); ``errors`` (S, M): each
+    client's ``||models - theta_i*|| / ||theta_i*||`` (NaN without ground truth);
+    ``truth`` (S, M, p) the clients' true parameters where the run knows them (NaN else).
+    """
+
+    option: str
+    models: np.ndarray
+    se: np.ndarray
+    local: np.ndarray
+    local_se: np.ndarray
+    errors: np.ndarray
+    truth: np.ndarray
+
+
+def n_targets(model) -> int:
+    """Targets per sample (``n_y``): each sample gives that many observations."""
+    return int(model.structure.shape[0])
+
+
+def personalized(settings, model, strategy, data) -> Personal | None:
+    """The ``personalize`` option's client models (None for ``none``)."""
+    option = settings.personalize
+    if option.name == "none":
+        return None
+    n_y = n_targets(model)
+    local, local_se, _, _ = pers.least_squares_intervals(data.H, data.b, data.yy, data.n, n_y)
+    if option.name == "auto":
+        models, se, _ = pers.auto(data.H, data.b, data.yy, data.n, n_y)
+    else:
+        models = pers.finetune(strategy.optimizer, data, model, strategy.estimate(), option.K,
+                               option.lr, settings.seed)
+        se = np.full(models.shape, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        errors = ParameterErrors(data.theta_true)(models)
+    return Personal(option.name, models, se, local, local_se, errors, data.theta_true)
+
+
+def server_intervals(strategy, data, model) -> tuple[np.ndarray | None, str]:
+    """Standard errors (S, 1, p) of the strategy's final estimate and how they were made, or
+    None and the reason why it has none."""
+    if data is None:
+        return None, ("the server holds no statistics of the clients' data (runtime=flower); "
+                      "see client_estimates.csv")
+    n_y = n_targets(model)
+    if isinstance(strategy, Centralized) and strategy.exact:
+        p = pooled(data)
+        _, se, _, _ = pers.least_squares_intervals(p.H, p.b, p.yy, p.n, n_y)
+        return se, "pooled least squares"
+    if isinstance(strategy, OneShot):
+        _, se, _, _ = pers.least_squares_intervals(data.H, data.b, data.yy, data.n, n_y)
+        w = np.ones(data.n.shape) if strategy.weights is None else strategy.weights
+        w = w * determined(data.H)
+        w = w / w.sum(axis=1, keepdims=True)
+        var = np.einsum("sm,smp->sp", w ** 2, np.where(w[..., None] > 0, se ** 2, 0.0))
+        return np.sqrt(var)[:, None], "average of the clients' least squares"
+    return None, ("the estimate is an iterate of gradient steps, not the solution of a "
+                  "least-squares problem: its error is mostly the distance to its fixed point, "
+                  "which no noise covariance describes (strategy=centralized_exact or oneshot "
+                  "have intervals)")
+
+
+def client_estimates_table(per: Personal, param_names, level: float,
+                           labels=None) -> Table:
+    """``client_estimates.csv``: one row per (repeat, client, parameter) with the
+    personalized ``estimate``, ``se``, ``ci_lo``, ``ci_hi``, the client's own least squares
+    ``local`` with ``local_se``, and ``truth`` (empty where unknown)."""
+    S, M, p = per.models.shape
+    z = pers.z_value(level)
+    client = np.arange(M) if labels is None else np.asarray(labels, dtype=object)
+    return Table({
+        "repeat": np.repeat(np.arange(S), M * p),
+        "client": np.tile(np.repeat(client, p), S),
+        "parameter": np.tile(np.asarray(param_names, dtype=object), S * M),
+        "estimate": per.models.ravel(),
+        "se": per.se.ravel(),
+        "ci_lo": (per.models - z * per.se).ravel(),
+        "ci_hi": (per.models + z * per.se).ravel(),
+        "local": per.local.ravel(),
+        "local_se": per.local_se.ravel(),
+        "truth": per.truth.ravel(),
+    })
+
+
+def add_personal_errors(errors: Table, per: Personal | None) -> Table:
+    """``errors.csv`` with ``e_pers_max`` and ``e_pers_mean`` (max and mean over clients of
+    the personalized models' error) on each repeat's last recorded round, empty elsewhere and
+    without ground truth or personalization."""
+    e_max = np.full(len(errors), np.nan)
+    e_mean = np.full(len(errors), np.nan)
+    if per is not None and np.isfinite(per.errors).all():
+        e = per.errors                                                  # (S, M)
+        last = errors["round"] == errors["round"].max()
+        rows = np.flatnonzero(last)
+        e_max[rows] = e.max(axis=1)[errors["repeat"][rows]]
+        e_mean[rows] = e.mean(axis=1)[errors["repeat"][rows]]
+    return Table({**errors.columns, "e_pers_max": e_max, "e_pers_mean": e_mean})
+
+
+def personal_summary(settings, errors, ci_note: str | None) -> dict:
+    """The summary's fields of this module: ``personalize`` (the option), the final
+    ``e_pers`` values (mean and std over repeats of the last round's max and mean over
+    clients; null without them) and ``ci`` (level, method, and for ``estimates.csv`` what the
+    intervals are or why they are empty)."""
+    out: dict = {"personalize": settings.personalize.name}
+    cols = getattr(errors, "columns", errors)
+    for col in ("e_pers_max", "e_pers_mean"):
+        v = None
+        if col in cols:
+            last = np.asarray(errors[col], float)[np.asarray(errors["round"]) ==
+                                                   np.max(errors["round"])]
+            v = last if np.isfinite(last).all() else None
+        out[f"final_{col}_mean"] = None if v is None else float(v.mean())
+        out[f"final_{col}_std"] = None if v is None else float(v.std())
+    out["ci"] = {"level": settings.output.ci_level, "method": CI_METHOD,
+                 "estimates": ci_note}
+    return out

@@ -1,0 +1,74 @@
+"""``personalize=finetune`` and ``auto`` under ``runtime=flower``: the exchanges after the
+last round.
+
+Each client computes its own model on its node from its own data
+(:mod:`fnsysid.learning.personalize`); the server sees only what is sent:
+
+- ``auto``: exchange ``personalize_stats``: each client sends its
+  :class:`~fnsysid.learning.personalize.Message` (``J_i = H_i / s_i^2``, ``beta_i = b_i / s_i^2``,
+  its residual sum of squares and degrees of freedom); the server computes the
+  :class:`~fnsysid.learning.personalize.Fleet` (``mu``, ``cov_mu``, ``Sigma``, ``s2``) and sends it
+  in exchange ``personalize``, from which each client computes its model;
+- ``finetune``: exchange ``personalize`` with the final server model; each client runs
+  ``personalize.K`` local steps on its own data.
+
+In the reply to ``personalize`` each client sends its model and standard errors, its own
+least squares with theirs, and the error of its model against its own truth (``_e``, NaN
+where unknown), so that the run can write ``client_estimates.csv`` and the ``e_pers``
+columns; its true parameters stay on the node.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fnsysid.learning import personalize as pers
+from fnsysid.results.personal import Personal
+
+#: the exchanges of this module (a ClientApp's ``train`` message config ``exchange``)
+EXCHANGES = ("personalize_stats", "personalize")
+
+
+def client_reply(node, exchange: str, arrays: dict) -> dict:
+    """A client's reply (arrays (S, 1, ...)) to one of :data:`EXCHANGES`, from its own data
+    (``node.data``) and the server's message ``arrays``."""
+    d, n_y = node.data, int(node.model.structure.shape[0])
+    msg = pers.client_message(d.H, d.b, d.yy, d.n, n_y)
+    if exchange == "personalize_stats":
+        return {"H": msg.H, "b": msg.b, "rss": msg.rss, "dof": msg.dof,
+                "scaled": msg.scaled.astype(float)}
+    option = node.settings.personalize
+    if option.name == "auto":
+        fl = pers.Fleet(arrays["mu"], arrays["cov_mu"], arrays["Sigma"], arrays["s2"])
+        theta, se = pers.client_posterior(msg, fl)
+    else:
+        solver = node.clients.solver
+        start = np.array(arrays["theta"][:, None, :])
+        theta = solver.local_steps(start, option.K, option.lr)
+        se = np.full(theta.shape, np.nan)
+    local, local_se, _, _ = pers.least_squares_intervals(d.H, d.b, d.yy, d.n, n_y)
+    return {"theta": theta, "se": se, "local": local, "local_se": local_se,
+            "_e": node.errors(theta[:, 0])}
+
+
+def serve_personalize(grid, settings, strategy, nodes: list[int], names: dict, R: int):
+    """The server's side after the last round: the exchanges above with every node (in the
+    clients' order); returns :class:`~fnsysid.results.personal.Personal`."""
+    from fnsysid.runtimes.flower import exchange, stacked
+
+    option = settings.personalize.name
+
+    def ask(name: str, arrays: dict) -> dict:
+        config = {"exchange": name, "round": R, "evaluate": False}
+        return stacked(exchange(grid, [(nd, "train", arrays, config) for nd in nodes], names))
+
+    if option == "auto":
+        got = ask("personalize_stats", {})
+        fl = pers.fleet(pers.Message(got["H"], got["b"], got["rss"], got["dof"],
+                                     got["scaled"] > 0.5))
+        out = ask("personalize", {"mu": fl.mu, "cov_mu": fl.cov_mu, "Sigma": fl.Sigma,
+                                  "s2": fl.s2})
+    else:
+        out = ask("personalize", {"theta": strategy.server})
+    return Personal(option, out["theta"], out["se"], out["local"], out["local_se"],
+                    out["_e"], np.full(out["theta"].shape, np.nan))

@@ -1,0 +1,233 @@
+"""Personalized client models (personalize=finetune/auto) and confidence intervals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fnsysid.app.experiment import execute
+from fnsysid.config.errors import ConfigError
+from fnsysid.dynamics.model import generate, least_squares, pooled
+from fnsysid.learning import personalize as pers
+from tests.conftest import cli_in_process, compose_cfg, make
+
+
+def _stats(X, y):
+    """Sufficient statistics of a scalar-output regression (n_y = 1)."""
+    return X.T @ X, X.T @ y, float(y @ y), float(len(y))
+
+
+def test_least_squares_intervals_are_the_textbook_ones():
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(40, 3))
+    y = X @ np.array([1.0, -2.0, 0.5]) + 0.3 * rng.normal(size=40)
+    theta, se, s2, dof = pers.least_squares_intervals(*_stats(X, y), n_y=1)
+    ref = np.linalg.lstsq(X, y, rcond=None)[0]
+    r = y - X @ ref
+    ref_s2 = r @ r / (40 - 3)
+    np.testing.assert_allclose(theta, ref, rtol=1e-10)
+    np.testing.assert_allclose(s2, ref_s2, rtol=1e-8)
+    np.testing.assert_allclose(se, np.sqrt(ref_s2 * np.diag(np.linalg.inv(X.T @ X))), rtol=1e-8)
+    assert dof == 37
+    assert pers.z_value(0.95) == pytest.approx(1.959964, abs=1e-6)
+
+
+def test_singular_gram_has_no_standard_errors():
+    X = np.zeros((10, 2))
+    X[:, 0] = np.arange(10.0)                   # the second feature never moves
+    H, b, yy, n = _stats(X, np.arange(10.0))
+    _, se, _, _ = pers.least_squares_intervals(H, b, yy, n, n_y=1)
+    assert np.isnan(se).all()
+
+
+def _fleet(eps, repeats=4, M=20, seed=0):
+    settings, model, _, _ = make("system=synthetic")
+    return model, generate(model, M, 10, 5, eps, repeats, seed)
+
+
+def test_auto_without_heterogeneity_is_the_pooled_solution():
+    """At eps = 0 no direction of the spread rises above the noise edge: Sigma = 0 and every
+    client gets the fleet's generalized least squares, which for one noise variance (every
+    client scaled by the fleet's) is the pooled least squares."""
+    _, d = _fleet(0.0)
+    own = pers.client_message(d.H, d.b, d.yy, d.n, 3)
+    fl = pers.fleet(own)
+    assert not fl.Sigma.any()
+    theta, _ = pers.client_posterior(own, fl)
+    np.testing.assert_allclose(theta, np.broadcast_to(fl.mu[:, None], theta.shape))
+    one = pers.Message(d.H, d.b, own.rss, own.dof, np.zeros_like(own.scaled))
+    np.testing.assert_allclose(pers.fleet(one).mu, least_squares(d.H.sum(1), d.b.sum(1)),
+                               rtol=1e-8)
+
+
+def test_heterogeneity_is_found_along_the_true_directions():
+    """synthetic: theta_i = theta_0 + g1 V + g2 U, two directions; at eps = 3 the estimate of
+    Sigma has rank 2 and its range is the span of the true deviations."""
+    _, d = _fleet(3.0)
+    _, _, fl = pers.auto(d.H, d.b, d.yy, d.n, 3)
+    w = np.linalg.eigvalsh(fl.Sigma)
+    assert (np.sum(w > 1e-8 * w.max(axis=-1, keepdims=True), axis=-1) == 2).all()
+    dev = d.theta_true - d.theta_true.mean(axis=1, keepdims=True)     # (S, M, p)
+    for s in range(d.n.shape[0]):
+        basis = np.linalg.svd(dev[s], full_matrices=False)[2][:2]      # true 2-d span
+        vals, vecs = np.linalg.eigh(fl.Sigma[s])
+        top = vecs[:, -2:]
+        inside = np.linalg.norm(basis @ top, axis=0)    # cosines of the top directions
+        assert (inside > 0.9).all()
+
+
+def test_auto_beats_local_and_pooled_at_large_heterogeneity_and_matches_pooled_at_none():
+    errs = {}
+    for eps in (0.0, 3.0):
+        _, d = _fleet(eps, repeats=6)
+        norm = np.linalg.norm(d.theta_true, axis=-1)
+        err = {
+            "local": least_squares(d.H, d.b),
+            "pooled": least_squares(d.H.sum(1), d.b.sum(1))[:, None],
+            "auto": pers.auto(d.H, d.b, d.yy, d.n, 3)[0],
+        }
+        errs[eps] = {k: float((np.linalg.norm(v - d.theta_true, axis=-1) / norm).mean())
+                     for k, v in err.items()}
+    assert errs[0.0]["auto"] < 0.6 * errs[0.0]["local"]
+    assert errs[0.0]["auto"] < 1.25 * errs[0.0]["pooled"]
+    assert errs[3.0]["auto"] < 0.75 * min(errs[3.0]["local"], errs[3.0]["pooled"])
+
+
+def test_a_client_without_data_gets_the_fleet_model_and_finite_errors():
+    _, d = _fleet(1.0, repeats=2)
+    H, b, yy, n = d.H.copy(), d.b.copy(), d.yy.copy(), d.n.copy()
+    H[:, 3], b[:, 3], yy[:, 3] = 0.0, 0.0, 0.0          # client 3: all-zero data
+    e0 = np.eye(15)[0]
+    H[:, 5], b[:, 5] = 4.0 * np.outer(e0, e0), 4.0 * e0  # client 5: data in one direction only
+    theta, se, fl = pers.auto(H, b, yy, n, 3)
+    assert np.isfinite(theta).all() and np.isfinite(se).all()
+    np.testing.assert_allclose(theta[:, 3], fl.mu, atol=1e-10)
+    # its uncertainty is the fleet's spread plus that of the mean
+    np.testing.assert_allclose(se[:, 3] ** 2, np.diagonal(fl.Sigma + fl.cov_mu, axis1=1,
+                                                          axis2=2), rtol=1e-8, atol=1e-14)
+
+
+def test_one_client_alone_computes_what_the_fleet_computes_for_it():
+    """What a federated node does: its own message and the server's reply give the same
+    model as the vectorized computation over all clients."""
+    _, d = _fleet(1.0, repeats=2)
+    msg = pers.client_message(d.H, d.b, d.yy, d.n, 3)
+    fl = pers.fleet(msg)
+    theta, se = pers.client_posterior(msg, fl)
+    m = 7
+    one = pers.client_message(d.H[:, m:m + 1], d.b[:, m:m + 1], d.yy[:, m:m + 1],
+                              d.n[:, m:m + 1], 3)
+    t1, s1 = pers.client_posterior(one, fl)
+    np.testing.assert_allclose(t1[:, 0], theta[:, m], rtol=1e-12)
+    np.testing.assert_allclose(s1[:, 0], se[:, m], rtol=1e-12)
+
+
+def test_run_with_auto_writes_client_estimates_errors_and_summary():
+    r = execute(compose_cfg("system=synthetic", "personalize=auto", "R=3", "repeats=2", "M=5",
+                            "output.plot=false", "strategy=centralized_exact"),
+                choices={}, given=frozenset())
+    ce = r.client_estimates
+    assert len(ce) == 2 * 5 * 15
+    assert list(ce.columns) == ["repeat", "client", "parameter", "estimate", "se", "ci_lo",
+                                "ci_hi", "local", "local_se", "truth"]
+    np.testing.assert_allclose(ce["ci_hi"] - ce["estimate"], 1.959964 * ce["se"], rtol=1e-5)
+    np.testing.assert_allclose(ce["estimate"], r.client_models.ravel())
+    e = r.errors
+    last = e[e["round"] == 3]
+    assert e.loc[e["round"] < 3, "e_pers_mean"].isna().all()
+    truth = ce["truth"].to_numpy().reshape(2, 5, 15)
+    err = np.linalg.norm(r.client_models - truth, axis=-1) / np.linalg.norm(truth, axis=-1)
+    np.testing.assert_allclose(last["e_pers_mean"], err.mean(axis=1))
+    np.testing.assert_allclose(last["e_pers_max"], err.max(axis=1))
+    assert r.summary["final_e_pers_mean_mean"] == pytest.approx(err.mean(axis=1).mean())
+    assert r.summary["personalize"] == "auto"
+    assert r.summary["ci"]["estimates"] == "pooled least squares"
+    # pooled least squares intervals from the pooled statistics
+    data = r.dataset.train
+    p = pooled(data)
+    _, se, _, _ = pers.least_squares_intervals(p.H, p.b, p.yy, p.n, 3)
+    np.testing.assert_allclose(r.estimates["se"], se.ravel())
+    assert (r.estimates["ci_lo"] < r.estimates["estimate"]).all()
+
+
+def test_fedavg_estimates_have_no_intervals_and_say_why():
+    r = execute(compose_cfg("system=synthetic", "R=2", "repeats=1", "M=3", "output.plot=false"),
+                choices={}, given=frozenset())
+    assert r.estimates["se"].isna().all() and r.estimates["ci_lo"].isna().all()
+    assert "iterate of gradient steps" in r.summary["ci"]["estimates"]
+    assert r.client_estimates is None and "e_pers_max" not in r.errors
+    assert r.summary["final_e_pers_mean_mean"] is None
+
+
+def test_oneshot_intervals_average_the_clients_covariances():
+    r = execute(compose_cfg("system=synthetic", "strategy=oneshot", "R=1", "repeats=1", "M=4",
+                            "output.plot=false"), choices={}, given=frozenset())
+    d = r.dataset.train
+    _, se, _, _ = pers.least_squares_intervals(d.H, d.b, d.yy, d.n, 3)
+    np.testing.assert_allclose(r.estimates["se"], np.sqrt((se[0] ** 2).sum(0)) / 4)
+
+
+def test_finetune_takes_k_local_steps_from_the_server_model():
+    settings, model, optimizer, strategy = make("system=synthetic", "personalize=finetune",
+                                                "personalize.K=3", "R=2", "repeats=1", "M=3")
+    r = execute(compose_cfg("system=synthetic", "personalize=finetune", "personalize.K=3",
+                            "R=2", "repeats=1", "M=3", "output.plot=false"),
+                choices={}, given=frozenset())
+    d = r.dataset.train
+    theta = np.broadcast_to(r.estimate, r.client_models.shape).copy()
+    for _ in range(3):                                  # three plain gradient steps (sum)
+        theta = theta - settings.lr * (np.einsum("smpq,smq->smp", d.H, theta) - d.b)
+    np.testing.assert_allclose(r.client_models, theta, rtol=1e-10)
+    assert np.isnan(r.client_se).all()
+
+
+def test_bad_personalize_settings_are_refused_in_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"output.ci_level must be a finite number in \(0, 1\)"):
+        execute(compose_cfg("system=synthetic", "output.ci_level=1"), choices={},
+                given=frozenset())
+    out = tmp_path / "run"
+    r = cli_in_process("personalize=often", f"hydra.run.dir={out}")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "fnsysid: error: personalize=often is not an option; allowed: auto, finetune, none"]
+    assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("fnsysid.runtimes.check", fromlist=["x"]).flower_installed(),
+                    reason="Flower is not installed (pip install -e '.[flower]')")
+@pytest.mark.parametrize("option", ["auto", "finetune"])
+def test_flower_clients_compute_the_personalized_models_of_the_inprocess_run(option, tmp_path):
+    """Under runtime=flower each ClientApp computes its own model from its own data and the
+    server's reply; the models, their intervals and errors equal the in-process ones (the
+    server never sees the truth: the truth column is empty)."""
+    from fnsysid.app.experiment import run_experiment
+
+    args = ["system=synthetic", "M=4", "R=3", "repeats=2", "eps=1", "N=[3,5,2,4]", "lr=2e-3",
+            "output.plot=false", f"personalize={option}"]
+    run_experiment(compose_cfg(*args), tmp_path / "a")
+    run_experiment(compose_cfg(*args, "runtime=flower"), tmp_path / "b")
+    import pandas as pd
+
+    ca, cb = (pd.read_csv(tmp_path / d / "client_estimates.csv") for d in "ab")
+    for col in ("estimate", "se", "ci_lo", "ci_hi", "local", "local_se"):
+        np.testing.assert_allclose(cb[col], ca[col], rtol=1e-9, atol=1e-12)
+    assert cb["truth"].isna().all() and ca["truth"].notna().all()
+    ea, eb = (pd.read_csv(tmp_path / d / "errors.csv") for d in "ab")
+    np.testing.assert_allclose(eb["e_pers_mean"], ea["e_pers_mean"], rtol=1e-9)
+    np.testing.assert_allclose(eb["e_pers_max"], ea["e_pers_max"], rtol=1e-9)
+    assert ea["e_pers_mean"].notna().sum() == 2
+
+
+@pytest.mark.slow
+def test_pooled_intervals_cover_the_truth_95_percent_of_the_time_without_heterogeneity():
+    """eps = 0, M = 20, N = 10, 200 repeats: the 95 % intervals of pooled least squares
+    cover the truth in 93-97 % of the 3000 (repeat, parameter) pairs (binomial standard
+    deviation 0.4 %)."""
+    r = execute(compose_cfg("system=synthetic", "eps=0", "repeats=200", "R=1",
+                            "strategy=centralized_exact", "output.plot=false", "data.val_N=0"),
+                choices={}, given=frozenset())
+    est = r.estimates
+    inside = (est["ci_lo"] <= est["true_mean"]) & (est["true_mean"] <= est["ci_hi"])
+    assert len(inside) == 3000
+    assert 0.93 <= inside.mean() <= 0.97
