@@ -296,7 +296,7 @@ def test_a_result_prints_in_one_line_and_a_dataframe_setting_points_to_the_estim
     assert "\n" not in text and "array" not in text
     assert text.startswith("Result(status=ok, system=synthetic, strategy=fedavg, M=3, rounds=2, "
                            f"e_max_mean={res.summary['final_e_max_mean']:.4g}, ")
-    assert text.endswith("; tables: errors, clients, estimates, theory)")
+    assert text.endswith("; tables: errors, clients, estimates, theory, parameters)")
     with pytest.raises(fnsysid.ConfigError) as exc:
         fnsysid.run({"system": "generic", "data": "files", "data.path": fleet(2, 2, 3)})
     assert str(exc.value).startswith("data.path: a value of type DataFrame is not a setting "
@@ -321,3 +321,22 @@ def test_client_picks_a_personalized_model_where_the_result_holds_them(fitted):
     np.testing.assert_allclose(by_r2[STATES].to_numpy()[1],
                                res.model.predict(x, np.array([u]), own[0, 2]), rtol=1e-12)
     np.testing.assert_array_equal(other.predict(one)[STATES], m.predict(one)[STATES])  # server
+
+
+def test_pooled_intervals_and_personalized_models_of_a_real_fit():
+    df = fleet()
+    m = FederatedSysID(feature_map="polynomial", strategy="centralized_exact", R=2,
+                       personalize="auto", progress=False,
+                       config={"feature_map.degree": 1}).fit(df, STATES, INPUTS)
+    coef = m.coefficients()
+    assert list(coef.columns) == ["parameter", "value", "se", "ci_lo", "ci_hi"]
+    assert (coef["se"] > 0).all()
+    assert ((coef["ci_lo"] < coef["value"]) & (coef["value"] < coef["ci_hi"])).all()
+    res = m.result_
+    own = m.coefficients(client="r1")
+    assert set(own["client"]) == {"r1"} and {"se", "ci_lo", "ci_hi"} <= set(own.columns)
+    np.testing.assert_array_equal(own["value"], res.client_models[0, 1])
+    assert not np.allclose(own["value"], coef["value"])                  # its own, not the pool
+    # the default of a fit without intervals (FedAvg far from a fixed point): no such columns
+    plain = FederatedSysID(feature_map="polynomial", **SETTINGS).fit(df, STATES, INPUTS)
+    assert list(plain.coefficients().columns) == ["parameter", "value"]

@@ -307,6 +307,7 @@ class FederatedSysID:
         if extra:
             t = table[["repeat", "client", "parameter", *extra]].astype({"client": str})
             out = out.merge(t, on=["repeat", "client", "parameter"], how="left")
+            extra = [c for c in extra if out[c].notna().any()]   # none: no intervals here
         keep = (["repeat"] if S > 1 else []) + (["client"] if C > 1 or client is not None
                                                 else [])
         return out[keep + ["parameter", "value", *extra]]
