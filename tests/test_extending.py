@@ -1,4 +1,5 @@
-"""A system of your own outside the repository: examples/duffing through --config-dir."""
+"""A system and a strategy of your own outside the repository: examples/duffing and
+examples/fedavgm through --config-dir."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ DUFFING = ROOT / "examples" / "duffing"
 CONF = DUFFING / "conf"
 
 
-def cli(*args, conf=CONF, cwd=None):
-    env = {**os.environ, "PYTHONPATH": str(DUFFING)}
+def cli(*args, conf=CONF, cwd=None, path=DUFFING):
+    env = {**os.environ, "PYTHONPATH": str(path)}
     return subprocess.run([sys.executable, str(ROOT / "run.py"), "--config-dir", str(conf),
                            *args], capture_output=True, text=True, timeout=120, env=env,
                           cwd=cwd or ROOT)
@@ -110,3 +111,31 @@ def test_a_feature_map_of_ones_own_is_named_and_listed_among_those_that_fit(tmp_
                    "feature_map=mine", f"hydra.run.dir={tmp_path / 'run'}"])
     assert str(info.value).startswith("feature_map=mine does not fit system=synthetic")
     assert str(info.value).endswith("options that fit: default, fourier, sines")
+
+
+FEDAVGM = ROOT / "examples" / "fedavgm"
+
+
+def test_the_fedavgm_example_runs_its_own_server_update(tmp_path):
+    """docs/EXTENDING.md's worked strategy: under the default optimizer.affine=true its server
+    update runs (not FedAvg's precomputed map), the log says so, and beta=0 is FedAvg."""
+    args = ("M=5", "R=15", "repeats=2", "progress=false", "output.plot=false")
+    res = cli("strategy=fedavgm", *args, f"hydra.run.dir={tmp_path / 'm'}",
+              conf=FEDAVGM / "conf", path=FEDAVGM)
+    assert res.returncode == 0, res.stderr
+    assert ("strategy fedavgm.FedAvgM overrides server_update of FedAvg: its rounds run as "
+            "message exchanges") in res.stdout + res.stderr
+    momentum = json.loads((tmp_path / "m" / "summary.json").read_text())
+    assert momentum["strategy"] == "fedavgm" and momentum["status"] == "ok"
+
+    sys.path.insert(0, str(FEDAVGM))
+    try:
+        base = {"M": 5, "R": 15, "repeats": 2, "progress": False}
+        fedavg = fnsysid.run(base).errors
+        zero = fnsysid.run({**base, "strategy": "fedavgm", "strategy.beta": 0.0},
+                           config_dir=FEDAVGM / "conf").errors
+    finally:
+        sys.path.remove(str(FEDAVGM))
+    np.testing.assert_allclose(zero["e_max"], fedavg["e_max"], rtol=1e-10)
+    final = fedavg[fedavg["round"] == 15]["e_max"].mean()
+    assert abs(momentum["final_e_max_mean"] - final) > 1e-2          # not FedAvg's numbers
