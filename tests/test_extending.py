@@ -110,7 +110,7 @@ def test_a_feature_map_of_ones_own_is_named_and_listed_among_those_that_fit(tmp_
         preflight(["--config-dir", str(tmp_path / "conf"), "system=synthetic",
                    "feature_map=mine", f"hydra.run.dir={tmp_path / 'run'}"])
     assert str(info.value).startswith("feature_map=mine does not fit system=synthetic")
-    assert str(info.value).endswith("options that fit: default, fourier, sines")
+    assert str(info.value).endswith("options that fit: combined, default, fourier, sines")
 
 
 FEDAVGM = ROOT / "examples" / "fedavgm"
