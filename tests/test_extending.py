@@ -10,9 +10,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import fnsysid
+from fnsysid.runtimes import check as runtime_check
 
 ROOT = Path(__file__).resolve().parent.parent
 DUFFING = ROOT / "examples" / "duffing"
@@ -139,3 +141,17 @@ def test_the_fedavgm_example_runs_its_own_server_update(tmp_path):
     np.testing.assert_allclose(zero["e_max"], fedavg["e_max"], rtol=1e-10)
     final = fedavg[fedavg["round"] == 15]["e_max"].mean()
     assert abs(momentum["final_e_max_mean"] - final) > 1e-2          # not FedAvg's numbers
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not runtime_check.flower_installed(), reason="Flower is not installed")
+def test_the_fedavgm_example_runs_on_flower_as_in_process(tmp_path):
+    """Its server update runs in the ServerApp, FedAvg's client update in each ClientApp."""
+    args = ("strategy=fedavgm", "M=3", "R=5", "repeats=2", "progress=false", "output.plot=false")
+    for name, extra in (("a", ()), ("b", ("runtime=flower",))):
+        res = cli(*args, *extra, f"hydra.run.dir={tmp_path / name}", conf=FEDAVGM / "conf",
+                  path=FEDAVGM)
+        assert res.returncode == 0, res.stderr[-2000:]
+    ea, eb = (pd.read_csv(tmp_path / d / "errors.csv") for d in "ab")
+    np.testing.assert_allclose(eb["e_max"], ea["e_max"], rtol=0, atol=1e-10)
+    assert ea["e_max"].iloc[-1] < ea["e_max"].iloc[0] - 0.05          # the rounds did something
