@@ -118,3 +118,16 @@ def test_the_default_combined_map_fits_the_dense_systems(tmp_path):
     for system in ("synthetic", "linear"):
         model = make(f"system={system}")[1]
         assert "combined" in fitting_feature_maps(model.system)
+
+
+def test_generic_names_every_feature_by_its_columns(tmp_path):
+    _pendulum_fleet(tmp_path / "logs", clients=2, trajectories=3, T=10)
+    res = fnsysid.run(["system=generic", "data=files", f"data.path={tmp_path / 'logs'}",
+                       "data.states=[theta,omega]", "data.inputs=[u]", "R=1", "progress=false",
+                       "feature_map=combined",
+                       "feature_map.libraries=[identity,{kind:sin,n_frequencies:2},"
+                       "{kind:polynomial,bias:false}]"])
+    names = [p.split(":", 1)[1] for p in res.summary["parameters"] if p.startswith("omega+:")]
+    assert names == ["theta", "omega", "u", "sin(theta)", "sin(omega)", "sin(2theta)",
+                     "sin(2omega)", "theta^2", "theta*omega", "theta*u", "omega^2", "omega*u",
+                     "u^2"]
