@@ -226,3 +226,16 @@ def test_the_built_in_strategies_keep_their_server_map():
         s.setup(np.zeros((2, model.p)), data, model, GD(), 6, 1e-3, 0)
         assert s.server_map is not None, name
     assert changed_rules(Scaffold) == []                 # per-client state: no server map
+
+
+def test_a_users_scaffold_runs_its_exchanges_without_a_word_about_a_map(caplog):
+    class Mine(Scaffold):
+        def server_update(self, exchange, replies, sel=slice(None), active=None):
+            super().server_update(exchange, replies, sel, active)
+
+    cfg, model, *_ = make("system=synthetic")
+    data = generate(model, M=4, N=3, T=5, eps=0.3, repeats=2, seed=2)
+    with caplog.at_level("INFO", logger="fnsysid"):
+        got = _trajectory(Mine(), model, data, GD(), 6, 1e-3, 5)
+    assert "overrides" not in caplog.text
+    assert _rel(got, _trajectory(Scaffold(), model, data, GD(), 6, 1e-3, 5)) < 1e-12

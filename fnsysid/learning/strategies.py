@@ -389,6 +389,9 @@ class Scaffold(FedAvg):
                     "full rank for every client")
         super().setup(theta0, data, model, optimizer, K, lr, seed)
 
+    #: per-client state: the rounds always run the exchanges (no server map to bypass)
+    affine = False
+
     def make_clients(self, solver, K, lr):
         return Clients(solver, K, lr, correction=True)
 
