@@ -111,13 +111,14 @@ def test_the_check_names_a_wrong_library_in_one_line(tmp_path, libraries, line):
     assert not (tmp_path / "run").exists()
 
 
-def test_the_default_combined_map_fits_the_dense_systems(tmp_path):
-    from fnsysid.app.build import fitting_feature_maps
+def test_the_default_combined_map_fits_the_dense_systems():
     from tests.conftest import make
 
-    for system in ("synthetic", "linear"):
-        model = make(f"system={system}")[1]
-        assert "combined" in fitting_feature_maps(model.system)
+    for system, own in (("synthetic", ["sin(x0)", "u0"]), ("linear", ["x0", "u0"])):
+        model = make(f"system={system}", "feature_map=combined")[1]    # refused if no fit
+        assert isinstance(model.library, Combined)
+        assert set(own) <= set(model.library.feature_names(model.system.n_x,
+                                                           model.system.n_u))
 
 
 def test_generic_names_every_feature_by_its_columns(tmp_path):
