@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fnsysid.dynamics.model import generate
-from fnsysid.learning.optim import GD, affine_gd, gd_steps, step_sizes
+from fnsysid.learning.optim import GD, LocalMap, affine_gd, gd_steps, step_sizes
 from fnsysid.learning.strategies import (
     Centralized,
     Cyclic,
@@ -14,6 +14,8 @@ from fnsysid.learning.strategies import (
     FedProx,
     Local,
     Scaffold,
+    aggregate,
+    changed_rules,
 )
 from tests.conftest import make
 
@@ -145,3 +147,95 @@ def test_local_maps_do_not_depend_on_slices_or_threads(monkeypatch):
     for a, b in ((whole.P, sliced.P), (whole.q, sliced.q), (whole.C, sliced.C)):
         np.testing.assert_array_equal(a, b)
     assert whole.P.shape == (2, 50, model.p, model.p)
+
+
+class Damped(FedAvg):
+    """A user's FedAvg whose server moves half way to the average."""
+
+    def server_update(self, exchange, replies, sel=slice(None), active=None):
+        self.server = 0.5 * (self.server + aggregate(replies["theta"]))
+
+
+class Shrunk(FedAvg):
+    """A user's FedAvg whose clients send their local models shrunk by 0.9."""
+
+    def client_update(self, exchange, msg, clients, sel=slice(None)):
+        return {"theta": 0.9 * super().client_update(exchange, msg, clients, sel)["theta"]}
+
+
+class DampedAffine(Damped):
+    """Damped with a server map of its own: the fast path is its to use."""
+
+    def client_maps(self):
+        maps = super().client_maps()
+        if maps is None:
+            return None
+        return LocalMap(0.5 * (np.eye(maps.P.shape[-1]) + maps.P), 0.5 * maps.q)
+
+
+class DeclaredAffine(Damped):
+    """Damped that (wrongly) declares FedAvg's map to be its rounds."""
+
+    affine = True
+
+
+def test_a_users_update_rule_turns_the_server_map_off_and_changes_the_result(caplog):
+    cfg, model, *_ = make("system=synthetic")
+    data = generate(model, M=4, N=3, T=5, eps=0.3, repeats=2, seed=2)
+    fedavg = _trajectory(FedAvg(), model, data, GD(), 6, 1e-3, 10)
+    for cls in (Damped, Shrunk):
+        s = cls()
+        with caplog.at_level("INFO", logger="fnsysid"):
+            got = _trajectory(s, model, data, GD(), 6, 1e-3, 10)       # the default: affine
+        assert s.server_map is None
+        assert f"overrides {changed_rules(cls)[0]} of FedAvg" in caplog.text
+        ref = _trajectory(cls(), model, data, GD(affine=False), 6, 1e-3, 10)
+        assert _rel(got, ref) < 1e-10
+        assert _rel(got, fedavg) > 1e-3, cls                  # not FedAvg's numbers
+    # damped by hand: theta_r = 0.5 theta_{r-1} + 0.5 mean_i (P_i theta_{r-1} + q_i)
+    opt = GD()
+    opt.setup(data, model, 0)
+    mp = opt.local_map(6, 1e-3)
+    theta = np.zeros((2, model.p))
+    for _ in range(10):
+        theta = 0.5 * theta + 0.5 * mp(theta[:, None, :]).mean(axis=1)
+    np.testing.assert_allclose(_trajectory(Damped(), model, data, GD(), 6, 1e-3, 10)[-1, :, 0],
+                               theta, rtol=1e-10)
+
+
+def test_a_class_that_supplies_its_own_map_or_declares_itself_affine_keeps_the_fast_path():
+    cfg, model, *_ = make("system=synthetic")
+    data = generate(model, M=4, N=3, T=5, eps=0.3, repeats=2, seed=2)
+    s = DampedAffine()
+    got = _trajectory(s, model, data, GD(), 6, 1e-3, 10)
+    assert s.server_map is not None and changed_rules(DampedAffine) == []
+    ref = _trajectory(Damped(), model, data, GD(affine=False), 6, 1e-3, 10)
+    assert _rel(got, ref) < 1e-10
+    declared = DeclaredAffine()                         # its word is taken: FedAvg's map
+    got = _trajectory(declared, model, data, GD(), 6, 1e-3, 10)
+    assert declared.server_map is not None
+    assert _rel(got, _trajectory(FedAvg(), model, data, GD(), 6, 1e-3, 10)) < 1e-12
+
+
+def test_the_built_in_strategies_keep_their_server_map():
+    cfg, model, *_ = make("system=synthetic")
+    data = generate(model, M=4, N=3, T=5, eps=0.3, repeats=2, seed=2)
+    for name in ("fedavg", "fedprox", "fedlin", "fednova", "fedavg_samples"):
+        s = STRATEGIES[name]()
+        assert changed_rules(type(s)) == [], name
+        s.setup(np.zeros((2, model.p)), data, model, GD(), 6, 1e-3, 0)
+        assert s.server_map is not None, name
+    assert changed_rules(Scaffold) == []                 # per-client state: no server map
+
+
+def test_a_users_scaffold_runs_its_exchanges_without_a_word_about_a_map(caplog):
+    class Mine(Scaffold):
+        def server_update(self, exchange, replies, sel=slice(None), active=None):
+            super().server_update(exchange, replies, sel, active)
+
+    cfg, model, *_ = make("system=synthetic")
+    data = generate(model, M=4, N=3, T=5, eps=0.3, repeats=2, seed=2)
+    with caplog.at_level("INFO", logger="fnsysid"):
+        got = _trajectory(Mine(), model, data, GD(), 6, 1e-3, 5)
+    assert "overrides" not in caplog.text
+    assert _rel(got, _trajectory(Scaffold(), model, data, GD(), 6, 1e-3, 5)) < 1e-12

@@ -66,7 +66,8 @@ def test_large_m_writes_no_per_client_rows(tmp_path):
 
 
 #: a system each feature map fits
-FITS = {"default": "pendulum", "fourier": "synthetic", "polynomial": "linear", "affine": "linear"}
+FITS = {"default": "pendulum", "fourier": "synthetic", "polynomial": "linear", "affine": "linear",
+        "combined": "synthetic"}
 
 
 @pytest.mark.parametrize("group", GROUPS[:-1])
@@ -119,7 +120,8 @@ BAD = [
     (["optimizer=sgd", "optimizer.batch_size=51"], "1..N*T = 1..50"),
     (["system=quadcopter"], "allowed: generic, linear, pendulum, quadrotor, synthetic"),
     (["optimizer=adam"], "allowed: gd, sgd"),
-    (["system=synthetic", "feature_map=polynomial"], "options that fit: default, fourier"),
+    (["system=synthetic", "feature_map=polynomial"],
+     "options that fit: combined, default, fourier"),
     (["system=pendulum", "feature_map=affine"], "options that fit: default"),
     (["-m", "M=1,0"], "M=0 is not allowed"),
     (["N=[1,2]"], "N has 2 entries but M=20"),

@@ -1,4 +1,5 @@
-"""A system of your own outside the repository: examples/duffing through --config-dir."""
+"""A system and a strategy of your own outside the repository: examples/duffing and
+examples/fedavgm through --config-dir."""
 
 from __future__ import annotations
 
@@ -9,17 +10,19 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import fnsysid
+from fnsysid.runtimes import check as runtime_check
 
 ROOT = Path(__file__).resolve().parent.parent
 DUFFING = ROOT / "examples" / "duffing"
 CONF = DUFFING / "conf"
 
 
-def cli(*args, conf=CONF, cwd=None):
-    env = {**os.environ, "PYTHONPATH": str(DUFFING)}
+def cli(*args, conf=CONF, cwd=None, path=DUFFING):
+    env = {**os.environ, "PYTHONPATH": str(path)}
     return subprocess.run([sys.executable, str(ROOT / "run.py"), "--config-dir", str(conf),
                            *args], capture_output=True, text=True, timeout=120, env=env,
                           cwd=cwd or ROOT)
@@ -109,4 +112,46 @@ def test_a_feature_map_of_ones_own_is_named_and_listed_among_those_that_fit(tmp_
         preflight(["--config-dir", str(tmp_path / "conf"), "system=synthetic",
                    "feature_map=mine", f"hydra.run.dir={tmp_path / 'run'}"])
     assert str(info.value).startswith("feature_map=mine does not fit system=synthetic")
-    assert str(info.value).endswith("options that fit: default, fourier, sines")
+    assert str(info.value).endswith("options that fit: combined, default, fourier, sines")
+
+
+FEDAVGM = ROOT / "examples" / "fedavgm"
+
+
+def test_the_fedavgm_example_runs_its_own_server_update(tmp_path):
+    """docs/EXTENDING.md's worked strategy: under the default optimizer.affine=true its server
+    update runs (not FedAvg's precomputed map), the log says so, and beta=0 is FedAvg."""
+    args = ("M=5", "R=15", "repeats=2", "progress=false", "output.plot=false")
+    res = cli("strategy=fedavgm", *args, f"hydra.run.dir={tmp_path / 'm'}",
+              conf=FEDAVGM / "conf", path=FEDAVGM)
+    assert res.returncode == 0, res.stderr
+    assert ("strategy fedavgm.FedAvgM overrides server_update of FedAvg: its rounds run as "
+            "message exchanges") in res.stdout + res.stderr
+    momentum = json.loads((tmp_path / "m" / "summary.json").read_text())
+    assert momentum["strategy"] == "fedavgm" and momentum["status"] == "ok"
+
+    sys.path.insert(0, str(FEDAVGM))
+    try:
+        base = {"M": 5, "R": 15, "repeats": 2, "progress": False}
+        fedavg = fnsysid.run(base).errors
+        zero = fnsysid.run({**base, "strategy": "fedavgm", "strategy.beta": 0.0},
+                           config_dir=FEDAVGM / "conf").errors
+    finally:
+        sys.path.remove(str(FEDAVGM))
+    np.testing.assert_allclose(zero["e_max"], fedavg["e_max"], rtol=1e-10)
+    final = fedavg[fedavg["round"] == 15]["e_max"].mean()
+    assert abs(momentum["final_e_max_mean"] - final) > 1e-2          # not FedAvg's numbers
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not runtime_check.flower_installed(), reason="Flower is not installed")
+def test_the_fedavgm_example_runs_on_flower_as_in_process(tmp_path):
+    """Its server update runs in the ServerApp, FedAvg's client update in each ClientApp."""
+    args = ("strategy=fedavgm", "M=3", "R=5", "repeats=2", "progress=false", "output.plot=false")
+    for name, extra in (("a", ()), ("b", ("runtime=flower",))):
+        res = cli(*args, *extra, f"hydra.run.dir={tmp_path / name}", conf=FEDAVGM / "conf",
+                  path=FEDAVGM)
+        assert res.returncode == 0, res.stderr[-2000:]
+    ea, eb = (pd.read_csv(tmp_path / d / "errors.csv") for d in "ab")
+    np.testing.assert_allclose(eb["e_max"], ea["e_max"], rtol=0, atol=1e-10)
+    assert ea["e_max"].iloc[-1] < ea["e_max"].iloc[0] - 0.05          # the rounds did something

@@ -51,7 +51,7 @@ def test_misfit_feature_maps_are_refused():
         build_model(model.system, Polynomial(3))
     with pytest.raises(FeatureMapError, match="repeats"):
         build_model(model.system, Fourier("x") + Fourier("x") + Identity("u"))
-    assert fitting_feature_maps(model.system) == ["default", "fourier"]
+    assert fitting_feature_maps(model.system) == ["combined", "default", "fourier"]
     _, pend, *_ = make("system=pendulum")
     with pytest.raises(FeatureMapError, match="own features"):
         build_model(pend.system, Identity())

@@ -176,7 +176,8 @@ def test_every_composed_option_passes_the_schema():
     compositions (build checks each against the schema first)."""
     from fnsysid.config.checks import check_run
 
-    fits = {"fourier": "synthetic", "polynomial": "linear", "affine": "linear"}
+    fits = {"fourier": "synthetic", "polynomial": "linear", "affine": "linear",
+            "combined": "synthetic"}
     # (every experiment is checked by test_experiments.py)
     for group in ("system", "feature_map", "optimizer", "strategy"):
         for option in options(group):

@@ -75,6 +75,7 @@ def _locate(loc: tuple, root):
             key += f"[{part}]"
             path.append(part)
             model = _member(model, None)
+            info = _item_info(model) or info
             continue
         if fields is not None:
             by_alias = {f.alias or n: n for n, f in fields.items()}
@@ -90,6 +91,14 @@ def _locate(loc: tuple, root):
             continue
         model = _member(model, part)        # a union's tag: the member it names
     return key, holder, field, info, path
+
+
+def _item_info(tp):
+    """The FieldInfo of a list's item type that says what it allows in words, or None."""
+    if typing.get_origin(tp) is not Annotated:
+        return None
+    return next((m for m in typing.get_args(tp)[1:] if isinstance(
+        getattr(m, "json_schema_extra", None), dict) and "allowed" in m.json_schema_extra), None)
 
 
 def _holds_group(tp) -> bool:

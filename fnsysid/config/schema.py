@@ -335,6 +335,73 @@ class Concat(FeatureMap):
 
 
 FEATURE_MAPS["fnsysid.dynamics.features.Concat"] = Concat
+
+
+class IdentityKind(Section):
+    kind: Literal["identity"]
+    variables: Variables = None
+    bias: bool = None
+
+
+class PolynomialKind(IdentityKind):
+    kind: Literal["polynomial"]
+    degree: PosInt = None
+
+
+class SinKind(Section):
+    kind: Literal["sin", "cos"]
+    variables: Variables = None
+    n_frequencies: PosInt = None
+
+
+class FourierKind(SinKind):
+    kind: Literal["fourier"]
+    sin: bool = None
+    cos: bool = None
+
+
+#: the libraries that ``feature_map=combined`` knows by name
+LIBRARY_KINDS = ("identity", "polynomial", "fourier", "sin", "cos")
+LibraryKind = Literal[LIBRARY_KINDS]
+
+
+class AnyKind(Section):
+    """A mapping whose ``kind`` is not a library kind (refused, naming ``kind``)."""
+
+    model_config = ConfigDict(extra="allow")
+    kind: LibraryKind
+
+
+def _entry(value) -> str:
+    """The tag of a :class:`Combined` entry: a kind's name, a kind's mapping, or a library."""
+    if not isinstance(value, Mapping):
+        return "name"
+    if "_target_" in value:
+        return "library"
+    kind = value.get("kind")
+    return kind if kind in LIBRARY_KINDS else "other"
+
+
+LibraryEntry = Annotated[
+    Union[Annotated[LibraryKind, Tag("name")],
+          Annotated[IdentityKind, Tag("identity")],
+          Annotated[PolynomialKind, Tag("polynomial")],
+          Annotated[FourierKind, Tag("fourier")],
+          Annotated[SinKind, Tag("sin")],
+          Annotated[SinKind, Tag("cos")],
+          Annotated[AnyKind, Tag("other")],
+          Annotated[AnyFeatureMap, Tag("library")]],
+    Discriminator(_entry),
+    Field(json_schema_extra={"allowed": "a library kind (identity, polynomial, fourier, sin, "
+                                        "cos), {kind: ..., <its keys>} or {_target_: ...}"})]
+
+
+class Combined(FeatureMap):
+    model_config = ConfigDict(extra="forbid")
+    libraries: Annotated[list[LibraryEntry], Field(min_length=1)]
+
+
+FEATURE_MAPS["fnsysid.dynamics.features.Combined"] = Combined
 SystemGroup = Annotated[_by_target(SYSTEMS, System),
                         Field(json_schema_extra={"allowed": "a system option"})]
 FeatureMapGroup = Annotated[_by_target(FEATURE_MAPS, FeatureMap, OwnFeatures),

@@ -173,7 +173,7 @@ class Concat(Library):
     def __init__(self, libraries):
         libs = []
         for lib in libraries:
-            libs += lib.libraries if isinstance(lib, Concat) else [lib]
+            libs += lib.libraries if type(lib) is Concat else [lib]   # Combined keeps its own
         if not libs:
             raise ValueError("feature_map.libraries is empty; give at least one library")
         self.libraries = libs
@@ -183,3 +183,69 @@ class Concat(Library):
 
     def feature_names(self, n_x, n_u):
         return [n for lib in self.libraries for n in lib.feature_names(n_x, n_u)]
+
+
+#: the libraries :class:`Combined` knows by name: kind -> (class, fixed keys)
+KINDS = {
+    "identity": (Identity, {}),
+    "polynomial": (Polynomial, {}),
+    "fourier": (Fourier, {}),
+    "sin": (Fourier, {"sin": True, "cos": False}),
+    "cos": (Fourier, {"sin": False, "cos": True}),
+}
+
+
+def library(entry) -> Library:
+    """A library from a :class:`Combined` entry: a kind (``"sin"``), a mapping of a kind and its
+    keys (``{"kind": "polynomial", "degree": 3}``) or a :class:`Library` itself."""
+    if isinstance(entry, Library):
+        return entry
+    keys = dict(entry) if isinstance(entry, dict) else {"kind": entry}
+    kind = keys.pop("kind", None)
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise ValueError(f"feature_map.libraries: {entry!r} is not a library; allowed: "
+                         f"{', '.join(KINDS)}, a mapping {{kind: ..., <its keys>}} or a "
+                         "library with _target_")
+    cls, fixed = KINDS[kind]
+    given = sorted(set(keys) & set(fixed))
+    if given:
+        raise ValueError(f"feature_map.libraries: kind {kind} sets {', '.join(given)} itself; "
+                         "use kind fourier to choose sin and cos")
+    return cls(**keys, **fixed)
+
+
+class Combined(Concat):
+    """Several libraries side by side, named by kind, each feature once.
+
+    ``libraries`` lists kinds (``identity``, ``polynomial``, ``fourier``, ``sin``, ``cos``),
+    mappings of a kind and its keys, or libraries. A feature that two of them produce (the
+    same name, e.g. ``x0`` from ``identity`` and ``polynomial``) is kept once, where it first
+    appears: features are identified by their names, as in parameter names and truth files.
+
+    Examples
+    --------
+    >>> lib = Combined(["identity", "sin"])
+    >>> lib.feature_names(2, 1)
+    ['x0', 'x1', 'u0', 'sin(x0)', 'sin(x1)']
+    >>> Combined([{"kind": "identity", "bias": True}, "polynomial"]).feature_names(1, 0)
+    ['1', 'x0', 'x0^2']
+    """
+
+    def __init__(self, libraries):
+        if isinstance(libraries, (str, dict, Library)):
+            libraries = [libraries]
+        super().__init__([library(entry) for entry in libraries])
+
+    def _keep(self, n_x: int, n_u: int) -> list[int]:
+        names = super().feature_names(n_x, n_u)
+        first: dict[str, int] = {}
+        for i, name in enumerate(names):
+            first.setdefault(name, i)
+        return sorted(first.values())
+
+    def transform(self, x, u):
+        return super().transform(x, u)[..., self._keep(x.shape[-1], u.shape[-1])]
+
+    def feature_names(self, n_x, n_u):
+        names = super().feature_names(n_x, n_u)
+        return [names[i] for i in self._keep(n_x, n_u)]

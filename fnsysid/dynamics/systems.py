@@ -375,9 +375,10 @@ class Generic(System):
         return list(self._inputs)
 
     def name_features(self, names):
-        """``x0``, ``u1`` inside feature names become the column names."""
+        """``x0``, ``u1`` inside feature names become the column names (also after a
+        harmonic's number: ``sin(2x0)`` -> ``sin(2theta)``)."""
         cols = {"x": self._states, "u": self._inputs}
-        return [re.sub(r"(?<![A-Za-z0-9_])([xu])(\d+)(?![0-9])",
+        return [re.sub(r"(?<![A-Za-z_])([xu])(\d+)(?![0-9])",
                        lambda m: cols[m.group(1)][int(m.group(2))], n) for n in names]
 
     @property

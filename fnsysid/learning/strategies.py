@@ -19,12 +19,20 @@ written as message exchanges: the server's :meth:`~Federated.message`, each clie
 :meth:`~Federated.server_update` on the stacked replies. Rounds without a precomputed server
 map run these exchanges for all clients at once; the Flower runtime
 (:mod:`fnsysid.runtimes.flower`) runs the same functions with one client per ClientApp.
-To add an algorithm, subclass :class:`Strategy`, implement ``round`` (and ``estimate`` if the
-evaluated model is not the server's), and add ``conf/strategy/<name>.yaml``. The update rules
-are written out in ``docs/ALGORITHMS.md``.
+A precomputed server map stands for the update rules it was derived for: a subclass that
+overrides one of them (:data:`UPDATE_RULES`) without a ``client_maps`` of its own runs the
+exchanges (:func:`changed_rules`), unless it declares ``affine = True``.
+
+To add an algorithm, subclass :class:`Federated` or :class:`FedAvg` and override its
+message, client update and server update (it then runs on Flower too), or subclass
+:class:`Strategy` and implement ``round`` (and ``estimate`` if the evaluated model is not the
+server's); add ``conf/strategy/<name>.yaml`` (docs/EXTENDING.md, "A strategy"). The update
+rules are written out in ``docs/ALGORITHMS.md``.
 """
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 
@@ -34,6 +42,7 @@ from fnsysid.dynamics.model import least_squares, pooled
 from fnsysid.learning.optim import LocalMap, matvec, undo_preconditioner
 
 WEIGHTINGS = ("uniform", "samples")
+log = logging.getLogger("fnsysid")
 
 
 def aggregate(models: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
@@ -173,6 +182,11 @@ class Federated(Strategy):
 
     exchanges: tuple[str, ...] = ("train",)
     server_map = None
+    #: whether :meth:`FedAvg.client_maps` gives this class's rounds: None (default) decides by
+    #: :func:`changed_rules` (a class that overrides an update rule of the class its
+    #: ``client_maps`` was derived for runs the message exchanges); True: the class declares
+    #: its rounds affine and its ``client_maps`` right; False: always the exchanges
+    affine: bool | None = None
 
     def __init__(self, weighting: str = "uniform", fraction: float = 1.0):
         super().__init__(weighting)
@@ -237,6 +251,18 @@ class FedAvg(Federated):
 
     def setup(self, theta0, data, model, optimizer, K, lr, seed):
         super().setup(theta0, data, model, optimizer, K, lr, seed)
+        self.server_map = None
+        if self.affine is False:
+            return
+        changed = [] if self.affine else changed_rules(type(self))
+        if changed:
+            if getattr(optimizer, "affine", False):          # GD, which has the maps
+                owner = _owner(type(self), "client_maps")
+                log.info("strategy %s overrides %s of %s: its rounds run as message exchanges, "
+                         "not as %s's precomputed server map (set affine = True on the class "
+                         "if its client_maps gives its rounds)", _qualname(type(self)),
+                         ", ".join(changed), owner.__name__, owner.__name__)
+            return
         maps = self.client_maps()
         self.server_map = None if maps is None else maps.aggregate(self.weights)
 
@@ -246,6 +272,36 @@ class FedAvg(Federated):
     def client_maps(self) -> LocalMap | None:
         """Per-client maps from the server model to the local models (None: step by step)."""
         return self.optimizer.local_map(self.K, self.lr, mu=self.mu, correction=False)
+
+
+#: what a precomputed server map (:meth:`FedAvg.client_maps`) stands for: a class whose
+#: members of these names are those of the class that defines its ``client_maps``
+UPDATE_RULES = ("exchanges", "message", "client_update", "server_update", "weights_of",
+                "make_clients", "round")
+
+
+def _owner(cls: type, name: str) -> type | None:
+    """The class in ``cls``'s method resolution order that defines ``name``."""
+    return next((k for k in cls.__mro__ if name in vars(k)), None)
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def changed_rules(cls: type) -> list[str]:
+    """The update rules (:data:`UPDATE_RULES`) that ``cls`` takes from elsewhere than the class
+    its ``client_maps`` was derived for (the class in its MRO that defines ``client_maps``):
+    empty when the precomputed server map computes ``cls``'s rounds.
+
+    >>> class Damped(FedAvg):
+    ...     def server_update(self, exchange, replies, sel=slice(None), active=None):
+    ...         self.server = 0.5 * (self.server + aggregate(replies["theta"]))
+    >>> changed_rules(Damped), changed_rules(FedProx)
+    (['server_update'], [])
+    """
+    base = _owner(cls, "client_maps")
+    return [name for name in UPDATE_RULES if _owner(cls, name) is not _owner(base, name)]
 
 
 class FedProx(FedAvg):
@@ -332,6 +388,9 @@ class Scaffold(FedAvg):
                     "optimizer.scale_features=diagonal or none, another strategy, or data of "
                     "full rank for every client")
         super().setup(theta0, data, model, optimizer, K, lr, seed)
+
+    #: per-client state: the rounds always run the exchanges (no server map to bypass)
+    affine = False
 
     def make_clients(self, solver, K, lr):
         return Clients(solver, K, lr, correction=True)
