@@ -392,6 +392,23 @@ Data = _by_value("source", {"simulated": Simulated, "files": Files})
 Runtime = _by_value("name", {"inprocess": InProcess, "flower": Flower})
 
 
+class NoSparsity(Section):
+    name: Literal["none"]
+
+
+class Stlsq(Section):
+    """Sequentially thresholded least squares (fnsysid/learning/sparsity.py)."""
+
+    name: Literal["stlsq"]
+    threshold: PosReal
+    alpha: NonNegReal
+    every: PosInt
+    max_iter: PosInt
+
+
+Sparsity = _by_value("name", {"none": NoSparsity, "stlsq": Stlsq})
+
+
 class Theory(Section):
     #: failure probability of Theorem 1's bound
     delta: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
@@ -427,6 +444,7 @@ class Settings(Section):
     strategy: StrategyGroup
     data: Data
     runtime: Runtime
+    sparsity: Sparsity
     theory: Theory
     output: Output
     progress: bool
@@ -451,7 +469,8 @@ class Settings(Section):
 
 
 #: config groups chosen by name (``group=option``); ``experiment`` patches the whole config
-GROUPS = ("data", "system", "feature_map", "optimizer", "strategy", "runtime", "experiment")
+GROUPS = ("data", "system", "feature_map", "optimizer", "strategy", "runtime", "experiment",
+          "sparsity")
 #: the top-level keys of a run config
 TOP_LEVEL = tuple(f.alias or n for n, f in Settings.model_fields.items())
 
@@ -474,7 +493,8 @@ def settings_from(plain: Mapping) -> Settings:
             error = next((e for e in errors if e["loc"][0] == "system" and "knobs" in e["loc"]
                           and e["loc"][-1] == error["loc"][0]), error)
         raise ConfigError(message(error, Settings, plain, KNOBS, System.RUN_KEYS,
-                                  {"data": "source", "runtime": "name"})) from None
+                                  {"data": "source", "runtime": "name",
+                                   "sparsity": "name"})) from None
     settings._resolved = plain
     return settings
 
