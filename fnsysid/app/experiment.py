@@ -29,6 +29,7 @@ from fnsysid.learning.start import initial_model
 from fnsysid.results.files import check_output, write_outputs
 from fnsysid.results.history import keep_per_client
 from fnsysid.results.metrics import scored
+from fnsysid.results.modelcheck import model_check, verdict
 from fnsysid.results.tables import (
     Frames,
     clients_table,
@@ -212,6 +213,20 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     unscored = unscored_clients(model, dataset)
     if unscored:
         summary["unscored_clients"] = unscored
+    sparsity = getattr(strategy, "sparsity", None)
+    if sparsity is not None and sparsity.support is not None:
+        summary["sparsity"] = sparsity.summary(model)
+    if data is not None and diverged is None and failure is None:
+        check = model_check(model, data, dataset.heldout,
+                            None if sparsity is None else sparsity.support)
+        if check is not None:
+            if check["worst"] is not None:
+                check["worst"]["client"] = str(dataset.clients[check["worst"]["client"]])
+            check["overfit"] = [[s, str(dataset.clients[m])] for s, m in check["overfit"]]
+            summary["model_check"] = check
+            line = verdict(check)
+            if line:
+                log.warning(line)
     signum = interrupt.requested()
     if failure is not None and diverged is None:
         summary.pop("growth", None)          # judged on the rows of a run that did not end
