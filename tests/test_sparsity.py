@@ -142,3 +142,49 @@ def test_a_noiseless_process_is_not_flagged(tmp_path):
     file, _, _ = duffing_fleet(tmp_path, M=4, noise=0.0)
     check = run(file, strategy="centralized_exact", sparsity="stlsq").summary["model_check"]
     assert check["ok"] is True and check["tests"] == 0 and check["exact"] == 8
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["strategy=local"], "sparsity=stlsq with strategy=local: every client keeps its own model"),
+    (["sparsity.every=60", "R=50"], "sparsity.every=60 is not allowed with R=50: no round "
+                                    "would prune; allowed: an integer from 1 to R (50)"),
+    (["sparsity.threshold=0"], "sparsity.threshold=0 is not allowed: sparsity.threshold must "
+                               "be a finite number > 0"),
+    (["optimizer.scale_features=zscore"], "sparsity=stlsq with optimizer.scale_features=zscore"),
+])
+def test_settings_that_cannot_prune_are_refused_in_one_line(extra, words):
+    with pytest.raises(fnsysid.ConfigError) as err:
+        fnsysid.run(["system=synthetic", "sparsity=stlsq", *extra])
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_closed_form_strategies_ignore_every_and_sgd_keeps_pruned_terms_at_zero(fleet):
+    file, _, _ = fleet
+    # centralized_exact prunes before round 0: every > R is fine, round 0 is already sparse
+    res = run(file, strategy="centralized_exact", sparsity="stlsq", R=2, **{"sparsity.every": 5})
+    assert kept(res) == TRUE and res.summary["sparsity"]["refits"] >= 1
+    sgd = run(file, "optimizer=sgd", "optimizer.batch_size=60", strategy="fedavg",
+              sparsity="stlsq", R=30, lr=0.05)
+    est = sgd.estimates
+    assert kept(sgd) <= set(est["parameter"]) and len(kept(sgd)) < 40
+    assert sgd.summary["sparsity"]["terms"] == len(kept(sgd)) and sgd.summary["status"] == "ok"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["fedavg", "scaffold"])
+def test_flower_runtime_sends_the_support_and_matches_inprocess(strategy):
+    from fnsysid.runtimes import check as runtime
+
+    if not runtime.flower_installed():
+        pytest.skip("Flower is not installed (extra: pip install -e '.[flower]')")
+    args = ["system=linear", "M=4", "R=6", "repeats=2", "eps=0.3", "N=[3,5,2,4]",
+            "feature_map=polynomial", "sparsity=stlsq", "sparsity.every=2",
+            "sparsity.threshold=0.05", f"strategy={strategy}", "output.plot=false"]
+    a = fnsysid.run(args)
+    b = fnsysid.run([*args, "runtime=flower"])
+    assert a.summary["sparsity"]["pruned_at"] == b.summary["sparsity"]["pruned_at"] != []
+    assert a.summary["sparsity"]["support_size"] == b.summary["sparsity"]["support_size"]
+    np.testing.assert_allclose(b.errors["e_max"], a.errors["e_max"], rtol=0, atol=1e-10)
+    np.testing.assert_allclose(b.estimates["estimate"], a.estimates["estimate"], rtol=0,
+                               atol=1e-10)
+    assert ((b.estimates["estimate"] == 0) == (a.estimates["estimate"] == 0)).all()

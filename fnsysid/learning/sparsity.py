@@ -32,7 +32,6 @@ import dataclasses
 
 import numpy as np
 
-from fnsysid.config.checks import ConfigError
 from fnsysid.dynamics.model import ClientData, least_squares
 
 #: strategies whose estimate is computed once, before round 0 (STLSQ runs to the end there)
@@ -118,26 +117,16 @@ class STLSQ:
         self.refits = 0
 
     # --- in process ---------------------------------------------------------------------------
-    def start(self, strategy, data: ClientData, model, optimizer, K, lr, seed, R: int) -> None:
+    def start(self, strategy, data: ClientData, model, optimizer, K, lr, seed) -> None:
         """After ``strategy.setup``: a closed-form strategy runs STLSQ to the end (each refit
         its own solution on the restricted data); an iterative one starts on all terms (with
-        the ridge share when ``alpha`` > 0)."""
-        if type(strategy).__name__ == "Local":
-            raise ConfigError("sparsity=stlsq with strategy=local: every client keeps its own "
-                              "model, there is no server model to prune; allowed: a strategy "
-                              "with a server model (fedavg, fedprox, fedlin, scaffold, fednova, "
-                              "oneshot, centralized, centralized_exact, cyclic) or sparsity=none")
-        if getattr(optimizer, "scale_features", "none") == "zscore":
-            raise ConfigError("sparsity=stlsq with optimizer.scale_features=zscore: the centred "
-                              "loss mixes the pruned terms back into the kept ones; allowed: "
-                              "optimizer.scale_features=none, diagonal or whiten")
+        the ridge share when ``alpha`` > 0). The settings were checked before
+        (:func:`fnsysid.config.checks.check_sparsity`: not ``strategy=local``, not
+        ``scale_features=zscore``, ``every`` <= R)."""
         self._ctx = (data, model, optimizer, K, lr, seed)
         S, p = strategy.server.shape
         self.support = np.ones((S, p), bool)
         self.closed = self._closed_form(strategy)
-        if not self.closed and self.every > R:
-            raise ConfigError(f"sparsity.every={self.every} exceeds R={R}: no round would "
-                              f"prune; allowed: an integer from 1 to R ({R})")
         if self.alpha:
             self._setup(strategy, strategy.server)
         if self.closed:
@@ -177,6 +166,31 @@ class STLSQ:
                        optimizer, K, lr, seed)
         strategy.server = strategy.server * self.support
 
+    # --- on a federated runtime: the server alone, the clients apply the support ----------
+    def start_server(self, strategy) -> None:
+        """Flower's server after ``strategy.setup_server``: every term kept."""
+        self.support = np.ones(strategy.server.shape, bool)
+        self.closed = False
+
+    def server_round(self, strategy, r: int, n, seed: int) -> bool:
+        """After round ``r`` on the server: prune when due; on a new support the server
+        starts again from its pruned model (``setup_server``: SCAFFOLD's ``c`` too), as the
+        clients do when they see the support (:func:`restrict_client`)."""
+        strategy.server = strategy.server * self.support
+        if r % self.every:
+            return False
+        new = self.support & (np.abs(strategy.server) >= self.threshold)
+        if np.array_equal(new, self.support):
+            return False
+        self.support = new
+        self.prunes.append(r)
+        strategy.setup_server(strategy.server * new, n, seed)
+        return True
+
+    def message(self, msg: dict) -> dict:
+        """A server message with the support (S, p) as 0/1, for the clients."""
+        return {**msg, "support": self.support.astype(float)}
+
     # --- results -----------------------------------------------------------------------------
     def summary(self, model) -> dict:
         """What ``summary.json`` says under ``sparsity``: the settings, the number of kept
@@ -208,3 +222,19 @@ def build_sparsity(node: dict | None):
         return None
     kw = {k: v for k, v in node.items() if k != "name"}
     return STLSQ(**kw)
+
+
+def restrict_client(clients, data: ClientData, model, seed: int, support, current):
+    """A federated node's side of a new support (S, p) (0/1 from the server's message): its
+    solver set up again on its statistics restricted to it, its local maps and its own state
+    (SCAFFOLD's ``c_i``) started again. ``current``: the support it holds (None: all terms).
+    Returns the support now held."""
+    support = np.asarray(support) > 0
+    if np.array_equal(support, current) or (current is None and support.all()):
+        return support
+    solver = clients.solver
+    solver.support = support[:, None, :]
+    solver.setup(restrict_data(data, support), model, seed)
+    clients._maps = None
+    clients.state = {}
+    return support

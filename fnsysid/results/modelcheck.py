@@ -43,8 +43,10 @@ LEVEL = 0.01
 LAGS = 10
 #: fewest held-out transitions of a client for its test
 MIN_SAMPLES = 20
-#: largest free-run NRMSE of an own fit that passes
-SIM_LIMIT = 2.0
+#: largest free-run NRMSE of an own fit that passes: a rollout that blows up or wanders an
+#: order of magnitude beyond the data (a noise-driven process keeps a correct model's free run
+#: at a few standard deviations: Duffing at disturbance 0.5, 3.7)
+SIM_LIMIT = 10.0
 #: held-out over training mean squared error above which an own fit counts as overfitted
 OVERFIT = 1.5
 #: residuals below this share of the target's spread are exact (round-off)

@@ -46,7 +46,7 @@ def train(strategy, data: ClientData, theta0, optimizer, model, settings, progre
     strategy.setup(theta0, data, model, optimizer, K, settings.lr, settings.seed)
     sparsity = getattr(strategy, "sparsity", None)          # sparsity=stlsq: the server prunes
     if sparsity is not None:
-        sparsity.start(strategy, data, model, optimizer, K, settings.lr, settings.seed, R)
+        sparsity.start(strategy, data, model, optimizer, K, settings.lr, settings.seed)
     hist = History(per_client=[] if keep_clients else None)
     has_truth = bool(np.isfinite(data.theta_true).all())
 
