@@ -225,16 +225,21 @@ def build_sparsity(node: dict | None):
 
 
 def restrict_client(clients, data: ClientData, model, seed: int, support, current):
-    """A federated node's side of a new support (S, p) (0/1 from the server's message): its
-    solver set up again on its statistics restricted to it, its local maps and its own state
-    (SCAFFOLD's ``c_i``) started again. ``current``: the support it holds (None: all terms).
-    Returns the support now held."""
+    """A federated node's side of the support (S, p) (0/1 from the server's message).
+
+    Its solver is set up again on its statistics restricted to the support when it differs
+    from ``current``, the support this process set the solver up on (None: all terms); its
+    own state between rounds (SCAFFOLD's ``c_i``, ``clients.state``, which the runtime keeps
+    per client) starts again when it was made on another support (kept in the state under
+    ``support``), as in process. Returns the support now held."""
     support = np.asarray(support) > 0
-    if np.array_equal(support, current) or (current is None and support.all()):
-        return support
-    solver = clients.solver
-    solver.support = support[:, None, :]
-    solver.setup(restrict_data(data, support), model, seed)
-    clients._maps = None
-    clients.state = {}
+    if not (np.array_equal(support, current) or (current is None and support.all())):
+        solver = clients.solver
+        solver.support = support[:, None, :]
+        solver.setup(restrict_data(data, support), model, seed)
+        clients._maps = None
+    held = clients.state.get("support")
+    if not np.array_equal(support, np.ones(support.shape, bool) if held is None else held > 0):
+        clients.state = {}
+    clients.state["support"] = support.astype(float)
     return support
