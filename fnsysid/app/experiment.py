@@ -220,9 +220,10 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
         check = model_check(model, data, dataset.heldout,
                             None if sparsity is None else sparsity.support)
         if check is not None:
-            if check["worst"] is not None:
+            if check.get("worst") is not None:
                 check["worst"]["client"] = str(dataset.clients[check["worst"]["client"]])
-            check["overfit"] = [[s, str(dataset.clients[m])] for s, m in check["overfit"]]
+            if check.get("overfit"):
+                check["overfit"] = [[s, str(dataset.clients[m])] for s, m in check["overfit"]]
             summary["model_check"] = check
             line = verdict(check)
             if line:
