@@ -17,6 +17,7 @@ from fnsysid.config.checks import ConfigError, check_run
 from fnsysid.config.groups import load_option, options
 from fnsysid.config.schema import Settings, System, settings_from
 from fnsysid.dynamics.model import FeatureMapError, build_model
+from fnsysid.learning.sparsity import build_sparsity
 
 
 def _build(node: dict, what: str, drop=()):
@@ -61,6 +62,7 @@ def build(settings: Settings):
                           f"{', '.join(fitting_feature_maps(system, nodes))}") from exc
     optimizer = _build(groups["optimizer"], "optimizer")
     strategy = _build(groups["strategy"], "strategy")
+    strategy.sparsity = build_sparsity(groups.get("sparsity"))
     return model, optimizer, strategy
 
 

@@ -37,6 +37,7 @@ from fnsysid.results.personal import (
     personalized,
     server_intervals,
 )
+from fnsysid.results.modelcheck import model_check, verdict
 from fnsysid.results.tables import (
     Frames,
     clients_table,
@@ -263,6 +264,21 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     unscored = unscored_clients(model, dataset)
     if unscored:
         summary["unscored_clients"] = unscored
+    sparsity = getattr(strategy, "sparsity", None)
+    if sparsity is not None and sparsity.support is not None:
+        summary["sparsity"] = sparsity.summary(model)
+    if data is not None and diverged is None and failure is None:
+        check = model_check(model, data, dataset.heldout,
+                            None if sparsity is None else sparsity.support)
+        if check is not None:
+            if check.get("worst") is not None:
+                check["worst"]["client"] = str(dataset.clients[check["worst"]["client"]])
+            if check.get("overfit"):
+                check["overfit"] = [[s, str(dataset.clients[m])] for s, m in check["overfit"]]
+            summary["model_check"] = check
+            line = verdict(check)
+            if line:
+                log.warning(line)
     signum = interrupt.requested()
     if failure is not None and diverged is None:
         summary.pop("growth", None)          # judged on the rows of a run that did not end

@@ -94,6 +94,7 @@ def _check_together(s: Settings, raw: Mapping | None) -> None:
     if isinstance(s.K, list) and len(s.K) != s.M and not s.files:
         raise ConfigError(f"K has {len(s.K)} entries but M={s.M}: a list K gives one "
                           "step count per client")
+    check_sparsity(s)
     batch_size = getattr(s.optimizer, "batch_size", None)
     if not isinstance(s.K, int) and batch_size is not None:
         raise ConfigError("a list or distribution K (per-client local steps) needs "
@@ -101,6 +102,34 @@ def _check_together(s: Settings, raw: Mapping | None) -> None:
     if batch_size is not None and not s.files:
         # with data from files the check runs once the files are read
         check_batch_size(batch_size, (min(s.N) if isinstance(s.N, list) else s.N) * s.T)
+
+
+def check_sparsity(s: Settings) -> None:
+    """``sparsity=stlsq`` needs a server model (not ``strategy=local``), a loss on the
+    coefficients themselves (not ``scale_features=zscore``) and, with a strategy that
+    iterates, a pruning round within the run (``sparsity.every`` <= R)."""
+    sp = s.sparsity
+    if sp.name == "none":
+        return
+    strategy = s.resolved.get("strategy") or {}
+    target = str(strategy.get("_target_", ""))
+    if target.endswith(".Local"):
+        raise ConfigError("sparsity=stlsq with strategy=local: every client keeps its own "
+                          "model, there is no server model to prune; allowed: a strategy with "
+                          "a server model (fedavg, fedprox, fedlin, scaffold, fednova, oneshot, "
+                          "centralized, centralized_exact, cyclic) or sparsity=none")
+    if (s.resolved.get("optimizer") or {}).get("scale_features") == "zscore":
+        raise ConfigError("sparsity=stlsq with optimizer.scale_features=zscore: the centred "
+                          "loss mixes the pruned terms back into the kept ones; allowed: "
+                          "optimizer.scale_features=none, diagonal or whiten")
+    if s.runtime.name == "flower" and sp.alpha:
+        raise ConfigError(f"sparsity.alpha={sp.alpha} is not allowed with runtime=flower: a "
+                          "client's share of the ridge needs every client's sample count; "
+                          "allowed: sparsity.alpha=0 (or runtime=inprocess)")
+    closed = target.endswith(".OneShot") or strategy.get("exact") is True
+    if not closed and sp.every > s.R:
+        raise ConfigError(f"sparsity.every={sp.every} is not allowed with R={s.R}: no round "
+                          f"would prune; allowed: an integer from 1 to R ({s.R})")
 
 
 def check_file_knobs(raw: Mapping) -> None:

@@ -485,6 +485,23 @@ Personalize = _by_value("name", {"none": NoPersonalization, "finetune": Finetune
                                  "auto": AutoPersonalization})
 
 
+class NoSparsity(Section):
+    name: Literal["none"]
+
+
+class Stlsq(Section):
+    """Sequentially thresholded least squares (fnsysid/learning/sparsity.py)."""
+
+    name: Literal["stlsq"]
+    threshold: PosReal
+    alpha: NonNegReal
+    every: PosInt
+    max_iter: PosInt
+
+
+Sparsity = _by_value("name", {"none": NoSparsity, "stlsq": Stlsq})
+
+
 class Theory(Section):
     #: failure probability of Theorem 1's bound
     delta: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
@@ -523,6 +540,7 @@ class Settings(Section):
     data: Data
     runtime: Runtime
     personalize: Personalize
+    sparsity: Sparsity
     theory: Theory
     output: Output
     progress: bool
@@ -548,7 +566,7 @@ class Settings(Section):
 
 #: config groups chosen by name (``group=option``); ``experiment`` patches the whole config
 GROUPS = ("data", "system", "feature_map", "optimizer", "strategy", "runtime", "personalize",
-          "experiment")
+          "sparsity", "experiment")
 #: the top-level keys of a run config
 TOP_LEVEL = tuple(f.alias or n for n, f in Settings.model_fields.items())
 
@@ -572,7 +590,7 @@ def settings_from(plain: Mapping) -> Settings:
                           and e["loc"][-1] == error["loc"][0]), error)
         raise ConfigError(message(error, Settings, plain, KNOBS, System.RUN_KEYS,
                                   {"data": "source", "runtime": "name",
-                                   "personalize": "name"})) from None
+                                   "personalize": "name", "sparsity": "name"})) from None
     settings._resolved = plain
     return settings
 

@@ -403,6 +403,8 @@ class SGD(LocalSolver):
     """
 
     needs_samples = True
+    #: (S, 1, p) 0/1 mask of the coefficients the steps may move (``sparsity``), or None
+    support = None
 
     def __init__(self, batch_size: int = 10, **kwargs):
         super().__init__(**kwargs)
@@ -465,9 +467,11 @@ class SGD(LocalSolver):
             g = self._batch_gradient(theta, Phi, Y, valid)
             if scale_mean:
                 g = g / valid.sum(axis=-1, keepdims=True)
-            theta = theta - lr_k * _finish(g, theta, self._precond(clients),
-                                           extra.get("mu", 0.0), extra.get("anchor"),
-                                           extra.get("correction"))
+            step = _finish(g, theta, self._precond(clients), extra.get("mu", 0.0),
+                           extra.get("anchor"), extra.get("correction"))
+            if self.support is not None:                # sparsity: pruned terms stay put
+                step = step * self.support
+            theta = theta - lr_k * step
             self.pos[:, clients] = (pos + 1) % self.n_batches[:, clients]
             self.t += 1
         return theta

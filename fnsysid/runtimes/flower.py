@@ -96,6 +96,7 @@ class ClientNode:
             self.data = generate(model, s.M, s.N, s.T, s.eps, s.repeats, s.seed,
                                  shared_noise=s.data.shared_noise, clients=[index])
         optimizer.setup(self.data, model, settings.seed)
+        self.model, self.seed, self.support = model, settings.seed, None   # sparsity's support
         self.clients = self.strategy.make_clients(optimizer, self._local_steps(settings, index),
                                                   settings.lr)
 
@@ -189,6 +190,11 @@ def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
         if str(config["exchange"]) in personal.EXCHANGES:        # after the last round
             replies = personal.client_reply(me, str(config["exchange"]), arrays)
             return Message(RecordDict({"arrays": to_record(replies, True)}), reply_to=msg)
+        if "support" in arrays:         # sparsity: the server's common support
+            from fnsysid.learning.sparsity import restrict_client
+
+            me.support = restrict_client(me.clients, me.data, me.model, me.seed,
+                                         arrays.pop("support"), me.support)
         replies = me.strategy.client_update(str(config["exchange"]), arrays, me.clients)
         if me.clients.state:
             context.state["state"] = to_record(me.clients.state)
@@ -314,6 +320,9 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
     n = stacked([info[i] for i in order])["n"]
     theta0 = initial_model(model, None, settings.system.init, repeats=n.shape[0])
     strategy.setup_server(theta0, n, settings.seed)
+    sparsity = getattr(strategy, "sparsity", None)      # sparsity=stlsq: the server prunes
+    if sparsity is not None:
+        sparsity.start_server(strategy)
     names = dict(zip(nodes, labels, strict=True))
 
     hist = History(per_client=[] if keep_clients else None)
@@ -344,6 +353,8 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
                 off = np.setdiff1d(np.arange(M), on)
                 for j, ex in enumerate(strategy.exchanges):
                     msg = strategy.message(ex)
+                    if sparsity is not None:
+                        msg = sparsity.message(msg)
                     config = {"exchange": ex, "round": r, "evaluate": j == 0}
                     sends = [(nodes[i], "train", msg if active is None else
                               {**msg, "active": active[:, i]}, config) for i in on]
@@ -364,6 +375,8 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
                                            active=None if active is None else active[:, on])
                 if diverged is not None:
                     break
+                if sparsity is not None:
+                    sparsity.server_round(strategy, r, n, settings.seed)
                 if not np.isfinite(strategy.server).all():
                     diverged = r
                     break

@@ -1,0 +1,245 @@
+"""Sparse identification (the ``sparsity`` config group): which terms of the library to keep.
+
+``sparsity=stlsq`` is sequentially thresholded least squares (Brunton, Proctor, Kutz 2016), as
+PySINDy's ``STLSQ(threshold, alpha)`` on unnormalized columns: fit, set every coefficient whose
+magnitude is below ``threshold`` (in the data's units) to zero, refit on the terms that are
+left, and repeat until the set of terms (the *support*) stops changing. The support is kept
+per repeat and per coefficient, (S, p); for the dense models of a feature library each state's
+row of ``Theta`` has its own terms.
+
+Federated, the server prunes and every client continues on the common support:
+
+- the closed-form strategies (``centralized_exact``, ``oneshot``) run the whole STLSQ loop
+  before round 0, each refit being the strategy's own solution on the restricted statistics.
+  With ``centralized_exact`` (the pooled sufficient statistics) it is pooled STLSQ exactly;
+- the iterative ones (``fedavg``, ``fedprox``, ``fedlin``, ``scaffold``, ``fednova``,
+  ``centralized``, ``cyclic``) prune the server model every ``every`` rounds; when the support
+  changes the strategy is set up again on the restricted problem from the pruned server model
+  (the clients' local maps, SCAFFOLD's control variates), so pruned coefficients stay exactly
+  0 and the kept ones go on converging. A pruning round that removes nothing leaves the run
+  unchanged, so pruning stops by itself once the support is stable.
+
+Restricting a client's problem to the support: ``H -> D (H + a_i I) D`` and ``b -> D b`` with
+``D`` the 0/1 diagonal of the support and ``a_i`` the client's share of the ridge ``alpha``
+(its share of the samples, so the shares add up to ``alpha`` over the pooled data). The
+gradient ``H theta - b`` is then zero outside the support and the exact solutions
+(``pinv``) are zero there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from fnsysid.dynamics.model import ClientData, least_squares
+
+#: strategies whose estimate is computed once, before round 0 (STLSQ runs to the end there)
+CLOSED_FORM = ("OneShot",)
+
+
+def restricted_solution(H: np.ndarray, b: np.ndarray, support: np.ndarray,
+                        alpha: float = 0.0) -> np.ndarray:
+    """Least-squares (ridge ``alpha``) solution on the coefficients in ``support``, exactly 0
+    elsewhere: ``(D (H + alpha I) D)^+ D b``, batched over the leading axes."""
+    m = np.asarray(support, float)
+    A = H + alpha * np.eye(H.shape[-1]) if alpha else H
+    return least_squares(A * m[..., :, None] * m[..., None, :], b * m) * m
+
+
+def stlsq(H: np.ndarray, b: np.ndarray, threshold: float, alpha: float = 0.0,
+          max_iter: int = 20, support: np.ndarray | None = None):
+    """Sequentially thresholded least squares from sufficient statistics.
+
+    Parameters
+    ----------
+    H, b : (..., p, p), (..., p) statistics (``X'X`` and ``X'y`` for a least-squares
+        problem ``||y - X theta||^2``), any leading axes (repeats, clients).
+    threshold : coefficients with ``|theta| < threshold`` are set to 0.
+    alpha : ridge weight (``||y - X theta||^2 + alpha ||theta||^2``).
+    max_iter : most refits.
+    support : (..., p) terms allowed at the start (default all).
+
+    Returns
+    -------
+    theta (..., p) (exactly 0 outside the support), support (..., p) bool, and the number of
+    refits done.
+
+    Examples
+    --------
+    >>> H = np.eye(3); b = np.array([1.0, 0.05, -0.5])
+    >>> theta, keep, _ = stlsq(H, b, threshold=0.1)
+    >>> theta, keep
+    (array([ 1. ,  0. , -0.5]), array([ True, False,  True]))
+    """
+    support = np.ones(b.shape, bool) if support is None else np.array(support, bool)
+    theta = restricted_solution(H, b, support, alpha)
+    for k in range(1, max_iter + 1):
+        new = support & (np.abs(theta) >= threshold)
+        if np.array_equal(new, support):
+            return theta, support, k
+        support = new
+        theta = restricted_solution(H, b, support, alpha)
+    return theta, support, max_iter
+
+
+def restrict_data(data: ClientData, support: np.ndarray, alpha: float = 0.0) -> ClientData:
+    """The clients' statistics restricted to ``support`` (S, p) (module docstring); the
+    samples (SGD) are left as they are: the solver masks its steps (``support`` attribute)."""
+    m = np.asarray(support, float)[:, None, :]                       # (S, 1, p)
+    H = data.H
+    if alpha:
+        n = np.asarray(data.n, float)
+        share = alpha * n / n.sum(axis=-1, keepdims=True)            # (S, M)
+        H = H + share[..., None, None] * np.eye(H.shape[-1])
+    return dataclasses.replace(data, H=H * m[..., :, None] * m[..., None, :], b=data.b * m)
+
+
+class STLSQ:
+    """The settings and the state of ``sparsity=stlsq`` for one run.
+
+    Parameters
+    ----------
+    threshold : float > 0, in the coefficients' own units.
+    alpha : ridge weight >= 0 (0: plain least squares, PySINDy's ``alpha=0``).
+    every : the iterative strategies prune every this many rounds.
+    max_iter : most refits of the closed-form loop.
+    """
+
+    name = "stlsq"
+
+    def __init__(self, threshold: float = 0.01, alpha: float = 0.0, every: int = 10,
+                 max_iter: int = 20):
+        self.threshold, self.alpha = float(threshold), float(alpha)
+        self.every, self.max_iter = int(every), int(max_iter)
+        self.support: np.ndarray | None = None
+        self.prunes: list[int] = []          # rounds at which the support changed
+        self.refits = 0
+
+    # --- in process ---------------------------------------------------------------------------
+    def start(self, strategy, data: ClientData, model, optimizer, K, lr, seed) -> None:
+        """After ``strategy.setup``: a closed-form strategy runs STLSQ to the end (each refit
+        its own solution on the restricted data); an iterative one starts on all terms (with
+        the ridge share when ``alpha`` > 0). The settings were checked before
+        (:func:`fnsysid.config.checks.check_sparsity`: not ``strategy=local``, not
+        ``scale_features=zscore``, ``every`` <= R)."""
+        self._ctx = (data, model, optimizer, K, lr, seed)
+        S, p = strategy.server.shape
+        self.support = np.ones((S, p), bool)
+        self.closed = self._closed_form(strategy)
+        if self.alpha:
+            self._setup(strategy, strategy.server)
+        if self.closed:
+            for _ in range(self.max_iter):
+                if not self._prune(strategy):
+                    break
+                self.refits += 1
+
+    @staticmethod
+    def _closed_form(strategy) -> bool:
+        return type(strategy).__name__ in CLOSED_FORM or bool(getattr(strategy, "exact", False))
+
+    def after_round(self, strategy, r: int) -> bool:
+        """Prune the server model after round ``r`` when due; whether the support changed.
+        Every round the pruned coefficients are set to exactly 0 (the restricted solves leave
+        round-off there)."""
+        strategy.server = strategy.server * self.support
+        if self.closed or r % self.every:
+            return False
+        changed = self._prune(strategy)
+        if changed:
+            self.prunes.append(r)
+        return changed
+
+    def _prune(self, strategy) -> bool:
+        new = self.support & (np.abs(strategy.server) >= self.threshold)
+        if np.array_equal(new, self.support):
+            return False
+        self.support = new
+        self._setup(strategy, strategy.server * new)
+        return True
+
+    def _setup(self, strategy, theta0) -> None:
+        data, model, optimizer, K, lr, seed = self._ctx
+        optimizer.support = self.support[:, None, :]
+        strategy.setup(np.array(theta0), restrict_data(data, self.support, self.alpha), model,
+                       optimizer, K, lr, seed)
+        strategy.server = strategy.server * self.support
+
+    # --- on a federated runtime: the server alone, the clients apply the support ----------
+    def start_server(self, strategy) -> None:
+        """Flower's server after ``strategy.setup_server``: every term kept."""
+        self.support = np.ones(strategy.server.shape, bool)
+        self.closed = False
+
+    def server_round(self, strategy, r: int, n, seed: int) -> bool:
+        """After round ``r`` on the server: prune when due; on a new support the server
+        starts again from its pruned model (``setup_server``: SCAFFOLD's ``c`` too), as the
+        clients do when they see the support (:func:`restrict_client`)."""
+        strategy.server = strategy.server * self.support
+        if r % self.every:
+            return False
+        new = self.support & (np.abs(strategy.server) >= self.threshold)
+        if np.array_equal(new, self.support):
+            return False
+        self.support = new
+        self.prunes.append(r)
+        strategy.setup_server(strategy.server * new, n, seed)
+        return True
+
+    def message(self, msg: dict) -> dict:
+        """A server message with the support (S, p) as 0/1, for the clients."""
+        return {**msg, "support": self.support.astype(float)}
+
+    # --- results -----------------------------------------------------------------------------
+    def summary(self, model) -> dict:
+        """What ``summary.json`` says under ``sparsity``: the settings, the number of kept
+        terms per state (each repeat's, and the same over repeats when they agree), the
+        rounds at which the support changed."""
+        sizes = support_sizes(model, self.support)
+        out = {"method": self.name, "threshold": self.threshold, "alpha": self.alpha,
+               "support_size": {k: v[0] if len(set(v)) == 1 else v for k, v in sizes.items()},
+               "terms": int(self.support.sum(axis=-1).max()), "of": int(self.support.shape[-1])}
+        if self.closed:
+            out["refits"] = self.refits
+        else:
+            out.update(every=self.every, pruned_at=self.prunes)
+        return out
+
+
+def support_sizes(model, support: np.ndarray) -> dict[str, list[int]]:
+    """Kept terms of each regression target (state), per repeat: ``{target: [S counts]}``.
+    A coefficient belongs to the targets whose row of ``Theta`` it enters."""
+    enters = np.abs(model.structure).sum(axis=1) > 0                 # (n_y, p)
+    names = model.system.target_names
+    return {str(names[j]): [int(v) for v in (support & enters[j]).sum(axis=-1)]
+            for j in range(len(names))}
+
+
+def build_sparsity(node: dict | None):
+    """The run's sparsity object from the ``sparsity`` group's node (None for ``none``)."""
+    if not node or node.get("name", "none") == "none":
+        return None
+    kw = {k: v for k, v in node.items() if k != "name"}
+    return STLSQ(**kw)
+
+
+def restrict_client(clients, data: ClientData, model, seed: int, support, current):
+    """A federated node's side of the support (S, p) (0/1 from the server's message).
+
+    Its solver is set up again on its statistics restricted to the support when it differs
+    from ``current``, the support this process set the solver up on (None: all terms); its
+    own state between rounds (SCAFFOLD's ``c_i``, ``clients.state``, which the runtime keeps
+    per client) starts again when it was made on another support (kept in the state under
+    ``support``), as in process. Returns the support now held."""
+    support = np.asarray(support) > 0
+    if not (np.array_equal(support, current) or (current is None and support.all())):
+        solver = clients.solver
+        solver.support = support[:, None, :]
+        solver.setup(restrict_data(data, support), model, seed)
+        clients._maps = None
+    held = clients.state.get("support")
+    if not np.array_equal(support, np.ones(support.shape, bool) if held is None else held > 0):
+        clients.state = {}
+    clients.state["support"] = support.astype(float)
+    return support

@@ -1,0 +1,190 @@
+"""sparsity=stlsq (federated sequentially thresholded least squares) and the model-class check,
+on a held-out fleet of Duffing oscillators identified with a degree-3 polynomial library."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import fnsysid
+from fnsysid.dynamics.features import Polynomial
+from fnsysid.learning.sparsity import stlsq
+
+DT, DELTA, B = 0.05, 0.3, 1.0
+#: the true support: x1+ = x1 + dt x2; x2+ = -dt alpha x1 + (1 - dt delta) x2 + dt b u
+#: - dt beta x1^3
+TRUE = {"x1+:x1", "x1+:x2", "x2+:x1", "x2+:x2", "x2+:u", "x2+:x1^3"}
+
+
+def duffing_fleet(path, M=8, N=6, T=60, val=2, noise=0.1, seed=1):
+    """A file of M Duffing oscillators (alpha, beta differ per client), N training and
+    ``val`` held-out trajectories each (forward Euler, velocity disturbance ``noise``);
+    returns the file and the pooled training samples (Phi of the degree-3 library, Y)."""
+    rng = np.random.default_rng(seed)
+    rows, X, Y = [], [], []
+    lib = Polynomial(degree=3)
+    for c in range(M):
+        alpha, beta = 1.0 + 0.2 * rng.random(), 0.5 + 0.2 * rng.random()
+        for j in range(N + val):
+            x = np.empty((T + 1, 2))
+            x[0] = rng.normal(size=2)
+            u = rng.normal(size=T + 1)
+            w = noise * rng.normal(size=T)
+            for t in range(T):
+                x1, x2 = x[t]
+                x[t + 1] = (x1 + DT * x2,
+                            x2 + DT * (-DELTA * x2 - alpha * x1 - beta * x1 ** 3 + B * u[t]
+                                       + w[t]))
+            split = "train" if j < N else "val"
+            rows.append(pd.DataFrame({"client": f"c{c}", "trajectory": j, "t": np.arange(T + 1),
+                                      "split": split, "x1": x[:, 0], "x2": x[:, 1], "u": u}))
+            if split == "train":
+                X.append(lib.transform(x[:-1], u[:-1, None]))
+                Y.append(x[1:])
+    file = path / "duffing.csv"
+    pd.concat(rows).to_csv(file, index=False)
+    return file, np.concatenate(X), np.concatenate(Y)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    return duffing_fleet(tmp_path_factory.mktemp("duffing"))
+
+
+def run(file, *extra, degree=3, **kw):
+    over = {"system": "generic", "data": "files", "data.path": str(file),
+            "data.states": ["x1", "x2"], "data.inputs": ["u"], "feature_map": "polynomial",
+            "feature_map.degree": degree, "output.plot": False, "progress": False, **kw}
+    return fnsysid.run([f"{k}={v}" if not isinstance(v, list) else f"{k}=[{','.join(v)}]"
+                        for k, v in over.items()] + list(extra))
+
+
+def kept(res) -> set[str]:
+    est = res.estimates
+    return set(est.loc[est["estimate"] != 0, "parameter"])
+
+
+def test_stlsq_on_statistics_thresholds_refits_and_stops_when_the_support_is_stable():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(200, 5))
+    theta = np.array([1.0, 0.0, -0.3, 0.0, 0.05])
+    y = X @ theta + 0.01 * rng.normal(size=200)
+    coef, support, refits = stlsq(X.T @ X, X.T @ y, threshold=0.1)
+    assert support.tolist() == [True, False, True, False, False]
+    np.testing.assert_allclose(coef[support], np.linalg.lstsq(X[:, support], y, rcond=None)[0],
+                               rtol=1e-12)
+    assert (coef[~support] == 0).all() and refits == 2
+    # batched over leading axes: each problem its own support
+    H = np.stack([X.T @ X, 4 * X.T @ X])
+    c2, s2, _ = stlsq(H, np.stack([X.T @ y, X.T @ y]), threshold=0.1)
+    assert s2[0].tolist() == support.tolist() and s2[1].tolist() == [True] + [False] * 4
+
+
+def test_stlsq_equals_pysindy_on_pooled_data(fleet):
+    ps = pytest.importorskip("pysindy", reason="the comparison needs the [compare] extra "
+                             "(pip install -e '.[compare]')")
+    _, X, Y = fleet
+    ref = ps.STLSQ(threshold=0.01, alpha=0.0).fit(X, Y).coef_            # (2, 20)
+    coef, support, _ = stlsq(np.kron(np.eye(2), X.T @ X), (X.T @ Y).T.reshape(-1),
+                             threshold=0.01)
+    assert ((ref != 0) == support.reshape(2, -1)).all()
+    np.testing.assert_allclose(coef.reshape(2, -1), ref, rtol=0, atol=1e-8)
+
+
+def test_centralized_exact_recovers_the_duffing_support_and_equals_pooled_stlsq(fleet):
+    file, X, Y = fleet
+    res = run(file, strategy="centralized_exact", sparsity="stlsq")
+    assert kept(res) == TRUE                                 # 6 of 40 terms
+    sp = res.summary["sparsity"]
+    assert sp["support_size"] == {"x1+": 2, "x2+": 4} and (sp["terms"], sp["of"]) == (6, 40)
+    # parameters in the order x1+ then x2+, each over the library's 20 features
+    coef, _, _ = stlsq(np.kron(np.eye(2), X.T @ X), (X.T @ Y).T.reshape(-1), threshold=0.01)
+    np.testing.assert_allclose(res.estimates["estimate"].to_numpy(), coef, rtol=0, atol=1e-8)
+    # without sparsity every one of the 40 coefficients is non-zero
+    assert len(kept(run(file, strategy="centralized_exact"))) == 40
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "fednova"])
+def test_federated_stlsq_finds_the_same_support(fleet, strategy):
+    file, _, _ = fleet
+    res = run(file, strategy=strategy, sparsity="stlsq", R=40)
+    assert kept(res) == TRUE
+    assert res.summary["sparsity"]["pruned_at"] and res.summary["status"] == "ok"
+
+
+def lines(caplog) -> list[str]:
+    out = [r.getMessage() for r in caplog.records if "model check" in r.getMessage()]
+    caplog.clear()
+    return out
+
+
+def test_model_check_passes_the_cubic_library_and_flags_the_linear_one(fleet, caplog):
+    file, _, _ = fleet
+    caplog.set_level("WARNING", logger="fnsysid")
+    good = run(file, strategy="centralized_exact", sparsity="stlsq").summary["model_check"]
+    assert good["ok"] is True and good["white"] is True and good["free_run_ok"] is True
+    assert good["tests"] == 8 and good["exact"] == 8     # x2+ tested; x1+ = x1 + dt x2 exact
+    assert good["overfit"] == [] and lines(caplog) == []
+    # all 40 terms from 360 samples a client: a client whose own fit does not generalize is
+    # named apart (too many terms), not taken for a wrong model class
+    full = run(file, strategy="centralized_exact").summary["model_check"]
+    assert full["ok"] is True and full["white"] is True
+    assert all(ratio_line.endswith("more data per client") for ratio_line in lines(caplog))
+    bad = run(file, strategy="centralized_exact", degree=1).summary["model_check"]
+    assert bad["ok"] is False and bad["white"] is False
+    assert bad["worst"]["target"] == "x2+" and bad["p_adjusted"] < 0.01
+    wrong = [x for x in lines(caplog) if "model class looks wrong" in x]
+    assert len(wrong) == 1 and "try a richer library" in wrong[0]
+
+
+def test_a_noiseless_process_is_not_flagged(tmp_path):
+    file, _, _ = duffing_fleet(tmp_path, M=4, noise=0.0)
+    check = run(file, strategy="centralized_exact", sparsity="stlsq").summary["model_check"]
+    assert check["ok"] is True and check["tests"] == 0 and check["exact"] == 8
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["strategy=local"], "sparsity=stlsq with strategy=local: every client keeps its own model"),
+    (["sparsity.every=60", "R=50"], "sparsity.every=60 is not allowed with R=50: no round "
+                                    "would prune; allowed: an integer from 1 to R (50)"),
+    (["sparsity.threshold=0"], "sparsity.threshold=0 is not allowed: sparsity.threshold must "
+                               "be a finite number > 0"),
+    (["optimizer.scale_features=zscore"], "sparsity=stlsq with optimizer.scale_features=zscore"),
+])
+def test_settings_that_cannot_prune_are_refused_in_one_line(extra, words):
+    with pytest.raises(fnsysid.ConfigError) as err:
+        fnsysid.run(["system=synthetic", "sparsity=stlsq", *extra])
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_closed_form_strategies_ignore_every_and_sgd_keeps_pruned_terms_at_zero(fleet):
+    file, _, _ = fleet
+    # centralized_exact prunes before round 0: every > R is fine, round 0 is already sparse
+    res = run(file, strategy="centralized_exact", sparsity="stlsq", R=2, **{"sparsity.every": 5})
+    assert kept(res) == TRUE and res.summary["sparsity"]["refits"] >= 1
+    sgd = run(file, "optimizer=sgd", "optimizer.batch_size=60", strategy="fedavg",
+              sparsity="stlsq", R=30, lr=0.05)
+    est = sgd.estimates
+    assert kept(sgd) <= set(est["parameter"]) and len(kept(sgd)) < 40
+    assert sgd.summary["sparsity"]["terms"] == len(kept(sgd)) and sgd.summary["status"] == "ok"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["fedavg", "scaffold"])
+def test_flower_runtime_sends_the_support_and_matches_inprocess(strategy):
+    from fnsysid.runtimes import check as runtime
+
+    if not runtime.flower_installed():
+        pytest.skip("Flower is not installed (extra: pip install -e '.[flower]')")
+    args = ["system=linear", "M=4", "R=6", "repeats=2", "eps=0.3", "N=[3,5,2,4]",
+            "feature_map=polynomial", "sparsity=stlsq", "sparsity.every=2",
+            "sparsity.threshold=0.05", f"strategy={strategy}", "output.plot=false"]
+    a = fnsysid.run(args)
+    b = fnsysid.run([*args, "runtime=flower"])
+    assert a.summary["sparsity"]["pruned_at"] == b.summary["sparsity"]["pruned_at"] != []
+    assert a.summary["sparsity"]["support_size"] == b.summary["sparsity"]["support_size"]
+    np.testing.assert_allclose(b.errors["e_max"], a.errors["e_max"], rtol=0, atol=1e-10)
+    np.testing.assert_allclose(b.estimates["estimate"], a.estimates["estimate"], rtol=0,
+                               atol=1e-10)
+    assert ((b.estimates["estimate"] == 0) == (a.estimates["estimate"] == 0)).all()
