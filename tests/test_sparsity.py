@@ -151,6 +151,8 @@ def test_a_noiseless_process_is_not_flagged(tmp_path):
     (["sparsity.threshold=0"], "sparsity.threshold=0 is not allowed: sparsity.threshold must "
                                "be a finite number > 0"),
     (["optimizer.scale_features=zscore"], "sparsity=stlsq with optimizer.scale_features=zscore"),
+    (["personalize=auto"], "sparsity=stlsq with personalize=auto: the personalized models are "
+                           "fitted on every term"),
 ])
 def test_settings_that_cannot_prune_are_refused_in_one_line(extra, words):
     with pytest.raises(fnsysid.ConfigError) as err:

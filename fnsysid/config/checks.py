@@ -105,7 +105,8 @@ def _check_together(s: Settings, raw: Mapping | None) -> None:
 
 
 def check_sparsity(s: Settings) -> None:
-    """``sparsity=stlsq`` needs a server model (not ``strategy=local``), a loss on the
+    """``sparsity=stlsq`` needs a server model (not ``strategy=local``), no personalized
+    models (they would be fitted on every term), a loss on the
     coefficients themselves (not ``scale_features=zscore``) and, with a strategy that
     iterates, a pruning round within the run (``sparsity.every`` <= R)."""
     sp = s.sparsity
@@ -118,6 +119,11 @@ def check_sparsity(s: Settings) -> None:
                           "model, there is no server model to prune; allowed: a strategy with "
                           "a server model (fedavg, fedprox, fedlin, scaffold, fednova, oneshot, "
                           "centralized, centralized_exact, cyclic) or sparsity=none")
+    if s.personalize.name != "none":
+        raise ConfigError(f"sparsity=stlsq with personalize={s.personalize.name}: the "
+                          "personalized models are fitted on every term, not on the pruned "
+                          "support; allowed: personalize=none with sparsity=stlsq, or "
+                          "sparsity=none")
     if (s.resolved.get("optimizer") or {}).get("scale_features") == "zscore":
         raise ConfigError("sparsity=stlsq with optimizer.scale_features=zscore: the centred "
                           "loss mixes the pruned terms back into the kept ones; allowed: "
