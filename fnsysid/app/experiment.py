@@ -30,6 +30,7 @@ from fnsysid.learning.start import initial_model
 from fnsysid.results.files import check_output, write_outputs
 from fnsysid.results.history import keep_per_client
 from fnsysid.results.metrics import scored
+from fnsysid.results.modelcheck import model_check, verdict
 from fnsysid.results.personal import (
     add_personal_errors,
     client_estimates_table,
@@ -37,7 +38,6 @@ from fnsysid.results.personal import (
     personalized,
     server_intervals,
 )
-from fnsysid.results.modelcheck import model_check, verdict
 from fnsysid.results.tables import (
     Frames,
     clients_table,

@@ -390,8 +390,13 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
             if (diverged is None and settings.personalize.name != "none"
                     and not interrupt.requested()):
                 stage = f"the personalization after round {last}"
-                hist.personal = personal.serve_personalize(grid, settings, strategy, nodes,
-                                                           names, last)
+
+                def ask(name: str, arrays: dict, r: int = last) -> dict:
+                    config = {"exchange": name, "round": r, "evaluate": False}
+                    return stacked(exchange(grid, [(nd, "train", arrays, config)
+                                                   for nd in nodes], names))
+
+                hist.personal = personal.serve_personalize(ask, settings, strategy)
     except Aborted:
         raise
     except FlowerError as exc:

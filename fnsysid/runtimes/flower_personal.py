@@ -51,16 +51,12 @@ def client_reply(node, exchange: str, arrays: dict) -> dict:
             "_e": node.errors(theta[:, 0])}
 
 
-def serve_personalize(grid, settings, strategy, nodes: list[int], names: dict, R: int):
+def serve_personalize(ask, settings, strategy):
     """The server's side after the last round: the exchanges above with every node (in the
-    clients' order); returns :class:`~fnsysid.results.personal.Personal`."""
-    from fnsysid.runtimes.flower import exchange, stacked
-
+    clients' order); ``ask(name, arrays)`` sends one exchange to every node and returns their
+    replies stacked in the clients' order (the Flower runtime's). Returns
+    :class:`~fnsysid.results.personal.Personal`."""
     option = settings.personalize.name
-
-    def ask(name: str, arrays: dict) -> dict:
-        config = {"exchange": name, "round": R, "evaluate": False}
-        return stacked(exchange(grid, [(nd, "train", arrays, config) for nd in nodes], names))
 
     if option == "auto":
         got = ask("personalize_stats", {})
