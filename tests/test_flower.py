@@ -22,6 +22,10 @@ SMALL = ["system=synthetic", "M=4", "R=5", "repeats=2", "eps=0.3", "N=[3,5,2,4]"
          "lr=2e-3", "output.plot=false"]
 
 
+#: the held-out NRMSE columns of errors.csv
+NRMSE = ["nrmse_1step_max", "nrmse_1step_mean", "nrmse_sim_max", "nrmse_sim_mean"]
+
+
 @needs_flower
 @pytest.mark.parametrize("strategy, fraction", [
     ("fedavg", 1.0), ("fedprox", 1.0), ("fedlin", 1.0), ("scaffold", 1.0), ("fednova", 1.0),
@@ -37,6 +41,10 @@ def test_flower_runtime_matches_inprocess_round_by_round(strategy, fraction, tmp
     np.testing.assert_allclose(eb["e_max"], ea["e_max"], rtol=0, atol=1e-10)
     np.testing.assert_allclose(eb["e_mean"], ea["e_mean"], rtol=0, atol=1e-10)
     assert (ea["e_max"].iloc[5] < ea["e_max"].iloc[0] - 0.05)       # the rounds did something
+    for c in NRMSE:                     # each client scored its own held-out trajectory
+        assert ea[c].iloc[[0, 5]].notna().all()
+        np.testing.assert_allclose(eb[c], ea[c], rtol=0, atol=1e-10)
+        assert (eb[c].isna() == ea[c].isna()).all()
     ca, cb = (pd.read_csv(tmp_path / d / "clients.csv") for d in "ab")
     np.testing.assert_allclose(cb["error"], ca["error"], rtol=0, atol=1e-10)
     sa, sb = (pd.read_csv(tmp_path / d / "estimates.csv") for d in "ab")
@@ -301,6 +309,55 @@ def test_flower_reads_a_folder_of_client_files_as_in_process(tmp_path):
     np.testing.assert_allclose(cb["error"], ca["error"], rtol=0, atol=1e-10)
     sa, sb = (pd.read_csv(tmp_path / d / "estimates.csv") for d in "ab")
     np.testing.assert_allclose(sb["estimate"], sa["estimate"], rtol=0, atol=1e-10)
+
+
+@needs_flower
+@pytest.mark.slow
+def test_flower_scores_held_out_trajectories_of_a_folder_without_truth_as_in_process(
+        tmp_path, caplog):
+    """Federated evaluation: a folder of client files without ground truth (the normal case
+    of real logs). Each ClientApp scores the server model on its own held-out trajectories
+    (the last of its file, data.holdout) and sends only the scores: the NRMSE columns and the
+    summary's final NRMSE equal the in-process ones, free runs at the same rounds; one log
+    line a round with the clients that answered and the mean one-step NRMSE."""
+    import logging
+
+    folder, args = _client_folder(tmp_path)
+    args = [a for a in args if not a.startswith("data.truth=")] + ["R=4",
+                                                                   "output.eval_every=3"]
+    a = run_experiment(compose_cfg(*args), tmp_path / "a")
+    with caplog.at_level(logging.INFO, logger="fnsysid"):
+        b = run_experiment(compose_cfg(*args, "runtime=flower"), tmp_path / "b")
+    assert a["status"] == b["status"] == "ok"
+    ea, eb = (pd.read_csv(tmp_path / d / "errors.csv") for d in "ab")
+    assert len(eb) == 2 * 5 and eb["e_max"].isna().all()
+    assert eb["nrmse_sim_max"].notna().tolist() == [True, False, False, True, True] * 2
+    for c in NRMSE:
+        np.testing.assert_allclose(eb[c], ea[c], rtol=0, atol=1e-10)
+        assert (eb[c].isna() == ea[c].isna()).all()
+    for k in ("final_nrmse_1step_max", "final_nrmse_1step_mean", "final_nrmse_sim_max",
+              "final_nrmse_sim_mean"):
+        assert abs(b[k] - a[k]) <= 1e-10, k
+    lines = [r.getMessage() for r in caplog.records if "clients answered" in r.getMessage()]
+    assert [ln.split(":")[0] for ln in lines] == [f"round {r} of 4 done" for r in range(1, 5)]
+    mean = float(ea[ea["round"] == 4]["nrmse_1step_mean"].mean())
+    assert lines[-1] == (f"round 4 of 4 done: 3 of 3 clients answered, held-out NRMSE "
+                         f"{mean:.6g} (one step, mean over clients)")
+
+
+def test_flower_refuses_a_separate_held_out_path(monkeypatch, tmp_path):
+    """data.val_path is read only in process: under runtime=flower each ClientApp scores the
+    held-out rows of its own file; refused in one line rather than a run without scores."""
+    monkeypatch.setattr(runtime, "flower_installed", lambda: True)
+    folder = tmp_path / "clients"
+    folder.mkdir()
+    pd.DataFrame({"trajectory": [0, 0], "t": [0, 1], "theta": [0.1, 0.2], "omega": [0.0, 0.1],
+                  "u": [0.0, 0.0]}).to_csv(folder / "a.csv", index=False)
+    with pytest.raises(ConfigError, match=r"data\.val_path runs only with runtime=inprocess"):
+        run_experiment(compose_cfg("data=files", f"data.path={folder}",
+                                   f"data.val_path={folder}", "runtime=flower"),
+                       tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 @needs_flower
