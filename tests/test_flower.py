@@ -475,3 +475,53 @@ def test_exchange_gives_up_waiting_once_told_to_stop_at_once(monkeypatch):
         flower.exchange(grid, [(7, "train", {"theta": np.zeros((1, 2))}, {"round": 1}),
                                (8, "evaluate", {"theta": np.zeros((1, 2))}, None)])
     assert grid.polls == 3
+
+
+@needs_flower
+def test_exchange_stops_waiting_after_the_reply_timeout_naming_the_missing_nodes(monkeypatch):
+    """A node that neither answers nor is reported failed by the SuperLink (a hung
+    SuperNode): the server waits runtime.reply_timeout seconds, then one line names the
+    nodes (and their clients) whose replies are missing; a node that answered is not named."""
+    from types import SimpleNamespace
+
+    from fnsysid.runtimes import flower, interrupt
+
+    class HalfSilent:                   # node 7 answers at once, node 8 never
+        polls = 0
+
+        def push_messages(self, messages):
+            return ["m0", "m1"][:len(messages)]
+
+        def pull_messages(self, ids):
+            self.polls += 1
+            if "m0" not in ids:
+                return []
+            meta = SimpleNamespace(reply_to_message_id="m0", src_node_id=7,
+                                   message_type="train")
+            return [SimpleNamespace(metadata=meta, has_error=lambda: False, content={})]
+
+    monkeypatch.setitem(interrupt._state, "abort", False)
+    monkeypatch.setattr(flower, "PULL_INTERVAL", 0.01)
+    monkeypatch.setattr(flower, "Message", lambda content, **meta: (content, meta))
+    grid = HalfSilent()
+    sends = [(7, "train", {"theta": np.zeros((1, 2))}, {"round": 1}),
+             (8, "train", {"theta": np.zeros((1, 2))}, {"round": 1})]
+    with pytest.raises(flower.FlowerError) as err:
+        flower.exchange(grid, sends, {7: "robot0", 8: "robot1"}, timeout=0.2)
+    assert str(err.value) == ("no reply within 0.2 s (runtime.reply_timeout) from SuperNode 8 "
+                              "(client robot1)")
+    assert grid.polls >= 2                      # it looked again before giving up
+    assert flower.exchange(grid, sends[:1], timeout=0.2) == [{}]
+
+
+def test_reply_timeout_is_a_typed_flower_setting(tmp_path):
+    """runtime.reply_timeout: seconds, default 600; not a number or not positive is refused
+    in one line naming the setting."""
+    from fnsysid.config.checks import check_run
+
+    assert check_run(compose_cfg("runtime=flower")).runtime.reply_timeout == 600.0
+    assert check_run(compose_cfg("runtime=flower",
+                                 "runtime.reply_timeout=30")).runtime.reply_timeout == 30.0
+    for bad in ("0", "-5", "abc"):
+        with pytest.raises(ConfigError, match=r"runtime\.reply_timeout"):
+            check_run(compose_cfg("runtime=flower", f"runtime.reply_timeout={bad}"))

@@ -42,6 +42,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from fnsysid.config.errors import some
 from fnsysid.learning.start import initial_model
 from fnsysid.results.metrics import HeldOutScores
 from fnsysid.runtimes import interrupt
@@ -271,13 +272,16 @@ def node_name(node: int, names: dict | None) -> str:
         f"node {node}"
 
 
-def exchange(grid: Grid, sends: list[tuple], names: dict | None = None) -> list[RecordDict]:
+def exchange(grid: Grid, sends: list[tuple], names: dict | None = None,
+             timeout: float | None = None) -> list[RecordDict]:
     """Send messages ``(node, message_type, arrays, config or None)``; the replies' contents
     in the order of ``sends``. ``names``: node id -> client label, for messages.
 
     Waits for the replies with the grid's ``push_messages``/``pull_messages``, looking every
     :data:`PULL_INTERVAL` seconds, and gives up (:class:`Aborted`) as soon as the run is
-    told to stop at once (:func:`fnsysid.runtimes.interrupt.aborted`).
+    told to stop at once (:func:`fnsysid.runtimes.interrupt.aborted`), or with a
+    :class:`FlowerError` naming the nodes that have not answered once ``timeout`` seconds
+    (``runtime.reply_timeout``) have passed.
     """
     msgs = []
     for node, message_type, arrays, config in sends:
@@ -291,6 +295,7 @@ def exchange(grid: Grid, sends: list[tuple], names: dict | None = None) -> list[
     dst = {i: (node, kind) for i, (node, kind, *_) in zip(ids, sends, strict=True)}
     waiting = set(ids)
     by_node = {}
+    t0 = time.monotonic()
     while waiting:
         for rep in grid.pull_messages(waiting):
             sent = rep.metadata.reply_to_message_id
@@ -303,6 +308,10 @@ def exchange(grid: Grid, sends: list[tuple], names: dict | None = None) -> list[
         if waiting:
             if interrupt.aborted():
                 raise Aborted("stopped at once by a second signal")
+            if timeout is not None and time.monotonic() - t0 > timeout:
+                late = [node_name(dst[i][0], names) for i in ids if i in waiting]
+                raise FlowerError(f"no reply within {timeout:g} s (runtime.reply_timeout) "
+                                  f"from {', '.join(some(late, 10))}")
             time.sleep(PULL_INTERVAL)
     missing = [node_name(node, names) for node, *_ in sends if node not in by_node]
     if missing:
@@ -344,7 +353,8 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
     from fnsysid.results.metrics import over_clients
 
     nodes = wait_for_nodes(grid, M)
-    info = exchange(grid, [(n, "query", None, None) for n in nodes])
+    wait = float(getattr(settings.runtime, "reply_timeout", 600.0))
+    info = exchange(grid, [(n, "query", None, None) for n in nodes], timeout=wait)
     labels = [str(r["info"]["client"]) for r in info]
     if len(set(labels)) != len(labels):
         raise FlowerError(f"two nodes hold the same client: {sorted(labels)}")
@@ -422,7 +432,7 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
                     if j == 0:
                         sends += [(nodes[i], "evaluate", {"theta": msg["theta"]},
                                    {"free_run": free_run_due(r - 1)}) for i in off]
-                    replies = exchange(grid, sends, names)
+                    replies = exchange(grid, sends, names, wait)
                     arrays = stacked(replies[:len(on)])
                     if j == 0:
                         scores = {}
@@ -445,7 +455,7 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
                 stage = f"the evaluation after round {last}"
                 final = exchange(grid, [(nd, "evaluate", {"theta": strategy.server},
                                          {"free_run": free_run_due(last)}) for nd in nodes],
-                                 names)
+                                 names, wait)
                 if not record(last, stacked(final)):
                     diverged = last
     except Aborted:
@@ -541,6 +551,7 @@ def run(settings, model, strategy, dataset, keep_clients: bool, client_app: Clie
     backend = {"client_resources": {"num_cpus": float(settings.runtime.client_cpus),
                                     "num_gpus": 0.0},
                "init_args": {"logging_level": "ERROR", "log_to_driver": False}}
+    log.info("starting Flower's simulation engine (Ray) with %d ClientApps", M)
     try:
         start_ray()
         run_simulation(server, client_app, num_supernodes=M, backend_config=backend)
