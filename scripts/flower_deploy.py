@@ -80,8 +80,11 @@ def make_data(out: Path, M: int, overrides: list[str]) -> list[str]:
 class Federation:
     """A SuperLink and SuperNodes on the loopback address, stopped on exit."""
 
-    def __init__(self, home: Path, data_files: list[Path], truth: Path, log_dir: Path):
+    def __init__(self, home: Path, data_files: list[Path], truth: Path, log_dir: Path,
+                 certs: Path | None = None):
         self.home, self.truth, self.log_dir = home, truth, log_dir
+        #: with TLS and node authentication: the folder of scripts/flower_certs.py's files
+        self.certs = certs
         self.procs: list[subprocess.Popen] = []
         self.names: list[str] = []
         self.link_port, *self.node_ports = free_ports(1 + len(data_files))
@@ -91,7 +94,8 @@ class Federation:
         (home / "config.toml").write_text(
             '[superlink]\ndefault = "fnsysid-local"\n\n'
             f'[superlink.fnsysid-local]\naddress = "{HOST}:{self.link_port}"\n'
-            "insecure = true\n")
+            + ("insecure = true\n" if certs is None else
+               f'root-certificates = "{certs / "ca.crt"}"\n'))
         self.data_files = data_files
 
     def _start(self, name: str, args: list[str]) -> None:
@@ -110,13 +114,24 @@ class Federation:
         return out
 
     def __enter__(self):
-        self._start("superlink", [str(BIN / "flower-superlink"), "--insecure", "--host", HOST,
+        c = self.certs
+        tls = ["--insecure"] if c is None else [
+            "--ssl-ca-certfile", str(c / "ca.crt"), "--ssl-certfile", str(c / "server.pem"),
+            "--ssl-keyfile", str(c / "server.key"), "--enable-supernode-auth"]
+        self._start("superlink", [str(BIN / "flower-superlink"), *tls, "--host", HOST,
                                   "--port", str(self.link_port),
                                   "--disable-runtime-dependency-installation"])
         wait_for_port(self.link_port, self.procs[0])
         for i, (path, port) in enumerate(zip(self.data_files, self.node_ports, strict=True)):
+            if c is not None:           # only registered SuperNodes may connect
+                subprocess.run([str(BIN / "flwr"), "supernode", "register",
+                                str(c / f"node{i}.pub"), "fnsysid-local"], env=self.env,
+                               check=True, capture_output=True, cwd=self.log_dir, timeout=120)
             self._start(f"supernode{i}", [
-                str(BIN / "flower-supernode"), "--insecure",
+                str(BIN / "flower-supernode"),
+                *(["--insecure"] if c is None else [
+                    "--root-certificates", str(c / "ca.crt"),
+                    "--auth-supernode-private-key", str(c / f"node{i}")]),
                 "--superlink", f"{HOST}:{self.link_port}", "--host", HOST, "--port", str(port),
                 "--node-config", f"data-path='{path}' "
                                  f"truth-path='{self.truth / path.stem}.csv'"])
@@ -222,6 +237,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default="outputs/flower-deploy", help="results folder")
     ap.add_argument("--clients", type=int, default=3, help="SuperNodes (one client each)")
     ap.add_argument("--timeout", type=float, default=1200, help="seconds for the flwr run")
+    ap.add_argument("--tls", action="store_true",
+                    help="TLS and node authentication: certificates and SuperNode keys made "
+                         "by scripts/flower_certs.py into DIR/certs, each SuperNode "
+                         "registered with flwr supernode register")
     ap.add_argument("overrides", nargs="*", help="run.py overrides (default: a small run)")
     args = ap.parse_args(argv)
     from fnsysid.runtimes.check import INSTALL_FLOWER, flower_installed
@@ -242,7 +261,17 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     print(f"deployment on {HOST}: a SuperLink and {len(files)} SuperNodes, then flwr run "
           f"(log: {out / 'flwr-run.log'})", flush=True)
-    with Federation(out / "flwr-home", files, out / "truth", out) as fed:
+    certs = None
+    if args.tls:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("flower_certs",
+                                                      ROOT / "scripts" / "flower_certs.py")
+        flower_certs = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(flower_certs)
+        certs = out / "certs"
+        flower_certs.make(certs, [HOST], len(files))
+    with Federation(out / "flwr-home", files, out / "truth", out, certs) as fed:
         code = fed.run(overrides, out / "flower", args.timeout, out / "flwr-run.log")
         stopped = fed.stopped()
         ticks = np.diff(fed.round_times)
@@ -259,11 +288,13 @@ def main(argv: list[str] | None = None) -> dict:
                          f"{out}/flwr-run.log")
     diff = compare(out / "inprocess", out / "flower")
     report = {"clients": len(files), "overrides": overrides, "runtime": summary["runtime"],
+              "tls": certs is not None,
               "final_e_max_mean": summary["final_e_max_mean"], "max_abs_diff": diff,
               "deployment_s": round(t_flower, 1), "inprocess_s": round(t_inprocess, 2),
               "s_per_round": round(float(ticks.mean()), 1) if len(ticks) else None}
     (out / "comparison.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(f"deployment on {HOST} with {len(files)} SuperNodes: {t_flower:.1f} s "
+    print(f"deployment on {HOST} with {len(files)} SuperNodes"
+          f"{' (TLS, node authentication)' if certs is not None else ''}: {t_flower:.1f} s "
           f"(in process {t_inprocess:.2f} s; {report['s_per_round']} s per round); final "
           f"e_max {summary['final_e_max_mean']:.6f}; max |difference| of the errors and "
           f"held-out NRMSE per round vs in process: {diff:.2e}")

@@ -46,6 +46,16 @@ def log_to_console() -> None:
         log.propagate = False
 
 
+def app_dir() -> Path:
+    """The folder of the Flower app that ``flwr run`` submits: ``fnsysid/deploy/flower/`` of
+    an installed wheel, else ``deploy/flower/`` of the repository (an editable install), as
+    :data:`fnsysid.config.groups.CONF_DIR` finds ``conf/``; ``python -m
+    fnsysid.app.flower_apps`` prints it."""
+    package = Path(__file__).resolve().parent.parent
+    shipped = package / "deploy" / "flower"
+    return shipped if shipped.is_dir() else package.parent / "deploy" / "flower"
+
+
 server_app = ServerApp()
 
 
@@ -89,3 +99,7 @@ def deployed_main(grid: Grid, context: Context) -> None:
 
 
 client_app = build_client_app()
+
+
+if __name__ == "__main__":
+    print(app_dir())
