@@ -249,7 +249,13 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"flower_deploy: Flower is not installed: {INSTALL_FLOWER}")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    overrides = make_data(out, args.clients, args.overrides or DEFAULT)
+    from fnsysid.config.checks import override_key
+
+    given = args.overrides or DEFAULT
+    # runtime=flower runtime.reply_timeout=...: for the deployment only (the simulation and
+    # the in-process run are in process)
+    on_flower = [o for o in given if override_key(o).split(".")[0] == "runtime"]
+    overrides = make_data(out, args.clients, [o for o in given if o not in on_flower])
 
     import fnsysid
 
@@ -272,7 +278,8 @@ def main(argv: list[str] | None = None) -> dict:
         certs = out / "certs"
         flower_certs.make(certs, [HOST], len(files))
     with Federation(out / "flwr-home", files, out / "truth", out, certs) as fed:
-        code = fed.run(overrides, out / "flower", args.timeout, out / "flwr-run.log")
+        code = fed.run([*overrides, *on_flower], out / "flower", args.timeout,
+                       out / "flwr-run.log")
         stopped = fed.stopped()
         ticks = np.diff(fed.round_times)
     t_flower = time.perf_counter() - t0

@@ -595,3 +595,63 @@ def test_loopback_deployment_with_tls_and_node_authentication_matches_inprocess(
     assert "insecure" not in (tmp_path / "flwr-home" / "config.toml").read_text()
     flower = pd.read_csv(tmp_path / "flower" / "errors.csv")
     assert len(flower) == 2 * 3 and flower["nrmse_1step_mean"].notna().all()
+
+
+@needs_flower
+@pytest.mark.slow
+def test_deployment_with_a_hung_clientapp_stops_after_the_reply_timeout(tmp_path):
+    """A SuperNode that stays connected (heartbeats go on) but whose ClientApp hangs
+    (stopped with SIGSTOP after round 2): the server waits runtime.reply_timeout seconds,
+    then one line names the round and the missing SuperNode and its client; the rounds
+    every client evaluated are written with status interrupted (the in-process numbers)."""
+    import re
+    import signal
+    import threading
+    import time
+
+    import psutil
+
+    deploy = _script("flower_deploy")
+    victim = str(tmp_path / "data" / "1.parquet")
+    stopped: list[psutil.Process] = []
+    done = threading.Event()
+
+    def hang_node_1() -> None:          # every ClientApp of SuperNode 1 after round 2
+        log = tmp_path / "supernode1.log"
+        while not done.is_set():
+            if log.exists() and log.read_text().count("Sending: train message") >= 2:
+                for node in psutil.process_iter(["cmdline"]):
+                    if victim in " ".join(node.info["cmdline"] or ()) and \
+                            "flower-supernode" in " ".join(node.info["cmdline"] or ()):
+                        for child in node.children(recursive=True):
+                            if child not in stopped:
+                                child.send_signal(signal.SIGSTOP)
+                                stopped.append(child)
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=hang_node_1, daemon=True)
+    watcher.start()
+    try:
+        with pytest.raises(SystemExit) as stop:
+            deploy.main(["--out", str(tmp_path), "--clients", "3", "system=synthetic",
+                         "R=300", "repeats=2", "runtime=flower", "runtime.reply_timeout=20"])
+    finally:
+        done.set()
+        watcher.join()
+        for proc in stopped:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+    msg = str(stop.value)
+    failed = int(re.match(r"the deployment stopped: round (\d+): no reply within 20 s "
+                          r"\(runtime\.reply_timeout\) from SuperNode \d+ \(client 1\); ",
+                          msg).group(1))
+    summary = json.loads((tmp_path / "flower" / "summary.json").read_text())
+    assert (summary["status"], summary["interrupted_by"]) == ("interrupted", "node failure")
+    r = summary["rounds_completed"]
+    assert 1 <= r < failed <= 300 and f"rounds 0 to {r} written to" in msg
+    flower = pd.read_csv(tmp_path / "flower" / "errors.csv")
+    inprocess = pd.read_csv(tmp_path / "inprocess" / "errors.csv")
+    expected = inprocess[inprocess["round"] <= r].reset_index(drop=True)
+    np.testing.assert_allclose(flower["e_max"], expected["e_max"], rtol=0, atol=1e-10)
