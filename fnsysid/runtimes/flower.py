@@ -17,8 +17,11 @@ Messages (``message_type``):
   arrays (S, ...) from :meth:`~fnsysid.learning.strategies.Federated.message` (and ``active`` (S,),
   the repeats the client takes part in, when clients are sampled); the reply holds the
   client's arrays of :meth:`~fnsysid.learning.strategies.Federated.client_update`, and with
-  ``evaluate`` its errors ``_e`` (S,) of the model it received;
-- ``evaluate``: the model to evaluate (S, p); the reply holds the client's errors ``_e``.
+  ``evaluate`` its scores (:data:`SCORES`, each (S,)) of the model it received: its error
+  ``_e``, its held-out one-step and free-run NRMSE ``_n1``/``_ns`` (the free run when the
+  config's ``free_run`` says so) and ``_v``, whether it is scored (federated evaluation);
+- ``evaluate``: the model to evaluate (S, p) (config ``free_run``); the reply holds the
+  client's scores.
 
 A client's own state between rounds (SCAFFOLD's ``c_i``) lives in its node's Flower
 ``Context.state``. :func:`run` drives Flower's simulation engine; the objects ``flwr run``
