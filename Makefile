@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-flower install-cluster run test test-slow lint bench figures clean flower-deploy fig-personalized
+.PHONY: help install install-flower install-cluster run test test-slow lint bench figures clean flower-deploy fig-personalized wheel
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -38,6 +38,10 @@ test-slow: $(STAMP)  ## the slow tests too
 flower-deploy: $(STAMP)  ## a Flower deployment on 127.0.0.1 (SuperLink + 3 SuperNodes) vs in process
 	$(PY) scripts/flower_deploy.py $(ARGS)
 
+wheel: $(STAMP)  ## dist/fnsysid-<version>-py3-none-any.whl, with the Flower app (docs/FEDERATED.md)
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
+	@ls dist/fnsysid-*.whl
+
 lint: $(STAMP)  ## ruff
 	$(PY) -m ruff check fnsysid scripts tests examples run.py
 
@@ -62,4 +66,4 @@ figures-list:  ## only the fig-<name> targets
 	@for f in $(FIGS); do echo "  make fig-$$f"; done
 
 clean:  ## remove results and caches (keeps .venv)
-	rm -rf outputs multirun .pytest_cache .ruff_cache
+	rm -rf outputs multirun .pytest_cache .ruff_cache dist build

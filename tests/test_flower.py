@@ -22,6 +22,10 @@ SMALL = ["system=synthetic", "M=4", "R=5", "repeats=2", "eps=0.3", "N=[3,5,2,4]"
          "lr=2e-3", "output.plot=false"]
 
 
+#: the held-out NRMSE columns of errors.csv
+NRMSE = ["nrmse_1step_max", "nrmse_1step_mean", "nrmse_sim_max", "nrmse_sim_mean"]
+
+
 @needs_flower
 @pytest.mark.parametrize("strategy, fraction", [
     ("fedavg", 1.0), ("fedprox", 1.0), ("fedlin", 1.0), ("scaffold", 1.0), ("fednova", 1.0),
@@ -37,6 +41,10 @@ def test_flower_runtime_matches_inprocess_round_by_round(strategy, fraction, tmp
     np.testing.assert_allclose(eb["e_max"], ea["e_max"], rtol=0, atol=1e-10)
     np.testing.assert_allclose(eb["e_mean"], ea["e_mean"], rtol=0, atol=1e-10)
     assert (ea["e_max"].iloc[5] < ea["e_max"].iloc[0] - 0.05)       # the rounds did something
+    for c in NRMSE:                     # each client scored its own held-out trajectory
+        assert ea[c].iloc[[0, 5]].notna().all()
+        np.testing.assert_allclose(eb[c], ea[c], rtol=0, atol=1e-10)
+        assert (eb[c].isna() == ea[c].isna()).all()
     ca, cb = (pd.read_csv(tmp_path / d / "clients.csv") for d in "ab")
     np.testing.assert_allclose(cb["error"], ca["error"], rtol=0, atol=1e-10)
     sa, sb = (pd.read_csv(tmp_path / d / "estimates.csv") for d in "ab")
@@ -304,6 +312,55 @@ def test_flower_reads_a_folder_of_client_files_as_in_process(tmp_path):
 
 
 @needs_flower
+@pytest.mark.slow
+def test_flower_scores_held_out_trajectories_of_a_folder_without_truth_as_in_process(
+        tmp_path, caplog):
+    """Federated evaluation: a folder of client files without ground truth (the normal case
+    of real logs). Each ClientApp scores the server model on its own held-out trajectories
+    (the last of its file, data.holdout) and sends only the scores: the NRMSE columns and the
+    summary's final NRMSE equal the in-process ones, free runs at the same rounds; one log
+    line a round with the clients that answered and the mean one-step NRMSE."""
+    import logging
+
+    folder, args = _client_folder(tmp_path)
+    args = [a for a in args if not a.startswith("data.truth=")] + ["R=4",
+                                                                   "output.eval_every=3"]
+    a = run_experiment(compose_cfg(*args), tmp_path / "a")
+    with caplog.at_level(logging.INFO, logger="fnsysid"):
+        b = run_experiment(compose_cfg(*args, "runtime=flower"), tmp_path / "b")
+    assert a["status"] == b["status"] == "ok"
+    ea, eb = (pd.read_csv(tmp_path / d / "errors.csv") for d in "ab")
+    assert len(eb) == 2 * 5 and eb["e_max"].isna().all()
+    assert eb["nrmse_sim_max"].notna().tolist() == [True, False, False, True, True] * 2
+    for c in NRMSE:
+        np.testing.assert_allclose(eb[c], ea[c], rtol=0, atol=1e-10)
+        assert (eb[c].isna() == ea[c].isna()).all()
+    for k in ("final_nrmse_1step_max", "final_nrmse_1step_mean", "final_nrmse_sim_max",
+              "final_nrmse_sim_mean"):
+        assert abs(b[k] - a[k]) <= 1e-10, k
+    lines = [r.getMessage() for r in caplog.records if "clients answered" in r.getMessage()]
+    assert [ln.split(":")[0] for ln in lines] == [f"round {r} of 4 done" for r in range(1, 5)]
+    mean = float(ea[ea["round"] == 4]["nrmse_1step_mean"].mean())
+    assert lines[-1] == (f"round 4 of 4 done: 3 of 3 clients answered, held-out NRMSE "
+                         f"{mean:.6g} (one step, mean over clients)")
+
+
+def test_flower_refuses_a_separate_held_out_path(monkeypatch, tmp_path):
+    """data.val_path is read only in process: under runtime=flower each ClientApp scores the
+    held-out rows of its own file; refused in one line rather than a run without scores."""
+    monkeypatch.setattr(runtime, "flower_installed", lambda: True)
+    folder = tmp_path / "clients"
+    folder.mkdir()
+    pd.DataFrame({"trajectory": [0, 0], "t": [0, 1], "theta": [0.1, 0.2], "omega": [0.0, 0.1],
+                  "u": [0.0, 0.0]}).to_csv(folder / "a.csv", index=False)
+    with pytest.raises(ConfigError, match=r"data\.val_path runs only with runtime=inprocess"):
+        run_experiment(compose_cfg("data=files", f"data.path={folder}",
+                                   f"data.val_path={folder}", "runtime=flower"),
+                       tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@needs_flower
 @pytest.mark.parametrize("damage, message", [
     (lambda df: df.assign(x1=["oops", *df["x1"].iloc[1:]]),
      r"robot1\.csv: row 1, column 'x1': 'oops' is not a number"),
@@ -418,3 +475,184 @@ def test_exchange_gives_up_waiting_once_told_to_stop_at_once(monkeypatch):
         flower.exchange(grid, [(7, "train", {"theta": np.zeros((1, 2))}, {"round": 1}),
                                (8, "evaluate", {"theta": np.zeros((1, 2))}, None)])
     assert grid.polls == 3
+
+
+@needs_flower
+def test_exchange_stops_waiting_after_the_reply_timeout_naming_the_missing_nodes(monkeypatch):
+    """A node that neither answers nor is reported failed by the SuperLink (a hung
+    SuperNode): the server waits runtime.reply_timeout seconds, then one line names the
+    nodes (and their clients) whose replies are missing; a node that answered is not named."""
+    from types import SimpleNamespace
+
+    from fnsysid.runtimes import flower, interrupt
+
+    class HalfSilent:                   # node 7 answers at once, node 8 never
+        polls = 0
+
+        def push_messages(self, messages):
+            return ["m0", "m1"][:len(messages)]
+
+        def pull_messages(self, ids):
+            self.polls += 1
+            if "m0" not in ids:
+                return []
+            meta = SimpleNamespace(reply_to_message_id="m0", src_node_id=7,
+                                   message_type="train")
+            return [SimpleNamespace(metadata=meta, has_error=lambda: False, content={})]
+
+    monkeypatch.setitem(interrupt._state, "abort", False)
+    monkeypatch.setattr(flower, "PULL_INTERVAL", 0.01)
+    monkeypatch.setattr(flower, "Message", lambda content, **meta: (content, meta))
+    grid = HalfSilent()
+    sends = [(7, "train", {"theta": np.zeros((1, 2))}, {"round": 1}),
+             (8, "train", {"theta": np.zeros((1, 2))}, {"round": 1})]
+    with pytest.raises(flower.FlowerError) as err:
+        flower.exchange(grid, sends, {7: "robot0", 8: "robot1"}, timeout=0.2)
+    assert str(err.value) == ("no reply within 0.2 s (runtime.reply_timeout) from SuperNode 8 "
+                              "(client robot1)")
+    assert grid.polls >= 2                      # it looked again before giving up
+    assert flower.exchange(grid, sends[:1], timeout=0.2) == [{}]
+
+
+def test_reply_timeout_is_a_typed_flower_setting(tmp_path):
+    """runtime.reply_timeout: seconds, default 600; not a number or not positive is refused
+    in one line naming the setting."""
+    from fnsysid.config.checks import check_run
+
+    assert check_run(compose_cfg("runtime=flower")).runtime.reply_timeout == 600.0
+    assert check_run(compose_cfg("runtime=flower",
+                                 "runtime.reply_timeout=30")).runtime.reply_timeout == 30.0
+    for bad in ("0", "-5", "abc"):
+        with pytest.raises(ConfigError, match=r"runtime\.reply_timeout"):
+            check_run(compose_cfg("runtime=flower", f"runtime.reply_timeout={bad}"))
+
+
+def _script(name: str):
+    """A module of scripts/ loaded from its file."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_certificates_chain_to_the_ca_name_the_hosts_and_node_keys_load(tmp_path):
+    """scripts/flower_certs.py: the SuperLink's certificate is signed by the CA and names
+    every --host (DNS name or IP address); each SuperNode key is an EC key in the OpenSSH
+    format Flower reads; private keys are readable by their owner only; a second call into
+    the same folder refuses and writes nothing."""
+    crypto = pytest.importorskip("cryptography", reason="cryptography comes with the extra")
+    del crypto
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import (
+        load_ssh_private_key,
+        load_ssh_public_key,
+    )
+
+    certs = _script("flower_certs")
+    out = tmp_path / "certs"
+    certs.main(["--out", str(out), "--host", "server.example.org", "--host", "10.0.0.5",
+                "--nodes", "2"])
+    ca = x509.load_pem_x509_certificate((out / "ca.crt").read_bytes())
+    server = x509.load_pem_x509_certificate((out / "server.pem").read_bytes())
+    server.verify_directly_issued_by(ca)
+    san = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["server.example.org"]
+    assert san.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("10.0.0.5")]
+    for i in range(2):
+        key = load_ssh_private_key((out / f"node{i}").read_bytes(), None)
+        assert isinstance(key, ec.EllipticCurvePrivateKey)
+        assert load_ssh_public_key((out / f"node{i}.pub").read_bytes()) == key.public_key()
+    for secret in ("ca.key", "server.key", "node0", "node1"):
+        assert (out / secret).stat().st_mode & 0o077 == 0, secret
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(SystemExit, match="holds ca.crt, ca.key"):
+        certs.main(["--out", str(out), "--host", "other"])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+@needs_flower
+@pytest.mark.slow
+def test_loopback_deployment_with_tls_and_node_authentication_matches_inprocess(tmp_path):
+    """The loopback deployment over TLS (certificates of scripts/flower_certs.py given to
+    the SuperLink, the SuperNodes and flwr) with node authentication (each SuperNode's key
+    registered with flwr supernode register): the same errors and held-out NRMSE as in
+    process."""
+    deploy = _script("flower_deploy")
+    report = deploy.main(["--out", str(tmp_path), "--tls", "--clients", "3",
+                          "system=synthetic", "R=2", "repeats=2"])
+    assert report["tls"] is True and report["clients"] == 3
+    assert report["max_abs_diff"] <= 1e-10
+    link = (tmp_path / "superlink.log").read_text()
+    assert "running on https://127.0.0.1:" in link            # the SuperLink serves TLS only
+    assert link.count("register-node HTTP/1.1\" 200") == 3   # every SuperNode registered
+    assert "insecure" not in (tmp_path / "flwr-home" / "config.toml").read_text()
+    flower = pd.read_csv(tmp_path / "flower" / "errors.csv")
+    assert len(flower) == 2 * 3 and flower["nrmse_1step_mean"].notna().all()
+
+
+@needs_flower
+@pytest.mark.slow
+def test_deployment_with_a_hung_clientapp_stops_after_the_reply_timeout(tmp_path):
+    """A SuperNode that stays connected (heartbeats go on) but whose ClientApp hangs
+    (stopped with SIGSTOP after round 2): the server waits runtime.reply_timeout seconds,
+    then one line names the round and the missing SuperNode and its client; the rounds
+    every client evaluated are written with status interrupted (the in-process numbers)."""
+    import re
+    import signal
+    import threading
+    import time
+
+    import psutil
+
+    deploy = _script("flower_deploy")
+    victim = str(tmp_path / "data" / "1.parquet")
+    stopped: list[psutil.Process] = []
+    done = threading.Event()
+
+    def hang_node_1() -> None:          # every ClientApp of SuperNode 1 after round 2
+        log = tmp_path / "supernode1.log"
+        while not done.is_set():
+            if log.exists() and log.read_text().count("Sending: train message") >= 2:
+                for node in psutil.process_iter(["cmdline"]):
+                    if victim in " ".join(node.info["cmdline"] or ()) and \
+                            "flower-supernode" in " ".join(node.info["cmdline"] or ()):
+                        for child in node.children(recursive=True):
+                            if child not in stopped:
+                                child.send_signal(signal.SIGSTOP)
+                                stopped.append(child)
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=hang_node_1, daemon=True)
+    watcher.start()
+    try:
+        with pytest.raises(SystemExit) as stop:
+            deploy.main(["--out", str(tmp_path), "--clients", "3", "system=synthetic",
+                         "R=300", "repeats=2", "runtime=flower", "runtime.reply_timeout=90"])
+    finally:
+        done.set()
+        watcher.join()
+        for proc in stopped:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+    msg = str(stop.value)
+    hit = re.match(r"the deployment stopped: round (\d+): no reply within 90 s "
+                   r"\(runtime\.reply_timeout\) from SuperNode \d+ \(client 1\); ", msg)
+    assert hit, msg
+    failed = int(hit.group(1))
+    summary = json.loads((tmp_path / "flower" / "summary.json").read_text())
+    assert (summary["status"], summary["interrupted_by"]) == ("interrupted", "node failure")
+    r = summary["rounds_completed"]
+    assert 1 <= r < failed <= 300 and f"rounds 0 to {r} written to" in msg
+    flower = pd.read_csv(tmp_path / "flower" / "errors.csv")
+    inprocess = pd.read_csv(tmp_path / "inprocess" / "errors.csv")
+    expected = inprocess[inprocess["round"] <= r].reset_index(drop=True)
+    np.testing.assert_allclose(flower["e_max"], expected["e_max"], rtol=0, atol=1e-10)

@@ -174,9 +174,10 @@ def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = Non
 
     With ``runtime=flower`` the rounds run on Flower (:func:`fnsysid.runtimes.flower.run`): the
     clients load and keep their own data, so there is no ``theory`` table (the pooled data it
-    needs exist nowhere), ``true_mean`` of the estimates is empty and no held-out NRMSE is
-    recorded. With ``data=files`` the clients' files are read and checked here first, as in
-    process (and not kept): bad data stops the run before Flower starts. ``tables``: the
+    needs exist nowhere), ``true_mean`` of the estimates is empty and the held-out NRMSE
+    is what each client computed on its own held-out data (federated evaluation). With
+    ``data=files`` the clients' files are read and checked here first, as in process (and
+    not kept): bad data stops the run before Flower starts. ``tables``: the
     trajectories of ``data=files`` held in memory (see :func:`fnsysid.data.source.from_files`).
     """
     t_start = time.perf_counter()

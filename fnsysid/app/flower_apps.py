@@ -29,7 +29,31 @@ def deployed_config(context: Context):
 
     cfg, _ = compose([*shlex.split(str(context.run_config.get("overrides", ""))),
                       "progress=false"])
-    return check_run(cfg).replace(runtime={"name": "flower", "client_cpus": 1})
+    settings = check_run(cfg)
+    if settings.runtime.name == "flower":          # runtime=flower runtime.reply_timeout=...
+        return settings
+    return settings.replace(runtime={"name": "flower", "client_cpus": 1})
+
+
+def log_to_console() -> None:
+    """fnsysid's INFO lines (one per round, the results) on the ServerApp's stderr, which
+    ``flwr run --stream`` shows, unless the process set up logging already."""
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(levelname)s] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+def app_dir() -> Path:
+    """The folder of the Flower app that ``flwr run`` submits: ``fnsysid/deploy/flower/`` of
+    an installed wheel, else ``deploy/flower/`` of the repository (an editable install), as
+    :data:`fnsysid.config.groups.CONF_DIR` finds ``conf/``; ``python -m
+    fnsysid.app.flower_apps`` prints it."""
+    package = Path(__file__).resolve().parent.parent
+    shipped = package / "deploy" / "flower"
+    return shipped if shipped.is_dir() else package.parent / "deploy" / "flower"
 
 
 server_app = ServerApp()
@@ -49,6 +73,7 @@ def deployed_main(grid: Grid, context: Context) -> None:
 
     t_start = time.perf_counter()
     quiet_flower()
+    log_to_console()
     cfg = deployed_config(context)
     model, _, strategy = build(cfg)
     M = cfg.M if cfg.M is not None else len(server_dataset(cfg).clients)
@@ -74,3 +99,7 @@ def deployed_main(grid: Grid, context: Context) -> None:
 
 
 client_app = build_client_app()
+
+
+if __name__ == "__main__":
+    print(app_dir())

@@ -447,6 +447,8 @@ class InProcess(Section):
 class Flower(Section):
     name: Literal["flower"]
     client_cpus: PosReal
+    #: seconds the server waits for the replies of one exchange before it stops the run
+    reply_timeout: PosReal = 600.0
 
 
 def _by_value(key: str, table: dict[str, type]):

@@ -267,6 +267,21 @@ def _prefix_blocks(ids: np.ndarray):
     return blocks, np.array(built), keep
 
 
+def simulate_clients(model: Model, clients, n_traj: int, T: int, eps: float, repeats: int,
+                     seed: int, shared_noise: bool = False, purpose: int = rnd.TRAJECTORY):
+    """States (S, m, n_traj, T + 1, n_x) and inputs (S, m, n_traj, T, n_u) of the clients
+    ``clients`` (m,) only: the trajectories the same clients get when all are simulated
+    (what a federated node that holds one client draws, e.g. its held-out trajectories with
+    ``purpose=rnd.HOLDOUT``)."""
+    blocks, _, keep = _prefix_blocks(np.asarray(clients, dtype=int).reshape(-1))
+    xs, us = [], []
+    for s in range(repeats):
+        _, x, u = simulate_blocks(model, s, blocks, n_traj, T, eps, seed, shared_noise, purpose)
+        xs.append(x[keep])
+        us.append(u[keep])
+    return np.stack(xs), np.stack(us)
+
+
 def simulate_blocks(model: Model, s: int, blocks: list[tuple[int, int, int]], n_traj: int,
                     T: int, eps: float, seed: int, shared_noise: bool = False,
                     purpose: int = rnd.TRAJECTORY):

@@ -114,7 +114,8 @@ def plot_run(errors: pd.DataFrame, path: Path, title: str = "") -> None:
     ax = fig.subplots()
     metric = "e_max" if errors["e_max"].notna().any() else "nrmse_1step_max"
     mean = metric.replace("_max", "_mean")
-    same = np.allclose(errors[metric], errors[mean], rtol=1e-12, atol=0, equal_nan=True)
+    same = bool(errors[metric].notna().any()) and np.allclose(
+        errors[metric], errors[mean], rtol=1e-12, atol=0, equal_nan=True)
     draw_curve(ax, errors, "max over clients" + (" = mean (one client)" if same else ""),
                metric, color="C0", lw=2.2)
     if not same:

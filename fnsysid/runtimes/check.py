@@ -44,6 +44,10 @@ def check_runtime(settings, optimizer, strategy) -> None:
     if settings.output.trajectories:
         raise ConfigError("output.trajectories=true exports the data of an in-process run; "
                           "with runtime=flower each client keeps its own")
+    if settings.files and settings.data.val_path:
+        raise ConfigError("data.val_path runs only with runtime=inprocess; with runtime=flower "
+                          "each client's held-out trajectories are in its own file (rows with "
+                          "split=val, or the last ones data.holdout marks)")
     if settings.files and not Path(str(settings.data.path)).is_dir():
         raise ConfigError(f"runtime=flower with data=files needs data.path to be a folder with "
                           f"one file per client (each ClientApp reads its own); got "

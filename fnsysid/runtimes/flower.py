@@ -17,8 +17,11 @@ Messages (``message_type``):
   arrays (S, ...) from :meth:`~fnsysid.learning.strategies.Federated.message` (and ``active`` (S,),
   the repeats the client takes part in, when clients are sampled); the reply holds the
   client's arrays of :meth:`~fnsysid.learning.strategies.Federated.client_update`, and with
-  ``evaluate`` its errors ``_e`` (S,) of the model it received;
-- ``evaluate``: the model to evaluate (S, p); the reply holds the client's errors ``_e``.
+  ``evaluate`` its scores (:data:`SCORES`, each (S,)) of the model it received: its error
+  ``_e``, its held-out one-step and free-run NRMSE ``_n1``/``_ns`` (the free run when the
+  config's ``free_run`` says so) and ``_v``, whether it is scored (federated evaluation);
+- ``evaluate``: the model to evaluate (S, p) (config ``free_run``); the reply holds the
+  client's scores.
 
 A client's own state between rounds (SCAFFOLD's ``c_i``) lives in its node's Flower
 ``Context.state``. :func:`run` drives Flower's simulation engine; the objects ``flwr run``
@@ -42,8 +45,10 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from fnsysid.config.errors import some
 from fnsysid.learning.start import initial_model
 from fnsysid.runtimes import flower_personal as personal
+from fnsysid.results.metrics import HeldOutScores
 from fnsysid.runtimes import interrupt
 
 log = logging.getLogger("fnsysid")
@@ -99,6 +104,24 @@ class ClientNode:
         self.model, self.seed, self.support = model, settings.seed, None   # sparsity's support
         self.clients = self.strategy.make_clients(optimizer, self._local_steps(settings, index),
                                                   settings.lr)
+        if not settings.files:
+            self.heldout = self._simulated_heldout(settings, model, index)
+        self.scores = None if self.heldout is None else HeldOutScores(model, self.heldout)
+
+    @staticmethod
+    def _simulated_heldout(settings, model, index: int):
+        """This client's ``data.val_N`` held-out trajectories, from its own random streams
+        (those the in-process run draws for it), or None."""
+        from fnsysid.data.heldout import heldout_from_trajectories
+        from fnsysid.dynamics import random as rnd
+        from fnsysid.dynamics.model import simulate_clients
+
+        s = settings
+        if s.data.val_N <= 0:
+            return None
+        x, u = simulate_clients(model, [index], s.data.val_N, s.T, s.eps, s.repeats, s.seed,
+                                s.data.shared_noise, rnd.HOLDOUT)
+        return heldout_from_trajectories(model, x, u, np.ones(x.shape[:-1], bool))
 
     def _local_steps(self, settings, index):
         """This client's ``K_i`` (S, 1), or ``K`` when all clients share it."""
@@ -116,10 +139,10 @@ class ClientNode:
             M = settings.M
         return local_steps(settings.K, M, self.data.shape[0], settings.seed, clients=[index])
 
-    @staticmethod
-    def _from_file(settings, model, optimizer, index, data_path, truth_path):
-        """This client's training data from its own file; its truth from its own truth file,
-        or its rows of the run's ``data.truth``."""
+    def _from_file(self, settings, model, optimizer, index, data_path, truth_path):
+        """This client's training data from its own file (its held-out rows in
+        :attr:`heldout`); its truth from its own truth file, or its rows of the run's
+        ``data.truth``."""
         from fnsysid.data.files import data_files, load_truth
         from fnsysid.data.source import from_files
 
@@ -127,6 +150,7 @@ class ClientNode:
         own = node_settings(settings, path, truth_path)
         dataset = from_files(own, model, optimizer, client_file=True)
         label, data = dataset.clients[0], dataset.train
+        self.heldout = dataset.heldout
         if truth_path is None and settings.data.truth:
             labels = [f.stem for f in data_files(settings.data.path)]
             truth = load_truth(settings.data.truth, labels, model.param_names,
@@ -141,6 +165,22 @@ class ClientNode:
 
         with np.errstate(invalid="ignore"):
             return client_errors(theta[:, None, :], self.data.theta_true)
+
+    def nrmse(self, theta: np.ndarray, free_run: bool) -> dict[str, np.ndarray]:
+        """This client's held-out scores of server models ``theta`` (S, p), each (S, 1), with
+        the in-process functions (:class:`~fnsysid.results.metrics.HeldOutScores`): ``_n1``
+        the one-step NRMSE, ``_ns`` the free-run NRMSE (NaN unless ``free_run``), ``_v`` 1
+        where the client is scored (held-out data in which a predicted state varies), else 0
+        (then both are NaN)."""
+        S = theta.shape[0]
+        if self.scores is None:
+            nan = np.full((S, 1), np.nan)
+            return {"_n1": nan, "_ns": nan, "_v": np.zeros((S, 1))}
+        est = theta[:, None, :]
+        with np.errstate(all="ignore"):
+            n1 = self.scores.one_step(est)
+            ns = self.scores.free_run(est) if free_run else np.full((S, 1), np.nan)
+        return {"_n1": n1, "_ns": ns, "_v": self.scores.valid.astype(float)}
 
 
 def node_settings(settings, path=None, truth_path: str | None = None):
@@ -200,14 +240,16 @@ def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
             context.state["state"] = to_record(me.clients.state)
         if config.get("evaluate"):
             replies["_e"] = me.errors(arrays["theta"])
+            replies.update(me.nrmse(arrays["theta"], bool(config.get("free_run"))))
         return Message(RecordDict({"arrays": to_record(replies, True)}), reply_to=msg)
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
         me = node(context)
         theta = from_record(msg.content["arrays"])["theta"]
-        return Message(RecordDict({"arrays": to_record({"_e": me.errors(theta)}, True)}),
-                       reply_to=msg)
+        config = msg.content.config_records.get("config") or {}
+        scores = {"_e": me.errors(theta), **me.nrmse(theta, bool(config.get("free_run")))}
+        return Message(RecordDict({"arrays": to_record(scores, True)}), reply_to=msg)
 
     return app
 
@@ -244,13 +286,16 @@ def node_name(node: int, names: dict | None) -> str:
         f"node {node}"
 
 
-def exchange(grid: Grid, sends: list[tuple], names: dict | None = None) -> list[RecordDict]:
+def exchange(grid: Grid, sends: list[tuple], names: dict | None = None,
+             timeout: float | None = None) -> list[RecordDict]:
     """Send messages ``(node, message_type, arrays, config or None)``; the replies' contents
     in the order of ``sends``. ``names``: node id -> client label, for messages.
 
     Waits for the replies with the grid's ``push_messages``/``pull_messages``, looking every
     :data:`PULL_INTERVAL` seconds, and gives up (:class:`Aborted`) as soon as the run is
-    told to stop at once (:func:`fnsysid.runtimes.interrupt.aborted`).
+    told to stop at once (:func:`fnsysid.runtimes.interrupt.aborted`), or with a
+    :class:`FlowerError` naming the nodes that have not answered once ``timeout`` seconds
+    (``runtime.reply_timeout``) have passed.
     """
     msgs = []
     for node, message_type, arrays, config in sends:
@@ -264,6 +309,7 @@ def exchange(grid: Grid, sends: list[tuple], names: dict | None = None) -> list[
     dst = {i: (node, kind) for i, (node, kind, *_) in zip(ids, sends, strict=True)}
     waiting = set(ids)
     by_node = {}
+    t0 = time.monotonic()
     while waiting:
         for rep in grid.pull_messages(waiting):
             sent = rep.metadata.reply_to_message_id
@@ -276,11 +322,20 @@ def exchange(grid: Grid, sends: list[tuple], names: dict | None = None) -> list[
         if waiting:
             if interrupt.aborted():
                 raise Aborted("stopped at once by a second signal")
+            if timeout is not None and time.monotonic() - t0 > timeout:
+                late = [node_name(dst[i][0], names) for i in ids if i in waiting]
+                raise FlowerError(f"no reply within {timeout:g} s (runtime.reply_timeout) "
+                                  f"from {', '.join(some(late, 10))}")
             time.sleep(PULL_INTERVAL)
     missing = [node_name(node, names) for node, *_ in sends if node not in by_node]
     if missing:
         raise FlowerError(f"no reply from {', '.join(missing)}")
     return [by_node[node] for node, *_ in sends]
+
+
+#: what a client sends of a model it scores: its parameter error, held-out one-step and
+#: free-run NRMSE, and whether it is scored (:meth:`ClientNode.nrmse`)
+SCORES = ("_e", "_n1", "_ns", "_v")
 
 
 def stacked(replies: list[RecordDict]) -> dict[str, np.ndarray]:
@@ -309,9 +364,11 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
     model arrive with the next round's first exchange.
     """
     from fnsysid.results.history import History, errors_diverged, growth_limit
+    from fnsysid.results.metrics import over_clients
 
     nodes = wait_for_nodes(grid, M)
-    info = exchange(grid, [(n, "query", None, None) for n in nodes])
+    wait = float(getattr(settings.runtime, "reply_timeout", 600.0))
+    info = exchange(grid, [(n, "query", None, None) for n in nodes], timeout=wait)
     labels = [str(r["info"]["client"]) for r in info]
     if len(set(labels)) != len(labels):
         raise FlowerError(f"two nodes hold the same client: {sorted(labels)}")
@@ -327,17 +384,48 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
 
     hist = History(per_client=[] if keep_clients else None)
     diverged = None
-    limit = None                        # set from the start errors, when there is a truth
+    limit = None                        # set from the start errors (or the start NRMSE)
+    has_truth = False
+    answered: dict[int, int] = {}       # round -> clients that trained in it
 
-    def record(r: int, e: np.ndarray) -> bool:
-        """Record the errors of the model after round ``r``; False if that round diverged."""
-        nonlocal limit
-        if r == 0 and np.isfinite(e).all():
-            limit = growth_limit(float(e.max()))
-        if limit is not None and errors_diverged(e, limit):
+    def free_run_due(r: int) -> bool:
+        """Whether the free-run NRMSE of round ``r``'s model is scored (as in process)."""
+        return r == 0 or r == settings.R or r % settings.output.eval_every == 0
+
+    def record(r: int, a: dict) -> bool:
+        """Record the scores ``a`` (``_e``, ``_n1``, ``_ns``, ``_v``, each (S, M)) of the model
+        after round ``r``; False if that round diverged. As in process, the parameter errors
+        judge divergence when every client knows its truth, else the held-out one-step NRMSE
+        (:func:`fnsysid.runtimes.inprocess.train`)."""
+        nonlocal limit, has_truth
+        e, n1, valid = a["_e"], a["_n1"], a["_v"] > 0.5
+        step = over_clients(n1, valid)
+        if r == 0:
+            has_truth = bool(np.isfinite(e).all())
+            start = (float(e.max()) if has_truth
+                     else float(np.nanmax(step[0], initial=0.0)) if valid.any() else 1.0)
+            limit = growth_limit(start)
+        elif has_truth:
+            if errors_diverged(e, limit):
+                return False
+        elif np.max(step[0]) > limit:           # NaN (no scored client) never diverges
             return False
-        hist.record(e)
+        hist.record(e, n1, a["_ns"] if free_run_due(r) else None, valid)
+        log_round(r, step)
         return True
+
+    def log_round(r: int, step) -> None:
+        """One line per finished round: the clients that answered, the mean errors."""
+        if r == 0:
+            return
+        parts = [f"round {r} of {settings.R} done: {answered.get(r, M)} of {M} clients "
+                 "answered"]
+        if has_truth:
+            parts.append(f"e_max {float(np.mean(hist.e_max[-1])):.6g}")
+        if np.isfinite(step[1]).any():
+            parts.append(f"held-out NRMSE {float(np.nanmean(step[1])):.6g} (one step, mean "
+                         "over clients)")
+        log.info(", ".join(parts))
 
     last = settings.R                   # the last round whose model is evaluated
     failure, stage = None, "round 1"
@@ -351,24 +439,28 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
                 active = strategy.participants(r)
                 on = np.arange(M) if active is None else np.flatnonzero(active.any(axis=0))
                 off = np.setdiff1d(np.arange(M), on)
+                answered[r] = len(on)
                 for j, ex in enumerate(strategy.exchanges):
                     msg = strategy.message(ex)
                     if sparsity is not None:
                         msg = sparsity.message(msg)
-                    config = {"exchange": ex, "round": r, "evaluate": j == 0}
+                    config = {"exchange": ex, "round": r, "evaluate": j == 0,
+                              "free_run": free_run_due(r - 1)}
                     sends = [(nodes[i], "train", msg if active is None else
                               {**msg, "active": active[:, i]}, config) for i in on]
                     if j == 0:
-                        sends += [(nodes[i], "evaluate", {"theta": msg["theta"]}, None)
-                                  for i in off]
-                    replies = exchange(grid, sends, names)
+                        sends += [(nodes[i], "evaluate", {"theta": msg["theta"]},
+                                   {"free_run": free_run_due(r - 1)}) for i in off]
+                    replies = exchange(grid, sends, names, wait)
                     arrays = stacked(replies[:len(on)])
                     if j == 0:
-                        e = np.empty((n.shape[0], M))
-                        e[:, on] = arrays.pop("_e")
-                        if len(off):
-                            e[:, off] = stacked(replies[len(on):])["_e"]
-                        if not record(r - 1, e):
+                        scores = {}
+                        for k in SCORES:
+                            scores[k] = np.empty((n.shape[0], M))
+                            scores[k][:, on] = arrays.pop(k)
+                            if len(off):
+                                scores[k][:, off] = stacked(replies[len(on):])[k]
+                        if not record(r - 1, scores):
                             diverged = r - 1
                             break
                     strategy.server_update(ex, arrays, sel=on,
@@ -380,12 +472,12 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
                 if not np.isfinite(strategy.server).all():
                     diverged = r
                     break
-                log.info("round %d of %d done", r, settings.R)
             if diverged is None:
                 stage = f"the evaluation after round {last}"
-                final = exchange(grid, [(nd, "evaluate", {"theta": strategy.server}, None)
-                                        for nd in nodes], names)
-                if not record(last, stacked(final)["_e"]):
+                final = exchange(grid, [(nd, "evaluate", {"theta": strategy.server},
+                                         {"free_run": free_run_due(last)}) for nd in nodes],
+                                 names, wait)
+                if not record(last, stacked(final)):
                     diverged = last
             if (diverged is None and settings.personalize.name != "none"
                     and not interrupt.requested()):
@@ -490,6 +582,7 @@ def run(settings, model, strategy, dataset, keep_clients: bool, client_app: Clie
     backend = {"client_resources": {"num_cpus": float(settings.runtime.client_cpus),
                                     "num_gpus": 0.0},
                "init_args": {"logging_level": "ERROR", "log_to_driver": False}}
+    log.info("starting Flower's simulation engine (Ray) with %d ClientApps", M)
     try:
         start_ray()
         run_simulation(server, client_app, num_supernodes=M, backend_config=backend)
