@@ -47,8 +47,8 @@ from flwr.serverapp import Grid, ServerApp
 
 from fnsysid.config.errors import some
 from fnsysid.learning.start import initial_model
-from fnsysid.runtimes import flower_personal as personal
 from fnsysid.results.metrics import HeldOutScores
+from fnsysid.runtimes import flower_personal as personal
 from fnsysid.runtimes import interrupt
 
 log = logging.getLogger("fnsysid")
