@@ -89,7 +89,7 @@ def test_a_diverged_job_is_named_in_the_legend_and_the_table_not_drawn(tmp_path)
     finally:
         plotting.save = old
     diverged = [t for legend in captured["legends"] for t in legend if "diverged" in t]
-    assert len(diverged) == 3 and all("lr=0.05 (diverged at r=" in t and t.endswith(
+    assert len(diverged) == 3 and all(t.startswith("lr = 0.05 (diverged at r=") and t.endswith(
         "; not drawn)") for t in diverged)
     assert captured["lines"][0] == 2                     # two finished curves, none for 0.05
     assert set(table.loc[table["status"] == "diverged", "panel"]) == {"curves", "final",
@@ -120,9 +120,11 @@ def test_one_legend_for_several_panels_names_the_jobs_not_drawn_in_each(tmp_path
     finally:
         plotting.save = old
     labels = captured["labels"]
-    assert "strategy=fedavg" in labels and "strategy=fedprox" in labels
+    assert labels[:2] == ["FedAvg", "FedProx"]
     gone = [t for t in labels if t.endswith("; not drawn)")]
-    assert len(gone) == 2 and all(t.startswith("lr=0.05: strategy=fed") for t in gone)
+    assert [t.split(" (")[0] for t in sorted(gone)] == ["lr = 0.05: FedAvg",
+                                                       "lr = 0.05: FedProx"]
+    assert all(" (diverged at r=" in t for t in gone)
 
 
 def test_heat_map_names_a_diverged_cell(tmp_path, lr_strategy_sweep):
