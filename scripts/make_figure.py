@@ -161,7 +161,7 @@ def draw(name: str, spec: dict, out: Path, sweeps: Path) -> pd.DataFrame:
     for p in spec["panels"]:
         sweep = sweeps / p["experiment"]
         panels.append({**p, "dir": sweep, "where": p.get("where") or {}})
-    table = figure(panels, out / name, suptitle=spec.get("paper"), ncols=spec.get("ncols"))
+    table = figure(panels, out / name, ncols=spec.get("ncols"))      # caption: spec["paper"]
     table.insert(0, "figure", name)
     table.to_csv((out / name).with_suffix(".csv"), index=False, float_format="%.4g")
     return table

@@ -88,32 +88,36 @@ def draw(table: pd.DataFrame, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from fnsysid.results.plotting import method_style
+
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     x = np.array(EPS)
     xs = np.where(x == 0, 0.03, x)          # eps = 0 drawn at the left edge of the log axis
-    styles = {"local": "C0", "pooled": "C1", "fedavg": "C2", "auto": "C3"}
-    for method, color in styles.items():
+    methods = {"local": "local", "pooled": "centralized_exact", "fedavg": "fedavg",
+               "auto": "personalized"}      # the table's names -> the look of every figure
+    for method, look in methods.items():
+        style = {**method_style(look), "marker": "o"}
+        color = style["color"]
         t = table[(table["quantity"] == "error") & (table["method"] == method)]
-        ax1.plot(xs, t["value"], "o-", color=color, label=method)
+        ax1.plot(xs, t["value"], **style)
         ax1.fill_between(xs, t["value"] - t["band"], t["value"] + t["band"], color=color,
                          alpha=0.2)
         if method == "fedavg":
             continue
         t = table[(table["quantity"] == "coverage") & (table["method"] == method)]
-        ax2.plot(xs, t["value"], "o-", color=color, label=method)
+        ax2.plot(xs, t["value"], **style)
         ax2.fill_between(xs, t["value"] - t["band"], t["value"] + t["band"], color=color,
                          alpha=0.2)
     for ax in (ax1, ax2):
         ax.set_xscale("log")
         ax.set_xticks(xs, ["0"] + [f"{v:g}" for v in x[1:]])
-        ax.set_xlabel("eps (heterogeneity)")
-        ax.legend()
-    ax1.set_ylabel("mean client error ||theta - theta_i*|| / ||theta_i*||")
-    ax1.set_title("final error (band: 2 standard errors)")
+        ax.set_xlabel("heterogeneity \u03b5")
+        ax.legend(fontsize=8)
+    ax1.set_ylabel(r"mean client error $\|\theta - \theta_i^*\| / \|\theta_i^*\|$")
+    ax1.set_title("(a) final error", fontsize=9)
     ax2.axhline(0.95, color="k", lw=0.8, ls="--")
     ax2.set_ylabel("coverage of the 95 % intervals")
-    ax2.set_title("coverage (pooled: of the mean truth; else: each client's)")
-    fig.suptitle("synthetic, M = 20, N = 10: personalized models (personalize=auto)")
+    ax2.set_title("(b) coverage", fontsize=9)
     fig.tight_layout()
     fig.savefig(path.with_suffix(".png"), dpi=120)
     fig.savefig(path.with_suffix(".pdf"))

@@ -89,7 +89,7 @@ def test_a_diverged_job_is_named_in_the_legend_and_the_table_not_drawn(tmp_path)
     finally:
         plotting.save = old
     diverged = [t for legend in captured["legends"] for t in legend if "diverged" in t]
-    assert len(diverged) == 3 and all("lr=0.05 (diverged at r=" in t and t.endswith(
+    assert len(diverged) == 3 and all(t.startswith("lr = 0.05 (diverged at r=") and t.endswith(
         "; not drawn)") for t in diverged)
     assert captured["lines"][0] == 2                     # two finished curves, none for 0.05
     assert set(table.loc[table["status"] == "diverged", "panel"]) == {"curves", "final",
@@ -120,9 +120,11 @@ def test_one_legend_for_several_panels_names_the_jobs_not_drawn_in_each(tmp_path
     finally:
         plotting.save = old
     labels = captured["labels"]
-    assert "strategy=fedavg" in labels and "strategy=fedprox" in labels
+    assert labels[:2] == ["FedAvg", "FedProx"]
     gone = [t for t in labels if t.endswith("; not drawn)")]
-    assert len(gone) == 2 and all(t.startswith("lr=0.05: strategy=fed") for t in gone)
+    assert [t.split(" (")[0] for t in sorted(gone)] == ["lr = 0.05: FedAvg",
+                                                       "lr = 0.05: FedProx"]
+    assert all(" (diverged at r=" in t for t in gone)
 
 
 def test_heat_map_names_a_diverged_cell(tmp_path, lr_strategy_sweep):
@@ -224,3 +226,146 @@ def test_plotting_does_not_use_pyplot():
                          timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "False"
+
+
+@pytest.fixture(scope="module")
+def method_sweeps(tmp_path_factory):
+    """FedAvg and the one-shot LSE at M = 2 and 4 (R = 3), and FedAvg alone at R = 6."""
+    root = tmp_path_factory.mktemp("methods")
+    for name, args in (("a", ["strategy=fedavg,oneshot", "M=2,4", "R=3"]),
+                       ("b", ["strategy=fedavg", "M=2", "R=6"])):
+        res = cli_in_process("-m", "system=synthetic", "repeats=2", *args, *QUIET,
+                             f"hydra.sweep.dir={root / name}")
+        assert res.returncode == 0, res.stderr
+    return root
+
+
+def _drawn(panels, path, **kwargs):
+    """figure() of ``panels``, returning (figure table, axes) as they were saved."""
+    import fnsysid.results.plotting as plotting
+
+    captured, real_save = {}, plotting.save
+
+    def keep(fig, paths, dpi):
+        captured["axes"] = [ax for ax in fig.axes if ax.get_visible()]
+        captured["suptitle"] = fig.get_suptitle()
+        real_save(fig, paths, dpi)
+
+    plotting.save = keep
+    try:
+        table = plotting.figure(panels, path, **kwargs)
+    finally:
+        plotting.save = real_save
+    return table, captured
+
+
+def _legend(ax):
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def _colours(ax):
+    """Colour of each labelled line of ``ax`` (proxy entries included), by label."""
+    import matplotlib.colors as mcolors
+
+    return {line.get_label(): mcolors.to_hex(line.get_color()) for line in ax.get_lines()
+            if not line.get_label().startswith("_")}
+
+
+def test_a_method_has_its_name_colour_and_style_in_every_figure(tmp_path, method_sweeps):
+    """Curves over rounds and final errors against M (two figures): the legends name the
+    methods (FedAvg, one-shot; not strategy=fedavg), FedAvg is blue and the one-shot LSE
+    purple in both, the table keeps its labels (strategy=fedavg), no suptitle is drawn."""
+    from fnsysid.results.plotting import METHODS
+
+    sweep = method_sweeps / "a"
+    curves, a = _drawn([{"dir": sweep, "title": "(a) curves", "where": {"M": "2"}}],
+                       tmp_path / "curves")
+    finals, b = _drawn([{"dir": sweep, "title": "(b) final", "x": "M", "where": {}}],
+                       tmp_path / "finals")
+    (ax_a,), (ax_b,) = a["axes"], b["axes"]
+    assert _legend(ax_a) == ["FedAvg", "one-shot"]
+    assert [t.split(" (slope")[0] for t in _legend(ax_b)] == ["FedAvg", "one-shot"]
+    for colours in (_colours(ax_a), {k.split(" (slope")[0]: v
+                                     for k, v in _colours(ax_b).items()}):
+        assert colours["FedAvg"] == METHODS["fedavg"][1].lower() == "#0072b2"
+        assert colours["one-shot"] == METHODS["oneshot"][1].lower()
+    line = {ln.get_label(): ln for ln in ax_a.get_lines()}
+    assert line["FedAvg"].get_linestyle() != line["one-shot"].get_linestyle()
+    assert ax_a.get_title() == "(a) curves" and a["suptitle"] == ""
+    assert sorted(curves["curve"]) == ["strategy=fedavg", "strategy=oneshot"]
+    assert sorted(set(finals["series"])) == ["strategy=fedavg", "strategy=oneshot"]
+
+
+def test_panels_of_curves_share_the_round_axis(tmp_path, method_sweeps):
+    """Two panels of curves run for R = 3 and R = 6: both drawn from round 0 to 6."""
+    _, drawn = _drawn([{"dir": method_sweeps / "a", "title": "R=3", "where": {"M": "2"}},
+                       {"dir": method_sweeps / "b", "title": "R=6", "where": {}}],
+                      tmp_path / "shared")
+    assert [ax.get_xlim() for ax in drawn["axes"]] == [(0.0, 6.0), (0.0, 6.0)]
+    assert [ax.get_xscale() for ax in drawn["axes"]] == ["linear", "linear"]
+
+
+def test_the_bound_panel_names_what_it_plots(tmp_path, method_sweeps):
+    """Theorem 1's panel: measured relative error and the two plug-in bounds, each named."""
+    table, drawn = _drawn([{"dir": method_sweeps / "a", "title": "one-shot", "x": "M",
+                            "bound": True, "where": {"strategy": "oneshot"}}],
+                          tmp_path / "bound")
+    (ax,) = drawn["axes"]
+    labels = _legend(ax)
+    assert labels[1:] == [r"measured $e_r = \max_i e_r^{(i)}$", "bound as stated (plug-in)",
+                          "bound (corrected constants, plug-in)"]
+    assert labels[0].startswith("final error") and ax.get_ylabel() == (
+        "final relative error and bound")
+    assert table["bound_proof_rel"].notna().all() and (table["bound_rel"] > 0).all()
+
+
+def test_error_png_draws_in_the_colour_of_the_run_s_method(tmp_path):
+    import matplotlib.colors as mcolors
+
+    import fnsysid.results.plotting as plotting
+
+    rounds = np.arange(5)
+    errors = pd.DataFrame({"repeat": 0, "round": rounds, "e_max": 0.9 ** rounds,
+                           "e_mean": 0.8 ** rounds})
+    captured, real_save = {}, plotting.save
+
+    def keep(fig, paths, dpi):
+        captured["lines"] = {ln.get_label(): mcolors.to_hex(ln.get_color())
+                             for ln in fig.axes[0].get_lines()}
+        real_save(fig, paths, dpi)
+
+    plotting.save = keep
+    try:
+        plotting.plot_run(errors, tmp_path / "e.png", title="t",
+                          method=plotting.method_of({"_target_": "x.FedNova"}))
+    finally:
+        plotting.save = real_save
+    assert captured["lines"] == {"FedNova: max over clients": "#d55e00",
+                                 "FedNova: mean over clients": "#d55e00"}
+    assert plotting.method_of({"_target_": "a.Centralized", "exact": True}) == (
+        "centralized_exact")
+    assert plotting.method_of({"_target_": "my.Strategy"}) is None
+
+
+def test_fit_png_of_a_short_held_out_trajectory_draws_a_long_one(tmp_path, monkeypatch):
+    """T = 5 (6 held-out samples): fit.png draws 100 samples of the client's own system
+    (one-step predictions of the fitted model follow them); errors.csv is that of a run
+    without plots."""
+    import fnsysid
+    import fnsysid.results.plotting as plotting
+
+    drawn = {}
+    monkeypatch.setattr(plotting, "plot_fit", lambda measured, step, sim, names, path, title:
+                        drawn.update(measured=measured, step=step, title=title))
+    base = {"system": "pendulum", "M": 3, "R": 5, "repeats": 1, "progress": False,
+            "strategy": "centralized_exact"}
+    res = fnsysid.run({**base, "output.plot": True}, output_dir=tmp_path / "run")
+    assert drawn["measured"].shape == (100, 2) and drawn["step"].shape == (99, 2)
+    assert drawn["title"] == ("client 0, held-out trajectory of 100 samples simulated for "
+                              "this plot")
+    err = drawn["step"] - drawn["measured"][1:]
+    assert np.sqrt((err ** 2).mean(axis=0)).max() < 0.5 * drawn["measured"].std(axis=0).max()
+    plain = fnsysid.run({**base, "output.plot": False}, output_dir=tmp_path / "plain")
+    assert (tmp_path / "run" / "errors.csv").read_bytes() == (
+        tmp_path / "plain" / "errors.csv").read_bytes()
+    assert res.summary["status"] == plain.summary["status"] == "ok"

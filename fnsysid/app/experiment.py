@@ -135,7 +135,7 @@ class Result:
         if self.dataset.heldout is None:
             raise ValueError("this run has no held-out trajectories (data.val_N=0 or "
                              "data.holdout=0)")
-        write_fit_plot(path, self.model, self.estimate, self.dataset, repeat)
+        write_fit_plot(path, self.model, self.estimate, self.dataset, repeat, self.settings)
 
 
 def given_keys(overrides) -> frozenset[str]:

@@ -50,7 +50,8 @@ def write_outputs(out, cfg, result) -> None:
 
             write_trajectories(out, *export_trajectories(result.model, cfg, result.dataset))
         if plot and result.dataset.heldout is not None:
-            write_fit_plot(out, result.model, result.estimate, result.dataset)
+            write_fit_plot(out, result.model, result.estimate, result.dataset,
+                           settings=cfg)
         write_json(Path(out) / "summary.json", result.summary)
 
 
@@ -67,10 +68,12 @@ def write_run(out: Path, resolved: dict, tables: Mapping[str, Table | pd.DataFra
     for name in tables:
         write_csv(out / f"{name}.csv", tables.table(name))
     if plot_title is not None:
-        from fnsysid.results.plotting import plot_run
+        from fnsysid.results.plotting import method_of, plot_run
 
+        method = method_of(resolved.get("strategy"))
         write_atomic(out / "error.png",
-                     lambda tmp: plot_run(tables["errors"], tmp, title=plot_title))
+                     lambda tmp: plot_run(tables["errors"], tmp, title=plot_title,
+                                          method=method))
     if summary is not None:
         write_json(out / "summary.json", summary)
 
@@ -89,12 +92,23 @@ def write_trajectories(out: Path, trajectories: pd.DataFrame, truth: pd.DataFram
                  lambda tmp: truth.to_csv(tmp, index=False, float_format="%.17g"))
 
 
-def write_fit_plot(out: Path, model, estimate, dataset, repeat: int = 0) -> None:
+#: samples of the trajectory fit.png draws: a simulated run whose held-out trajectories are
+#: shorter gets one of this length, simulated for the plot only
+FIT_SAMPLES = 100
+
+
+def write_fit_plot(out: Path, model, estimate, dataset, repeat: int = 0,
+                   settings=None) -> None:
     """``fit.png`` in folder ``out`` (or the file ``out`` if it ends in an image suffix):
     measured, one-step and free-run states of the first scored client (held-out data in which
     a predicted state varies, :func:`~fnsysid.results.metrics.scored`; else the first with
-    held-out data: a client of all-zero logs would show flat lines), first held-out
-    trajectory, repeat 0."""
+    held-out data: a client of all-zero logs would show flat lines), repeat 0.
+
+    Drawn is the client's first held-out trajectory, or, for simulated data (``settings``
+    given) whose held-out trajectories are shorter than :data:`FIT_SAMPLES`, a trajectory of
+    that length simulated for the plot from the same client and the held-out random stream
+    (T = 5 gives 6 samples, too few to judge a fit by eye); the scores in ``errors.csv`` are
+    those of the held-out data either way."""
     import numpy as np
 
     from fnsysid.results.metrics import free_run, one_step, scored
@@ -112,11 +126,30 @@ def write_fit_plot(out: Path, model, estimate, dataset, repeat: int = 0) -> None
     est = est[:, m:m + 1] if est.shape[1] > 1 else est
     x, u, mask = block.x[sl][:, :, :1], block.u[sl][:, :, :1], block.mask[sl][0, 0, 0]
     L = int(mask.sum())
+    what = "held-out trajectory 1"
+    if (settings is not None and not settings.files and model.system.simulates
+            and L < FIT_SAMPLES):
+        x, u = _plot_trajectory(model, settings, len(dataset.clients), m, repeat)
+        L = FIT_SAMPLES
+        what = f"held-out trajectory of {L} samples simulated for this plot"
     sim = free_run(model, est, x, u)[0, 0, 0, :L]
     step = one_step(model, est, x, u)[0, 0, 0, :L - 1]
     out = Path(out)
     path = out if out.suffix in (".png", ".pdf", ".svg") else out / "fit.png"
-    title = (f"client {dataset.clients[m]}, held-out trajectory 1"
+    title = (f"client {dataset.clients[m]}, {what}"
              + (f", repeat {repeat}" if ho.n.shape[0] > 1 else ""))
     write_atomic(path, lambda tmp: plot_fit(x[0, 0, 0, :L], step, sim,
                                             model.system.state_names, tmp, title=title))
+
+
+def _plot_trajectory(model, settings, M: int, m: int, repeat: int):
+    """States (1, 1, 1, FIT_SAMPLES, n_x) and inputs of one trajectory of client ``m`` (its
+    own system in repeat ``repeat``), drawn from the held-out stream of its block."""
+    from fnsysid.dynamics import random as rnd
+    from fnsysid.dynamics.model import simulate_blocks
+
+    blk, lo, hi = next(b for b in rnd.blocks(M) if b[1] <= m < b[2])
+    _, x, u = simulate_blocks(model, repeat, [(blk, lo, hi)], 1, FIT_SAMPLES - 1,
+                              settings.eps, settings.seed, settings.data.shared_noise,
+                              rnd.HOLDOUT)
+    return x[m - lo][None, None], u[m - lo][None, None]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import matplotlib
 import matplotlib.colors
+import matplotlib.lines
 import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -32,6 +33,85 @@ from fnsysid.results.tables import last_round
 #: both
 STYLE = {"color": list(matplotlib.colormaps["tab10"].colors),
          "linestyle": ["-", "--", "-.", ":", (0, (5, 1))] * 2}
+
+#: one look per method in every figure (legend label, colour, line style); the colours mostly
+#: of the Okabe-Ito palette (apart for colour-blind readers), the line styles apart in greyscale
+METHODS = {
+    "fedavg": ("FedAvg", "#0072B2", "-"),
+    "fedprox": ("FedProx", "#E69F00", (0, (5, 2))),
+    "fedlin": ("FedLin", "#009E73", "-."),
+    "scaffold": ("SCAFFOLD", "#CC79A7", (0, (1, 1.5))),
+    "fednova": ("FedNova", "#D55E00", (0, (6, 1.5, 1, 1.5, 1, 1.5))),
+    "oneshot": ("one-shot", "#6A3D9A", (0, (3, 1.5))),
+    "local": ("local", "#999999", (0, (1, 1))),
+    "centralized_exact": ("pooled LS", "#000000", "-"),
+    "centralized": ("centralized GD", "#555555", (0, (4, 1, 1, 1))),
+    "cyclic": ("cyclic", "#8C510A", (0, (8, 2))),
+    "personalized": ("personalized (auto)", "#44AA99", "-"),
+}
+
+#: names of knobs in legends and axis labels (other knobs keep their own name)
+KNOBS = {"eps": "\u03b5", "strategy.fraction": "share of clients per round",
+         "samples_read": "samples read per client and round"}
+
+#: markers telling apart curves of one method that differ in another knob
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+
+
+def method_style(strategy: str | None) -> dict:
+    """``label``, ``color`` and ``linestyle`` of a method (a ``strategy`` option); an
+    unknown method gets its own name and no fixed style (empty dict)."""
+    if strategy not in METHODS:
+        return {}
+    label, color, ls = METHODS[strategy]
+    return {"label": label, "color": color, "linestyle": ls}
+
+
+def knob_text(key: str, value) -> str:
+    """One knob's value as a legend shows it: ``FedAvg`` for a strategy, ``\u03b5 = 0.01``,
+    ``M = 9``."""
+    if key == "strategy":
+        return method_style(value).get("label", str(value))
+    if key == "optimizer":
+        return {"gd": "GD", "sgd": "SGD"}.get(value, str(value))
+    return f"{KNOBS.get(key, key)} = {value}"
+
+
+def curve_text(keys, values) -> str:
+    """The legend label of a curve: its knobs' values (:func:`knob_text`), strategy first."""
+    pairs = sorted(zip(keys, values, strict=True), key=lambda kv: kv[0] != "strategy")
+    return ", ".join(knob_text(k, v) for k, v in pairs)
+
+
+def method_order(handles, labels) -> tuple[list, list]:
+    """Legend entries with the methods' in the order of :data:`METHODS` (an entry is a
+    method's when its label starts with the method's name), the others after them in their
+    own order."""
+    names = [label for label, _, _ in METHODS.values()]
+
+    def rank(label: str) -> int:
+        for i, name in enumerate(names):
+            if label == name or label.startswith((name + ",", name + " (", name + ":")):
+                return i
+        return len(names)
+
+    pairs = sorted(zip(handles, labels, strict=True), key=lambda hl: rank(hl[1]))
+    return [h for h, _ in pairs], [lb for _, lb in pairs]
+
+
+def curve_style(keys, values, markers: dict | None = None) -> dict:
+    """Colour and line style of a curve: its method's (:data:`METHODS`) when ``strategy`` is
+    one of ``keys``, and a marker per combination of the other knobs' values when there are
+    others (``markers`` maps each combination to its marker, filled as curves come); without
+    ``strategy``, nothing (the axes' colour cycle)."""
+    values = dict(zip(keys, values, strict=True))
+    style = method_style(values.pop("strategy", None))
+    style.pop("label", None)
+    if style and values and markers is not None:
+        combo = tuple(values.values())
+        style["marker"] = markers.setdefault(combo, MARKERS[len(markers) % len(MARKERS)])
+    return style
+
 
 #: held while a figure is drawn (see the module's docstring)
 LOCK = threading.RLock()
@@ -103,31 +183,48 @@ def wrap(text: str | None, width: int) -> str | None:
     return "\n".join(textwrap.fill(part, width) for part in str(text).split("\n"))
 
 
+def method_of(strategy: dict | None) -> str | None:
+    """The method (a key of :data:`METHODS`) of a run's resolved ``strategy`` settings, from
+    its class (``_target_``) and, for ``Centralized``, its ``exact`` flag; None if unknown."""
+    target = str((strategy or {}).get("_target_", "")).rsplit(".", 1)[-1].lower()
+    if target == "centralized" and (strategy or {}).get("exact"):
+        target = "centralized_exact"
+    return target if target in METHODS else None
+
+
 @locked
-def plot_run(errors: pd.DataFrame, path: Path, title: str = "") -> None:
-    """e_r against r for one run: max over clients and mean over clients, each the mean over
-    repeats with its min..max band, in two colours (the mean line drawn on top).
+def plot_run(errors: pd.DataFrame, path: Path, title: str = "",
+             method: str | None = None) -> None:
+    """e_r against r for one run: max over clients (solid) and mean over clients (dashed),
+    each the mean over repeats with its min..max band, in the colour of the run's ``method``
+    (a key of :data:`METHODS`; the legend names it).
 
     Without ground truth (``e_max`` empty) the held-out one-step NRMSE is drawn instead.
     """
     fig = new_figure(figsize=(5, 3.6), layout="constrained")
     ax = fig.subplots()
+    style = method_style(method)
+    name = style.pop("label", None)
+    style.pop("linestyle", None)
+    color = style.get("color", "C0")
     metric = "e_max" if errors["e_max"].notna().any() else "nrmse_1step_max"
     mean = metric.replace("_max", "_mean")
     same = bool(errors[metric].notna().any()) and np.allclose(
         errors[metric], errors[mean], rtol=1e-12, atol=0, equal_nan=True)
-    draw_curve(ax, errors, "max over clients" + (" = mean (one client)" if same else ""),
-               metric, color="C0", lw=2.2)
+    head = f"{name}: " if name else ""
+    draw_curve(ax, errors, head + "max over clients" + (" = mean (one client)" if same else ""),
+               metric, color=color, lw=2.2)
     if not same:
-        draw_curve(ax, errors, "mean over clients", mean, color="C3", ls="--", lw=1.6,
-                   zorder=3)
+        draw_curve(ax, errors, head + "mean over clients", mean, color=color, ls="--",
+                   lw=1.4, zorder=3, alpha=0.75)
+    round_axis(ax, int(errors["round"].max()))
     style_axes(ax, metric)
     if metric == "e_max":
         ax.set_ylabel(r"$e_r^{(i)}$: max and mean over clients")
     n_rep = errors["repeat"].nunique()
-    ax.set_title(wrap(f"{title}\nlines: mean over {n_rep} repeats; bands: min..max over "
-                      "the repeats", 70), fontsize=8)
-    ax.legend(fontsize=8)
+    ax.set_title(wrap(title, 70), fontsize=8)
+    ax.legend(fontsize=8, title_fontsize=7,
+              title=(f"mean over {n_rep} repeats, band min..max" if n_rep > 1 else None))
     save(fig, [path], dpi=120)
 
 
@@ -151,15 +248,19 @@ def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | No
     ax.set_prop_cycle(**STYLE)
     keys = swept_keys(jobs) if keys is None else keys
     jobs = sorted(jobs, key=lambda j: [_sort_value(j["overrides"].get(k, "")) for k in keys])
-    rows = []
+    rows, markers = [], {}
     for j in jobs:
-        label = ", ".join(f"{k}={j['overrides'].get(k)}" for k in keys) or "run"
+        values = [j["overrides"].get(k) for k in keys]
+        label = ", ".join(f"{k}={v}" for k, v in zip(keys, values, strict=True)) or "run"
+        shown = curve_text(keys, values) or "run"
         status = j["summary"]["status"]
         if status != "ok":
-            label = mark_not_drawn(ax, j, label)
-            rows.append({"curve": label, "status": status})
+            rows.append({"curve": mark_not_drawn(ax, j, label, shown), "status": status})
             continue
-        draw_curve(ax, j["errors"], label, metric, median=median)
+        style = curve_style(keys, values, markers)
+        if "marker" in style:
+            style.update(ms=4, markevery=0.1)
+        draw_curve(ax, j["errors"], shown, metric, median=median, **style)
         last = last_round(j["errors"])
         v = last[metric]
         rows.append({"curve": label, **{k: typed(j["overrides"].get(k)) for k in keys},
@@ -182,6 +283,11 @@ def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | No
                         clip_on=False)
                 rows[-1].update({"published": value, "near_tol": tol,
                                  "fraction_near_published": near})
+    if median:
+        ax.plot([], [], ls="none", marker="o", ms=3.5, color="0.3", label="median over repeats")
+    if any("published" in r for r in rows):
+        ax.plot([], [], ls="none", marker="X", ms=7, mec="black", mew=0.8, color="0.6",
+                label="published final error")
     style_axes(ax, metric)
     if title:
         ax.set_title(title, fontsize=9)
@@ -190,7 +296,7 @@ def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | No
     if len(jobs) > 6:
         legend_below(ax, ncol=3, fontsize=6.5)
     else:
-        ax.legend(fontsize=7)
+        ax.legend(*method_order(*ax.get_legend_handles_labels()), fontsize=7)
     return rows
 
 
@@ -205,13 +311,15 @@ def status_text(summary: dict, sep: str = " at ") -> str:
     return status + (f"{sep}r={at}" if at is not None else "")
 
 
-def mark_not_drawn(ax, job: dict, label: str) -> str:
+def mark_not_drawn(ax, job: dict, label: str, shown: str | None = None) -> str:
     """A legend entry (a red x, no line) for a job that did not finish ``ok`` (diverged,
     growing, interrupted, ...), which is not drawn: its label with the status and the round
-    (``diverged at r=22; not drawn``, ``growing; not drawn``)."""
-    label += f" ({status_text(job['summary'])}; not drawn)"
-    ax.plot([], [], ls="none", marker="x", color="firebrick", label=label, gid=NOT_DRAWN)
-    return label
+    (``diverged at r=22; not drawn``, ``growing; not drawn``). The legend shows ``shown``
+    (default ``label``) with the same ending; ``label``'s is returned (for the table)."""
+    end = f" ({status_text(job['summary'])}; not drawn)"
+    ax.plot([], [], ls="none", marker="x", color="firebrick", label=(shown or label) + end,
+            gid=NOT_DRAWN)
+    return label + end
 
 
 def not_drawn_rows(ax, jobs: list[dict], keys: list[str]) -> list[dict]:
@@ -221,7 +329,8 @@ def not_drawn_rows(ax, jobs: list[dict], keys: list[str]) -> list[dict]:
     for j in jobs:
         if j["summary"]["status"] != "ok":
             values = {k: j["overrides"].get(k) for k in keys}
-            label = mark_not_drawn(ax, j, ", ".join(f"{k}={v}" for k, v in values.items()))
+            label = mark_not_drawn(ax, j, ", ".join(f"{k}={v}" for k, v in values.items()),
+                                   curve_text(list(values), list(values.values())))
             rows.append({"series": label, **{k: typed(v) for k, v in values.items()},
                          "status": j["summary"]["status"]})
     return rows
@@ -238,7 +347,7 @@ def legend_entries(axes) -> tuple[list, list]:
             if handle.get_gid() == NOT_DRAWN and panel:
                 label = f"{panel}: {label}"
             entries.setdefault(label, handle)
-    return list(entries.values()), list(entries)
+    return method_order(list(entries.values()), list(entries))
 
 
 def final_errors(jobs: list[dict], metric: str = "e_max") -> pd.DataFrame:
@@ -285,19 +394,24 @@ def plot_final(jobs: list[dict], ax, x: str, metric: str = "e_max", sqrt: bool =
     groups = df.groupby(others, sort=False) if others else [((), df)]
     keyed = sorted(groups, key=lambda g: [_sort_value(str(v)) for v in
                                           (g[0] if isinstance(g[0], tuple) else (g[0],))])
+    markers = {}
     for key, g in keyed:
         g = g.sort_values("_x")
         key = key if isinstance(key, tuple) else (key,)
         label = ", ".join(f"{k}={v}" for k, v in zip(others, key, strict=True))
         label = label or "final error"
+        shown = curve_text(others, key) or "final error"
+        style = {"marker": "o", **curve_style(others, key, markers)}
+        if bound:                       # the bounds' line styles tell them from the error
+            style["linestyle"] = "-"
         xs = np.sqrt(g["_x"]) if sqrt else g["_x"]
         b = slope(g["_x"], g["final_mean"]) if len(g) > 1 and loglog and fit else None
-        (line,) = ax.plot(xs, g["final_mean"], "o-", ms=4,
-                          label=label + (f" (slope vs {x}: {b:+.2f})" if b is not None else ""))
+        (line,) = ax.plot(xs, g["final_mean"], ms=4, **style,
+                          label=shown + (f" (slope {b:+.2f})" if b is not None else ""))
         if ref and not any("final_mean" in r for r in rows):
             x0, y0 = float(g["_x"].iloc[0]), float(g["final_mean"].iloc[0])
             ax.plot(xs, y0 * np.sqrt(x0 / g["_x"]), color="0.4", ls=(0, (2, 2)), lw=1,
-                    label=f"$c/\\sqrt{{{x}}}$ (slope vs {x}: $-1/2$)", zorder=1)
+                    label=f"$c/\\sqrt{{{x}}}$ (slope $-1/2$)", zorder=1)
         ax.fill_between(xs, g["final_min"], g["final_max"], color=line.get_color(), alpha=0.12,
                         lw=0)
         for _, r in g.iterrows():                       # tidy: one row per (curve, x)
@@ -312,13 +426,14 @@ def plot_final(jobs: list[dict], ax, x: str, metric: str = "e_max", sqrt: bool =
                     row["bound_proof_rel"] = r["bound_proof_rel"]
             rows.append(row)
         if bound:
-            ax.plot(xs, g["bound_rel"], ":", color=line.get_color(), lw=1.5,
-                    label=f"bound as stated, {label}")
+            ax.plot(xs, g["bound_rel"], color=line.get_color(), **BOUNDS["bound_rel"][1])
             if "bound_proof_rel" in g and g["bound_proof_rel"].notna().all():
-                ax.plot(xs, g["bound_proof_rel"], "-.", color=line.get_color(), lw=1,
-                        label=f"bound from the proof, {label}")
-    ax.set_xlabel(f"$\\sqrt{{{x}}}$" if sqrt else x)
+                ax.plot(xs, g["bound_proof_rel"], color=line.get_color(),
+                        **BOUNDS["bound_proof_rel"][1])
+    ax.set_xlabel(f"$\\sqrt{{{x}}}$" if sqrt else KNOBS.get(x, x))
     ax.set_ylabel(f"final {METRICS.get(metric, metric)}")
+    if bound:
+        ax.set_ylabel("final relative error and bound")
     if loglog:
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -326,19 +441,41 @@ def plot_final(jobs: list[dict], ax, x: str, metric: str = "e_max", sqrt: bool =
     ax.grid(True, which="both", alpha=0.3)
     if title:
         ax.set_title(title, fontsize=9)
-    if len(ax.get_legend_handles_labels()[1]) > 1 or b is not None:
+    if bound:
+        handles, labels = ax.get_legend_handles_labels()
+        kinds = [matplotlib.lines.Line2D([], [], color="0.3", marker="o", ms=4,
+                                         label=f"measured {METRICS.get(metric, metric)}")]
+        kinds += [matplotlib.lines.Line2D([], [], color="0.3", label=text, **kw)
+                  for text, kw in BOUNDS.values()]
+        ax.legend(handles + kinds, labels + [k.get_label() for k in kinds], fontsize=7,
+                  loc="upper center", bbox_to_anchor=(0.5, 0.0),
+                  bbox_transform=_below(ax), ncol=1, frameon=False)
+        ax.legend_rows_below = len(labels) + len(kinds)
+    elif len(ax.get_legend_handles_labels()[1]) > 1 or b is not None:
         legend_below(ax, ncol=1)
     return rows
+
+
+#: Theorem 1's bound in :func:`plot_final` (``bound=True``): the column, its legend text and
+#: line style (the curve's colour); both relative, divided by min_i ||theta_i*||, as e_r is
+BOUNDS = {"bound_rel": ("bound as stated (plug-in)", {"ls": ":", "lw": 1.5}),
+          "bound_proof_rel": ("bound (corrected constants, plug-in)", {"ls": "-.", "lw": 1})}
+
+
+def _below(ax):
+    """A transform 30 points under ``ax``'s lower edge (under its x label)."""
+    from matplotlib.transforms import offset_copy
+
+    return offset_copy(ax.transAxes, fig=ax.figure, y=-30, units="points")
 
 
 def legend_below(ax, ncol: int = 1, fontsize: float = 7) -> None:
     """A legend under ``ax``; its number of rows is kept on the axes so that :func:`figure` can
     make room for it."""
-    from matplotlib.transforms import offset_copy
-
-    n = len(ax.get_legend_handles_labels()[1])
-    below = offset_copy(ax.transAxes, fig=ax.figure, y=-30, units="points")  # under the x label
-    ax.legend(fontsize=fontsize, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+    handles, labels = method_order(*ax.get_legend_handles_labels())
+    n = len(labels)
+    below = _below(ax)                                                     # under the x label
+    ax.legend(handles, labels, fontsize=fontsize, loc="upper center", bbox_to_anchor=(0.5, 0.0),
               bbox_transform=below, ncol=ncol, frameon=False, columnspacing=1.0)
     ax.legend_rows_below = -(-n // ncol)
 
@@ -476,9 +613,14 @@ def figure(panels: list[dict], out_base: Path, metric: str = "e_max",
     Each panel is a dict with ``dir`` (a multirun folder), ``title`` and optionally ``x``
     (draw the final error against that knob instead of curves over rounds), ``sqrt``,
     ``loglog``, ``fit`` (print the log-log slope), ``bound`` (Theorem 1's right-hand side),
-    ``where`` (keep the jobs whose overrides have these values; a list allows several) and
-    ``xmax`` (``auto``: cut the round axis shortly after the curves settle). Every panel title
-    names the solver; the subtitle says what lines and bands are. When all panels draw the
+    ``where`` (keep the jobs whose overrides have these values; a list allows several),
+    ``xmax`` (``auto``: curves that settle early, see below) and ``panel`` (its name in the
+    table; default: its title). Titles are the panels' own, short; the settings, the solver
+    and what lines and bands are belong in the caption (``suptitle`` draws a figure title if
+    given). Panels of curves share one round axis, 0 to the largest R: linear, or, when a
+    panel with ``xmax: auto`` settles within a tenth of its R, linear up to round 1 and
+    logarithmic beyond (:func:`round_axis`), which shows the first rounds and the last
+    together. Curves of a method have its look (:data:`METHODS`). When all panels draw the
     same curves (same labels), the figure has one legend.
     """
     n = len(panels)
@@ -494,13 +636,10 @@ def figure(panels: list[dict], out_base: Path, metric: str = "e_max",
                   for p, jobs, keys in loaded if not p.get("x")]
         key_sets = {tuple(keys) for p, jobs, keys in loaded if not p.get("x")}
         shared = len(set(labels)) == 1 and len(key_sets) == 1 and len(curve_panels) == n
-    tables, repeats = [], set()
+    tables, rounds = [], []
     width = 48                                          # characters per panel title line
     for ax, (panel, jobs, keys) in zip(axes.flat, loaded, strict=False):
-        repeats |= {int(j["errors"]["repeat"].nunique()) for j in jobs}
-        solver = solver_label(jobs[0]["dir"], with_strategy="strategy" not in keys,
-                              with_optimizer="optimizer" not in keys)
-        title = wrap(f"{panel.get('title', '')}\n[{solver}]", width)
+        title = wrap(panel.get("title", ""), width)
         if panel.get("x") == "samples_read":                # derived from each job's config
             for j in jobs:
                 j["overrides"] = {**j["overrides"], "samples_read": str(samples_read(j["dir"]))}
@@ -517,11 +656,16 @@ def figure(panels: list[dict], out_base: Path, metric: str = "e_max",
             rows = plot_sweep(jobs, ax, metric, keys=keys, title=title, legend=not shared,
                               median=panel.get("median", False),
                               published=panel.get("published"))
-            if panel.get("xmax") == "auto":
-                R = int(max(j["errors"]["round"].max() for j in jobs))
-                ax.set_xlim(0, min(R, max(5, int(1.25 * settle_round(jobs, metric)) + 2)))
-                style_axes(ax, metric)
-        tables.append(pd.DataFrame(rows).assign(panel=panel.get("title", "")))
+            R = int(max(j["errors"]["round"].max() for j in jobs))
+            early = panel.get("xmax") == "auto" and 10 * settle_round(jobs, metric) <= R
+            rounds.append((ax, R, early))
+        tables.append(pd.DataFrame(rows).assign(panel=panel.get("panel",
+                                                                panel.get("title", ""))))
+    R = max((r for _, r, _ in rounds), default=0)
+    scale = "symlog" if any(early for _, _, early in rounds) else "linear"
+    for ax, _, _ in rounds:                     # one round axis for every panel of curves
+        round_axis(ax, R, scale)
+        style_axes(ax, metric)
     for ax in axes.flat[n:]:
         ax.set_visible(False)
     below = [max(getattr(ax, "legend_rows_below", 0) for ax in row) for row in axes]
@@ -531,19 +675,25 @@ def figure(panels: list[dict], out_base: Path, metric: str = "e_max",
         handles, labels = legend_entries(axes.flat[:n])
         fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 8),
                    fontsize=8, frameon=False)
-    rep = "/".join(str(r) for r in sorted(repeats))
-    what = ("points: final error, mean over {r} repeats; bands: min..max over the repeats"
-            if all(p.get("x") for p in panels) else
-            "lines: mean over {r} repeats; bands: min..max over the repeats")
-    chars = int(12.5 * fig.get_size_inches()[0])        # characters per line of the subtitle
-    head = wrap(suptitle, chars) + "\n" if suptitle else ""
-    fig.suptitle(head + wrap(what.format(r=rep), chars), fontsize=9.5)
+    if suptitle:
+        fig.suptitle(wrap(suptitle, int(12.5 * fig.get_size_inches()[0])), fontsize=9.5)
     out_base = Path(out_base)
     out_base.parent.mkdir(parents=True, exist_ok=True)
     save(fig, [out_base.with_suffix(".png"), out_base.with_suffix(".pdf")], dpi=110)
     table = pd.concat(tables, ignore_index=True)
     cols = ["panel"] + [c for c in table.columns if c != "panel"]
     return table[cols]
+
+
+def round_axis(ax, R: int, scale: str = "linear") -> None:
+    """The round axis of a panel of curves: 0 to ``R``, linear or (``scale="symlog"``) linear
+    up to round 1 and logarithmic beyond, which shows the first rounds and the last together."""
+    if scale == "symlog":
+        from matplotlib.ticker import FuncFormatter
+
+        ax.set_xscale("symlog", linthresh=1, linscale=0.5)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlim(0, R)
 
 
 @locked
@@ -601,8 +751,8 @@ def sweep_figure(jobs: list[dict], keys: list[str], outs, metric: str = "e_max",
     axes = fig.subplots(nrow, ncol, squeeze=False, sharex=True, sharey=True)
     tables = []
     for ax, (name, group) in zip(axes.flat, groups.items(), strict=False):
-        rows = plot_sweep(group, ax, metric, keys=curve_keys, title=name or title,
-                          legend=False)
+        shown = knob_text(panel_key, group[0]["overrides"].get(panel_key)) if name else title
+        rows = plot_sweep(group, ax, metric, keys=curve_keys, title=shown, legend=False)
         tables.append(pd.DataFrame(rows).assign(panel=name))
     for ax in axes.flat[n:]:
         ax.set_visible(False)
@@ -686,7 +836,7 @@ def plot_fit(measured, one_step, free_run, names, path: Path, title: str = "") -
             ax.plot(t, np.where(np.isfinite(free_run[:, k]), free_run[:, k], np.nan), "--",
                     lw=1.2, label="free run")
         ax.set_title(names[k], fontsize=8)
-        ax.set_xlabel("sample", fontsize=7)
+        ax.set_xlabel("time step", fontsize=7)
         ax.tick_params(labelsize=7)
         ax.grid(True, alpha=0.3)
     axes[0, 0].legend(fontsize=7)
