@@ -261,6 +261,10 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     summary = make_summary(settings, model, diverged, tables["errors"], theory, runtime=runtime,
                            settings=dataset.settings, choices=choices)
     summary.update(personal_summary(settings, tables["errors"], ci_note))
+    at = getattr(hist, "diverged_at", None)
+    if at is not None:          # in process: the repeats run on after one diverged
+        summary["repeat_status"] = ["ok" if d is None else "diverged" for d in at]
+        summary["repeat_diverged_round"] = list(at)
     left_out = left_out_clients(strategy, dataset.clients)
     if left_out:
         summary["left_out_clients"] = left_out
