@@ -77,7 +77,7 @@ def read_sweep(sweep_dir: Path) -> list[dict]:
 def diverged_repeats(job: dict) -> list[int]:
     """The repeats of a job that diverged (``summary.json: repeat_status``; empty for a run
     that stopped at its first divergence, which records no status per repeat)."""
-    return [s for s, st in enumerate(job["summary"].get("repeat_status") or [])
+    return [s for s, st in enumerate((job.get("summary") or {}).get("repeat_status") or [])
             if st == "diverged"]
 
 
