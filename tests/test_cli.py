@@ -299,6 +299,13 @@ def test_a_diverged_repeat_is_left_out_and_the_others_run_on(tmp_path):
     ok = run_experiment(compose_cfg("system=synthetic", "M=2", "R=3", "repeats=2",
                                     "output.plot=false"), tmp_path / "ok")
     assert ok["repeat_status"] == ["ok", "ok"] and ok["status"] == "ok"
+    res = cli_in_process("system=pendulum", "M=20", "N=2", "eps=2", "K=20", "lr=0.05", "R=25",
+                         "repeats=5", "optimizer.reduction=mean",
+                         "optimizer.scale_features=diagonal", "strategy=fedlin",
+                         f"hydra.run.dir={tmp_path / 'cli'}")
+    assert res.returncode == 3
+    assert ("run diverged at round 22 (" in res.stdout and "results up to round 25 kept; repeat 0 "
+            "of 5 diverged, the others' rows kept; try a smaller lr" in res.stdout), res.stdout
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-2"])
