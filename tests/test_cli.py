@@ -278,6 +278,36 @@ def test_divergence_is_reported_rows_kept_and_not_plotted(tmp_path):
     assert not (tmp_path / "error.png").exists()
 
 
+def test_a_diverged_repeat_is_left_out_and_the_others_run_on(tmp_path):
+    """FedLin on the pendulum at lr 0.05, K = 20 (compare_pendulum): repeat 0 diverges at
+    r = 22, the four others run to R with their errors kept; the run is still diverged."""
+    summary = run_experiment(compose_cfg(
+        "system=pendulum", "M=20", "N=2", "eps=2", "K=20", "lr=0.05", "R=40", "repeats=5",
+        "optimizer.reduction=mean", "optimizer.scale_features=diagonal", "strategy=fedlin",
+        "output.plot=false"), tmp_path)
+    assert summary["status"] == "diverged" and summary["diverged_round"] == 22
+    assert summary["repeat_status"] == ["diverged", "ok", "ok", "ok", "ok"]
+    assert summary["repeat_diverged_round"] == [22, None, None, None, None]
+    assert summary["rounds_completed"] == 40 and summary["final_e_max_mean"] is None
+    e = pd.read_csv(tmp_path / "errors.csv").set_index(["repeat", "round"])
+    kept = ["e_max", "e_mean", "nrmse_1step_max"]
+    assert e.loc[0].loc[:21, kept].notna().all().all() and e.loc[0].loc[22:, "e_max"].isna().all()
+    assert e.loc[0].loc[22:].isna().all().all()                     # free run included
+    rest = e.loc[1:].xs(40, level="round")["e_max"]
+    assert rest.notna().all() and rest.max() < 0.1                   # the others converged
+    assert not (tmp_path / "estimates.csv").exists()
+    ok = run_experiment(compose_cfg("system=synthetic", "M=2", "R=3", "repeats=2",
+                                    "output.plot=false"), tmp_path / "ok")
+    assert ok["repeat_status"] == ["ok", "ok"] and ok["status"] == "ok"
+    res = cli_in_process("system=pendulum", "M=20", "N=2", "eps=2", "K=20", "lr=0.05", "R=25",
+                         "repeats=5", "optimizer.reduction=mean",
+                         "optimizer.scale_features=diagonal", "strategy=fedlin",
+                         f"hydra.run.dir={tmp_path / 'cli'}")
+    assert res.returncode == 3
+    assert ("run diverged at round 22 (" in res.stdout and "results up to round 25 kept; repeat 0 "
+            "of 5 diverged, the others' rows kept; try a smaller lr" in res.stdout), res.stdout
+
+
 @pytest.mark.parametrize("value", ["abc", "0", "-2"])
 def test_bad_fnsysid_threads_is_one_line_exit_2_nothing_written(tmp_path, monkeypatch, value):
     monkeypatch.setenv("FNSYSID_THREADS", value)

@@ -116,6 +116,14 @@ def test_run_with_k_distribution_writes_it_to_the_summary(tmp_path):
     errors = pd.read_csv(tmp_path / "errors.csv")
     first, last = errors[errors["round"] == 0], errors[errors["round"] == 30]
     assert (last["e_max"].to_numpy() < first["e_max"].to_numpy()).all()
+    k = pd.read_csv(tmp_path / "k_clients.csv")                    # the K_i as they ran
+    assert list(k.columns) == ["repeat", "client", "K"] and len(k) == 12
+    want = local_steps({"kind": "uniform_int", "low": 1, "high": 20}, 6, 2, seed=0)
+    np.testing.assert_array_equal(k["K"].to_numpy().reshape(2, 6), want)
+    assert not (want[0] == want[1]).all()
+    run_experiment(compose_cfg("system=synthetic", "M=3", "R=2", "output.plot=false"),
+                   tmp_path / "equal")
+    assert not (tmp_path / "equal" / "k_clients.csv").exists()     # one K for every client
     with pytest.raises(ConfigError, match="centralized"):
         run_experiment(compose_cfg("system=synthetic", "M=3", "K=[1,2,3]",
                                    "strategy=centralized"), tmp_path / "c")

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fnsysid.results.plotting import new_figure, save
+from fnsysid.results.plotting import new_figure, plot_sweep, save
 from tests.conftest import cli_in_process
 
 #: sweeps run in this process, their jobs one after another (the launcher is not under test)
@@ -369,3 +369,49 @@ def test_fit_png_of_a_short_held_out_trajectory_draws_a_long_one(tmp_path, monke
     assert (tmp_path / "run" / "errors.csv").read_bytes() == (
         tmp_path / "plain" / "errors.csv").read_bytes()
     assert res.summary["status"] == plain.summary["status"] == "ok"
+
+
+def _job(folder, strategy, status, e_max, est=None, repeat_status=None):
+    """A finished job in memory: e_max (repeats, rounds) and, optionally, its final server
+    models est (repeats, 2) written as estimates.csv."""
+    folder.mkdir()
+    S, R1 = e_max.shape
+    errors = pd.DataFrame({"repeat": np.repeat(np.arange(S), R1),
+                           "round": np.tile(np.arange(R1), S), "e_max": e_max.ravel()})
+    if est is not None:
+        pd.DataFrame({"repeat": np.repeat(np.arange(S), 2), "client": "server",
+                      "parameter": np.tile(["a", "b"], S), "estimate": est.ravel()}
+                     ).to_csv(folder / "estimates.csv", index=False)
+    summary = {"status": status, "strategy": strategy, "diverged_round": 2,
+               "repeat_status": repeat_status}
+    return {"dir": folder, "overrides": {"strategy": strategy}, "summary": summary,
+            "errors": errors}
+
+
+def test_sweep_table_keeps_the_repeats_that_did_not_diverge_and_the_distance_to_pooled(
+        tmp_path):
+    pooled = _job(tmp_path / "p", "centralized_exact", "ok",
+                  np.array([[1.0, 0.3, 0.3], [1.0, 0.2, 0.2], [1.0, 0.4, 0.4]]),
+                  est=np.array([[3.0, 4.0], [1.0, 0.0], [0.0, 2.0]]))
+    fedavg = _job(tmp_path / "a", "fedavg", "ok",
+                  np.array([[1.0, 0.5, 0.35], [1.0, 0.5, 0.25], [1.0, 0.5, 0.45]]),
+                  est=np.array([[3.0, 4.5], [1.1, 0.0], [0.0, 2.0]]))
+    fedlin = _job(tmp_path / "l", "fedlin", "diverged",
+                  np.array([[1.0, 9.0, np.nan], [1.0, 0.3, 0.2], [1.0, 0.5, 0.4]]),
+                  repeat_status=["diverged", "ok", "ok"])
+    ax = new_figure().subplots()
+    rows = {r["strategy"]: r for r in plot_sweep([pooled, fedavg, fedlin], ax,
+                                                 keys=["strategy"])}
+    lin = rows["fedlin"]
+    assert lin["status"] == "diverged" and lin["n_repeats"] == 2 and lin["repeats_diverged"] == 1
+    assert lin["final_e_max_mean"] == pytest.approx(0.3)           # repeats 1 and 2 only
+    assert lin["pooled_e_max_mean"] == pytest.approx(0.3)          # pooled on the same two
+    assert "1 of 3 repeats diverged at r=2; not in the mean" in lin["curve"]
+    assert "dist_to_pooled" not in lin                             # no final model written
+    line = [ln for ln in ax.get_lines() if ln.get_label() == lin["curve"]][0]
+    np.testing.assert_allclose(line.get_ydata(), [1.0, 0.4, 0.3])  # the mean of the two
+    avg = rows["fedavg"]
+    assert avg["pooled_e_max_mean"] == pytest.approx(0.3) and avg["repeats_diverged"] == 0
+    assert avg["dist_to_pooled"] == pytest.approx(np.mean([0.1, 0.1, 0.0]))   # 0.5/5, 0.1/1
+    assert avg["dist_to_pooled_max"] == pytest.approx(0.1) and rows[
+        "centralized_exact"]["dist_to_pooled"] == 0.0

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fnsysid.dynamics.model import generate, least_squares, pooled
+from fnsysid.dynamics.model import centred_stats, generate, least_squares, pooled
 from fnsysid.learning.optim import GD, SGD
 from fnsysid.learning.strategies import (
     Centralized,
@@ -263,3 +263,30 @@ def test_scaffold_with_whitening_refuses_a_client_without_full_rank(fleet_with_a
         fnsysid.run([*run, f"data.path={four}"], output_dir=tmp_path / "four")
     assert not (tmp_path / "four").exists()
     assert fnsysid.run([*run, f"data.path={three}"]).summary["status"] == "ok"
+
+
+def test_sgd_with_zscore_centres_the_features_not_the_targets():
+    """A mini-batch step of SGD(zscore) is the gradient of the batch with the client's
+    centred features and its raw targets, as GD(zscore) takes the full batch."""
+    model, d = _data(M=3, N=5)
+    opt = SGD(batch_size=3, reduction="mean", scale_features="zscore")
+    opt.setup(d, model, seed=0)
+    theta0 = np.random.default_rng(1).standard_normal((2, 3, model.p))
+    got = opt.local_steps(theta0, 1, 0.1)
+    sample = opt.perm[..., :3]                                  # the first batch of each client
+    Phi = d.Phi - d.phi_mean[:, :, None, :]
+    take = lambda a: np.take_along_axis(a, sample[..., None], axis=-2)   # noqa: E731
+    Theta = np.einsum("jkp,smp->smjk", model.structure, theta0)
+    resid = take(d.Y) - np.einsum("smnk,smjk->smnj", take(Phi), Theta)
+    g = -np.einsum("jkp,smjk->smp", model.structure,
+                   np.einsum("smnj,smnk->smjk", resid, take(Phi))) / 3
+    Hc = centred_stats(d, model.structure)[0]
+    want = theta0 - 0.1 * (d.n[..., None] / np.diagonal(Hc, axis1=-2, axis2=-1)) * g
+    assert np.abs(d.y_mean).min() > 1e-3           # centring the targets would change the step
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+    full = SGD(batch_size=10**6, reduction="mean", scale_features="zscore")
+    full.setup(d, model, seed=0)
+    gd = GD(reduction="mean", scale_features="zscore", affine=False)
+    gd.setup(d, model, seed=0)
+    np.testing.assert_allclose(full.local_steps(theta0, 2, 0.1), gd.local_steps(theta0, 2, 0.1),
+                               rtol=1e-12)

@@ -48,7 +48,8 @@ def test_multirun_one_job_per_value_and_the_script_wraps_the_command(two_key_swe
 
 def test_results_csv_one_row_per_job_and_round_one_column_per_swept_key(two_key_sweep):
     table = pd.read_csv(two_key_sweep / "results.csv")
-    assert list(table.columns[:5]) == ["job", "M", "eps", "status", "round"]
+    assert list(table.columns[:6]) == ["job", "M", "eps", "status", "repeats_diverged", "round"]
+    assert (table["repeats_diverged"] == 0).all()
     for unswept in ("R", "repeats", "system", "progress", "output.plot"):
         assert unswept not in table.columns
     assert len(table) == 4 * 4                                   # 4 jobs x rounds 0..3

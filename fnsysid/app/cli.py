@@ -107,10 +107,14 @@ def task(cfg: DictConfig) -> float | None:
               "interrupted)", file=sys.stderr)
         sys.exit(interrupt.exit_code(signum))
     if summary["status"] not in ("ok", "growing"):
+        states = summary.get("repeat_status") or []
+        gone = [s for s, st in enumerate(states) if st == "diverged"]
+        kept = (f"; repeat {', '.join(map(str, gone))} of {len(states)} diverged, the others' "
+                "rows kept" if 0 < len(gone) < len(states) else "")
         log.error("run diverged at round %s (an error not finite or above %g times its start):"
-                  " results up to round %s kept; try a smaller lr than %g",
+                  " results up to round %s kept%s; try a smaller lr than %g",
                   summary["diverged_round"], DIVERGENCE_FACTOR, summary["rounds_completed"],
-                  cfg.lr)
+                  kept, cfg.lr)
         if hc.mode == RunMode.RUN:
             sys.exit(3)
         return None

@@ -253,12 +253,19 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
                 per, model.param_names, settings.output.ci_level, labels)
     if theory is not None:
         tables["theory"] = theory
-    from fnsysid.results.tables import parameters_table
+    from fnsysid.results.tables import k_clients_table, parameters_table
 
     tables["parameters"] = parameters_table(model, None if data is None else data.theta_true)
+    K = np.asarray(getattr(strategy, "K", None))
+    if K.ndim == 2:                       # per-client K_i (a list or a draw): as they ran
+        tables["k_clients"] = k_clients_table(K, [str(c) for c in dataset.clients])
     summary = make_summary(settings, model, diverged, tables["errors"], theory, runtime=runtime,
                            settings=dataset.settings, choices=choices)
     summary.update(personal_summary(settings, tables["errors"], ci_note))
+    at = getattr(hist, "diverged_at", None)
+    if at is not None:          # in process: the repeats run on after one diverged
+        summary["repeat_status"] = ["ok" if d is None else "diverged" for d in at]
+        summary["repeat_diverged_round"] = list(at)
     left_out = left_out_clients(strategy, dataset.clients)
     if left_out:
         summary["left_out_clients"] = left_out

@@ -423,10 +423,8 @@ class SGD(LocalSolver):
         self.perm = np.zeros(data.mask.shape, dtype=int)
         self.mask = data.mask
         self.Phi, self.Y = data.Phi, data.Y
-        if self.scale_features == "zscore":
-            m = data.mask[..., None]
-            self.Phi = (data.Phi - data.phi_mean[:, :, None, :]) * m
-            self.Y = (data.Y - data.y_mean[:, :, None, :]) * m
+        if self.scale_features == "zscore":        # the features only, as GD (setup)
+            self.Phi = (data.Phi - data.phi_mean[:, :, None, :]) * data.mask[..., None]
         self.t = 0                                                     # global step counter
 
     def _reshuffle(self, clients):

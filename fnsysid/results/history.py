@@ -70,6 +70,9 @@ class History:
     #: the clients' personalized models sent after the last round under runtime=flower
     #: (:class:`fnsysid.results.personal.Personal`), None otherwise
     personal: object | None = None
+    #: the round at which each repeat diverged (None where it did not), or None where the
+    #: runtime stops a run at its first divergence (runtime=flower)
+    diverged_at: list | None = None
 
     @property
     def e_max(self) -> list:

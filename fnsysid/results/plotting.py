@@ -26,7 +26,16 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from fnsysid.results.sweep import declared_keys, load_yaml, read_sweep, swept_keys, typed  # noqa: F401
+from fnsysid.results.sweep import (  # noqa: F401
+    declared_keys,
+    dist_to_pooled,
+    diverged_repeats,
+    kept_errors,
+    load_yaml,
+    read_sweep,
+    swept_keys,
+    typed,
+)
 from fnsysid.results.tables import last_round
 
 #: colour and line-style cycle (``ax.set_prop_cycle(**STYLE)``): neighbouring curves differ in
@@ -248,20 +257,30 @@ def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | No
     ax.set_prop_cycle(**STYLE)
     keys = swept_keys(jobs) if keys is None else keys
     jobs = sorted(jobs, key=lambda j: [_sort_value(j["overrides"].get(k, "")) for k in keys])
+    distance = dist_to_pooled(jobs)
+    pooled = next((last_round(j["errors"]).set_index("repeat")[metric] for j in jobs
+                   if j["summary"].get("strategy") == "centralized_exact"
+                   and j["summary"]["status"] == "ok"), None)
     rows, markers = [], {}
-    for j in jobs:
+    for i, j in enumerate(jobs):
         values = [j["overrides"].get(k) for k in keys]
         label = ", ".join(f"{k}={v}" for k, v in zip(keys, values, strict=True)) or "run"
         shown = curve_text(keys, values) or "run"
         status = j["summary"]["status"]
-        if status != "ok":
+        gone = diverged_repeats(j)
+        errors = kept_errors(j)
+        if status != "ok" and (not gone or errors.empty):
             rows.append({"curve": mark_not_drawn(ax, j, label, shown), "status": status})
             continue
+        if gone:                       # the mean over the repeats that did not diverge
+            note = (f" ({len(gone)} of {len(gone) + errors['repeat'].nunique()} repeats "
+                    f"{status_text(j['summary'])}; not in the mean)")
+            label, shown = label + note, shown + note
         style = curve_style(keys, values, markers)
         if "marker" in style:
             style.update(ms=4, markevery=0.1)
-        draw_curve(ax, j["errors"], shown, metric, median=median, **style)
-        last = last_round(j["errors"])
+        draw_curve(ax, errors, shown, metric, median=median, **style)
+        last = last_round(errors)
         v = last[metric]
         rows.append({"curve": label, **{k: typed(j["overrides"].get(k)) for k in keys},
                      "status": status, "R": int(last["round"].iloc[0]),
@@ -271,7 +290,15 @@ def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | No
                      if v.size > 1 else np.nan,
                      f"final_{metric}_median": float(v.median()),
                      f"final_{metric}_min": float(v.min()), f"final_{metric}_max": float(v.max()),
-                     "n_repeats": int(v.size)})
+                     "n_repeats": int(v.size), "repeats_diverged": len(gone)})
+        if pooled is not None:            # the pooled least squares on the same repeats
+            rows[-1][f"pooled_{metric}_mean"] = float(pooled.reindex(last["repeat"]).mean())
+        if i in distance:                 # to the pooled least squares, over the repeats
+            d = distance[i]
+            rows[-1].update({"dist_to_pooled": float(d.mean()),
+                             "dist_to_pooled_std": float(d.std(ddof=0)),
+                             "dist_to_pooled_min": float(d.min()),
+                             "dist_to_pooled_max": float(d.max())})
         if published:
             pub = {str(k): float(x) for k, x in published["values"].items()}
             value = pub.get(str(j["overrides"].get(published["key"])))
@@ -597,7 +624,7 @@ def settle_round(jobs: list[dict], metric: str = "e_max", tol: float = 0.02) -> 
     (relative) away from its final value: where the curves have settled."""
     last = 0
     for j in jobs:
-        b = band(j["errors"], metric)["mean"]
+        b = band(kept_errors(j), metric)["mean"]
         off = np.abs(b - b.iloc[-1]) > tol * abs(b.iloc[-1])
         if off.any():
             last = max(last, int(b.index[off.to_numpy()].max()))

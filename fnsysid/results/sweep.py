@@ -74,6 +74,54 @@ def read_sweep(sweep_dir: Path) -> list[dict]:
     return jobs
 
 
+def diverged_repeats(job: dict) -> list[int]:
+    """The repeats of a job that diverged (``summary.json: repeat_status``; empty for a run
+    that stopped at its first divergence, which records no status per repeat)."""
+    return [s for s, st in enumerate((job.get("summary") or {}).get("repeat_status") or [])
+            if st == "diverged"]
+
+
+def kept_errors(job: dict):
+    """A job's ``errors.csv`` without the rows of the repeats that diverged."""
+    gone = diverged_repeats(job)
+    err = job["errors"]
+    return err[~err["repeat"].isin(gone)] if gone else err
+
+
+def server_estimates(job: dict) -> np.ndarray | None:
+    """A finished job's final server model per repeat (S, p) from its ``estimates.csv``, or
+    None where it has none (diverged, or one model per client)."""
+    import pandas as pd
+
+    path = Path(job["dir"]) / "estimates.csv"
+    if not path.exists():
+        return None
+    est = pd.read_csv(path)
+    est = est[est["client"].astype(str) == "server"]
+    if est.empty:
+        return None
+    return est.pivot(index="repeat", columns="parameter", values="estimate").to_numpy()
+
+
+def dist_to_pooled(jobs: list[dict]) -> dict[int, np.ndarray]:
+    """``||theta_R - theta_pooled|| / ||theta_pooled||`` per repeat for each job of ``jobs``
+    (key: its position) that has a final server model, ``theta_pooled`` the final model of a
+    job of the same sweep with ``strategy=centralized_exact`` (the pooled least squares of the
+    same data: the jobs of a sweep share the seed). Empty without such a job."""
+    pooled = next((server_estimates(j) for j in jobs
+                   if j["summary"].get("strategy") == "centralized_exact"
+                   and j["summary"].get("status") == "ok"), None)
+    if pooled is None:
+        return {}
+    out = {}
+    for i, j in enumerate(jobs):
+        est = server_estimates(j)
+        if est is not None and est.shape == pooled.shape:
+            out[i] = (np.linalg.norm(est - pooled, axis=1)
+                      / np.linalg.norm(pooled, axis=1))
+    return out
+
+
 def _split(override: str) -> tuple[str, str]:
     key, value = override.split("=", 1)
     return key.lstrip("+~"), value
@@ -128,8 +176,10 @@ def results_table(sweep_dir: Path) -> pd.DataFrame:
     ``e`` (its mean over the repeats), ``e_se`` (standard error of that mean,
     ``std(ddof=1) / sqrt(repeats)``), ``e_lo`` and ``e_hi`` (min and max over the repeats).
     ``n_repeats`` counts the repeats; ``final`` marks each job's last round; ``status`` is the
-    job's (``ok``, ``growing`` with every row, or ``diverged`` with rows up to the round before
-    the divergence).
+    job's (``ok``, ``growing`` with every row, or ``diverged``); ``repeats_diverged`` counts
+    the repeats that diverged, which are left out of the numbers (in process the other repeats
+    run to the end; a run where every repeat diverged has rows up to the round before the last
+    divergence).
     """
     import pandas as pd
 
@@ -138,7 +188,9 @@ def results_table(sweep_dir: Path) -> pd.DataFrame:
     keys = swept_keys(jobs, declared_keys(sweep_dir))
     heads = [{"job": str(j["dir"].relative_to(sweep_dir)),
               **{k: typed(j["overrides"].get(k)) for k in keys},
-              "status": j["summary"]["status"]} for j in jobs]
+              "status": j["summary"]["status"],
+              "repeats_diverged": len(diverged_repeats(j))} for j in jobs]
+    jobs = [{**j, "errors": kept_errors(j)} for j in jobs]
     table = _rows_at_once(jobs, heads)
     if table is None:
         frames = [pd.DataFrame({**head, **_job_rows(j["errors"]).to_dict("list")})

@@ -275,6 +275,16 @@ def _number(v) -> float:
     return float(v)
 
 
+def k_clients_table(K, labels: list[str]) -> Table:
+    """The local steps each client took per round (``k_clients.csv``): one row per (repeat,
+    client) with ``K``, from the realised per-client counts ``K`` (S, M)."""
+    K = np.asarray(K, dtype=int)
+    S, M = K.shape
+    return Table({"repeat": np.repeat(np.arange(S), M),
+                  "client": np.tile(np.asarray(labels, dtype=object), S),
+                  "K": K.ravel()})
+
+
 def parameters_table(model, theta_true=None) -> Table:
     """The parameters a run fits, in order (``parameters.csv``): ``index`` (0..p-1),
     ``parameter`` (the name used by ``estimates.csv`` and truth files), for a dense model

@@ -17,8 +17,10 @@ This is a plug-in evaluation of the bound as the paper states it: the constants 
 from the data, not bounds that hold a priori. The bound is absolute; ``bound_rel`` divides it by
 ``min_i ||theta_i*||`` so that it bounds the relative errors ``e^(i)`` the runs report.
 
-``bound_proof`` is the bound that the steps of the paper's own proof (appendix) give once three
-of them are corrected (docs/ALGORITHMS.md, "Theorem 1 in numbers"):
+``bound_proof`` is the stated bound with the proof's constants corrected (plug-in; the noise
+step is not repaired): the constants that the steps of the paper's own proof (appendix) give
+once three of them are corrected (docs/ALGORITHMS.md, "Theorem 1 in numbers", which also lists
+what is not repaired, so that it is not a proven bound either):
 
 - ``||G^-1|| <= 2 / (s_phi^2 N_tot)`` multiplies the heterogeneity term too, so its constant is
   ``2 b_phi / s_phi^2``, not ``b_phi / s_phi^2``;

@@ -30,16 +30,20 @@ def _rounds(R: int, progress: bool):
 
 def train(strategy, data: ClientData, theta0, optimizer, model, settings, progress=True,
           keep_clients=False, heldout=None, eval_every: int = 1):
-    """Run R rounds; stop at the first round that diverged.
+    """Run R rounds; a repeat that diverged is left out from then on, and the run stops when
+    every repeat has diverged.
 
-    A round diverged when the model is not finite or, with a ground truth, some client's error
-    is not finite or exceeds ``DIVERGENCE_FACTOR * max(1, max_i e_0^(i))`` (finite but
-    unbounded growth, e.g. the pendulum at lr = 10); without a ground truth, the same rule on
-    the held-out one-step NRMSE (the loss).
+    A repeat diverged at a round when its model is not finite or, with a ground truth, some
+    client's error is not finite or exceeds ``DIVERGENCE_FACTOR * max(1, max_i e_0^(i))``
+    (finite but unbounded growth, e.g. the pendulum at lr = 10); without a ground truth, the
+    same rule on the held-out one-step NRMSE (the loss). Its rows from that round on are NaN;
+    the other repeats run on (their rounds do not depend on it), so their errors stay on
+    record. ``hist.diverged_at`` gives each repeat's round (None where it did not diverge).
+    With ``sparsity`` (the server prunes across rounds) the run stops at the first divergence.
 
     With held-out data, the one-step NRMSE is recorded every round and the free-run NRMSE at
-    round 0, every ``eval_every`` rounds and at the last round. Returns (history,
-    diverged_round or None).
+    round 0, every ``eval_every`` rounds and at the last round. Returns (history, the first
+    round at which a repeat diverged or None).
     """
     R = int(settings.R)                   # read once: a config lookup costs more than a round
     K = local_steps(settings.K, data.shape[1], data.shape[0], settings.seed)
@@ -67,9 +71,10 @@ def train(strategy, data: ClientData, theta0, optimizer, model, settings, progre
     def collect() -> None:
         """Wait for the free run in flight (its errors surface here) and fill in its row."""
         if pending:
-            row, job = pending.pop()
+            row, job, gone = pending.pop()
             v = over_clients(job.result(), scores.valid)
-            hist.rows["nrmse_sim_max"][row], hist.rows["nrmse_sim_mean"][row] = v
+            hist.rows["nrmse_sim_max"][row], hist.rows["nrmse_sim_mean"][row] = (
+                np.where(gone, np.nan, a) for a in v)
 
     def free_run_due(r: int) -> bool:
         return r == 0 or r == R or r % eval_every == 0
@@ -78,9 +83,10 @@ def train(strategy, data: ClientData, theta0, optimizer, model, settings, progre
         if not free_run_due(r):
             return None
         if background is None:
-            return over_clients(scores.free_run(estimate), scores.valid)
+            return tuple(blank(a) for a in over_clients(scores.free_run(estimate), scores.valid))
         collect()
-        pending.append((len(hist.e_max), background.submit(scores.free_run, estimate.copy())))
+        pending.append((len(hist.e_max), background.submit(scores.free_run, estimate.copy()),
+                        dead.copy()))
         return (np.full(estimate.shape[0], np.nan),) * 2          # filled in by collect()
 
     def record(r: int, estimate, e, one_step=None) -> None:
@@ -89,30 +95,49 @@ def train(strategy, data: ClientData, theta0, optimizer, model, settings, progre
             return
         if one_step is None:
             one_step = scores.one_step(estimate)
-        hist.record(e, one_step, scores.free_run(estimate) if free_run_due(r) else None,
-                    scores.valid)
+        hist.record(e, blank(one_step),
+                    blank(scores.free_run(estimate)) if free_run_due(r) else None, scores.valid)
+
+    S = data.shape[0]
+    dead = np.zeros(S, dtype=bool)              # repeats that diverged
+    diverged_at: list = [None] * S
+
+    def judge(r: int, bad: np.ndarray) -> bool:
+        """Mark the repeats ``bad`` (S,) that diverge at round ``r``; whether the run stops
+        (every repeat diverged, or one did under ``sparsity``)."""
+        for s in np.flatnonzero(bad & ~dead).tolist():
+            diverged_at[s] = r
+        dead[bad] = True
+        return bool(dead.all() or (sparsity is not None and dead.any()))
+
+    def blank(a):
+        """``a`` (S, ...) with NaN in the rows of the repeats that diverged."""
+        if a is None or not dead.any():
+            return a
+        return np.where(dead.reshape(-1, *([1] * (np.ndim(a) - 1))), np.nan, a)
 
     def summary(r: int, estimate) -> bool | None:
-        """Record round ``r`` from summaries if it can be (None otherwise); whether the
-        errors diverged (then nothing is recorded)."""
+        """Record round ``r`` from summaries if it can be (None otherwise); whether the run
+        stops (then nothing is recorded)."""
         if not summarize or estimate.shape[1] != 1:
             return None
         e_max, e_mean, s_max, s_mean = shared_summary(errors, scores, estimate)
-        if r and errors_diverged(e_max, limit):
+        if r and judge(r, ~(np.isfinite(e_max) & (e_max <= limit))):
             return True
-        hist.add(e_max, e_mean, None if scores is None else (s_max, s_mean),
+        hist.add(blank(e_max), blank(e_mean),
+                 None if scores is None else (blank(s_max), blank(s_mean)),
                  None if scores is None else free_run(r, estimate))
         return False
 
     def grown(est, e):
-        """(diverged?, one-step NRMSE if computed) by the rule above."""
+        """(diverged? per repeat (S,), one-step NRMSE if computed) by the rule above."""
         if has_truth:
-            return errors_diverged(e, limit), None
+            return np.array([errors_diverged(e_s, limit) for e_s in e]), None
         if scores is None:
-            return False, None
+            return np.zeros(S, dtype=bool), None
         n1 = scores.one_step(est)
-        worst = np.max(over_clients(n1, scores.valid)[0])
-        return bool(worst > limit), n1       # NaN (no valid client) never diverges
+        worst = over_clients(n1, scores.valid)[0]
+        return worst > limit, n1             # NaN (no valid client) never diverges
 
     errors = ParameterErrors(data.theta_true)
     est = strategy.estimate()
@@ -127,8 +152,7 @@ def train(strategy, data: ClientData, theta0, optimizer, model, settings, progre
         else:
             start = 1.0
         limit = growth_limit(start)
-        diverged = None
-        with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             for r in _rounds(R, progress):
                 if interrupt.requested():           # SIGINT/SIGTERM: stop between rounds
                     break
@@ -136,22 +160,20 @@ def train(strategy, data: ClientData, theta0, optimizer, model, settings, progre
                 if sparsity is not None:
                     sparsity.after_round(strategy, r)
                 est = strategy.estimate()
-                if not np.isfinite(est).all():
-                    diverged = r
+                if judge(r, ~np.isfinite(est).reshape(S, -1).all(axis=1)):
                     break
                 done = summary(r, est)
                 if done is None:
                     e = errors(est)
                     bad, n1 = grown(est, e)
-                    if not bad:
-                        record(r, est, e, n1)
-                else:
-                    bad = done
-                if bad:
-                    diverged = r
+                    if judge(r, bad):
+                        break
+                    record(r, blank(est), blank(e), blank(n1))
+                elif done:
                     break
         collect()                       # also after an interrupted or diverged round
     finally:
         if background is not None:      # after an error: no free run left behind
             background.shutdown(wait=False, cancel_futures=True)
-    return hist, diverged
+    hist.diverged_at = diverged_at
+    return hist, min((d for d in diverged_at if d is not None), default=None)
