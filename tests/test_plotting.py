@@ -408,7 +408,9 @@ def test_sweep_table_keeps_the_repeats_that_did_not_diverge_and_the_distance_to_
     assert lin["pooled_e_max_mean"] == pytest.approx(0.3)          # pooled on the same two
     assert "1 of 3 repeats diverged at r=2; not in the mean" in lin["curve"]
     assert "dist_to_pooled" not in lin                             # no final model written
-    line = [ln for ln in ax.get_lines() if ln.get_label() == lin["curve"]][0]
+    shown = "FedLin (1 of 3 repeats diverged at r=2; not in the mean)"   # the legend's name
+    assert lin["curve"] == "strategy=fedlin" + shown[len("FedLin"):]         # the table's
+    line = [ln for ln in ax.get_lines() if ln.get_label() == shown][0]
     np.testing.assert_allclose(line.get_ydata(), [1.0, 0.4, 0.3])  # the mean of the two
     avg = rows["fedavg"]
     assert avg["pooled_e_max_mean"] == pytest.approx(0.3) and avg["repeats_diverged"] == 0
