@@ -194,3 +194,18 @@ def test_run_without_output_dir_does_not_check_hydras_folder(tmp_path, monkeypat
     res = fnsysid.run({"M": 3, "R": 2, "repeats": 1, "progress": False})
     assert res.summary["status"] == "ok"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs"]
+
+
+def test_overwrite_removes_every_file_an_earlier_run_wrote(tmp_path):
+    """Each file a run writes is one output.overwrite removes: a run with personalized models
+    (client_estimates.csv) overwritten by one without leaves none of its files behind."""
+    from fnsysid.results.folder import RESULT_FILES
+
+    out = tmp_path / "out"
+    fnsysid.run({**SMALL, "R": 2, "personalize": "auto"}, output_dir=out)
+    written = {p.name for p in out.iterdir() if p.is_file()}
+    assert {"client_estimates.csv", "parameters.csv", "estimates.csv"} <= written
+    assert written - {"run.log"} <= set(RESULT_FILES)
+    fnsysid.run({**SMALL, "R": 2, "output.overwrite": True}, output_dir=out)
+    assert not (out / "client_estimates.csv").exists()
+    assert (out / "estimates.csv").exists()

@@ -103,9 +103,12 @@ def test_check_columns_works_on_a_dataframe():
                                         "one use per column"):
         check_columns(df, "frame", ["x"], [], ColumnMap(trajectory="run", time="x",
                                                         ignore=("note", "stamp")))
-    with pytest.raises(DataError, match=r"^data.ignore: column 'repeat' is also a label the "
-                                        r"reader knows \(client, repeat, split\)"):
-        check_columns(df, "frame", ["x"], [], ColumnMap("run", "stamp", ("note", "repeat")))
+    for label in ("repeat", "client"):        # split may be ignored, these two may not
+        with pytest.raises(DataError, match=rf"^data.ignore: column '{label}' cannot be ignored "
+                                            r"\(client and repeat are labels the reader uses\); "
+                                            r"allowed: other columns, and split \(then "
+                                            r"data.holdout applies\)$"):
+            check_columns(df, "frame", ["x"], [], ColumnMap("run", "stamp", ("note", label)))
 
 
 def test_ignore_and_mapping_are_typed_settings(tmp_path):

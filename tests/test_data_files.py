@@ -450,3 +450,80 @@ def test_own_data_option_without_m_runs_and_given_m_is_checked(tmp_path):
     assert res.returncode == 0, res.stderr
     files = [*GENERIC, f"data.path={tmp_path / 'logs'}", "R=2"]
     assert fnsysid.run([*files, "M=null", "repeats=null"]).summary["M"] == 3
+
+
+def _runs(folder, ids, t=False, length=6):
+    """One client's file with one run per id in ``ids`` (written as given: ``01`` stays
+    ``01``), optionally with a t column restarting at 0 for each run."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    lines = ["trajectory," + ("t," if t else "") + "x1,x2,u"]
+    for k in ids:
+        for i in range(length):
+            x1, x2, u = rng.standard_normal(3)
+            lines.append(f"{k}," + (f"{i}," if t else "") + f"{x1},{x2},{u}")
+    (folder / "dev0.csv").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+@pytest.mark.parametrize("with_t", [False, True])
+def test_trajectory_ids_are_text_so_01_and_1_are_two_runs(tmp_path, with_t):
+    rows = load_trajectories(_runs(tmp_path / "d", ["01", "1", "2"], t=with_t),
+                             ["x1", "x2"], ["u"])
+    sizes = rows.groupby("trajectory", sort=False).size()
+    assert sizes.to_dict() == {"01": 6, "1": 6, "2": 6}          # not 12 samples glued in '1'
+    assert rows["trajectory"].tolist() == ["01"] * 6 + ["1"] * 6 + ["2"] * 6
+
+
+def test_trajectory_ids_as_text_in_a_dataframe_too():
+    from fnsysid.data.files import check_tables
+
+    rng = np.random.default_rng(1)
+    df = pd.DataFrame({"trajectory": ["01"] * 4 + ["1"] * 4, "t": list(range(4)) * 2,
+                       "x1": rng.standard_normal(8), "x2": rng.standard_normal(8),
+                       "u": rng.standard_normal(8)})
+
+    class Name(str):
+        stem = "dev0"
+
+    rows = check_tables([(Name("frame"), df)], ["x1", "x2"], ["u"])
+    assert rows["_trajectory"].tolist() == [0] * 4 + [1] * 4      # two runs, t restarts: fine
+
+
+def test_numeric_trajectory_ids_keep_their_order_and_held_out_selection(tmp_path):
+    from fnsysid.data.files import read_trajectories
+    from fnsysid.data.source import _hold_out
+
+    ids = [5, 12, 0, 10, 2, 1, 11, 3, 9, 4, 8, 7, 6]               # 0..12, written shuffled
+    for fmt in ("csv", "parquet"):
+        rng = np.random.default_rng(2)
+        df = pd.DataFrame({"client": "c0", "trajectory": np.repeat(ids, 3),
+                           "t": np.tile(np.arange(3), 13), "x1": rng.standard_normal(39),
+                           "x2": rng.standard_normal(39), "u": rng.standard_normal(39)})
+        folder = write_per_client(df, tmp_path / fmt, fmt)
+        rows = read_trajectories(folder, ["x1", "x2"], ["u"])
+        order = rows.drop_duplicates("_trajectory")["trajectory"].tolist()
+        assert order == [str(k) for k in range(13)]                 # 2 before 10, as numbers
+        assert rows["_trajectory"].tolist() == list(np.repeat(np.arange(13), 3))
+        split = _hold_out(rows, 0.15, str(folder))                  # round(0.15 * 13) = 2
+        held = sorted(split.loc[split["split"] == "val", "trajectory"].unique(), key=int)
+        assert held == ["11", "12"]
+
+
+def test_a_truth_file_without_rows_or_with_an_unknown_column_is_refused(tmp_path):
+    df, _ = linear_fleet(n_clients=2, n_traj=2, length=6)
+    write_per_client(df, tmp_path / "logs")
+    (tmp_path / "empty.csv").write_text("client,parameter,value\n")
+    (tmp_path / "extra.csv").write_text("client,parameter,value,source\n"
+                                        "robot0,x1+:x1,0.9,sim\n")
+    for name, msg in (("empty", "no rows; allowed: one row per client and parameter (repeat, "
+                                "client, parameter, value)"),
+                      ("extra", "column 'source' is not a column of a truth file; allowed: "
+                                "repeat (optional), client, parameter, value")):
+        out = tmp_path / f"out_{name}"
+        res = cli_in_process(*GENERIC, f"data.path={tmp_path / 'logs'}",
+                             f"data.truth={tmp_path / name}.csv", "progress=false",
+                             f"hydra.run.dir={out}")
+        assert res.returncode == 2 and "Traceback" not in res.stderr
+        assert res.stderr.strip() == f"fnsysid: error: {tmp_path / name}.csv: {msg}"
+        assert not out.exists()

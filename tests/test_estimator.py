@@ -135,7 +135,7 @@ def test_equations_one_string_per_state_and_print_shows_them(fitted):
     eqs = m.equations()
     assert len(eqs) == 2 and eqs[0].startswith("x1+ = ") and eqs[1].startswith("x2+ = ")
     theta = m.coefficients().set_index("parameter")["value"]
-    assert f"{theta['x1+:x2']:.3f} x2" in eqs[0] and f"{abs(theta['x2+:u']):.3f} u" in eqs[1]
+    assert f"{theta['x1+:x2']:.4g} x2" in eqs[0] and f"{abs(theta['x2+:u']):.4g} u" in eqs[1]
     text = str(m)
     assert eqs[0] in text and eqs[1] in text
     lines = repr(m).splitlines()
@@ -162,7 +162,7 @@ def test_exact_zeros_are_left_out_and_uncertainty_columns_pass_through(fitted):
                                                                    "estimates": table})
     other.clients_, other.states_, other.inputs_ = m.clients_, STATES, INPUTS
     eq = other.equations()[0]
-    assert "x1^2" not in eq and eq.startswith("x1+ = 1.000 x1")
+    assert " x1^2" not in eq and eq.startswith(f"x1+ = {est[0, 0, names.index('x1+:x1')]:.4g} x1 ")
     coef = other.coefficients()
     assert list(coef.columns) == ["parameter", "value", "se", "ci_lo", "ci_hi"]
     np.testing.assert_allclose(coef["ci_hi"], table["estimate"] + 0.02)
@@ -340,3 +340,92 @@ def test_pooled_intervals_and_personalized_models_of_a_real_fit():
     # the default of a fit without intervals (FedAvg far from a fixed point): no such columns
     plain = FederatedSysID(feature_map="polynomial", **SETTINGS).fit(df, STATES, INPUTS)
     assert list(plain.coefficients().columns) == ["parameter", "value"]
+
+
+def test_an_empty_dataframe_is_refused_in_one_line():
+    df = fleet(n_clients=1, n_traj=2, length=5)
+    with pytest.raises(fnsysid.DataError, match=r"^data: no rows; allowed: a DataFrame with one "
+                                                r"row per sample$"):
+        FederatedSysID(R=5).fit(df.iloc[:0], states=STATES, inputs=INPUTS)
+
+
+def test_score_takes_the_val_rows_of_a_split_column(fitted):
+    m, df = fitted
+    val = df[df["split"] == "val"]
+    both = m.score(df)
+    assert both == pytest.approx(m.score(val), rel=1e-12)
+    assert both != pytest.approx(m.score(df.drop(columns="split")), rel=1e-6)   # all rows
+    with pytest.raises(fnsysid.DataError, match="^data: its split column marks no row val"):
+        m.score(df[df["split"] == "train"])
+
+
+def test_predict_returns_the_datas_own_column_names(tmp_path):
+    df = fleet(n_clients=2, n_traj=3, length=8).rename(columns={"trajectory": "run_id",
+                                                                 "t": "time"})
+    m = FederatedSysID(R=3, progress=False, config={"data.trajectory": "run_id",
+                                                    "data.time": "time"})
+    m.fit(df, STATES, INPUTS)
+    val = df[df["split"] == "val"]
+    for out in (m.predict(val), m.simulate(val)):
+        assert list(out.columns) == ["client", "run_id", "time", "split", *STATES]
+        assert out["run_id"].tolist() == val["run_id"].tolist()
+    folder = tmp_path / "files"
+    folder.mkdir()
+    for c, g in val.groupby("client"):
+        g.drop(columns="client").to_csv(folder / f"{c}.csv", index=False)
+    out = m.predict(folder)
+    assert list(out.columns) == ["repeat", "client", "run_id", "time", "split", *STATES]
+
+
+@pytest.fixture(scope="module")
+def repeats():
+    """A fit of two repeats labelled 3 and 7 (the second one's data differ)."""
+    df = pd.concat([fleet(n_clients=2, n_traj=3, length=20, seed=s).assign(repeat=r)
+                    for s, r in ((0, 3), (5, 7))], ignore_index=True)
+    return FederatedSysID(R=5, progress=False).fit(df, STATES, INPUTS), df
+
+
+def test_several_repeats_need_the_datas_labels_or_repeat(repeats):
+    m, df = repeats
+    coef = m.coefficients()
+    assert sorted(coef["repeat"].unique()) == [3, 7]
+    est = m.result_.estimate
+    np.testing.assert_array_equal(coef.loc[coef["repeat"] == 7, "value"], est[1, 0])
+    seven = df[(df["repeat"] == 7) & (df["split"] == "val")]
+    bare = seven.drop(columns="repeat")
+    for call in (m.predict, m.simulate, m.score):
+        with pytest.raises(fnsysid.ConfigError, match=r"^repeat=None: the fit has 2 repeats and "
+                                                      r"data has no repeat column; allowed: "
+                                                      r"repeat= one of 3, 7, or a repeat column$"):
+            call(bare)
+    pd.testing.assert_frame_equal(m.predict(bare, repeat=7)[STATES], m.predict(seven)[STATES])
+    assert m.score(bare, repeat=7) == pytest.approx(m.score(seven), rel=1e-12)
+    assert m.score(bare, repeat=3) != pytest.approx(m.score(seven), rel=1e-6)   # 3's model
+    with pytest.raises(fnsysid.ConfigError, match=r"^repeat=0 is not a repeat of the fit; "
+                                                  r"allowed: 3, 7$"):
+        m.predict(bare, repeat=0)
+    with pytest.raises(fnsysid.ConfigError, match="^repeat=7: data has a repeat column"):
+        m.predict(seven, repeat=7)
+    with pytest.raises(fnsysid.ConfigError, match="^repeat=None: the fit has 2 repeats"):
+        m.equations()
+    assert m.equations(repeat=7) != m.equations(repeat=3)
+    text = str(m).splitlines()
+    assert text[2] == "  repeat 3 (of 2: 3, 7):"
+    assert text[3:] == [f"  {e}" for e in m.equations(repeat=3)]
+
+
+def test_equations_show_small_terms_and_bracket_a_signed_feature(fitted):
+    m, _ = fitted
+    res = m.result_
+    est = res.estimate.copy()
+    names = res.model.param_names
+    est[0, 0, names.index("x1+:x1^2")] = 1.234e-5
+    est[0, 0, names.index("x1+:u")] = -2.5e-4
+    other = FederatedSysID()
+    other.result_ = dataclasses.replace(res, estimate=est)
+    other.clients_, other.states_, other.inputs_ = m.clients_, STATES, INPUTS
+    eq = other.equations()[0]
+    assert "+ 1.234e-05 x1^2" in eq and "- 0.00025 u " in eq and "0.000 " not in eq
+    pend = FederatedSysID(system="pendulum", R=2, M=2, repeats=1, progress=False).fit()
+    (line,) = pend.equations()
+    assert line.startswith("d_omega = ") and " (-g*sin(alpha)*dt) + " in line

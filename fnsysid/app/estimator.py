@@ -72,6 +72,8 @@ def _tables(data, what: str, rows: bool = False) -> tuple[list[tuple[_Table, pd.
             raise DataError(f"{what}: column 'client' is missing; columns: {', '.join(cols)}; "
                             "allowed: a DataFrame with a client column, or a mapping client -> "
                             "DataFrame")
+        if len(data) == 0:
+            raise DataError(f"{what}: no rows; allowed: a DataFrame with one row per sample")
         frame = data.copy(deep=False)
         frame.columns = cols
         client = frame["client"]
@@ -267,13 +269,27 @@ class FederatedSysID:
                               f"{', '.join(some(self.clients_, 12))}")
         return self.clients_.index(name)
 
-    def _repeat(self, repeat: int) -> int:
-        S = self._result().estimate.shape[0]
-        if not isinstance(repeat, (int, np.integer)) or not 0 <= repeat < S:
-            raise ConfigError(f"repeat={repeat} is not allowed; allowed: 0..{S - 1}")
-        return int(repeat)
+    def _repeat_labels(self) -> list[int]:
+        """The fit's repeat labels (the data's ``repeat`` values; 0..S-1 without them)."""
+        res = self._result()
+        return [int(r) for r in (res.dataset.repeats or range(res.estimate.shape[0]))]
 
-    def _theta(self, client=None, repeat: int = 0) -> np.ndarray:
+    def _repeat(self, repeat) -> int:
+        """The position of the fit's repeat labelled ``repeat`` (None: the only one; with
+        several repeats a :class:`ConfigError` asking for one)."""
+        labels = self._repeat_labels()
+        shown = ", ".join(map(str, some(labels, 12)))
+        if repeat is None:
+            if len(labels) > 1:
+                raise ConfigError(f"repeat=None: the fit has {len(labels)} repeats; allowed: "
+                                  f"repeat= one of {shown}")
+            return 0
+        if isinstance(repeat, (bool, np.bool_)) or not isinstance(repeat, (int, np.integer)) \
+                or int(repeat) not in labels:
+            raise ConfigError(f"repeat={repeat} is not a repeat of the fit; allowed: {shown}")
+        return labels.index(int(repeat))
+
+    def _theta(self, client=None, repeat=None) -> np.ndarray:
         """The parameters (p,) of the server model or of ``client``."""
         est = self._result().estimate[self._repeat(repeat)]
         if client is not None:
@@ -288,7 +304,8 @@ class FederatedSysID:
     def coefficients(self, client=None) -> pd.DataFrame:
         """The identified parameters: columns ``parameter``, ``value`` (and ``se``, ``ci_lo``,
         ``ci_hi`` where the run's estimates give them); with several repeats a ``repeat``
-        column, with a model per client a ``client`` column (``client=``: one client's)."""
+        column (the data's repeat labels), with a model per client a ``client`` column
+        (``client=``: one client's)."""
         res = self._result()
         table = res.estimates
         if client is None:
@@ -300,12 +317,14 @@ class FederatedSysID:
             if getattr(res, "client_models", None) is not None:       # personalized models
                 table = res.tables.get("client_estimates")
         S, C, _ = est.shape
-        rows = [(s, labels[c], name, float(est[s, c, k])) for s in range(S) for c in range(C)
+        reps = self._repeat_labels()
+        rows = [(reps[s], labels[c], name, float(est[s, c, k])) for s in range(S) for c in range(C)
                 for k, name in enumerate(res.model.param_names)]
         out = pd.DataFrame(rows, columns=["repeat", "client", "parameter", "value"])
         extra = [c for c in UNCERTAINTY if table is not None and c in table.columns]
         if extra:
             t = table[["repeat", "client", "parameter", *extra]].astype({"client": str})
+            t = t.assign(repeat=[reps[int(r)] for r in t["repeat"]])    # 0..S-1: labels
             out = out.merge(t, on=["repeat", "client", "parameter"], how="left")
             extra = [c for c in extra if out[c].notna().any()]   # none: no intervals here
         keep = (["repeat"] if S > 1 else []) + (["client"] if C > 1 or client is not None
@@ -322,10 +341,13 @@ class FederatedSysID:
             feats = list(sys.feature_names)
         return list(sys.target_names), list(feats)
 
-    def equations(self, client=None, precision: int = 3, repeat: int = 0) -> list[str]:
+    def equations(self, client=None, precision: int = 4, repeat=None) -> list[str]:
         """The identified model as text, one string per regression target (for
-        ``system=generic`` and the feature-map systems one per state): ``"x1+ = 1.000 x1 +
-        0.050 x2"``; terms whose coefficient is exactly 0 are left out."""
+        ``system=generic`` and the feature-map systems one per state): ``"x1+ = 1 x1 +
+        0.05 x2"``; coefficients with ``precision`` significant digits (a small one reads
+        ``1.2e-05``, not 0), terms whose coefficient is exactly 0 left out, a feature whose
+        name starts with a sign or holds a ``+``/``-`` in parentheses. With several repeats
+        ``repeat=`` (the data's label) says whose model."""
         res = self._result()
         Th = res.model.theta_matrix(self._theta(client, repeat))
         targets, feats = self._names()
@@ -335,7 +357,9 @@ class FederatedSysID:
             for c, f in zip(Th[j], feats, strict=True):
                 if c == 0:
                     continue
-                size = f"{abs(c):.{precision}f}"
+                size = f"{abs(c):.{precision}g}"
+                if re.search(r"[+-]", f):            # -g*sin(a)*dt would read as a minus
+                    f = f"({f})"
                 term = size if f == "1" else f"{size} {f}"
                 sign = "-" if c < 0 else "+"
                 terms.append((f"-{term}" if sign == "-" else term) if not terms
@@ -357,6 +381,8 @@ class FederatedSysID:
                                      columns=self._columns())
             frame = rows[PUBLIC_COLUMNS + self.states_ + self.inputs_].copy()
             frame["repeat"] = frame["repeat"].map(dict(enumerate(rows.attrs["repeats"])))
+            cm = self._columns()
+            frame = frame.rename(columns={"trajectory": cm.trajectory, "t": cm.time})
             return rows, frame.reset_index(drop=True), np.arange(len(rows))
         tables, frame, where = _tables(data, what, rows=True)
         with _row_index(tables):
@@ -368,18 +394,33 @@ class FederatedSysID:
             pos[sel] = w[rows["_row"].to_numpy()[sel] - 1]
         return rows, frame, pos
 
-    def _row_thetas(self, rows, client, what: str) -> tuple[np.ndarray, np.ndarray]:
+    def _row_thetas(self, rows, client, what: str, repeat=None
+                    ) -> tuple[np.ndarray, np.ndarray]:
         """The parameters of each row's model (n, p) and the fit's repeat of each of the
-        data's repeats (the data's repeat labels are the fit's)."""
+        data's repeats (the data's repeat labels are the fit's; ``repeat=``: the fit's repeat
+        of data without a ``repeat`` column). A fit of several repeats needs one or the
+        other."""
         res = self._result()
-        fit_labels = list(res.dataset.repeats or range(res.estimate.shape[0]))
-        reps = []
-        for label in rows.attrs["repeats"]:
-            if label not in fit_labels:
-                raise DataError(f"{what}: repeat {label} is not a repeat of the fit; allowed: "
-                                f"{', '.join(map(str, some(fit_labels, 12)))}")
-            reps.append(fit_labels.index(label))
-        reps = np.asarray(reps)
+        fit_labels = self._repeat_labels()
+        labelled = rows.attrs.get("repeat_column", True)
+        if repeat is not None and labelled:
+            raise ConfigError(f"repeat={repeat}: {what} has a repeat column; allowed: "
+                              "repeat=None (the column says whose model), or data without it")
+        if repeat is not None or (not labelled and len(fit_labels) > 1):
+            if repeat is None:
+                raise ConfigError(f"repeat=None: the fit has {len(fit_labels)} repeats and "
+                                  f"{what} has no repeat column; allowed: repeat= one of "
+                                  f"{', '.join(map(str, some(fit_labels, 12)))}, or a repeat "
+                                  "column")
+            reps = np.full(len(rows.attrs["repeats"]), self._repeat(repeat))
+        else:
+            reps = []
+            for label in rows.attrs["repeats"]:
+                if label not in fit_labels:
+                    raise DataError(f"{what}: repeat {label} is not a repeat of the fit; "
+                                    f"allowed: {', '.join(map(str, some(fit_labels, 12)))}")
+                reps.append(fit_labels.index(label))
+            reps = np.asarray(reps)
         rep = reps[rows["repeat"].to_numpy()]
         est = res.estimate
         if client is not None:
@@ -396,22 +437,28 @@ class FederatedSysID:
         return est[rep, idx], reps
 
     def _out(self, frame, pos, values, columns) -> pd.DataFrame:
-        """The data's own columns of the layout and ``values`` (checked rows' order) as
-        columns, one row per row of the data, in its order."""
-        out = frame[[c for c in PUBLIC_COLUMNS if c in frame.columns]].copy()
+        """The data's own columns of the layout (by the data's names: ``data.trajectory``,
+        ``data.time``) and ``values`` (checked rows' order) as columns, one row per row of the
+        data, in its order."""
+        cm = self._columns()
+        names = {"trajectory": cm.trajectory, "t": cm.time}
+        layout = [names.get(c, c) for c in PUBLIC_COLUMNS]
+        out = frame[[c for c in layout if c in frame.columns and c not in cm.ignore]].copy()
         full = np.full((len(frame), values.shape[1]), np.nan)
         full[pos] = values
         for k, c in enumerate(columns):
             out[c] = full[:, k]
         return out
 
-    def predict(self, data, client=None) -> pd.DataFrame:
+    def predict(self, data, client=None, repeat=None) -> pd.DataFrame:
         """One-step predictions: for each row, its states predicted from the trajectory's
         previous row (states and inputs); NaN in a trajectory's first row. One row per row of
-        ``data`` (same layout as :meth:`fit`'s, in its order), with its layout columns."""
+        ``data`` (same layout as :meth:`fit`'s, in its order), with its layout columns under
+        the data's own names. A fit of several repeats takes each row's model from the data's
+        ``repeat`` column, or ``repeat=`` (a label) for data without one."""
         self._result()
         rows, frame, pos = self._rows(data, "data")
-        theta, _ = self._row_thetas(rows, client, "data")
+        theta, _ = self._row_thetas(rows, client, "data", repeat)
         X = rows[self.states_].to_numpy(float)
         U = rows[self.inputs_].to_numpy(float) if self.inputs_ else np.zeros((len(rows), 0))
         key = rows[["repeat", "_client", "_trajectory"]].to_numpy()
@@ -422,12 +469,13 @@ class FederatedSysID:
         pred[1:][same] = step[same]
         return self._out(frame, pos, pred, self.states_)
 
-    def simulate(self, data, client=None) -> pd.DataFrame:
+    def simulate(self, data, client=None, repeat=None) -> pd.DataFrame:
         """Free run: each trajectory simulated from its first state with its recorded inputs
-        (the first row holds the measured state). One row per row of ``data``, in its order."""
+        (the first row holds the measured state). One row per row of ``data``, in its order;
+        ``repeat`` as in :meth:`predict`."""
         self._result()
         rows, frame, pos = self._rows(data, "data")
-        theta, _ = self._row_thetas(rows, client, "data")
+        theta, _ = self._row_thetas(rows, client, "data", repeat)
         key = rows[["repeat", "_client", "_trajectory"]].to_numpy()
         start = np.flatnonzero(np.append(True, (key[1:] != key[:-1]).any(axis=1)))
         lengths = np.diff(np.append(start, len(rows)))
@@ -443,16 +491,26 @@ class FederatedSysID:
         sim = free_run(self.result_.model, theta[start][None], x, u[..., :-1, :])
         return self._out(frame, pos, sim[0, traj, 0, t], self.states_)
 
-    def score(self, data, kind: str = "one_step", client=None) -> float:
-        """The held-out NRMSE of ``data`` (every row given is scored): per client, each
-        predicted state's RMSE over its standard deviation, averaged over the states; then
-        the mean over the clients (and over repeats) -- the run's ``nrmse_1step_mean``
-        (``kind="one_step"``) or ``nrmse_sim_mean`` (``kind="free_run"``) on the same data."""
+    def score(self, data, kind: str = "one_step", client=None, repeat=None) -> float:
+        """The held-out NRMSE of ``data`` (every row given is scored; with a ``split`` column
+        only its ``val`` rows): per client, each predicted state's RMSE over its standard
+        deviation, averaged over the states; then the mean over the clients (and over
+        repeats) -- the run's ``nrmse_1step_mean`` (``kind="one_step"``) or
+        ``nrmse_sim_mean`` (``kind="free_run"``) on the same data. ``repeat`` as in
+        :meth:`predict`."""
         if kind not in KINDS:
             raise ConfigError(f"kind={kind} is not allowed; allowed: {', '.join(KINDS)}")
         res = self._result()
         rows, _, _ = self._rows(data, "data")
-        theta, reps = self._row_thetas(rows, client, "data")
+        if rows.attrs.get("split_column"):                 # the held-out rows only
+            attrs = dict(rows.attrs)
+            val = rows["split"].to_numpy() == "val"
+            if not val.any():
+                raise DataError("data: its split column marks no row val; allowed: data with "
+                                "split=val rows (those are scored), or without a split column")
+            rows = rows[val].reset_index(drop=True)
+            rows.attrs = attrs
+        theta, reps = self._row_thetas(rows, client, "data", repeat)
         S = len(rows.attrs["repeats"])
         M = int(rows["_client"].max()) + 1
         first = rows.drop_duplicates(["repeat", "_client"])
@@ -490,8 +548,15 @@ class FederatedSysID:
     def __str__(self) -> str:
         if getattr(self, "result_", None) is None or self.result_.diverged is not None:
             return repr(self)
-        try:
-            eqs = self.equations()
-        except ConfigError:                                  # a model per client: the first
-            eqs = [f"client {self.clients_[0]}:"] + self.equations(client=self.clients_[0])
+        labels = self._repeat_labels()
+        head, rep = [], None
+        if len(labels) > 1:                                   # several repeats: the first
+            rep = labels[0]
+            head = [f"repeat {rep} (of {len(labels)}: {', '.join(map(str, some(labels, 12)))})"
+                    ":"]
+        if self.result_.estimate.shape[1] == 1:
+            eqs = head + self.equations(repeat=rep)
+        else:                                                 # a model per client: the first
+            eqs = head + [f"client {self.clients_[0]}:"] + self.equations(
+                client=self.clients_[0], repeat=rep)
         return "\n".join([repr(self)] + [f"  {e}" for e in eqs])

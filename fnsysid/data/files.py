@@ -2,8 +2,9 @@
 
 Layout (``data=files``): ``data.path`` is a folder with one ``.csv`` or ``.parquet`` file per
 client (client id = file stem, clients in sorted order), or one file with a ``client`` column;
-client ids are text (``00`` is not ``0``). Columns: the states and inputs by name, and
-optionally ``trajectory`` (absent: one trajectory), ``t`` (the sample order; must increase
+client ids are text (``00`` is not ``0``), and so are trajectory ids (``01`` and ``1`` are two
+runs; sorted as the clients are). Columns: the states and inputs by name, and optionally
+``trajectory`` (absent: one trajectory), ``t`` (the sample order; must increase
 within a trajectory; integers compared exactly, a CSV's read as text so that one client's
 integer stamps stay exact beside another's fractional times), ``repeat`` (independent
 repetitions) and ``split`` (``train``/``val``). A trajectory of length L gives L - 1
@@ -36,6 +37,8 @@ OPTIONAL = ("repeat", "trajectory", "t", "split")
 #: the labels a file may hold besides the states, the inputs and the mapped columns
 KNOWN = ("client", "repeat", "split")
 SPLITS = ("train", "val")
+#: the columns of a truth file
+TRUTH_COLUMNS = ("repeat", "client", "parameter", "value")
 #: columns of a validated trajectory table before the states and inputs
 PUBLIC_COLUMNS = ["repeat", "client", "trajectory", "t", "split"]
 
@@ -197,6 +200,10 @@ def check_columns(df: pd.DataFrame, where, states, inputs=(), columns: ColumnMap
                           + [(c, "data.inputs") for c in inputs] + mapped
                           + [(c, "data.ignore") for c in columns.ignore]):
         known = name in KNOWN and not (name == "split" and setting == "data.ignore")
+        if known and setting == "data.ignore":
+            raise DataError(f"data.ignore: column '{name}' cannot be ignored (client and repeat "
+                            "are labels the reader uses); allowed: other columns, and split "
+                            "(then data.holdout applies)")
         if name in uses and uses[name] != setting or known:
             first = uses.get(name, "a label the reader knows (client, repeat, split)")
             raise DataError(f"{setting}: column '{name}' is also {first}; allowed: one use "
@@ -252,8 +259,9 @@ def read_trajectories(path, states, inputs=(), setting: str = "data.path",
     -------
     DataFrame with columns ``repeat, client, trajectory, t, split``, the states and the inputs,
     sorted by (repeat, client, trajectory) with the file's order kept within a trajectory,
-    and the helper columns ``_client``, ``_trajectory`` (sort ranks). ``client`` holds strings
-    (file stems or the ``client`` column's values); ``repeat`` numbers the files' repeat
+    and the helper columns ``_client``, ``_trajectory`` (sort ranks). ``client`` and
+    ``trajectory`` hold strings (file stems or the ``client`` column's values; the ids as
+    written, ``01`` is not ``1``, sorted as clients are); ``repeat`` numbers the files' repeat
     labels 0..S-1 in their order (``attrs["repeats"]`` holds the labels) and is 0 where the
     file has no such column; ``split`` is ``train`` where the file has no such column. Raises
     :class:`DataError`.
@@ -264,7 +272,9 @@ def read_trajectories(path, states, inputs=(), setting: str = "data.path",
     one_file = Path(path).is_file() and not client_file
     columns = columns or ColumnMap()
     # t as text: integers stay exact
-    tables = ((f, read_table(f, text=("client", columns.time))) for f in files)
+    # t as text: integers stay exact; trajectory ids as text like client ids (01 is not 1)
+    tables = ((f, read_table(f, text=("client", columns.time, columns.trajectory)))
+              for f in files)
     return check_tables(tables, states, inputs, one_file, columns)
 
 
@@ -278,13 +288,15 @@ def check_tables(tables, states, inputs=(), one_file: bool = False,
     states = [states] if isinstance(states, str) else list(states)
     inputs = [inputs] if isinstance(inputs, str) else list(inputs or [])
     columns = columns or ColumnMap()
-    names, parts, split = [], [], False
+    names, parts, split, repeat = [], [], False, False
     for f, df in tables:
         names.append(f)
         split |= "split" in [str(c) for c in df.columns] and "split" not in columns.ignore
+        repeat |= "repeat" in [str(c) for c in df.columns]
         parts.append(_check_file(df, f, states, inputs, one_file, columns))
     out = _combine(parts, names, one_file, states, inputs, columns)
     out.attrs["split_column"] = split      # a table has a split column: the tables decide
+    out.attrs["repeat_column"] = repeat    # a table labels its repeats
     return out
 
 
@@ -312,7 +324,8 @@ def _check_file(df: pd.DataFrame, f: Path, states, inputs, one_file: bool,
                                 f" but in a folder the file name gives the client ('{f.stem}'); "
                                 "drop the column, or give data.path=<one file> holding all "
                                 "clients")
-    out["trajectory"] = df[traj] if traj in cols else 0
+    # trajectory ids as text, like client ids: 01 and 1 are two runs
+    out["trajectory"] = _text(df[traj]) if traj in cols else "0"
     out["t"] = _time(df, f, time) if time in cols else np.arange(len(df), dtype=float)
     if "split" in cols:
         split = df["split"].astype(str).str.strip()
@@ -411,19 +424,14 @@ def _text(values: pd.Series) -> pd.Series:
 
 
 def _client_rank(labels: pd.Series) -> np.ndarray:
-    """Rank of each client label (text) in the clients' order: numerically when all labels
-    are numbers (``2`` before ``10``; ``1`` and ``01`` stay two clients), else as text."""
+    """Rank of each client (or trajectory) label, compared as text, in the clients' order:
+    numerically when all labels are numbers (``2`` before ``10``; ``1`` and ``01`` stay two
+    labels), else as text."""
     names = np.asarray(pd.unique(labels), dtype=str)
     num = pd.to_numeric(pd.Series(names), errors="coerce").to_numpy(dtype=float)
     order = np.lexsort((names, num)) if np.isfinite(num).all() else np.argsort(names,
                                                                             kind="stable")
     return pd.Index(names[order]).get_indexer(labels.to_numpy(dtype=str))
-
-
-def _sort_key(values: pd.Series):
-    """Sort labels numerically when they are all numbers, else as text."""
-    num = pd.to_numeric(values, errors="coerce")
-    return num if num.notna().all() else values.astype(str)
 
 
 def _show(v) -> str:
@@ -448,8 +456,7 @@ def _combine(parts, files, one_file, states, inputs, columns: ColumnMap) -> pd.D
     # labels in sorted order; stable sort keeps each trajectory's rows in file order
     df["client"] = df["client"].astype(str)
     df["_client"] = _client_rank(df["client"])
-    key = _sort_key(df["trajectory"])
-    df["_trajectory"] = pd.Index(pd.unique(key)).sort_values().get_indexer(key)
+    df["_trajectory"] = _client_rank(df["trajectory"])         # ids as text, like clients
     df = df.sort_values(["repeat", "_client", "_trajectory"], kind="stable",
                         ignore_index=True)
     group = df[["repeat", "_client", "_trajectory"]].to_numpy()
@@ -598,6 +605,13 @@ def load_truth(path, clients: list[str], param_names: list[str], repeats) -> np.
         if c not in cols:
             raise DataError(f"{path}: column '{c}' is missing; columns: {', '.join(cols)} "
                             "(needed: repeat (optional), client, parameter, value)")
+    other = [c for c in cols if c not in TRUTH_COLUMNS]
+    if other:
+        raise DataError(f"{path}: column '{other[0]}' is not a column of a truth file; allowed: "
+                        "repeat (optional), client, parameter, value")
+    if len(df) == 0:
+        raise DataError(f"{path}: no rows; allowed: one row per client and parameter (repeat, "
+                        "client, parameter, value)")
     value = _numeric(df, "value", path)
     bad = ~np.isfinite(value)
     if bad.any():
