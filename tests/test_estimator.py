@@ -355,8 +355,11 @@ def test_score_takes_the_val_rows_of_a_split_column(fitted):
     both = m.score(df)
     assert both == pytest.approx(m.score(val), rel=1e-12)
     assert both != pytest.approx(m.score(df.drop(columns="split")), rel=1e-6)   # all rows
-    with pytest.raises(fnsysid.DataError, match="^data: its split column marks no row val"):
-        m.score(df[df["split"] == "train"])
+    # no row marked val (e.g. fnsysid.load_trajectories of a file without a split column):
+    # every row given is scored
+    train = df[df["split"] == "train"]
+    assert m.score(train) == pytest.approx(m.score(train.drop(columns="split")), rel=1e-12)
+    assert m.score(train) != pytest.approx(both, rel=1e-6)
 
 
 def test_predict_returns_the_datas_own_column_names(tmp_path):

@@ -493,7 +493,7 @@ class FederatedSysID:
 
     def score(self, data, kind: str = "one_step", client=None, repeat=None) -> float:
         """The held-out NRMSE of ``data`` (every row given is scored; with a ``split`` column
-        only its ``val`` rows): per client, each predicted state's RMSE over its standard
+        that marks rows ``val``, only those, as the run scores its held-out rows): per client, each predicted state's RMSE over its standard
         deviation, averaged over the states; then the mean over the clients (and over
         repeats) -- the run's ``nrmse_1step_mean`` (``kind="one_step"``) or
         ``nrmse_sim_mean`` (``kind="free_run"``) on the same data. ``repeat`` as in
@@ -502,12 +502,9 @@ class FederatedSysID:
             raise ConfigError(f"kind={kind} is not allowed; allowed: {', '.join(KINDS)}")
         res = self._result()
         rows, _, _ = self._rows(data, "data")
-        if rows.attrs.get("split_column"):                 # the held-out rows only
+        val = rows["split"].to_numpy() == "val"
+        if rows.attrs.get("split_column") and val.any():   # the held-out rows only
             attrs = dict(rows.attrs)
-            val = rows["split"].to_numpy() == "val"
-            if not val.any():
-                raise DataError("data: its split column marks no row val; allowed: data with "
-                                "split=val rows (those are scored), or without a split column")
             rows = rows[val].reset_index(drop=True)
             rows.attrs = attrs
         theta, reps = self._row_thetas(rows, client, "data", repeat)
