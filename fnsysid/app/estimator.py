@@ -492,12 +492,12 @@ class FederatedSysID:
         return self._out(frame, pos, sim[0, traj, 0, t], self.states_)
 
     def score(self, data, kind: str = "one_step", client=None, repeat=None) -> float:
-        """The held-out NRMSE of ``data`` (every row given is scored; with a ``split`` column
-        that marks rows ``val``, only those, as the run scores its held-out rows): per client, each predicted state's RMSE over its standard
-        deviation, averaged over the states; then the mean over the clients (and over
-        repeats) -- the run's ``nrmse_1step_mean`` (``kind="one_step"``) or
-        ``nrmse_sim_mean`` (``kind="free_run"``) on the same data. ``repeat`` as in
-        :meth:`predict`."""
+        """The held-out NRMSE of ``data``: every row given is scored, or with a ``split``
+        column that marks rows ``val`` only those (as the run scores its held-out rows). Per
+        client, each predicted state's RMSE over its standard deviation, averaged over the
+        states; then the mean over the clients (and over repeats) -- the run's
+        ``nrmse_1step_mean`` (``kind="one_step"``) or ``nrmse_sim_mean``
+        (``kind="free_run"``) on the same data. ``repeat`` as in :meth:`predict`."""
         if kind not in KINDS:
             raise ConfigError(f"kind={kind} is not allowed; allowed: {', '.join(KINDS)}")
         res = self._result()
