@@ -21,8 +21,10 @@ from fnsysid.results.metrics import ParameterErrors
 from fnsysid.results.tables import Table
 
 #: how the intervals are made (written to summary.json)
-CI_METHOD = ("normal quantile; least squares: se = sqrt(s^2 diag(H^-1)), s^2 = RSS / "
-             "(n n_y - p); personalize=auto: posterior standard deviation")
+CI_METHOD = ("normal quantile; least squares: se = sqrt(s_k^2 diag(H^-1)), one residual "
+             "variance per target (per group of targets a parameter enters together) s_k^2 = "
+             "RSS_k / (n n_k - p_k), on the kept terms of a sparse "
+             "model; personalize=auto: posterior standard deviation (one pooled variance)")
 
 
 @dataclass
@@ -51,13 +53,24 @@ def n_targets(model) -> int:
     return int(model.structure.shape[0])
 
 
+def own_intervals(model, data, support=None):
+    """Least squares of the statistics ``data`` with their standard errors, one residual
+    variance per target (:func:`fnsysid.learning.personalize.least_squares_intervals`); one
+    for all targets where the data carry no per-target sums of squares."""
+    if data.yy_target is None:
+        return pers.least_squares_intervals(data.H, data.b, data.yy, data.n, n_targets(model),
+                                            support)
+    return pers.least_squares_intervals(data.H, data.b, data.yy_target, data.n,
+                                        pers.noise_blocks(model.structure), support)
+
+
 def personalized(settings, model, strategy, data) -> Personal | None:
     """The ``personalize`` option's client models (None for ``none``)."""
     option = settings.personalize
     if option.name == "none":
         return None
     n_y = n_targets(model)
-    local, local_se, _, _ = pers.least_squares_intervals(data.H, data.b, data.yy, data.n, n_y)
+    local, local_se, _, _ = own_intervals(model, data)
     if option.name == "auto":
         models, se, _ = pers.auto(data.H, data.b, data.yy, data.n, n_y)
     else:
@@ -75,18 +88,29 @@ def server_intervals(strategy, data, model) -> tuple[np.ndarray | None, str]:
     if data is None:
         return None, ("the server holds no statistics of the clients' data (runtime=flower); "
                       "see client_estimates.csv")
-    n_y = n_targets(model)
+    sparsity = getattr(strategy, "sparsity", None)
+    support = None if sparsity is None else sparsity.support            # (S, p) or None
+    if support is not None and getattr(sparsity, "alpha", 0.0):
+        return None, (f"sparsity.alpha={sparsity.alpha}: the ridge biases the estimate by an "
+                      "amount no noise covariance describes (sparsity.alpha=0 has intervals)")
     if isinstance(strategy, Centralized) and strategy.exact:
-        p = pooled(data)
-        _, se, _, _ = pers.least_squares_intervals(p.H, p.b, p.yy, p.n, n_y)
-        return se, "pooled least squares"
+        _, se, _, _ = own_intervals(model, pooled(data),
+                                    None if support is None else support[:, None])
+        note = "pooled least squares"
+        return se, note if support is None else note + " refitted on the kept terms"
     if isinstance(strategy, OneShot):
-        _, se, _, _ = pers.least_squares_intervals(data.H, data.b, data.yy, data.n, n_y)
+        sup = None if support is None else support[:, None]
+        _, se, _, _ = own_intervals(model, data, sup)
+        H = data.H if sup is None else data.H * sup[..., :, None] * sup[..., None, :]
         w = np.ones(data.n.shape) if strategy.weights is None else strategy.weights
-        w = w * determined(data.H)
+        w = w * determined(H if sup is None else H + np.where(sup, 0.0, 1.0)[..., None]
+                           * np.eye(H.shape[-1]))
         w = w / w.sum(axis=1, keepdims=True)
         var = np.einsum("sm,smp->sp", w ** 2, np.where(w[..., None] > 0, se ** 2, 0.0))
-        return np.sqrt(var)[:, None], "average of the clients' least squares"
+        if support is not None:
+            var = np.where(support, var, np.nan)
+        note = "average of the clients' least squares"
+        return np.sqrt(var)[:, None], note if support is None else note + " on the kept terms"
     return None, ("the estimate is an iterate of gradient steps, not the solution of a "
                   "least-squares problem: its error is mostly the distance to its fixed point, "
                   "which no noise covariance describes (strategy=centralized_exact or oneshot "
