@@ -8,8 +8,12 @@ import pandas as pd
 import pytest
 
 import fnsysid
+from fnsysid.app.build import build
 from fnsysid.dynamics.features import Polynomial
+from fnsysid.dynamics.model import ClientData, ragged_stats
 from fnsysid.learning import personalize as pers
+from fnsysid.results.personal import target_variances
+from tests.conftest import compose_cfg
 from tests.test_sparsity import TRUE, duffing_fleet
 
 DT, K, C, BETA = 0.05, 1.1, 0.3, 0.5
@@ -151,6 +155,8 @@ def test_generic_intervals_cover_each_target_95_percent(tmp_path):
                      ce["truth"])
     assert len(inside[x2]) == 20000 and 0.93 <= inside[x2].mean() <= 0.97
     assert (ce.loc[~x2, "local_se"] < 1e-6).all() and inside[~x2].all()
+    # auto's one noise variance does not fit these targets: the summary says so
+    assert "not right" in res.summary["ci"]["client_estimates"]
 
 
 @pytest.mark.slow
@@ -167,3 +173,24 @@ def test_sparse_intervals_cover_the_kept_terms_95_percent(tmp_path):
     x2 = kept & est["parameter"].str.startswith("x2+")
     inside = _inside(est["ci_lo"], est["ci_hi"], est["true_mean"])[x2]
     assert len(inside) == 800 and 0.93 <= inside.mean() <= 0.97
+
+
+def _generic_data(noise_x1: float):
+    """One repeat of three clients of a generic two-state model with its own features
+    (x1, x2, u), x1+ with noise ``noise_x1`` and x2+ with noise 0.1."""
+    model = build(compose_cfg("system=generic", "data=files", "data.path=x",
+                              "data.states=[x1,x2]", "data.inputs=[u]"))[0]
+    rng = np.random.default_rng(5)
+    Phi = rng.normal(size=(300, 3))
+    Y = Phi @ rng.normal(size=(3, 2)) + [noise_x1, 0.1] * rng.normal(size=(300, 2))
+    stats = ragged_stats(model, Phi, Y, np.full(3, 100))
+    H, b, yy, n, phi2max, phi_mean, y_mean, yy_t = (a[None] for a in stats)
+    return model, ClientData(np.full((1, 3, model.p), np.nan), H, b, yy, n, None, None, None,
+                             phi2max, phi_mean, y_mean, yy_t)
+
+
+def test_auto_says_its_intervals_are_wrong_when_the_targets_noise_differs():
+    model, data = _generic_data(0.0)
+    line = target_variances(model, data)
+    assert line is not None and "x1+: " in line and "x2+: 0.0" in line
+    assert target_variances(*_generic_data(0.1)) is None          # alike: one variance fits

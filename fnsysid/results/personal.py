@@ -46,6 +46,38 @@ class Personal:
     local_se: np.ndarray
     errors: np.ndarray
     truth: np.ndarray
+    warning: str | None = None
+
+
+#: personalize=auto's one noise variance is reported wrong when the targets' residual
+#: variances (pooled fit) differ by more than this factor
+VARIANCE_RATIO = 2.0
+
+
+def target_variances(model, data) -> str | None:
+    """Why ``personalize=auto``'s intervals are not right for these data, or None: it assumes
+    one noise variance for all targets, and the residual variances of the targets (pooled
+    least squares, per group of targets) differ by more than :data:`VARIANCE_RATIO`."""
+    if data.yy_target is None:
+        return None
+    blocks = pers.noise_blocks(model.structure)
+    if blocks.g < 2:
+        return None
+    _, _, s2, _ = own_intervals(model, pooled(data))                    # (S, 1, g)
+    s2 = s2[:, 0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = s2.max(axis=-1) / s2.min(axis=-1)
+    if not (np.isfinite(s2).all() and (ratio > VARIANCE_RATIO).any()):
+        return None
+    names = model.system.target_names
+    first = [", ".join(str(names[j]) for j in np.flatnonzero(blocks.targets == k))
+             for k in range(blocks.g)]
+    s = int(np.argmax(ratio))
+    parts = "; ".join(f"{t}: {v:.3g}" for t, v in zip(first, s2[s], strict=True))
+    return (f"personalize=auto assumes one noise variance for all targets, but the targets' "
+            f"residual variances differ up to {ratio[s]:.3g}-fold (repeat {s}: {parts}): its "
+            "se, ci_lo and ci_hi in client_estimates.csv are not right (local_se is, per "
+            "target)")
 
 
 def n_targets(model) -> int:
@@ -71,15 +103,17 @@ def personalized(settings, model, strategy, data) -> Personal | None:
         return None
     n_y = n_targets(model)
     local, local_se, _, _ = own_intervals(model, data)
+    warning = None
     if option.name == "auto":
         models, se, _ = pers.auto(data.H, data.b, data.yy, data.n, n_y)
+        warning = target_variances(model, data)
     else:
         models = pers.finetune(strategy.optimizer, data, model, strategy.estimate(), option.K,
                                option.lr, settings.seed)
         se = np.full(models.shape, np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
         errors = ParameterErrors(data.theta_true)(models)
-    return Personal(option.name, models, se, local, local_se, errors, data.theta_true)
+    return Personal(option.name, models, se, local, local_se, errors, data.theta_true, warning)
 
 
 def server_intervals(strategy, data, model) -> tuple[np.ndarray | None, str]:
@@ -154,11 +188,12 @@ def add_personal_errors(errors: Table, per: Personal | None) -> Table:
     return Table({**errors.columns, "e_pers_max": e_max, "e_pers_mean": e_mean})
 
 
-def personal_summary(settings, errors, ci_note: str | None) -> dict:
+def personal_summary(settings, errors, ci_note: str | None, per: Personal | None = None) -> dict:
     """The summary's fields of this module: ``personalize`` (the option), the final
     ``e_pers`` values (mean and std over repeats of the last round's max and mean over
-    clients; null without them) and ``ci`` (level, method, and for ``estimates.csv`` what the
-    intervals are or why they are empty)."""
+    clients; null without them) and ``ci`` (level, method, for ``estimates.csv`` what the
+    intervals are or why they are empty, and ``client_estimates`` when the personalized
+    intervals are not right: :func:`target_variances`)."""
     out: dict = {"personalize": settings.personalize.name}
     cols = getattr(errors, "columns", errors)
     for col in ("e_pers_max", "e_pers_mean"):
@@ -171,4 +206,6 @@ def personal_summary(settings, errors, ci_note: str | None) -> dict:
         out[f"final_{col}_std"] = None if v is None else float(v.std())
     out["ci"] = {"level": settings.output.ci_level, "method": CI_METHOD,
                  "estimates": ci_note}
+    if per is not None and per.warning:
+        out["ci"]["client_estimates"] = per.warning
     return out
