@@ -21,7 +21,7 @@ def test_least_squares_intervals_are_the_textbook_ones():
     rng = np.random.default_rng(3)
     X = rng.normal(size=(40, 3))
     y = X @ np.array([1.0, -2.0, 0.5]) + 0.3 * rng.normal(size=40)
-    theta, se, s2, dof = pers.least_squares_intervals(*_stats(X, y), n_y=1)
+    theta, se, s2, dof = pers.least_squares_intervals(*_stats(X, y), 1)
     ref = np.linalg.lstsq(X, y, rcond=None)[0]
     r = y - X @ ref
     ref_s2 = r @ r / (40 - 3)
@@ -36,7 +36,7 @@ def test_singular_gram_has_no_standard_errors():
     X = np.zeros((10, 2))
     X[:, 0] = np.arange(10.0)                   # the second feature never moves
     H, b, yy, n = _stats(X, np.arange(10.0))
-    _, se, _, _ = pers.least_squares_intervals(H, b, yy, n, n_y=1)
+    _, se, _, _ = pers.least_squares_intervals(H, b, yy, n, 1)
     assert np.isnan(se).all()
 
 
@@ -145,7 +145,8 @@ def test_run_with_auto_writes_client_estimates_errors_and_summary():
     # pooled least squares intervals from the pooled statistics
     data = r.dataset.train
     p = pooled(data)
-    _, se, _, _ = pers.least_squares_intervals(p.H, p.b, p.yy, p.n, 3)
+    _, se, _, _ = pers.least_squares_intervals(p.H, p.b, p.yy_target, p.n,
+                                               pers.noise_blocks(r.model.structure))
     np.testing.assert_allclose(r.estimates["se"], se.ravel())
     assert (r.estimates["ci_lo"] < r.estimates["estimate"]).all()
 
@@ -163,7 +164,8 @@ def test_oneshot_intervals_average_the_clients_covariances():
     r = execute(compose_cfg("system=synthetic", "strategy=oneshot", "R=1", "repeats=1", "M=4",
                             "output.plot=false"), choices={}, given=frozenset())
     d = r.dataset.train
-    _, se, _, _ = pers.least_squares_intervals(d.H, d.b, d.yy, d.n, 3)
+    _, se, _, _ = pers.least_squares_intervals(d.H, d.b, d.yy_target, d.n,
+                                               pers.noise_blocks(r.model.structure))
     np.testing.assert_allclose(r.estimates["se"], np.sqrt((se[0] ** 2).sum(0)) / 4)
 
 

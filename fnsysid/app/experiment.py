@@ -261,7 +261,9 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
         tables["k_clients"] = k_clients_table(K, [str(c) for c in dataset.clients])
     summary = make_summary(settings, model, diverged, tables["errors"], theory, runtime=runtime,
                            settings=dataset.settings, choices=choices)
-    summary.update(personal_summary(settings, tables["errors"], ci_note))
+    summary.update(personal_summary(settings, tables["errors"], ci_note, per))
+    if per is not None and getattr(per, "warning", None):
+        log.warning(per.warning)
     at = getattr(hist, "diverged_at", None)
     if at is not None:          # in process: the repeats run on after one diverged
         summary["repeat_status"] = ["ok" if d is None else "diverged" for d in at]

@@ -129,7 +129,8 @@ class ClientData:
     sufficient statistics; ``Phi, Y, mask`` the samples (kept only when an optimizer needs them);
     ``phi2max`` the largest squared feature norm ``max_t ||phi_t||^2`` of each client;
     ``phi_mean`` (S, M, n_phi) and ``y_mean`` (S, M, n_y) the sample means of features and
-    targets (for centred feature scaling).
+    targets (for centred feature scaling); ``yy_target`` (S, M, n_y) the sums of squares of
+    each target (``yy`` is their sum; the residual variance of each target needs them).
     """
 
     theta_true: np.ndarray
@@ -143,6 +144,7 @@ class ClientData:
     phi2max: np.ndarray | None = None
     phi_mean: np.ndarray | None = None
     y_mean: np.ndarray | None = None
+    yy_target: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -165,7 +167,9 @@ def pooled(data: ClientData) -> ClientData:
                       data.yy.sum(axis=1, keepdims=True), data.n.sum(axis=1, keepdims=True),
                       cat(data.Phi), cat(data.Y), cat(data.mask),
                       None if data.phi2max is None else data.phi2max.max(axis=1, keepdims=True),
-                      mean(data.phi_mean), mean(data.y_mean))
+                      mean(data.phi_mean), mean(data.y_mean),
+                      None if data.yy_target is None else
+                      data.yy_target.sum(axis=1, keepdims=True))
 
 
 def centred_stats(data: ClientData, structure: np.ndarray):
@@ -221,6 +225,7 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
     yy, n, phi2max = np.empty((S, M)), np.empty((S, M)), np.empty((S, M))
     n_y, n_phi = model.structure.shape[:2]
     phi_mean, y_mean = np.empty((S, M, n_phi)), np.empty((S, M, n_y))
+    yy_target = np.empty((S, M, n_y))
     traj_mask = (np.arange(n_max)[None, :] < N[:, None]).astype(float)  # (M, n_max)
     if keep_samples:
         Phi = np.zeros((S, M, n_max * T, n_phi))
@@ -238,14 +243,16 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
         Y_b = Y_b.reshape(size, n_max * T, -1)
         wgt = np.repeat(traj_mask[lo:hi], T, axis=1)
         (H[s, lo:hi], b[s, lo:hi], yy[s, lo:hi], n[s, lo:hi], phi2max[s, lo:hi],
-         phi_mean[s, lo:hi], y_mean[s, lo:hi]) = sample_stats(model, Phi_b, Y_b, wgt)
+         phi_mean[s, lo:hi], y_mean[s, lo:hi], yy_target[s, lo:hi]) = sample_stats(
+            model, Phi_b, Y_b, wgt)
         if keep_samples:
             Phi[s, lo:hi], Y[s, lo:hi] = Phi_b * wgt[..., None], Y_b * wgt[..., None]
 
     for_chunks(S, blocks, limit, work)
     if not keep_samples:
         Phi = Y = mask = None
-    data = ClientData(theta_true, H, b, yy, n, Phi, Y, mask, phi2max, phi_mean, y_mean)
+    data = ClientData(theta_true, H, b, yy, n, Phi, Y, mask, phi2max, phi_mean, y_mean,
+                      yy_target)
     if keep is None:
         return data
     return ClientData(*(None if a is None else a[:, keep] for a in vars(data).values()))
@@ -322,7 +329,8 @@ def moments(Phi, Y, wgt):
 def sample_stats(model: Model, Phi, Y, wgt):
     """Per-client statistics of padded samples ``Phi`` (..., n, n_phi), ``Y`` (..., n, n_y)
     with 0/1 weights ``wgt`` (..., n): ``H, b, yy, n`` (see :meth:`Model.stats`),
-    ``phi2max``, ``phi_mean`` and ``y_mean`` (the fields of :class:`ClientData`).
+    ``phi2max``, ``phi_mean``, ``y_mean`` and ``yy_target`` (the fields of
+    :class:`ClientData`).
 
     Sums over samples run along a contiguous axis (features moved first).
     """
@@ -331,13 +339,14 @@ def sample_stats(model: Model, Phi, Y, wgt):
     S = model.structure
     H = np.einsum("jkp,...kl,jlq->...pq", S, gram, S, optimize=True)
     b = np.einsum("jkp,...jk->...p", S, cross, optimize=True)
-    yy = np.einsum("y...n,y...n->...", Zw, Z)
+    yy_target = np.moveaxis(np.einsum("y...n,y...n->y...", Zw, Z), 0, -1)
+    yy = yy_target.sum(axis=-1)
     n = wgt.sum(axis=-1)
     phi2 = np.einsum("k...n,k...n->...n", F, F)
     phi2max = (phi2 if full else phi2 * wgt).max(axis=-1)
     phi_mean = np.moveaxis(Fw.sum(axis=-1), 0, -1) / n[..., None]
     y_mean = np.moveaxis(Zw.sum(axis=-1), 0, -1) / n[..., None]
-    return H, b, yy, n, phi2max, phi_mean, y_mean
+    return H, b, yy, n, phi2max, phi_mean, y_mean, yy_target
 
 
 def length_classes(count: np.ndarray) -> np.ndarray:
@@ -385,6 +394,7 @@ def ragged_stats(model: Model, Phi: np.ndarray, Y: np.ndarray, count: np.ndarray
     H, b = np.empty((n_seg, p, p)), np.empty((n_seg, p))
     yy, n, phi2max = np.empty(n_seg), np.empty(n_seg), np.empty(n_seg)
     phi_mean, y_mean = np.empty((n_seg, n_phi)), np.empty((n_seg, n_y))
+    yy_target = np.empty((n_seg, n_y))
     for ids in ragged_chunks(count, 3 * n_phi + 3 * n_y + 3):
         n_b = int(count[ids].max())
         pos = np.arange(n_b)
@@ -394,8 +404,8 @@ def ragged_stats(model: Model, Phi: np.ndarray, Y: np.ndarray, count: np.ndarray
         if not w.all():
             P[~w], Yb[~w] = 0.0, 0.0
         (H[ids], b[ids], yy[ids], n[ids], phi2max[ids], phi_mean[ids],
-         y_mean[ids]) = sample_stats(model, P, Yb, w.astype(float))
-    return H, b, yy, n, phi2max, phi_mean, y_mean
+         y_mean[ids], yy_target[ids]) = sample_stats(model, P, Yb, w.astype(float))
+    return H, b, yy, n, phi2max, phi_mean, y_mean, yy_target
 
 
 def threads(n_jobs: int) -> int:

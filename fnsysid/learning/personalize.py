@@ -5,8 +5,9 @@ Everything here works on the clients' sufficient statistics ``H, b, yy, n`` (S, 
 over clients). The derivations are in ``docs/ALGORITHMS.md`` (Personalization and confidence
 intervals).
 
-- :func:`least_squares_intervals`: the least-squares solution of statistics, its standard errors
-  ``sqrt(s^2 diag(H^-1))`` with the residual variance ``s^2 = RSS / (n n_y - p)``, and the
+- :func:`least_squares_intervals`: the least-squares solution of statistics (on a sparse
+  model's support), its standard errors ``sqrt(s_k^2 diag(H^-1))`` with a residual variance
+  ``s_k^2 = RSS_k / (n n_k - p_k)`` per group of targets (:func:`noise_blocks`), and the
   normal-quantile interval (:func:`z_value`).
 - :func:`auto`: the empirical-Bayes (random-effects) estimator of every client's own model,
   split into what a client computes (:func:`client_message`, :func:`client_posterior`) and what
@@ -51,20 +52,93 @@ def residuals(H, b, yy, theta) -> np.ndarray:
     return np.maximum(yy - 2 * np.einsum("...p,...p->...", b, theta) + quad, 0.0)
 
 
-def least_squares_intervals(H, b, yy, n, n_y: int):
-    """Least-squares solution, standard errors and residual variance of statistics (...).
+#: relative resolution of a residual sum of squares computed from statistics (of ``yy``)
+RESOLUTION = np.finfo(float).eps
 
-    ``se_j = sqrt(s^2 (H^-1)_jj)`` with ``s^2 = RSS / (n n_y - p)`` (each of the ``n`` samples
-    has ``n_y`` targets, one noise variance for all). NaN where ``H`` is singular or there are
-    no more observations than parameters. Returns ``(theta, se, s2, dof)``.
+
+@dataclass(frozen=True)
+class NoiseBlocks:
+    """The groups of regression targets that get one residual variance each.
+
+    ``param_block`` (p,): the group of each parameter; ``n_targets`` (g,): the targets of each
+    group; ``targets`` (n_y,): the group of each target (-1: a target without parameters).
+    Two targets are in one group when a parameter enters both (the quadrotor's ``1/m`` in its
+    three velocity updates); the dense models of a feature library have one group per target.
+    """
+
+    param_block: np.ndarray
+    n_targets: np.ndarray
+    targets: np.ndarray
+
+    @property
+    def g(self) -> int:
+        return len(self.n_targets)
+
+    def per_block(self, yy) -> np.ndarray:
+        """Sums of squares of targets (..., n_y) summed over each group: (..., g)."""
+        yy = np.asarray(yy, float)
+        return np.stack([yy[..., self.targets == k].sum(axis=-1) for k in range(self.g)],
+                        axis=-1)
+
+
+def noise_blocks(structure: np.ndarray) -> NoiseBlocks:
+    """:class:`NoiseBlocks` of a model's ``structure`` (n_y, n_phi, p)."""
+    enters = np.abs(np.asarray(structure)).sum(axis=1) > 0            # (n_y, p)
+    n_y, p = enters.shape
+    group = np.arange(n_y)
+    for q in range(p):                                               # union of the targets
+        js = np.flatnonzero(enters[:, q])                            # a parameter enters
+        if len(js) > 1:
+            group[np.isin(group, group[js])] = group[js].min()
+    used = np.unique(group[enters.any(axis=1)])
+    targets = np.where(enters.any(axis=1), np.searchsorted(used, group), -1)
+    param_block = np.array([targets[np.flatnonzero(enters[:, q])[0]] if enters[:, q].any()
+                            else 0 for q in range(p)], dtype=int)
+    return NoiseBlocks(param_block, np.bincount(targets[targets >= 0], minlength=len(used)),
+                       targets)
+
+
+def pooled_blocks(n_y: int, p: int) -> NoiseBlocks:
+    """One group of ``n_y`` targets holding all ``p`` parameters (one pooled variance)."""
+    return NoiseBlocks(np.zeros(p, int), np.array([n_y]), np.zeros(n_y, int))
+
+
+def least_squares_intervals(H, b, yy, n, blocks, support=None):
+    """Least-squares solution, standard errors and residual variances of statistics (...).
+
+    ``blocks``: the model's :class:`NoiseBlocks` with ``yy`` the sums of squares of each
+    target (..., n_y); or an integer ``n_y`` with ``yy`` their total (...) (one variance for
+    all targets). Each group ``k`` of targets has its own residual variance
+    ``s_k^2 = RSS_k / (n n_k - p_k)`` (``n_k`` targets, ``p_k`` parameters fitted), and
+    ``se_j = sqrt(s_k^2 (H^-1)_jj)`` for a parameter ``j`` of group ``k`` (``H`` has no entry
+    between groups). ``support`` (..., p) bool: the fit on the kept parameters only (a sparse
+    model's refit), NaN for the others. NaN where ``H`` (on the support) is singular or a
+    group has no more observations than parameters. Returns ``(theta, se, s2, dof)`` with
+    ``s2`` and ``dof`` per group (..., g).
     """
     p = H.shape[-1]
-    theta = least_squares(H, b)
-    dof = np.asarray(n, float) * n_y - p
+    if isinstance(blocks, (int, np.integer)):
+        blocks, yy = pooled_blocks(int(blocks), p), np.asarray(yy, float)[..., None]
+    else:
+        yy = blocks.per_block(yy)
+    keep = np.ones(np.shape(b), bool) if support is None else np.broadcast_to(
+        np.asarray(support, bool), np.shape(b))
+    m = keep.astype(float)
+    Hs = H * m[..., :, None] * m[..., None, :] + np.where(keep, 0.0, 1.0)[..., None] * np.eye(p)
+    theta = least_squares(Hs, b * m) * m
+    onehot = blocks.param_block[:, None] == np.arange(blocks.g)          # (p, g)
+    p_k = np.einsum("...p,pg->...g", m, onehot.astype(float))
+    dof = np.asarray(n, float)[..., None] * blocks.n_targets - p_k
+    Ht = np.einsum("...pq,...q->...p", H, theta)
+    # the difference of sums as large as yy is known to about a machine epsilon of yy: an
+    # exactly updated target gets intervals at that resolution, not of width 0
+    rss = np.maximum(yy - np.einsum("...p,pg->...g", (2 * b - Ht) * theta,
+                                    onehot.astype(float)), RESOLUTION * yy)
     with np.errstate(divide="ignore", invalid="ignore"):
-        s2 = np.where(dof > 0, residuals(H, b, yy, theta) / dof, np.nan)
-    inv, _ = _solve_psd(H)
-    se = np.sqrt(s2[..., None] * np.diagonal(inv, axis1=-2, axis2=-1))
+        s2 = np.where(dof > 0, rss / dof, np.nan)
+    inv, _ = _solve_psd(Hs)
+    var = s2[..., blocks.param_block] * np.diagonal(inv, axis1=-2, axis2=-1)
+    se = np.where(keep, np.sqrt(var), np.nan)
     return theta, se, s2, dof
 
 
@@ -126,6 +200,7 @@ class Message:
 def client_message(H, b, yy, n, n_y: int) -> Message:
     """A client's message (:class:`Message`) from its own statistics."""
     theta, _, s2, dof = least_squares_intervals(H, b, yy, n, n_y)
+    s2, dof = s2[..., 0], dof[..., 0]                 # one variance for all targets
     p = H.shape[-1]
     own = (np.linalg.matrix_rank(H, hermitian=True) == p) & (dof > 0) & (s2 > 0)
     s = np.where(own, s2, 1.0)

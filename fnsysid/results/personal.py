@@ -21,8 +21,10 @@ from fnsysid.results.metrics import ParameterErrors
 from fnsysid.results.tables import Table
 
 #: how the intervals are made (written to summary.json)
-CI_METHOD = ("normal quantile; least squares: se = sqrt(s^2 diag(H^-1)), s^2 = RSS / "
-             "(n n_y - p); personalize=auto: posterior standard deviation")
+CI_METHOD = ("normal quantile; least squares: se = sqrt(s_k^2 diag(H^-1)), one residual "
+             "variance per target (per group of targets a parameter enters together) s_k^2 = "
+             "RSS_k / (n n_k - p_k), on the kept terms of a sparse "
+             "model; personalize=auto: posterior standard deviation (one pooled variance)")
 
 
 @dataclass
@@ -44,11 +46,54 @@ class Personal:
     local_se: np.ndarray
     errors: np.ndarray
     truth: np.ndarray
+    warning: str | None = None
+
+
+#: personalize=auto's one noise variance is reported wrong when the targets' residual
+#: variances (pooled fit) differ by more than this factor
+VARIANCE_RATIO = 2.0
+
+
+def target_variances(model, data) -> str | None:
+    """Why ``personalize=auto``'s intervals are not right for these data, or None: it assumes
+    one noise variance for all targets, and the residual variances of the targets (pooled
+    least squares, per group of targets) differ by more than :data:`VARIANCE_RATIO`."""
+    if data.yy_target is None:
+        return None
+    blocks = pers.noise_blocks(model.structure)
+    if blocks.g < 2:
+        return None
+    _, _, s2, _ = own_intervals(model, pooled(data))                    # (S, 1, g)
+    s2 = s2[:, 0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = s2.max(axis=-1) / s2.min(axis=-1)
+    if not (np.isfinite(s2).all() and (ratio > VARIANCE_RATIO).any()):
+        return None
+    names = model.system.target_names
+    first = [", ".join(str(names[j]) for j in np.flatnonzero(blocks.targets == k))
+             for k in range(blocks.g)]
+    s = int(np.argmax(ratio))
+    parts = "; ".join(f"{t}: {v:.3g}" for t, v in zip(first, s2[s], strict=True))
+    return (f"personalize=auto assumes one noise variance for all targets, but the targets' "
+            f"residual variances differ up to {ratio[s]:.3g}-fold (repeat {s}: {parts}): its "
+            "se, ci_lo and ci_hi in client_estimates.csv are not right (local_se is, per "
+            "target)")
 
 
 def n_targets(model) -> int:
     """Targets per sample (``n_y``): each sample gives that many observations."""
     return int(model.structure.shape[0])
+
+
+def own_intervals(model, data, support=None):
+    """Least squares of the statistics ``data`` with their standard errors, one residual
+    variance per target (:func:`fnsysid.learning.personalize.least_squares_intervals`); one
+    for all targets where the data carry no per-target sums of squares."""
+    if data.yy_target is None:
+        return pers.least_squares_intervals(data.H, data.b, data.yy, data.n, n_targets(model),
+                                            support)
+    return pers.least_squares_intervals(data.H, data.b, data.yy_target, data.n,
+                                        pers.noise_blocks(model.structure), support)
 
 
 def personalized(settings, model, strategy, data) -> Personal | None:
@@ -57,16 +102,18 @@ def personalized(settings, model, strategy, data) -> Personal | None:
     if option.name == "none":
         return None
     n_y = n_targets(model)
-    local, local_se, _, _ = pers.least_squares_intervals(data.H, data.b, data.yy, data.n, n_y)
+    local, local_se, _, _ = own_intervals(model, data)
+    warning = None
     if option.name == "auto":
         models, se, _ = pers.auto(data.H, data.b, data.yy, data.n, n_y)
+        warning = target_variances(model, data)
     else:
         models = pers.finetune(strategy.optimizer, data, model, strategy.estimate(), option.K,
                                option.lr, settings.seed)
         se = np.full(models.shape, np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
         errors = ParameterErrors(data.theta_true)(models)
-    return Personal(option.name, models, se, local, local_se, errors, data.theta_true)
+    return Personal(option.name, models, se, local, local_se, errors, data.theta_true, warning)
 
 
 def server_intervals(strategy, data, model) -> tuple[np.ndarray | None, str]:
@@ -75,18 +122,29 @@ def server_intervals(strategy, data, model) -> tuple[np.ndarray | None, str]:
     if data is None:
         return None, ("the server holds no statistics of the clients' data (runtime=flower); "
                       "see client_estimates.csv")
-    n_y = n_targets(model)
+    sparsity = getattr(strategy, "sparsity", None)
+    support = None if sparsity is None else sparsity.support            # (S, p) or None
+    if support is not None and getattr(sparsity, "alpha", 0.0):
+        return None, (f"sparsity.alpha={sparsity.alpha}: the ridge biases the estimate by an "
+                      "amount no noise covariance describes (sparsity.alpha=0 has intervals)")
     if isinstance(strategy, Centralized) and strategy.exact:
-        p = pooled(data)
-        _, se, _, _ = pers.least_squares_intervals(p.H, p.b, p.yy, p.n, n_y)
-        return se, "pooled least squares"
+        _, se, _, _ = own_intervals(model, pooled(data),
+                                    None if support is None else support[:, None])
+        note = "pooled least squares"
+        return se, note if support is None else note + " refitted on the kept terms"
     if isinstance(strategy, OneShot):
-        _, se, _, _ = pers.least_squares_intervals(data.H, data.b, data.yy, data.n, n_y)
+        sup = None if support is None else support[:, None]
+        _, se, _, _ = own_intervals(model, data, sup)
+        H = data.H if sup is None else data.H * sup[..., :, None] * sup[..., None, :]
         w = np.ones(data.n.shape) if strategy.weights is None else strategy.weights
-        w = w * determined(data.H)
+        w = w * determined(H if sup is None else H + np.where(sup, 0.0, 1.0)[..., None]
+                           * np.eye(H.shape[-1]))
         w = w / w.sum(axis=1, keepdims=True)
         var = np.einsum("sm,smp->sp", w ** 2, np.where(w[..., None] > 0, se ** 2, 0.0))
-        return np.sqrt(var)[:, None], "average of the clients' least squares"
+        if support is not None:
+            var = np.where(support, var, np.nan)
+        note = "average of the clients' least squares"
+        return np.sqrt(var)[:, None], note if support is None else note + " on the kept terms"
     return None, ("the estimate is an iterate of gradient steps, not the solution of a "
                   "least-squares problem: its error is mostly the distance to its fixed point, "
                   "which no noise covariance describes (strategy=centralized_exact or oneshot "
@@ -130,11 +188,12 @@ def add_personal_errors(errors: Table, per: Personal | None) -> Table:
     return Table({**errors.columns, "e_pers_max": e_max, "e_pers_mean": e_mean})
 
 
-def personal_summary(settings, errors, ci_note: str | None) -> dict:
+def personal_summary(settings, errors, ci_note: str | None, per: Personal | None = None) -> dict:
     """The summary's fields of this module: ``personalize`` (the option), the final
     ``e_pers`` values (mean and std over repeats of the last round's max and mean over
-    clients; null without them) and ``ci`` (level, method, and for ``estimates.csv`` what the
-    intervals are or why they are empty)."""
+    clients; null without them) and ``ci`` (level, method, for ``estimates.csv`` what the
+    intervals are or why they are empty, and ``client_estimates`` when the personalized
+    intervals are not right: :func:`target_variances`)."""
     out: dict = {"personalize": settings.personalize.name}
     cols = getattr(errors, "columns", errors)
     for col in ("e_pers_max", "e_pers_mean"):
@@ -147,4 +206,6 @@ def personal_summary(settings, errors, ci_note: str | None) -> dict:
         out[f"final_{col}_std"] = None if v is None else float(v.std())
     out["ci"] = {"level": settings.output.ci_level, "method": CI_METHOD,
                  "estimates": ci_note}
+    if per is not None and per.warning:
+        out["ci"]["client_estimates"] = per.warning
     return out

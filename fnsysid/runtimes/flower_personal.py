@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from fnsysid.learning import personalize as pers
-from fnsysid.results.personal import Personal
+from fnsysid.results.personal import Personal, own_intervals
 
 #: the exchanges of this module (a ClientApp's ``train`` message config ``exchange``)
 EXCHANGES = ("personalize_stats", "personalize")
@@ -46,7 +46,7 @@ def client_reply(node, exchange: str, arrays: dict) -> dict:
         start = np.array(arrays["theta"][:, None, :])
         theta = solver.local_steps(start, option.K, option.lr)
         se = np.full(theta.shape, np.nan)
-    local, local_se, _, _ = pers.least_squares_intervals(d.H, d.b, d.yy, d.n, n_y)
+    local, local_se, _, _ = own_intervals(node.model, d)
     return {"theta": theta, "se": se, "local": local, "local_se": local_se,
             "_e": node.errors(theta[:, 0])}
 
