@@ -488,7 +488,7 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
                     return stacked(exchange(grid, [(nd, "train", arrays, config)
                                                    for nd in nodes], names))
 
-                hist.personal = personal.serve_personalize(ask, settings, strategy)
+                hist.personal = personal.serve_personalize(ask, settings, strategy, model)
     except Aborted:
         raise
     except FlowerError as exc:

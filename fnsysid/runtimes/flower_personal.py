@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from fnsysid.learning import personalize as pers
-from fnsysid.results.personal import Personal, own_intervals
+from fnsysid.results.personal import Personal, own_intervals, target_variances
 
 #: the exchanges of this module (a ClientApp's ``train`` message config ``exchange``)
 EXCHANGES = ("personalize_stats", "personalize")
@@ -35,8 +35,9 @@ def client_reply(node, exchange: str, arrays: dict) -> dict:
     d, n_y = node.data, int(node.model.structure.shape[0])
     msg = pers.client_message(d.H, d.b, d.yy, d.n, n_y)
     if exchange == "personalize_stats":
+        _, _, s2, dof = own_intervals(node.model, d)           # per group of targets
         return {"H": msg.H, "b": msg.b, "rss": msg.rss, "dof": msg.dof,
-                "scaled": msg.scaled.astype(float)}
+                "scaled": msg.scaled.astype(float), "s2_targets": s2, "dof_targets": dof}
     option = node.settings.personalize
     if option.name == "auto":
         fl = pers.Fleet(arrays["mu"], arrays["cov_mu"], arrays["Sigma"], arrays["s2"])
@@ -51,20 +52,22 @@ def client_reply(node, exchange: str, arrays: dict) -> dict:
             "_e": node.errors(theta[:, 0])}
 
 
-def serve_personalize(ask, settings, strategy):
+def serve_personalize(ask, settings, strategy, model):
     """The server's side after the last round: the exchanges above with every node (in the
     clients' order); ``ask(name, arrays)`` sends one exchange to every node and returns their
     replies stacked in the clients' order (the Flower runtime's). Returns
     :class:`~fnsysid.results.personal.Personal`."""
     option = settings.personalize.name
-
+    warning = None
     if option == "auto":
         got = ask("personalize_stats", {})
+        warning = target_variances(model, got["s2_targets"], got["dof_targets"])
         fl = pers.fleet(pers.Message(got["H"], got["b"], got["rss"], got["dof"],
                                      got["scaled"] > 0.5))
         out = ask("personalize", {"mu": fl.mu, "cov_mu": fl.cov_mu, "Sigma": fl.Sigma,
                                   "s2": fl.s2})
     else:
         out = ask("personalize", {"theta": strategy.server})
-    return Personal(option, out["theta"], out["se"], out["local"], out["local_se"],
-                    out["_e"], np.full(out["theta"].shape, np.nan))
+    se = np.full(out["se"].shape, np.nan) if warning else out["se"]   # known wrong: empty
+    return Personal(option, out["theta"], se, out["local"], out["local_se"],
+                    out["_e"], np.full(out["theta"].shape, np.nan), warning)
