@@ -113,6 +113,43 @@ def test_federated_stlsq_finds_the_same_support(fleet, strategy):
     assert res.summary["sparsity"]["pruned_at"] and res.summary["status"] == "ok"
 
 
+def own_samples(file):
+    """Each client's training samples (Phi of the degree-3 library, Y), in the file's order."""
+    df = pd.read_csv(file)
+    lib, out = Polynomial(degree=3), []
+    for _, rows in df[df["split"] == "train"].groupby("client", sort=False):
+        X, Y = [], []
+        for _, tr in rows.groupby("trajectory", sort=False):
+            x, u = tr[["x1", "x2"]].to_numpy(), tr[["u"]].to_numpy()
+            X.append(lib.transform(x[:-1], u[:-1]))
+            Y.append(x[1:])
+        out.append((np.concatenate(X), np.concatenate(Y)))
+    return out
+
+
+def test_oneshot_stlsq_prunes_the_average_and_refits_each_client_on_the_support(fleet):
+    file, _, _ = fleet
+    res = run(file, strategy="oneshot", sparsity="stlsq")
+    assert res.summary["status"] == "ok" and kept(res) == TRUE
+    # the reference: average the clients' own least squares, threshold the average, refit
+    # each client on the kept terms and average again, until the kept terms stop changing
+    clients = own_samples(file)
+    keep = np.ones((2, 20), bool)
+    while True:
+        coef = np.zeros((2, 20))
+        for X, Y in clients:
+            for j in range(2):
+                coef[j, keep[j]] += np.linalg.lstsq(X[:, keep[j]], Y[:, j],
+                                                    rcond=None)[0] / len(clients)
+        new = keep & (np.abs(coef) >= 0.01)
+        if (new == keep).all():
+            break
+        keep = new
+    np.testing.assert_allclose(res.estimates["estimate"].to_numpy(), coef.reshape(-1),
+                               rtol=0, atol=1e-10)
+    assert res.summary["sparsity"]["terms"] == 6 and res.summary["sparsity"]["refits"] >= 1
+
+
 def lines(caplog) -> list[str]:
     out = [r.getMessage() for r in caplog.records if "model check" in r.getMessage()]
     caplog.clear()

@@ -12,6 +12,9 @@ Federated, the server prunes and every client continues on the common support:
 - the closed-form strategies (``centralized_exact``, ``oneshot``) run the whole STLSQ loop
   before round 0, each refit being the strategy's own solution on the restricted statistics.
   With ``centralized_exact`` (the pooled sufficient statistics) it is pooled STLSQ exactly;
+  with ``oneshot`` the average of the clients' own least squares is thresholded and each
+  refit is the average of their own least squares on the kept terms (the rank check of
+  :class:`~fnsysid.learning.strategies.OneShot` counts the kept terms);
 - the iterative ones (``fedavg``, ``fedprox``, ``fedlin``, ``scaffold``, ``fednova``,
   ``centralized``, ``cyclic``) prune the server model every ``every`` rounds; when the support
   changes the strategy is set up again on the restricted problem from the pruned server model
