@@ -261,6 +261,15 @@ def test_settings_that_cannot_prune_are_refused_in_one_line(extra, words):
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("strategy", ["centralized_exact", "oneshot"])
+def test_closed_form_strategies_take_no_local_steps_and_accept_zscore(fleet, strategy):
+    file, _, _ = fleet
+    z = run(file, strategy=strategy, sparsity="stlsq", **{"optimizer.scale_features": "zscore"})
+    plain = run(file, strategy=strategy, sparsity="stlsq")
+    assert kept(z) == TRUE and z.summary["status"] == "ok"
+    np.testing.assert_array_equal(z.estimates["estimate"], plain.estimates["estimate"])
+
+
 def test_closed_form_strategies_ignore_every_and_sgd_keeps_pruned_terms_at_zero(fleet):
     file, _, _ = fleet
     # centralized_exact prunes before round 0: every > R is fine, round 0 is already sparse
