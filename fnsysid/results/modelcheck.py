@@ -137,7 +137,7 @@ def model_check(model, data, heldout, support=None, level: float = LEVEL) -> dic
     Qs = np.full((S, M, n_y), np.nan)
     n_exact = np.zeros((S, M, n_y), bool)
     r2 = np.zeros((S, M, n_y))
-    sse_ho, n_ho, spread_ho = np.zeros((S, M)), np.zeros((S, M)), np.zeros((S, M))
+    sse_ho, n_ho, lev_ho = np.zeros((S, M)), np.zeros((S, M)), np.zeros((S, M))
     St = model.structure                                             # (n_y, n_phi, p)
     with np.errstate(all="ignore"):
         for block in heldout.blocks:
@@ -155,7 +155,7 @@ def model_check(model, data, heldout, support=None, level: float = LEVEL) -> dic
             gram = np.einsum("smjtk,smjt,smjtl->smkl", Phi, w, Phi)
             lev = np.einsum("ykp,smpq,ylq,smkl->smy", St, Hplus[:, c], St, gram,
                             optimize=True)
-            spread_ho[:, c] = lev.max(axis=-1)
+            lev_ho[:, c] = lev.max(axis=-1)
             for j in range(n_y):
                 Q, dof, n, rms, rr = ljung_box(E[..., j], w)
                 r2[:, c, j] = rr
@@ -174,7 +174,7 @@ def model_check(model, data, heldout, support=None, level: float = LEVEL) -> dic
     ratio = generalization(data, theta, sse_ho, n_ho, n_y)              # (S, M)
     with np.errstate(divide="ignore", invalid="ignore"):
         # the largest ratio estimation error alone gives (held-out transitions: n_ho / n_y)
-        expected = 1 + spread_ho * n_y / n_ho
+        expected = 1 + lev_ho * n_y / n_ho
     over = valid & (ratio > OVERFIT) & (expected - 1 >= EXPLAINED * (ratio - 1))
     rejected = np.isfinite(p) & (p * max(tests, 1) < level) & (r2 >= MATERIAL)
     p_class = np.where(over[..., None] | (r2 < MATERIAL), np.nan, p)
