@@ -94,6 +94,9 @@ def test_help_lists_groups_options_and_knobs():
         assert f"{group}: {', '.join(options(group))}" in res.stdout
     for knob in KNOBS:
         assert f"\n  {knob}=" in res.stdout
+    from fnsysid.learning.optim import SCALINGS
+
+    assert f"optimizer.scale_features={'|'.join(SCALINGS)}\n" in res.stdout   # every scaling
     # the exit statuses, with the growth rule's factor the code applies
     from fnsysid.results.history import GROWTH_FACTOR
 

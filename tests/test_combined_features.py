@@ -111,6 +111,28 @@ def test_the_check_names_a_wrong_library_in_one_line(tmp_path, libraries, line):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("overrides, line", [
+    (["feature_map=combined", "feature_map.libraries=[identity]"],
+     "feature_map=combined with feature_map.libraries=[identity] does not fit system=synthetic: "
+     "its features lack sin(x0), sin(x1), sin(x2); options that fit: combined with its default "
+     "libraries=[identity,sin], default, fourier"),
+    (["feature_map=polynomial", "feature_map.degree=4"],
+     "feature_map=polynomial with feature_map.degree=4 does not fit system=synthetic: its "
+     "features lack sin(x0), sin(x1), sin(x2); options that fit: combined, default, fourier"),
+    (["feature_map=polynomial"],
+     "feature_map=polynomial does not fit system=synthetic: its features lack sin(x0), sin(x1), "
+     "sin(x2); options that fit: combined, default, fourier"),
+])
+def test_a_map_that_does_not_fit_is_named_as_chosen(tmp_path, overrides, line):
+    from fnsysid.app.preflight import preflight
+    from fnsysid.config.checks import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        preflight(["system=synthetic", *overrides, f"hydra.run.dir={tmp_path / 'run'}"])
+    assert str(info.value) == line
+    assert not (tmp_path / "run").exists()
+
+
 def test_the_default_combined_map_fits_the_dense_systems():
     from tests.conftest import make
 

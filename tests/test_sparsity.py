@@ -113,6 +113,43 @@ def test_federated_stlsq_finds_the_same_support(fleet, strategy):
     assert res.summary["sparsity"]["pruned_at"] and res.summary["status"] == "ok"
 
 
+def own_samples(file):
+    """Each client's training samples (Phi of the degree-3 library, Y), in the file's order."""
+    df = pd.read_csv(file)
+    lib, out = Polynomial(degree=3), []
+    for _, rows in df[df["split"] == "train"].groupby("client", sort=False):
+        X, Y = [], []
+        for _, tr in rows.groupby("trajectory", sort=False):
+            x, u = tr[["x1", "x2"]].to_numpy(), tr[["u"]].to_numpy()
+            X.append(lib.transform(x[:-1], u[:-1]))
+            Y.append(x[1:])
+        out.append((np.concatenate(X), np.concatenate(Y)))
+    return out
+
+
+def test_oneshot_stlsq_prunes_the_average_and_refits_each_client_on_the_support(fleet):
+    file, _, _ = fleet
+    res = run(file, strategy="oneshot", sparsity="stlsq")
+    assert res.summary["status"] == "ok" and kept(res) == TRUE
+    # the reference: average the clients' own least squares, threshold the average, refit
+    # each client on the kept terms and average again, until the kept terms stop changing
+    clients = own_samples(file)
+    keep = np.ones((2, 20), bool)
+    while True:
+        coef = np.zeros((2, 20))
+        for X, Y in clients:
+            for j in range(2):
+                coef[j, keep[j]] += np.linalg.lstsq(X[:, keep[j]], Y[:, j],
+                                                    rcond=None)[0] / len(clients)
+        new = keep & (np.abs(coef) >= 0.01)
+        if (new == keep).all():
+            break
+        keep = new
+    np.testing.assert_allclose(res.estimates["estimate"].to_numpy(), coef.reshape(-1),
+                               rtol=0, atol=1e-10)
+    assert res.summary["sparsity"]["terms"] == 6 and res.summary["sparsity"]["refits"] >= 1
+
+
 def lines(caplog) -> list[str]:
     out = [r.getMessage() for r in caplog.records if "model check" in r.getMessage()]
     caplog.clear()
@@ -144,6 +181,70 @@ def test_a_noiseless_process_is_not_flagged(tmp_path):
     assert check["ok"] is True and check["tests"] == 0 and check["exact"] == 8
 
 
+def test_a_noiseless_process_with_a_missing_term_is_a_wrong_class_not_overfit(tmp_path):
+    # without noise the training residuals of the linear library are its misfit alone, and
+    # the held-out states differ: the held-out error is far above the training "noise" (up
+    # to 10^4 times) though 8 terms from 5 x 59 samples cannot overfit
+    file, _, _ = duffing_fleet(tmp_path, M=5, noise=0.0)
+    check = run(file, strategy="centralized_exact", degree=1).summary["model_check"]
+    assert check["ok"] is False and check["white"] is False and check["overfit"] == []
+    assert check["worst"]["target"] == "x2+" and check["exact"] == 5     # x1+ is exact
+
+
+def mc(ok, support, overfit=()):
+    return {"ok": ok, "white": ok, "free_run_ok": True, "overfit": list(overfit),
+            "overfit_limit": 1.5, "support": support, "tests": 4, "p_min": 1e-9,
+            "p_adjusted": 4e-9, "level": 0.01,
+            "worst": {"target": "x2+", "client": "c0", "repeat": 0}}
+
+
+def test_model_check_advice_follows_the_sparsity_setting():
+    from fnsysid.results.modelcheck import verdict
+
+    dense = verdict(mc(True, "all terms", [[0, "c1"]]))
+    assert dense.endswith("try sparsity=stlsq or more data per client")
+    sparse = verdict(mc(True, "sparsity", [[0, "c1"]]))
+    assert "sparsity=stlsq" not in sparse
+    assert sparse.endswith("try a larger sparsity.threshold or more data per client")
+    assert verdict(mc(False, "all terms")).endswith("try a richer library (feature_map.degree, "
+                                                    "another feature_map or one of your own)")
+    assert "try a smaller sparsity.threshold (the check fits the kept terms) or a richer " \
+        "library" in verdict(mc(False, "sparsity"))
+
+
+def test_a_threshold_that_prunes_every_term_of_a_state_says_so(fleet, caplog):
+    file, _, _ = fleet
+    caplog.set_level("WARNING", logger="fnsysid")
+    res = run(file, strategy="centralized_exact", sparsity="stlsq",
+              **{"sparsity.threshold": 0.5})            # keeps x1+:x1 and x2+:x2 only
+    sp = res.summary["sparsity"]
+    assert sp["support_size"] == {"x1+": 1, "x2+": 1} and "empty" not in sp
+    assert not [r for r in caplog.records if "pruned every term" in r.getMessage()]
+    caplog.clear()
+    res = run(file, strategy="centralized_exact", sparsity="stlsq",
+              **{"sparsity.threshold": 100})
+    sp = res.summary["sparsity"]
+    assert sp["terms"] == 0 and sp["empty"] == {"x1+": [0], "x2+": [0]}
+    assert (res.estimates["estimate"] == 0).all()
+    said = [r.getMessage() for r in caplog.records if "pruned every term" in r.getMessage()]
+    assert said == ["sparsity: sparsity.threshold=100 pruned every term of x1+; x2+: the model "
+                    "has no term for these states (its part of the regression is 0); a smaller "
+                    "sparsity.threshold keeps terms"]
+    wrong = [r.getMessage() for r in caplog.records if "model class looks wrong" in
+             r.getMessage()]
+    assert len(wrong) == 1 and "try a smaller sparsity.threshold" in wrong[0]
+
+
+def test_summary_counts_the_kept_terms_of_each_repeat():
+    res = fnsysid.run(["system=synthetic", "strategy=oneshot", "M=10", "sparsity=stlsq",
+                       "sparsity.threshold=0.15", "output.plot=false", "progress=false"])
+    sp, est = res.summary["sparsity"], res.estimates
+    per_repeat = [int(v) for v in (est["estimate"] != 0).groupby(est["repeat"]).sum()]
+    assert len(set(per_repeat)) > 1 and sp["terms"] == per_repeat     # not their maximum
+    sizes = sp["support_size"]
+    assert [sum(v) for v in zip(*sizes.values(), strict=True)] == per_repeat
+
+
 @pytest.mark.parametrize("extra, words", [
     (["strategy=local"], "sparsity=stlsq with strategy=local: every client keeps its own model"),
     (["sparsity.every=60", "R=50"], "sparsity.every=60 is not allowed with R=50: no round "
@@ -158,6 +259,15 @@ def test_settings_that_cannot_prune_are_refused_in_one_line(extra, words):
     with pytest.raises(fnsysid.ConfigError) as err:
         fnsysid.run(["system=synthetic", "sparsity=stlsq", *extra])
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("strategy", ["centralized_exact", "oneshot"])
+def test_closed_form_strategies_take_no_local_steps_and_accept_zscore(fleet, strategy):
+    file, _, _ = fleet
+    z = run(file, strategy=strategy, sparsity="stlsq", **{"optimizer.scale_features": "zscore"})
+    plain = run(file, strategy=strategy, sparsity="stlsq")
+    assert kept(z) == TRUE and z.summary["status"] == "ok"
+    np.testing.assert_array_equal(z.estimates["estimate"], plain.estimates["estimate"])
 
 
 def test_closed_form_strategies_ignore_every_and_sgd_keeps_pruned_terms_at_zero(fleet):

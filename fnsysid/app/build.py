@@ -14,6 +14,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from fnsysid.config.checks import ConfigError, check_run
+from fnsysid.config.errors import show
 from fnsysid.config.groups import load_option, options
 from fnsysid.config.schema import Settings, System, settings_from
 from fnsysid.dynamics.model import FeatureMapError, build_model
@@ -56,10 +57,14 @@ def build(settings: Settings):
         model = build_model(system, library)
     except FeatureMapError as exc:
         nodes = option_nodes("feature_map")      # each option composed once for both answers
-        name = option_name("feature_map", groups["feature_map"], nodes)
-        raise ConfigError(f"feature_map={name} does not fit system={system.name}: {exc}; "
-                          "options that fit: "
-                          f"{', '.join(fitting_feature_maps(system, nodes))}") from exc
+        name, changed = chosen_option("feature_map", groups["feature_map"], nodes)
+        chosen = f"feature_map={name}" + (" with " + ", ".join(
+            f"feature_map.{k}={show(v)}" for k, v in changed.items()) if changed else "")
+        own = ", ".join(f"{k}={show(nodes[name].get(k))}" for k in changed)
+        fit = [f"{n} with its default {own}" if n == name and changed else n
+               for n in fitting_feature_maps(system, nodes)]
+        raise ConfigError(f"{chosen} does not fit system={system.name}: {exc}; "
+                          f"options that fit: {', '.join(fit)}") from exc
     optimizer = _build(groups["optimizer"], "optimizer")
     strategy = _build(groups["strategy"], "strategy")
     strategy.sparsity = build_sparsity(groups.get("sparsity"))
@@ -77,6 +82,25 @@ def option_name(group: str, node: dict, nodes: dict[str, dict] | None = None) ->
     ``nodes``: the options' nodes (:func:`option_nodes`), loaded here if not given."""
     nodes = option_nodes(group) if nodes is None else nodes
     return next((name for name, option in nodes.items() if option == node), "custom")
+
+
+def chosen_option(group: str, node: dict, nodes: dict[str, dict] | None = None
+                  ) -> tuple[str, dict]:
+    """The option of ``group`` that ``node`` was made from and the settings it changed:
+    the option whose YAML gives ``node`` (nothing changed), else the one of the same class
+    (``_target_``) that differs from it in the fewest settings (``feature_map=combined`` with
+    its ``libraries`` changed), else ``("custom", {})``."""
+    nodes = option_nodes(group) if nodes is None else nodes
+    name = option_name(group, node, nodes)
+    if name != "custom" or not isinstance(node, dict) or "_target_" not in node:
+        return name, {}
+    diffs = {n: {k: v for k, v in node.items() if option.get(k, object()) != v}
+             for n, option in nodes.items()
+             if isinstance(option, dict) and option.get("_target_") == node["_target_"]}
+    fewest = sorted(diffs.items(), key=lambda item: len(item[1]))
+    if not fewest or (len(fewest) > 1 and len(fewest[0][1]) == len(fewest[1][1])):
+        return "custom", {}
+    return fewest[0]
 
 
 def fitting_feature_maps(system, nodes: dict[str, dict] | None = None) -> list[str]:

@@ -26,6 +26,7 @@ from fnsysid.config.schema import Settings
 from fnsysid.data.source import Dataset, load_data
 from fnsysid.dynamics.model import Model
 from fnsysid.learning.personalize import z_value
+from fnsysid.learning.sparsity import empty_warning
 from fnsysid.learning.start import initial_model
 from fnsysid.results.files import check_output, write_outputs
 from fnsysid.results.history import keep_per_client
@@ -277,6 +278,9 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     sparsity = getattr(strategy, "sparsity", None)
     if sparsity is not None and sparsity.support is not None:
         summary["sparsity"] = sparsity.summary(model)
+        line = empty_warning(summary["sparsity"], sparsity.support.shape[0])
+        if line:
+            log.warning(line)
     if data is not None and diverged is None and failure is None:
         check = model_check(model, data, dataset.heldout,
                             None if sparsity is None else sparsity.support)

@@ -106,9 +106,11 @@ def _check_together(s: Settings, raw: Mapping | None) -> None:
 
 def check_sparsity(s: Settings) -> None:
     """``sparsity=stlsq`` needs a server model (not ``strategy=local``), no personalized
-    models (they would be fitted on every term), a loss on the
-    coefficients themselves (not ``scale_features=zscore``) and, with a strategy that
-    iterates, a pruning round within the run (``sparsity.every`` <= R)."""
+    models (they would be fitted on every term) and, with a strategy that iterates, local
+    steps on the coefficients themselves (not ``scale_features=zscore``) and a pruning round
+    within the run (``sparsity.every`` <= R). The closed-form strategies (``oneshot``,
+    ``centralized_exact``) take no local steps, so the optimizer's settings do not matter
+    to them."""
     sp = s.sparsity
     if sp.name == "none":
         return
@@ -124,15 +126,16 @@ def check_sparsity(s: Settings) -> None:
                           "personalized models are fitted on every term, not on the pruned "
                           "support; allowed: personalize=none with sparsity=stlsq, or "
                           "sparsity=none")
-    if (s.resolved.get("optimizer") or {}).get("scale_features") == "zscore":
+    closed = target.endswith(".OneShot") or strategy.get("exact") is True
+    if (s.resolved.get("optimizer") or {}).get("scale_features") == "zscore" and not closed:
         raise ConfigError("sparsity=stlsq with optimizer.scale_features=zscore: the centred "
-                          "loss mixes the pruned terms back into the kept ones; allowed: "
-                          "optimizer.scale_features=none, diagonal or whiten")
+                          "loss of the local steps mixes the pruned terms back into the kept "
+                          "ones; allowed: optimizer.scale_features=none, diagonal or whiten, "
+                          "or a strategy without local steps (oneshot, centralized_exact)")
     if s.runtime.name == "flower" and sp.alpha:
         raise ConfigError(f"sparsity.alpha={sp.alpha} is not allowed with runtime=flower: a "
                           "client's share of the ridge needs every client's sample count; "
                           "allowed: sparsity.alpha=0 (or runtime=inprocess)")
-    closed = target.endswith(".OneShot") or strategy.get("exact") is True
     if not closed and sp.every > s.R:
         raise ConfigError(f"sparsity.every={sp.every} is not allowed with R={s.R}: no round "
                           f"would prune; allowed: an integer from 1 to R ({s.R})")

@@ -12,6 +12,9 @@ Federated, the server prunes and every client continues on the common support:
 - the closed-form strategies (``centralized_exact``, ``oneshot``) run the whole STLSQ loop
   before round 0, each refit being the strategy's own solution on the restricted statistics.
   With ``centralized_exact`` (the pooled sufficient statistics) it is pooled STLSQ exactly;
+  with ``oneshot`` the average of the clients' own least squares is thresholded and each
+  refit is the average of their own least squares on the kept terms (the rank check of
+  :class:`~fnsysid.learning.strategies.OneShot` counts the kept terms);
 - the iterative ones (``fedavg``, ``fedprox``, ``fedlin``, ``scaffold``, ``fednova``,
   ``centralized``, ``cyclic``) prune the server model every ``every`` rounds; when the support
   changes the strategy is set up again on the restricted problem from the pruned server model
@@ -194,17 +197,47 @@ class STLSQ:
     # --- results -----------------------------------------------------------------------------
     def summary(self, model) -> dict:
         """What ``summary.json`` says under ``sparsity``: the settings, the number of kept
-        terms per state (each repeat's, and the same over repeats when they agree), the
-        rounds at which the support changed."""
+        terms per state and in all (each a number when the repeats agree, else a list with
+        each repeat's), the states left without any term (``empty``: ``{state: [repeats]}``,
+        only when there are some), the rounds at which the support changed."""
         sizes = support_sizes(model, self.support)
+        terms = [int(v) for v in self.support.sum(axis=-1)]
         out = {"method": self.name, "threshold": self.threshold, "alpha": self.alpha,
-               "support_size": {k: v[0] if len(set(v)) == 1 else v for k, v in sizes.items()},
-               "terms": int(self.support.sum(axis=-1).max()), "of": int(self.support.shape[-1])}
+               "support_size": {k: _one(v) for k, v in sizes.items()},
+               "terms": _one(terms), "of": int(self.support.shape[-1])}
+        empty = {k: [s for s, c in enumerate(v) if c == 0] for k, v in sizes.items()
+                 if 0 in v}
+        if empty:
+            out["empty"] = empty
         if self.closed:
             out["refits"] = self.refits
         else:
             out.update(every=self.every, pruned_at=self.prunes)
         return out
+
+
+def _one(values: list[int]) -> int | list[int]:
+    """One number when every repeat has it, else the list of each repeat's."""
+    return values[0] if len(set(values)) == 1 else values
+
+
+def empty_warning(summary: dict, repeats: int) -> str | None:
+    """The log line when the support left a state without any term (its model predicts 0
+    for it; not a wrong number but rarely what is meant), from :meth:`STLSQ.summary`; None
+    when every state keeps a term."""
+    empty = summary.get("empty")
+    if not empty:
+        return None
+    where = []
+    for name, reps in empty.items():
+        when = "" if repeats == 1 else " in every repeat" if len(reps) == repeats else \
+            f" in repeat{'s' if len(reps) > 1 else ''} {', '.join(map(str, reps[:10]))}" \
+            f"{', ...' if len(reps) > 10 else ''}"
+        where.append(f"{name}{when}")
+    return (f"sparsity: sparsity.threshold={summary['threshold']:g} pruned every term of "
+            f"{'; '.join(where)}: the model has no term for "
+            f"{'this state' if len(empty) == 1 else 'these states'} (its part of the "
+            "regression is 0); a smaller sparsity.threshold keeps terms")
 
 
 def support_sizes(model, support: np.ndarray) -> dict[str, list[int]]:

@@ -476,12 +476,20 @@ def _normalized(weights, shape) -> np.ndarray:
     return w / w.sum(axis=-1, keepdims=True)
 
 
-def determined(H: np.ndarray) -> np.ndarray:
+def determined(H: np.ndarray, support: np.ndarray | None = None) -> np.ndarray:
     """Whether each client's statistics determine its own least-squares solution: its Gram
     matrix ``H_i`` (..., p, p) has full rank p (:func:`numpy.linalg.matrix_rank`, whose
     tolerance is ``p`` machine epsilons of the largest eigenvalue; a client without data,
-    with all-zero data or with fewer samples than the features need has a lower rank)."""
-    return np.linalg.matrix_rank(H, hermitian=True) == H.shape[-1]
+    with all-zero data or with fewer samples than the features need has a lower rank).
+
+    With ``support`` (0/1 or bool, broadcast against (..., p)), ``H`` holds statistics
+    restricted to it (:func:`fnsysid.learning.sparsity.restrict_data`, zero outside) and the
+    rank must be the number of kept terms instead."""
+    rank = np.linalg.matrix_rank(H, hermitian=True)
+    if support is None:
+        return rank == H.shape[-1]
+    kept = np.broadcast_to(np.asarray(support, bool), H.shape[:-1]).sum(axis=-1)
+    return rank == kept
 
 
 class OneShot(Strategy):
@@ -492,6 +500,10 @@ class OneShot(Strategy):
     out of the average (its weight set to zero; ``left_out`` (S, M) marks them, for the
     run's warning): its minimum-norm solution would pull the average towards zero. A repeat
     in which no client determines its solution is refused.
+
+    With ``sparsity=stlsq`` the statistics are restricted to the support (the solver's
+    ``support``, (S, 1, p), set by :class:`~fnsysid.learning.sparsity.STLSQ` before this
+    setup): a client then has to determine the kept terms only.
     """
 
     #: (S, M) clients left out of the average (set by :meth:`setup`)
@@ -499,16 +511,18 @@ class OneShot(Strategy):
 
     def setup(self, theta0, data, model, optimizer, K, lr, seed):
         super().setup(theta0, data, model, optimizer, K, lr, seed)
-        ok = determined(data.H)
+        support = getattr(optimizer, "support", None)
+        ok = determined(data.H, support)
         if not ok.any(axis=1).all():
             s = int(np.flatnonzero(~ok.any(axis=1))[0])
+            what = f"the {data.H.shape[-1]} parameters" if support is None else \
+                f"the {int(np.asarray(support, bool)[s].sum())} terms kept by sparsity"
             raise ConfigError(
                 f"strategy=oneshot: no client's own data determine its least-squares model in "
-                f"repeat {s} (every client's Gram matrix has rank below the "
-                f"{data.H.shape[-1]} parameters, from at most {int(data.n[s].max())} "
-                "samples each: too few samples, or data without excitation); allowed: clients "
-                "whose data have full rank, or a strategy that pools or iterates "
-                "(centralized_exact, fedavg, ...)")
+                f"repeat {s} (every client's Gram matrix has rank below {what}, from at most "
+                f"{int(data.n[s].max())} samples each: too few samples, or data without "
+                "excitation); allowed: clients whose data have full rank, or a strategy that "
+                "pools or iterates (centralized_exact, fedavg, ...)")
         self.left_out = ~ok
         w = self.weights
         if not ok.all():
