@@ -63,8 +63,10 @@ def test_flower_runtime_detects_finite_growth_as_in_process(tmp_path):
     assert (a["status"], a["diverged_round"]) == ("diverged", 4)
     assert (b["status"], b["diverged_round"]) == ("diverged", 4)
     ea, eb = (pd.read_csv(tmp_path / d / "errors.csv") for d in "ab")
-    assert ea["round"].max() == eb["round"].max() == 3
-    np.testing.assert_allclose(eb["e_max"], ea["e_max"], rtol=0, atol=1e-10)
+    # in process the repeats that did not diverge run on to R; Flower stops at the first
+    assert eb["round"].max() == 3 and ea["round"].max() == 6
+    before = ea[ea["round"] <= 3].reset_index(drop=True)
+    np.testing.assert_allclose(eb["e_max"], before["e_max"], rtol=0, atol=1e-10)
     assert _children_left() == []      # Ray shut down: none of its processes outlives the run
 
 
@@ -644,14 +646,17 @@ def test_deployment_with_a_hung_clientapp_stops_after_the_reply_timeout(tmp_path
             except psutil.NoSuchProcess:
                 pass
     msg = str(stop.value)
-    hit = re.match(r"the deployment stopped: round (\d+): no reply within 90 s "
-                   r"\(runtime\.reply_timeout\) from SuperNode \d+ \(client 1\); ", msg)
+    # the server's reply timeout names the node; on a loaded machine Flower's own session
+    # for the frozen node's reply can expire first, and then its failure names the node
+    hit = re.match(r"the deployment stopped: round (\d+): (no reply within 90 s "
+                   r"\(runtime\.reply_timeout\) from SuperNode \d+ \(client 1\)|SuperNode "
+                   r"\d+ \(client 1\) failed on train: [^;]*); ", msg)
     assert hit, msg
     failed = int(hit.group(1))
     summary = json.loads((tmp_path / "flower" / "summary.json").read_text())
     assert (summary["status"], summary["interrupted_by"]) == ("interrupted", "node failure")
     r = summary["rounds_completed"]
-    assert 1 <= r < failed <= 300 and f"rounds 0 to {r} written to" in msg
+    assert 0 <= r < failed <= 300 and f"rounds 0 to {r} written to" in msg
     flower = pd.read_csv(tmp_path / "flower" / "errors.csv")
     inprocess = pd.read_csv(tmp_path / "inprocess" / "errors.csv")
     expected = inprocess[inprocess["round"] <= r].reset_index(drop=True)
