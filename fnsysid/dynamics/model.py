@@ -187,6 +187,13 @@ def centred_stats(data: ClientData, structure: np.ndarray):
     return H, b
 
 
+def masked_gram(H: np.ndarray, mask) -> np.ndarray:
+    """Gram matrices (..., p, p) restricted to the coefficients in ``mask`` (0/1 or bool,
+    broadcast against (..., p)): their rows and columns outside it set to 0."""
+    m = np.asarray(mask, float)
+    return H * m[..., :, None] * m[..., None, :]
+
+
 def least_squares(H: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Exact least-squares solutions ``H^+ b`` (..., p), batched; minimum norm if singular."""
     return np.einsum("...pq,...q->...p", np.linalg.pinv(H, hermitian=True), b)

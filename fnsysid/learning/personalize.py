@@ -24,7 +24,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from fnsysid.dynamics.model import least_squares
+from fnsysid.dynamics.model import least_squares, masked_gram
 
 #: personalize options (the ``personalize`` config group)
 OPTIONS = ("none", "finetune", "auto")
@@ -124,7 +124,7 @@ def least_squares_intervals(H, b, yy, n, blocks, support=None):
     keep = np.ones(np.shape(b), bool) if support is None else np.broadcast_to(
         np.asarray(support, bool), np.shape(b))
     m = keep.astype(float)
-    Hs = H * m[..., :, None] * m[..., None, :] + np.where(keep, 0.0, 1.0)[..., None] * np.eye(p)
+    Hs = masked_gram(H, m) + np.where(keep, 0.0, 1.0)[..., None] * np.eye(p)
     theta = least_squares(Hs, b * m) * m
     onehot = blocks.param_block[:, None] == np.arange(blocks.g)          # (p, g)
     p_k = np.einsum("...p,pg->...g", m, onehot.astype(float))

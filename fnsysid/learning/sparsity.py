@@ -35,7 +35,7 @@ import dataclasses
 
 import numpy as np
 
-from fnsysid.dynamics.model import ClientData, least_squares
+from fnsysid.dynamics.model import ClientData, least_squares, masked_gram
 
 #: strategies whose estimate is computed once, before round 0 (STLSQ runs to the end there)
 CLOSED_FORM = ("OneShot",)
@@ -47,7 +47,7 @@ def restricted_solution(H: np.ndarray, b: np.ndarray, support: np.ndarray,
     elsewhere: ``(D (H + alpha I) D)^+ D b``, batched over the leading axes."""
     m = np.asarray(support, float)
     A = H + alpha * np.eye(H.shape[-1]) if alpha else H
-    return least_squares(A * m[..., :, None] * m[..., None, :], b * m) * m
+    return least_squares(masked_gram(A, m), b * m) * m
 
 
 def stlsq(H: np.ndarray, b: np.ndarray, threshold: float, alpha: float = 0.0,
@@ -95,7 +95,7 @@ def restrict_data(data: ClientData, support: np.ndarray, alpha: float = 0.0) -> 
         n = np.asarray(data.n, float)
         share = alpha * n / n.sum(axis=-1, keepdims=True)            # (S, M)
         H = H + share[..., None, None] * np.eye(H.shape[-1])
-    return dataclasses.replace(data, H=H * m[..., :, None] * m[..., None, :], b=data.b * m)
+    return dataclasses.replace(data, H=masked_gram(H, m), b=data.b * m)
 
 
 class STLSQ:

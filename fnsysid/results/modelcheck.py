@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fnsysid.dynamics.model import masked_gram
 from fnsysid.results.metrics import HeldOutScores, over_clients
 
 #: family-wise level of the whiteness test
@@ -75,8 +76,7 @@ def _restricted_gram(data, support=None) -> np.ndarray:
     outside), those of the own fits."""
     if support is None:
         return data.H
-    m = np.asarray(support, float)[:, None, :]
-    return data.H * m[..., :, None] * m[..., None, :]
+    return masked_gram(data.H, np.asarray(support, float)[:, None, :])
 
 
 def own_fits(data, support=None, Hplus=None) -> np.ndarray:

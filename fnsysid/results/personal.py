@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fnsysid.dynamics.model import pooled
+from fnsysid.dynamics.model import masked_gram, pooled
 from fnsysid.learning import personalize as pers
 from fnsysid.learning.strategies import Centralized, OneShot, determined
 from fnsysid.results.metrics import ParameterErrors
@@ -140,10 +140,9 @@ def server_intervals(strategy, data, model) -> tuple[np.ndarray | None, str]:
     if isinstance(strategy, OneShot):
         sup = None if support is None else support[:, None]
         _, se, _, _ = own_intervals(model, data, sup)
-        H = data.H if sup is None else data.H * sup[..., :, None] * sup[..., None, :]
+        H = data.H if sup is None else masked_gram(data.H, sup)
         w = np.ones(data.n.shape) if strategy.weights is None else strategy.weights
-        w = w * determined(H if sup is None else H + np.where(sup, 0.0, 1.0)[..., None]
-                           * np.eye(H.shape[-1]))
+        w = w * determined(H, sup)           # the clients the average takes (OneShot's rule)
         w = w / w.sum(axis=1, keepdims=True)
         var = np.einsum("sm,smp->sp", w ** 2, np.where(w[..., None] > 0, se ** 2, 0.0))
         if support is not None:
