@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 import fnsysid
 
 out = Path(sys.argv[1]) if len(sys.argv) > 1 and __name__ == "__main__" else Path(".")
+out.mkdir(parents=True, exist_ok=True)       # the figure is saved there
 rng = np.random.default_rng(0)
 rows = []
 for robot in range(5):
