@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-flower install-cluster run test test-slow lint bench figures clean flower-deploy fig-personalized wheel
+.PHONY: help install install-flower install-cluster install-docs run test test-slow test-docs docs lint bench figures clean flower-deploy fig-personalized wheel
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -22,6 +22,15 @@ install: $(STAMP)  ## create .venv and install fnsysid with its pinned dependenc
 
 install-flower: $(STAMP)  ## add the Flower extra (runtime=flower, docs/FEDERATED.md)
 	$(PY) -m pip install --quiet -e '.[dev,flower]'
+
+install-docs: $(STAMP)  ## add the documentation extra (MkDocs, mkdocstrings, mkdocs-jupyter)
+	$(PY) -m pip install --quiet -e '.[dev,docs]'
+
+docs: install-docs  ## the documentation site in site/ (strict: a broken link fails the build)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+test-docs: docs  ## build the site, then open its pages in headless Chromium (apt: chromium)
+	$(PY) -m pytest -q -m docs tests/test_docs_site.py
 
 install-cluster: $(STAMP)  ## add the submitit launcher extra (hydra/launcher=submitit_slurm)
 	$(PY) -m pip install --quiet -e '.[dev,cluster]'
@@ -66,4 +75,4 @@ figures-list:  ## only the fig-<name> targets
 	@for f in $(FIGS); do echo "  make fig-$$f"; done
 
 clean:  ## remove results and caches (keeps .venv)
-	rm -rf outputs multirun .pytest_cache .ruff_cache dist build
+	rm -rf outputs multirun .pytest_cache .ruff_cache dist build site

@@ -5,7 +5,7 @@
 # cells; `python examples/notebook.py [OUT_DIR]` runs it as a script). Five robots log
 # trajectories of a damped oscillator that differ a little in stiffness and gain; fnsysid
 # identifies `x+ = Theta phi(x, u)` with quadratic features by FedAvg, from the DataFrame in
-# memory: nothing is written to disk but the figure below.
+# memory: nothing is written to disk.
 
 # %%
 import sys
@@ -13,12 +13,16 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
+import matplotlib.pyplot as plt
 
 import fnsysid
 
-out = Path(sys.argv[1]) if len(sys.argv) > 1 and __name__ == "__main__" else Path(".")
-out.mkdir(parents=True, exist_ok=True)       # the figure is saved there
+# run as a script (`python examples/notebook.py OUT_DIR`), the figure is saved in OUT_DIR; in a
+# notebook it is shown below its cell and nothing is written
+as_script = __name__ == "__main__" and "ipykernel" not in sys.modules
+out = Path(sys.argv[1]) if as_script and len(sys.argv) > 1 else None
+if out is not None:
+    out.mkdir(parents=True, exist_ok=True)
 rng = np.random.default_rng(0)
 rows = []
 for robot in range(5):
@@ -65,8 +69,7 @@ pred, sim = model.predict(val), model.simulate(val)
 print(f"held-out NRMSE: one-step {model.score(val):.4f}, "
       f"free run {model.score(val, kind='free_run'):.4f}")
 one = val["client"] == "robot0"
-fig = Figure(figsize=(8, 4.5), layout="constrained")
-axes = fig.subplots(2, 1, sharex=True)
+fig, axes = plt.subplots(2, 1, sharex=True, figsize=(8, 4.5), layout="constrained")
 for ax, state in zip(axes, ["x1", "x2"], strict=True):
     ax.plot(val.loc[one, "t"], val.loc[one, state], "k.", label="measured")
     ax.plot(pred.loc[one, "t"], pred.loc[one, state], "-", label="one-step prediction")
@@ -75,7 +78,8 @@ for ax, state in zip(axes, ["x1", "x2"], strict=True):
 axes[0].legend(loc="best")
 axes[-1].set_xlabel("t")
 axes[0].set_title("robot0, held-out trajectory")
-fig.savefig(out / "notebook_fit.png", dpi=100)
+if out is not None:
+    fig.savefig(out / "notebook_fit.png", dpi=100)
 
 # %% [markdown]
 # ## Per-round history (the command line's errors.csv)

@@ -1,0 +1,1 @@
+../../examples/notebook.py
