@@ -17,11 +17,14 @@ from fnsysid.config.checks import override_key
 from fnsysid.config.errors import ConfigError, DataError, show
 from fnsysid.results.folder import (
     MISSING,
+    STASH,
     clear_earlier,
     errors_problem,
     first_difference,
     input_paths,
     lock_folder,
+    settle_stash,
+    stash_earlier,
 )
 from fnsysid.results.folder import FolderLock as Lock
 from fnsysid.results.sweep import MULTIRUN, RESULTS, sweep_keys, write_results
@@ -30,6 +33,8 @@ log = logging.getLogger("fnsysid")
 
 #: the results folders this process holds for its run or sweep: folder -> lock
 HELD: dict[Path, Lock] = {}
+#: the run folders whose earlier run is kept aside during an overwrite: folder -> input paths
+STASHED: dict[Path, list[str]] = {}
 
 
 class FolderLock(Callback):
@@ -67,11 +72,15 @@ def _take(config: DictConfig, key: str, multirun: bool) -> None:
         check_earlier(key, folder, output, multirun)
         if multirun and output.get("resume"):
             check_resume(config, folder)
-        elif output.get("overwrite"):   # before Hydra writes (and opens run.log) there
+        elif output.get("overwrite") and multirun:  # before Hydra writes (and opens run.log)
             removed = clear_earlier(folder, input_paths(config.get("data") or {}))
             if removed:
                 log.info("output.overwrite=true: removed the earlier results in %s: %s",
                          folder, ", ".join(removed))
+        elif output.get("overwrite"):   # kept aside until the new run has its summary
+            keep = input_paths(config.get("data") or {})
+            if stash_earlier(folder, keep):
+                STASHED[folder] = keep
     except ConfigError as exc:
         release(folder)                 # if it was taken
         print(f"fnsysid: error: {exc}", file=sys.stderr)
@@ -79,8 +88,21 @@ def _take(config: DictConfig, key: str, multirun: bool) -> None:
 
 
 def release(folder: Path | None = None) -> None:
-    """Give up the lock this process holds on ``folder`` (all of them when None)."""
+    """Give up the lock this process holds on ``folder`` (all of them when None), after
+    ending an overwrite of it: the earlier run is dropped if the new run wrote its summary,
+    and put back as it was if not (:func:`~fnsysid.results.folder.settle_stash`)."""
     for f in [folder] if folder is not None else list(HELD):
+        if f in STASHED:
+            keep = STASHED.pop(f)
+            try:
+                outcome = settle_stash(f, keep)
+            except OSError as exc:
+                print(f"fnsysid: error: the earlier run in {f} could not be put back "
+                      f"({exc.strerror or exc}); it is kept in {f / STASH}", file=sys.stderr)
+                outcome = None
+            if outcome == "restored":
+                print(f"fnsysid: output.overwrite=true: the new run did not finish; the earlier "
+                      f"run in {f} is kept as it was", file=sys.stderr)
         lock = HELD.pop(f, None)
         if lock is not None:
             lock.release()
