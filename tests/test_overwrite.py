@@ -105,3 +105,19 @@ def test_the_python_api_overwrite_keeps_no_stash(tmp_path):
     fnsysid.run({**small, "seed": 1, "output.overwrite": True}, output_dir=out)
     assert json.loads((out / "summary.json").read_text())["seed"] == 1
     assert not (out / STASH).exists()
+
+
+def test_a_sweep_whose_table_cannot_be_written_fails(tmp_path):
+    """results.csv that cannot be written (here a folder stands in its place) is a failure of
+    the command: one line naming it, exit status 2, not 0."""
+    sweep = tmp_path / "sw"
+    args = ("-m", "M=1,2", *QUIET, "hydra/launcher=basic", f"hydra.sweep.dir={sweep}")
+    res = cli_in_process(*args)
+    assert res.returncode == 0, res.stderr
+    assert (sweep / "results.csv").is_file()
+    (sweep / "results.csv").unlink()
+    (sweep / "results.csv").mkdir()
+    res = cli_in_process(*args, "output.resume=true")      # the jobs are done: only the table
+    assert res.returncode == 2
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("fnsysid:")]
+    assert len(lines) == 1 and "the sweep table" in lines[0] and "results.csv" in lines[0]

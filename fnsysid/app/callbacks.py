@@ -196,9 +196,19 @@ class SweepTable(Callback):
         try:
             log.info("sweep table: %s", write_results(sweep_dir))
         except (DataError, OSError, ValueError) as exc:
-            (sweep_dir / RESULTS).unlink(missing_ok=True)
-            log.error("sweep table not written: %s", exc)
+            try:
+                (sweep_dir / RESULTS).unlink(missing_ok=True)
+            except OSError:
+                pass
+            reason = f"{exc.strerror}: {exc.filename}" if isinstance(exc, OSError) \
+                and exc.strerror else str(exc)
+            log.error("sweep table not written: %s", reason)
+            TABLE_PROBLEM[:] = [str(sweep_dir / RESULTS), reason]
 
+
+#: the sweep table of the last multirun that could not be written: [path, reason] (set by
+#: :class:`SweepTable`; a failure of the command, exit status 2)
+TABLE_PROBLEM: list[str] = []
 
 #: jobs of the last multirun whose summary is not ``ok`` (set by :class:`SweepStatus`)
 SWEEP_PROBLEMS: dict[str, list[str]] = {}
@@ -227,9 +237,17 @@ class SweepStatus(Callback):
 
 def sweep_exit() -> None:
     """Exit with one line if the multirun that just ended had jobs that are not ``ok``: 2 if a
-    job's settings were refused, else 3 (diverged, growing, interrupted or unfinished jobs)."""
+    job's settings were refused, else 3 (diverged, growing, interrupted or unfinished jobs);
+    and with 2 if its table ``results.csv`` could not be written (the worst outcome wins)."""
     problems = dict(SWEEP_PROBLEMS)
     SWEEP_PROBLEMS.clear()          # reported once: a later command in this process starts clean
+    table = list(TABLE_PROBLEM)
+    TABLE_PROBLEM.clear()
+    if table:
+        print(f"fnsysid: error: the sweep table {table[0]} could not be written ({table[1]})"
+              + ("; some jobs are not ok either, see their summary.json" if problems else ""),
+              file=sys.stderr)
+        sys.exit(2)
     if not problems:
         return
     root = problems.pop("_root")[0]
