@@ -121,3 +121,38 @@ def test_a_sweep_whose_table_cannot_be_written_fails(tmp_path):
     assert res.returncode == 2
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("fnsysid:")]
     assert len(lines) == 1 and "the sweep table" in lines[0] and "results.csv" in lines[0]
+
+
+@pytest.fixture
+def freeze(tmp_path):
+    """``freeze(folder)``: nothing can be created in or removed from ``folder`` any more
+    (``chattr +i``), as a folder made read-only during a run; unfrozen afterwards."""
+    import shutil
+    import subprocess
+
+    frozen = []
+
+    def _freeze(folder):
+        if shutil.which("chattr") is None or \
+                subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode:
+            pytest.skip("chattr +i is not available here (needs root and a file system with it)")
+        frozen.append(folder)
+
+    yield _freeze
+    for folder in frozen:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+def test_a_folder_made_read_only_during_the_writes_is_one_write_error(tmp_path, freeze):
+    """The temporaries were made; the renames and their removal fail: the error is the
+    write's, one line naming the file (it was the removal's PermissionError, a traceback)."""
+    from fnsysid.results.atomic import WriteError, together, write_text
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    with pytest.raises(WriteError, match=f"cannot write {folder}/errors.csv"):
+        with together():
+            write_text(folder / "errors.csv", "repeat,round\n")
+            write_text(folder / "summary.json", "{}")
+            freeze(folder)
+    assert not (folder / "errors.csv").exists() and not (folder / "summary.json").exists()

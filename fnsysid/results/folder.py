@@ -65,7 +65,10 @@ class FolderLock:
         if self._fd is not None:
             # unlinked before the unlock: a run that opened the old file and locks it after
             # this finds the name gone and takes the lock again on a new file
-            (self.folder / LOCK).unlink(missing_ok=True)
+            try:
+                (self.folder / LOCK).unlink(missing_ok=True)
+            except OSError:     # a folder made read-only meanwhile: the lock ends with the fd
+                pass
             os.close(self._fd)
             self._fd = None
         _remove_empty(self._made)
