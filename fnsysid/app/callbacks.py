@@ -200,8 +200,10 @@ class SweepTable(Callback):
                 (sweep_dir / RESULTS).unlink(missing_ok=True)
             except OSError:
                 pass
-            reason = f"{exc.strerror}: {exc.filename}" if isinstance(exc, OSError) \
-                and exc.strerror else str(exc)
+            if not isinstance(exc, OSError):
+                log.error("sweep table not written: %s", exc)   # a job's files: SweepStatus
+                return
+            reason = f"{exc.strerror}: {exc.filename}" if exc.strerror else str(exc)
             log.error("sweep table not written: %s", reason)
             TABLE_PROBLEM[:] = [str(sweep_dir / RESULTS), reason]
 
