@@ -17,11 +17,12 @@ from fnsysid.config.checks import ConfigError, check_run
 from fnsysid.data.files import PUBLIC_COLUMNS, ColumnMap, read_trajectories
 from fnsysid.results.files import write_outputs
 from fnsysid.results.folder import (
-    clear_earlier,
     has_results,
     input_paths,
     lock_folder,
     not_a_run,
+    settle_stash,
+    stash_earlier,
 )
 
 
@@ -71,9 +72,13 @@ def run_job(overrides=(), output_dir=None, config_dir=None, tables=None) -> Resu
     with lock_folder(folder, f"output_dir={folder}"):      # one run at a time in the folder
         check_output_folder(folder, settings)
         result = execute(settings, choices, given_keys(as_overrides(overrides)), tables)
-        if settings.output.overwrite:
-            clear_earlier(folder, input_paths(settings.data))
-        write_outputs(folder, settings, result)
+        keep = input_paths(settings.data)
+        stashed = settings.output.overwrite and stash_earlier(folder, keep)
+        try:
+            write_outputs(folder, settings, result)
+        finally:            # the earlier run goes only once the new summary is written
+            if stashed:
+                settle_stash(folder, keep)
     return result
 
 

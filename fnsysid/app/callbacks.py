@@ -17,11 +17,14 @@ from fnsysid.config.checks import override_key
 from fnsysid.config.errors import ConfigError, DataError, show
 from fnsysid.results.folder import (
     MISSING,
+    STASH,
     clear_earlier,
     errors_problem,
     first_difference,
     input_paths,
     lock_folder,
+    settle_stash,
+    stash_earlier,
 )
 from fnsysid.results.folder import FolderLock as Lock
 from fnsysid.results.sweep import MULTIRUN, RESULTS, sweep_keys, write_results
@@ -30,6 +33,8 @@ log = logging.getLogger("fnsysid")
 
 #: the results folders this process holds for its run or sweep: folder -> lock
 HELD: dict[Path, Lock] = {}
+#: the run folders whose earlier run is kept aside during an overwrite: folder -> input paths
+STASHED: dict[Path, list[str]] = {}
 
 
 class FolderLock(Callback):
@@ -67,11 +72,15 @@ def _take(config: DictConfig, key: str, multirun: bool) -> None:
         check_earlier(key, folder, output, multirun)
         if multirun and output.get("resume"):
             check_resume(config, folder)
-        elif output.get("overwrite"):   # before Hydra writes (and opens run.log) there
+        elif output.get("overwrite") and multirun:  # before Hydra writes (and opens run.log)
             removed = clear_earlier(folder, input_paths(config.get("data") or {}))
             if removed:
                 log.info("output.overwrite=true: removed the earlier results in %s: %s",
                          folder, ", ".join(removed))
+        elif output.get("overwrite"):   # kept aside until the new run has its summary
+            keep = input_paths(config.get("data") or {})
+            if stash_earlier(folder, keep):
+                STASHED[folder] = keep
     except ConfigError as exc:
         release(folder)                 # if it was taken
         print(f"fnsysid: error: {exc}", file=sys.stderr)
@@ -79,8 +88,21 @@ def _take(config: DictConfig, key: str, multirun: bool) -> None:
 
 
 def release(folder: Path | None = None) -> None:
-    """Give up the lock this process holds on ``folder`` (all of them when None)."""
+    """Give up the lock this process holds on ``folder`` (all of them when None), after
+    ending an overwrite of it: the earlier run is dropped if the new run wrote its summary,
+    and put back as it was if not (:func:`~fnsysid.results.folder.settle_stash`)."""
     for f in [folder] if folder is not None else list(HELD):
+        if f in STASHED:
+            keep = STASHED.pop(f)
+            try:
+                outcome = settle_stash(f, keep)
+            except OSError as exc:
+                print(f"fnsysid: error: the earlier run in {f} could not be put back "
+                      f"({exc.strerror or exc}); it is kept in {f / STASH}", file=sys.stderr)
+                outcome = None
+            if outcome == "restored":
+                print(f"fnsysid: output.overwrite=true: the new run did not finish; the earlier "
+                      f"run in {f} is kept as it was", file=sys.stderr)
         lock = HELD.pop(f, None)
         if lock is not None:
             lock.release()
@@ -174,9 +196,21 @@ class SweepTable(Callback):
         try:
             log.info("sweep table: %s", write_results(sweep_dir))
         except (DataError, OSError, ValueError) as exc:
-            (sweep_dir / RESULTS).unlink(missing_ok=True)
-            log.error("sweep table not written: %s", exc)
+            try:
+                (sweep_dir / RESULTS).unlink(missing_ok=True)
+            except OSError:
+                pass
+            if not isinstance(exc, OSError):
+                log.error("sweep table not written: %s", exc)   # a job's files: SweepStatus
+                return
+            reason = f"{exc.strerror}: {exc.filename}" if exc.strerror else str(exc)
+            log.error("sweep table not written: %s", reason)
+            TABLE_PROBLEM[:] = [str(sweep_dir / RESULTS), reason]
 
+
+#: the sweep table of the last multirun that could not be written: [path, reason] (set by
+#: :class:`SweepTable`; a failure of the command, exit status 2)
+TABLE_PROBLEM: list[str] = []
 
 #: jobs of the last multirun whose summary is not ``ok`` (set by :class:`SweepStatus`)
 SWEEP_PROBLEMS: dict[str, list[str]] = {}
@@ -205,9 +239,17 @@ class SweepStatus(Callback):
 
 def sweep_exit() -> None:
     """Exit with one line if the multirun that just ended had jobs that are not ``ok``: 2 if a
-    job's settings were refused, else 3 (diverged, growing, interrupted or unfinished jobs)."""
+    job's settings were refused, else 3 (diverged, growing, interrupted or unfinished jobs);
+    and with 2 if its table ``results.csv`` could not be written (the worst outcome wins)."""
     problems = dict(SWEEP_PROBLEMS)
     SWEEP_PROBLEMS.clear()          # reported once: a later command in this process starts clean
+    table = list(TABLE_PROBLEM)
+    TABLE_PROBLEM.clear()
+    if table:
+        print(f"fnsysid: error: the sweep table {table[0]} could not be written ({table[1]})"
+              + ("; some jobs are not ok either, see their summary.json" if problems else ""),
+              file=sys.stderr)
+        sys.exit(2)
     if not problems:
         return
     root = problems.pop("_root")[0]

@@ -31,7 +31,13 @@ from fnsysid.config.checks import ConfigError, DataError, override_key
 from fnsysid.config.errors import some
 from fnsysid.config.groups import options
 from fnsysid.config.schema import GROUPS
-from fnsysid.data.files import PUBLIC_COLUMNS, ColumnMap, check_tables, read_trajectories
+from fnsysid.data.files import (
+    PUBLIC_COLUMNS,
+    ColumnMap,
+    check_id_types,
+    check_tables,
+    read_trajectories,
+)
 from fnsysid.data.source import column_names, heldout_of
 from fnsysid.results.metrics import HeldOutScores, free_run, over_clients
 
@@ -82,6 +88,7 @@ def _tables(data, what: str, rows: bool = False) -> tuple[list[tuple[_Table, pd.
             i = int(np.flatnonzero(empty)[0])
             raise DataError(f"{what}: row {i + 1} (index {_label(data.index[i])}), column "
                             "'client' is empty; allowed: a client id in every row")
+        check_id_types(client, what)                # 0 and '0' would be one client
         labels = client.astype(str).str.strip()
         groups = labels.groupby(labels.to_numpy(), sort=False).indices    # label -> positions
         where = list(groups.values())

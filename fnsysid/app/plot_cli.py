@@ -14,6 +14,7 @@ newest sweep is drawn.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from fnsysid.results.sweep import declared_keys, find_sweep, read_sweep, swept_k
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="fnsysid-plot", description=__doc__.splitlines()[0])
     ap.add_argument("sweep_dir", type=Path, help="a Hydra multirun folder")
-    ap.add_argument("--out", type=Path, default=None,
+    ap.add_argument("--out", type=str, default=None,
                     help="figure path (default: <sweep>/sweep.png); a .pdf is written too")
     ap.add_argument("--metric", choices=sorted(METRICS), default="e_max",
                     help="e_max: max over clients (the paper's e_r); e_mean: mean over clients")
@@ -37,6 +38,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not args.sweep_dir.is_dir():
         return _error(f"{args.sweep_dir} is not a folder")
+    problem = out_problem(args.out)
+    if problem:
+        return _error(problem)
     sweep = find_sweep(args.sweep_dir)
     jobs = read_sweep(sweep)
     if not jobs:
@@ -48,19 +52,50 @@ def main(argv=None) -> int:
               + ", ".join(some(bad, 5)), file=sys.stderr)
         return 3
     keys = swept_keys(jobs, declared_keys(sweep))
-    out = args.out or sweep / "sweep.png"
+    out = Path(args.out) if args.out is not None else sweep / "sweep.png"
     outs = [out.with_suffix(".png"), out.with_suffix(".pdf")]
+    existed = {p for p in [*outs, out.with_suffix(".csv")] if p.exists()}
     try:
         if args.heatmap:
             table = sweep_heatmap(jobs, keys, outs, args.metric, args.title)
         else:
             table = sweep_figure(jobs, keys, outs, args.metric, args.title, args.panels)
+        table.to_csv(out.with_suffix(".csv"), index=False)
     except ValueError as exc:
         return _error(str(exc))
-    table.to_csv(out.with_suffix(".csv"), index=False)
+    except OSError as exc:          # nothing half-written: the files this call made go
+        for p in [*outs, out.with_suffix(".csv")]:
+            if p not in existed and p.is_file():
+                p.unlink(missing_ok=True)
+        return _error(f"--out {out}: cannot be written ({exc.strerror or exc}); allowed: a "
+                      "path in a folder this user can write")
     print(table.to_string(index=False))
     print(f"wrote {outs[0]}, .pdf and .csv")
     return 0
+
+
+#: the longest name of a file (bytes) on the file systems fnsysid writes to
+NAME_MAX = 255
+
+
+def out_problem(out: str | None) -> str | None:
+    """Why ``--out`` cannot name the figure (its .png, .pdf and .csv), or None."""
+    if out is None:
+        return None
+    allowed = "allowed: a file path such as fig.png in an existing folder"
+    if not out.strip():
+        return f"--out is empty; {allowed}"
+    path = Path(out)
+    if path.name in ("", ".", ".."):
+        return f"--out {out} names a folder, not a file; {allowed}"
+    longest = max(len(os.fsencode(p.name)) for p in
+                  (path.with_suffix(s) for s in (".png", ".pdf", ".csv")))
+    if longest > NAME_MAX or any(len(os.fsencode(part)) > NAME_MAX for part in path.parts):
+        return f"--out {out}: a name longer than {NAME_MAX} bytes; {allowed}"
+    parent = path.parent
+    if not parent.is_dir():
+        return f"--out {out}: the folder {parent} does not exist; {allowed}"
+    return None
 
 
 def _error(message: str) -> int:

@@ -313,9 +313,12 @@ def _check_file(df: pd.DataFrame, f: Path, states, inputs, one_file: bool,
     out["_row"] = np.arange(1, len(df) + 1)
     out["repeat"] = _repeat(df, f) if "repeat" in cols else 0
     if one_file:
+        check_id_types(df["client"], f)
         out["client"] = _text(df["client"])
+        _check_ids(out["client"], f)
     else:
         out["client"] = f.stem
+        _check_ids(pd.Series([f.stem]), f, "file name")
         if "client" in cols:        # the file stem names the client; a column may only agree
             other = (_text(df["client"]) != f.stem).to_numpy()
             if other.any():
@@ -421,6 +424,42 @@ def _numeric(df: pd.DataFrame, col: str, f: Path) -> np.ndarray:
 def _text(values: pd.Series) -> pd.Series:
     """Labels as text without surrounding blanks (missing values stay missing)."""
     return values.where(values.isna(), values.astype(str).str.strip())
+
+
+#: first characters that make a spreadsheet read a CSV cell as a formula (OWASP, "CSV
+#: Injection", https://owasp.org/www-community/attacks/CSV_Injection)
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _check_ids(ids: pd.Series, f, where: str = "column 'client'") -> None:
+    """Refuse a client id that a spreadsheet would run as a formula when it opens a table
+    fnsysid writes (``clients.csv``, ``estimates.csv``, ...): one that starts with ``=``,
+    ``+``, ``-``, ``@``, a tab or a carriage return and is not a number."""
+    for label in pd.unique(ids.dropna()):
+        text = str(label)
+        if text.startswith(FORMULA_START) and not np.isfinite(
+                pd.to_numeric(pd.Series([text]), errors="coerce").to_numpy(float)).all():
+            raise DataError(f"{f}: {where}: client id {text[:40]!r} starts with "
+                            f"{text[0]!r}, which a spreadsheet opening the result tables would "
+                            "run as a formula; allowed: ids that do not start with =, +, -, @, "
+                            "a tab or a carriage return (numbers may)")
+
+
+def check_id_types(values: pd.Series, f) -> None:
+    """Refuse a ``client`` column whose distinct values become one id as text (``0`` and
+    ``'0'`` in one DataFrame), which would merge two clients without a word."""
+    if values.dtype != object:
+        return
+    raw = pd.unique(values.dropna())
+    text: dict[str, object] = {}
+    for v in raw:
+        key = str(v).strip()
+        if key in text and type(text[key]) is not type(v):
+            raise DataError(f"{f}: column 'client' holds {text[key]!r} "
+                            f"({type(text[key]).__name__}) and {v!r} ({type(v).__name__}), "
+                            f"which are one client id as text ('{key}'); allowed: ids of one "
+                            "type (all text, or all numbers)")
+        text.setdefault(key, v)
 
 
 def _client_rank(labels: pd.Series) -> np.ndarray:

@@ -51,9 +51,18 @@ def write_atomic(path: str | Path, write: Callable[[str], None]) -> Path:
     except OSError as exc:
         raise _error(path, exc) from exc
     finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
+        if tmp is not None:
+            _discard(tmp)
     return path
+
+
+def _discard(tmp: str) -> None:
+    """Remove a temporary file if it is there and can be removed (a folder made read-only
+    during the run keeps it; the write's own error is the one reported)."""
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
 
 
 def _temporary_name(path: Path) -> str:
@@ -93,8 +102,7 @@ def together():
     finally:
         _LOCAL.pending = None
         for tmp, _ in pending:          # those not renamed
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            _discard(tmp)
 
 
 def write_text(path: str | Path, text: str) -> Path:

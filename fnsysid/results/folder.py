@@ -65,7 +65,10 @@ class FolderLock:
         if self._fd is not None:
             # unlinked before the unlock: a run that opened the old file and locks it after
             # this finds the name gone and takes the lock again on a new file
-            (self.folder / LOCK).unlink(missing_ok=True)
+            try:
+                (self.folder / LOCK).unlink(missing_ok=True)
+            except OSError:     # a folder made read-only meanwhile: the lock ends with the fd
+                pass
             os.close(self._fd)
             self._fd = None
         _remove_empty(self._made)
@@ -327,48 +330,122 @@ MULTIRUN = "multirun.yaml"
 RUN_RECORDS = (MULTIRUN, "run.log")
 
 
-def clear_earlier(folder: Path, keep=()) -> list[str]:
-    """Remove the earlier run or sweep in ``folder`` (``output.overwrite=true``), if it holds
-    one (:func:`is_earlier_run`): its result files (:func:`clear_results`), Hydra's records at
-    the top (``.hydra/``, ``run.log``, ``multirun.yaml``) and, for a sweep (``multirun.yaml``
-    or job folders right below),
-    every job folder (a folder below that holds ``.hydra/``) with all it holds, then the
-    folders that this leaves empty. Nothing that is or holds a path of ``keep`` (the new
-    run's input files) is removed, nor other files and folders. Returns the names removed
-    (relative to ``folder``)."""
-    import shutil
-
+def earlier_items(folder: Path, keep=()) -> list[Path]:
+    """What makes the earlier run or sweep in ``folder`` (``output.overwrite=true``), if it
+    holds one (:func:`is_earlier_run`): its result files and temporaries
+    (:data:`RESULT_FILES`), Hydra's records at the top (``.hydra/``, ``run.log``,
+    ``multirun.yaml``) and, for a sweep (``multirun.yaml`` or job folders right below), every
+    job folder (a folder below that holds ``.hydra/``). Nothing that is or holds a path of
+    ``keep`` (the new run's input files), no link but the records, no other file or folder."""
     folder = Path(folder)
     if not folder.is_dir() or not is_earlier_run(folder):
         return []
     keep = [Path(os.path.abspath(k)) for k in keep]
     sweep = (folder / MULTIRUN).is_file() or _has_jobs(folder)
-    removed = _remove_result_files(folder, keep)
-    for name in RUN_RECORDS:
-        p = folder / name
-        if (p.is_file() or p.is_symlink()) and not _kept(p, keep):
-            p.unlink()
-            removed.append(name)
+    items = [p for p in [folder / name for name in RESULT_FILES] + list(folder.glob(".*.tmp*"))
+             if p.is_file() and not p.is_symlink() and not _kept(p, keep)]
+    items += [folder / name for name in RUN_RECORDS
+              if ((folder / name).is_file() or (folder / name).is_symlink())
+              and not _kept(folder / name, keep)]
     if (folder / ".hydra").is_dir() and not (folder / ".hydra").is_symlink():
-        shutil.rmtree(folder / ".hydra")
-        removed.append(".hydra")
-    jobs = []
+        items.append(folder / ".hydra")
     for top, dirs, _ in os.walk(folder) if sweep else ():
         if Path(top) != folder and ".hydra" in dirs:
-            jobs.append(Path(top))
+            if not _kept(Path(top), keep):
+                items.append(Path(top))
             dirs[:] = []                    # a job folder goes whole
         else:
-            dirs[:] = [d for d in dirs if d != ".hydra"]
-    for job in jobs:
-        if _kept(job, keep):
-            continue
-        shutil.rmtree(job)
-        removed.append(job.relative_to(folder).as_posix())
-        parent = job.parent
-        while parent != folder and not any(parent.iterdir()):
-            parent.rmdir()
-            parent = parent.parent
+            dirs[:] = [d for d in dirs if d not in (".hydra", STASH)]
+    return items
+
+
+def clear_earlier(folder: Path, keep=()) -> list[str]:
+    """Remove the earlier run or sweep in ``folder`` (:func:`earlier_items`), then the
+    folders that this leaves empty. Returns the names removed (relative to ``folder``)."""
+    import shutil
+
+    folder = Path(folder)
+    removed = []
+    for item in earlier_items(folder, keep):
+        if item.is_dir() and not item.is_symlink():
+            shutil.rmtree(item)
+        else:
+            item.unlink()
+        removed.append(item.relative_to(folder).as_posix())
+        _remove_empty_parents(item.parent, folder)
     return sorted(removed)
+
+
+def _remove_empty_parents(parent: Path, folder: Path) -> None:
+    while parent != folder and parent.is_dir() and not any(parent.iterdir()):
+        parent.rmdir()
+        parent = parent.parent
+
+
+#: where ``output.overwrite=true`` keeps the earlier run while the new one works (inside the
+#: results folder: the same file system, so that moving is renaming)
+STASH = ".fnsysid-earlier"
+
+
+def stash_earlier(folder: Path, keep=()) -> list[str]:
+    """Move the earlier run or sweep in ``folder`` (:func:`earlier_items`) into
+    ``folder/.fnsysid-earlier/`` (renames), to be dropped when the new run has written its
+    summary or put back when it has not (:func:`settle_stash`). Returns the names moved."""
+    folder = Path(folder)
+    items = earlier_items(folder, keep)
+    if not items:
+        return []
+    stash = folder / STASH
+    if stash.exists() or stash.is_symlink():
+        raise ConfigError(f"{folder}: {STASH} is left from an overwrite that did not end; "
+                          "look at what it holds (the earlier run), then move or remove it")
+    moved = []
+    stash.mkdir()
+    for item in items:
+        rel = item.relative_to(folder)
+        (stash / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.rename(item, stash / rel)
+        moved.append(rel.as_posix())
+        _remove_empty_parents(item.parent, folder)
+    return sorted(moved)
+
+
+def settle_stash(folder: Path, keep=()) -> str | None:
+    """End an overwrite of ``folder``: if the new run wrote a summary (any status but
+    ``refused``), drop the earlier run kept by :func:`stash_earlier` (``"replaced"``); if it
+    did not (refused, failed, or killed before its summary), remove what the new run wrote
+    and put the earlier run back as it was (``"restored"``). None when nothing was kept."""
+    import shutil
+
+    folder = Path(folder)
+    stash = folder / STASH
+    if not stash.is_dir() or stash.is_symlink():
+        return None
+    summary = folder / "summary.json"
+    status = None
+    if summary.is_file():
+        try:
+            status = json.loads(summary.read_text()).get("status")
+        except (OSError, ValueError, AttributeError):
+            status = None
+    if status is not None and status != "refused":
+        shutil.rmtree(stash)
+        return "replaced"
+    for item in earlier_items(folder, keep):    # what the new run left
+        if item.is_dir() and not item.is_symlink():
+            shutil.rmtree(item)
+        else:
+            item.unlink()
+    for top, dirs, files in os.walk(stash):
+        for name in files + [d for d in dirs if Path(top, d).is_symlink()]:
+            src = Path(top) / name
+            dst = folder / src.relative_to(stash)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(src, dst)
+        for d in [d for d in dirs if not Path(top, d).is_symlink()]:
+            (folder / Path(top, d).relative_to(stash)).mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(stash)
+    return "restored"
 
 
 def _comparable(cfg: dict) -> dict:

@@ -1,0 +1,35 @@
+"""``fnsysid-plot --out``: a path that cannot hold the figure is refused in one line, exit 2,
+before anything is drawn, and a write that fails leaves none of the files it began."""
+
+from __future__ import annotations
+
+import pytest
+
+from fnsysid.app.plot_cli import main
+from tests.conftest import cli_in_process
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sw")
+    res = cli_in_process("-m", "M=1,2", "R=2", "output.plot=false", "progress=false",
+                         "hydra/launcher=basic", f"hydra.sweep.dir={folder}")
+    assert res.returncode == 0, res.stderr
+    return folder
+
+
+@pytest.mark.parametrize("out, words", [
+    ("", "--out is empty"),
+    ("b" * 300 + ".png", "a name longer than 255 bytes"),
+    ("NO_SUCH_FOLDER/x.png", "the folder NO_SUCH_FOLDER does not exist"),
+    ("/proc/x.png", "cannot be written"),
+])
+def test_a_bad_out_is_one_line_and_exit_2(sweep, capsys, out, words):
+    assert main([str(sweep), "--out", out]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fnsysid-plot: error: ") and words in err[0]
+
+
+def test_a_good_out_writes_the_three_files(sweep, tmp_path, capsys):
+    assert main([str(sweep), "--out", str(tmp_path / "fig.png")]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fig.csv", "fig.pdf", "fig.png"]
