@@ -789,3 +789,43 @@ def test_flower_run_wrapper_exits_with_the_run_status(tmp_path, monkeypatch, cap
                                     "a deployed run"]
     else:
         assert err == ""
+
+
+@needs_flower
+def test_a_reply_timeout_in_the_simulation_writes_the_finished_rounds_as_interrupted(
+        tmp_path, monkeypatch):
+    """runtime=flower: when the server stops waiting for a reply (runtime.reply_timeout) in
+    round 3, the rounds every client scored (0 and 1) are written with status interrupted and
+    the line in error, the in-process numbers; the command says so in one line, exit 1."""
+    from fnsysid.runtimes import flower
+    from tests.conftest import cli_in_process
+
+    real, calls = flower.exchange, []
+
+    def late(grid, sends, names=None, timeout=None):   # the 4th exchange: round 3's train
+        calls.append(sends[0][1])
+        if len(calls) == 4:
+            raise flower.FlowerError("no reply within 0.5 s (runtime.reply_timeout) from "
+                                     "SuperNode 9 (client 1)")
+        return real(grid, sends, names, timeout)
+
+    monkeypatch.setattr(flower, "exchange", late)
+    args = ["system=synthetic", "M=2", "R=5", "repeats=2", "eps=0.3", "output.plot=false"]
+    out = tmp_path / "run"
+    res = cli_in_process(*args, "runtime=flower", f"hydra.run.dir={out}")
+    assert calls == ["query", "train", "train", "train"]
+    assert res.returncode == 1, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "fnsysid: interrupted by node failure (round 3: no reply within 0.5 s "
+        "(runtime.reply_timeout) from SuperNode 9 (client 1)) after round 1 of 5"), res.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["status"], summary["interrupted_by"]) == ("interrupted", "node failure")
+    assert summary["rounds_completed"] == 1 and summary["error"].startswith("round 3: ")
+    errors = pd.read_csv(out / "errors.csv")
+    inprocess = run_experiment(compose_cfg(*args[:-1], "R=1"), tmp_path / "a")
+    del inprocess
+    expected = pd.read_csv(tmp_path / "a" / "errors.csv")
+    assert len(errors) == len(expected) == 2 * 2
+    np.testing.assert_allclose(errors["e_max"], expected["e_max"], rtol=0, atol=1e-10)
+    assert not (out / "estimates.csv").exists()
