@@ -195,7 +195,7 @@ class ClientNode:
     def _from_file(self, settings, model, optimizer, index, data_path, truth_path, truth):
         """This client's training data from its own file (its held-out rows in
         :attr:`heldout`); its truth from its own truth file, or ``truth`` (S, 1, p), its rows
-        of the run's ``data.truth`` (read once by the run, :func:`node_sources`)."""
+        of the run's ``data.truth`` (read once by the run, :class:`NodeSources`)."""
         from fnsysid.data.files import data_files
         from fnsysid.data.source import from_files
 
