@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-flower install-cluster install-docs run test test-slow test-docs docs lint bench figures clean flower-deploy fig-personalized wheel
+.PHONY: help install install-flower install-cluster install-docs run test test-flower test-slow test-docs docs lint bench figures clean flower-deploy fig-personalized wheel
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -41,8 +41,11 @@ run: $(STAMP)  ## run the default experiment (pendulum, M=20); results in output
 test: $(STAMP)  ## fast test suite, spread over the cores (pytest-xdist)
 	$(PY) -m pytest -q -n auto
 
+test-flower: install-flower  ## the Flower tests that are not slow (adds the flower extra first)
+	FNSYSID_TEST_FLOWER=1 $(PY) -m pytest -q -p no:xdist -m "flower and not slow"
+
 test-slow: $(STAMP)  ## the slow tests too
-	$(PY) -m pytest -q -m "slow or not slow"
+	$(PY) -m pytest -q -m "(slow or not slow) and not docs"
 
 flower-deploy: $(STAMP)  ## a Flower deployment on 127.0.0.1 (SuperLink + 3 SuperNodes) vs in process
 	$(PY) scripts/flower_deploy.py $(ARGS)

@@ -23,6 +23,22 @@ from fnsysid.app.build import build
 from fnsysid.config.checks import check_run
 from fnsysid.config.groups import CONF_DIR
 
+#: ``make test-flower`` sets FNSYSID_TEST_FLOWER=1: a Flower test then runs (and fails where
+#: the extra is missing) instead of being skipped
+FLOWER_REQUIRED = os.environ.get("FNSYSID_TEST_FLOWER") == "1"
+
+
+def _flower_installed() -> bool:
+    from fnsysid.runtimes.check import flower_installed
+
+    return flower_installed()
+
+
+#: a test that needs the flower extra: skipped without it, except under ``make test-flower``
+needs_flower = pytest.mark.skipif(
+    not FLOWER_REQUIRED and not _flower_installed(),
+    reason="Flower is not installed (extra: pip install -e '.[flower]' or make install-flower)")
+
 
 def compose_cfg(*overrides: str):
     """The composed run config for ``overrides`` (quiet, no plot unless asked).

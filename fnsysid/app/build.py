@@ -119,25 +119,32 @@ def fitting_feature_maps(system, nodes: dict[str, dict] | None = None) -> list[s
 
 @lru_cache(maxsize=4096)
 def client_node(settings_json: str, index: int | None, data_path: str | None,
-                truth_path: str | None):
+                truth_path: str | None, sources=None):
     """The node of a client, built once per process (a pure function of its arguments;
-    ``settings_json``: the run's resolved settings as JSON)."""
+    ``settings_json``: the run's resolved settings as JSON; ``sources``: the
+    :class:`~fnsysid.runtimes.flower.NodeSources` of a simulated run with ``data=files``)."""
     from fnsysid.runtimes.flower import ClientNode
 
     settings = check_run(settings_from(json.loads(settings_json)))
     model, optimizer, strategy = build(settings)
-    return ClientNode(settings, model, optimizer, strategy, index, data_path, truth_path)
+    truth = None
+    if sources is not None and data_path is None and index is not None:
+        data_path, truth = sources.of(index)
+    return ClientNode(settings, model, optimizer, strategy, index, data_path, truth_path, truth)
 
 
-def build_client_app(settings_json: str | None = None):
+def build_client_app(settings_json: str | None = None, sources=None):
     """The ClientApp of a run with resolved settings ``settings_json`` (None: composed from
-    the run config's ``overrides``, as ``flwr run`` passes it)."""
-    from fnsysid.runtimes.flower import make_client_app, node_identity
+    the run config, as ``flwr run`` passes it: :func:`fnsysid.runtimes.flower.
+    deployed_overrides`); ``sources``: each client's file and truth (simulation engine)."""
+    from fnsysid.runtimes.flower import deployed_overrides, make_client_app, node_identity
 
     def node(context):
-        text = settings_json if settings_json is not None else compose_json(
-            str(context.run_config.get("overrides", "")))
-        return client_node(text, *node_identity(context))
+        if settings_json is not None:
+            text = settings_json
+        else:
+            text = compose_json(shlex.join(deployed_overrides(context.run_config)[0]))
+        return client_node(text, *node_identity(context), sources)
 
     return make_client_app(node)
 

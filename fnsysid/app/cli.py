@@ -102,10 +102,11 @@ def task(cfg: DictConfig) -> float | None:
     log.info("results: %s", out)
     if summary["status"] == "interrupted":
         signum = interrupt.requested()
-        print(f"fnsysid: interrupted by {summary['interrupted_by']} after round "
+        cause = f" ({summary['error']})" if summary.get("error") else ""
+        print(f"fnsysid: interrupted by {summary['interrupted_by']}{cause} after round "
               f"{summary['rounds_completed']} of {cfg.R}: rows so far in {out} (status: "
               "interrupted)", file=sys.stderr)
-        sys.exit(interrupt.exit_code(signum))
+        sys.exit(1 if signum is None else interrupt.exit_code(signum))   # 1: a node failed
     if summary["status"] not in ("ok", "growing"):
         states = summary.get("repeat_status") or []
         gone = [s for s, st in enumerate(states) if st == "diverged"]

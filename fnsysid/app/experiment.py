@@ -196,16 +196,26 @@ def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = Non
         from fnsysid.data.source import from_files
         from fnsysid.runtimes import flower
 
+        sources = None
         if settings.files:      # bad data: one line before Flower starts, as in process
-            from_files(flower.node_settings(settings), model, optimizer,
-                       _job_given() if given is None else given)
+            from fnsysid.data.files import data_files
+
+            checked = from_files(flower.node_settings(settings), model, optimizer,
+                                 _job_given() if given is None else given)
+            # each node gets its file and its truth rows: none lists the folder or reads
+            # the truth file
+            sources = flower.NodeSources(
+                [str(f) for f in data_files(settings.data.path)], checked.clients,
+                checked.train.theta_true if settings.data.truth else None)
+            del checked
         dataset = flower.server_dataset(settings)
         keep_clients = keep_per_client(settings, len(dataset.clients))
-        hist, diverged, theta0 = flower.run(
+        hist, diverged, theta0, failure = flower.run(
             settings, model, strategy, dataset, keep_clients,
-            build_client_app(json.dumps(settings.resolved)))
+            build_client_app(json.dumps(settings.resolved), sources))
         data, t_data, theory = None, 0.0, None
     else:
+        failure = None
         dataset = load_data(settings, model, optimizer,
                             _job_given() if given is None else given, file_budget(), tables)
         data = dataset.train
@@ -222,7 +232,7 @@ def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = Non
     return make_result(settings, model, strategy, dataset, hist, diverged, theta0, data, theory,
                        keep_clients, dict(data_s=t_data, train_s=t_train,
                                           total_s=time.perf_counter() - t_start),
-                       _job_choices() if choices is None else choices)
+                       _job_choices() if choices is None else choices, failure)
 
 
 def make_result(settings: Settings, model, strategy, dataset, hist, diverged, theta0, data,
@@ -231,7 +241,8 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     """The tables and the summary of a finished run (``data``: the clients' training data, or
     None where the run cannot see them; ``theory``: Theorem 1's table, or None).
 
-    ``failure``: why a deployed run stopped early (a SuperNode that died): the summary says
+    ``failure``: why a Flower run stopped early (a SuperNode that died, a reply timeout):
+    the summary says
     ``status: interrupted``, ``interrupted_by: node failure`` and the line in ``error``;
     the rounds recorded are kept and no ``estimates`` table is made (the server's model may
     be ahead of the last round every client evaluated)."""

@@ -8,7 +8,6 @@ client side; the server runs :func:`fnsysid.runtimes.flower.serve` and writes th
 from __future__ import annotations
 
 import logging
-import shlex
 import time
 from pathlib import Path
 
@@ -16,20 +15,33 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fnsysid.app.build import build, build_client_app
-from fnsysid.config.checks import check_run
-from fnsysid.runtimes.flower import FlowerError, quiet_flower, serve, server_dataset
+from fnsysid.config.checks import ConfigError, check_run
+from fnsysid.runtimes.flower import (
+    FlowerError,
+    deployed_overrides,
+    quiet_flower,
+    serve,
+    server_dataset,
+)
 
 log = logging.getLogger("fnsysid")
 
 
 def deployed_config(context: Context):
-    """The run's config composed from the run config: ``overrides`` (a string of ``run.py``
-    overrides, e.g. ``"M=3 strategy=scaffold"``), checked as ``run.py`` checks it."""
+    """The run's config composed from the run config (:func:`~fnsysid.runtimes.flower.
+    deployed_overrides`: ``overrides``, a string of ``run.py`` overrides such as ``"M=3
+    strategy=scaffold"``, and the app's typed keys), checked as ``run.py`` checks it. With
+    ``data=files`` the server needs no ``data.path``: the data are on the SuperNodes, and
+    ``M`` (the SuperNodes to wait for) must then be given."""
     from fnsysid.app.preflight import compose
 
-    cfg, _ = compose([*shlex.split(str(context.run_config.get("overrides", ""))),
-                      "progress=false"])
+    overrides, on_nodes = deployed_overrides(context.run_config)
+    cfg, _ = compose([*overrides, "progress=false"], data_in_memory=on_nodes)
     settings = check_run(cfg)
+    if settings.M is None:
+        raise ConfigError("M is missing: a deployed run with data=files waits for M "
+                          "SuperNodes; allowed: M=<number of SuperNodes>, e.g. overrides="
+                          "'data=files M=12 ...'")
     if settings.runtime.name == "flower":          # runtime=flower runtime.reply_timeout=...
         return settings
     return settings.replace(runtime={"name": "flower", "client_cpus": 1})
@@ -66,17 +78,44 @@ def deployed_main(grid: Grid, context: Context) -> None:
 
     A SuperNode that fails or dies ends the run: the rounds every client evaluated are
     written with ``status: interrupted`` and the line naming the round and the node in
-    ``error``, and the ServerApp then fails with that line (Flower marks the run failed)."""
+    ``error``, and the ServerApp then fails with that line (Flower marks the run failed).
+    Every failure is logged as one line, ``fnsysid: error: <cause>``, and is the run's
+    ``details`` that ``flwr ls`` shows (:mod:`fnsysid.app.flower_run` reads it)."""
+    quiet_flower()
+    log_to_console()
+    try:
+        _deployed_main(grid, context)
+    except Exception as exc:            # one line naming the cause, then Flower's failure
+        line = one_line_error(exc)
+        log.error("fnsysid: error: %s", line)
+        raise ServerAppError(line) from None
+
+
+class ServerAppError(RuntimeError):
+    """Why a deployed ServerApp failed, in one line (Flower records it as the run's
+    ``details``: ``ServerApp failed with exception: <line>``)."""
+
+
+def one_line_error(exc: BaseException) -> str:
+    """The one line of an error: fnsysid's own errors as they are, others with their type."""
+    from fnsysid.config.errors import one_line
+
+    if isinstance(exc, (ConfigError, FlowerError, ValueError, OSError)):
+        text = str(exc)
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return one_line(RuntimeError(text))
+
+
+def _deployed_main(grid: Grid, context: Context) -> None:
     from fnsysid.app.experiment import make_result
     from fnsysid.results.files import write_outputs
     from fnsysid.results.history import keep_per_client
 
     t_start = time.perf_counter()
-    quiet_flower()
-    log_to_console()
     cfg = deployed_config(context)
     model, _, strategy = build(cfg)
-    M = cfg.M if cfg.M is not None else len(server_dataset(cfg).clients)
+    M = cfg.M
     keep_clients = keep_per_client(cfg, M)
     hist, diverged, theta0, labels, failure = serve(grid, cfg, model, strategy, M,
                                                     keep_clients)

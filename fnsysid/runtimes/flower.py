@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -64,6 +65,58 @@ def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in record.items()}
 
 
+#: ``data.path`` of a deployed run whose overrides give none (``data=files``): the data are on
+#: the SuperNodes, each its own file (node config ``data-path``); the server reads no file
+ON_NODES = "<on the SuperNodes>"
+
+#: keys of the app's ``[tool.flwr.app.config]`` that are not run.py settings
+APP_KEYS = ("overrides", "outdir")
+
+
+def deployed_overrides(run_config) -> tuple[list[str], bool]:
+    """The ``run.py`` overrides of a deployed run from its Flower run config: the
+    ``overrides`` string, then every other key of ``[tool.flwr.app.config]`` but ``outdir`` as
+    a typed setting (``M = 12`` is ``M=12``, ``strategy = "scaffold"`` is
+    ``strategy=scaffold``). With ``data=files`` and no ``data.path``, ``data.path`` is
+    :data:`ON_NODES`; the second value says so (the server then checks no data path)."""
+    import shlex
+
+    from fnsysid.config.checks import ConfigError, override_key
+
+    try:
+        given = shlex.split(str(run_config.get("overrides", "")))
+    except ValueError as exc:
+        raise ConfigError(f"overrides={run_config.get('overrides')!r}: {exc}; allowed: run.py "
+                          "overrides, e.g. 'M=12 strategy=scaffold'") from None
+    keys = {override_key(o) for o in given}
+    for key, value in run_config.items():
+        if key in APP_KEYS:
+            continue
+        if key in keys:
+            raise ConfigError(f"{key} is given twice: in overrides and as a key of "
+                              "[tool.flwr.app.config] (--run-config); allowed: one of them")
+        given.append(f"{key}={_value(value)}")
+    choice = {override_key(o): o.split("=", 1)[1] for o in given if "=" in o}
+    placeholder = choice.get("data") == "files" and "data.path" not in choice
+    if placeholder:
+        given.append(f"data.path={_value(ON_NODES)}")
+    return given, placeholder
+
+
+def _value(v) -> str:
+    """A TOML value of the run config as override text Hydra parses back to it (a name such
+    as ``scaffold`` as it is, other text quoted)."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_value(x) for x in v) + "]"
+    if isinstance(v, str):
+        if re.fullmatch(r"[\w./@:-]+", v):
+            return v
+        return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return repr(v)
+
+
 def client_order(settings, labels: list[str]) -> list:
     """Sort keys of client labels: the in-process order (index, or file name for files)."""
     if settings.data.source == "simulated":
@@ -85,14 +138,15 @@ class ClientNode:
     """
 
     def __init__(self, settings, model, optimizer, strategy, index: int | None,
-                 data_path: str | None = None, truth_path: str | None = None):
+                 data_path: str | None = None, truth_path: str | None = None,
+                 truth: np.ndarray | None = None):
         from fnsysid.dynamics.model import generate
 
         self.strategy = strategy
         self.settings, self.model = settings, model
         if settings.files:
             self.label, self.data = self._from_file(settings, model, optimizer, index, data_path,
-                                                    truth_path)
+                                                    truth_path, truth)
         else:
             if index is None:
                 raise ValueError("a node with simulated data needs node config client=<index>")
@@ -131,31 +185,35 @@ class ClientNode:
             return int(settings.K)
         if index is None:
             raise ValueError("per-client K needs the node's position: node config client=<i>")
-        if settings.files:
+        M = settings.M
+        if M is None:           # data=files in the simulation engine: the folder's files
             from fnsysid.data.files import data_files
 
             M = len(data_files(settings.data.path))
-        else:
-            M = settings.M
         return local_steps(settings.K, M, self.data.shape[0], settings.seed, clients=[index])
 
-    def _from_file(self, settings, model, optimizer, index, data_path, truth_path):
+    def _from_file(self, settings, model, optimizer, index, data_path, truth_path, truth):
         """This client's training data from its own file (its held-out rows in
-        :attr:`heldout`); its truth from its own truth file, or its rows of the run's
-        ``data.truth``."""
-        from fnsysid.data.files import data_files, load_truth
+        :attr:`heldout`); its truth from its own truth file, or ``truth`` (S, 1, p), its rows
+        of the run's ``data.truth`` (read once by the run, :class:`NodeSources`)."""
+        from fnsysid.data.files import data_files
         from fnsysid.data.source import from_files
 
+        if data_path is None and settings.data.path == ON_NODES:
+            raise ValueError("this SuperNode has no trajectory file: start it with "
+                             "--node-config \"data-path='<its file>'\" (data=files)")
+        if data_path is None and index is None:
+            raise ValueError("a node with data=files needs node config data-path=<its file>")
         path = data_path or data_files(settings.data.path)[index]
         own = node_settings(settings, path, truth_path)
         dataset = from_files(own, model, optimizer, client_file=True)
         label, data = dataset.clients[0], dataset.train
         self.heldout = dataset.heldout
-        if truth_path is None and settings.data.truth:
-            labels = [f.stem for f in data_files(settings.data.path)]
-            truth = load_truth(settings.data.truth, labels, model.param_names,
-                               dataset.repeats or data.shape[0])
-            data.theta_true = truth[:, [labels.index(label)]]
+        if truth_path is None and truth is not None:      # its rows of data.truth
+            data.theta_true = truth
+        elif truth_path is None and settings.data.truth:
+            raise ValueError("data.truth is read by the run, not by a SuperNode: give each "
+                             "SuperNode its own truth file, --node-config \"truth-path='<file>'\"")
         return label, data
 
     def errors(self, theta: np.ndarray) -> np.ndarray:
@@ -181,6 +239,29 @@ class ClientNode:
             n1 = self.scores.one_step(est)
             ns = self.scores.free_run(est) if free_run else np.full((S, 1), np.nan)
         return {"_n1": n1, "_ns": ns, "_v": self.scores.valid.astype(float)}
+
+
+class NodeSources:
+    """Where each client of a simulated Flower run with ``data=files`` finds its data, made
+    once by the run (which reads and checks the folder before Flower starts) and given to
+    every ClientApp: the folder's files (``files[i]`` is client i's file) and, with
+    ``data.truth``, each client's true parameters, so that a node opens its own file only and
+    neither lists the folder nor reads the truth file (O(its data), not O(M))."""
+
+    def __init__(self, files: list[str], clients: list[str], truth: np.ndarray | None):
+        self.files = list(files)
+        self.row = {c: j for j, c in enumerate(clients)}
+        self.truth = truth                      # (S, M, p) in the order of ``clients``
+
+    def of(self, index: int) -> tuple[str, np.ndarray | None]:
+        """Client ``index``'s file and true parameters (S, 1, p) or None."""
+        from pathlib import Path
+
+        path = self.files[index]
+        if self.truth is None:
+            return path, None
+        j = self.row[Path(path).stem]
+        return path, self.truth[:, j:j + 1].copy()
 
 
 def node_settings(settings, path=None, truth_path: str | None = None):
@@ -358,10 +439,12 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
     and the node, and the history holds the rounds whose errors all clients had sent. A
     SIGINT/SIGTERM (:mod:`fnsysid.runtimes.interrupt`) stops the rounds before the next one
     starts: the model of the last finished round is evaluated and the rounds so far are
-    returned. A round diverges as in process
-    (:func:`fnsysid.runtimes.inprocess.train`): when the server model is not finite or, with a
-    ground truth, some client's error is not finite or grows past the limit; the errors of a round's
-    model arrive with the next round's first exchange.
+    returned. A repeat diverges as in process (:func:`fnsysid.runtimes.inprocess.train`):
+    when its server model is not finite or, with a ground truth, some client's error is not
+    finite or grows past the limit; the errors of a round's model arrive with the next round's
+    first exchange. Its rows are NaN from then on and the other repeats run on; the rounds stop
+    when every repeat diverged (with sparsity, at the first). ``history.diverged_at`` gives
+    each repeat's round.
     """
     from fnsysid.results.history import History, errors_diverged, growth_limit
     from fnsysid.results.metrics import over_clients
@@ -383,10 +466,26 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
     names = dict(zip(nodes, labels, strict=True))
 
     hist = History(per_client=[] if keep_clients else None)
-    diverged = None
     limit = None                        # set from the start errors (or the start NRMSE)
     has_truth = False
     answered: dict[int, int] = {}       # round -> clients that trained in it
+    S = n.shape[0]
+    dead = np.zeros(S, dtype=bool)      # repeats that diverged
+    diverged_at: list = [None] * S
+
+    def judge(r: int, bad: np.ndarray) -> bool:
+        """Mark the repeats ``bad`` (S,) that diverge at round ``r``; whether the run stops
+        (every repeat diverged, or one did under sparsity), as in process."""
+        for s in np.flatnonzero(bad & ~dead).tolist():
+            diverged_at[s] = r
+        dead[bad] = True
+        return bool(dead.all() or (sparsity is not None and dead.any()))
+
+    def blank(a):
+        """``a`` (S, ...) with NaN in the rows of the repeats that diverged."""
+        if a is None or not dead.any():
+            return a
+        return np.where(dead.reshape(-1, *([1] * (np.ndim(a) - 1))), np.nan, a)
 
     def free_run_due(r: int) -> bool:
         """Whether the free-run NRMSE of round ``r``'s model is scored (as in process)."""
@@ -394,9 +493,10 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
 
     def record(r: int, a: dict) -> bool:
         """Record the scores ``a`` (``_e``, ``_n1``, ``_ns``, ``_v``, each (S, M)) of the model
-        after round ``r``; False if that round diverged. As in process, the parameter errors
-        judge divergence when every client knows its truth, else the held-out one-step NRMSE
-        (:func:`fnsysid.runtimes.inprocess.train`)."""
+        after round ``r``; False if the run stops there (every repeat diverged). As in process
+        (:func:`fnsysid.runtimes.inprocess.train`), the parameter errors judge divergence when
+        every client knows its truth, else the held-out one-step NRMSE; a repeat that diverged
+        is left out from then on (its rows NaN) and the others run on."""
         nonlocal limit, has_truth
         e, n1, valid = a["_e"], a["_n1"], a["_v"] > 0.5
         step = over_clients(n1, valid)
@@ -405,13 +505,13 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
             start = (float(e.max()) if has_truth
                      else float(np.nanmax(step[0], initial=0.0)) if valid.any() else 1.0)
             limit = growth_limit(start)
-        elif has_truth:
-            if errors_diverged(e, limit):
+        else:
+            bad = (np.array([errors_diverged(e_s, limit) for e_s in e]) if has_truth
+                   else step[0] > limit)        # NaN (no scored client) never diverges
+            if judge(r, bad):
                 return False
-        elif np.max(step[0]) > limit:           # NaN (no scored client) never diverges
-            return False
-        hist.record(e, n1, a["_ns"] if free_run_due(r) else None, valid)
-        log_round(r, step)
+        hist.record(blank(e), blank(n1), blank(a["_ns"]) if free_run_due(r) else None, valid)
+        log_round(r, over_clients(blank(n1), valid))
         return True
 
     def log_round(r: int, step) -> None:
@@ -420,14 +520,15 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
             return
         parts = [f"round {r} of {settings.R} done: {answered.get(r, M)} of {M} clients "
                  "answered"]
-        if has_truth:
-            parts.append(f"e_max {float(np.mean(hist.e_max[-1])):.6g}")
+        if has_truth and np.isfinite(hist.e_max[-1]).any():
+            parts.append(f"e_max {float(np.nanmean(hist.e_max[-1])):.6g}")
         if np.isfinite(step[1]).any():
             parts.append(f"held-out NRMSE {float(np.nanmean(step[1])):.6g} (one step, mean "
                          "over clients)")
         log.info(", ".join(parts))
 
     last = settings.R                   # the last round whose model is evaluated
+    stopped = False                     # every repeat diverged (or one, under sparsity)
     failure, stage = None, "round 1"
     try:
         with np.errstate(over="ignore", invalid="ignore"):
@@ -461,25 +562,24 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
                             if len(off):
                                 scores[k][:, off] = stacked(replies[len(on):])[k]
                         if not record(r - 1, scores):
-                            diverged = r - 1
+                            stopped = True
                             break
                     strategy.server_update(ex, arrays, sel=on,
                                            active=None if active is None else active[:, on])
-                if diverged is not None:
+                if stopped:
                     break
                 if sparsity is not None:
                     sparsity.server_round(strategy, r, n, settings.seed)
-                if not np.isfinite(strategy.server).all():
-                    diverged = r
+                if judge(r, ~np.isfinite(strategy.server).reshape(S, -1).all(axis=1)):
+                    stopped = True
                     break
-            if diverged is None:
+            if not stopped:
                 stage = f"the evaluation after round {last}"
                 final = exchange(grid, [(nd, "evaluate", {"theta": strategy.server},
                                          {"free_run": free_run_due(last)}) for nd in nodes],
                                  names, wait)
-                if not record(last, stacked(final)):
-                    diverged = last
-            if (diverged is None and settings.personalize.name != "none"
+                record(last, stacked(final))
+            if (not dead.any() and settings.personalize.name != "none"
                     and not interrupt.requested()):
                 stage = f"the personalization after round {last}"
 
@@ -493,6 +593,8 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
         raise
     except FlowerError as exc:
         failure = f"{stage}: {exc}"
+    hist.diverged_at = diverged_at
+    diverged = min((d for d in diverged_at if d is not None), default=None)
     return hist, diverged, theta0, labels, failure
 
 
@@ -568,9 +670,11 @@ def run(settings, model, strategy, dataset, keep_clients: bool, client_app: Clie
     """Run the rounds of ``settings`` on Flower's simulation engine (Ray backend), one virtual
     SuperNode per client of ``dataset`` (:func:`server_dataset`), answered by ``client_app``.
 
-    Returns (history, diverged round or None, start model); ``dataset.settings`` gets the
-    number of repeats the clients reported. Ray is shut down whatever the end (the last
-    round, an error, a signal), so none of its processes outlives the run.
+    Returns (history, diverged round or None, start model, failure or None: why the rounds
+    stopped early, e.g. a reply timeout, with the finished rounds in the history);
+    ``dataset.settings`` gets the number of repeats the clients reported. Ray is shut down
+    whatever the end (the last round, an error, a signal), so none of its processes outlives
+    the run.
     """
     quiet_flower()                      # before flwr.simulation's imports log at INFO
     import ray
@@ -591,8 +695,8 @@ def run(settings, model, strategy, dataset, keep_clients: bool, client_app: Clie
     if "serve" not in result:
         raise FlowerError("the Flower ServerApp stopped before the last round; see the log")
     hist, diverged, theta0, labels, failure = result["serve"]
-    if failure is not None:
-        raise FlowerError(failure)
+    if failure is not None and not hist.e_max:
+        raise FlowerError(f"{failure}; no round finished")
     dataset.clients[:] = labels
     dataset.settings.setdefault("repeats", theta0.shape[0])
-    return hist, diverged, theta0
+    return hist, diverged, theta0, failure
