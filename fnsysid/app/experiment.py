@@ -269,6 +269,10 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     if at is not None:          # in process: the repeats run on after one diverged
         summary["repeat_status"] = ["ok" if d is None else "diverged" for d in at]
         summary["repeat_diverged_round"] = list(at)
+    privacy = getattr(strategy, "privacy", None)
+    if privacy is not None:
+        summary["privacy"] = privacy.summary()
+        privacy.warn()
     left_out = left_out_clients(strategy, dataset.clients)
     if left_out:
         summary["left_out_clients"] = left_out

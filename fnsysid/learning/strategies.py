@@ -40,6 +40,7 @@ from fnsysid.config.checks import ConfigError
 from fnsysid.dynamics import random as rnd
 from fnsysid.dynamics.model import least_squares, pooled
 from fnsysid.learning.optim import LocalMap, matvec, undo_preconditioner
+from fnsysid.learning.privacy import private_mean, private_pooled_solution
 
 WEIGHTINGS = ("uniform", "samples")
 log = logging.getLogger("fnsysid")
@@ -132,6 +133,10 @@ class Strategy:
     ----------
     weighting : "uniform" (plain mean, paper Alg. 1) or "samples" (weights N_i T).
     """
+
+    #: the run's differential privacy (:class:`fnsysid.learning.privacy.Privacy`), set by
+    #: :func:`fnsysid.app.build.build` with ``privacy=central`` or ``local``; None without
+    privacy = None
 
     def __init__(self, weighting: str = "uniform"):
         if weighting not in WEIGHTINGS:
@@ -524,6 +529,9 @@ class OneShot(Strategy):
                 "excitation); allowed: clients whose data have full rank, or a strategy that "
                 "pools or iterates (centralized_exact, fedavg, ...)")
         self.left_out = ~ok
+        if self.privacy is not None:      # noisy sum of clipped estimates over a noisy count
+            self.server = private_mean(self.privacy, least_squares(data.H, data.b), ok, seed)
+            return
         w = self.weights
         if not ok.all():
             w = (np.ones(ok.shape) if w is None else w) * ok
@@ -566,7 +574,9 @@ class Centralized(Strategy):
                               "distribution K is for federated strategies")
         super().setup(theta0, pooled(data), model, optimizer, K, lr, seed)
         self.maps = None
-        if self.exact:
+        if self.exact and self.privacy is not None:       # noisy sums of clipped statistics
+            self.server = private_pooled_solution(self.privacy, data.H, data.b, seed)
+        elif self.exact:
             self.server = least_squares(self.data.H, self.data.b)[:, 0]
         else:
             self.maps = optimizer.local_map(K, lr, correction=False)

@@ -1,0 +1,263 @@
+"""Client-level differential privacy (the ``privacy`` config group).
+
+Two runs are neighbours when one has one whole client more (add or remove one client: all its
+trajectories). The closed-form strategies release one sum over the clients, once:
+
+- ``centralized_exact``: each client's sufficient statistics ``(H_i, b_i)`` (``Phi_i^T Phi_i``
+  and ``Phi_i^T Y_i`` in parameter space) as one vector whose norm is
+  ``sqrt(||H_i||_F^2 + ||b_i||^2)``, scaled down to norm ``clip`` when it is longer; the server
+  solves the noisy sums after raising the Gram matrix's eigenvalues to a floor;
+- ``oneshot``: each client's own least-squares estimate ``theta_i``, clipped to norm ``clip``,
+  with the count of clients that have one (weight ``clip``); the server divides the noisy sum
+  by the noisy count.
+
+``central``: the server (trusted) adds Gaussian noise of standard deviation
+``noise_multiplier * sensitivity`` to the sum (sensitivity ``clip``; ``sqrt(2) clip`` for
+``oneshot``, whose count rides along); ``local``: every client adds that noise to its own
+clipped contribution before sending it, with the sensitivity of replacing its data
+(``2 clip``; ``2 sqrt(2) clip`` for ``oneshot``), so the sum carries ``M`` times the variance.
+The sum of the clients' independent Gaussian noises is drawn as one Gaussian of that variance
+(the same distribution, without M draws). Symmetric matrices get symmetric noise: the
+Gaussian mechanism on the vector ``(H_ii, sqrt(2) H_ij (i < j))``, whose norm is ``||H||_F``,
+i.e. variance ``sigma^2`` on the diagonal and ``sigma^2 / 2`` off it.
+
+The privacy loss is accounted by Google's ``dp-accounting`` package (optional extra
+``privacy``): the noise multiplier is solved for the targets ``epsilon, delta`` or, given,
+its ``epsilon`` is reported. The derivation and what is and is not protected:
+docs/PRIVACY.md.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from fnsysid.config.errors import ConfigError
+from fnsysid.dynamics import random as rnd
+
+log = logging.getLogger("fnsysid")
+
+MODES = ("none", "central", "local")
+ACCOUNTANTS = ("pld", "rdp")
+#: purpose of the privacy noise streams (see :mod:`fnsysid.dynamics.random`)
+NOISE = 6
+#: largest noise multiplier the solver searches (a target that needs more is refused)
+MAX_NOISE_MULTIPLIER = 1.0e4
+#: smallest one (a target it already meets runs with it: below, epsilon exceeds 10 for one
+#: release and the privacy loss distribution grows past memory)
+MIN_NOISE_MULTIPLIER = 0.5
+#: share of clipped contributions above which a run warns (most contributions clipped)
+MOST_CLIPPED = 0.5
+
+
+def dp_accounting():
+    """The ``dp_accounting`` module, or a one-line refusal saying how to install it."""
+    try:
+        import dp_accounting as dpa
+    except ImportError:
+        raise ConfigError("privacy=central and privacy=local need the dp-accounting package: "
+                          "pip install -e '.[privacy]' (or privacy=none)") from None
+    return dpa
+
+
+def accountant(name: str):
+    """A fresh accountant of ``dp_accounting`` (``pld`` or ``rdp``), add-or-remove-one
+    neighbours."""
+    dpa = dp_accounting()
+    if name == "pld":
+        return dpa.pld.PLDAccountant()
+    return dpa.rdp.RdpAccountant()
+
+
+def dp_event(noise_multiplier: float, rounds: int = 1, sampling_rate: float = 1.0):
+    """The event of ``rounds`` Gaussian releases with ``noise_multiplier``, each on a Poisson
+    sample of the clients with probability ``sampling_rate`` (1: every client)."""
+    dpa = dp_accounting()
+    event = dpa.GaussianDpEvent(noise_multiplier)
+    if sampling_rate < 1.0:
+        event = dpa.PoissonSampledDpEvent(sampling_rate, event)
+    return dpa.SelfComposedDpEvent(event, rounds) if rounds > 1 else event
+
+
+def spent_epsilon(noise_multiplier: float, delta: float, rounds: int = 1,
+                  sampling_rate: float = 1.0, name: str = "pld") -> float:
+    """Epsilon at ``delta`` of :func:`dp_event` by the accountant ``name``."""
+    acc = accountant(name)
+    acc.compose(dp_event(noise_multiplier, rounds, sampling_rate))
+    return float(acc.get_epsilon(delta))
+
+
+def solve_noise_multiplier(epsilon: float, delta: float, rounds: int = 1,
+                           sampling_rate: float = 1.0, name: str = "pld") -> float:
+    """The smallest noise multiplier from :data:`MIN_NOISE_MULTIPLIER` on whose
+    :func:`spent_epsilon` is at most ``epsilon`` (``dp_accounting.calibrate_dp_mechanism``);
+    refused in one line when even
+    :data:`MAX_NOISE_MULTIPLIER` does not meet it."""
+    dpa = dp_accounting()
+    if spent_epsilon(MAX_NOISE_MULTIPLIER, delta, rounds, sampling_rate, name) > epsilon:
+        raise ConfigError(
+            f"privacy.epsilon={epsilon} with privacy.delta={delta} cannot be met over {rounds} "
+            f"release(s) at sampling rate {sampling_rate:g}: even noise multiplier "
+            f"{MAX_NOISE_MULTIPLIER:g} spends more; allowed: a larger privacy.epsilon or "
+            "privacy.delta, or fewer releases")
+    if spent_epsilon(MIN_NOISE_MULTIPLIER, delta, rounds, sampling_rate, name) <= epsilon:
+        return MIN_NOISE_MULTIPLIER
+    z = dpa.calibrate_dp_mechanism(
+        lambda: accountant(name), lambda s: dp_event(s, rounds, sampling_rate), epsilon, delta,
+        dpa.ExplicitBracketInterval(MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER), tol=1e-4)
+    return float(z)
+
+
+class Privacy:
+    """The run's mechanism: its settings, the noise multiplier it uses, and what it clipped.
+
+    Parameters
+    ----------
+    name : "central" (trusted server adds the noise) or "local" (each client adds its own).
+    clip : bound on the norm of a client's contribution.
+    epsilon, delta : targets; exactly one of ``epsilon`` and ``noise_multiplier`` is given.
+    noise_multiplier : standard deviation of the noise over the sensitivity.
+    accountant : "pld" (privacy loss distributions, tight) or "rdp" (Renyi DP).
+    """
+
+    def __init__(self, name: str, clip: float, delta: float, epsilon: float | None = None,
+                 noise_multiplier: float | None = None, accountant: str = "pld"):
+        if name not in MODES[1:]:
+            raise ValueError(f"privacy={name}; allowed: {', '.join(MODES)}")
+        if (epsilon is None) == (noise_multiplier is None):
+            raise ConfigError(
+                "privacy.epsilon and privacy.noise_multiplier: exactly one must be given (the "
+                "other null); allowed: privacy.epsilon=E (the noise is solved for it) or "
+                "privacy.epsilon=null privacy.noise_multiplier=Z (epsilon is reported)")
+        self.mode, self.clip, self.delta = name, float(clip), float(delta)
+        self.target_epsilon = None if epsilon is None else float(epsilon)
+        self.noise_multiplier = None if noise_multiplier is None else float(noise_multiplier)
+        self.accountant = accountant
+        self.rounds, self.sampling_rate = 1, 1.0
+        self.epsilon: float | None = None
+        self.mechanism = ""
+        self.clipped_fraction: float | None = None
+        self._clipped = np.zeros(2)            # clipped, total contributions
+        self.epsilon_by_round: np.ndarray | None = None
+
+    def plan(self, rounds: int, sampling_rate: float, mechanism: str) -> None:
+        """Fix the noise multiplier for ``rounds`` releases at ``sampling_rate`` (solved for
+        the target epsilon, or the given one's epsilon computed); refused in one line when
+        the target cannot be met. Call before the run."""
+        dp_accounting()
+        self.rounds, self.sampling_rate, self.mechanism = int(rounds), float(sampling_rate), \
+            mechanism
+        if self.noise_multiplier is None:
+            self.noise_multiplier = solve_noise_multiplier(
+                self.target_epsilon, self.delta, self.rounds, self.sampling_rate,
+                self.accountant)
+        self.epsilon = spent_epsilon(self.noise_multiplier, self.delta, self.rounds,
+                                     self.sampling_rate, self.accountant)
+
+    def clip_factors(self, norms: np.ndarray, bound: float | None = None) -> np.ndarray:
+        """Scale factors ``min(1, bound / norm)`` (bound: ``clip``) of contributions with
+        ``norms``; counts the clipped ones."""
+        bound = self.clip if bound is None else bound
+        norms = np.asarray(norms, float)
+        self._clipped += (float((norms > bound).sum()), float(norms.size))
+        self.clipped_fraction = float(self._clipped[0] / self._clipped[1])
+        with np.errstate(divide="ignore"):
+            return np.minimum(1.0, bound / norms)
+
+    def sigma(self, sensitivity: float, senders) -> np.ndarray:
+        """Standard deviation of the noise on the sum, (S,) for ``senders`` (S,) clients:
+        ``z * sensitivity`` (central), or ``z * 2 sensitivity * sqrt(senders)`` (local: each
+        client's own noise, with the sensitivity of replacing its data)."""
+        z = self.noise_multiplier
+        if self.mode == "central":
+            return np.full(np.shape(senders), z * sensitivity)
+        return z * 2.0 * sensitivity * np.sqrt(np.asarray(senders, float))
+
+    def noise(self, seed: int, release: int, shape: tuple, sigma: np.ndarray,
+              symmetric: bool = False) -> np.ndarray:
+        """Gaussian noise (S, *shape), repeat s with standard deviation ``sigma[s]``, from
+        the repeat's own stream for ``release``; ``symmetric``: matrices (p, p) with variance
+        ``sigma^2`` on the diagonal and ``sigma^2 / 2`` off it (Frobenius geometry)."""
+        out = np.empty((len(sigma), *shape))
+        for s, sd in enumerate(np.asarray(sigma, float)):     # one stream per repeat
+            g = rnd.stream(seed, NOISE, s, release).standard_normal(shape)
+            out[s] = sd * (0.5 * (g + np.swapaxes(g, -1, -2)) if symmetric else g)
+        return out
+
+    def warn(self) -> None:
+        """A warning when most contributions were clipped (``clip`` too small for the data:
+        the sum then weighs the clients differently than the plain sum)."""
+        if self.clipped_fraction is not None and self.clipped_fraction > MOST_CLIPPED:
+            log.warning("privacy.clip=%g: %.0f%% of the clients' contributions were clipped "
+                        "(privacy.clipped_fraction in summary.json); a larger privacy.clip "
+                        "clips fewer (and adds noise in proportion)", self.clip,
+                        100 * self.clipped_fraction)
+
+    def summary(self) -> dict:
+        """What ``summary.json`` holds under ``privacy``."""
+        return {"mode": self.mode, "epsilon": self.epsilon, "delta": self.delta,
+                "target_epsilon": self.target_epsilon,
+                "noise_multiplier": self.noise_multiplier, "clip": self.clip,
+                "clipped_fraction": self.clipped_fraction, "mechanism": self.mechanism,
+                "accountant": f"dp_accounting {self.accountant.upper()}",
+                "rounds": self.rounds, "sampling_rate": self.sampling_rate}
+
+
+def build_privacy(node: dict | None) -> Privacy | None:
+    """The run's privacy object from the ``privacy`` group's node (None for ``none``)."""
+    if not node or node.get("name", "none") == "none":
+        return None
+    return Privacy(**node)
+
+
+# --- the closed-form releases -------------------------------------------------------------
+
+def eigen_floor(p: int, sigma: np.ndarray) -> np.ndarray:
+    """The eigenvalue floor of a noisy Gram matrix (S,): ``sqrt(2 p) sigma``, the spectral
+    norm of its symmetric noise (semicircle edge of a p x p matrix with off-diagonal variance
+    ``sigma^2 / 2``), below which an eigenvalue is noise."""
+    return np.sqrt(2.0 * p) * np.asarray(sigma, float)
+
+
+def repaired_solve(H: np.ndarray, b: np.ndarray, floor: np.ndarray) -> np.ndarray:
+    """``H^-1 b`` (S, p) after raising the eigenvalues of the symmetric ``H`` (S, p, p) to
+    ``floor`` (S,): positive definite whatever the noise."""
+    lam, V = np.linalg.eigh(H)
+    lam = np.maximum(lam, np.asarray(floor, float)[:, None])
+    return np.einsum("spk,sk,sqk,sq->sp", V, 1.0 / lam, V, b)
+
+
+def private_statistics(privacy: Privacy, H: np.ndarray, b: np.ndarray, seed: int):
+    """The noisy sums of the clipped client statistics: ``H`` (S, M, p, p), ``b`` (S, M, p)
+    -> (S, p, p), (S, p) and the noise's standard deviation (S,)."""
+    S, M, p = b.shape
+    norms = np.sqrt(np.einsum("smpq,smpq->sm", H, H) + np.einsum("smp,smp->sm", b, b))
+    f = privacy.clip_factors(norms)
+    sigma = privacy.sigma(privacy.clip, np.full(S, M))
+    Hs = np.einsum("sm,smpq->spq", f, H) + privacy.noise(seed, 0, (p, p), sigma, True)
+    bs = np.einsum("sm,smp->sp", f, b) + privacy.noise(seed, 1, (p,), sigma)
+    return Hs, bs, sigma
+
+
+def private_pooled_solution(privacy: Privacy, H: np.ndarray, b: np.ndarray,
+                            seed: int) -> np.ndarray:
+    """``centralized_exact`` under ``privacy``: the pooled least squares (S, p) of the noisy
+    clipped statistics, eigenvalues floored (:func:`eigen_floor`)."""
+    Hs, bs, sigma = private_statistics(privacy, H, b, seed)
+    return repaired_solve(Hs, bs, eigen_floor(b.shape[-1], sigma))
+
+
+def private_mean(privacy: Privacy, theta: np.ndarray, present: np.ndarray,
+                 seed: int) -> np.ndarray:
+    """``oneshot`` under ``privacy``: the mean (S, p) of the clients' own estimates ``theta``
+    (S, M, p) over the clients ``present`` (S, M), from the noisy sum of the estimates
+    clipped to ``clip`` and the noisy count of the clients (each counted with weight
+    ``clip``, so that a client's contribution has norm at most ``sqrt(2) clip``)."""
+    S, M, p = theta.shape
+    C = privacy.clip
+    w = privacy.clip_factors(np.linalg.norm(theta, axis=-1)) * present
+    sigma = privacy.sigma(np.sqrt(2.0) * C, np.full(S, M))
+    total = np.einsum("sm,smp->sp", w, theta) + privacy.noise(seed, 0, (p,), sigma)
+    count = (C * present.sum(axis=1) + privacy.noise(seed, 1, (), sigma)) / C
+    return total / np.maximum(count, 1.0)[:, None]
