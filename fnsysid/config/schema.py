@@ -518,8 +518,8 @@ class CentralPrivacy(Section):
     #: target epsilon (null: ``noise_multiplier`` given, epsilon reported)
     epsilon: PosReal | None
     delta: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
-    #: noise standard deviation over the sensitivity (null: solved for ``epsilon``)
-    noise_multiplier: PosReal | None
+    #: noise standard deviation over the sensitivity (null: solved for ``epsilon``; 0: none)
+    noise_multiplier: NonNegReal | None
     accountant: Literal["pld", "rdp"]
 
 
