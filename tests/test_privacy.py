@@ -203,3 +203,22 @@ def test_without_the_extra_privacy_is_refused_with_the_install_line(monkeypatch)
         run("strategy=oneshot", "privacy=central")
     assert "pip install -e '.[privacy]'" in str(err.value) and "\n" not in str(err.value)
     run("strategy=oneshot")                  # privacy=none needs nothing
+
+
+def test_noise_projection_onto_the_statistics_space():
+    """For a dense model (H = I (x) F) the projection of symmetric noise is I (x) the mean of
+    its diagonal blocks (closed form); real statistics are left as they are (so the
+    projection is post-processing); b of a dense model spans all of R^p."""
+    from fnsysid.dynamics.systems import dense_structure
+
+    n_y, n_phi = 3, 4
+    UH, Ub = pv.statistics_bases(dense_structure(n_y, n_phi))
+    assert UH.shape == (144, 16) and Ub.shape == (12, 12)
+    g = np.random.default_rng(4).standard_normal((2, 12, 12))
+    E = g + np.swapaxes(g, -1, -2)
+    blocks = np.mean([E[:, j * 4:(j + 1) * 4, j * 4:(j + 1) * 4] for j in range(n_y)], axis=0)
+    want = np.einsum("jk,spq->sjpkq", np.eye(n_y), blocks).reshape(2, 12, 12)
+    assert np.allclose(pv.project(E, UH), want, atol=1e-12)
+    X = np.random.default_rng(5).standard_normal((2, 20, n_phi))
+    H = np.einsum("jk,stp,stq->sjpkq", np.eye(n_y), X, X).reshape(2, 12, 12)
+    assert np.allclose(pv.project(H, UH), H, atol=1e-10)

@@ -269,23 +269,58 @@ def repaired_solve(H: np.ndarray, b: np.ndarray, floor: np.ndarray) -> np.ndarra
     return np.einsum("spk,sk,sqk,sq->sp", V, 1.0 / lam, V, b)
 
 
-def private_statistics(privacy: Privacy, H: np.ndarray, b: np.ndarray, seed: int):
+def statistics_bases(structure: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Orthonormal bases of the spaces the statistics of a model with ``structure`` (n_y,
+    n_phi, p) live in: ``H = sum_t G_t^T G_t`` is a linear image of the features' Gram
+    ``F = sum_t phi_t phi_t^T`` (``H_pq = sum_jkl S_jkp S_jlq F_kl``), ``b`` one of
+    ``Phi^T Y`` (``b_p = sum_jk S_jkp (Phi^T Y)_kj``). Returns (p^2, r_H) and (p, r_b): the
+    columns span the images (in the Frobenius inner product of vec(H)). For a dense model
+    ``H = I (x) F`` is block diagonal with equal blocks: r_H = n_phi^2 of p^2 directions."""
+    n_y, n_phi, p = structure.shape
+    L = np.einsum("jkp,jlq->pqkl", structure, structure).reshape(p * p, n_phi * n_phi)
+    Lb = np.einsum("jkp->pkj", structure).reshape(p, n_phi * n_y)
+
+    def basis(A):
+        U, sv, _ = np.linalg.svd(A, full_matrices=False)
+        return U[:, sv > sv.max(initial=0.0) * max(A.shape) * np.finfo(float).eps]
+
+    return basis(L), basis(Lb)
+
+
+def project(E: np.ndarray, U: np.ndarray) -> np.ndarray:
+    """Orthogonal projection of ``E`` (S, *shape) onto the span of ``U`` (prod(shape), r)."""
+    flat = E.reshape(E.shape[0], -1)
+    return ((flat @ U) @ U.T).reshape(E.shape)
+
+
+def private_statistics(privacy: Privacy, H: np.ndarray, b: np.ndarray, seed: int,
+                       structure: np.ndarray | None = None):
     """The noisy sums of the clipped client statistics: ``H`` (S, M, p, p), ``b`` (S, M, p)
-    -> (S, p, p), (S, p) and the noise's standard deviation (S,)."""
+    -> (S, p, p), (S, p) and the noise's standard deviation (S,). With the model's
+    ``structure``, the noise is projected onto the spaces every client's statistics lie in
+    (:func:`statistics_bases`): the clipped sum lies there too, so the projection is
+    post-processing, and it removes the noise outside (for a dense model with n_y targets,
+    all but 1 / n_y of the Gram matrix's noise variance)."""
     S, M, p = b.shape
     norms = np.sqrt(np.einsum("smpq,smpq->sm", H, H) + np.einsum("smp,smp->sm", b, b))
     f = privacy.clip_factors(norms)
     sigma = privacy.sigma(privacy.clip, np.full(S, M))
-    Hs = np.einsum("sm,smpq->spq", f, H) + privacy.noise(seed, 0, (p, p), sigma, True)
-    bs = np.einsum("sm,smp->sp", f, b) + privacy.noise(seed, 1, (p,), sigma)
+    EH = privacy.noise(seed, 0, (p, p), sigma, True)
+    Eb = privacy.noise(seed, 1, (p,), sigma)
+    if structure is not None:
+        UH, Ub = statistics_bases(structure)
+        EH, Eb = project(EH, UH), project(Eb, Ub)
+    Hs = np.einsum("sm,smpq->spq", f, H) + EH
+    bs = np.einsum("sm,smp->sp", f, b) + Eb
     return Hs, bs, sigma
 
 
 def private_pooled_solution(privacy: Privacy, H: np.ndarray, b: np.ndarray,
-                            seed: int) -> np.ndarray:
+                            seed: int, structure: np.ndarray | None = None) -> np.ndarray:
     """``centralized_exact`` under ``privacy``: the pooled least squares (S, p) of the noisy
-    clipped statistics, eigenvalues floored (:func:`eigen_floor`)."""
-    Hs, bs, sigma = private_statistics(privacy, H, b, seed)
+    clipped statistics (noise projected with ``structure``), eigenvalues floored
+    (:func:`eigen_floor`)."""
+    Hs, bs, sigma = private_statistics(privacy, H, b, seed, structure)
     return repaired_solve(Hs, bs, eigen_floor(b.shape[-1], sigma))
 
 

@@ -575,7 +575,8 @@ class Centralized(Strategy):
         super().setup(theta0, pooled(data), model, optimizer, K, lr, seed)
         self.maps = None
         if self.exact and self.privacy is not None:       # noisy sums of clipped statistics
-            self.server = private_pooled_solution(self.privacy, data.H, data.b, seed)
+            self.server = private_pooled_solution(self.privacy, data.H, data.b, seed,
+                                                  model.structure)
         elif self.exact:
             self.server = least_squares(self.data.H, self.data.b)[:, 0]
         else:
