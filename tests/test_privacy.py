@@ -45,10 +45,12 @@ def test_reported_epsilon_is_the_accountants_for_the_reported_noise():
     assert 3.6 < s["noise_multiplier"] < 3.9          # sigma of the Gaussian mechanism at (1, 1e-5)
 
 
-def test_given_noise_multiplier_reports_its_epsilon_by_rdp():
+def test_given_noise_multiplier_reports_its_epsilon_by_rdp(caplog):
+    s = run("strategy=oneshot", "privacy=central", "privacy.delta=0.05").summary["privacy"]
+    assert "is at least 1/M (M=40 clients)" in caplog.text and s["delta"] == 0.05
     s = run("strategy=oneshot", "privacy=central", "privacy.epsilon=null",
             "privacy.noise_multiplier=2.0", "privacy.accountant=rdp").summary["privacy"]
-    acc = dpa.rdp.RdpAccountant()
+    acc = dpa.rdp.RdpAccountant(orders=pv.RDP_ORDERS)
     acc.compose(dpa.GaussianDpEvent(2.0))
     assert s["noise_multiplier"] == 2.0
     assert s["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-12)
@@ -171,12 +173,12 @@ def test_oneshot_private_mean_matches_closed_form():
 
 
 @pytest.mark.parametrize("extra, words", [
-    (("strategy=fedavg", "privacy=central"), "allowed: strategy=centralized_exact or"),
+    (("strategy=scaffold", "privacy=central"), "allowed: strategy=centralized_exact, oneshot"),
+    (("strategy=fedlin", "privacy=central"), "fedavg, fedprox or fednova"),
     (("strategy=oneshot", "strategy.weighting=samples", "privacy=central"),
      "strategy.weighting=uniform"),
     (("strategy=oneshot", "privacy=central", "privacy.noise_multiplier=2"), "exactly one"),
     (("strategy=oneshot", "privacy=central", "privacy.epsilon=null"), "exactly one"),
-    (("strategy=oneshot", "privacy=central", "privacy.delta=0.05"), "privacy.delta=0.05"),
     (("strategy=oneshot", "privacy=local", "privacy.epsilon=1e-7"), "cannot be met"),
     (("strategy=oneshot", "privacy=local", "privacy.epsilon=null",
       "privacy.noise_multiplier=0.1"), "0 (no noise, no privacy)"),
@@ -222,3 +224,72 @@ def test_noise_projection_onto_the_statistics_space():
     X = np.random.default_rng(5).standard_normal((2, 20, n_phi))
     H = np.einsum("jk,stp,stq->sjpkq", np.eye(n_y), X, X).reshape(2, 12, 12)
     assert np.allclose(pv.project(H, UH), H, atol=1e-10)
+
+
+# --- DP-FedAvg (round-based strategies) ------------------------------------------------------
+
+ROUNDS = ("R=30", "K=5", "lr=1e-3")
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "fedprox", "fednova"])
+def test_dp_fedavg_without_noise_or_clipping_is_the_plain_round(strategy):
+    """clip far above every change, noise 0, every client: the step-by-step private rounds
+    (server + mean of the changes) equal the plain rounds (FedAvg's precomputed server map)
+    to 1e-10, every round."""
+    plain = run(f"strategy={strategy}", *ROUNDS)
+    priv = run(f"strategy={strategy}", *ROUNDS, "privacy=central", "privacy.clip=1e9",
+               "privacy.epsilon=null", "privacy.noise_multiplier=0")
+    assert np.allclose(priv.estimate, plain.estimate, rtol=0, atol=1e-10)
+    assert np.allclose(priv.errors["e_max"], plain.errors["e_max"], rtol=0, atol=1e-10)
+
+
+def test_dp_fedavg_accounting_over_sampled_rounds():
+    """fraction 0.25 and 30 rounds: the reported epsilon is dp-accounting's PLD epsilon of
+    30 Poisson-sampled Gaussian rounds with the reported noise multiplier (recomputed here),
+    at most the target; errors.csv's epsilon_rdp grows round by round to RDP's epsilon of
+    the same 30 rounds, an upper bound of PLD's."""
+    res = run("strategy=fedavg", *ROUNDS, "strategy.fraction=0.25", "privacy=central",
+              "privacy.epsilon=8", "privacy.clip=0.5")
+    s = res.summary["privacy"]
+    assert (s["rounds"], s["sampling_rate"]) == (30, 0.25)
+    event = dpa.SelfComposedDpEvent(
+        dpa.PoissonSampledDpEvent(0.25, dpa.GaussianDpEvent(s["noise_multiplier"])), 30)
+    pld = dpa.pld.PLDAccountant(value_discretization_interval=1e-3)
+    pld.compose(event)
+    eps = pld.get_epsilon(1e-5)
+    assert s["epsilon"] == pytest.approx(eps, rel=1e-9) and eps <= 8.0
+    assert eps == pytest.approx(8.0, rel=0.01)
+    rdp = dpa.rdp.RdpAccountant(orders=pv.RDP_ORDERS)
+    rdp.compose(event)
+    col = res.errors.loc[res.errors["repeat"] == 0, "epsilon_rdp"].to_numpy()
+    assert col[0] == 0 and np.all(np.diff(col) > 0)
+    assert col[-1] == pytest.approx(rdp.get_epsilon(1e-5), rel=1e-9) and col[-1] >= eps
+
+
+def test_private_change_clips_samples_and_adds_the_predicted_noise():
+    rng = np.random.default_rng(6)
+    change = rng.standard_normal((300, 10, 3))
+    active = rng.random((300, 10)) < 0.5
+    quiet = pv.Privacy("central", clip=1.0, delta=1e-5, noise_multiplier=0.0)
+    got = pv.private_change(quiet, change, active, seed=0, r=1, expected=5.0)
+    n = np.linalg.norm(change, axis=-1, keepdims=True)
+    want = (change * np.minimum(1, 1.0 / n) * active[..., None]).sum(axis=1) / 5.0
+    assert np.allclose(got, want, atol=1e-12)
+    noisy = pv.Privacy("central", clip=1.0, delta=1e-5, noise_multiplier=2.0)
+    a = pv.private_change(noisy, change, active, seed=0, r=1, expected=5.0)
+    b = pv.private_change(noisy, change, active, seed=1, r=1, expected=5.0)
+    # two seeds: difference N(0, 2 (z C / expected)^2) per coordinate
+    assert np.var(a - b) / (2 * (2.0 / 5.0) ** 2) == pytest.approx(1, abs=0.12)
+    assert not np.allclose(pv.private_change(noisy, change, active, 0, 2, 5.0), a)
+
+
+def test_dp_participation_is_poisson_sampling():
+    from tests.conftest import make
+
+    settings, model, optimizer, strategy = make(*SMALL, "strategy=fedavg",
+                                                "strategy.fraction=0.3", "privacy=central")
+    strategy.server, strategy.n_clients, strategy.seed = np.zeros((2, 15)), 1000, 0
+    masks = np.array([strategy.participants(r) for r in range(1, 21)])
+    counts = masks.sum(axis=-1)
+    assert len(np.unique(counts)) > 5                 # not a fixed number a round
+    assert counts.mean() / 300 == pytest.approx(1, abs=0.03)

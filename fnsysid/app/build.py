@@ -71,10 +71,16 @@ def build(settings: Settings):
     strategy.sparsity = build_sparsity(groups.get("sparsity"))
     strategy.privacy = build_privacy(groups.get("privacy"))
     if strategy.privacy is not None:           # the noise fixed (or refused) before the run
-        exact = getattr(strategy, "exact", False)
-        strategy.privacy.plan(1, 1.0, "Gaussian on the clipped sum of the clients' "
-                              + ("statistics (H_i, b_i)" if exact else
-                                 "own least-squares estimates and their count"))
+        if hasattr(strategy, "model_change"):  # DP-FedAvg: one sampled release a round
+            strategy.privacy.plan(settings.R, strategy.fraction, "DP-FedAvg: Gaussian on the "
+                                  "clipped sum of the clients' model changes, each round",
+                                  settings.M)
+        else:
+            exact = getattr(strategy, "exact", False)
+            strategy.privacy.plan(1, 1.0, "Gaussian on the clipped sum of the clients' "
+                                  + ("statistics (H_i, b_i)" if exact else
+                                     "own least-squares estimates and their count"),
+                                  settings.M)
     return model, optimizer, strategy
 
 

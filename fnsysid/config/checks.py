@@ -146,19 +146,20 @@ def check_privacy(s: Settings) -> None:
     """``privacy=central`` or ``local`` (docs/PRIVACY.md) runs with the strategies whose
     release it perturbs (``centralized_exact``, ``oneshot`` with uniform weights), in process,
     without a sparsity loop or empirical-Bayes personalization (both read the clients' exact
-    statistics), with exactly one of ``epsilon`` and ``noise_multiplier`` and ``delta`` below
-    ``1/M`` (a larger one allows releasing a whole client's data)."""
+    statistics), with exactly one of ``epsilon`` and ``noise_multiplier``."""
     pv = s.privacy
     if pv.name == "none":
         return
     strategy = s.resolved.get("strategy") or {}
     target = str(strategy.get("_target_", ""))
     oneshot = target.endswith(".OneShot")
-    if not (oneshot or (target.endswith(".Centralized") and strategy.get("exact") is True)):
+    rounds = target.rsplit(".", 1)[-1] in ("FedAvg", "FedProx", "FedNova")
+    if not (oneshot or rounds
+            or (target.endswith(".Centralized") and strategy.get("exact") is True)):
         raise ConfigError(f"privacy={pv.name} is not allowed with this strategy "
-                          f"({target or 'custom'}); allowed: strategy=centralized_exact or "
-                          "strategy=oneshot (or privacy=none)")
-    if oneshot and strategy.get("weighting") == "samples":
+                          f"({target or 'custom'}); allowed: strategy=centralized_exact, "
+                          "oneshot, fedavg, fedprox or fednova (or privacy=none)")
+    if (oneshot or rounds) and strategy.get("weighting") == "samples":
         raise ConfigError(f"privacy={pv.name} with strategy.weighting=samples: a client's weight "
                           "would be its sample count, unbounded; allowed: "
                           "strategy.weighting=uniform (or privacy=none)")
@@ -176,10 +177,6 @@ def check_privacy(s: Settings) -> None:
                           "given (the other null); allowed: privacy.epsilon=E (the noise is "
                           "solved for it) or privacy.epsilon=null privacy.noise_multiplier=Z "
                           "(its epsilon reported)")
-    if s.M is not None and pv.delta >= 1.0 / s.M:
-        raise ConfigError(f"privacy.delta={pv.delta} is not allowed with M={s.M}: a delta of "
-                          "1/M or more permits publishing one whole client's data; allowed: a "
-                          f"number in (0, {1.0 / s.M:.3g})")
 
 
 def check_file_knobs(raw: Mapping) -> None:

@@ -66,13 +66,18 @@ def dp_accounting():
 PLD_INTERVAL = 1e-3
 
 
+#: the RDP accountant's orders: integers (its default fractional orders near 1 fail to
+#: converge for sampled Gaussians with noise multiplier about 1 and are dropped with a warning)
+RDP_ORDERS = tuple(range(2, 65)) + (80, 96, 128, 256, 512)
+
+
 def accountant(name: str):
     """A fresh accountant of ``dp_accounting`` (``pld`` or ``rdp``), add-or-remove-one
     neighbours."""
     dpa = dp_accounting()
     if name == "pld":
         return dpa.pld.PLDAccountant(value_discretization_interval=PLD_INTERVAL)
-    return dpa.rdp.RdpAccountant()
+    return dpa.rdp.RdpAccountant(orders=RDP_ORDERS)
 
 
 def dp_event(noise_multiplier: float, rounds: int = 1, sampling_rate: float = 1.0):
@@ -162,17 +167,20 @@ class Privacy:
         self.noise_multiplier = None if noise_multiplier is None else float(noise_multiplier)
         self.accountant = accountant
         self.rounds, self.sampling_rate = 1, 1.0
+        self.clients: int | None = None
         self.epsilon: float | None = None
         self.mechanism = ""
         self.clipped_fraction: float | None = None
         self._clipped = np.zeros(2)            # clipped, total contributions
         self.epsilon_by_round: np.ndarray | None = None
 
-    def plan(self, rounds: int, sampling_rate: float, mechanism: str) -> None:
+    def plan(self, rounds: int, sampling_rate: float, mechanism: str,
+             clients: int | None = None) -> None:
         """Fix the noise multiplier for ``rounds`` releases at ``sampling_rate`` (solved for
         the target epsilon, or the given one's epsilon computed); refused in one line when
         the target cannot be met. Call before the run."""
         dp_accounting()
+        self.clients = clients
         self.rounds, self.sampling_rate, self.mechanism = int(rounds), float(sampling_rate), \
             mechanism
         if self.noise_multiplier == 0.0:           # no noise: no privacy, said so
@@ -189,6 +197,9 @@ class Privacy:
                 self.accountant)
         self.epsilon = spent_epsilon(self.noise_multiplier, self.delta, self.rounds,
                                      self.sampling_rate, self.accountant)
+        if self.rounds > 1:
+            self.epsilon_by_round = rdp_epsilons(self.noise_multiplier, self.delta,
+                                                 self.rounds, self.sampling_rate)
 
     def clip_factors(self, norms: np.ndarray, bound: float | None = None) -> np.ndarray:
         """Scale factors ``min(1, bound / norm)`` (bound: ``clip``) of contributions with
@@ -227,6 +238,10 @@ class Privacy:
         if self.noise_multiplier == 0.0:
             log.warning("privacy.noise_multiplier=0: no noise is added, the release is not "
                         "private (privacy.epsilon in summary.json is null: infinite)")
+        if self.clients and self.delta * self.clients >= 1.0:
+            log.warning("privacy.delta=%g is at least 1/M (M=%d clients): a mechanism that "
+                        "publishes one client's data whole with probability delta meets it; "
+                        "delta well below 1/M is the usual choice", self.delta, self.clients)
         if self.clipped_fraction is not None and self.clipped_fraction > MOST_CLIPPED:
             log.warning("privacy.clip=%g: %.0f%% of the clients' contributions were clipped "
                         "(privacy.clipped_fraction in summary.json); a larger privacy.clip "
@@ -243,6 +258,50 @@ class Privacy:
                                f"{PLD_INTERVAL:g})" if self.accountant == "pld"
                                else "dp_accounting RDP"),
                 "rounds": self.rounds, "sampling_rate": self.sampling_rate}
+
+    def epsilon_column(self, rounds: np.ndarray) -> np.ndarray | None:
+        """Epsilon spent up to each of ``rounds`` (errors.csv's ``epsilon_rdp``; 0 at round 0),
+        by the RDP accountant round by round (:func:`rdp_epsilons`: an upper bound, above the
+        PLD accountant's at the last round); None for one release."""
+        if self.epsilon_by_round is None:
+            return None
+        spent = np.concatenate([[0.0], self.epsilon_by_round])
+        return spent[np.minimum(np.asarray(rounds, int), self.rounds)]
+
+
+def rdp_epsilons(noise_multiplier: float, delta: float, rounds: int,
+                 sampling_rate: float) -> np.ndarray:
+    """Epsilon at ``delta`` spent after each of rounds 1..``rounds`` (``rounds`` values), by
+    dp-accounting's RDP accountant composing one sampled Gaussian round at a time (an upper
+    bound of the PLD accountant's)."""
+    acc = accountant("rdp")
+    step = dp_event(noise_multiplier, 1, sampling_rate)
+    out = np.empty(rounds)
+    for r in range(rounds):
+        acc.compose(step)
+        out[r] = acc.get_epsilon(delta)
+    return out
+
+
+def private_change(privacy: Privacy, change: np.ndarray, active: np.ndarray | None,
+                   seed: int, r: int, expected: float) -> np.ndarray:
+    """DP-FedAvg's server step (McMahan et al. 2018, https://arxiv.org/abs/1710.06963): the
+    clients' model changes ``change`` (S, M, p) clipped to norm ``clip``, summed over the
+    ``active`` ones (S, M; None: all), Gaussian noise added (round ``r``'s own stream) and
+    divided by the expected number of participants ``expected`` (``fraction M``, fixed, so
+    that the division reveals nothing)."""
+    S, M, p = change.shape
+    w = privacy.clip_factors(np.linalg.norm(change, axis=-1) if active is None else
+                             np.linalg.norm(change, axis=-1)[active])
+    if active is not None:
+        f = np.zeros((S, M))
+        f[active] = w
+        w, senders = f, active.sum(axis=1)
+    else:
+        senders = np.full(S, M)
+    sigma = privacy.sigma(privacy.clip, senders)
+    total = np.einsum("sm,smp->sp", w, change) + privacy.noise(seed, 2 + r, (p,), sigma)
+    return total / expected
 
 
 def build_privacy(node: dict | None) -> Privacy | None:
