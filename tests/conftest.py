@@ -40,6 +40,17 @@ needs_flower = pytest.mark.skipif(
     reason="Flower is not installed (extra: pip install -e '.[flower]' or make install-flower)")
 
 
+try:
+    import absl.logging
+except ImportError:         # without the privacy extra (dp-accounting brings absl)
+    pass
+else:
+    # absl makes a log handler on import, on the stderr of that moment, and closes that
+    # stream when logging is configured again (Hydra's job logging) unless it is sys.stderr
+    # then; a test's captured stderr is not: the handler writes to the process's own
+    absl.logging.get_absl_handler().python_handler.setStream(sys.__stderr__)
+
+
 def compose_cfg(*overrides: str):
     """The composed run config for ``overrides`` (quiet, no plot unless asked).
 

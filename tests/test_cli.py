@@ -79,6 +79,8 @@ def test_every_group_option_composes_and_instantiates(group):
             extra = ["data=files", "data.path=logs", "data.states=[x1,x2]", "data.inputs=[u]"]
         if option == "files":
             extra += ["data.path=logs"]
+        if group == "privacy":        # perturbs the release of the closed-form strategies
+            extra += ["strategy=centralized_exact"]
         model, optimizer, strategy = build(compose_cfg(f"{group}={option}", *extra))
         assert model.p >= 2 and optimizer is not None and strategy is not None
         if option == "generic":       # the schema takes it composed alone too (simulated data)

@@ -18,6 +18,7 @@ from fnsysid.config.errors import show
 from fnsysid.config.groups import load_option, options
 from fnsysid.config.schema import Settings, System, settings_from
 from fnsysid.dynamics.model import FeatureMapError, build_model
+from fnsysid.learning.privacy import build_privacy
 from fnsysid.learning.sparsity import build_sparsity
 
 
@@ -68,6 +69,18 @@ def build(settings: Settings):
     optimizer = _build(groups["optimizer"], "optimizer")
     strategy = _build(groups["strategy"], "strategy")
     strategy.sparsity = build_sparsity(groups.get("sparsity"))
+    strategy.privacy = build_privacy(groups.get("privacy"))
+    if strategy.privacy is not None:           # the noise fixed (or refused) before the run
+        if hasattr(strategy, "model_change"):  # DP-FedAvg: one sampled release a round
+            strategy.privacy.plan(settings.R, strategy.fraction, "DP-FedAvg: Gaussian on the "
+                                  "clipped sum of the clients' model changes, each round",
+                                  settings.M)
+        else:
+            exact = getattr(strategy, "exact", False)
+            strategy.privacy.plan(1, 1.0, "Gaussian on the clipped sum of the clients' "
+                                  + ("statistics (H_i, b_i)" if exact else
+                                     "own least-squares estimates and their count"),
+                                  settings.M)
     return model, optimizer, strategy
 
 

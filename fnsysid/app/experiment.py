@@ -280,6 +280,15 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     if at is not None:          # in process: the repeats run on after one diverged
         summary["repeat_status"] = ["ok" if d is None else "diverged" for d in at]
         summary["repeat_diverged_round"] = list(at)
+    privacy = getattr(strategy, "privacy", None)
+    if privacy is not None:
+        summary["privacy"] = privacy.summary()
+        privacy.warn()
+        spent = privacy.epsilon_column(tables["errors"]["round"])
+        if spent is not None:                  # round-based: epsilon spent up to each round
+            from fnsysid.results.tables import Table
+
+            tables["errors"] = Table({**tables["errors"].columns, "epsilon_rdp": spent})
     left_out = left_out_clients(strategy, dataset.clients)
     if left_out:
         summary["left_out_clients"] = left_out

@@ -95,6 +95,7 @@ def _check_together(s: Settings, raw: Mapping | None) -> None:
         raise ConfigError(f"K has {len(s.K)} entries but M={s.M}: a list K gives one "
                           "step count per client")
     check_sparsity(s)
+    check_privacy(s)
     batch_size = getattr(s.optimizer, "batch_size", None)
     if not isinstance(s.K, int) and batch_size is not None:
         raise ConfigError("a list or distribution K (per-client local steps) needs "
@@ -139,6 +140,43 @@ def check_sparsity(s: Settings) -> None:
     if not closed and sp.every > s.R:
         raise ConfigError(f"sparsity.every={sp.every} is not allowed with R={s.R}: no round "
                           f"would prune; allowed: an integer from 1 to R ({s.R})")
+
+
+def check_privacy(s: Settings) -> None:
+    """``privacy=central`` or ``local`` (docs/PRIVACY.md) runs with the strategies whose
+    release it perturbs (``centralized_exact``, ``oneshot`` with uniform weights), in process,
+    without a sparsity loop or empirical-Bayes personalization (both read the clients' exact
+    statistics), with exactly one of ``epsilon`` and ``noise_multiplier``."""
+    pv = s.privacy
+    if pv.name == "none":
+        return
+    strategy = s.resolved.get("strategy") or {}
+    target = str(strategy.get("_target_", ""))
+    oneshot = target.endswith(".OneShot")
+    rounds = target.rsplit(".", 1)[-1] in ("FedAvg", "FedProx", "FedNova")
+    if not (oneshot or rounds
+            or (target.endswith(".Centralized") and strategy.get("exact") is True)):
+        raise ConfigError(f"privacy={pv.name} is not allowed with this strategy "
+                          f"({target or 'custom'}); allowed: strategy=centralized_exact, "
+                          "oneshot, fedavg, fedprox or fednova (or privacy=none)")
+    if (oneshot or rounds) and strategy.get("weighting") == "samples":
+        raise ConfigError(f"privacy={pv.name} with strategy.weighting=samples: a client's weight "
+                          "would be its sample count, unbounded; allowed: "
+                          "strategy.weighting=uniform (or privacy=none)")
+    if s.runtime.name != "inprocess":
+        raise ConfigError(f"privacy={pv.name} is not allowed with runtime={s.runtime.name}; "
+                          "allowed: runtime=inprocess (or privacy=none)")
+    for group, bad in (("sparsity", s.sparsity.name != "none"),
+                       ("personalize", s.personalize.name == "auto")):
+        if bad:
+            raise ConfigError(f"privacy={pv.name} with {group}={getattr(s, group).name}: it "
+                              "reads the clients' exact statistics; allowed: "
+                              f"{group}=none (or privacy=none)")
+    if (pv.epsilon is None) == (pv.noise_multiplier is None):
+        raise ConfigError("privacy.epsilon and privacy.noise_multiplier: exactly one must be "
+                          "given (the other null); allowed: privacy.epsilon=E (the noise is "
+                          "solved for it) or privacy.epsilon=null privacy.noise_multiplier=Z "
+                          "(its epsilon reported)")
 
 
 def check_file_knobs(raw: Mapping) -> None:

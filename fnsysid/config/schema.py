@@ -504,6 +504,35 @@ class Stlsq(Section):
 Sparsity = _by_value("name", {"none": NoSparsity, "stlsq": Stlsq})
 
 
+class NoPrivacy(Section):
+    name: Literal["none"]
+
+
+class CentralPrivacy(Section):
+    """Client-level differential privacy (fnsysid/learning/privacy.py, docs/PRIVACY.md):
+    each client's contribution clipped to norm ``clip``, Gaussian noise on the sum."""
+
+    name: Literal["central"]
+    #: bound on the norm of a client's contribution
+    clip: PosReal
+    #: target epsilon (null: ``noise_multiplier`` given, epsilon reported)
+    epsilon: PosReal | None
+    delta: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
+    #: noise standard deviation over the sensitivity (null: solved for ``epsilon``; 0: none)
+    noise_multiplier: NonNegReal | None
+    accountant: Literal["pld", "rdp"]
+
+
+class LocalPrivacy(CentralPrivacy):
+    """As ``central``, each client adding its own noise before sending."""
+
+    name: Literal["local"]
+
+
+Privacy = _by_value("name", {"none": NoPrivacy, "central": CentralPrivacy,
+                             "local": LocalPrivacy})
+
+
 class Theory(Section):
     #: failure probability of Theorem 1's bound
     delta: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
@@ -543,6 +572,7 @@ class Settings(Section):
     runtime: Runtime
     personalize: Personalize
     sparsity: Sparsity
+    privacy: Privacy = NoPrivacy(name="none")
     theory: Theory
     output: Output
     progress: bool
@@ -568,7 +598,7 @@ class Settings(Section):
 
 #: config groups chosen by name (``group=option``); ``experiment`` patches the whole config
 GROUPS = ("data", "system", "feature_map", "optimizer", "strategy", "runtime", "personalize",
-          "sparsity", "experiment")
+          "sparsity", "privacy", "experiment")
 #: the top-level keys of a run config
 TOP_LEVEL = tuple(f.alias or n for n, f in Settings.model_fields.items())
 
@@ -592,7 +622,8 @@ def settings_from(plain: Mapping) -> Settings:
                           and e["loc"][-1] == error["loc"][0]), error)
         raise ConfigError(message(error, Settings, plain, KNOBS, System.RUN_KEYS,
                                   {"data": "source", "runtime": "name",
-                                   "personalize": "name", "sparsity": "name"})) from None
+                                   "personalize": "name", "sparsity": "name",
+                                   "privacy": "name"})) from None
     settings._resolved = plain
     return settings
 

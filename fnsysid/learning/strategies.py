@@ -40,6 +40,7 @@ from fnsysid.config.checks import ConfigError
 from fnsysid.dynamics import random as rnd
 from fnsysid.dynamics.model import least_squares, pooled
 from fnsysid.learning.optim import LocalMap, matvec, undo_preconditioner
+from fnsysid.learning.privacy import private_change, private_mean, private_pooled_solution
 
 WEIGHTINGS = ("uniform", "samples")
 log = logging.getLogger("fnsysid")
@@ -133,6 +134,10 @@ class Strategy:
     weighting : "uniform" (plain mean, paper Alg. 1) or "samples" (weights N_i T).
     """
 
+    #: the run's differential privacy (:class:`fnsysid.learning.privacy.Privacy`), set by
+    #: :func:`fnsysid.app.build.build` with ``privacy=central`` or ``local``; None without
+    privacy = None
+
     def __init__(self, weighting: str = "uniform"):
         if weighting not in WEIGHTINGS:
             raise ValueError(f"strategy.weighting={weighting}; allowed: {', '.join(WEIGHTINGS)}")
@@ -197,10 +202,14 @@ class Federated(Strategy):
     def participants(self, r: int) -> np.ndarray | None:
         """Clients taking part in round ``r``: None (all) or a mask (S, M) with
         ``max(1, round(fraction M))`` clients per repeat, drawn from the round's own stream
-        (the same on every runtime)."""
+        (the same on every runtime). Under ``privacy`` each client takes part independently
+        with probability ``fraction`` (Poisson sampling, what the accountant assumes)."""
         if self.fraction >= 1.0:
             return None
         S, M = self.server.shape[0], self.n_clients
+        if self.privacy is not None:
+            return np.stack([rnd.stream(self.seed, rnd.PARTICIPATION, s, r).random(M)
+                             < self.fraction for s in range(S)])
         m = max(1, int(round(self.fraction * M)))
         mask = np.zeros((S, M), dtype=bool)
         for s in range(S):
@@ -229,8 +238,27 @@ class Federated(Strategy):
         w = np.ones(active.shape) if self.weights is None else self.weights[:, sel]
         return w * active
 
+    def model_change(self, replies: dict[str, np.ndarray]) -> np.ndarray:
+        """Each client's change of the server model (S, M, p) from its replies to the
+        ``train`` exchange, the update its DP-FedAvg round clips (privacy)."""
+        return replies["theta"] - self.server[:, None, :]
+
+    def private_round(self, r: int, active) -> None:
+        """A round under ``privacy`` (DP-FedAvg): the clients' changes clipped, summed with
+        Gaussian noise, divided by the expected number of participants."""
+        msg = self.message("train")
+        if active is not None:
+            msg = {**msg, "active": active}
+        replies = self.client_update("train", msg, self.clients)
+        self.server = self.server + private_change(
+            self.privacy, self.model_change(replies), active, self.seed, r,
+            self.fraction * self.n_clients)
+
     def round(self, r):
         active = self.participants(r)
+        if self.privacy is not None:
+            self.private_round(r, active)
+            return
         if active is None and self.server_map is not None:
             self.server = self.server_map(self.server[:, None, :])[:, 0]
             return
@@ -469,6 +497,12 @@ class FedNova(FedAvg):
         s_eff = (_normalized(w, replies["s"].shape) * replies["s"]).sum(axis=-1)
         self.server = self.server - s_eff[:, None] * aggregate(replies["d"], w)
 
+    def model_change(self, replies):
+        """``-s_eff d_i`` with ``s_eff`` the mean total step size over all clients (fixed by
+        the configuration, not by who takes part)."""
+        s_eff = replies["s"].mean(axis=-1)
+        return -s_eff[:, None, None] * replies["d"]
+
 
 def _normalized(weights, shape) -> np.ndarray:
     """Aggregation weights ``p_i`` summing to one over the clients axis, (S, M)."""
@@ -564,6 +598,9 @@ class OneShot(Strategy):
                 "excitation); allowed: clients whose data have full rank, or a strategy that "
                 "pools or iterates (centralized_exact, fedavg, ...)")
         self.left_out = ~ok
+        if self.privacy is not None:      # noisy sum of clipped estimates over a noisy count
+            self.server = private_mean(self.privacy, least_squares(data.H, data.b), ok, seed)
+            return
         w = self.weights
         if not ok.all():
             w = (np.ones(ok.shape) if w is None else w) * ok
@@ -606,7 +643,10 @@ class Centralized(Strategy):
                               "distribution K is for federated strategies")
         super().setup(theta0, pooled(data), model, optimizer, K, lr, seed)
         self.maps = None
-        if self.exact:
+        if self.exact and self.privacy is not None:       # noisy sums of clipped statistics
+            self.server = private_pooled_solution(self.privacy, data.H, data.b, seed,
+                                                  model.structure)
+        elif self.exact:
             self.server = least_squares(self.data.H, self.data.b)[:, 0]
         else:
             self.maps = optimizer.local_map(K, lr, correction=False)

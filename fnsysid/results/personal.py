@@ -127,6 +127,9 @@ def server_intervals(strategy, data, model) -> tuple[np.ndarray | None, str]:
     if data is None:
         return None, ("the server holds no statistics of the clients' data (runtime=flower); "
                       "see client_estimates.csv")
+    if getattr(strategy, "privacy", None) is not None:
+        return None, ("privacy: the estimate carries the privacy noise and clipping, which the "
+                      "clients' noise covariance does not describe")
     sparsity = getattr(strategy, "sparsity", None)
     support = None if sparsity is None else sparsity.support            # (S, p) or None
     if support is not None and getattr(sparsity, "alpha", 0.0):

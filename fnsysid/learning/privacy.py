@@ -1,0 +1,398 @@
+"""Client-level differential privacy (the ``privacy`` config group).
+
+Two runs are neighbours when one has one whole client more (add or remove one client: all its
+trajectories). The closed-form strategies release one sum over the clients, once:
+
+- ``centralized_exact``: each client's sufficient statistics ``(H_i, b_i)`` (``Phi_i^T Phi_i``
+  and ``Phi_i^T Y_i`` in parameter space) as one vector whose norm is
+  ``sqrt(||H_i||_F^2 + ||b_i||^2)``, scaled down to norm ``clip`` when it is longer; the server
+  solves the noisy sums after raising the Gram matrix's eigenvalues to a floor;
+- ``oneshot``: each client's own least-squares estimate ``theta_i``, clipped to norm ``clip``,
+  with the count of clients that have one (weight ``clip``); the server divides the noisy sum
+  by the noisy count.
+
+``central``: the server (trusted) adds Gaussian noise of standard deviation
+``noise_multiplier * sensitivity`` to the sum (sensitivity ``clip``; ``sqrt(2) clip`` for
+``oneshot``, whose count rides along); ``local``: every client adds that noise to its own
+clipped contribution before sending it, with the sensitivity of replacing its data
+(``2 clip``; ``2 sqrt(2) clip`` for ``oneshot``), so the sum carries ``M`` times the variance.
+The sum of the clients' independent Gaussian noises is drawn as one Gaussian of that variance
+(the same distribution, without M draws). Symmetric matrices get symmetric noise: the
+Gaussian mechanism on the vector ``(H_ii, sqrt(2) H_ij (i < j))``, whose norm is ``||H||_F``,
+i.e. variance ``sigma^2`` on the diagonal and ``sigma^2 / 2`` off it.
+
+The privacy loss is accounted by Google's ``dp-accounting`` package (optional extra
+``privacy``): the noise multiplier is solved for the targets ``epsilon, delta`` or, given,
+its ``epsilon`` is reported. The derivation and what is and is not protected:
+docs/PRIVACY.md.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from fnsysid.config.errors import ConfigError
+from fnsysid.dynamics import random as rnd
+
+log = logging.getLogger("fnsysid")
+
+MODES = ("none", "central", "local")
+ACCOUNTANTS = ("pld", "rdp")
+#: purpose of the privacy noise streams (see :mod:`fnsysid.dynamics.random`)
+NOISE = 6
+#: largest noise multiplier the solver searches (a target that needs more is refused)
+MAX_NOISE_MULTIPLIER = 1.0e4
+#: smallest one (a target it already meets runs with it: below, epsilon exceeds 10 for one
+#: release and the privacy loss distribution grows past memory)
+MIN_NOISE_MULTIPLIER = 0.5
+#: share of clipped contributions above which a run warns (most contributions clipped)
+MOST_CLIPPED = 0.5
+
+
+def dp_accounting():
+    """The ``dp_accounting`` module, or a one-line refusal saying how to install it."""
+    try:
+        import dp_accounting as dpa
+    except ImportError:
+        raise ConfigError("privacy=central and privacy=local need the dp-accounting package: "
+                          "pip install -e '.[privacy]' (or privacy=none)") from None
+    return dpa
+
+
+#: the PLD accountant's discretization of the privacy loss (its epsilon is an upper bound,
+#: here within about 1e-6 of the one at its default 1e-4, ten times faster)
+PLD_INTERVAL = 1e-3
+
+
+#: the RDP accountant's orders: integers (its default fractional orders near 1 fail to
+#: converge for sampled Gaussians with noise multiplier about 1 and are dropped with a warning)
+RDP_ORDERS = tuple(range(2, 65)) + (80, 96, 128, 256, 512)
+
+
+def accountant(name: str):
+    """A fresh accountant of ``dp_accounting`` (``pld`` or ``rdp``), add-or-remove-one
+    neighbours."""
+    dpa = dp_accounting()
+    if name == "pld":
+        return dpa.pld.PLDAccountant(value_discretization_interval=PLD_INTERVAL)
+    return dpa.rdp.RdpAccountant(orders=RDP_ORDERS)
+
+
+def dp_event(noise_multiplier: float, rounds: int = 1, sampling_rate: float = 1.0):
+    """The event of ``rounds`` Gaussian releases with ``noise_multiplier``, each on a Poisson
+    sample of the clients with probability ``sampling_rate`` (1: every client)."""
+    dpa = dp_accounting()
+    event = dpa.GaussianDpEvent(noise_multiplier)
+    if sampling_rate < 1.0:
+        event = dpa.PoissonSampledDpEvent(sampling_rate, event)
+    return dpa.SelfComposedDpEvent(event, rounds) if rounds > 1 else event
+
+
+def spent_epsilon(noise_multiplier: float, delta: float, rounds: int = 1,
+                  sampling_rate: float = 1.0, name: str = "pld") -> float:
+    """Epsilon at ``delta`` of :func:`dp_event` by the accountant ``name``."""
+    acc = accountant(name)
+    acc.compose(dp_event(noise_multiplier, rounds, sampling_rate))
+    return float(acc.get_epsilon(delta))
+
+
+def solve_noise_multiplier(epsilon: float, delta: float, rounds: int = 1,
+                           sampling_rate: float = 1.0, name: str = "pld") -> float:
+    """The smallest noise multiplier from :data:`MIN_NOISE_MULTIPLIER` on whose
+    :func:`spent_epsilon` is at most ``epsilon`` (``dp_accounting.calibrate_dp_mechanism``,
+    within 0.1 %); refused in one line when even :data:`MAX_NOISE_MULTIPLIER` does not meet it.
+
+    The search starts from a bracket around a cheap guess: for one release of every client
+    the analytic Gaussian mechanism's sigma (``dp_accounting.get_sigma_gaussian``, exact for
+    it), otherwise the RDP accountant's answer (an upper bound of the PLD one); the full
+    range is searched when the guess does not bracket the answer."""
+    dpa = dp_accounting()
+
+    def spent(z):
+        return spent_epsilon(z, delta, rounds, sampling_rate, name)
+
+    if rounds == 1 and sampling_rate >= 1.0:
+        guess = float(dpa.get_sigma_gaussian(epsilon, delta))
+        lo, hi = guess, 1.02 * guess
+    else:
+        guess = MAX_NOISE_MULTIPLIER
+        lo, hi = 0.5 * guess, guess
+    lo, hi = max(lo, MIN_NOISE_MULTIPLIER), min(max(hi, MIN_NOISE_MULTIPLIER),
+                                                MAX_NOISE_MULTIPLIER)
+    if spent(hi) > epsilon:
+        hi = MAX_NOISE_MULTIPLIER
+        if spent(hi) > epsilon:
+            raise ConfigError(
+                f"privacy.epsilon={epsilon} with privacy.delta={delta} cannot be met over "
+                f"{rounds} release(s) at sampling rate {sampling_rate:g}: even noise "
+                f"multiplier {MAX_NOISE_MULTIPLIER:g} spends more; allowed: a larger "
+                "privacy.epsilon or privacy.delta, or fewer releases")
+    if spent(lo) <= epsilon:
+        if lo == MIN_NOISE_MULTIPLIER:
+            return lo
+        lo = MIN_NOISE_MULTIPLIER
+        if spent(lo) <= epsilon:
+            return lo
+    z = dpa.calibrate_dp_mechanism(
+        lambda: accountant(name), lambda s: dp_event(s, rounds, sampling_rate), epsilon, delta,
+        dpa.ExplicitBracketInterval(lo, hi), tol=1e-3 * lo)
+    return float(z)
+
+
+class Privacy:
+    """The run's mechanism: its settings, the noise multiplier it uses, and what it clipped.
+
+    Parameters
+    ----------
+    name : "central" (trusted server adds the noise) or "local" (each client adds its own).
+    clip : bound on the norm of a client's contribution.
+    epsilon, delta : targets; exactly one of ``epsilon`` and ``noise_multiplier`` is given.
+    noise_multiplier : standard deviation of the noise over the sensitivity.
+    accountant : "pld" (privacy loss distributions, tight) or "rdp" (Renyi DP).
+    """
+
+    def __init__(self, name: str, clip: float, delta: float, epsilon: float | None = None,
+                 noise_multiplier: float | None = None, accountant: str = "pld"):
+        if name not in MODES[1:]:
+            raise ValueError(f"privacy={name}; allowed: {', '.join(MODES)}")
+        if (epsilon is None) == (noise_multiplier is None):
+            raise ConfigError(
+                "privacy.epsilon and privacy.noise_multiplier: exactly one must be given (the "
+                "other null); allowed: privacy.epsilon=E (the noise is solved for it) or "
+                "privacy.epsilon=null privacy.noise_multiplier=Z (epsilon is reported)")
+        self.mode, self.clip, self.delta = name, float(clip), float(delta)
+        self.target_epsilon = None if epsilon is None else float(epsilon)
+        self.noise_multiplier = None if noise_multiplier is None else float(noise_multiplier)
+        self.accountant = accountant
+        self.rounds, self.sampling_rate = 1, 1.0
+        self.clients: int | None = None
+        self.epsilon: float | None = None
+        self.mechanism = ""
+        self.clipped_fraction: float | None = None
+        self._clipped = np.zeros(2)            # clipped, total contributions
+        self.epsilon_by_round: np.ndarray | None = None
+
+    def plan(self, rounds: int, sampling_rate: float, mechanism: str,
+             clients: int | None = None) -> None:
+        """Fix the noise multiplier for ``rounds`` releases at ``sampling_rate`` (solved for
+        the target epsilon, or the given one's epsilon computed); refused in one line when
+        the target cannot be met. Call before the run."""
+        dp_accounting()
+        self.clients = clients
+        self.rounds, self.sampling_rate, self.mechanism = int(rounds), float(sampling_rate), \
+            mechanism
+        if self.noise_multiplier == 0.0:           # no noise: no privacy, said so
+            self.epsilon = None
+            return
+        if self.noise_multiplier is not None and self.noise_multiplier < MIN_NOISE_MULTIPLIER:
+            raise ConfigError(
+                f"privacy.noise_multiplier={self.noise_multiplier:g} is not allowed: below "
+                f"{MIN_NOISE_MULTIPLIER} epsilon exceeds 10 a release; allowed: 0 (no noise, "
+                f"no privacy) or a number >= {MIN_NOISE_MULTIPLIER}")
+        if self.noise_multiplier is None:
+            self.noise_multiplier = solve_noise_multiplier(
+                self.target_epsilon, self.delta, self.rounds, self.sampling_rate,
+                self.accountant)
+        self.epsilon = spent_epsilon(self.noise_multiplier, self.delta, self.rounds,
+                                     self.sampling_rate, self.accountant)
+        if self.rounds > 1:
+            self.epsilon_by_round = rdp_epsilons(self.noise_multiplier, self.delta,
+                                                 self.rounds, self.sampling_rate)
+
+    def clip_factors(self, norms: np.ndarray, bound: float | None = None) -> np.ndarray:
+        """Scale factors ``min(1, bound / norm)`` (bound: ``clip``) of contributions with
+        ``norms``; counts the clipped ones."""
+        bound = self.clip if bound is None else bound
+        norms = np.asarray(norms, float)
+        self._clipped += (float((norms > bound).sum()), float(norms.size))
+        self.clipped_fraction = float(self._clipped[0] / self._clipped[1])
+        with np.errstate(divide="ignore"):
+            return np.minimum(1.0, bound / norms)
+
+    def sigma(self, sensitivity: float, senders) -> np.ndarray:
+        """Standard deviation of the noise on the sum, (S,) for ``senders`` (S,) clients:
+        ``z * sensitivity`` (central), or ``z * 2 sensitivity * sqrt(senders)`` (local: each
+        client's own noise, with the sensitivity of replacing its data)."""
+        z = self.noise_multiplier
+        if self.mode == "central":
+            return np.full(np.shape(senders), z * sensitivity)
+        return z * 2.0 * sensitivity * np.sqrt(np.asarray(senders, float))
+
+    def noise(self, seed: int, release: int, shape: tuple, sigma: np.ndarray,
+              symmetric: bool = False) -> np.ndarray:
+        """Gaussian noise (S, *shape), repeat s with standard deviation ``sigma[s]``, from
+        the repeat's own stream for ``release``; ``symmetric``: matrices (p, p) with variance
+        ``sigma^2`` on the diagonal and ``sigma^2 / 2`` off it (Frobenius geometry)."""
+        out = np.empty((len(sigma), *shape))
+        for s, sd in enumerate(np.asarray(sigma, float)):     # one stream per repeat
+            g = rnd.stream(seed, NOISE, s, release).standard_normal(shape)
+            out[s] = sd * (0.5 * (g + np.swapaxes(g, -1, -2)) if symmetric else g)
+        return out
+
+    def warn(self) -> None:
+        """A warning when most contributions were clipped (``clip`` too small for the data:
+        the sum then weighs the clients differently than the plain sum), and when there is
+        no noise (``noise_multiplier=0``: epsilon is infinite, reported as null)."""
+        if self.noise_multiplier == 0.0:
+            log.warning("privacy.noise_multiplier=0: no noise is added, the release is not "
+                        "private (privacy.epsilon in summary.json is null: infinite)")
+        if self.clients and self.delta * self.clients >= 1.0:
+            log.warning("privacy.delta=%g is at least 1/M (M=%d clients): a mechanism that "
+                        "publishes one client's data whole with probability delta meets it; "
+                        "delta well below 1/M is the usual choice", self.delta, self.clients)
+        if self.clipped_fraction is not None and self.clipped_fraction > MOST_CLIPPED:
+            log.warning("privacy.clip=%g: %.0f%% of the clients' contributions were clipped "
+                        "(privacy.clipped_fraction in summary.json); a larger privacy.clip "
+                        "clips fewer (and adds noise in proportion)", self.clip,
+                        100 * self.clipped_fraction)
+
+    def summary(self) -> dict:
+        """What ``summary.json`` holds under ``privacy``."""
+        return {"mode": self.mode, "epsilon": self.epsilon, "delta": self.delta,
+                "target_epsilon": self.target_epsilon,
+                "noise_multiplier": self.noise_multiplier, "clip": self.clip,
+                "clipped_fraction": self.clipped_fraction, "mechanism": self.mechanism,
+                "accountant": ("dp_accounting PLD (value_discretization_interval="
+                               f"{PLD_INTERVAL:g})" if self.accountant == "pld"
+                               else "dp_accounting RDP"),
+                "rounds": self.rounds, "sampling_rate": self.sampling_rate}
+
+    def epsilon_column(self, rounds: np.ndarray) -> np.ndarray | None:
+        """Epsilon spent up to each of ``rounds`` (errors.csv's ``epsilon_rdp``; 0 at round 0),
+        by the RDP accountant round by round (:func:`rdp_epsilons`: an upper bound, above the
+        PLD accountant's at the last round); None for one release."""
+        if self.epsilon_by_round is None:
+            return None
+        spent = np.concatenate([[0.0], self.epsilon_by_round])
+        return spent[np.minimum(np.asarray(rounds, int), self.rounds)]
+
+
+def rdp_epsilons(noise_multiplier: float, delta: float, rounds: int,
+                 sampling_rate: float) -> np.ndarray:
+    """Epsilon at ``delta`` spent after each of rounds 1..``rounds`` (``rounds`` values), by
+    dp-accounting's RDP accountant composing one sampled Gaussian round at a time (an upper
+    bound of the PLD accountant's)."""
+    acc = accountant("rdp")
+    step = dp_event(noise_multiplier, 1, sampling_rate)
+    out = np.empty(rounds)
+    for r in range(rounds):
+        acc.compose(step)
+        out[r] = acc.get_epsilon(delta)
+    return out
+
+
+def private_change(privacy: Privacy, change: np.ndarray, active: np.ndarray | None,
+                   seed: int, r: int, expected: float) -> np.ndarray:
+    """DP-FedAvg's server step (McMahan et al. 2018, https://arxiv.org/abs/1710.06963): the
+    clients' model changes ``change`` (S, M, p) clipped to norm ``clip``, summed over the
+    ``active`` ones (S, M; None: all), Gaussian noise added (round ``r``'s own stream) and
+    divided by the expected number of participants ``expected`` (``fraction M``, fixed, so
+    that the division reveals nothing)."""
+    S, M, p = change.shape
+    w = privacy.clip_factors(np.linalg.norm(change, axis=-1) if active is None else
+                             np.linalg.norm(change, axis=-1)[active])
+    if active is not None:
+        f = np.zeros((S, M))
+        f[active] = w
+        w, senders = f, active.sum(axis=1)
+    else:
+        senders = np.full(S, M)
+    sigma = privacy.sigma(privacy.clip, senders)
+    total = np.einsum("sm,smp->sp", w, change) + privacy.noise(seed, 2 + r, (p,), sigma)
+    return total / expected
+
+
+def build_privacy(node: dict | None) -> Privacy | None:
+    """The run's privacy object from the ``privacy`` group's node (None for ``none``)."""
+    if not node or node.get("name", "none") == "none":
+        return None
+    return Privacy(**node)
+
+
+# --- the closed-form releases -------------------------------------------------------------
+
+def eigen_floor(p: int, sigma: np.ndarray) -> np.ndarray:
+    """The eigenvalue floor of a noisy Gram matrix (S,): ``sqrt(2 p) sigma``, the spectral
+    norm of its symmetric noise (semicircle edge of a p x p matrix with off-diagonal variance
+    ``sigma^2 / 2``), below which an eigenvalue is noise."""
+    return np.sqrt(2.0 * p) * np.asarray(sigma, float)
+
+
+def repaired_solve(H: np.ndarray, b: np.ndarray, floor: np.ndarray) -> np.ndarray:
+    """``H^-1 b`` (S, p) after raising the eigenvalues of the symmetric ``H`` (S, p, p) to
+    ``floor`` (S,): positive definite whatever the noise."""
+    lam, V = np.linalg.eigh(H)
+    lam = np.maximum(lam, np.asarray(floor, float)[:, None])
+    return np.einsum("spk,sk,sqk,sq->sp", V, 1.0 / lam, V, b)
+
+
+def statistics_bases(structure: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Orthonormal bases of the spaces the statistics of a model with ``structure`` (n_y,
+    n_phi, p) live in: ``H = sum_t G_t^T G_t`` is a linear image of the features' Gram
+    ``F = sum_t phi_t phi_t^T`` (``H_pq = sum_jkl S_jkp S_jlq F_kl``), ``b`` one of
+    ``Phi^T Y`` (``b_p = sum_jk S_jkp (Phi^T Y)_kj``). Returns (p^2, r_H) and (p, r_b): the
+    columns span the images (in the Frobenius inner product of vec(H)). For a dense model
+    ``H = I (x) F`` is block diagonal with equal blocks: r_H = n_phi^2 of p^2 directions."""
+    n_y, n_phi, p = structure.shape
+    L = np.einsum("jkp,jlq->pqkl", structure, structure).reshape(p * p, n_phi * n_phi)
+    Lb = np.einsum("jkp->pkj", structure).reshape(p, n_phi * n_y)
+
+    def basis(A):
+        U, sv, _ = np.linalg.svd(A, full_matrices=False)
+        return U[:, sv > sv.max(initial=0.0) * max(A.shape) * np.finfo(float).eps]
+
+    return basis(L), basis(Lb)
+
+
+def project(E: np.ndarray, U: np.ndarray) -> np.ndarray:
+    """Orthogonal projection of ``E`` (S, *shape) onto the span of ``U`` (prod(shape), r)."""
+    flat = E.reshape(E.shape[0], -1)
+    return ((flat @ U) @ U.T).reshape(E.shape)
+
+
+def private_statistics(privacy: Privacy, H: np.ndarray, b: np.ndarray, seed: int,
+                       structure: np.ndarray | None = None):
+    """The noisy sums of the clipped client statistics: ``H`` (S, M, p, p), ``b`` (S, M, p)
+    -> (S, p, p), (S, p) and the noise's standard deviation (S,). With the model's
+    ``structure``, the noise is projected onto the spaces every client's statistics lie in
+    (:func:`statistics_bases`): the clipped sum lies there too, so the projection is
+    post-processing, and it removes the noise outside (for a dense model with n_y targets,
+    all but 1 / n_y of the Gram matrix's noise variance)."""
+    S, M, p = b.shape
+    norms = np.sqrt(np.einsum("smpq,smpq->sm", H, H) + np.einsum("smp,smp->sm", b, b))
+    f = privacy.clip_factors(norms)
+    sigma = privacy.sigma(privacy.clip, np.full(S, M))
+    EH = privacy.noise(seed, 0, (p, p), sigma, True)
+    Eb = privacy.noise(seed, 1, (p,), sigma)
+    if structure is not None:
+        UH, Ub = statistics_bases(structure)
+        EH, Eb = project(EH, UH), project(Eb, Ub)
+    Hs = np.einsum("sm,smpq->spq", f, H) + EH
+    bs = np.einsum("sm,smp->sp", f, b) + Eb
+    return Hs, bs, sigma
+
+
+def private_pooled_solution(privacy: Privacy, H: np.ndarray, b: np.ndarray,
+                            seed: int, structure: np.ndarray | None = None) -> np.ndarray:
+    """``centralized_exact`` under ``privacy``: the pooled least squares (S, p) of the noisy
+    clipped statistics (noise projected with ``structure``), eigenvalues floored
+    (:func:`eigen_floor`)."""
+    Hs, bs, sigma = private_statistics(privacy, H, b, seed, structure)
+    return repaired_solve(Hs, bs, eigen_floor(b.shape[-1], sigma))
+
+
+def private_mean(privacy: Privacy, theta: np.ndarray, present: np.ndarray,
+                 seed: int) -> np.ndarray:
+    """``oneshot`` under ``privacy``: the mean (S, p) of the clients' own estimates ``theta``
+    (S, M, p) over the clients ``present`` (S, M), from the noisy sum of the estimates
+    clipped to ``clip`` and the noisy count of the clients (each counted with weight
+    ``clip``, so that a client's contribution has norm at most ``sqrt(2) clip``)."""
+    S, M, p = theta.shape
+    C = privacy.clip
+    w = privacy.clip_factors(np.linalg.norm(theta, axis=-1)) * present
+    sigma = privacy.sigma(np.sqrt(2.0) * C, np.full(S, M))
+    total = np.einsum("sm,smp->sp", w, theta) + privacy.noise(seed, 0, (p,), sigma)
+    count = (C * present.sum(axis=1) + privacy.noise(seed, 1, (), sigma)) / C
+    return total / np.maximum(count, 1.0)[:, None]
