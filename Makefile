@@ -35,7 +35,7 @@ test: $(STAMP)  ## fast test suite, spread over the cores (pytest-xdist)
 test-slow: $(STAMP)  ## the slow tests too
 	$(PY) -m pytest -q -m "slow or not slow"
 
-flower-deploy: $(STAMP)  ## a Flower deployment on 127.0.0.1 (SuperLink + 3 SuperNodes) vs in process
+flower-deploy: $(STAMP)  ## a Flower deployment on 127.0.0.1 (SuperLink + 3 SuperNodes) vs in process; ARGS=--netns: one host each
 	$(PY) scripts/flower_deploy.py $(ARGS)
 
 wheel: $(STAMP)  ## dist/fnsysid-<version>-py3-none-any.whl, with the Flower app (docs/FEDERATED.md)
