@@ -344,6 +344,11 @@ def rogue_tries(nets, certs: Path, out: Path, env: dict) -> dict:
     key = ec.generate_private_key(ec.SECP384R1())
     (home / "rogue.pub").write_bytes(key.public_key().public_bytes(
         serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) + b"\n")
+    fd = os.open(home / "rogue", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM,
+                                  serialization.PrivateFormat.OpenSSH,
+                                  serialization.NoEncryption()))
     addr = nets.addr["superlink"]
     ports = {"fleet": netns.FLEET_PORT, "link": netns.LINK_PORT}
     (home / "config.toml").write_text("[superlink]\ndefault = \"fleet\"\n\n" + "".join(
@@ -372,6 +377,20 @@ def rogue_tries(nets, certs: Path, out: Path, env: dict) -> dict:
             except subprocess.TimeoutExpired:
                 tries[what] = (None, "no answer within 120 s")
         report[f"{name} port {port}"] = tries
+    # a SuperNode with the rogue's own (unregistered) key on the Fleet port
+    try:
+        res = subprocess.run(nets.cmd("rogue", [
+            str(BIN / "flower-supernode"), "--root-certificates", str(certs / "ca.crt"),
+            "--auth-supernode-private-key", str(home / "rogue"),
+            "--superlink", f"{addr}:{netns.FLEET_PORT}", "--port", "9094",
+            "--max-retries", "2", "--max-wait-time", "60"]), env=renv, capture_output=True,
+            text=True, timeout=90, cwd=home)
+        lines = [line for line in (res.stdout + res.stderr).splitlines() if line.strip()]
+        report["supernode"] = (res.returncode, lines[-1].strip()[-300:] if lines else "")
+    except subprocess.TimeoutExpired:
+        # Flower 1.42's SuperNode keeps waiting after the SuperLink refuses its key (412 on
+        # /v1/fleet/activate-node in nginx's log); whether it came online is what counts
+        report["supernode"] = (None, "not online after 90 s (stopped)")
     return report
 
 
@@ -399,7 +418,11 @@ def main_netns(out: Path, files: list[Path], overrides: list[str], on_flower: li
         with NetnsFederation(out / "flwr-home", files, out / "truth", out, certs,
                              nets) as fed:
             rogue = rogue_tries(nets, certs, out, fed.env)
+            print("rogue device -> a SuperNode with its own key: exit "
+                  f"{rogue['supernode'][0]}: {rogue['supernode'][1][:200]}", flush=True)
             for where, tries in rogue.items():
+                if where == "supernode":
+                    continue
                 print(f"rogue device -> {where}: "
                       f"{'reached' if tries['reaches'] else 'unreachable'}; "
                       + "; ".join(f"flwr {w} {'ADMITTED' if admitted(tries[w]) else 'refused'}"
@@ -448,7 +471,8 @@ def main_netns(out: Path, files: list[Path], overrides: list[str], on_flower: li
     summary = json.loads((out / "flower" / "summary.json").read_text())
     diff = compare(out / "inprocess", out / "flower") if summary["status"] == "ok" \
         else float("inf")
-    refused = all(not admitted(t[w]) for t in rogue.values() for w in ("register", "run"))
+    refused = all(not admitted(t[w]) for k, t in rogue.items() if k != "supernode"
+                  for w in ("register", "run"))
     report = {"clients": len(files), "overrides": overrides, "runtime": summary["runtime"],
               "tls": True, "netns": True, "addresses": nets.addr,
               "rogue": rogue, "rogue_refused": refused,
@@ -467,6 +491,10 @@ def main_netns(out: Path, files: list[Path], overrides: list[str], on_flower: li
                          f"{died}")
     if not refused:
         raise SystemExit("a rogue device was admitted (see the lines above)")
+    if nodes is None or len(nodes) != len(files):
+        raise SystemExit(f"flwr supernode list on the SuperLink's host gave "
+                         f"{'no list' if nodes is None else len(nodes)} SuperNodes, not the "
+                         f"{len(files)} the operator registered ({out / 'supernodes.json'})")
     if first.get("status") != "interrupted":
         raise SystemExit(f"the run with supernode{victim} killed ended with status "
                          f"{first.get('status')}, not interrupted")

@@ -94,9 +94,14 @@ def test_netns_deployment_refuses_a_rogue_device_survives_a_killed_node_and_matc
     assert report["rogue_refused"] and report["registered_nodes"] == 3
     access = (tmp_path / "nginx" / "nginx-access.log").read_text().splitlines()
     rogue = [line for line in access if line.startswith(report["addresses"]["rogue"] + " ")]
-    assert [line.split('"')[1] for line in rogue] == [
+    control = [line for line in rogue if "/v1/control/" in line]
+    assert [line.split('"')[1] for line in control] == [
         "POST /v1/control/register-node HTTP/1.1", "POST /v1/control/start-run HTTP/1.1"]
-    assert all('" 403 ' in line for line in rogue)
+    assert all('" 403 ' in line for line in control)
+    # its SuperNode with an unregistered key reached the Fleet API and got no 200
+    fleet_calls = [line for line in rogue if "/v1/fleet/" in line]
+    assert fleet_calls and not [line for line in fleet_calls if '" 200 ' in line]
+    assert report["rogue"]["supernode"][0] != 0
     killed = report["killed"]
     assert (killed["supernode"], killed["after_round"], killed["status"]) == (1, 1,
                                                                               "interrupted")
