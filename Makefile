@@ -47,7 +47,7 @@ test-flower: install-flower  ## the Flower tests that are not slow (adds the flo
 test-slow: $(STAMP)  ## the slow tests too
 	$(PY) -m pytest -q -m "(slow or not slow) and not docs"
 
-flower-deploy: $(STAMP)  ## a Flower deployment on 127.0.0.1 (SuperLink + 3 SuperNodes) vs in process
+flower-deploy: $(STAMP)  ## a Flower deployment on 127.0.0.1 (SuperLink + 3 SuperNodes) vs in process; ARGS=--netns: one host each
 	$(PY) scripts/flower_deploy.py $(ARGS)
 
 wheel: $(STAMP)  ## dist/fnsysid-<version>-py3-none-any.whl, with the Flower app (docs/FEDERATED.md)

@@ -278,3 +278,30 @@ def test_job_folders_of_a_sweep_are_its_own_and_inside_it(tmp_path, subdir, says
                         f"hydra.sweep.dir={tmp_path}/t", "hydra.sweep.subdir=job_${hydra.job.num}")
     assert ok.returncode == 0 and sorted(p.name for p in (tmp_path / "t").glob("job_*")) == [
         "job_0", "job_1"]
+
+
+def test_a_value_with_dotdot_names_a_job_folder_inside_the_sweep(tmp_path):
+    """Job folders are named after their overrides; a '/' in a value is written %2F, so
+    data.path=../../../logs names one folder inside the sweep instead of a path beside it,
+    and the sweep's results.csv holds both jobs."""
+    from tests.test_data_files import GENERIC, linear_fleet, write_per_client
+
+    df, _ = linear_fleet(n_clients=2, n_traj=3, length=10)
+    write_per_client(df, tmp_path / "logs")
+    write_per_client(df[df["client"] == "robot0"], tmp_path / "logs2")
+    here = tmp_path / "a" / "b" / "c"
+    here.mkdir(parents=True)
+    res = cli_in_process("-m", *GENERIC, "data.path=../../../logs,../../../logs2", "R=2",
+                         "M=null", "progress=false", "hydra.sweep.dir=sw",
+                         "hydra.launcher.n_jobs=1", cwd=here)
+    assert res.returncode == 0, res.stderr
+    made = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("summary.json"))
+    given = "M=null,R=2,data.inputs=[u],data.path=..%2F..%2F..%2F{},data.states=[x1,x2]," \
+        "data=files,system=generic"
+    assert made == [f"a/b/c/sw/{given.format(name)}/summary.json" for name in ("logs", "logs2")]
+    results = pd.read_csv(here / "sw" / "results.csv")
+    # one row per job and round (rounds 0..2); the jobs have 2 and 1 clients
+    assert sorted(results["data.path"].unique()) == ["../../../logs", "../../../logs2"]
+    assert len(results) == 2 * 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "logs", "logs2"]
+    assert sorted(p.name for p in (here).iterdir()) == ["sw"]

@@ -443,7 +443,8 @@ def _check_subdir(subdir) -> None:
     if not any(f"hydra.job.{k}" in text for k in ("num", "id", "override_dirname")):
         raise ConfigError(f"hydra.sweep.subdir={text} gives every job of the sweep the same "
                           "folder; allowed: a folder per job, e.g. hydra.sweep.subdir="
-                          "'${hydra.job.num}' (default: ${hydra.job.override_dirname})")
+                          "'${hydra.job.num}' (default: "
+                          "${fnsysid.job_dirname:${hydra.job.override_dirname}})")
     if Path(text).is_absolute() or ".." in Path(text).parts:
         raise ConfigError(f"hydra.sweep.subdir={text} puts job folders outside "
                           "hydra.sweep.dir; allowed: a relative path without '..'")

@@ -24,6 +24,25 @@ _PACKAGE = Path(__file__).resolve().parents[1]
 CONF_DIR = _PACKAGE / "conf" if (_PACKAGE / "conf").is_dir() else _PACKAGE.parent / "conf"
 
 
+def job_dirname(override_dirname: str) -> str:
+    """A sweep job's folder name from its overrides (Hydra's ``hydra.job.override_dirname``),
+    one path component inside ``hydra.sweep.dir``: ``%`` is written ``%25`` and ``/`` is
+    written ``%2F`` (URL encoding, so names stay distinct and readable), so a value such as
+    ``data.path=../../logs`` names the folder ``data.path=..%2F..%2Flogs`` instead of a
+    folder beside the sweep. The resolver ``fnsysid.job_dirname`` of ``hydra.sweep.subdir``."""
+    return str(override_dirname).replace("%", "%25").replace("/", "%2F")
+
+
+def _register_resolvers() -> None:
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("fnsysid.job_dirname"):
+        OmegaConf.register_new_resolver("fnsysid.job_dirname", job_dirname)
+
+
+_register_resolvers()
+
+
 #: held while this process's Hydra (one :class:`~hydra.core.global_hydra.GlobalHydra` per
 #: process) is initialized for a composition: runs in threads (``fnsysid.run``) compose one
 #: after another instead of initializing or clearing it under each other
