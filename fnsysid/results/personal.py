@@ -49,43 +49,19 @@ class Personal:
     warning: str | None = None
 
 
-#: personalize=auto's one noise variance is reported wrong when the targets' residual
-#: variances (pooled fit) differ by more than this factor
-VARIANCE_RATIO = 2.0
-
-
-def target_variances(model, s2, dof) -> str | None:
-    """Why ``personalize=auto``'s intervals are not right for these data, or None: it assumes
-    one noise variance for all targets, and the targets' residual variances differ by more
-    than :data:`VARIANCE_RATIO` in a repeat. ``s2``, ``dof``: (S, M, g) residual variances and
-    degrees of freedom of the clients' own least squares per group of targets
-    (:func:`own_intervals`); a target's variance is their pooled one over the clients (what a
-    Flower server can form from what the clients send)."""
-    s2, dof = np.asarray(s2, float), np.asarray(dof, float)
-    blocks = pers.noise_blocks(model.structure)
-    if blocks.g < 2 or s2.shape[-1] < 2:
-        return None
-    use = (dof > 0) & np.isfinite(s2)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        v = (np.where(use, s2 * dof, 0.0).sum(axis=1) /
-             np.where(use, dof, 0.0).sum(axis=1))                        # (S, g)
-        ratio = v.max(axis=-1) / v.min(axis=-1)
-    if not (np.isfinite(v).all() and (ratio > VARIANCE_RATIO).any()):
-        return None
-    names = model.system.target_names
-    first = [", ".join(str(names[j]) for j in np.flatnonzero(blocks.targets == k))
-             for k in range(blocks.g)]
-    s = int(np.argmax(ratio))
-    parts = "; ".join(f"{t}: {x:.3g}" for t, x in zip(first, v[s], strict=True))
-    return (f"personalize=auto assumes one noise variance for all targets, but the targets' "
-            f"residual variances differ up to {ratio[s]:.3g}-fold (repeat {s}: {parts}): its "
-            "se, ci_lo and ci_hi in client_estimates.csv are left empty (local_se is per "
-            "target)")
-
-
 def n_targets(model) -> int:
     """Targets per sample (``n_y``): each sample gives that many observations."""
     return int(model.structure.shape[0])
+
+
+def target_stats(model, data):
+    """``(yy, blocks)`` of the statistics ``data`` for :mod:`fnsysid.learning.personalize`:
+    the sums of squares per target with the model's :class:`NoiseBlocks` (one residual
+    variance per group of targets), or their total with ``n_y`` where the data carry no
+    per-target sums."""
+    if data.yy_target is None:
+        return data.yy, n_targets(model)
+    return data.yy_target, pers.noise_blocks(model.structure)
 
 
 def own_intervals(model, data, support=None):
@@ -104,14 +80,11 @@ def personalized(settings, model, strategy, data) -> Personal | None:
     option = settings.personalize
     if option.name == "none":
         return None
-    n_y = n_targets(model)
-    local, local_se, s2, dof = own_intervals(model, data)
+    local, local_se, _, _ = own_intervals(model, data)
     warning = None
     if option.name == "auto":
-        models, se, _ = pers.auto(data.H, data.b, data.yy, data.n, n_y)
-        warning = target_variances(model, s2, dof)
-        if warning:                        # intervals known to be wrong are not written
-            se = np.full(models.shape, np.nan)
+        yy, blocks = target_stats(model, data)
+        models, se, _ = pers.auto(data.H, data.b, yy, data.n, blocks)
     else:
         models = pers.finetune(strategy.optimizer, data, model, strategy.estimate(), option.K,
                                option.lr, settings.seed)
