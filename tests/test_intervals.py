@@ -204,6 +204,7 @@ def test_auto_has_one_residual_variance_per_target():
     assert fl.s2[0, 0] == pytest.approx(pers.EXACT * ms, rel=1e-6)
     assert (se[..., x1] < 1e-3 * se[..., ~x1].min()).all()
     if not fl.Sigma.any():                              # alike: pooled least squares
-        ref = fl.s2[0, 1] * np.diagonal(np.linalg.inv(data.H[0].sum(0)))[~x1]
+        ref = (fl.s2[0, 1] * np.diagonal(np.linalg.inv(data.H[0].sum(0)))
+               + np.diagonal(fl.Sigma_ci[0]))[~x1]
         np.testing.assert_allclose(se[0, :, ~x1].T ** 2, np.broadcast_to(ref, (3, 3)),
                                    rtol=1e-8)

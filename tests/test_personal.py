@@ -60,9 +60,11 @@ def test_auto_without_heterogeneity_is_the_pooled_solution():
                                                             theta[calm].shape))
     np.testing.assert_allclose(fl.mu[calm], least_squares(d.H.sum(1), d.b.sum(1))[calm],
                                rtol=1e-8)
-    # its standard errors: the fleet's variance of each target times (sum H)^-1
+    # its standard errors: the fleet's variance of each target times (sum H)^-1, plus the
+    # spread the intervals assume (the unrestricted REML Sigma_ci)
     s2 = msg.rss.sum(1) / msg.dof.sum(1)                              # (S, 3)
     ref = s2[:, blocks.param_block] * np.diagonal(np.linalg.inv(d.H.sum(1)), axis1=1, axis2=2)
+    ref = ref + np.diagonal(fl.Sigma_ci, axis1=1, axis2=2)
     np.testing.assert_allclose(se[calm, 0] ** 2, ref[calm], rtol=1e-8)
 
 
@@ -94,12 +96,13 @@ def test_reml_of_one_parameter_with_equal_variances_is_the_closed_form():
     M, v = 30, 0.5
     theta = (3.0 * rng.normal(size=(2, M)) + np.sqrt(v) * rng.normal(size=(2, M)))[..., None]
     J = np.full((2, M, 1, 1), 1 / v)
-    Sig = pers.reml(theta, J, np.ones((2, M), bool), iterations=5000, tol=1e-13)
+    Sig, full = pers.reml(theta, J, np.ones((2, M), bool), iterations=5000, tol=1e-13)
     ref = theta[..., 0].var(axis=1, ddof=1) - v
     np.testing.assert_allclose(Sig[:, 0, 0], ref, rtol=1e-6)
+    np.testing.assert_allclose(full[:, 0, 0], ref, rtol=1e-4)
     # no spread beyond the noise: Sigma = 0
     flat = np.sqrt(v) * rng.normal(size=(1, M, 1)) * 0.3
-    assert pers.reml(flat, J[:1], np.ones((1, M), bool))[0, 0, 0] == 0.0
+    assert pers.reml(flat, J[:1], np.ones((1, M), bool))[0][0, 0, 0] == 0.0
 
 
 def test_heterogeneity_is_found_along_the_true_directions():
@@ -145,7 +148,7 @@ def test_a_client_without_data_gets_the_fleet_model_and_finite_errors():
     assert np.isfinite(theta).all() and np.isfinite(se).all()
     np.testing.assert_allclose(theta[:, 3], fl.mu, atol=1e-10)
     # its uncertainty is the fleet's spread plus that of the mean
-    np.testing.assert_allclose(se[:, 3] ** 2, np.diagonal(fl.Sigma + fl.cov_mu, axis1=1,
+    np.testing.assert_allclose(se[:, 3] ** 2, np.diagonal(fl.Sigma_ci + fl.cov_mu, axis1=1,
                                                           axis2=2), rtol=1e-8, atol=1e-14)
 
 

@@ -197,13 +197,16 @@ class Fleet:
     """What the server sends back (arrays (S, ...)): the fleet mean ``mu`` (S, p), its
     covariance ``cov_mu`` (S, p, p), the heterogeneity covariance ``Sigma`` (S, p, p), the
     fleet's residual variances ``s2`` (S, g) for clients that could not estimate their own,
-    and the homogeneity test: ``Q`` (S,) and its p-value ``pvalue`` (S,) (NaN with fewer
-    than two clients of their own)."""
+    the heterogeneity covariance the intervals assume ``Sigma_ci`` (S, p, p) (the
+    unrestricted REML estimate, see :func:`client_posterior`), and the homogeneity test:
+    ``Q`` (S,) and its p-value ``pvalue`` (S,) (NaN with fewer than two clients of their
+    own)."""
 
     mu: np.ndarray
     cov_mu: np.ndarray
     Sigma: np.ndarray
     s2: np.ndarray
+    Sigma_ci: np.ndarray
     Q: np.ndarray
     pvalue: np.ndarray
 
@@ -287,8 +290,9 @@ def _em(th, Jw, w, m, Sig, rank: int, iterations: int, tol: float):
 
 def reml(theta, J, own, iterations: int = 200, tol: float = 1e-6, max_rank: int = 4):
     """Restricted maximum likelihood of a low-rank heterogeneity covariance ``Sigma``
-    (S, p, p) of the model ``theta_i ~ N(mu, Sigma + J_i^-1)`` over the clients ``own``
-    (S, M), vectorized over repeats and clients.
+    (S, p, p), and of the unrestricted one (rank up to p, for the intervals), of the model
+    ``theta_i ~ N(mu, Sigma + J_i^-1)`` over the clients ``own`` (S, M), vectorized over
+    repeats and clients.
 
     For each rank ``r`` = 1 ... ``min(max_rank, m - 1, p)`` the EM iteration of the linear
     mixed model with ``mu`` integrated out: every client's posterior
@@ -299,7 +303,7 @@ def reml(theta, J, own, iterations: int = 200, tol: float = 1e-6, max_rank: int 
     ``r p - r (r - 1) / 2`` parameters and ``log m``. It works in coordinates scaled by the
     mean information's diagonal, so targets of very different noise levels keep their
     accuracy, and starts from the moment estimate ``C - mean V_i`` (PSD part) plus the mean
-    ``V_i``."""
+    ``V_i``. Returns ``(Sigma, Sigma_full)``."""
     S, M, p = theta.shape
     w = own.astype(float)
     m = np.maximum(w.sum(axis=1), 1.0)
@@ -324,8 +328,10 @@ def reml(theta, J, own, iterations: int = 200, tol: float = 1e-6, max_rank: int 
         better = ic < best_ic
         best = np.where(better[:, None, None], Sig, best)
         best_ic = np.where(better, ic, best_ic)
-    Sig = best / (dg[:, :, None] * dg[:, None, :])
-    return np.where((w.sum(axis=1) >= 2)[:, None, None], Sig, 0.0)
+    full = _em(th, Jw, w, m, start, p, iterations, tol)[0]
+    ok = (w.sum(axis=1) >= 2)[:, None, None]
+    back = dg[:, :, None] * dg[:, None, :]
+    return np.where(ok, best / back, 0.0), np.where(ok, full / back, 0.0)
 
 
 def fleet(msg: Message, blocks) -> Fleet:
@@ -353,25 +359,29 @@ def fleet(msg: Message, blocks) -> Fleet:
     theta = np.einsum("...pq,...q->...p", V, np.where(own[..., None], beta, 0.0))
     Q, pv = homogeneity(theta, J, own)
     hetero = pv < HOMOGENEITY_LEVEL
-    Sigma = np.zeros((S, p, p))
-    if hetero.any():
-        Sigma[hetero] = reml(theta[hetero], J[hetero], own[hetero])
+    Sigma, Sigma_ci = reml(theta, J, own)
+    Sigma = np.where(hetero[:, None, None], Sigma, 0.0)
     W = J @ np.linalg.inv(eye + Sigma[:, None] @ J)             # (S, M, p, p)
     rhs = np.linalg.solve(eye + J @ Sigma[:, None], beta[..., None])[..., 0]
     cov_mu = np.linalg.pinv(W.sum(axis=1), hermitian=True)
     mu = np.einsum("spq,sq->sp", cov_mu, rhs.sum(axis=1))
-    return Fleet(mu, cov_mu, Sigma, s2, Q, pv)
+    return Fleet(mu, cov_mu, Sigma, s2, Sigma_ci, Q, pv)
 
 
 def client_posterior(msg: Message, fl: Fleet, blocks) -> tuple[np.ndarray, np.ndarray]:
     """Each client's personalized model and its standard errors (S, M, p), computed from its
     own message and the server's :class:`Fleet` alone.
 
-    ``theta_i = mu + Sigma (I + J_i Sigma)^-1 (beta_i - J_i mu)``, the posterior mean of the
-    random-effects model; its covariance ``Sigma (I + J_i Sigma)^-1`` plus the part of the
-    uncertainty of ``mu`` it carries, ``B_i cov_mu B_i'`` with ``B_i = (I + Sigma J_i)^-1``.
-    Computed in coordinates scaled by the diagonal of ``J_i`` (the same numbers, kept
-    accurate where the targets' variances differ by orders of magnitude).
+    ``theta_i = mu + A_i (theta_hat_i - mu)``, ``A_i = Sigma (I + J_i Sigma)^-1 J_i`` (in
+    information form ``mu + Sigma (I + J_i Sigma)^-1 (beta_i - J_i mu)``), the posterior mean
+    of the random-effects model. Its error ``B_i (mu_hat - mu) - B_i delta_i + A_i e_i``
+    (``B_i = I - A_i = (I + Sigma J_i)^-1``) has covariance
+    ``B_i (Sigma_ci + Cov(mu)) B_i' + A_i J_i^-1 A_i'`` when the clients' spread is
+    ``Sigma_ci``: with ``Sigma_ci = Sigma`` that is the posterior covariance
+    ``Sigma (I + J_i Sigma)^-1 + B_i Cov(mu) B_i'``; the intervals take the unrestricted
+    REML ``Sigma_ci`` (:class:`Fleet`), which keeps the directions the rank and the test
+    left out. Computed in coordinates scaled by the diagonal of ``J_i`` (the same numbers,
+    kept accurate where the targets' variances differ by orders of magnitude).
     """
     J, beta = _scaled(msg, fl.s2, blocks)
     p = beta.shape[-1]
@@ -382,11 +392,13 @@ def client_posterior(msg: Message, fl: Fleet, blocks) -> tuple[np.ndarray, np.nd
     Js, betas = J / outer, beta / dg
     Sig = fl.Sigma[:, None] * outer
     mu = fl.mu[:, None] * dg
-    post = Sig @ np.linalg.inv(eye + Js @ Sig)                  # (S, M, p, p)
+    G = np.linalg.inv(eye + Js @ Sig)
+    post = Sig @ G                                              # (S, M, p, p)
     r = betas - np.einsum("smpq,smq->smp", Js, mu)
     theta = (mu + np.einsum("smpq,smq->smp", post, r)) / dg
     B = np.linalg.inv(eye + Sig @ Js)
-    cov = post + B @ (fl.cov_mu[:, None] * outer) @ np.swapaxes(B, -1, -2)
+    spread = (fl.Sigma_ci + fl.cov_mu)[:, None] * outer
+    cov = B @ spread @ np.swapaxes(B, -1, -2) + post @ Js @ np.swapaxes(post, -1, -2)
     se = np.sqrt(np.maximum(np.diagonal(cov, axis1=-2, axis2=-1), 0.0)) / dg
     return theta, se
 

@@ -42,7 +42,8 @@ def client_reply(node, exchange: str, arrays: dict) -> dict:
     option = node.settings.personalize
     if option.name == "auto":
         nan = np.full(len(arrays["mu"]), np.nan)
-        fl = pers.Fleet(arrays["mu"], arrays["cov_mu"], arrays["Sigma"], arrays["s2"], nan, nan)
+        fl = pers.Fleet(arrays["mu"], arrays["cov_mu"], arrays["Sigma"], arrays["s2"],
+                        arrays["Sigma_ci"], nan, nan)
         theta, se = pers.client_posterior(msg, fl, blocks)
     else:
         solver = node.clients.solver
@@ -68,7 +69,7 @@ def serve_personalize(ask, settings, strategy, model):
         fl = pers.fleet(pers.Message(got["H"], got["b"], got["rss"], got["dof"],
                                      got["own"] > 0.5), blocks)
         out = ask("personalize", {"mu": fl.mu, "cov_mu": fl.cov_mu, "Sigma": fl.Sigma,
-                                  "s2": fl.s2})
+                                  "s2": fl.s2, "Sigma_ci": fl.Sigma_ci})
     else:
         out = ask("personalize", {"theta": strategy.server})
     return Personal(option, out["theta"], out["se"], out["local"], out["local_se"],
