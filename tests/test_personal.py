@@ -175,9 +175,16 @@ def test_run_with_auto_writes_client_estimates_errors_and_summary():
     ce = r.client_estimates
     assert len(ce) == 2 * 5 * 15
     assert list(ce.columns) == ["repeat", "client", "parameter", "estimate", "se", "ci_lo",
-                                "ci_hi", "local", "local_se", "truth"]
+                                "ci_hi", "local", "local_se", "local_lo", "local_hi", "truth"]
     np.testing.assert_allclose(ce["ci_hi"] - ce["estimate"], 1.959964 * ce["se"], rtol=1e-5)
     np.testing.assert_allclose(ce["estimate"], r.client_models.ravel())
+    # local intervals: Student's t on n - 5 degrees of freedom (five parameters per target)
+    from scipy.stats import t
+
+    n = np.repeat(r.dataset.train.n.ravel(), 15)
+    q = t.ppf(0.975, n - 5)
+    np.testing.assert_allclose(ce["local_hi"] - ce["local"], q * ce["local_se"], rtol=1e-10)
+    np.testing.assert_allclose(ce["local"] - ce["local_lo"], q * ce["local_se"], rtol=1e-10)
     e = r.errors
     last = e[e["round"] == 3]
     assert e.loc[e["round"] < 3, "e_pers_mean"].isna().all()
@@ -279,3 +286,64 @@ def test_pooled_intervals_cover_the_truth_95_percent_of_the_time_without_heterog
     inside = (est["ci_lo"] <= est["true_mean"]) & (est["true_mean"] <= est["ci_hi"])
     assert len(inside) == 3000
     assert 0.93 <= inside.mean() <= 0.97
+
+
+@pytest.mark.parametrize("lr, final", [("0.05", "finite"), ("1e10", "infinite")])
+def test_personalized_models_are_judged_like_the_servers(lr, final, tmp_path):
+    """finetune with a step that blows up: the server's model is ok, the personalized models
+    are `diverged` (their own status line, exit 3, summary.client_models), an error that is
+    not finite is listed in null_values, and numpy's overflow warnings are not printed."""
+    import json
+
+    out = tmp_path / "run"
+    r = cli_in_process("system=synthetic", "M=3", "R=5", "personalize=finetune",
+                       f"personalize.lr={lr}", "output.plot=false", f"hydra.run.dir={out}")
+    assert r.returncode == 3
+    assert "RuntimeWarning" not in r.stderr
+    lines = [x for x in (r.stdout + r.stderr).splitlines() if "personalized models" in x and
+             "diverged" in x]
+    assert len(lines) == 1 and "personalize.lr" in lines[0]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["status"] == "ok"                               # the server's model
+    assert s["client_models"]["personalized"]["status"] == "diverged"
+    assert s["client_models"]["local"]["status"] == "ok"
+    ce = np.genfromtxt(out / "client_estimates.csv", delimiter=",", names=True)
+    if final == "finite":
+        assert s["client_models"]["personalized"]["final"] > 1e3 * 1.0
+        assert np.nanmax(np.abs(ce["estimate"])) > 1e9
+    else:
+        assert s["final_e_pers_max_mean"] is None
+        assert "final_e_pers_max_mean" in s["null_values"]
+
+
+def test_a_healthy_personalization_is_ok_with_exit_0(tmp_path):
+    import json
+
+    out = tmp_path / "run"
+    r = cli_in_process("system=synthetic", "M=3", "R=5", "personalize=auto",
+                       "strategy=centralized_exact", "output.plot=false",
+                       f"hydra.run.dir={out}")
+    assert r.returncode == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert {k: v["status"] for k, v in s["client_models"].items()} == {
+        "personalized": "ok", "local": "ok"}
+
+
+def test_client_models_are_judged_by_the_servers_rules():
+    from fnsysid.results.personal import _judged
+
+    models = np.ones((2, 3, 4))
+    e = np.full((2, 3), 0.5)
+    assert _judged(models, e, 0.2, False)["status"] == "ok"
+    e[1, 2] = 20.0                                     # above 10 x max(1, start)
+    j = _judged(models, e, 0.2, False)
+    assert (j["status"], j["repeat"], j["client"], j["final"]) == ("growing", 1, 2, 20.0)
+    e[0, 1] = 2e3                                      # above 1000 x max(1, start)
+    assert _judged(models, e, 0.2, False)["status"] == "diverged"
+    assert _judged(models, e, 3.0, False)["status"] == "growing"   # 2e3 < 3000
+    local = models.copy()
+    local[0, 0] = np.nan                               # a client its data do not determine
+    assert _judged(local, np.full((2, 3), np.nan), 0.2, True)["status"] == "ok"
+    assert _judged(local, np.full((2, 3), np.nan), 0.2, False)["status"] == "diverged"
+    local[1, 1, 0] = np.inf
+    assert _judged(local, np.full((2, 3), np.nan), 0.2, True)["status"] == "diverged"

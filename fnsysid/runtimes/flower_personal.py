@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from fnsysid.learning import personalize as pers
-from fnsysid.results.personal import Personal, own_intervals, target_stats
+from fnsysid.results.personal import Personal, own_intervals, per_parameter_dof, target_stats
 
 #: the exchanges of this module (a ClientApp's ``train`` message config ``exchange``)
 EXCHANGES = ("personalize_stats", "personalize")
@@ -50,8 +50,9 @@ def client_reply(node, exchange: str, arrays: dict) -> dict:
         start = np.array(arrays["theta"][:, None, :])
         theta = solver.local_steps(start, option.K, option.lr)
         se = np.full(theta.shape, np.nan)
-    local, local_se, _, _ = own_intervals(node.model, d)
+    local, local_se, _, dof = own_intervals(node.model, d)
     return {"theta": theta, "se": se, "local": local, "local_se": local_se,
+            "local_dof": per_parameter_dof(node.model, d, dof),
             "_e": node.errors(theta[:, 0])}
 
 
@@ -73,4 +74,5 @@ def serve_personalize(ask, settings, strategy, model):
     else:
         out = ask("personalize", {"theta": strategy.server})
     return Personal(option, out["theta"], out["se"], out["local"], out["local_se"],
-                    out["_e"], np.full(out["theta"].shape, np.nan))
+                    out["_e"], np.full(out["theta"].shape, np.nan),
+                    local_dof=out["local_dof"])
