@@ -247,7 +247,9 @@ def homogeneity(theta, J, own):
 def _truncate(Sig, rank: int):
     """The best rank-``rank`` PSD approximation of symmetric ``Sig`` (S, p, p)."""
     lam, U = np.linalg.eigh(Sig)
-    lam = np.maximum(lam, 0.0)
+    # directions below 1e-12 of the largest are 0 (EM shrinks them geometrically to
+    # subnormal numbers, which make every later product slow)
+    lam = np.where(lam > 1e-12 * np.abs(lam).max(axis=-1, keepdims=True), lam, 0.0)
     lam[..., :Sig.shape[-1] - rank] = 0.0
     return np.einsum("spk,sk,sqk->spq", U, lam, U)
 
