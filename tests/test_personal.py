@@ -347,3 +347,13 @@ def test_client_models_are_judged_by_the_servers_rules():
     assert _judged(local, np.full((2, 3), np.nan), 0.2, False)["status"] == "diverged"
     local[1, 1, 0] = np.inf
     assert _judged(local, np.full((2, 3), np.nan), 0.2, True)["status"] == "diverged"
+
+
+@pytest.mark.slow
+def test_a_sweep_with_diverged_client_models_exits_3(tmp_path):
+    r = cli_in_process("-m", "system=synthetic", "M=3", "R=2", "repeats=1",
+                       "personalize=finetune", "personalize.lr=0.05,1e-6",
+                       "output.plot=false", "hydra.launcher.n_jobs=1",
+                       f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert r.returncode == 3
+    assert "client models personalized diverged" in r.stderr
