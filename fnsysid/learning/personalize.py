@@ -46,13 +46,6 @@ def _solve_psd(H: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.where(full[..., None, None], inv, np.nan), full
 
 
-def residuals(H, b, yy, theta) -> np.ndarray:
-    """Residual sum of squares ``yy - 2 b'theta + theta' H theta`` (...) at ``theta``, from the
-    statistics (clipped at 0 against rounding)."""
-    quad = np.einsum("...p,...pq,...q->...", theta, H, theta)
-    return np.maximum(yy - 2 * np.einsum("...p,...p->...", b, theta) + quad, 0.0)
-
-
 #: relative resolution of a residual sum of squares computed from statistics (of ``yy``)
 RESOLUTION = np.finfo(float).eps
 
