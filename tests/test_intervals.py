@@ -12,7 +12,7 @@ from fnsysid.app.build import build
 from fnsysid.dynamics.features import Polynomial
 from fnsysid.dynamics.model import ClientData, ragged_stats
 from fnsysid.learning import personalize as pers
-from fnsysid.results.personal import own_intervals, target_variances
+from fnsysid.results.personal import own_intervals, target_stats
 from tests.conftest import compose_cfg
 from tests.test_sparsity import TRUE, duffing_fleet
 
@@ -155,9 +155,9 @@ def test_generic_intervals_cover_each_target_95_percent(tmp_path):
                      ce["truth"])
     assert len(inside[x2]) == 20000 and 0.93 <= inside[x2].mean() <= 0.97
     assert (ce.loc[~x2, "local_se"] < 1e-6).all() and inside[~x2].all()
-    # auto's one noise variance does not fit these targets: the summary says so
-    assert "left empty" in res.summary["ci"]["client_estimates"]
-    assert ce["se"].isna().all() and ce["ci_lo"].isna().all() and ce["estimate"].notna().all()
+    # auto's intervals are per target too
+    inside = _inside(ce["ci_lo"], ce["ci_hi"], ce["truth"])
+    assert 0.93 <= inside[x2].mean() <= 0.97 and inside[~x2].mean() >= 0.93
 
 
 @pytest.mark.slow
@@ -190,11 +190,21 @@ def _generic_data(noise_x1: float):
                              phi2max, phi_mean, y_mean, yy_t)
 
 
-def test_auto_says_its_intervals_are_wrong_when_the_targets_noise_differs():
+def test_auto_has_one_residual_variance_per_target():
+    """x1+ exact, x2+ with noise 0.1 (three alike clients): auto's intervals are per target,
+    those of x1+ at the floor pers.EXACT of its mean square, those of x2+ near the fleet's
+    variance of x2+ (pooled over the clients)."""
     model, data = _generic_data(0.0)
-    _, _, s2, dof = own_intervals(model, data)              # the clients' own, per target
-    line = target_variances(model, s2, dof)
-    assert line is not None and "x1+: " in line and "x2+: 0.0" in line
-    model, data = _generic_data(0.1)
-    _, _, s2, dof = own_intervals(model, data)
-    assert target_variances(model, s2, dof) is None          # alike: one variance fits
+    yy, blocks = target_stats(model, data)
+    theta, se, fl = pers.auto(data.H, data.b, yy, data.n, blocks)
+    _, local_se, s2, dof = own_intervals(model, data)
+    x1 = blocks.param_block == 0
+    assert fl.s2[0, 1] == pytest.approx((s2 * dof)[0, :, 1].sum() / dof[0, :, 1].sum())
+    ms = yy[0, :, 0].sum() / data.n[0].sum()
+    assert fl.s2[0, 0] == pytest.approx(pers.EXACT * ms, rel=1e-6)
+    assert (se[..., x1] < 1e-3 * se[..., ~x1].min()).all()
+    if not fl.Sigma.any():                              # alike: pooled least squares
+        ref = (fl.s2[0, 1] * np.diagonal(np.linalg.inv(data.H[0].sum(0)))
+               + np.diagonal(fl.Sigma_ci[0]))[~x1]
+        np.testing.assert_allclose(se[0, :, ~x1].T ** 2, np.broadcast_to(ref, (3, 3)),
+                                   rtol=1e-8)

@@ -46,27 +46,71 @@ def _fleet(eps, repeats=4, M=20, seed=0):
 
 
 def test_auto_without_heterogeneity_is_the_pooled_solution():
-    """At eps = 0 no direction of the spread rises above the noise edge: Sigma = 0 and every
-    client gets the fleet's generalized least squares, which for one noise variance (every
-    client scaled by the fleet's) is the pooled least squares."""
-    _, d = _fleet(0.0)
-    own = pers.client_message(d.H, d.b, d.yy, d.n, 3)
-    fl = pers.fleet(own)
-    assert not fl.Sigma.any()
-    theta, _ = pers.client_posterior(own, fl)
-    np.testing.assert_allclose(theta, np.broadcast_to(fl.mu[:, None], theta.shape))
-    one = pers.Message(d.H, d.b, own.rss, own.dof, np.zeros_like(own.scaled))
-    np.testing.assert_allclose(pers.fleet(one).mu, least_squares(d.H.sum(1), d.b.sum(1)),
+    """At eps = 0 the homogeneity test does not reject in most repeats: there Sigma = 0 and
+    every client gets the fleet's generalized least squares, which with the fleet's residual
+    variance per target is pooled least squares."""
+    model, d = _fleet(0.0, repeats=6)
+    blocks = pers.noise_blocks(model.structure)
+    msg = pers.client_message(d.H, d.b, d.yy_target, d.n, blocks)
+    fl = pers.fleet(msg, blocks)
+    calm = fl.pvalue >= pers.HOMOGENEITY_LEVEL
+    assert calm.sum() >= 4 and not fl.Sigma[calm].any()
+    theta, se = pers.client_posterior(msg, fl, blocks)
+    np.testing.assert_allclose(theta[calm], np.broadcast_to(fl.mu[calm, None],
+                                                            theta[calm].shape))
+    np.testing.assert_allclose(fl.mu[calm], least_squares(d.H.sum(1), d.b.sum(1))[calm],
                                rtol=1e-8)
+    # its standard errors: the fleet's variance of each target times (sum H)^-1, plus the
+    # spread the intervals assume (the unrestricted REML Sigma_ci)
+    s2 = msg.rss.sum(1) / msg.dof.sum(1)                              # (S, 3)
+    ref = s2[:, blocks.param_block] * np.diagonal(np.linalg.inv(d.H.sum(1)), axis1=1, axis2=2)
+    ref = ref + np.diagonal(fl.Sigma_ci, axis1=1, axis2=2)
+    np.testing.assert_allclose(se[calm, 0] ** 2, ref[calm], rtol=1e-8)
+
+
+def test_homogeneity_is_cochrans_q_over_the_clients():
+    """Q = sum_i (theta_i - mu_F)' J_i (theta_i - mu_F), mu_F the fixed-effect mean, against
+    chi-square with (m - 1) p degrees of freedom; computed here client by client."""
+    from scipy.stats import chi2
+
+    rng = np.random.default_rng(1)
+    M, p = 6, 3
+    A = rng.normal(size=(1, M, p, p))
+    J = A @ np.swapaxes(A, -1, -2) + np.eye(p)
+    theta = rng.normal(size=(1, M, p))
+    own = np.ones((1, M), bool)
+    own[0, 2] = False                                      # a client without its own fit
+    Q, pv = pers.homogeneity(theta, J, own)
+    keep = [i for i in range(M) if i != 2]
+    mu = np.linalg.solve(sum(J[0, i] for i in keep), sum(J[0, i] @ theta[0, i] for i in keep))
+    ref = sum((theta[0, i] - mu) @ J[0, i] @ (theta[0, i] - mu) for i in keep)
+    assert Q[0] == pytest.approx(ref, rel=1e-10)
+    assert pv[0] == pytest.approx(chi2.sf(ref, (len(keep) - 1) * p), rel=1e-10)
+
+
+def test_reml_of_one_parameter_with_equal_variances_is_the_closed_form():
+    """p = 1, every client with variance v: the REML estimate of the heterogeneity variance
+    is max(0, sample variance - v) (the sample variance with m - 1), what the EM iteration
+    must converge to."""
+    rng = np.random.default_rng(2)
+    M, v = 30, 0.5
+    theta = (3.0 * rng.normal(size=(2, M)) + np.sqrt(v) * rng.normal(size=(2, M)))[..., None]
+    J = np.full((2, M, 1, 1), 1 / v)
+    Sig, full = pers.reml(theta, J, np.ones((2, M), bool), iterations=5000, tol=1e-13)
+    ref = theta[..., 0].var(axis=1, ddof=1) - v
+    np.testing.assert_allclose(Sig[:, 0, 0], ref, rtol=1e-6)
+    np.testing.assert_allclose(full[:, 0, 0], ref, rtol=1e-4)
+    # no spread beyond the noise: Sigma = 0
+    flat = np.sqrt(v) * rng.normal(size=(1, M, 1)) * 0.3
+    assert pers.reml(flat, J[:1], np.ones((1, M), bool))[0][0, 0, 0] == 0.0
 
 
 def test_heterogeneity_is_found_along_the_true_directions():
-    """synthetic: theta_i = theta_0 + g1 V + g2 U, two directions; at eps = 3 the estimate of
-    Sigma has rank 2 and its range is the span of the true deviations."""
-    _, d = _fleet(3.0)
-    _, _, fl = pers.auto(d.H, d.b, d.yy, d.n, 3)
-    w = np.linalg.eigvalsh(fl.Sigma)
-    assert (np.sum(w > 1e-8 * w.max(axis=-1, keepdims=True), axis=-1) == 2).all()
+    """synthetic: theta_i = theta_0 + g1 V + g2 U, two directions; at eps = 3 the test
+    rejects and the top two directions of Sigma lie in the span of the true deviations."""
+    model, d = _fleet(3.0)
+    _, _, fl = pers.auto(d.H, d.b, d.yy_target, d.n, pers.noise_blocks(model.structure))
+    assert (fl.pvalue < 1e-6).all()
     dev = d.theta_true - d.theta_true.mean(axis=1, keepdims=True)     # (S, M, p)
     for s in range(d.n.shape[0]):
         basis = np.linalg.svd(dev[s], full_matrices=False)[2][:2]      # true 2-d span
@@ -79,18 +123,19 @@ def test_heterogeneity_is_found_along_the_true_directions():
 def test_auto_beats_local_and_pooled_at_large_heterogeneity_and_matches_pooled_at_none():
     errs = {}
     for eps in (0.0, 3.0):
-        _, d = _fleet(eps, repeats=6)
+        model, d = _fleet(eps, repeats=6)
         norm = np.linalg.norm(d.theta_true, axis=-1)
         err = {
             "local": least_squares(d.H, d.b),
             "pooled": least_squares(d.H.sum(1), d.b.sum(1))[:, None],
-            "auto": pers.auto(d.H, d.b, d.yy, d.n, 3)[0],
+            "auto": pers.auto(d.H, d.b, d.yy_target, d.n,
+                              pers.noise_blocks(model.structure))[0],
         }
         errs[eps] = {k: float((np.linalg.norm(v - d.theta_true, axis=-1) / norm).mean())
                      for k, v in err.items()}
     assert errs[0.0]["auto"] < 0.6 * errs[0.0]["local"]
-    assert errs[0.0]["auto"] < 1.25 * errs[0.0]["pooled"]
-    assert errs[3.0]["auto"] < 0.75 * min(errs[3.0]["local"], errs[3.0]["pooled"])
+    assert errs[0.0]["auto"] < 1.10 * errs[0.0]["pooled"]
+    assert errs[3.0]["auto"] < 0.65 * min(errs[3.0]["local"], errs[3.0]["pooled"])
 
 
 def test_a_client_without_data_gets_the_fleet_model_and_finite_errors():
@@ -103,21 +148,22 @@ def test_a_client_without_data_gets_the_fleet_model_and_finite_errors():
     assert np.isfinite(theta).all() and np.isfinite(se).all()
     np.testing.assert_allclose(theta[:, 3], fl.mu, atol=1e-10)
     # its uncertainty is the fleet's spread plus that of the mean
-    np.testing.assert_allclose(se[:, 3] ** 2, np.diagonal(fl.Sigma + fl.cov_mu, axis1=1,
+    np.testing.assert_allclose(se[:, 3] ** 2, np.diagonal(fl.Sigma_ci + fl.cov_mu, axis1=1,
                                                           axis2=2), rtol=1e-8, atol=1e-14)
 
 
 def test_one_client_alone_computes_what_the_fleet_computes_for_it():
     """What a federated node does: its own message and the server's reply give the same
     model as the vectorized computation over all clients."""
-    _, d = _fleet(1.0, repeats=2)
-    msg = pers.client_message(d.H, d.b, d.yy, d.n, 3)
-    fl = pers.fleet(msg)
-    theta, se = pers.client_posterior(msg, fl)
+    model, d = _fleet(1.0, repeats=2)
+    blocks = pers.noise_blocks(model.structure)
+    msg = pers.client_message(d.H, d.b, d.yy_target, d.n, blocks)
+    fl = pers.fleet(msg, blocks)
+    theta, se = pers.client_posterior(msg, fl, blocks)
     m = 7
-    one = pers.client_message(d.H[:, m:m + 1], d.b[:, m:m + 1], d.yy[:, m:m + 1],
-                              d.n[:, m:m + 1], 3)
-    t1, s1 = pers.client_posterior(one, fl)
+    one = pers.client_message(d.H[:, m:m + 1], d.b[:, m:m + 1], d.yy_target[:, m:m + 1],
+                              d.n[:, m:m + 1], blocks)
+    t1, s1 = pers.client_posterior(one, fl, blocks)
     np.testing.assert_allclose(t1[:, 0], theta[:, m], rtol=1e-12)
     np.testing.assert_allclose(s1[:, 0], se[:, m], rtol=1e-12)
 
@@ -129,9 +175,16 @@ def test_run_with_auto_writes_client_estimates_errors_and_summary():
     ce = r.client_estimates
     assert len(ce) == 2 * 5 * 15
     assert list(ce.columns) == ["repeat", "client", "parameter", "estimate", "se", "ci_lo",
-                                "ci_hi", "local", "local_se", "truth"]
+                                "ci_hi", "local", "local_se", "local_lo", "local_hi", "truth"]
     np.testing.assert_allclose(ce["ci_hi"] - ce["estimate"], 1.959964 * ce["se"], rtol=1e-5)
     np.testing.assert_allclose(ce["estimate"], r.client_models.ravel())
+    # local intervals: Student's t on n - 5 degrees of freedom (five parameters per target)
+    from scipy.stats import t
+
+    n = np.repeat(r.dataset.train.n.ravel(), 15)
+    q = t.ppf(0.975, n - 5)
+    np.testing.assert_allclose(ce["local_hi"] - ce["local"], q * ce["local_se"], rtol=1e-10)
+    np.testing.assert_allclose(ce["local"] - ce["local_lo"], q * ce["local_se"], rtol=1e-10)
     e = r.errors
     last = e[e["round"] == 3]
     assert e.loc[e["round"] < 3, "e_pers_mean"].isna().all()
@@ -233,3 +286,74 @@ def test_pooled_intervals_cover_the_truth_95_percent_of_the_time_without_heterog
     inside = (est["ci_lo"] <= est["true_mean"]) & (est["true_mean"] <= est["ci_hi"])
     assert len(inside) == 3000
     assert 0.93 <= inside.mean() <= 0.97
+
+
+@pytest.mark.parametrize("lr, final", [("0.05", "finite"), ("1e10", "infinite")])
+def test_personalized_models_are_judged_like_the_servers(lr, final, tmp_path):
+    """finetune with a step that blows up: the server's model is ok, the personalized models
+    are `diverged` (their own status line, exit 3, summary.client_models), an error that is
+    not finite is listed in null_values, and numpy's overflow warnings are not printed."""
+    import json
+
+    out = tmp_path / "run"
+    r = cli_in_process("system=synthetic", "M=3", "R=5", "personalize=finetune",
+                       f"personalize.lr={lr}", "output.plot=false", f"hydra.run.dir={out}")
+    assert r.returncode == 3
+    assert "RuntimeWarning" not in r.stderr
+    lines = [x for x in (r.stdout + r.stderr).splitlines() if "personalized models" in x and
+             "diverged" in x]
+    assert len(lines) == 1 and "personalize.lr" in lines[0]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["status"] == "ok"                               # the server's model
+    assert s["client_models"]["personalized"]["status"] == "diverged"
+    assert s["client_models"]["local"]["status"] == "ok"
+    ce = np.genfromtxt(out / "client_estimates.csv", delimiter=",", names=True)
+    if final == "finite":
+        assert s["client_models"]["personalized"]["final"] > 1e3 * 1.0
+        assert np.nanmax(np.abs(ce["estimate"])) > 1e9
+    else:
+        assert s["final_e_pers_max_mean"] is None
+        assert "final_e_pers_max_mean" in s["null_values"]
+
+
+def test_a_healthy_personalization_is_ok_with_exit_0(tmp_path):
+    import json
+
+    out = tmp_path / "run"
+    r = cli_in_process("system=synthetic", "M=3", "R=5", "personalize=auto",
+                       "strategy=centralized_exact", "output.plot=false",
+                       f"hydra.run.dir={out}")
+    assert r.returncode == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert {k: v["status"] for k, v in s["client_models"].items()} == {
+        "personalized": "ok", "local": "ok"}
+
+
+def test_client_models_are_judged_by_the_servers_rules():
+    from fnsysid.results.personal import _judged
+
+    models = np.ones((2, 3, 4))
+    e = np.full((2, 3), 0.5)
+    assert _judged(models, e, 0.2, False)["status"] == "ok"
+    e[1, 2] = 20.0                                     # above 10 x max(1, start)
+    j = _judged(models, e, 0.2, False)
+    assert (j["status"], j["repeat"], j["client"], j["final"]) == ("growing", 1, 2, 20.0)
+    e[0, 1] = 2e3                                      # above 1000 x max(1, start)
+    assert _judged(models, e, 0.2, False)["status"] == "diverged"
+    assert _judged(models, e, 3.0, False)["status"] == "growing"   # 2e3 < 3000
+    local = models.copy()
+    local[0, 0] = np.nan                               # a client its data do not determine
+    assert _judged(local, np.full((2, 3), np.nan), 0.2, True)["status"] == "ok"
+    assert _judged(local, np.full((2, 3), np.nan), 0.2, False)["status"] == "diverged"
+    local[1, 1, 0] = np.inf
+    assert _judged(local, np.full((2, 3), np.nan), 0.2, True)["status"] == "diverged"
+
+
+@pytest.mark.slow
+def test_a_sweep_with_diverged_client_models_exits_3(tmp_path):
+    r = cli_in_process("-m", "system=synthetic", "M=3", "R=2", "repeats=1",
+                       "personalize=finetune", "personalize.lr=0.05,1e-6",
+                       "output.plot=false", "hydra.launcher.n_jobs=1",
+                       f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert r.returncode == 3
+    assert "client models personalized diverged" in r.stderr

@@ -231,6 +231,11 @@ class SweepStatus(Callback):
                 status = "incomplete"
             if status == "ok" and errors_problem(job, summary) is not None:
                 status = "bad errors.csv"
+            if status == "ok":              # client models judged like the server's
+                kinds = summary.get("client_models") or {}
+                worst = [f"{k} {j['status']}" for k, j in kinds.items()
+                         if isinstance(j, dict) and j.get("status", "ok") != "ok"]
+                status = f"client models {', '.join(worst)}" if worst else status
             if status != "ok":
                 SWEEP_PROBLEMS.setdefault(status, []).append(str(job.relative_to(root)))
         if SWEEP_PROBLEMS:

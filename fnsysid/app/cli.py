@@ -144,6 +144,11 @@ def task(cfg: DictConfig) -> float | None:
         if hc.mode == RunMode.RUN:
             sys.exit(3)
         return None
+    judged = summary.get("client_models") or {}
+    if any(j["status"] != "ok" for j in judged.values()):   # logged by the run, each its line
+        if hc.mode == RunMode.RUN:
+            sys.exit(3)
+        return None
     if summary["final_e_max_mean"] is None:
         return summary["final_nrmse_1step_max"]
     return summary["final_e_max_mean"]

@@ -35,6 +35,8 @@ from fnsysid.results.modelcheck import model_check, verdict
 from fnsysid.results.personal import (
     add_personal_errors,
     client_estimates_table,
+    judge_models,
+    judgment_line,
     personal_summary,
     personalized,
     server_intervals,
@@ -276,6 +278,12 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     summary.update(personal_summary(settings, tables["errors"], ci_note, per))
     if per is not None and getattr(per, "warning", None):
         log.warning(per.warning)
+    if per is not None:            # judged like the server's model, each with its line
+        summary["client_models"] = judge_models(per, tables["errors"])
+        for kind, j in summary["client_models"].items():
+            line = judgment_line(kind, settings.personalize.name, j)
+            if line:
+                log.error(line)
     at = getattr(hist, "diverged_at", None)
     if at is not None:          # in process: the repeats run on after one diverged
         summary["repeat_status"] = ["ok" if d is None else "diverged" for d in at]

@@ -9,7 +9,8 @@ intervals).
   model's support), its standard errors ``sqrt(s_k^2 diag(H^-1))`` with a residual variance
   ``s_k^2 = RSS_k / (n n_k - p_k)`` per group of targets (:func:`noise_blocks`), and the
   normal-quantile interval (:func:`z_value`).
-- :func:`auto`: the empirical-Bayes (random-effects) estimator of every client's own model,
+- :func:`auto`: the empirical-Bayes (random-effects) estimator of every client's own model
+  (a homogeneity test, :func:`homogeneity`, then a low-rank REML heterogeneity, :func:`reml`),
   split into what a client computes (:func:`client_message`, :func:`client_posterior`) and what
   the server computes from the clients' messages alone (:func:`fleet`), so that a federated
   runtime runs the same functions with one client per node.
@@ -43,13 +44,6 @@ def _solve_psd(H: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     full = np.linalg.matrix_rank(H, hermitian=True) == p
     inv = np.linalg.pinv(H, hermitian=True)
     return np.where(full[..., None, None], inv, np.nan), full
-
-
-def residuals(H, b, yy, theta) -> np.ndarray:
-    """Residual sum of squares ``yy - 2 b'theta + theta' H theta`` (...) at ``theta``, from the
-    statistics (clipped at 0 against rounding)."""
-    quad = np.einsum("...p,...pq,...q->...", theta, H, theta)
-    return np.maximum(yy - 2 * np.einsum("...p,...p->...", b, theta) + quad, 0.0)
 
 
 #: relative resolution of a residual sum of squares computed from statistics (of ``yy``)
@@ -142,142 +136,274 @@ def least_squares_intervals(H, b, yy, n, blocks, support=None):
     return theta, se, s2, dof
 
 
-def heterogeneity(theta, V, own) -> np.ndarray:
-    """The heterogeneity covariance ``Sigma`` (S, p, p) from the clients' own estimates
-    ``theta`` (S, M, p) with noise covariances ``V`` (S, M, p, p), over the clients ``own``
-    (S, M) (fewer than two: ``Sigma = 0``).
+def _blocks_yy(blocks, yy, p):
+    """``(NoiseBlocks, yy per group (..., g))`` of ``blocks`` (a :class:`NoiseBlocks` with
+    ``yy`` per target, or an integer ``n_y`` with ``yy`` their total)."""
+    if isinstance(blocks, (int, np.integer)):
+        return pooled_blocks(int(blocks), p), np.asarray(yy, float)[..., None]
+    return blocks, blocks.per_block(yy)
 
-    In coordinates whitened by the mean noise covariance ``Vbar = L L'`` the spread of the
-    estimates is the identity plus ``L^-1 Sigma L^-T``. The eigenvalues of the sample spread
-    that pure noise can produce lie below the Marchenko-Pastur edge ``(1 + sqrt(g))^2``,
-    ``g = p / (m - 1)``; each eigenvalue ``lam`` above it is a direction of heterogeneity whose
-    variance (in whitened units) is the ``l - 1`` that the spiked-covariance relation
-    ``lam = l (1 + g / (l - 1))`` gives. Directions below the edge get none, so a
-    heterogeneity confined to a few directions is found with its rank.
-    """
-    S, M, p = theta.shape
-    w = own.astype(float)
-    m = w.sum(axis=1)                                           # (S,)
-    eye = np.eye(p)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        mean = np.einsum("sm,smp->sp", w, theta) / m[:, None]
-        d = (theta - mean[:, None]) * w[..., None]
-        spread = np.einsum("smp,smq->spq", d, d) / (m - 1)[:, None, None]
-        Vbar = np.einsum("sm,smpq->spq", w, V) / m[:, None, None]
-    ok = m >= 2
-    spread = np.where(ok[:, None, None], spread, eye)
-    Vbar = np.where(ok[:, None, None], Vbar, eye)
-    d, Q = np.linalg.eigh((Vbar + np.swapaxes(Vbar, -1, -2)) / 2)     # Vbar = L L'
-    d = np.maximum(d, np.finfo(float).tiny)
-    L = Q * np.sqrt(d)[:, None, :]
-    Li = np.swapaxes(Q, -1, -2) / np.sqrt(d)[:, :, None]
-    white = Li @ spread @ np.swapaxes(Li, -1, -2)
-    lam, U = np.linalg.eigh((white + np.swapaxes(white, -1, -2)) / 2)
-    g = p / np.maximum(m - 1, 1)[:, None]
-    a = lam + 1 - g
-    ell = (a + np.sqrt(np.maximum(a * a - 4 * lam, 0.0))) / 2
-    var = np.where(lam > (1 + np.sqrt(g)) ** 2, np.maximum(ell - 1, 0.0), 0.0)
-    Sigma = L @ np.einsum("spk,sk,sqk->spq", U, var, U) @ np.swapaxes(L, -1, -2)
-    return np.where(ok[:, None, None], (Sigma + np.swapaxes(Sigma, -1, -2)) / 2, 0.0)
+
+#: a group of targets whose residual variance is below this fraction of its mean square is
+#: treated as updated exactly: its variance is floored there in ``auto`` (the rounding of a
+#: solve is far above RESOLUTION, and would otherwise read as heterogeneity)
+EXACT = 1e-10
+
+#: level of the homogeneity test that decides whether ``auto`` personalizes
+HOMOGENEITY_LEVEL = 0.05
 
 
 @dataclass
 class Message:
     """What each client sends for ``personalize=auto`` (arrays (S, M, ...), or (S, 1, ...)
-    for one client): its Gram matrix and moment vector divided by its own residual variance,
-    ``J = H / s^2`` and ``beta = b / s^2``, with ``rss`` and ``dof`` of its own fit (for the
-    fleet's residual variance). A client whose data do not determine its own model (or leave
-    no degree of freedom) sends ``H`` and ``b`` unscaled with ``scaled = False``; it scales
-    them with the fleet's variance returned by the server."""
+    for one client): its Gram matrix ``H`` and moment vector ``b``, the residual sums of
+    squares ``rss`` and degrees of freedom ``dof`` (..., g) of its own least squares per group
+    of targets (:class:`NoiseBlocks`) for the fleet's residual variances, and whether its
+    data determine its own model (``own``: full-rank ``H``, a degree of freedom left in every
+    group; ``rss`` and ``dof`` are 0 where not). These are its sufficient statistics."""
 
     H: np.ndarray
     b: np.ndarray
     rss: np.ndarray
     dof: np.ndarray
-    scaled: np.ndarray
+    own: np.ndarray
 
 
-def client_message(H, b, yy, n, n_y: int) -> Message:
-    """A client's message (:class:`Message`) from its own statistics."""
-    theta, _, s2, dof = least_squares_intervals(H, b, yy, n, n_y)
-    s2, dof = s2[..., 0], dof[..., 0]                 # one variance for all targets
+def client_message(H, b, yy, n, blocks) -> Message:
+    """A client's message (:class:`Message`) from its own statistics; ``blocks`` and ``yy`` as
+    in :func:`least_squares_intervals`. A group whose residual variance is below
+    :data:`EXACT` of its mean square counts as that fraction (a target updated exactly)."""
     p = H.shape[-1]
-    own = (np.linalg.matrix_rank(H, hermitian=True) == p) & (dof > 0) & (s2 > 0)
-    s = np.where(own, s2, 1.0)
-    rss = np.where(own, residuals(H, b, yy, theta), 0.0)
-    return Message(H / s[..., None, None], b / s[..., None], rss, np.where(own, dof, 0.0), own)
+    _, _, s2, dof = least_squares_intervals(H, b, yy, n, blocks)
+    blocks, yyg = _blocks_yy(blocks, yy, p)
+    ms = yyg / np.maximum(np.asarray(n, float)[..., None] * blocks.n_targets, 1.0)
+    s2 = np.maximum(s2, EXACT * ms)
+    own = ((np.linalg.matrix_rank(H, hermitian=True) == p) & (dof > 0).all(axis=-1)
+           & (s2 > 0).all(axis=-1))
+    return Message(np.asarray(H, float), np.asarray(b, float),
+                   np.where(own[..., None], s2 * dof, 0.0), np.where(own[..., None], dof, 0.0),
+                   own)
 
 
 @dataclass
 class Fleet:
     """What the server sends back (arrays (S, ...)): the fleet mean ``mu`` (S, p), its
-    covariance ``cov_mu`` (S, p, p), the heterogeneity covariance ``Sigma`` (S, p, p) and the
-    fleet's residual variance ``s2`` (S,) for clients that could not estimate their own."""
+    covariance ``cov_mu`` (S, p, p), the heterogeneity covariance ``Sigma`` (S, p, p), the
+    fleet's residual variances ``s2`` (S, g) for clients that could not estimate their own,
+    the heterogeneity covariance the intervals assume ``Sigma_ci`` (S, p, p) (the
+    unrestricted REML estimate, see :func:`client_posterior`), and the homogeneity test:
+    ``Q`` (S,) and its p-value ``pvalue`` (S,) (NaN with fewer than two clients of their
+    own)."""
 
     mu: np.ndarray
     cov_mu: np.ndarray
     Sigma: np.ndarray
     s2: np.ndarray
+    Sigma_ci: np.ndarray
+    Q: np.ndarray
+    pvalue: np.ndarray
 
 
-def _scaled(msg: Message, s2) -> tuple[np.ndarray, np.ndarray]:
-    """``J, beta`` of every client: its own scaling, or the fleet's variance ``s2`` (S,)."""
-    s = np.where(msg.scaled, 1.0, np.asarray(s2, float)[:, None])
-    return msg.H / s[..., None, None], msg.b / s[..., None]
+def _scaled(msg: Message, s2, blocks) -> tuple[np.ndarray, np.ndarray]:
+    """``J = S^-1/2 H S^-1/2`` and ``beta = S^-1 b`` of every client, ``S`` the diagonal of the
+    fleet's residual variances ``s2`` (S, g) of each parameter's group."""
+    p = msg.b.shape[-1]
+    if isinstance(blocks, (int, np.integer)):
+        blocks = pooled_blocks(int(blocks), p)
+    s = np.asarray(s2, float).reshape(len(msg.b), -1)[:, None, blocks.param_block]
+    r = np.sqrt(s)
+    return msg.H / (r[..., :, None] * r[..., None, :]), msg.b / s
 
 
-def fleet(msg: Message) -> Fleet:
-    """The server's part of ``auto`` from the stacked messages (S, M, ...).
+def homogeneity(theta, J, own):
+    """Cochran's Q generalised to vectors and its p-value (S,): ``Q = sum_i (theta_i -
+    mu_F)' J_i (theta_i - mu_F)`` over the clients ``own`` (S, M) with their own estimates
+    ``theta`` (S, M, p) and information ``J`` (S, M, p, p), ``mu_F`` the fixed-effect
+    (generalized least-squares) mean; under homogeneity Q is chi-square with ``(m - 1) p``
+    degrees of freedom (the variances in ``J_i`` are the fleet's, on many degrees of freedom,
+    and taken as known)."""
+    from scipy.stats import chi2
 
-    Clients with their own noise variance (``scaled``) give the fleet's residual variance
-    ``sum rss / sum dof`` and the heterogeneity ``Sigma`` (:func:`heterogeneity`) from their
-    own estimates ``theta_i = J_i^-1 beta_i`` and noise covariances ``J_i^-1``. ``mu`` is the
-    generalized least-squares mean of all clients, weights
+    p = theta.shape[-1]
+    w = own.astype(float)
+    Jw = J * w[..., None, None]
+    mu = np.einsum("spq,sq->sp", np.linalg.pinv(Jw.sum(axis=1), hermitian=True),
+                   np.einsum("smpq,smq->sp", Jw, theta))
+    d = theta - mu[:, None]
+    Q = np.einsum("sm,smp,smpq,smq->s", w, d, J, d)
+    m = w.sum(axis=1)
+    k = (m - 1) * p
+    pv = np.where(m >= 2, chi2.sf(Q, np.maximum(k, 1)), np.nan)
+    return Q, pv
+
+
+def _truncate(Sig, rank: int):
+    """The best rank-``rank`` PSD approximation of symmetric ``Sig`` (S, p, p)."""
+    lam, U = np.linalg.eigh(Sig)
+    # directions below 1e-12 of the largest are 0 (EM shrinks them geometrically to
+    # subnormal numbers, which make every later product slow)
+    lam = np.where(lam > 1e-12 * np.abs(lam).max(axis=-1, keepdims=True), lam, 0.0)
+    lam[..., :Sig.shape[-1] - rank] = 0.0
+    return np.einsum("spk,sk,sqk->spq", U, lam, U)
+
+
+def _em(th, Jw, w, m, Sig, rank: int, iterations: int, tol: float):
+    """The REML EM iteration of :func:`reml` at one rank, and its restricted log-likelihood
+    (up to a constant): ``(Sigma, mu, ll)``."""
+    p = th.shape[-1]
+    eye = np.eye(p)
+    for _ in range(iterations):
+        G = np.linalg.inv(eye + Jw @ Sig[:, None])               # (I + J Sigma)^-1
+        P = Sig[:, None] @ G                                     # posterior covariances
+        W = np.swapaxes(G, -1, -2) @ Jw                          # (Sigma + J^-1)^-1
+        W = (W + np.swapaxes(W, -1, -2)) / 2
+        cov_mu = np.linalg.pinv(W.sum(axis=1), hermitian=True)
+        mu = np.einsum("spq,sq->sp", cov_mu, np.einsum("smpq,smq->sp", W, th))
+        A = P @ Jw
+        delta = np.einsum("smpq,smq->smp", A, th - mu[:, None])
+        new = (np.einsum("sm,smp,smq->spq", w, delta, delta)
+               + np.einsum("sm,smpq->spq", w, P + A @ cov_mu[:, None] @ np.swapaxes(A, -1, -2))
+               ) / m[:, None, None]
+        new = _truncate((new + np.swapaxes(new, -1, -2)) / 2, rank)
+        step = np.abs(new - Sig).max(axis=(1, 2)) / np.maximum(
+            np.abs(Sig).max(axis=(1, 2)), np.finfo(float).tiny)
+        Sig = new
+        if (step < tol).all():
+            break
+    G = np.linalg.inv(eye + Jw @ Sig[:, None])
+    W = np.swapaxes(G, -1, -2) @ Jw
+    W = (W + np.swapaxes(W, -1, -2)) / 2
+    Wsum = W.sum(axis=1)
+    cov_mu = np.linalg.pinv(Wsum, hermitian=True)
+    mu = np.einsum("spq,sq->sp", cov_mu, np.einsum("smpq,smq->sp", W, th))
+    r = th - mu[:, None]
+    ld = np.linalg.slogdet(eye + Jw @ Sig[:, None])[1]            # log|V_i + Sigma| - log|V_i|
+    ll = -0.5 * (np.einsum("sm,sm->s", w, ld) + np.einsum("smp,smpq,smq->s", r, W, r)
+                 + np.linalg.slogdet(Wsum)[1])
+    return Sig, mu, ll
+
+
+def reml(theta, J, own, iterations: int = 200, tol: float = 1e-6, max_rank: int = 4):
+    """Restricted maximum likelihood of a low-rank heterogeneity covariance ``Sigma``
+    (S, p, p), and of the unrestricted one (rank up to p, for the intervals), of the model
+    ``theta_i ~ N(mu, Sigma + J_i^-1)`` over the clients ``own`` (S, M), vectorized over
+    repeats and clients.
+
+    For each rank ``r`` = 1 ... ``min(max_rank, m - 1, p)`` the EM iteration of the linear
+    mixed model with ``mu`` integrated out: every client's posterior
+    ``delta_i = A_i (theta_i - mu)``, ``A_i = Sigma (I + J_i Sigma)^-1 J_i``, and ``Sigma =
+    mean_i (delta_i delta_i' + P_i + A_i Cov(mu) A_i')`` with ``P_i = Sigma (I + J_i
+    Sigma)^-1`` (the last term is what makes it REML), truncated to its top ``r``
+    eigen-directions. The rank (0 included) is chosen by BIC on the restricted likelihood,
+    ``r p - r (r - 1) / 2`` parameters and ``log m``. It works in coordinates scaled by the
+    mean information's diagonal, so targets of very different noise levels keep their
+    accuracy, and starts from the moment estimate ``C - mean V_i`` (PSD part) plus the mean
+    ``V_i``. Returns ``(Sigma, Sigma_full)``."""
+    S, M, p = theta.shape
+    w = own.astype(float)
+    m = np.maximum(w.sum(axis=1), 1.0)
+    Jbar = np.einsum("sm,smpq->spq", w, J) / m[:, None, None]
+    dg = np.sqrt(np.maximum(np.diagonal(Jbar, axis1=-2, axis2=-1), np.finfo(float).tiny))
+    Js = J / (dg[:, None, :, None] * dg[:, None, None, :])
+    th = theta * dg[:, None]
+    eye = np.eye(p)
+    V = np.linalg.inv(np.where(own[..., None, None], Js, eye))
+    mean = np.einsum("sm,smp->sp", w, th) / m[:, None]
+    dev = (th - mean[:, None]) * w[..., None]
+    C = np.einsum("smp,smq->spq", dev, dev) / np.maximum(m - 1, 1)[:, None, None]
+    Vbar = np.einsum("sm,smpq->spq", w, V) / m[:, None, None]
+    start = _truncate(C - Vbar, p) + Vbar
+    Jw = Js * w[..., None, None]
+    zero = np.zeros((S, p, p))
+    best, best_ic = zero, -2 * _em(th, Jw, w, m, zero, 0, 0, tol)[2]
+    top = int(min(max_rank, p, max(w.sum(axis=1).min() - 1, 0)))
+    for r in range(1, top + 1):
+        Sig, _, ll = _em(th, Jw, w, m, _truncate(start, r), r, iterations, tol)
+        ic = -2 * ll + (r * p - r * (r - 1) / 2) * np.log(m)
+        better = ic < best_ic
+        best = np.where(better[:, None, None], Sig, best)
+        best_ic = np.where(better, ic, best_ic)
+    full = _em(th, Jw, w, m, start, p, iterations, tol)[0]
+    ok = (w.sum(axis=1) >= 2)[:, None, None]
+    back = dg[:, :, None] * dg[:, None, :]
+    return np.where(ok, best / back, 0.0), np.where(ok, full / back, 0.0)
+
+
+def fleet(msg: Message, blocks) -> Fleet:
+    """The server's part of ``auto`` from the stacked messages (S, M, ...); ``blocks`` the
+    model's :class:`NoiseBlocks` (or ``n_y``: one variance for all targets).
+
+    The fleet's residual variance of each group of targets is ``sum rss / sum dof`` over the
+    clients with their own fit (``own``); every client's information is scaled by it
+    (:func:`_scaled`; with ``Sigma = 0``, ``mu`` is pooled least squares). Those clients give
+    the homogeneity test (:func:`homogeneity`) and, where it rejects at
+    :data:`HOMOGENEITY_LEVEL`, the heterogeneity ``Sigma`` (:func:`reml`) from their own
+    estimates ``theta_i = J_i^-1 beta_i``; where it does not, ``Sigma = 0``. ``mu``
+    is the generalized least-squares mean of all clients, weights
     ``W_i = (Sigma + J_i^-1)^-1 = J_i (I + Sigma J_i)^-1`` (defined for singular ``J_i``:
     a client weighs nothing in the directions its data do not determine).
     """
-    own = msg.scaled
+    own = msg.own
     S, M, p = msg.b.shape
+    rss, dof = msg.rss.reshape(S, M, -1), msg.dof.reshape(S, M, -1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        s2 = np.where(msg.dof.sum(axis=1) > 0, msg.rss.sum(axis=1) / msg.dof.sum(axis=1), 1.0)
-    J, beta = _scaled(msg, s2)
+        s2 = np.where(dof.sum(axis=1) > 0, rss.sum(axis=1) / dof.sum(axis=1), 1.0)   # (S, g)
+    J, beta = _scaled(msg, s2, blocks)
     eye = np.eye(p)
     V = np.linalg.inv(np.where(own[..., None, None], J, eye))   # determined clients only
     theta = np.einsum("...pq,...q->...p", V, np.where(own[..., None], beta, 0.0))
-    Sigma = heterogeneity(theta, V, own)
+    Q, pv = homogeneity(theta, J, own)
+    hetero = pv < HOMOGENEITY_LEVEL
+    Sigma, Sigma_ci = reml(theta, J, own)
+    Sigma = np.where(hetero[:, None, None], Sigma, 0.0)
     W = J @ np.linalg.inv(eye + Sigma[:, None] @ J)             # (S, M, p, p)
     rhs = np.linalg.solve(eye + J @ Sigma[:, None], beta[..., None])[..., 0]
     cov_mu = np.linalg.pinv(W.sum(axis=1), hermitian=True)
     mu = np.einsum("spq,sq->sp", cov_mu, rhs.sum(axis=1))
-    return Fleet(mu, cov_mu, Sigma, s2)
+    return Fleet(mu, cov_mu, Sigma, s2, Sigma_ci, Q, pv)
 
 
-def client_posterior(msg: Message, fl: Fleet) -> tuple[np.ndarray, np.ndarray]:
+def client_posterior(msg: Message, fl: Fleet, blocks) -> tuple[np.ndarray, np.ndarray]:
     """Each client's personalized model and its standard errors (S, M, p), computed from its
     own message and the server's :class:`Fleet` alone.
 
-    ``theta_i = mu + Sigma (I + J_i Sigma)^-1 (beta_i - J_i mu)``, the posterior mean of the
-    random-effects model; its covariance ``Sigma (I + J_i Sigma)^-1`` plus the part of the
-    uncertainty of ``mu`` it carries, ``B_i cov_mu B_i'`` with ``B_i = (I + Sigma J_i)^-1``.
+    ``theta_i = mu + A_i (theta_hat_i - mu)``, ``A_i = Sigma (I + J_i Sigma)^-1 J_i`` (in
+    information form ``mu + Sigma (I + J_i Sigma)^-1 (beta_i - J_i mu)``), the posterior mean
+    of the random-effects model. Its error ``B_i (mu_hat - mu) - B_i delta_i + A_i e_i``
+    (``B_i = I - A_i = (I + Sigma J_i)^-1``) has covariance
+    ``B_i (Sigma_ci + Cov(mu)) B_i' + A_i J_i^-1 A_i'`` when the clients' spread is
+    ``Sigma_ci``: with ``Sigma_ci = Sigma`` that is the posterior covariance
+    ``Sigma (I + J_i Sigma)^-1 + B_i Cov(mu) B_i'``; the intervals take the unrestricted
+    REML ``Sigma_ci`` (:class:`Fleet`), which keeps the directions the rank and the test
+    left out. Computed in coordinates scaled by the diagonal of ``J_i`` (the same numbers,
+    kept accurate where the targets' variances differ by orders of magnitude).
     """
-    J, beta = _scaled(msg, fl.s2)
+    J, beta = _scaled(msg, fl.s2, blocks)
     p = beta.shape[-1]
     eye = np.eye(p)
-    Sig = fl.Sigma[:, None]
-    post = Sig @ np.linalg.inv(eye + J @ Sig)                   # (S, M, p, p)
-    r = beta - np.einsum("smpq,sq->smp", J, fl.mu)
-    theta = fl.mu[:, None] + np.einsum("smpq,smq->smp", post, r)
-    B = np.linalg.inv(eye + Sig @ J)
-    cov = post + B @ fl.cov_mu[:, None] @ np.swapaxes(B, -1, -2)
-    se = np.sqrt(np.maximum(np.diagonal(cov, axis1=-2, axis2=-1), 0.0))
+    dJ = np.diagonal(J, axis1=-2, axis2=-1)
+    dg = np.sqrt(np.where(dJ > 0, dJ, 1.0))                     # (S, M, p)
+    outer = dg[..., :, None] * dg[..., None, :]
+    Js, betas = J / outer, beta / dg
+    Sig = fl.Sigma[:, None] * outer
+    mu = fl.mu[:, None] * dg
+    G = np.linalg.inv(eye + Js @ Sig)
+    post = Sig @ G                                              # (S, M, p, p)
+    r = betas - np.einsum("smpq,smq->smp", Js, mu)
+    theta = (mu + np.einsum("smpq,smq->smp", post, r)) / dg
+    B = np.linalg.inv(eye + Sig @ Js)
+    spread = (fl.Sigma_ci + fl.cov_mu)[:, None] * outer
+    cov = B @ spread @ np.swapaxes(B, -1, -2) + post @ Js @ np.swapaxes(post, -1, -2)
+    se = np.sqrt(np.maximum(np.diagonal(cov, axis1=-2, axis2=-1), 0.0)) / dg
     return theta, se
 
 
-def auto(H, b, yy, n, n_y: int) -> tuple[np.ndarray, np.ndarray, Fleet]:
-    """``personalize=auto`` for all clients at once: (models, se, fleet)."""
-    msg = client_message(H, b, yy, n, n_y)
-    fl = fleet(msg)
-    theta, se = client_posterior(msg, fl)
+def auto(H, b, yy, n, blocks) -> tuple[np.ndarray, np.ndarray, Fleet]:
+    """``personalize=auto`` for all clients at once: (models, se, fleet); ``blocks`` and
+    ``yy`` as in :func:`least_squares_intervals`."""
+    msg = client_message(H, b, yy, n, blocks)
+    fl = fleet(msg, blocks)
+    theta, se = client_posterior(msg, fl, blocks)
     return theta, se, fl
 
 

@@ -17,14 +17,17 @@ import numpy as np
 from fnsysid.dynamics.model import masked_gram, pooled
 from fnsysid.learning import personalize as pers
 from fnsysid.learning.strategies import Centralized, OneShot, determined
+from fnsysid.results.history import DIVERGENCE_FACTOR, GROWTH_FACTOR
 from fnsysid.results.metrics import ParameterErrors
 from fnsysid.results.tables import Table
 
 #: how the intervals are made (written to summary.json)
-CI_METHOD = ("normal quantile; least squares: se = sqrt(s_k^2 diag(H^-1)), one residual "
-             "variance per target (per group of targets a parameter enters together) s_k^2 = "
-             "RSS_k / (n n_k - p_k), on the kept terms of a sparse "
-             "model; personalize=auto: posterior standard deviation (one pooled variance)")
+CI_METHOD = ("estimates and personalize=auto: normal quantile; client_estimates local_lo, "
+             "local_hi: Student's t on n n_k - p_k degrees of freedom; least squares: se = "
+             "sqrt(s_k^2 diag(H^-1)), one residual variance per target (per group of targets a "
+             "parameter enters together) s_k^2 = RSS_k / (n n_k - p_k), on the kept terms of a "
+             "sparse model; personalize=auto: error covariance of the shrinkage estimate under "
+             "the unrestricted REML heterogeneity, one residual variance per target")
 
 
 @dataclass
@@ -47,45 +50,24 @@ class Personal:
     errors: np.ndarray
     truth: np.ndarray
     warning: str | None = None
-
-
-#: personalize=auto's one noise variance is reported wrong when the targets' residual
-#: variances (pooled fit) differ by more than this factor
-VARIANCE_RATIO = 2.0
-
-
-def target_variances(model, s2, dof) -> str | None:
-    """Why ``personalize=auto``'s intervals are not right for these data, or None: it assumes
-    one noise variance for all targets, and the targets' residual variances differ by more
-    than :data:`VARIANCE_RATIO` in a repeat. ``s2``, ``dof``: (S, M, g) residual variances and
-    degrees of freedom of the clients' own least squares per group of targets
-    (:func:`own_intervals`); a target's variance is their pooled one over the clients (what a
-    Flower server can form from what the clients send)."""
-    s2, dof = np.asarray(s2, float), np.asarray(dof, float)
-    blocks = pers.noise_blocks(model.structure)
-    if blocks.g < 2 or s2.shape[-1] < 2:
-        return None
-    use = (dof > 0) & np.isfinite(s2)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        v = (np.where(use, s2 * dof, 0.0).sum(axis=1) /
-             np.where(use, dof, 0.0).sum(axis=1))                        # (S, g)
-        ratio = v.max(axis=-1) / v.min(axis=-1)
-    if not (np.isfinite(v).all() and (ratio > VARIANCE_RATIO).any()):
-        return None
-    names = model.system.target_names
-    first = [", ".join(str(names[j]) for j in np.flatnonzero(blocks.targets == k))
-             for k in range(blocks.g)]
-    s = int(np.argmax(ratio))
-    parts = "; ".join(f"{t}: {x:.3g}" for t, x in zip(first, v[s], strict=True))
-    return (f"personalize=auto assumes one noise variance for all targets, but the targets' "
-            f"residual variances differ up to {ratio[s]:.3g}-fold (repeat {s}: {parts}): its "
-            "se, ci_lo and ci_hi in client_estimates.csv are left empty (local_se is per "
-            "target)")
+    #: degrees of freedom of each local standard error (S, M, p): the residual variance's
+    #: ``n n_k - p_k`` of the parameter's group (for Student's t)
+    local_dof: np.ndarray | None = None
 
 
 def n_targets(model) -> int:
     """Targets per sample (``n_y``): each sample gives that many observations."""
     return int(model.structure.shape[0])
+
+
+def target_stats(model, data):
+    """``(yy, blocks)`` of the statistics ``data`` for :mod:`fnsysid.learning.personalize`:
+    the sums of squares per target with the model's :class:`NoiseBlocks` (one residual
+    variance per group of targets), or their total with ``n_y`` where the data carry no
+    per-target sums."""
+    if data.yy_target is None:
+        return data.yy, n_targets(model)
+    return data.yy_target, pers.noise_blocks(model.structure)
 
 
 def own_intervals(model, data, support=None):
@@ -99,26 +81,97 @@ def own_intervals(model, data, support=None):
                                         pers.noise_blocks(model.structure), support)
 
 
+def per_parameter_dof(model, data, dof) -> np.ndarray:
+    """The degrees of freedom ``dof`` (..., g) of :func:`own_intervals` for each parameter
+    (..., p)."""
+    if data.yy_target is None:
+        return np.broadcast_to(dof, dof.shape[:-1] + (model.p,)).copy()
+    return dof[..., pers.noise_blocks(model.structure).param_block]
+
+
+def t_value(level: float, dof) -> np.ndarray:
+    """Two-sided Student's t quantile of a confidence level on ``dof`` degrees of freedom (NaN
+    where ``dof`` <= 0)."""
+    from scipy.stats import t
+
+    dof = np.asarray(dof, float)
+    with np.errstate(invalid="ignore"):
+        return np.where(dof > 0, t.ppf(0.5 + level / 2, np.maximum(dof, 1.0)), np.nan)
+
+
 def personalized(settings, model, strategy, data) -> Personal | None:
     """The ``personalize`` option's client models (None for ``none``)."""
     option = settings.personalize
     if option.name == "none":
         return None
-    n_y = n_targets(model)
-    local, local_se, s2, dof = own_intervals(model, data)
+    local, local_se, _, dof = own_intervals(model, data)
+    local_dof = per_parameter_dof(model, data, dof)
     warning = None
     if option.name == "auto":
-        models, se, _ = pers.auto(data.H, data.b, data.yy, data.n, n_y)
-        warning = target_variances(model, s2, dof)
-        if warning:                        # intervals known to be wrong are not written
-            se = np.full(models.shape, np.nan)
+        yy, blocks = target_stats(model, data)
+        models, se, _ = pers.auto(data.H, data.b, yy, data.n, blocks)
     else:
-        models = pers.finetune(strategy.optimizer, data, model, strategy.estimate(), option.K,
-                               option.lr, settings.seed)
+        with np.errstate(over="ignore", invalid="ignore"):    # judged by judge_models
+            models = pers.finetune(strategy.optimizer, data, model, strategy.estimate(),
+                                   option.K, option.lr, settings.seed)
         se = np.full(models.shape, np.nan)
-    with np.errstate(invalid="ignore", divide="ignore"):
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         errors = ParameterErrors(data.theta_true)(models)
-    return Personal(option.name, models, se, local, local_se, errors, data.theta_true, warning)
+    return Personal(option.name, models, se, local, local_se, errors, data.theta_true, warning,
+                    local_dof)
+
+
+def _judged(models, errors, start: float, absent_ok: bool) -> dict:
+    """The server's divergence and growth rules applied to one kind of client models
+    ``models`` (S, M, p) with their errors ``errors`` (S, M) (NaN without ground truth):
+    ``diverged`` when a model is not finite (``absent_ok``: NaN is a model the data do not
+    determine, only an infinity counts) or an error is above ``DIVERGENCE_FACTOR * max(1,
+    start)``; ``growing`` above ``GROWTH_FACTOR * max(1, start)``; else ``ok``."""
+    models, errors = np.asarray(models, float), np.asarray(errors, float)
+    bad = np.isinf(models) if absent_ok else ~np.isfinite(models)
+    limit = max(1.0, start)
+    e = np.where(np.isfinite(errors), errors, -np.inf)
+    e = np.where(bad.any(axis=-1) | np.isinf(errors), np.inf, e)
+    worst = np.unravel_index(int(np.argmax(e)), e.shape)
+    out = {"status": "ok", "start": start, "final": float(e[worst]) if np.isfinite(e[worst])
+           else None, "repeat": int(worst[0]), "client": int(worst[1])}
+    if not np.isfinite(e[worst]) and e[worst] > 0 or e[worst] > DIVERGENCE_FACTOR * limit:
+        out.update(status="diverged", factor=DIVERGENCE_FACTOR)
+    elif e[worst] > GROWTH_FACTOR * limit:
+        out.update(status="growing", factor=GROWTH_FACTOR)
+    return out
+
+
+def judge_models(per: Personal, errors) -> dict:
+    """The status of every kind of client model the run reports (``personalized``: the
+    ``personalize`` option's; ``local``: each client's own least squares), by the rules the
+    server's model is judged by (:mod:`fnsysid.results.history`): each a dict with
+    ``status`` (``ok``, ``growing``, ``diverged``), the worst ``final`` error (None where not
+    finite), its ``repeat`` and ``client``, and ``start`` (the largest error at round 0)."""
+    rounds = np.asarray(errors["round"])
+    first = np.asarray(errors["e_max"], float)[rounds == 0]
+    start = float(np.nanmax(first)) if np.isfinite(first).any() else 0.0
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        local_e = ParameterErrors(per.truth)(per.local)
+    return {"personalized": _judged(per.models, per.errors, start, False),
+            "local": _judged(per.local, local_e, start, True)}
+
+
+def judgment_line(kind: str, option: str, j: dict) -> str | None:
+    """The status line of one kind of client model (None where ``ok``)."""
+    if j["status"] == "ok":
+        return None
+    what = {"personalized": f"personalized models (personalize={option})",
+            "local": "the clients' own least squares (local)"}[kind]
+    at = f"repeat {j['repeat']}, client {j['client']}"
+    if j["final"] is None:
+        why = f"a model not finite ({at})"
+    else:
+        why = (f"an error {j['final']:.3g} ({at}) above {j['factor']:g} times max(1, the "
+               f"start {j['start']:.4g})")
+    advice = ("; try a smaller personalize.lr or personalize.K" if kind == "personalized" and
+              option == "finetune" else "")
+    return f"{what} {j['status']}: {why}, not a result (status: {j['status']}){advice}"
 
 
 def server_intervals(strategy, data, model) -> tuple[np.ndarray | None, str]:
@@ -162,9 +215,12 @@ def client_estimates_table(per: Personal, param_names, level: float,
                            labels=None) -> Table:
     """``client_estimates.csv``: one row per (repeat, client, parameter) with the
     personalized ``estimate``, ``se``, ``ci_lo``, ``ci_hi``, the client's own least squares
-    ``local`` with ``local_se``, and ``truth`` (empty where unknown)."""
+    ``local`` with ``local_se`` and its interval ``local_lo``, ``local_hi`` (Student's t on
+    the degrees of freedom of its residual variance), and ``truth`` (empty where unknown)."""
     S, M, p = per.models.shape
     z = pers.z_value(level)
+    tq = (np.full(per.local.shape, np.nan) if per.local_dof is None
+          else t_value(level, per.local_dof))
     client = np.arange(M) if labels is None else np.asarray(labels, dtype=object)
     return Table({
         "repeat": np.repeat(np.arange(S), M * p),
@@ -176,6 +232,8 @@ def client_estimates_table(per: Personal, param_names, level: float,
         "ci_hi": (per.models + z * per.se).ravel(),
         "local": per.local.ravel(),
         "local_se": per.local_se.ravel(),
+        "local_lo": (per.local - tq * per.local_se).ravel(),
+        "local_hi": (per.local + tq * per.local_se).ravel(),
         "truth": per.truth.ravel(),
     })
 
@@ -209,8 +267,12 @@ def personal_summary(settings, errors, ci_note: str | None, per: Personal | None
             last = np.asarray(errors[col], float)[np.asarray(errors["round"]) ==
                                                    np.max(errors["round"])]
             v = last if np.isfinite(last).all() else None
-        out[f"final_{col}_mean"] = None if v is None else float(v.mean())
-        out[f"final_{col}_std"] = None if v is None else float(v.std())
+        if v is None and per is not None and not np.isfinite(per.errors).all() and \
+                np.isfinite(per.truth).all():     # not finite: null, listed in null_values
+            v = np.array([np.inf])
+        with np.errstate(invalid="ignore"):
+            out[f"final_{col}_mean"] = None if v is None else float(v.mean())
+            out[f"final_{col}_std"] = None if v is None else float(v.std())
     out["ci"] = {"level": settings.output.ci_level, "method": CI_METHOD,
                  "estimates": ci_note}
     if per is not None and per.warning:

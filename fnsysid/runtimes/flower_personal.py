@@ -5,9 +5,10 @@ Each client computes its own model on its node from its own data
 (:mod:`fnsysid.learning.personalize`); the server sees only what is sent:
 
 - ``auto``: exchange ``personalize_stats``: each client sends its
-  :class:`~fnsysid.learning.personalize.Message` (``J_i = H_i / s_i^2``, ``beta_i = b_i / s_i^2``,
-  its residual sum of squares and degrees of freedom); the server computes the
-  :class:`~fnsysid.learning.personalize.Fleet` (``mu``, ``cov_mu``, ``Sigma``, ``s2``) and sends it
+  :class:`~fnsysid.learning.personalize.Message` (``H_i``, ``b_i``, its residual sums of
+  squares and degrees of freedom per group of targets, whether its data determine its own
+  model); the server computes the :class:`~fnsysid.learning.personalize.Fleet` (``mu``,
+  ``cov_mu``, ``Sigma``, ``s2``) and sends it
   in exchange ``personalize``, from which each client computes its model;
 - ``finetune``: exchange ``personalize`` with the final server model; each client runs
   ``personalize.K`` local steps on its own data.
@@ -23,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from fnsysid.learning import personalize as pers
-from fnsysid.results.personal import Personal, own_intervals, target_variances
+from fnsysid.results.personal import Personal, own_intervals, per_parameter_dof, target_stats
 
 #: the exchanges of this module (a ClientApp's ``train`` message config ``exchange``)
 EXCHANGES = ("personalize_stats", "personalize")
@@ -32,23 +33,26 @@ EXCHANGES = ("personalize_stats", "personalize")
 def client_reply(node, exchange: str, arrays: dict) -> dict:
     """A client's reply (arrays (S, 1, ...)) to one of :data:`EXCHANGES`, from its own data
     (``node.data``) and the server's message ``arrays``."""
-    d, n_y = node.data, int(node.model.structure.shape[0])
-    msg = pers.client_message(d.H, d.b, d.yy, d.n, n_y)
+    d = node.data
+    yy, blocks = target_stats(node.model, d)
+    msg = pers.client_message(d.H, d.b, yy, d.n, blocks)
     if exchange == "personalize_stats":
-        _, _, s2, dof = own_intervals(node.model, d)           # per group of targets
         return {"H": msg.H, "b": msg.b, "rss": msg.rss, "dof": msg.dof,
-                "scaled": msg.scaled.astype(float), "s2_targets": s2, "dof_targets": dof}
+                "own": msg.own.astype(float)}
     option = node.settings.personalize
     if option.name == "auto":
-        fl = pers.Fleet(arrays["mu"], arrays["cov_mu"], arrays["Sigma"], arrays["s2"])
-        theta, se = pers.client_posterior(msg, fl)
+        nan = np.full(len(arrays["mu"]), np.nan)
+        fl = pers.Fleet(arrays["mu"], arrays["cov_mu"], arrays["Sigma"], arrays["s2"],
+                        arrays["Sigma_ci"], nan, nan)
+        theta, se = pers.client_posterior(msg, fl, blocks)
     else:
         solver = node.clients.solver
         start = np.array(arrays["theta"][:, None, :])
         theta = solver.local_steps(start, option.K, option.lr)
         se = np.full(theta.shape, np.nan)
-    local, local_se, _, _ = own_intervals(node.model, d)
+    local, local_se, _, dof = own_intervals(node.model, d)
     return {"theta": theta, "se": se, "local": local, "local_se": local_se,
+            "local_dof": per_parameter_dof(node.model, d, dof),
             "_e": node.errors(theta[:, 0])}
 
 
@@ -58,16 +62,17 @@ def serve_personalize(ask, settings, strategy, model):
     replies stacked in the clients' order (the Flower runtime's). Returns
     :class:`~fnsysid.results.personal.Personal`."""
     option = settings.personalize.name
-    warning = None
     if option == "auto":
         got = ask("personalize_stats", {})
-        warning = target_variances(model, got["s2_targets"], got["dof_targets"])
+        blocks = pers.noise_blocks(model.structure)       # as the clients grouped them
+        if got["dof"].shape[-1] != blocks.g:              # data without per-target sums
+            blocks = int(model.structure.shape[0])
         fl = pers.fleet(pers.Message(got["H"], got["b"], got["rss"], got["dof"],
-                                     got["scaled"] > 0.5))
+                                     got["own"] > 0.5), blocks)
         out = ask("personalize", {"mu": fl.mu, "cov_mu": fl.cov_mu, "Sigma": fl.Sigma,
-                                  "s2": fl.s2})
+                                  "s2": fl.s2, "Sigma_ci": fl.Sigma_ci})
     else:
         out = ask("personalize", {"theta": strategy.server})
-    se = np.full(out["se"].shape, np.nan) if warning else out["se"]   # known wrong: empty
-    return Personal(option, out["theta"], se, out["local"], out["local_se"],
-                    out["_e"], np.full(out["theta"].shape, np.nan), warning)
+    return Personal(option, out["theta"], out["se"], out["local"], out["local_se"],
+                    out["_e"], np.full(out["theta"].shape, np.nan),
+                    local_dof=out["local_dof"])
