@@ -12,7 +12,9 @@ true parameters (when known) and sends back those numbers.
 Messages (``message_type``):
 
 - ``query``: a client answers with its label and its sample counts ``n`` (S,) (the weights
-  of ``strategy.weighting=samples``);
+  of ``strategy.weighting=samples``), its Gram diagonal ``h``, ``X'y`` ``b`` and its targets'
+  sums of squares ``yy`` (what ``sparsity.scale=unit`` scales the coefficients with,
+  :func:`query_reply`);
 - ``train``: one exchange of the strategy (config ``exchange``, ``round``, ``evaluate``),
   arrays (S, ...) from :meth:`~fnsysid.learning.strategies.Federated.message` (and ``active`` (S,),
   the repeats the client takes part in, when clients are sampled); the reply holds the
