@@ -215,14 +215,16 @@ def test_model_check_advice_follows_the_sparsity_setting():
 def test_a_threshold_that_prunes_every_term_of_a_state_says_so(fleet, caplog):
     file, _, _ = fleet
     caplog.set_level("WARNING", logger="fnsysid")
+    # thresholds in the data's units: 0.5 keeps x1+:x1 and x2+:x2 only (with scale=unit,
+    # x1+:x2 = dt carries all of x1's increment, its scaled coefficient is 1)
     res = run(file, strategy="centralized_exact", sparsity="stlsq",
-              **{"sparsity.threshold": 0.5})            # keeps x1+:x1 and x2+:x2 only
+              **{"sparsity.threshold": 0.5, "sparsity.scale": "data"})
     sp = res.summary["sparsity"]
     assert sp["support_size"] == {"x1+": 1, "x2+": 1} and "empty" not in sp
     assert not [r for r in caplog.records if "pruned every term" in r.getMessage()]
     caplog.clear()
     res = run(file, strategy="centralized_exact", sparsity="stlsq",
-              **{"sparsity.threshold": 100})
+              **{"sparsity.threshold": 100, "sparsity.scale": "data"})
     sp = res.summary["sparsity"]
     assert sp["terms"] == 0 and sp["empty"] == {"x1+": [0], "x2+": [0]}
     assert (res.estimates["estimate"] == 0).all()
@@ -237,7 +239,8 @@ def test_a_threshold_that_prunes_every_term_of_a_state_says_so(fleet, caplog):
 
 def test_summary_counts_the_kept_terms_of_each_repeat():
     res = fnsysid.run(["system=synthetic", "strategy=oneshot", "M=10", "sparsity=stlsq",
-                       "sparsity.threshold=0.15", "output.plot=false", "progress=false"])
+                       "sparsity.threshold=0.15", "sparsity.scale=data", "output.plot=false",
+                       "progress=false"])
     sp, est = res.summary["sparsity"], res.estimates
     per_repeat = [int(v) for v in (est["estimate"] != 0).groupby(est["repeat"]).sum()]
     assert len(set(per_repeat)) > 1 and sp["terms"] == per_repeat     # not their maximum
@@ -254,6 +257,9 @@ def test_summary_counts_the_kept_terms_of_each_repeat():
     (["optimizer.scale_features=zscore"], "sparsity=stlsq with optimizer.scale_features=zscore"),
     (["personalize=auto"], "sparsity=stlsq with personalize=auto: the personalized models are "
                            "fitted on every term"),
+    (["sparsity.alpha=1", "strategy=fedavg"], "sparsity.unbias=true with sparsity.alpha=1.0 "
+                                              "needs a closed-form strategy"),
+    (["sparsity.scale=raw"], "sparsity.scale"),
 ])
 def test_settings_that_cannot_prune_are_refused_in_one_line(extra, words):
     with pytest.raises(fnsysid.ConfigError) as err:
@@ -300,3 +306,112 @@ def test_flower_runtime_sends_the_support_and_matches_inprocess(strategy):
     np.testing.assert_allclose(b.estimates["estimate"], a.estimates["estimate"], rtol=0,
                                atol=1e-10)
     assert ((b.estimates["estimate"] == 0) == (a.estimates["estimate"] == 0)).all()
+
+
+# --- scale-free thresholds, unbias ------------------------------------------------------------
+
+#: a pendulum x+ = (theta + dt omega, omega + dt (-g/l sin theta + torque)), g/l = 9.81 / 0.5
+PEND_GL = 9.81 / 0.5
+PEND_TRUE = {"theta+:theta", "theta+:omega", "omega+:omega", "omega+:torque",
+             "omega+:sin(theta)"}
+
+
+def pendulum_fleet(path, dt=0.01, M=5, N=4, T=200, noise=1e-4, seed=0):
+    """M files (one per client) of N runs of T samples each, columns ``run, timestamp, theta,
+    omega, torque`` (forward Euler, velocity disturbance ``noise``); returns the folder and
+    the pooled samples (Phi of identity + sine: theta, omega, torque, sin of each; Y)."""
+    rng = np.random.default_rng(seed)
+    path.mkdir(parents=True, exist_ok=True)
+    X, Y = [], []
+    for c in range(M):
+        rows = []
+        for j in range(N):
+            x = np.empty((T, 2))
+            x[0] = rng.uniform(-2, 2, 2)
+            u = rng.normal(size=T)
+            for t in range(T - 1):
+                th, om = x[t]
+                x[t + 1] = (th + dt * om,
+                            om + dt * (-PEND_GL * np.sin(th) + u[t]) + noise * rng.normal())
+            rows.append(pd.DataFrame({"run": j, "timestamp": np.arange(T) * dt,
+                                      "theta": x[:, 0], "omega": x[:, 1], "torque": u}))
+            z = np.column_stack([x[:-1], u[:-1]])
+            X.append(np.column_stack([z, np.sin(z)]))
+            Y.append(x[1:])
+        pd.concat(rows).to_csv(path / f"c{c}.csv", index=False)
+    return path, np.concatenate(X), np.concatenate(Y)
+
+
+def run_pendulum(folder, *extra):
+    return fnsysid.run(["system=generic", "data=files", f"data.path={folder}",
+                        "data.states=[theta,omega]", "data.inputs=[torque]", "data.trajectory=run",
+                        "data.time=timestamp", "feature_map=combined", "sparsity=stlsq",
+                        "output.plot=false", "progress=false", *extra])
+
+
+def test_pendulum_at_100_hz_keeps_the_five_true_terms_at_the_default_threshold(tmp_path):
+    folder, _, _ = pendulum_fleet(tmp_path / "pendulum")
+    for strategy in ("fedavg", "centralized_exact"):
+        res = run_pendulum(folder, f"strategy={strategy}")
+        assert kept(res) == PEND_TRUE and res.summary["status"] == "ok"
+        est = res.estimates.set_index("parameter")["estimate"]
+        assert abs(est["theta+:omega"] - 0.01) < 1e-6
+        assert abs(est["omega+:sin(theta)"] + 0.01 * PEND_GL) < 1e-3
+        assert res.summary["sparsity"]["scale"] == "unit"
+    # the same threshold in the data's units cuts theta+:omega = dt (|0.01| ~ 0.01) and the
+    # torque (dt): the default before the scaled threshold
+    data = run_pendulum(folder, "strategy=centralized_exact", "sparsity.scale=data")
+    assert "theta+:omega" not in kept(data) and kept(data) < PEND_TRUE
+
+
+def test_unit_scales_are_the_regressor_rms_over_the_target_beyond_its_largest_term(tmp_path):
+    from fnsysid.learning.sparsity import unit_scales
+
+    ratios = []
+    for dt in (0.01, 0.001):
+        _, X, Y = pendulum_fleet(tmp_path / f"p{dt}", dt=dt, M=2, N=2)
+        theta = np.linalg.lstsq(X, Y, rcond=None)[0].T                    # (2, 6)
+        enters = np.kron(np.eye(2), np.ones(6)).astype(bool)              # (2, 12)
+        w = unit_scales(theta.reshape(-1), np.tile((X ** 2).sum(0), 2),
+                        (X.T @ Y).T.reshape(-1), (Y ** 2).sum(0), enters, np.ones(12, bool))
+        # the reference from the samples: the RMS of each target once its largest term
+        # (the one leaving the least) is taken away
+        rest = [min(np.sum((Y[:, j] - theta[j, k] * X[:, k]) ** 2) for k in range(6))
+                for j in range(2)]
+        ref = np.sqrt((X ** 2).sum(0)[None, :] / np.array(rest)[:, None])  # (2, 6)
+        np.testing.assert_allclose(w.reshape(2, 6), ref, rtol=1e-9)
+        ratios.append(np.abs(theta * ref))
+    # theta+:omega (= dt) carries all of theta's increment: scaled coefficient ~1 at either
+    # sample time; the torque's share of omega's increment does not depend on dt either
+    assert abs(ratios[0][0, 1] - 1) < 0.01 and abs(ratios[1][0, 1] - 1) < 0.01
+    np.testing.assert_allclose(ratios[0][1, 2], ratios[1][1, 2], rtol=0.2)
+    assert ratios[1][1, 2] > 0.05
+
+
+def test_ridge_with_unbias_equals_pysindy_default(fleet):
+    ps = pytest.importorskip("pysindy", reason="the comparison needs the [compare] extra "
+                             "(pip install -e '.[compare]')")
+    file, X, Y = fleet
+    H, b = np.kron(np.eye(2), X.T @ X), (X.T @ Y).T.reshape(-1)
+    for unbias in (True, False):
+        ref = ps.STLSQ(threshold=0.01, alpha=50.0, unbias=unbias).fit(X, Y).coef_
+        coef, support, _ = stlsq(H, b, threshold=0.01, alpha=50.0, unbias=unbias)
+        assert ((ref != 0) == support.reshape(2, -1)).all()
+        np.testing.assert_allclose(coef.reshape(2, -1), ref, rtol=0, atol=1e-8)
+    # through a run: centralized_exact pools the statistics, the ridge shares add up to alpha
+    ref = ps.STLSQ(threshold=0.01, alpha=50.0).fit(X, Y).coef_
+    res = run(file, strategy="centralized_exact", sparsity="stlsq",
+              **{"sparsity.alpha": 50.0, "sparsity.scale": "data"})
+    np.testing.assert_allclose(res.estimates["estimate"].to_numpy(), ref.reshape(-1), rtol=0,
+                               atol=1e-8)
+    assert res.summary["sparsity"]["unbias"] is True
+
+
+def test_unbias_changes_only_the_values_of_the_kept_terms(fleet):
+    file, _, _ = fleet
+    kw = {"sparsity.alpha": 200.0, "sparsity.scale": "data"}
+    a = run(file, strategy="centralized_exact", sparsity="stlsq", **kw)
+    b = run(file, strategy="centralized_exact", sparsity="stlsq", **kw,
+            **{"sparsity.unbias": False})
+    assert kept(a) == kept(b)
+    assert not np.allclose(a.estimates["estimate"], b.estimates["estimate"], rtol=0, atol=1e-6)

@@ -107,6 +107,11 @@ def task(cfg: DictConfig) -> float | None:
               f"{summary['rounds_completed']} of {cfg.R}: rows so far in {out} (status: "
               "interrupted)", file=sys.stderr)
         sys.exit(1 if signum is None else interrupt.exit_code(signum))   # 1: a node failed
+    if summary["status"] == "ill_conditioned":
+        log.error("the estimate is not meaningful (status: ill_conditioned): rows in %s", out)
+        if hc.mode == RunMode.RUN:
+            sys.exit(3)
+        return None
     if summary["status"] not in ("ok", "growing"):
         states = summary.get("repeat_status") or []
         gone = [s for s, st in enumerate(states) if st == "diverged"]

@@ -321,6 +321,9 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
             line = verdict(check)
             if line:
                 log.warning(line)
+    if data is not None and diverged is None and failure is None \
+            and type(strategy).__name__ != "Local":
+        conditioning(summary, data, None if sparsity is None else sparsity.support)
     signum = interrupt.requested()
     if failure is not None and diverged is None:
         summary.pop("growth", None)          # judged on the rows of a run that did not end
@@ -331,6 +334,29 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
         summary["interrupted_by"] = signal.Signals(signum).name
     return Result(tables, summary, model, strategy.estimate(), dataset, diverged, settings,
                   None if per is None else per.models, None if per is None else per.se)
+
+
+def conditioning(summary: dict, data, support) -> None:
+    """The pooled Gram's condition number in ``summary["conditioning"]`` (per repeat, on the
+    kept terms; :func:`fnsysid.results.metrics.gram_condition`). When some repeat's reaches
+    1 / machine epsilon its estimate keeps no correct digit: a warning, and the status
+    ``ill_conditioned`` instead of ``ok`` (exit code 3 from the command line)."""
+    from fnsysid.results.metrics import COND_LIMIT, gram_condition
+
+    cond = gram_condition(data.H, support)
+    bad = [s for s, c in enumerate(cond) if not c < COND_LIMIT and not np.isnan(c)]
+    summary["conditioning"] = {"cond": [float(c) for c in cond], "limit": COND_LIMIT}
+    if not bad:
+        return
+    summary["conditioning"]["repeats"] = bad
+    worst = float(np.nanmax(cond))
+    log.warning("the pooled Gram matrix has condition number %.3g (repeat%s %s), at or above "
+                "1/eps = %.3g: the estimate keeps no correct digit (status: ill_conditioned); "
+                "check the data for trajectories that escape or features that repeat each "
+                "other", worst, "s" if len(bad) > 1 else "", ", ".join(map(str, bad[:10])),
+                COND_LIMIT)
+    if summary["status"] == "ok":
+        summary["status"] = "ill_conditioned"
 
 
 def _labels(left: np.ndarray, clients) -> list[str]:

@@ -137,6 +137,11 @@ def check_sparsity(s: Settings) -> None:
         raise ConfigError(f"sparsity.alpha={sp.alpha} is not allowed with runtime=flower: a "
                           "client's share of the ridge needs every client's sample count; "
                           "allowed: sparsity.alpha=0 (or runtime=inprocess)")
+    if not closed and sp.alpha and sp.unbias:
+        raise ConfigError(f"sparsity.unbias=true with sparsity.alpha={sp.alpha} needs a "
+                          "closed-form strategy: the final ridge-free refit is a solve on the "
+                          "kept terms; allowed: sparsity.unbias=false, sparsity.alpha=0, or "
+                          "strategy=oneshot or centralized_exact")
     if not closed and sp.every > s.R:
         raise ConfigError(f"sparsity.every={sp.every} is not allowed with R={s.R}: no round "
                           f"would prune; allowed: an integer from 1 to R ({s.R})")

@@ -496,7 +496,12 @@ class Stlsq(Section):
 
     name: Literal["stlsq"]
     threshold: PosReal
+    #: what the threshold is compared with: ``unit`` the coefficients of features and
+    #: targets scaled to unit size (from the summed statistics), ``data`` the raw coefficients
+    scale: Literal["unit", "data"]
     alpha: NonNegReal
+    #: refit the kept terms without the ridge after the support is chosen (PySINDy's unbias)
+    unbias: bool
     every: PosInt
     max_iter: PosInt
 

@@ -1,9 +1,13 @@
 """Sparse identification (the ``sparsity`` config group): which terms of the library to keep.
 
 ``sparsity=stlsq`` is sequentially thresholded least squares (Brunton, Proctor, Kutz 2016), as
-PySINDy's ``STLSQ(threshold, alpha)`` on unnormalized columns: fit, set every coefficient whose
-magnitude is below ``threshold`` (in the data's units) to zero, refit on the terms that are
-left, and repeat until the set of terms (the *support*) stops changing. The support is kept
+PySINDy's ``STLSQ(threshold, alpha)``: fit, set every coefficient whose magnitude is below
+``threshold`` to zero, refit on the terms that are left, and repeat until the set of terms (the
+*support*) stops changing. With ``scale=unit`` (the default) the magnitude compared is the
+coefficient of features and targets scaled to unit size (:func:`unit_scales`, from the
+clients' summed statistics); with ``scale=data`` it is the raw coefficient (PySINDy on
+unnormalized columns). With ``alpha`` > 0 and ``unbias`` the kept terms are refitted without
+the ridge once the support is stable (PySINDy's ``unbias=True``). The support is kept
 per repeat and per coefficient, (S, p); for the dense models of a feature library each state's
 row of ``Theta`` has its own terms.
 
@@ -50,18 +54,50 @@ def restricted_solution(H: np.ndarray, b: np.ndarray, support: np.ndarray,
     return least_squares(masked_gram(A, m), b * m) * m
 
 
+def unit_scales(theta: np.ndarray, h: np.ndarray, b: np.ndarray, yy: np.ndarray,
+                enters: np.ndarray, support: np.ndarray) -> np.ndarray:
+    """Factors ``w`` (..., p) that make ``w * theta`` the coefficients of features and targets
+    scaled to unit size (docs/ALGORITHMS.md, "Scale-free term selection").
+
+    ``w_k = sqrt(h_k / r_k)``: ``h_k`` the summed square of coefficient k's regressor (the
+    diagonal of the Gram matrix), ``r_k`` the smallest, over the kept coefficients ``k'`` that
+    share a target with k, of ``||y - theta_k' x_k'||^2`` on the targets of ``k'`` (what the
+    target does besides its largest term: for ``x+ = x + dt f`` the increment ``dt f``, so the
+    scale does not depend on the sample time). ``r`` is at least ``1e-12`` of the targets' sum
+    of squares (round-off of the expanded square); a target with sum of squares 0 keeps the
+    raw coefficient (``w = 1``).
+
+    Parameters
+    ----------
+    theta : (..., p) current coefficients; h, b : (..., p) the Gram diagonal and ``X'y``
+        summed over the clients; yy : (..., n_y) each target's summed squares;
+    enters : (n_y, p) bool, which targets each coefficient enters; support : (..., p) bool.
+    """
+    YY = yy @ enters.astype(float)                                   # (..., p)
+    r = np.maximum(YY - 2 * theta * b + theta ** 2 * h, 1e-12 * YY)
+    share = (enters.T.astype(float) @ enters.astype(float)) > 0      # (p, p)
+    allowed = share & np.asarray(support, bool)[..., None, :]
+    rmin = np.where(allowed, r[..., None, :], np.inf).min(axis=-1)   # (..., p)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.sqrt(h / rmin)
+    w = np.where(np.isfinite(w), w, 0.0)
+    return np.where(YY > 0, w, 1.0)
+
+
 def stlsq(H: np.ndarray, b: np.ndarray, threshold: float, alpha: float = 0.0,
-          max_iter: int = 20, support: np.ndarray | None = None):
+          max_iter: int = 20, support: np.ndarray | None = None, unbias: bool = True):
     """Sequentially thresholded least squares from sufficient statistics.
 
     Parameters
     ----------
     H, b : (..., p, p), (..., p) statistics (``X'X`` and ``X'y`` for a least-squares
         problem ``||y - X theta||^2``), any leading axes (repeats, clients).
-    threshold : coefficients with ``|theta| < threshold`` are set to 0.
+    threshold : coefficients with ``|theta| < threshold`` are set to 0 (data units).
     alpha : ridge weight (``||y - X theta||^2 + alpha ||theta||^2``).
     max_iter : most refits.
     support : (..., p) terms allowed at the start (default all).
+    unbias : with ``alpha`` > 0, refit the final support without the ridge (PySINDy's
+        ``unbias=True``).
 
     Returns
     -------
@@ -77,13 +113,17 @@ def stlsq(H: np.ndarray, b: np.ndarray, threshold: float, alpha: float = 0.0,
     """
     support = np.ones(b.shape, bool) if support is None else np.array(support, bool)
     theta = restricted_solution(H, b, support, alpha)
-    for k in range(1, max_iter + 1):
+    k = max_iter
+    for i in range(1, max_iter + 1):
         new = support & (np.abs(theta) >= threshold)
         if np.array_equal(new, support):
-            return theta, support, k
+            k = i
+            break
         support = new
         theta = restricted_solution(H, b, support, alpha)
-    return theta, support, max_iter
+    if alpha and unbias:
+        theta = restricted_solution(H, b, support)
+    return theta, support, k
 
 
 def restrict_data(data: ClientData, support: np.ndarray, alpha: float = 0.0) -> ClientData:
@@ -103,18 +143,24 @@ class STLSQ:
 
     Parameters
     ----------
-    threshold : float > 0, in the coefficients' own units.
+    threshold : float > 0, compared with the scaled coefficients (``scale``).
+    scale : ``unit`` (coefficients of features and targets scaled to unit size,
+        :func:`unit_scales`) or ``data`` (the coefficients' own units).
     alpha : ridge weight >= 0 (0: plain least squares, PySINDy's ``alpha=0``).
+    unbias : with ``alpha`` > 0, the closed-form strategies refit the final support without
+        the ridge (PySINDy's ``unbias=True``).
     every : the iterative strategies prune every this many rounds.
     max_iter : most refits of the closed-form loop.
     """
 
     name = "stlsq"
 
-    def __init__(self, threshold: float = 0.01, alpha: float = 0.0, every: int = 10,
-                 max_iter: int = 20):
+    def __init__(self, threshold: float = 0.01, scale: str = "unit", alpha: float = 0.0,
+                 unbias: bool = True, every: int = 10, max_iter: int = 20):
         self.threshold, self.alpha = float(threshold), float(alpha)
+        self.scale, self.unbias = str(scale), bool(unbias)
         self.every, self.max_iter = int(every), int(max_iter)
+        self.stats = None            # (h, b, yy, enters) for scale=unit
         self.support: np.ndarray | None = None
         self.prunes: list[int] = []          # rounds at which the support changed
         self.refits = 0
@@ -130,6 +176,8 @@ class STLSQ:
         S, p = strategy.server.shape
         self.support = np.ones((S, p), bool)
         self.closed = self._closed_form(strategy)
+        self.set_stats(np.diagonal(data.H, axis1=-2, axis2=-1).sum(axis=1), data.b.sum(axis=1),
+                       data.yy_target.sum(axis=1), model)
         if self.alpha:
             self._setup(strategy, strategy.server)
         if self.closed:
@@ -137,6 +185,22 @@ class STLSQ:
                 if not self._prune(strategy):
                     break
                 self.refits += 1
+            if self.alpha and self.unbias:
+                self._setup(strategy, strategy.server, alpha=0.0)
+
+    def set_stats(self, h: np.ndarray, b: np.ndarray, yy: np.ndarray, model) -> None:
+        """The summed statistics the scaled coefficients need (``scale=unit``): the Gram
+        diagonal and ``X'y`` (S, p), each target's sum of squares (S, n_y)."""
+        enters = np.abs(model.structure).sum(axis=1) > 0                 # (n_y, p)
+        self.stats = (h, b, yy, enters)
+
+    def keep(self, theta: np.ndarray) -> np.ndarray:
+        """The support after thresholding ``theta`` (S, p) (the scaled coefficients with
+        ``scale=unit``)."""
+        if self.scale == "unit":
+            h, b, yy, enters = self.stats
+            theta = theta * unit_scales(theta, h, b, yy, enters, self.support)
+        return self.support & (np.abs(theta) >= self.threshold)
 
     @staticmethod
     def _closed_form(strategy) -> bool:
@@ -155,25 +219,30 @@ class STLSQ:
         return changed
 
     def _prune(self, strategy) -> bool:
-        new = self.support & (np.abs(strategy.server) >= self.threshold)
+        new = self.keep(strategy.server)
         if np.array_equal(new, self.support):
             return False
         self.support = new
         self._setup(strategy, strategy.server * new)
         return True
 
-    def _setup(self, strategy, theta0) -> None:
+    def _setup(self, strategy, theta0, alpha: float | None = None) -> None:
         data, model, optimizer, K, lr, seed = self._ctx
         optimizer.support = self.support[:, None, :]
-        strategy.setup(np.array(theta0), restrict_data(data, self.support, self.alpha), model,
+        alpha = self.alpha if alpha is None else alpha
+        strategy.setup(np.array(theta0), restrict_data(data, self.support, alpha), model,
                        optimizer, K, lr, seed)
         strategy.server = strategy.server * self.support
 
     # --- on a federated runtime: the server alone, the clients apply the support ----------
-    def start_server(self, strategy) -> None:
-        """Flower's server after ``strategy.setup_server``: every term kept."""
+    def start_server(self, strategy, stats: dict, model) -> None:
+        """Flower's server after ``strategy.setup_server``: every term kept; ``stats`` the
+        clients' ``query`` replies (S, M, ...) with their Gram diagonals ``h``, ``X'y`` ``b``
+        and targets' sums of squares ``yy``, summed here as in process."""
         self.support = np.ones(strategy.server.shape, bool)
         self.closed = False
+        self.set_stats(stats["h"].sum(axis=1), stats["b"].sum(axis=1), stats["yy"].sum(axis=1),
+                       model)
 
     def server_round(self, strategy, r: int, n, seed: int) -> bool:
         """After round ``r`` on the server: prune when due; on a new support the server
@@ -182,7 +251,7 @@ class STLSQ:
         strategy.server = strategy.server * self.support
         if r % self.every:
             return False
-        new = self.support & (np.abs(strategy.server) >= self.threshold)
+        new = self.keep(strategy.server)
         if np.array_equal(new, self.support):
             return False
         self.support = new
@@ -202,7 +271,8 @@ class STLSQ:
         only when there are some), the rounds at which the support changed."""
         sizes = support_sizes(model, self.support)
         terms = [int(v) for v in self.support.sum(axis=-1)]
-        out = {"method": self.name, "threshold": self.threshold, "alpha": self.alpha,
+        out = {"method": self.name, "threshold": self.threshold, "scale": self.scale,
+               "alpha": self.alpha, "unbias": self.unbias,
                "support_size": {k: _one(v) for k, v in sizes.items()},
                "terms": _one(terms), "of": int(self.support.shape[-1])}
         empty = {k: [s for s, c in enumerate(v) if c == 0] for k, v in sizes.items()

@@ -342,3 +342,32 @@ def over_clients(v: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarr
         vmax = np.where(valid, v, -np.inf).max(axis=1)
         vmean = np.where(valid, v, 0.0).sum(axis=1) / np.maximum(k, 1)
     return np.where(k > 0, vmax, np.nan), np.where(k > 0, vmean, np.nan)
+
+
+#: a solve whose (equilibrated) Gram condition number reaches 1 / machine epsilon keeps no
+#: correct digit: its relative error bound ``cond * eps`` is 1 or more
+COND_LIMIT = 1.0 / np.finfo(float).eps
+
+
+def gram_condition(H: np.ndarray, support: np.ndarray | None = None) -> np.ndarray:
+    """The condition number (S,) of each repeat's pooled Gram matrix ``H`` (S, M, p, p) summed
+    over the clients, on the coefficients of ``support`` (S, p) (all by default) whose
+    regressor is not identically 0: the matrix the closed-form solves invert (``pinv``, which
+    drops the directions below ``1e-15`` of the largest eigenvalue). ``inf`` when singular or
+    not finite, NaN when no coefficient is left."""
+    G = np.asarray(H, float).sum(axis=1)                               # (S, p, p)
+    S, p = G.shape[:2]
+    keep = np.ones((S, p), bool) if support is None else np.asarray(support, bool)
+    d = np.diagonal(G, axis1=-2, axis2=-1)
+    out = np.full(S, np.nan)
+    for s in range(S):                                                 # repeats, not clients
+        use = keep[s] & (d[s] > 0) & np.isfinite(d[s])
+        if not use.any():
+            continue
+        g = G[s][np.ix_(use, use)]
+        if not np.isfinite(g).all():
+            out[s] = np.inf
+            continue
+        ev = np.linalg.eigvalsh(g)
+        out[s] = ev[-1] / ev[0] if ev[0] > 0 else np.inf
+    return out

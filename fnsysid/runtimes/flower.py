@@ -12,7 +12,9 @@ true parameters (when known) and sends back those numbers.
 Messages (``message_type``):
 
 - ``query``: a client answers with its label and its sample counts ``n`` (S,) (the weights
-  of ``strategy.weighting=samples``);
+  of ``strategy.weighting=samples``), its Gram diagonal ``h``, ``X'y`` ``b`` and its targets'
+  sums of squares ``yy`` (what ``sparsity.scale=unit`` scales the coefficients with,
+  :func:`query_reply`);
 - ``train``: one exchange of the strategy (config ``exchange``, ``round``, ``evaluate``),
   arrays (S, ...) from :meth:`~fnsysid.learning.strategies.Federated.message` (and ``active`` (S,),
   the repeats the client takes part in, when clients are sampled); the reply holds the
@@ -289,6 +291,14 @@ def node_identity(context: Context) -> tuple[int | None, str | None, str | None]
             None if truth is None else str(truth))
 
 
+def query_reply(data) -> dict[str, np.ndarray]:
+    """A node's answer to the first ``query``: its sample counts and the summed statistics
+    ``sparsity=stlsq`` scales its threshold with (Gram diagonal ``h``, ``X'y`` ``b``, each
+    target's sum of squares ``yy``), each (S, 1, ...)."""
+    return {"n": data.n, "h": np.diagonal(data.H, axis1=-2, axis2=-1), "b": data.b,
+            "yy": data.yy_target}
+
+
 def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
     """A ClientApp whose messages are answered by the :class:`ClientNode` that ``node``
     gives for a node's context (built by the caller, once per client)."""
@@ -298,7 +308,7 @@ def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
     def query(msg: Message, context: Context) -> Message:
         me = node(context)
         return Message(RecordDict({"info": ConfigRecord({"client": me.label}),
-                                   "arrays": to_record({"n": me.data.n}, True)}),
+                                   "arrays": to_record(query_reply(me.data), True)}),
                        reply_to=msg)
 
     @app.train()
@@ -457,12 +467,13 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
         raise FlowerError(f"two nodes hold the same client: {sorted(labels)}")
     order = np.argsort(client_order(settings, labels), kind="stable")
     nodes, labels = [nodes[i] for i in order], [labels[i] for i in order]
-    n = stacked([info[i] for i in order])["n"]
+    stats = stacked([info[i] for i in order])
+    n = stats["n"]
     theta0 = initial_model(model, None, settings.system.init, repeats=n.shape[0])
     strategy.setup_server(theta0, n, settings.seed)
     sparsity = getattr(strategy, "sparsity", None)      # sparsity=stlsq: the server prunes
     if sparsity is not None:
-        sparsity.start_server(strategy)
+        sparsity.start_server(strategy, stats, model)
     names = dict(zip(nodes, labels, strict=True))
 
     hist = History(per_client=[] if keep_clients else None)
