@@ -72,7 +72,7 @@ def test_correlation_sums_equal_direct_sums():
             j = k + 1
             want = sum(e[t] * e[t - j] * zs[t - j] - sig * (g[t] @ Hp @ g[t - j]) * zs[t - j]
                        for t in range(j, 12))
-            wvar = sig * sum((e[t - j] * zs[t - j]) ** 2 for t in range(j, 12))
+            wvar = sum((e[t] * e[t - j] * zs[t - j]) ** 2 for t in range(j, 12))
         np.testing.assert_allclose(num[0, 0, i], want, rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(var[0, 0, i], wvar, rtol=1e-10)
     # every kind at every lag: ee 1..2, and 4 kinds x 2 variables x lags 0..2
@@ -101,7 +101,7 @@ def test_the_statistics_are_standard_normal_under_the_right_model():
 @pytest.fixture(scope="module")
 def duffing_runs(tmp_path_factory):
     """Two finished runs of a Duffing fleet (degree 3 holds the truth, degree 1 does not)."""
-    from test_sparsity import duffing_fleet, run
+    from test_sparsity import duffing_fleet
 
     root = tmp_path_factory.mktemp("compare")
     file, _, _ = duffing_fleet(root, M=4)

@@ -205,8 +205,9 @@ def correlation_sums(E, w, G, A, Z, sigma2, s2_train, dof_train, lags: int = LAG
             ga = np.einsum("smjtp,smjtp->smjt", G[..., j:, :], A[..., :-j, :]) * w[..., j:]
             bias = np.einsum("smjt,smjtz->smz", ga, Zw[..., :-j, :])
             num3 = np.einsum("smjt,smjtz->smz", nowj, ezp) - sigma2[..., None] * bias
-            var3 = sig[..., 0] * np.einsum("smjtz,smjtz->smz", ezp * w[..., j:, None],
-                                           ezp)
+            # the sum of the squared terms: the variance of a sum of martingale differences,
+            # robust to a noise whose variance changes with the state
+            var3 = np.einsum("smjt,smjtz->smz", nowj * nowj, ezp * ezp)
             for v in range(Z.shape[-1]):
                 add(num3[..., v], var3[..., v], "e(ez)", v, k)
     return np.stack(nums, -1), np.stack(vars_, -1), names
