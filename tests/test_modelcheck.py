@@ -169,3 +169,45 @@ def test_model_check_can_be_switched_off(duffing_runs):
     assert "model_check" not in res.summary
     with pytest.raises(fnsysid.ConfigError, match="output.model_check"):
         run(file, **{"output.model_check": "maybe"})
+
+
+def fleets_script():
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "model_check_fleets.py"
+    spec = importlib.util.spec_from_file_location("model_check_fleets", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_cartpole_linear_library_is_flagged_and_ranks_below_the_richer_ones(tmp_path):
+    # CartPole-v1's equations (gymnasium's constants, Euler tau = 0.02), six clients whose
+    # pole mass and length differ by up to 5 %, process noise 0.02 on both velocities
+    F = fleets_script()
+    table, states, inputs = F.cartpole(0)
+    out = {lib: F.run(table, states, inputs, over, tmp_path).summary
+           for lib, over in F.LIBRARIES["cartpole"].items()}
+    linear = out.pop("affine")
+    assert linear["model_check"]["ok"] is False
+    assert linear["model_check"]["verdict"] in ("missing terms", "free run fails")
+    for summary in out.values():
+        assert summary["final_nrmse_sim_mean"] < 0.5 * linear["final_nrmse_sim_mean"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fleet", ["duffing", "pendulum", "lotka_volterra"])
+def test_a_library_that_holds_the_truth_is_not_missing_terms(tmp_path, fleet):
+    # five seeds here; scripts/model_check_fleets.py runs twenty (docs/ALGORITHMS.md)
+    F = fleets_script()
+    verdicts = []
+    for seed in range(5):
+        table, states, inputs = F.FLEETS[fleet](seed)
+        folder = tmp_path / str(seed)
+        folder.mkdir()
+        check = F.run(table, states, inputs, F.LIBRARIES[fleet][F.TRUTH[fleet]],
+                      folder).summary["model_check"]
+        verdicts.append(check["verdict"])
+    assert sum(v in ("ok", "overfit") for v in verdicts) >= 4, verdicts
