@@ -40,12 +40,12 @@ def ar_clients(C, n_tr=40, n_ho=60, a=0.8, sigma=0.5, seed=0):
     s2 = (E ** 2).sum(-1)[None] / (1 + h).sum(axis=(-2, -1))
     dof = np.full((1, C), n_tr - 2)
     s2_tr = (((Y - np.einsum("ctk,ck->ct", Phi, theta)) ** 2).sum(-1) / (n_tr - 2))[None]
-    return E[None, :, None], w, G, A, Z, s2, H, s2_tr, dof
+    return E[None, :, None], w, G, A, Z, s2, H, s2_tr, dof, Hp
 
 
 def test_correlation_sums_equal_direct_sums():
-    E, w, G, A, Z, s2, H, s2_tr, dof = ar_clients(3, n_ho=12, seed=1)
-    num, var, names = correlation_sums(E, w, G, A, Z, s2, s2_tr, dof, lags=2)
+    E, w, G, A, Z, s2, H, s2_tr, dof, Hp = ar_clients(3, n_ho=12, seed=1)
+    num, var, names = correlation_sums(E, w, G, A, Hp[None], Z, s2, s2_tr, dof, lags=2)
     e, z, g = E[0, 0, 0], Z[0, 0, 0], G[0, 0, 0]
     Hp = np.linalg.inv(H[0])
     sig, st = s2[0, 0], s2_tr[0, 0]
@@ -85,8 +85,8 @@ def test_the_statistics_are_standard_normal_under_the_right_model():
     # estimation error's share c' H^+ c in the variance, phi_{x e} at lag 0 would have
     # variance well below 1 (the fit is orthogonal to x in its training data, not held out)
     # and the ee bias would shift the mean
-    E, w, G, A, Z, s2, H, s2_tr, dof = ar_clients(4000, n_tr=40, n_ho=30, seed=2)
-    num, var, names = correlation_sums(E, w, G, A, Z, s2, s2_tr, dof, lags=3)
+    E, w, G, A, Z, s2, H, s2_tr, dof, Hp = ar_clients(4000, n_tr=40, n_ho=30, seed=2)
+    num, var, names = correlation_sums(E, w, G, A, Hp[None], Z, s2, s2_tr, dof, lags=3)
     z = num / np.sqrt(var)
     for i, name in enumerate(names):
         assert abs(z[0, :, i].mean()) < 0.1, name

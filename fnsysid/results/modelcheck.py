@@ -34,7 +34,7 @@ docs/ALGORITHMS.md, "Model check"):
   observed free run is worse than every replicate happens with probability
   ``1 / (REPLICATES + 1)`` under the right class (a Monte Carlo test); the fleet fails when
   the number of such clients is improbable under that binomial law (level :data:`LEVEL`).
-  At most :data:`MC_CLIENTS` clients of a repeat are rolled out.
+  At most :data:`CHECK_CLIENTS` clients of a repeat are rolled out.
 
 ``ok`` is True when no test rejects (overfit clients do not make it False), False when one
 does, None when nothing could be checked (short held-out trajectories). ``verdict``: ``ok``,
@@ -74,8 +74,9 @@ REPLICATES = 19
 #: free-run NRMSE of the best constant predictor (the held-out mean of each state): a
 #: median free run above it that noisy runs of the fit itself do not reach fails
 CONSTANT = 1.0
-#: most clients of a repeat rolled out for the free-run test
-MC_CLIENTS = 2000
+#: most clients checked (the first ones with enough held-out data; the pooled tests have
+#: ample power with them, and the check's cost stays that of a few thousand clients)
+CHECK_CLIENTS = 2000
 #: residuals below this share of the target's spread are exact (round-off)
 EXACT = 1e-9
 #: kinds of correlation test, with the lags they take
@@ -121,11 +122,12 @@ def _lag(a: np.ndarray, k: int) -> tuple[np.ndarray, slice]:
     return (a if k == 0 else a[..., :-k]), slice(k, None)
 
 
-def correlation_sums(E, w, G, A, Z, sigma2, s2_train, dof_train, lags: int = LAGS):
+def correlation_sums(E, w, G, A, Hplus, Z, sigma2, s2_train, dof_train, lags: int = LAGS):
     """Per-client sums of the correlation tests of one target.
 
     ``E`` (S, m, J, T) held-out residuals, ``w`` (S, m, J, T) 0/1 where a transition exists,
-    ``G`` (S, m, J, T, p) each residual's gradient in the parameters, ``A`` = ``G H^+``,
+    ``G`` (S, m, J, T, p) each residual's gradient in the parameters, ``A`` = ``G H^+``
+    (``Hplus`` (S, m, p, p) the pseudo-inverse of the training Gram matrix),
     ``Z`` (S, m, J, T, n_z) the variables (states and inputs at the transition's start),
     ``sigma2`` (S, m) the residual variance on the held-out data, ``s2_train`` and
     ``dof_train`` (S, m) the training residual variance and its degrees of freedom. Returns
@@ -164,8 +166,8 @@ def correlation_sums(E, w, G, A, Z, sigma2, s2_train, dof_train, lags: int = LAG
         if k >= E.shape[-1]:
             break
         past, now = _lag(e, k)[0], e[..., k:]
-        bias = np.einsum("smjtp,smjtp->sm", G[..., k:, :] * w[..., k:, None],
-                         A[..., :-k, :] * w[..., :-k, None])
+        bias = ((G[..., k:, :] * A[..., :-k, :]).sum(axis=-1) * w[..., k:] * w[..., :-k]
+                ).sum(axis=(-2, -1))
         ww = w[..., k:] * w[..., :-k]
         # the noise's share and the estimation error's (sum_t h_t + h_{t-k})
         spread = (ww * (1 + h[..., k:] + h[..., :-k])).sum(axis=(-2, -1))
@@ -178,22 +180,17 @@ def correlation_sums(E, w, G, A, Z, sigma2, s2_train, dof_train, lags: int = LAG
         zp = Zw if k == 0 else Zw[..., :-k, :]               # z at t - k
         z2p = Z2 if k == 0 else Z2[..., :-k, :]
         en, e2n, wn = e[..., sl], e2[..., sl], w[..., sl]
-        Gn = G[..., sl, :] * wn[..., None]
-        c = np.einsum("smjtp,smjtz->smzp", Gn, zp)          # sum_t g_t z_{t-k}
-        c2 = np.einsum("smjtp,smjtz->smzp", Gn, z2p)
-        Hc = np.einsum("smjtp,smjtz->smzp", A[..., sl, :] * wn[..., None], zp)
-        Hc2 = np.einsum("smjtp,smjtz->smzp", A[..., sl, :] * wn[..., None], z2p)
-        # c' H^+ c from A = G H^+: (sum_t a_t z)' (sum_s g_s z) = c' H^+ c (H^+ symmetric)
-        q = np.einsum("smzp,smzp->smz", Hc, c)
-        q2 = np.einsum("smzp,smzp->smz", Hc2, c2)
-        num = np.einsum("smjt,smjtz->smz", en, zp)
-        var = sig[..., 0] * (np.einsum("smjtz,smjtz->smz", zp, zp) + q)
-        num2 = np.einsum("smjt,smjtz->smz", en, z2p)
-        var2 = sig[..., 0] * (np.einsum("smjtz,smjtz->smz", z2p, z2p) + q2)
-        num22 = np.einsum("smjt,smjtz->smz", e2n, z2p)
-        lz = np.einsum("smjt,smjtz->smz", (1 + h[..., sl]) * wn, z2p)
-        var22 = v_e2[..., None] * np.einsum("smjtz,smjtz->smz", z2p, z2p) + \
-            v_s2[..., None] * lz ** 2
+        nz = zp.shape[-1]
+        Zs = np.concatenate([zp, z2p], axis=-1)               # z and z^2 at t - k
+        C = _tdot(G[..., sl, :] * wn[..., None], Zs)          # sum_t g_t z_{t-k}, (S, m, p, .)
+        q = (C * (Hplus @ C)).sum(axis=-2)                    # c' H^+ c
+        L = _tdot(np.stack([en, e2n, (1 + h[..., sl]) * wn], axis=-1), Zs)   # (S, m, 3, .)
+        zz = (Zs * Zs).sum(axis=(2, 3))
+        num, num2 = L[:, :, 0, :nz], L[:, :, 0, nz:]
+        var = sig[..., 0] * (zz[..., :nz] + q[..., :nz])
+        var2 = sig[..., 0] * (zz[..., nz:] + q[..., nz:])
+        num22, lz = L[:, :, 1, nz:], L[:, :, 2, nz:]
+        var22 = v_e2[..., None] * zz[..., nz:] + v_s2[..., None] * lz ** 2
         for v in range(Z.shape[-1]):
             add(num[..., v], var[..., v], "ze", v, k)
             add(num2[..., v], var2[..., v], "z2e", v, k)
@@ -202,15 +199,25 @@ def correlation_sums(E, w, G, A, Z, sigma2, s2_train, dof_train, lags: int = LAG
             j = k + 1
             ezp = eZ[..., :-j, :]
             nowj = e[..., j:]
-            ga = np.einsum("smjtp,smjtp->smjt", G[..., j:, :], A[..., :-j, :]) * w[..., j:]
-            bias = np.einsum("smjt,smjtz->smz", ga, Zw[..., :-j, :])
-            num3 = np.einsum("smjt,smjtz->smz", nowj, ezp) - sigma2[..., None] * bias
+            ga = (G[..., j:, :] * A[..., :-j, :]).sum(axis=-1) * w[..., j:]
             # the sum of the squared terms: the variance of a sum of martingale differences,
             # robust to a noise whose variance changes with the state
-            var3 = np.einsum("smjt,smjtz->smz", nowj * nowj, ezp * ezp)
+            L3 = _tdot(np.stack([ga, nowj], axis=-1), np.concatenate([Zw[..., :-j, :], ezp],
+                                                                      axis=-1))
+            nz = ezp.shape[-1]
+            num3 = L3[:, :, 1, nz:] - sigma2[..., None] * L3[:, :, 0, :nz]
+            var3 = _tdot((nowj * nowj)[..., None], ezp * ezp)[:, :, 0]
             for v in range(Z.shape[-1]):
                 add(num3[..., v], var3[..., v], "e(ez)", v, k)
     return np.stack(nums, -1), np.stack(vars_, -1), names
+
+
+def _tdot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``sum_{j, t} a[s, m, j, t, :]' b[s, m, j, t, :]``, (S, m, a's last, b's last): one
+    batched matrix product over the clients."""
+    S, m = a.shape[:2]
+    return np.matmul(a.reshape(S, m, -1, a.shape[-1]).swapaxes(-1, -2),
+                     b.reshape(S, m, -1, b.shape[-1]))
 
 
 def _causal_centred(Z: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -255,17 +262,26 @@ def model_check(model, data, heldout, support=None, level: float = LEVEL,
     n_pool = np.zeros((S, n_y))
     client_z = np.zeros((S, M))
     high = np.zeros((S, M), bool)
+    checked = np.zeros((S, M), bool)
     labels = []
     with np.errstate(all="ignore"):
+        budget = CHECK_CLIENTS
         for block in heldout.blocks:
-            c = block.clients
-            Phi, Y = model.regression(block.x, block.u)              # (S, m, J, T, .)
+            # the first CHECK_CLIENTS clients with enough held-out data
+            keep = np.flatnonzero(enough[:, block.clients].any(axis=0))[:budget]
+            budget -= len(keep)
+            if not len(keep):
+                continue
+            c = block.clients[keep]
+            checked[:, c] = True
+            bx, bu, bmask = block.x[:, keep], block.u[:, keep], block.mask[:, keep]
+            Phi, Y = model.regression(bx, bu)                          # (S, m, J, T, .)
             Th = model.theta_matrix(theta[:, c])                     # (S, m, n_y, n_phi)
             E = Y - np.einsum("smyk,smjtk->smjty", Th, Phi)
-            w = (block.mask[..., 1:] & block.mask[..., :-1]).astype(float)
+            w = (bmask[..., 1:] & bmask[..., :-1]).astype(float)
             n = w.sum(axis=(-2, -1))
-            Xs = block.x[..., :-1, :]
-            Zv = np.concatenate([Xs, block.u[..., :Xs.shape[-2], :]], axis=-1)
+            Xs = bx[..., :-1, :]
+            Zv = np.concatenate([Xs, bu[..., :Xs.shape[-2], :]], axis=-1)
             Hp = Hplus[:, c]
             per_target = []
             for j in range(n_y):
@@ -299,7 +315,7 @@ def model_check(model, data, heldout, support=None, level: float = LEVEL,
             over_c = ((ratio[:, c] > OVERFIT) & ~exact[:, c]).any(-1)
             high[:, c] = over_c & (n >= MIN_SAMPLES)
             for j, (e, w_, G, A, sigma2, ex) in enumerate(per_target):
-                num, var, labels = correlation_sums(e, w_, G, A, Zv, sigma2, s2_tr[:, c, j],
+                num, var, labels = correlation_sums(e, w_, G, A, Hp, Zv, sigma2, s2_tr[:, c, j],
                                                     dof_tr[:, c, j])
                 pool = ((n >= MIN_SAMPLES) & ~ex & ~over_c & (sigma2 > 0))[..., None]
                 num, var = np.where(pool, num, 0.0), np.where(pool, var, 0.0)
@@ -343,6 +359,7 @@ def model_check(model, data, heldout, support=None, level: float = LEVEL,
     overfit = high & ~unexplained.any(-1)
     # free run against noisy runs of the own fit itself
     valid = heldout.n > 0
+    enough = enough & checked
     use = enough & ~overfit & np.isfinite(s2_tr).all(-1)
     sim, ref, exceed, tried = free_run_test(model, heldout, theta, Hplus, s2_tr, use,
                                                seed)
@@ -361,8 +378,8 @@ def model_check(model, data, heldout, support=None, level: float = LEVEL,
     with np.errstate(all="ignore"):
         one = HeldOutScores(model, heldout).one_step(theta)
     missing = white is False or bool(unexplained.any())
-    checked = tests > 0 or n_mc.sum() > 0 or np.isfinite(p_excess).any()
-    verdict_ = (None if not checked else "free run fails" if not free_ok else
+    judged = tests > 0 or n_mc.sum() > 0 or np.isfinite(p_excess).any()
+    verdict_ = (None if not judged else "free run fails" if not free_ok else
                 "missing terms" if missing else "overfit" if overfit.any() else "ok")
     ok = None if verdict_ is None else verdict_ in ("ok", "overfit")
     over_list = [[int(s), int(m)] for s, m in zip(*np.nonzero(overfit), strict=True)]
@@ -387,6 +404,7 @@ def model_check(model, data, heldout, support=None, level: float = LEVEL,
             "nrmse_sim_median": [_num(v) for v in sim_med],
             "nrmse_sim_noisy_median": [_num(v) for v in ref_med],
             "nrmse_1step_max": [_num(v) for v in over_clients(one, valid)[0]],
+            "clients_checked": int(checked.any(axis=0).sum()),
             "fit": "each client's own least squares"}
 
 
@@ -397,14 +415,14 @@ def free_run_test(model, heldout, theta, Hplus, s2, use, seed: int = 0):
     residuals on the held-out data) and parameters drawn from the fit's estimation error
     ``N(theta, s2 H^+)``, against the noise-free run (S, M), whether the observed one exceeds
     every replicate (S, M) and which clients were rolled out (``use``, at most
-    :data:`MC_CLIENTS` a repeat)."""
+    :data:`CHECK_CLIENTS` a repeat)."""
     scores = HeldOutScores(model, heldout)
     obs = scores.free_run(theta)
     P = model.structure.any(axis=1).astype(float)                  # (n_y, p)
     S, M = obs.shape
     ref, exceed, tried = np.full((S, M), np.nan), np.zeros((S, M), bool), np.zeros((S, M), bool)
     rng = np.random.default_rng(seed)
-    budget = MC_CLIENTS
+    budget = CHECK_CLIENTS
     B = REPLICATES
     with np.errstate(all="ignore"):
         for block in heldout.blocks:
