@@ -29,12 +29,15 @@ docs/ALGORITHMS.md, "Model check"):
   pooled correlation tests.
 - **free run** against the fit's own variability: each own fit is rolled out from each
   held-out trajectory's first state without noise (the observed free-run NRMSE) and
-  :data:`REPLICATES` times with Gaussian noise of its training residual variance on each
-  target (what a right model's free run would score on data of that noise). A client whose
+  :data:`REPLICATES` times as a right model would make the data: Gaussian noise on each
+  state of the variance of its one-step residuals, parameters drawn from the fit's
+  estimation error ``N(theta, s2 H^+)``. A client whose
   observed free run is worse than every replicate happens with probability
   ``1 / (REPLICATES + 1)`` under the right class (a Monte Carlo test); the fleet fails when
-  the number of such clients is improbable under that binomial law (level :data:`LEVEL`).
-  At most :data:`CHECK_CLIENTS` clients of a repeat are rolled out.
+  the number of such clients is improbable under that binomial law (level :data:`LEVEL`),
+  or when the median free run is worse than the best constant predictor (NRMSE
+  :data:`CONSTANT`) while the noisy runs' median is not. At most :data:`CHECK_CLIENTS`
+  clients are checked.
 
 ``ok`` is True when no test rejects (overfit clients do not make it False), False when one
 does, None when nothing could be checked (short held-out trajectories). ``verdict``: ``ok``,
@@ -55,19 +58,21 @@ LAGS = 10
 #: fewest held-out transitions of a client for its tests
 MIN_SAMPLES = 20
 #: smallest pooled correlation |Z| / sqrt(N) of a rejected correlation test that counts: on
-#: a large fleet the band z / sqrt(N) falls below any correlation that matters (Billings and
-#: Voon's band at N = 1000 samples is 0.06 at 95 %)
-MATERIAL = 0.1
+#: a large fleet the band z / sqrt(N) falls below any correlation that matters; right
+#: libraries fitted with condition numbers near 1e7 leave up to 0.13 (Lotka-Volterra and
+#: Duffing, degree 3, 20 seeds each), missing terms 0.5-0.9 (Duffing and pendulum with a
+#: linear library, CartPole)
+MATERIAL = 0.15
 #: held-out over training mean squared error above which an own fit whose excess the F test
 #: explains counts as overfitted
 OVERFIT = 1.5
 #: level of each client-target's held-out excess test; the fleet fails when more of them
 #: fall below it than the binomial law of that level allows (at :data:`LEVEL`)
-EXCESS_LEVEL = 0.01
+EXCESS_LEVEL = 0.001
 #: smallest share of the client-targets below :data:`EXCESS_LEVEL` that makes the fleet
 #: fail: a missing term is a property of the class and shows in many clients, while the
 #: test's approximations (Gaussian estimation errors of covariance ``s2 H^+``) leave a few
-#: percent of a right class's ill-conditioned fits below it (Lotka-Volterra: 1.5-5.5 %)
+#: percent of a right class's ill-conditioned fits below 0.01 (Lotka-Volterra: 1.5-5.5 %)
 EXCESS_SHARE = 0.1
 #: noisy free runs of each own fit (the Monte Carlo test's level per client: 1 / 20)
 REPLICATES = 19
