@@ -160,17 +160,26 @@ def test_model_check_passes_the_cubic_library_and_flags_the_linear_one(fleet, ca
     file, _, _ = fleet
     caplog.set_level("WARNING", logger="fnsysid")
     good = run(file, strategy="centralized_exact", sparsity="stlsq").summary["model_check"]
-    assert good["ok"] is True and good["white"] is True and good["free_run_ok"] is True
-    assert good["tests"] == 8 and good["exact"] == 8     # x2+ tested; x1+ = x1 + dt x2 exact
+    assert good["ok"] is True and good["verdict"] == "ok" and good["white"] is True
+    assert good["free_run_ok"] is True and good["test"] == "billings-voon"
+    # x2+ tested (x1+ = x1 + dt x2 exact in all 8 clients): phi_ee at lags 1..10, and
+    # phi_ze, phi_z2e, phi_z2e2 at lags 0..10 and phi_e(ez) at lags 1..11 of z = x1, x2, u
+    assert good["tests"] == 10 + 3 * 4 * 11 and good["exact"] == 8
     assert good["overfit"] == [] and lines(caplog) == []
     # all 40 terms from 360 samples a client: a client whose own fit does not generalize is
     # named apart (too many terms), not taken for a wrong model class
     full = run(file, strategy="centralized_exact").summary["model_check"]
-    assert full["ok"] is True and full["white"] is True
-    assert all(ratio_line.endswith("more data per client") for ratio_line in lines(caplog))
+    assert full["ok"] is True and full["white"] is True and full["verdict"] == "overfit"
+    said = lines(caplog)
+    assert len(said) == 1 and "too many terms for their data, not a missing term" in said[0]
+    assert said[0].endswith("fewer terms (sparsity=stlsq, a smaller library) or more data per "
+                            "client")
     bad = run(file, strategy="centralized_exact", degree=1).summary["model_check"]
-    assert bad["ok"] is False and bad["white"] is False
+    assert bad["ok"] is False and bad["white"] is False and bad["free_run_ok"] is False
+    assert bad["verdict"] == "free run fails"
     assert bad["worst"]["target"] == "x2+" and bad["p_adjusted"] < 0.01
+    # every client's free run is worse than all 19 noisy runs of its own fit
+    assert bad["free_run_exceed"] == bad["free_run_clients"] == [8]
     wrong = [x for x in lines(caplog) if "model class looks wrong" in x]
     assert len(wrong) == 1 and "try a richer library" in wrong[0]
 
@@ -191,25 +200,35 @@ def test_a_noiseless_process_with_a_missing_term_is_a_wrong_class_not_overfit(tm
     assert check["worst"]["target"] == "x2+" and check["exact"] == 5     # x1+ is exact
 
 
-def mc(ok, support, overfit=()):
-    return {"ok": ok, "white": ok, "free_run_ok": True, "overfit": list(overfit),
-            "overfit_limit": 1.5, "support": support, "tests": 4, "p_min": 1e-9,
-            "p_adjusted": 4e-9, "level": 0.01,
-            "worst": {"target": "x2+", "client": "c0", "repeat": 0}}
+def mc(verdict, support, overfit=()):
+    return {"ok": verdict in ("ok", "overfit"), "verdict": verdict,
+            "white": verdict != "missing terms",
+            "free_run_ok": True, "overfit": list(overfit), "overfit_limit": 1.5,
+            "overfit_detail": [{"repeat": 0, "client": "c1", "ratio": 30.0,
+                                "direction_share": 0.9, "condition": 8e5}],
+            "support": support, "tests": 4, "rejected": 1, "p_min": 1e-9,
+            "p_adjusted": 4e-9, "level": 0.01, "excess_rejected": [],
+            "worst": {"target": "x2+", "client": "c0", "repeat": 0, "test": "phi_ee",
+                      "lag": 1, "Z": 6.0, "correlation": 0.5}}
 
 
 def test_model_check_advice_follows_the_sparsity_setting():
     from fnsysid.results.modelcheck import verdict
 
-    dense = verdict(mc(True, "all terms", [[0, "c1"]]))
-    assert dense.endswith("try sparsity=stlsq or more data per client")
-    sparse = verdict(mc(True, "sparsity", [[0, "c1"]]))
+    dense = verdict(mc("overfit", "all terms", [[0, "c1"]]))
+    assert "worst: client c1 in repeat 0, held-out error 30 times its training noise, 90% " \
+        "of its expected excess on one direction, Gram condition 8e+05" in dense
+    assert dense.endswith("try fewer terms (sparsity=stlsq, a smaller library) or more data "
+                          "per client")
+    sparse = verdict(mc("overfit", "sparsity", [[0, "c1"]]))
     assert "sparsity=stlsq" not in sparse
-    assert sparse.endswith("try a larger sparsity.threshold or more data per client")
-    assert verdict(mc(False, "all terms")).endswith("try a richer library (feature_map.degree, "
-                                                    "another feature_map or one of your own)")
+    assert sparse.endswith("try a larger sparsity.threshold (fewer terms) or more data per "
+                           "client")
+    assert verdict(mc("missing terms", "all terms")).endswith(
+        "try a richer library (feature_map.degree, another feature_map or one of your own)")
     assert "try a smaller sparsity.threshold (the check fits the kept terms) or a richer " \
-        "library" in verdict(mc(False, "sparsity"))
+        "library" in verdict(mc("missing terms", "sparsity"))
+    assert verdict(mc("ok", "all terms")) is None
 
 
 def test_a_threshold_that_prunes_every_term_of_a_state_says_so(fleet, caplog):

@@ -166,6 +166,10 @@ def main() -> None:
     # with the other jobs of a sweep for the cores. One thread per process unless the
     # environment says otherwise; numpy is not imported yet, so this takes effect.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    if sys.argv[1:2] == ["compare"]:             # fnsysid compare RUN_DIR...: no Hydra job
+        from fnsysid.app.compare import main as compare
+
+        sys.exit(compare(sys.argv[2:]))
     argv = sys.argv[1:] = absolute_config_path(_flags_first(sys.argv[1:]))
     logging.raiseExceptions = False     # a full disk must not print logging tracebacks
     if not CONF_DIR.is_dir():

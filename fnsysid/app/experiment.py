@@ -309,7 +309,8 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
         line = empty_warning(summary["sparsity"], sparsity.support.shape[0])
         if line:
             log.warning(line)
-    if data is not None and diverged is None and failure is None:
+    if data is not None and diverged is None and failure is None and \
+            settings.output.model_check:
         check = model_check(model, data, dataset.heldout,
                             None if sparsity is None else sparsity.support)
         if check is not None:
@@ -317,6 +318,11 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
                 check["worst"]["client"] = str(dataset.clients[check["worst"]["client"]])
             if check.get("overfit"):
                 check["overfit"] = [[s, str(dataset.clients[m])] for s, m in check["overfit"]]
+            for d in check.get("overfit_detail") or []:
+                d["client"] = str(dataset.clients[d["client"]])
+            if check.get("excess_rejected"):
+                check["excess_rejected"] = [[s, str(dataset.clients[m]), j]
+                                            for s, m, j in check["excess_rejected"]]
             summary["model_check"] = check
             line = verdict(check)
             if line:

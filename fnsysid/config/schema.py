@@ -553,6 +553,8 @@ class Output(Section):
     resume: bool
     #: level of the confidence intervals (estimates.csv, client_estimates.csv)
     ci_level: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
+    #: check the model class on the clients' held-out data (summary.json's model_check)
+    model_check: bool
 
 
 class Settings(Section):

@@ -1,0 +1,213 @@
+"""The model check (fnsysid.results.modelcheck): its correlation statistics against direct
+sums, their null distribution, the held-out excess test, the free-run test and
+``fnsysid compare``."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import fnsysid
+from fnsysid.app.compare import main as compare
+from fnsysid.results.modelcheck import correlation_sums
+
+
+def ar_clients(C, n_tr=40, n_ho=60, a=0.8, sigma=0.5, seed=0):
+    """C independent clients of x+ = a x + u + w (features [x, u]): own least squares on a
+    training trajectory, residuals on a held-out one. Returns E (1, C, 1, n_ho), w, G, A, Z,
+    sigma2 as :func:`correlation_sums` takes them."""
+    rng = np.random.default_rng(seed)
+
+    def traj(n):
+        x, u = np.zeros((C, n + 1)), rng.normal(size=(C, n))
+        for t in range(n):
+            x[:, t + 1] = a * x[:, t] + u[:, t] + sigma * rng.normal(size=C)
+        return np.stack([x[:, :-1], u], -1), x[:, 1:]
+
+    Phi, Y = traj(n_tr)
+    H = np.einsum("ctk,ctl->ckl", Phi, Phi)
+    theta = np.linalg.solve(H, np.einsum("ctk,ct->ck", Phi, Y)[..., None])[..., 0]
+    P, Yh = traj(n_ho)
+    E = Yh - np.einsum("ctk,ck->ct", P, theta)
+    Hp = np.linalg.inv(H)
+    G = P[None, :, None]                                        # (1, C, 1, T, p)
+    A = np.einsum("smjtp,mpq->smjtq", G, Hp)
+    Z = P[None, :, None]                                        # the state and the input
+    w = np.ones(E.shape)[None, :, None]
+    h = (G * A).sum(-1)
+    s2 = (E ** 2).sum(-1)[None] / (1 + h).sum(axis=(-2, -1))
+    dof = np.full((1, C), n_tr - 2)
+    s2_tr = (((Y - np.einsum("ctk,ck->ct", Phi, theta)) ** 2).sum(-1) / (n_tr - 2))[None]
+    return E[None, :, None], w, G, A, Z, s2, H, s2_tr, dof, Hp
+
+
+def test_correlation_sums_equal_direct_sums():
+    E, w, G, A, Z, s2, H, s2_tr, dof, Hp = ar_clients(3, n_ho=12, seed=1)
+    num, var, names = correlation_sums(E, w, G, A, Hp[None], Z, s2, s2_tr, dof, lags=2)
+    e, z, g = E[0, 0, 0], Z[0, 0, 0], G[0, 0, 0]
+    Hp = np.linalg.inv(H[0])
+    sig, st = s2[0, 0], s2_tr[0, 0]
+    h = np.array([gt @ Hp @ gt for gt in g])
+    run = np.cumsum(z, axis=0) / np.arange(1, 13)[:, None]       # running means
+    run2 = np.cumsum(z ** 2, axis=0) / np.arange(1, 13)[:, None]
+    for i, (kind, v, k) in enumerate(names):
+        zs = z[:, v] - run[:, v] if v is not None else None
+        zq = z[:, v] ** 2 - run2[:, v] if v is not None else None
+        if kind == "ee":
+            want = sum(e[t] * e[t - k] - sig * g[t] @ Hp @ g[t - k] for t in range(k, 12))
+            wvar = sig ** 2 * sum(1 + h[t] + h[t - k] for t in range(k, 12))
+        elif kind in ("ze", "z2e"):
+            zz = zs if kind == "ze" else zq
+            want = sum(e[t] * zz[t - k] for t in range(k, 12))
+            c = sum(g[t] * zz[t - k] for t in range(k, 12))
+            wvar = sig * (sum(zz[t - k] ** 2 for t in range(k, 12)) + c @ Hp @ c)
+        elif kind == "z2e2":
+            zz, ee = zq, e ** 2 - st * (1 + h)
+            want = sum(ee[t] * zz[t - k] for t in range(k, 12))
+            wvar = np.mean(ee ** 2) * sum(zz[t - k] ** 2 for t in range(k, 12)) + \
+                2 * st ** 2 / dof[0, 0] * sum((1 + h[t]) * zz[t - k] for t in range(k, 12)) ** 2
+        else:                                                   # e(ez) at lag k + 1
+            j = k + 1
+            want = sum(e[t] * e[t - j] * zs[t - j] - sig * (g[t] @ Hp @ g[t - j]) * zs[t - j]
+                       for t in range(j, 12))
+            wvar = sum((e[t] * e[t - j] * zs[t - j]) ** 2 for t in range(j, 12))
+        np.testing.assert_allclose(num[0, 0, i], want, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(var[0, 0, i], wvar, rtol=1e-10)
+    # every kind at every lag: ee 1..2, and 4 kinds x 2 variables x lags 0..2
+    assert len(names) == 2 + 4 * 2 * 3
+
+
+def test_the_statistics_are_standard_normal_under_the_right_model():
+    # 4000 independent clients of a right model (a few samples each, so the own fits'
+    # estimation error matters): each client's num / sqrt(var) is N(0, 1); without the
+    # estimation error's share c' H^+ c in the variance, phi_{x e} at lag 0 would have
+    # variance well below 1 (the fit is orthogonal to x in its training data, not held out)
+    # and the ee bias would shift the mean
+    E, w, G, A, Z, s2, H, s2_tr, dof, Hp = ar_clients(4000, n_tr=40, n_ho=30, seed=2)
+    num, var, names = correlation_sums(E, w, G, A, Hp[None], Z, s2, s2_tr, dof, lags=3)
+    z = num / np.sqrt(var)
+    for i, name in enumerate(names):
+        assert abs(z[0, :, i].mean()) < 0.1, name
+        assert 0.85 < z[0, :, i].var() < 1.15, (name, z[0, :, i].var())
+    # the held-out noise's share alone, sigma^2 sum_t z_t^2, is not the variance of
+    # phi_{x e} at lag 0 under the right class
+    i = names.index(("ze", 0, 0))
+    naive = num[0, :, i] / np.sqrt(s2[0] * (Z[0, :, 0, :, 0] ** 2).sum(-1))
+    assert naive.var() > 1.2 * z[0, :, i].var()
+
+
+@pytest.fixture(scope="module")
+def duffing_runs(tmp_path_factory):
+    """Two finished runs of a Duffing fleet (degree 3 holds the truth, degree 1 does not)."""
+    from test_sparsity import duffing_fleet
+
+    root = tmp_path_factory.mktemp("compare")
+    file, _, _ = duffing_fleet(root, M=4)
+    out = {}
+    for degree in (1, 3):
+        folder = root / "sweep" / f"degree={degree}"
+        res = fnsysid.run({"system": "generic", "data": "files", "data.path": str(file),
+                           "data.states": ["x1", "x2"], "data.inputs": ["u"],
+                           "feature_map": "polynomial", "feature_map.degree": degree,
+                           "strategy": "centralized_exact", "output.plot": False,
+                           "progress": False}, output_dir=folder)
+        out[degree] = (folder, res.summary)
+    return root, out
+
+
+def test_compare_ranks_runs_by_held_out_free_run_error(duffing_runs, capsys):
+    root, runs = duffing_runs
+    assert compare([str(root / "sweep")]) == 0
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines()]
+    assert rows[0][:3] == ["rank", "free-run", "NRMSE"]
+    # the cubic library first: its free-run error is the smaller one
+    sim = {d: s["final_nrmse_sim_mean"] for d, (_, s) in runs.items()}
+    assert sim[3] < sim[1]
+    assert rows[1][0] == "1" and float(rows[1][1]) == pytest.approx(sim[3], rel=1e-3)
+    assert rows[2][0] == "2" and float(rows[2][1]) == pytest.approx(sim[1], rel=1e-3)
+    # the model check's verdict beside each: the linear library fails its free run
+    assert runs[1][1]["model_check"]["verdict"] == "free run fails"
+    assert " ".join(rows[2][5:8]) == "free run fails"
+    assert rows[1][5] == runs[3][1]["model_check"]["verdict"]
+    assert rows[1][-1].endswith("degree=3") and rows[2][-1].endswith("degree=1")
+
+
+def test_compare_lists_a_run_that_did_not_finish_unranked(duffing_runs, tmp_path, capsys):
+    root, runs = duffing_runs
+    bad = tmp_path / "diverged"
+    bad.mkdir()
+    (bad / "summary.json").write_text(json.dumps({"status": "diverged"}))
+    assert compare([str(runs[3][0]), str(bad)]) == 3
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[1].startswith("1 ") and rows[2].startswith("- ") and "diverged" in rows[2]
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda p: p / "missing", "no such folder"),
+    (lambda p: (p / "f.txt").write_text("x") and p / "f.txt", "not a folder"),
+    (lambda p: p, "no summary.json in it or below it"),
+    (lambda p: (p / "summary.json").write_text("{") and p, "cannot be read"),
+    (lambda p: (p / "summary.json").write_text("[]") and p, "not a summary of fnsysid"),
+])
+def test_compare_refuses_a_bad_folder_in_one_line(tmp_path, capsys, make, words):
+    path = make(tmp_path)
+    assert compare([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("fnsysid compare: error: ")
+    assert words in err
+
+
+def test_model_check_can_be_switched_off(duffing_runs):
+    from test_sparsity import run
+
+    root, _ = duffing_runs
+    file = root / "duffing.csv"
+    assert "model_check" in run(file, strategy="centralized_exact").summary
+    res = run(file, strategy="centralized_exact", **{"output.model_check": False})
+    assert "model_check" not in res.summary
+    with pytest.raises(fnsysid.ConfigError, match="output.model_check"):
+        run(file, **{"output.model_check": "maybe"})
+
+
+def fleets_script():
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "model_check_fleets.py"
+    spec = importlib.util.spec_from_file_location("model_check_fleets", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_cartpole_linear_library_is_flagged_and_ranks_below_the_richer_ones(tmp_path):
+    # CartPole-v1's equations (gymnasium's constants, Euler tau = 0.02), six clients whose
+    # pole mass and length differ by up to 5 %, process noise 0.02 on both velocities
+    F = fleets_script()
+    table, states, inputs = F.cartpole(0)
+    out = {lib: F.run(table, states, inputs, over, tmp_path).summary
+           for lib, over in F.LIBRARIES["cartpole"].items()}
+    linear = out.pop("affine")
+    assert linear["model_check"]["ok"] is False
+    assert linear["model_check"]["verdict"] in ("missing terms", "free run fails")
+    for summary in out.values():
+        assert summary["final_nrmse_sim_mean"] < 0.5 * linear["final_nrmse_sim_mean"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fleet", ["duffing", "pendulum", "lotka_volterra"])
+def test_a_library_that_holds_the_truth_is_not_missing_terms(tmp_path, fleet):
+    # five seeds here; scripts/model_check_fleets.py runs twenty (docs/ALGORITHMS.md)
+    F = fleets_script()
+    verdicts = []
+    for seed in range(5):
+        table, states, inputs = F.FLEETS[fleet](seed)
+        folder = tmp_path / str(seed)
+        folder.mkdir()
+        check = F.run(table, states, inputs, F.LIBRARIES[fleet][F.TRUTH[fleet]],
+                      folder).summary["model_check"]
+        verdicts.append(check["verdict"])
+    assert sum(v in ("ok", "overfit") for v in verdicts) >= 4, verdicts
