@@ -52,7 +52,28 @@ def write_outputs(out, cfg, result) -> None:
         if plot and result.dataset.heldout is not None:
             write_fit_plot(out, result.model, result.estimate, result.dataset,
                            settings=cfg)
+        lines = model_lines(result)
+        if lines is not None:
+            write_text(Path(out) / "equations.txt", "\n".join(lines) + "\n")
         write_json(Path(out) / "summary.json", result.summary)
+
+
+def model_lines(result) -> list[str] | None:
+    """The lines of ``equations.txt``: the final model of each repeat (or of each client,
+    :func:`~fnsysid.results.equations.model_text`); None after a divergence (no model to
+    trust; ``estimates.csv`` is not written either). An interrupted run's model is that of
+    its last round, said in a first comment line."""
+    from fnsysid.results.equations import model_text
+
+    if result.estimates is None or result.diverged is not None:
+        return None
+    ds = result.dataset
+    lines = model_text(result.model, result.estimate, ds.clients, ds.repeats or None)
+    status = result.summary.get("status")
+    if status != "ok":
+        lines.insert(0, f"# status {status} after round {result.summary.get('rounds_completed')}"
+                        ": not a converged model")
+    return lines
 
 
 def write_run(out: Path, resolved: dict, tables: Mapping[str, Table | pd.DataFrame],
