@@ -245,3 +245,67 @@ def test_a_dataframe_of_load_trajectories_keeps_the_hold_out_of_its_files(tmp_pa
         assert from_df.summary_[key] == from_files.summary_[key]
         assert np.isfinite(from_df.summary_[key])
     np.testing.assert_array_equal(from_df.result_.estimate, from_files.result_.estimate)
+
+
+def test_plots_return_figures_that_render_without_a_path():
+    import io
+
+    from matplotlib.figure import Figure
+
+    df = fleet(clients=3)
+    m = FederatedSysID(R=20, progress=False).fit(df, ["x1", "x2"], ["u"])
+    fig = m.result_.plot_fit()                 # the held-out trajectory, as fit.png
+    assert isinstance(fig, Figure) and len([a for a in fig.axes if a.get_visible()]) == 2
+    one = df[df["client"] == "c2"].rename(columns={"t": "t"})
+    fig = m.plot_fit(one)                      # the DataFrame's first trajectory
+    ax = fig.axes[0]
+    first = one[one["trajectory"] == 0]
+    np.testing.assert_array_equal(ax.lines[0].get_ydata(), first["x1"].to_numpy())
+    np.testing.assert_array_equal(ax.lines[0].get_xdata(), first["t"].to_numpy())
+    # the one-step line is the estimator's own prediction
+    want = m.predict(first[["x1", "x2"]].to_numpy(), u=first[["u"]].to_numpy())[1:, 0]
+    np.testing.assert_allclose(ax.lines[1].get_ydata(), want, rtol=1e-12)
+    assert ax.get_xlabel() == "t"
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")             # what Jupyter's inline display does
+    assert buf.getvalue()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    _, axes = plt.subplots()
+    assert m.plot_fit(one, ax=axes) is axes.figure and len(axes.lines) == 6   # 3 per state
+    plt.close("all")
+    err = m.result_.plot_errors()
+    assert isinstance(err, Figure)
+    np.testing.assert_array_equal(err.axes[0].lines[0].get_xdata(),
+                                  m.history_["round"].unique())
+
+
+def test_progress_bar_is_plain_tqdm_without_ipywidgets(monkeypatch):
+    import importlib.util
+
+    import tqdm.auto
+    import tqdm.std
+
+    from fnsysid.runtimes.inprocess import progress_bar
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "ipywidgets" else real(name, *a))
+    assert progress_bar() is tqdm.std.tqdm
+    monkeypatch.undo()
+    if importlib.util.find_spec("ipywidgets") is not None:
+        assert progress_bar() is tqdm.auto.tqdm
+
+
+def test_fit_png_names_the_time_column(tmp_path):
+    from fnsysid.results.files import time_label
+
+    logs = pendulum_logs(tmp_path / "logs", clients=2, runs=3, length=20)
+    m = FederatedSysID(feature_map="combined", strategy="centralized_exact", progress=False,
+                       output_dir=tmp_path / "run").fit(logs, STATES, INPUTS,
+                                                        trajectory="run_id", time="timestamp")
+    assert time_label(m.result_.settings) == "timestamp (sample index)"
+    assert m.result_.plot_fit().axes[0].get_xlabel() == "timestamp (sample index)"
+    assert (tmp_path / "run" / "fit.png").is_file()
+    assert time_label(None) == "time step"

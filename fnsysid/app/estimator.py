@@ -703,6 +703,12 @@ class FederatedSysID:
         mean = over_clients(v, scores.valid)[1]
         return float(np.mean(mean))
 
+    def plot_fit(self, data=None, ax=None, repeat: int = 0):
+        """The fit of one trajectory as a matplotlib Figure (inline in a notebook):
+        :meth:`fnsysid.app.experiment.Result.plot_fit` of the fit's result (``data`` None:
+        its held-out trajectory; a DataFrame: its first client's first trajectory)."""
+        return self._result().plot_fit(data, ax=ax, repeat=repeat)
+
     # --- display ----------------------------------------------------------------------------
 
     def __repr__(self) -> str:

@@ -120,7 +120,26 @@ FIT_SAMPLES = 100
 
 def write_fit_plot(out: Path, model, estimate, dataset, repeat: int = 0,
                    settings=None) -> None:
-    """``fit.png`` in folder ``out`` (or the file ``out`` if it ends in an image suffix):
+    """``fit.png`` in folder ``out`` (or the file ``out`` if it ends in an image suffix): the
+    figure of :func:`fit_figure` (nothing without a held-out client)."""
+    from fnsysid.results.plotting import save
+
+    out = Path(out)
+    path = out if out.suffix in (".png", ".pdf", ".svg") else out / "fit.png"
+    fig = fit_figure(model, estimate, dataset, repeat, settings)
+    if fig is not None:
+        write_atomic(path, lambda tmp: save(fig, [tmp], dpi=110))
+
+
+def time_label(settings) -> str:
+    """The x axis of a fit plot of held-out trajectories (which keep no times): ``time step``,
+    or with ``data.time`` naming the data's time column, that name (sample index)."""
+    name = getattr(getattr(settings, "data", None), "time", None) if settings else None
+    return f"{name} (sample index)" if name and name != "t" else "time step"
+
+
+def fit_figure(model, estimate, dataset, repeat: int = 0, settings=None, ax=None):
+    """The held-out fit (a matplotlib Figure; None without held-out data):
     measured, one-step and free-run states of the first scored client (held-out data in which
     a predicted state varies, :func:`~fnsysid.results.metrics.scored`; else the first with
     held-out data: a client of all-zero logs would show flat lines), repeat 0.
@@ -138,7 +157,7 @@ def write_fit_plot(out: Path, model, estimate, dataset, repeat: int = 0,
     ho = dataset.heldout
     valid = np.flatnonzero(ho.valid[repeat])
     if not len(valid):
-        return
+        return None
     good = np.flatnonzero(ho.valid[repeat] & scored(model, ho)[repeat])
     m = int(good[0] if len(good) else valid[0])
     block, at = ho.client(m)
@@ -155,12 +174,10 @@ def write_fit_plot(out: Path, model, estimate, dataset, repeat: int = 0,
         what = f"held-out trajectory of {L} samples simulated for this plot"
     sim = free_run(model, est, x, u)[0, 0, 0, :L]
     step = one_step(model, est, x, u)[0, 0, 0, :L - 1]
-    out = Path(out)
-    path = out if out.suffix in (".png", ".pdf", ".svg") else out / "fit.png"
     title = (f"client {dataset.clients[m]}, {what}"
              + (f", repeat {repeat}" if ho.n.shape[0] > 1 else ""))
-    write_atomic(path, lambda tmp: plot_fit(x[0, 0, 0, :L], step, sim,
-                                            model.system.state_names, tmp, title=title))
+    return plot_fit(x[0, 0, 0, :L], step, sim, model.system.state_names, title=title, ax=ax,
+                    time_label=time_label(settings))
 
 
 def _plot_trajectory(model, settings, M: int, m: int, repeat: int):
