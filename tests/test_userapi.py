@@ -309,3 +309,59 @@ def test_fit_png_names_the_time_column(tmp_path):
     assert m.result_.plot_fit().axes[0].get_xlabel() == "timestamp (sample index)"
     assert (tmp_path / "run" / "fit.png").is_file()
     assert time_label(None) == "time step"
+
+
+def test_version_prints_fnsysids_own():
+    res = cli_in_process("--version")
+    assert res.returncode == 0 and res.stdout.strip() == f"fnsysid {fnsysid.__version__}"
+    assert "Hydra" not in res.stdout
+
+
+def test_own_columns_without_system_hint_system_generic(tmp_path):
+    logs = pendulum_logs(tmp_path / "logs", clients=2, runs=2, length=10)
+    res = cli_in_process("data=files", f"data.path={logs}", f"hydra.run.dir={tmp_path / 'r'}")
+    assert res.returncode == 2 and not (tmp_path / "r").exists()
+    assert res.stderr.strip() == (
+        f"fnsysid: error: {logs}/pend0.csv: column 'alpha' (data.states) is missing; columns: "
+        "run_id, timestamp, theta, omega, torque; system=pendulum reads its own columns (alpha,"
+        " omega, u); for your own columns give system=generic data.states=[...] "
+        "data.inputs=[...]")
+    given = cli_in_process("system=pendulum", "data=files", f"data.path={logs}",
+                           f"hydra.run.dir={tmp_path / 'r'}")     # system given: no hint
+    assert given.returncode == 2 and "system=generic" not in given.stderr
+
+
+@pytest.mark.parametrize("value, message", [
+    ("theta,omega", "data.states=theta,omega: data.states must be a list; a,b is a sweep of 2 "
+                    "values, a list is written in brackets: data.states=[theta,omega]"),
+    ("theta", "data.states=theta is not allowed: data.states must be a list of values, each a "
+              "non-empty string, or null; a list is written in brackets: data.states=[theta]")])
+def test_a_list_setting_given_without_brackets_shows_the_bracket_form(tmp_path, value, message):
+    res = cli_in_process("system=generic", "data=files", f"data.path={tmp_path}",
+                         f"data.states={value}", "data.inputs=[torque]")
+    assert res.returncode == 2 and res.stderr.strip() == f"fnsysid: error: {message}"
+
+
+def test_an_old_target_path_is_refused_naming_the_new_one(tmp_path):
+    conf = tmp_path / "conf" / "feature_map"
+    conf.mkdir(parents=True)
+    fourier = (Path(fnsysid.__file__).parent.parent / "conf" / "feature_map" /
+               "fourier.yaml").read_text()
+    assert "_target_: fnsysid.dynamics.features.Concat\n" in fourier
+    (conf / "mine.yaml").write_text(fourier.replace("fnsysid.dynamics.features.",
+                                                    "fnsysid.features."))
+    res = cli_in_process("--config-dir", str(tmp_path / "conf"), "system=synthetic",
+                         "feature_map=mine", f"hydra.run.dir={tmp_path / 'r'}")
+    assert res.returncode == 2 and not (tmp_path / "r").exists()
+    assert res.stderr.strip() == (
+        "fnsysid: error: feature_map._target_=fnsysid.features.Concat: module "
+        "fnsysid.features moved to fnsysid.dynamics.features (CHANGELOG.md, 0.1.0); allowed: "
+        "_target_: fnsysid.dynamics.features.Concat")
+    with pytest.raises(fnsysid.ConfigError, match=r"^system._target_=fnsysid.systems.Pendulum: "
+                       r".*allowed: _target_: fnsysid.dynamics.systems.Pendulum$"):
+        fnsysid.run({"system._target_": "fnsysid.systems.Pendulum", "R": 1, "M": 2})
+    # the new path of the same file runs
+    (conf / "mine.yaml").write_text(fourier)
+    ok = fnsysid.run(["system=synthetic", "feature_map=mine", "R=1", "M=2", "repeats=1"],
+                     config_dir=tmp_path / "conf")
+    assert ok.summary["status"] in ("ok", "growing")
