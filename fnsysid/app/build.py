@@ -20,7 +20,6 @@ from fnsysid.config.schema import Settings, System, settings_from
 from fnsysid.dynamics.model import FeatureMapError, build_model
 from fnsysid.learning.sparsity import build_sparsity
 
-
 #: modules of the classes a ``_target_`` names, moved into the stage folders in 0.1.0
 #: (CHANGELOG.md): old module -> new module
 MOVED = {"fnsysid.features": "fnsysid.dynamics.features",
