@@ -164,7 +164,7 @@ def show(args: list[str]) -> int:
     """``fnsysid show RUN_DIR``: print the status, scores and equations of a finished run (or
     of each job of a sweep). Exit code 0 when every run shown is ``ok``, 3 when one is not
     (diverged, growing, interrupted, refused), 2 for a folder that is not a run or a sweep."""
-    from fnsysid.results.saved import show_text, statuses
+    from fnsysid.results.equations import show_text, statuses
 
     if len(args) != 1 or args[0].startswith("-"):
         print("fnsysid: error: usage: fnsysid show RUN_DIR (the folder of a finished run or "

@@ -354,7 +354,7 @@ class FederatedSysID:
         a finished run raises :class:`ConfigError` naming it."""
         from fnsysid.app.build import build
         from fnsysid.data.source import Dataset
-        from fnsysid.results.saved import read_run
+        from fnsysid.results.equations import read_run
 
         run = read_run(run_dir, "run_dir")
         settings = run["settings"]
