@@ -355,7 +355,7 @@ def test_fit_png_of_a_short_held_out_trajectory_draws_a_long_one(tmp_path, monke
     import fnsysid.results.plotting as plotting
 
     drawn = {}
-    monkeypatch.setattr(plotting, "plot_fit", lambda measured, step, sim, names, path, title:
+    monkeypatch.setattr(plotting, "plot_fit", lambda measured, step, sim, names, title, **kw:
                         drawn.update(measured=measured, step=step, title=title))
     base = {"system": "pendulum", "M": 3, "R": 5, "repeats": 1, "progress": False,
             "strategy": "centralized_exact"}

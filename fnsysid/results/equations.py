@@ -10,8 +10,6 @@ import re
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
-import yaml
 
 from fnsysid.config.errors import ConfigError, some
 from fnsysid.results.folder import MULTIRUN
@@ -126,10 +124,13 @@ def sweep_jobs(folder: Path) -> list[Path]:
 LABELS = ("client", "parameter", "status", "method")
 
 
-def _read_csv(path: Path) -> pd.DataFrame:
-    """A table as written, each number parsed by Python's ``float`` (the shortest repr that
-    pandas writes reads back to the same double) and whole numbers as integers; label
-    columns as text."""
+def _read_csv(path: Path):
+    """A table as written (a DataFrame), each number parsed by Python's ``float`` (the
+    shortest repr that pandas writes reads back to the same double) and whole numbers as
+    integers; label columns as text. (pandas imported here: a run itself does not import
+    it.)"""
+    import pandas as pd
+
     df = pd.read_csv(path, dtype=str, keep_default_na=False)
     for c in df.columns:
         if c in LABELS:
@@ -149,6 +150,8 @@ def read_run(folder, name: str = "run_dir") -> dict:
     (DataFrames, floats read back bit for bit) and ``clients`` (the labels of
     ``clients.csv``, else of ``k_clients.csv``, else none). A folder that is not a run, or a
     run without final estimates (diverged, refused), raises :class:`ConfigError`."""
+    import yaml
+
     from fnsysid.config.schema import settings_from
 
     folder = Path(folder)

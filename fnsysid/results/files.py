@@ -65,7 +65,7 @@ def model_lines(result) -> list[str] | None:
     its last round, said in a first comment line."""
     from fnsysid.results.equations import model_text
 
-    if result.estimates is None or result.diverged is not None:
+    if "estimates" not in list(result.tables) or result.diverged is not None:   # no pandas
         return None
     ds = result.dataset
     lines = model_text(result.model, result.estimate, ds.clients, ds.repeats or None)
