@@ -66,8 +66,8 @@ model.coefficients().head()
 # %%
 val = df[df["split"] == "val"]
 pred, sim = model.predict(val), model.simulate(val)
-print(f"held-out NRMSE: one-step {model.score(val):.4f}, "
-      f"free run {model.score(val, kind='free_run'):.4f}")
+print(f"held-out NRMSE: one-step {model.nrmse(val):.4f}, "
+      f"free run {model.nrmse(val, kind='free_run'):.4f}")
 one = val["client"] == "robot0"
 fig, axes = plt.subplots(2, 1, sharex=True, figsize=(8, 4.5), layout="constrained")
 for ax, state in zip(axes, ["x1", "x2"], strict=True):

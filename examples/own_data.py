@@ -53,7 +53,7 @@ def main(out: Path) -> dict:
     s = result.summary
     print(f"final held-out NRMSE (max over robots): one-step {s['final_nrmse_1step_max']:.4f}, "
           f"free run {s['final_nrmse_sim_max']:.4f}")
-    result.plot_fit(out / "fit.png")
+    result.plot_fit(path=out / "fit.png")
     print(f"held-out fit: {out / 'fit.png'}")
     return s
 

@@ -158,7 +158,7 @@ def test_load_trajectories_returns_the_checked_table(tmp_path):
                        "u": [0.0, 0, 1, 1, np.nan]})
     df.to_csv(tmp_path / "all.csv", index=False)
     out = fnsysid.load_trajectories(tmp_path / "all.csv", ["x"], ["u"])
-    assert list(out.columns) == ["repeat", "client", "trajectory", "t", "split", "x", "u"]
+    assert list(out.columns) == ["repeat", "client", "trajectory", "t", "x", "u"]   # no split
     assert out["client"].tolist() == ["a", "a", "a", "b", "b"]     # sorted clients
     assert out["x"].tolist() == [3, 4, 5, 1, 2] and out["u"].iloc[2] == 0.0
 

@@ -467,10 +467,10 @@ def test_fit_plot_shows_a_scored_client_not_one_of_all_zero_data(tmp_path, monke
     df.loc[df["client"] == "robot0", ["x1", "x2", "u"]] = 0.0    # the first client: zeros
     folder = write_per_client(df, tmp_path / "logs")
     drawn = {}
-    monkeypatch.setattr(plotting, "plot_fit", lambda measured, step, sim, names, path, title:
-                        drawn.update(measured=measured, title=title))
+    monkeypatch.setattr(plotting, "plot_fit", lambda measured, step, sim, names, title, **kw:
+                        drawn.update(measured=measured, title=title) or drawn)
     res = fnsysid.run([*GENERIC, f"data.path={folder}", "strategy=oneshot", "R=1"])
     assert res.summary["unscored_clients"] == ["robot0"]
-    res.plot_fit(tmp_path / "fit.png")
+    assert res.plot_fit() is drawn                                  # the figure drawn
     assert drawn["title"] == "client robot1, held-out trajectory 1"
     assert np.ptp(drawn["measured"], axis=0).min() > 0             # states that vary

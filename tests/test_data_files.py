@@ -55,7 +55,7 @@ def test_folder_and_single_file_give_the_same_data(tmp_path):
     a = load_trajectories(tmp_path / "csv", ["x1", "x2"], ["u"])
     b = load_trajectories(tmp_path / "pq", ["x1", "x2"], ["u"])
     c = load_trajectories(tmp_path / "all.csv", ["x1", "x2"], ["u"])
-    cols = ["repeat", "client", "trajectory", "t", "split", "x1", "x2", "u"]
+    cols = ["repeat", "client", "trajectory", "t", "x1", "x2", "u"]      # no split column
     pd.testing.assert_frame_equal(a[cols], b[cols], check_dtype=False)
     pd.testing.assert_frame_equal(a[cols], c[cols], check_dtype=False)
     assert a["client"].unique().tolist() == ["robot0", "robot1", "robot2"]

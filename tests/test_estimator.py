@@ -78,7 +78,7 @@ def test_a_fleet_in_memory_writes_nothing_and_gives_the_command_lines_numbers(tm
     val = df[df["split"] == "val"]
     for kind, col in (("one_step", "nrmse_1step_mean"), ("free_run", "nrmse_sim_mean")):
         assert m.summary_[f"final_{col}"] == pytest.approx(summary[f"final_{col}"], rel=1e-9)
-        assert m.score(val, kind=kind) == pytest.approx(summary[f"final_{col}"], rel=1e-9)
+        assert m.nrmse(val, kind=kind) == pytest.approx(summary[f"final_{col}"], rel=1e-9)
     errors = pd.read_csv(out / "errors.csv")
     np.testing.assert_allclose(m.history_["nrmse_1step_mean"], errors["nrmse_1step_mean"],
                                rtol=1e-9)
@@ -124,8 +124,8 @@ def test_predict_and_simulate_give_one_row_per_row_from_the_identified_model(fit
     # the score is the NRMSE of these predictions (one client: RMSE / std, mean over states)
     nrmse = np.mean([np.sqrt(np.mean((p[1:, k] - X[1:, k]) ** 2)) / X[:, k].std()
                      for k in range(2)])
-    assert m.score(one) == pytest.approx(nrmse, rel=1e-9)
-    assert m.score(one, kind="free_run") == pytest.approx(np.mean(
+    assert m.nrmse(one) == pytest.approx(nrmse, rel=1e-9)
+    assert m.nrmse(one, kind="free_run") == pytest.approx(np.mean(
         [np.sqrt(np.mean((s[1:, k] - X[1:, k]) ** 2)) / X[:, k].std() for k in range(2)]),
         rel=1e-9)
 
@@ -230,7 +230,7 @@ def test_settings_are_refused_as_the_command_line_refuses_them(tmp_path):
         m.predict(df, client="r0")
     with pytest.raises(fnsysid.ConfigError, match="^kind=sim is not allowed; allowed: "
                                                   "one_step, free_run$"):
-        m.score(df, kind="sim")
+        m.nrmse(df, kind="sim")
     with pytest.raises(ValueError, match="not fitted yet"):
         FederatedSysID().predict(df)
 
@@ -244,7 +244,7 @@ def test_strategy_local_gives_each_client_its_own_model(fitted):
         list(coef[coef["client"] == "r1"]["value"])
     val = df[df["split"] == "val"]
     # each client's rows by its own model: the run's score
-    assert m.score(val) == pytest.approx(m.summary_["final_nrmse_1step_mean"], rel=1e-9)
+    assert m.nrmse(val) == pytest.approx(m.summary_["final_nrmse_1step_mean"], rel=1e-9)
     one = val[val["client"] == "r3"]
     own = m.predict(one)
     np.testing.assert_array_equal(own[STATES], m.predict(one, client="r3")[STATES])
@@ -352,14 +352,14 @@ def test_an_empty_dataframe_is_refused_in_one_line():
 def test_score_takes_the_val_rows_of_a_split_column(fitted):
     m, df = fitted
     val = df[df["split"] == "val"]
-    both = m.score(df)
-    assert both == pytest.approx(m.score(val), rel=1e-12)
-    assert both != pytest.approx(m.score(df.drop(columns="split")), rel=1e-6)   # all rows
+    both = m.nrmse(df)
+    assert both == pytest.approx(m.nrmse(val), rel=1e-12)
+    assert both != pytest.approx(m.nrmse(df.drop(columns="split")), rel=1e-6)   # all rows
     # no row marked val (e.g. fnsysid.load_trajectories of a file without a split column):
     # every row given is scored
     train = df[df["split"] == "train"]
-    assert m.score(train) == pytest.approx(m.score(train.drop(columns="split")), rel=1e-12)
-    assert m.score(train) != pytest.approx(both, rel=1e-6)
+    assert m.nrmse(train) == pytest.approx(m.nrmse(train.drop(columns="split")), rel=1e-12)
+    assert m.nrmse(train) != pytest.approx(both, rel=1e-6)
 
 
 def test_predict_returns_the_datas_own_column_names(tmp_path):
@@ -402,8 +402,8 @@ def test_several_repeats_need_the_datas_labels_or_repeat(repeats):
                                                       r"repeat= one of 3, 7, or a repeat column$"):
             call(bare)
     pd.testing.assert_frame_equal(m.predict(bare, repeat=7)[STATES], m.predict(seven)[STATES])
-    assert m.score(bare, repeat=7) == pytest.approx(m.score(seven), rel=1e-12)
-    assert m.score(bare, repeat=3) != pytest.approx(m.score(seven), rel=1e-6)   # 3's model
+    assert m.nrmse(bare, repeat=7) == pytest.approx(m.nrmse(seven), rel=1e-12)
+    assert m.nrmse(bare, repeat=3) != pytest.approx(m.nrmse(seven), rel=1e-6)   # 3's model
     with pytest.raises(fnsysid.ConfigError, match=r"^repeat=0 is not a repeat of the fit; "
                                                   r"allowed: 3, 7$"):
         m.predict(bare, repeat=0)

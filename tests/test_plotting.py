@@ -180,8 +180,8 @@ def test_runs_in_threads_write_the_folders_a_sequential_run_writes(tmp_path):
     def overrides(i):
         return ["system=pendulum", "M=3", "R=10", "repeats=2", "progress=false", f"seed={i}"]
 
-    files = ["clients.csv", "config.yaml", "error.png", "errors.csv", "estimates.csv",
-             "fit.png", "parameters.csv", "summary.json", "theory.csv"]
+    files = ["clients.csv", "config.yaml", "equations.txt", "error.png", "errors.csv",
+             "estimates.csv", "fit.png", "parameters.csv", "summary.json", "theory.csv"]
     raised = _in_threads(3, lambda i: fnsysid.run(overrides(i),
                                                   output_dir=tmp_path / f"thread{i}"))
     assert not raised, raised
@@ -189,7 +189,7 @@ def test_runs_in_threads_write_the_folders_a_sequential_run_writes(tmp_path):
         alone, folder = tmp_path / f"alone{i}", tmp_path / f"thread{i}"
         fnsysid.run(overrides(i), output_dir=alone)
         assert sorted(p.name for p in folder.iterdir()) == files
-        for name in ("errors.csv", "estimates.csv", "error.png", "fit.png"):
+        for name in ("errors.csv", "estimates.csv", "equations.txt", "error.png", "fit.png"):
             assert (folder / name).read_bytes() == (alone / name).read_bytes(), name
 
 
@@ -355,7 +355,7 @@ def test_fit_png_of_a_short_held_out_trajectory_draws_a_long_one(tmp_path, monke
     import fnsysid.results.plotting as plotting
 
     drawn = {}
-    monkeypatch.setattr(plotting, "plot_fit", lambda measured, step, sim, names, path, title:
+    monkeypatch.setattr(plotting, "plot_fit", lambda measured, step, sim, names, title, **kw:
                         drawn.update(measured=measured, step=step, title=title))
     base = {"system": "pendulum", "M": 3, "R": 5, "repeats": 1, "progress": False,
             "strategy": "centralized_exact"}

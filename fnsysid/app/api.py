@@ -103,8 +103,9 @@ def load_trajectories(path, states, inputs=(), *, trajectory: str = "trajectory"
     ``data.ignore`` (the columns of the trajectory ids and of the times; columns not used;
     any other column that is not a state, an input, ``client``, ``repeat`` or ``split`` is
     refused). Columns ``repeat, client, trajectory, t, split`` (the mapped columns under these
-    names), the states and the inputs (``repeat`` the files' labels, 0 without the column);
-    raises
+    names; ``split`` only when the files have it, so that fitting the DataFrame holds out
+    ``data.holdout`` of each client's trajectories as fitting the files does), the states
+    and the inputs (``repeat`` the files' labels, 0 without the column); raises
     :class:`~fnsysid.data.files.DataError` (a :class:`ConfigError`) naming the file and
     row or column of the first problem.
     """
@@ -112,6 +113,7 @@ def load_trajectories(path, states, inputs=(), *, trajectory: str = "trajectory"
     df = read_trajectories(path, states, inputs,
                            columns=ColumnMap(trajectory, time, tuple(ignore)))
     names = [c for c in df.columns if c not in PUBLIC_COLUMNS and not c.startswith("_")]
-    out = df[PUBLIC_COLUMNS + names].reset_index(drop=True)
+    public = [c for c in PUBLIC_COLUMNS if c != "split" or df.attrs.get("split_column")]
+    out = df[public + names].reset_index(drop=True)
     out["repeat"] = out["repeat"].map(dict(enumerate(df.attrs["repeats"])))
     return out

@@ -21,10 +21,37 @@ from fnsysid.dynamics.model import FeatureMapError, build_model
 from fnsysid.learning.privacy import build_privacy
 from fnsysid.learning.sparsity import build_sparsity
 
+#: modules of the classes a ``_target_`` names, moved into the stage folders in 0.1.0
+#: (CHANGELOG.md): old module -> new module
+MOVED = {"fnsysid.features": "fnsysid.dynamics.features",
+         "fnsysid.systems": "fnsysid.dynamics.systems",
+         "fnsysid.quadrotor": "fnsysid.dynamics.quadrotor",
+         "fnsysid.optim": "fnsysid.learning.optim",
+         "fnsysid.strategies": "fnsysid.learning.strategies"}
+
+
+def check_moved(node, what: str) -> None:
+    """Refuse a ``_target_`` (anywhere in ``node``) of a module that moved, naming the new
+    path: ``system._target_=fnsysid.systems.Pendulum`` -> ``fnsysid.dynamics.systems``."""
+    if isinstance(node, dict):
+        target = node.get("_target_")
+        if isinstance(target, str) and "." in target:
+            module, name = target.rsplit(".", 1)
+            if module in MOVED:
+                raise ConfigError(f"{what}._target_={target}: module {module} moved to "
+                                  f"{MOVED[module]} (CHANGELOG.md, 0.1.0); allowed: _target_: "
+                                  f"{MOVED[module]}.{name}")
+        for k, v in node.items():
+            check_moved(v, f"{what}.{k}")
+    elif isinstance(node, (list, tuple)):
+        for i, v in enumerate(node):
+            check_moved(v, f"{what}[{i}]")
+
 
 def _build(node: dict, what: str, drop=()):
     """Instantiate a config group node (plain, left unchanged), turning constructor errors
     into ConfigError."""
+    check_moved(node, what)
     cfg = {k: v for k, v in node.items() if k not in drop}
     # in the config rather than a keyword: instantiate merges keywords into a copy of it
     cfg["_convert_"] = "all"

@@ -64,6 +64,17 @@ def _resolved(cfg: DictConfig) -> dict:
     return plain
 
 
+def _print_model(out: Path) -> None:
+    """Log the run's identified model (``equations.txt``), in its short form when large."""
+    from fnsysid.results.equations import short_form
+
+    path = out / "equations.txt"
+    if path.is_file():
+        lines = path.read_text().splitlines()
+        log.info("identified model (%s):\n%s", path,
+                 "\n".join(f"  {ln}" for ln in short_form(lines, str(path))))
+
+
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def task(cfg: DictConfig) -> float | None:
     """One Hydra job: run the experiment into Hydra's output folder."""
@@ -139,6 +150,7 @@ def task(cfg: DictConfig) -> float | None:
                  "%.4f | %.4f, free run %.4f | %.4f", summary["final_nrmse_1step_max"],
                  summary["final_nrmse_1step_mean"], summary["final_nrmse_sim_max"],
                  summary["final_nrmse_sim_mean"])
+    _print_model(out)
     if summary["status"] == "growing":
         g = summary["growth"]
         log.warning("run growing: %s %.4g at round %s (repeat %s) is %.3g times max(1, its start "
@@ -159,6 +171,25 @@ def task(cfg: DictConfig) -> float | None:
     return summary["final_e_max_mean"]
 
 
+def show(args: list[str]) -> int:
+    """``fnsysid show RUN_DIR``: print the status, scores and equations of a finished run (or
+    of each job of a sweep). Exit code 0 when every run shown is ``ok``, 3 when one is not
+    (diverged, growing, interrupted, refused), 2 for a folder that is not a run or a sweep."""
+    from fnsysid.results.equations import show_text, statuses
+
+    if len(args) != 1 or args[0].startswith("-"):
+        print("fnsysid: error: usage: fnsysid show RUN_DIR (the folder of a finished run or "
+              f"sweep); given: {' '.join(args) or 'nothing'}", file=sys.stderr)
+        return 2
+    try:
+        lines = show_text(Path(args[0]))
+    except ConfigError as exc:
+        print(f"fnsysid: error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0 if all(s == "ok" for s in statuses(Path(args[0]))) else 3
+
+
 def main() -> None:
     """Console entry point (``fnsysid`` or ``python run.py``)."""
     global _EXISTED
@@ -170,6 +201,13 @@ def main() -> None:
         from fnsysid.app.compare import main as compare
 
         sys.exit(compare(sys.argv[2:]))
+    if sys.argv[1:2] == ["show"]:
+        sys.exit(show(sys.argv[2:]))
+    if "--version" in sys.argv[1:]:     # fnsysid's version (Hydra's own flag would print its)
+        from fnsysid import __version__
+
+        print(f"fnsysid {__version__}")
+        sys.exit(0)
     argv = sys.argv[1:] = absolute_config_path(_flags_first(sys.argv[1:]))
     logging.raiseExceptions = False     # a full disk must not print logging tracebacks
     if not CONF_DIR.is_dir():

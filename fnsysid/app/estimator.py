@@ -2,7 +2,7 @@
 
 >>> m = fnsysid.FederatedSysID(feature_map="polynomial", R=60)        # doctest: +SKIP
 >>> m.fit(df, states=["x1", "x2"], inputs=["u"])                      # doctest: +SKIP
->>> m.equations(), m.score(df_val)                                    # doctest: +SKIP
+>>> m.equations(), m.nrmse(df_val)                                    # doctest: +SKIP
 
 One code path: :meth:`FederatedSysID.fit` composes and checks the settings as ``fnsysid.run``
 does (:func:`fnsysid.app.api.run_job`), and trajectories held in memory take the checks of
@@ -39,6 +39,7 @@ from fnsysid.data.files import (
     read_trajectories,
 )
 from fnsysid.data.source import column_names, heldout_of
+from fnsysid.results.equations import equations
 from fnsysid.results.metrics import HeldOutScores, free_run, over_clients
 
 #: ``data.path`` of trajectories held in memory (it names them in messages)
@@ -118,6 +119,26 @@ def _tables(data, what: str, rows: bool = False) -> tuple[list[tuple[_Table, pd.
                       "inputs), a mapping client -> DataFrame, or a path to trajectory files")
 
 
+def _estimates(table: pd.DataFrame, names: list[str], column: str, what: str
+               ) -> tuple[np.ndarray, list[str]]:
+    """The parameters (S, C, p) of a run's estimates table (rows repeat, client, parameter
+    in the run's order) and its client labels (``server``: one model)."""
+    if set(table["parameter"].astype(str)) != set(names):
+        raise ConfigError(f"{what}: its parameters are not those of the run's model "
+                          f"({', '.join(some(names, 8))})")
+    clients = list(dict.fromkeys(table["client"].astype(str)))
+    S = int(table["repeat"].max()) + 1
+    est = np.full((S, len(clients), len(names)), np.nan)
+    rep = table["repeat"].to_numpy(int)
+    cli = pd.Index(clients).get_indexer(table["client"].astype(str))
+    par = pd.Index(names).get_indexer(table["parameter"].astype(str))
+    est[rep, cli, par] = table[column].to_numpy(float)
+    if np.isnan(est).any():
+        raise ConfigError(f"{what}: a (repeat, client, parameter) has no value; the run's "
+                          "files are incomplete")
+    return est, clients
+
+
 @contextmanager
 def _row_index(tables):
     """A :class:`DataError` that names a row of one of ``tables`` (``<table>: row N``, N
@@ -146,39 +167,112 @@ def _is_path(data) -> bool:
     return isinstance(data, (str, os.PathLike))
 
 
+#: the constructor's settings: the config groups (``group=option``) and the top-level knobs,
+#: each None for the config's default
+GROUP_PARAMS = ("data", "system", "feature_map", "optimizer", "strategy", "runtime",
+                "personalize", "sparsity", "experiment")
+KNOB_PARAMS = ("M", "N", "T", "eps", "K", "lr", "R", "repeats", "seed", "progress")
+#: the other constructor parameters
+OTHER_PARAMS = ("config", "output_dir", "config_dir")
+
+
 class FederatedSysID:
     """Federated identification of a fleet, fitted from DataFrames, files or a simulation.
 
+    A scikit-learn estimator (``get_params``, ``set_params``, ``sklearn.base.clone``,
+    ``GridSearchCV``) without depending on scikit-learn: the protocol is implemented here.
+
     Parameters
     ----------
+    data, system, feature_map, optimizer, strategy, runtime, personalize, sparsity,
+    experiment : str or None
+        The option of each config group, as on the command line (``system="generic"``,
+        ``feature_map="combined"``, ``strategy="fedavg"``); None: the config's default.
+    M, N, T, eps, K, lr, R, repeats, seed, progress : the top-level knobs (``R=60``); None:
+        the config's (or the system's) default.
     config : further settings: a dict with dotted keys (``{"feature_map.degree": 3}``) or a
         list of override strings (``["feature_map.degree=3"]``).
     output_dir : a folder to write the run's files into (as ``fnsysid.run``); None: nothing
         is written.
     config_dir : a folder of your own config groups (like ``--config-dir``).
-    **settings : knobs and groups of the command line, e.g. ``strategy="fedavg"``, ``R=60``,
-        ``system="generic"``, ``feature_map="polynomial"``.
 
-    Bad settings and bad data raise :class:`~fnsysid.config.errors.ConfigError` (bad data:
+    Parameters are stored as given and checked when :meth:`fit` composes the config. Bad
+    settings and bad data raise :class:`~fnsysid.config.errors.ConfigError` (bad data:
     :class:`~fnsysid.config.errors.DataError`) with the command line's one-line message.
 
-    Attributes (after :meth:`fit`)
-    ------------------------------
+    Attributes (after :meth:`fit` or :meth:`load`)
+    ----------------------------------------------
     result_ : the run's :class:`~fnsysid.app.experiment.Result`.
     summary_ : what ``summary.json`` holds (``status``, final errors, settings).
     history_ : per-round errors (``errors.csv``).
     clients_ : the client labels; ``states_``, ``inputs_``: the state and input columns.
     """
 
-    def __init__(self, config=None, output_dir=None, config_dir=None, **settings):
+    def __init__(self, *, data=None, system=None, feature_map=None, optimizer=None,
+                 strategy=None, runtime=None, personalize=None, sparsity=None, experiment=None,
+                 M=None, N=None, T=None, eps=None, K=None, lr=None, R=None, repeats=None,
+                 seed=None, progress=None, config=None, output_dir=None, config_dir=None):
+        self.data = data
+        self.system = system
+        self.feature_map = feature_map
+        self.optimizer = optimizer
+        self.strategy = strategy
+        self.runtime = runtime
+        self.personalize = personalize
+        self.sparsity = sparsity
+        self.experiment = experiment
+        self.M = M
+        self.N = N
+        self.T = T
+        self.eps = eps
+        self.K = K
+        self.lr = lr
+        self.R = R
+        self.repeats = repeats
+        self.seed = seed
+        self.progress = progress
         self.config = config
         self.output_dir = output_dir
         self.config_dir = config_dir
-        self.settings = settings
+
+    # --- the scikit-learn protocol ----------------------------------------------------------
+
+    @classmethod
+    def _get_param_names(cls) -> list[str]:
+        return [*GROUP_PARAMS, *KNOB_PARAMS, *OTHER_PARAMS]
+
+    def get_params(self, deep: bool = True) -> dict:
+        """The constructor's parameters as stored (``deep`` has nothing to descend into)."""
+        return {k: getattr(self, k) for k in self._get_param_names()}
+
+    def set_params(self, **params) -> FederatedSysID:
+        """Set constructor parameters (``set_params(R=60)``); returns ``self``. A name that is
+        not a parameter raises ``ValueError`` naming the allowed ones."""
+        names = self._get_param_names()
+        for key, value in params.items():
+            if key not in names:
+                raise ValueError(f"{key} is not a parameter of FederatedSysID; allowed: "
+                                 f"{', '.join(names)}")
+            setattr(self, key, value)
+        return self
+
+    def __sklearn_tags__(self):
+        """scikit-learn's tags (read only by scikit-learn, so imported from it here): no
+        target ``y`` (the targets are the data's next states), not a classifier, regressor or
+        transformer."""
+        from sklearn.utils import Tags, TargetTags
+
+        return Tags(estimator_type=None, target_tags=TargetTags(required=False))
+
+    @property
+    def settings(self) -> dict:
+        """The settings given to the constructor (groups and knobs not None)."""
+        return {k: getattr(self, k) for k in (*GROUP_PARAMS, *KNOB_PARAMS)
+                if getattr(self, k) is not None}
 
     # --- fitting ----------------------------------------------------------------------------
 
-    def _overrides(self, data, states, inputs) -> list[str]:
+    def _overrides(self, data, states, inputs, columns=None) -> list[str]:
         given = as_overrides(self.settings)
         try:
             extra = as_overrides(self.config) if self.config is not None else []
@@ -201,16 +295,26 @@ class FederatedSysID:
                                       "columns; allowed: fit(data, states=[...], inputs=[...]) "
                                       "(or a system= whose columns the data carry)")
                 overrides.insert(0, "system=generic")
-        for key, value in (("data.states", states), ("data.inputs", inputs)):
+        for key, value in (("data.states", states), ("data.inputs", inputs),
+                           ("data.ignore", (columns or {}).get("ignore"))):
             if value is None:
                 continue
             if key in keys:
                 raise ConfigError(f"{key}: given to fit() and in the settings; give it once")
             overrides += as_overrides({key: [value] if isinstance(value, str) else
                                        list(value)})
+        for name in ("trajectory", "time"):
+            value = (columns or {}).get(name)
+            if value is None:
+                continue
+            if f"data.{name}" in keys:
+                raise ConfigError(f"data.{name}: given to fit() and in the settings; give it "
+                                  "once")
+            overrides += as_overrides({f"data.{name}": value})
         return overrides
 
-    def fit(self, data=None, states=None, inputs=None) -> FederatedSysID:
+    def fit(self, data=None, states=None, inputs=None, *, trajectory=None, time=None,
+            ignore=None) -> FederatedSysID:
         """Identify the fleet's model; returns ``self``.
 
         ``data``: a DataFrame in the layout of trajectory files (columns ``client``,
@@ -218,7 +322,10 @@ class FederatedSysID:
         mapping client -> DataFrame (without the ``client`` column), or a path to trajectory
         files (as ``data=files data.path=...``); None: the settings' data (a simulation by
         default). With data and no ``system`` setting, ``system=generic``. ``states``,
-        ``inputs``: the column names (``data.states``, ``data.inputs``).
+        ``inputs``: the column names (``data.states``, ``data.inputs``); ``trajectory``,
+        ``time``, ``ignore``: the columns of the trajectory ids and of the times, and columns
+        not used (``data.trajectory``, ``data.time``, ``data.ignore``; the names of
+        :func:`fnsysid.load_trajectories` and of the command line).
 
         Held-out rows (``split=val``, else ``data.holdout`` of each client's trajectories) give
         the NRMSE of :attr:`history_` and :attr:`summary_`. A fit that does not end ``ok``
@@ -228,8 +335,9 @@ class FederatedSysID:
         if data is not None and not _is_path(data):
             tables = _tables(data, "data")[0]
         with _row_index(tables):
-            res = run_job(self._overrides(data, states, inputs), self.output_dir,
-                          self.config_dir, tables)
+            res = run_job(self._overrides(data, states, inputs, {
+                "trajectory": trajectory, "time": time, "ignore": ignore}), self.output_dir,
+                self.config_dir, tables)
         self.result_ = res
         self.summary_ = res.summary
         self.history_ = res.errors
@@ -240,6 +348,42 @@ class FederatedSysID:
             warnings.warn(f"fnsysid: the fit ended with status '{status}' (see summary_ and "
                           "history_): do not trust its model", stacklevel=2)
         return self
+
+    @classmethod
+    def load(cls, run_dir) -> FederatedSysID:
+        """A fitted estimator of the finished run in folder ``run_dir`` (of the command line,
+        :func:`fnsysid.run` or ``fit`` with ``output_dir``): the model built from its
+        ``config.yaml``, the final estimates read from ``estimates.csv`` (and the clients'
+        own models from ``client_estimates.csv``) bit for bit, ``summary_`` and ``history_``
+        from ``summary.json`` and ``errors.csv``. It predicts, simulates, scores and prints
+        equations as the estimator that ran; it holds no training data (``result_.dataset``
+        has only the client labels) and the repeats are labelled 0..S-1. A folder that is not
+        a finished run raises :class:`ConfigError` naming it."""
+        from fnsysid.app.build import build
+        from fnsysid.data.source import Dataset
+        from fnsysid.results.equations import read_run
+
+        run = read_run(run_dir, "run_dir")
+        settings = run["settings"]
+        model = build(settings)[0]
+        est_table = run["tables"]["estimates"]
+        names = list(model.param_names)
+        est, clients = _estimates(est_table, names, "estimate", f"{run_dir}/estimates.csv")
+        own = None
+        if "client_estimates" in run["tables"]:
+            own, clients = _estimates(run["tables"]["client_estimates"], names, "estimate",
+                                      f"{run_dir}/client_estimates.csv")
+        elif est.shape[1] == 1:
+            clients = run["clients"]
+        dataset = Dataset(train=None, heldout=None, clients=clients)
+        res = Result(tables=run["tables"], summary=run["summary"], model=model, estimate=est,
+                     dataset=dataset, settings=settings, client_models=own)
+        m = cls()
+        m.result_, m.summary_ = res, res.summary
+        m.history_ = run["tables"]["errors"]
+        m.clients_ = list(clients)
+        m.states_, m.inputs_ = column_names(settings, model)
+        return m
 
     # --- the fitted model -------------------------------------------------------------------
 
@@ -338,41 +482,15 @@ class FederatedSysID:
                                                 else [])
         return out[keep + ["parameter", "value", *extra]]
 
-    def _names(self) -> tuple[list[str], list[str]]:
-        """The regression targets and the feature names of the model."""
-        model = self._result().model
-        sys = model.system
-        if model.library is not None:
-            feats = sys.name_features(model.library.feature_names(sys.n_x, sys.n_u))
-        else:
-            feats = list(sys.feature_names)
-        return list(sys.target_names), list(feats)
-
     def equations(self, client=None, precision: int = 4, repeat=None) -> list[str]:
         """The identified model as text, one string per regression target (for
         ``system=generic`` and the feature-map systems one per state): ``"x1+ = 1 x1 +
         0.05 x2"``; coefficients with ``precision`` significant digits (a small one reads
         ``1.2e-05``, not 0), terms whose coefficient is exactly 0 left out, a feature whose
-        name starts with a sign or holds a ``+``/``-`` in parentheses. With several repeats
-        ``repeat=`` (the data's label) says whose model."""
-        res = self._result()
-        Th = res.model.theta_matrix(self._theta(client, repeat))
-        targets, feats = self._names()
-        lines = []
-        for j, target in enumerate(targets):
-            terms = []
-            for c, f in zip(Th[j], feats, strict=True):
-                if c == 0:
-                    continue
-                size = f"{abs(c):.{precision}g}"
-                if re.search(r"[+-]", f):            # -g*sin(a)*dt would read as a minus
-                    f = f"({f})"
-                term = size if f == "1" else f"{size} {f}"
-                sign = "-" if c < 0 else "+"
-                terms.append((f"-{term}" if sign == "-" else term) if not terms
-                             else f"{sign} {term}")
-            lines.append(f"{target} = {' '.join(terms) if terms else '0'}")
-        return lines
+        name starts with a sign or holds a ``+``/``-`` in parentheses
+        (:func:`fnsysid.results.equations.equations`, as in a run's ``equations.txt``). With
+        several repeats ``repeat=`` (the data's label) says whose model."""
+        return equations(self._result().model, self._theta(client, repeat), precision)
 
     # --- prediction -------------------------------------------------------------------------
 
@@ -457,7 +575,63 @@ class FederatedSysID:
             out[c] = full[:, k]
         return out
 
-    def predict(self, data, client=None, repeat=None) -> pd.DataFrame:
+    def _arrays(self, x, u, client, what: str) -> pd.DataFrame:
+        """One client's arrays as the rows of a DataFrame: ``x`` (T, n_x) one trajectory or
+        (n, T, n_x) several of one length, ``u`` the inputs alike (None without inputs)."""
+        x = np.asarray(x, float)
+        n_x, n_u = len(self.states_), len(self.inputs_)
+        if x.ndim not in (2, 3) or x.shape[-1] != n_x:
+            raise DataError(f"{what}: an array of shape {x.shape}; allowed: (T, {n_x}) or "
+                            f"(trajectories, T, {n_x}): the states {', '.join(self.states_)}")
+        x3 = x if x.ndim == 3 else x[None]
+        if n_u:
+            if u is None:
+                raise DataError(f"u: missing; allowed: the inputs {', '.join(self.inputs_)} "
+                                f"as an array of shape {x.shape[:-1] + (n_u,)}")
+            u3 = np.asarray(u, float)
+            u3 = u3 if u3.ndim == 3 else u3[None]
+            if u3.shape != x3.shape[:-1] + (n_u,):
+                raise DataError(f"u: an array of shape {np.shape(u)}; allowed: "
+                                f"{x.shape[:-1] + (n_u,)} (the inputs beside each state)")
+        elif u is not None and np.size(u):
+            raise DataError("u: the fit has no inputs; allowed: u=None")
+        n, T = x3.shape[:2]
+        frame = pd.DataFrame(x3.reshape(n * T, n_x), columns=self.states_)
+        for k, name in enumerate(self.inputs_):
+            frame[name] = u3[..., k].reshape(-1)
+        cm = self._columns()
+        frame.insert(0, cm.time, np.tile(np.arange(T, dtype=float), n))
+        frame.insert(0, cm.trajectory, np.repeat(np.arange(n), T))
+        frame.insert(0, "client", str(client) if client is not None else "client")
+        return frame
+
+    def _evaluate(self, how, data, client, repeat, u):
+        """``how`` (predict or simulate) of a DataFrame, files or one client's arrays (then
+        an array of the shape of ``data``)."""
+        if isinstance(data, (np.ndarray, list, tuple)):
+            self._result()
+            shape = np.shape(data)
+            out = how(self._arrays(data, u, client, "data"), client, repeat)
+            return out[self.states_].to_numpy(float).reshape(shape)
+        if u is not None:
+            raise ConfigError("u: given with a DataFrame; allowed: u= with one client's arrays "
+                              "only (a DataFrame carries its inputs)")
+        return how(data, client, repeat)
+
+    def predict(self, data, client=None, repeat=None, *, u=None):
+        """One-step predictions (see :meth:`_predict`): of a DataFrame or files a DataFrame;
+        of one client's arrays (``data`` the states (T, n_x), or (n, T, n_x) for n
+        trajectories of one length, ``u`` the inputs alike) an array of the same shape (NaN
+        at each trajectory's first step). ``client=``: whose model, with a model per client."""
+        return self._evaluate(self._predict, data, client, repeat, u)
+
+    def simulate(self, data, client=None, repeat=None, *, u=None):
+        """Free run (see :meth:`_simulate`), of a DataFrame, files or one client's arrays as
+        in :meth:`predict` (then an array of the states' shape, its first step the measured
+        state)."""
+        return self._evaluate(self._simulate, data, client, repeat, u)
+
+    def _predict(self, data, client=None, repeat=None) -> pd.DataFrame:
         """One-step predictions: for each row, its states predicted from the trajectory's
         previous row (states and inputs); NaN in a trajectory's first row. One row per row of
         ``data`` (same layout as :meth:`fit`'s, in its order), with its layout columns under
@@ -476,7 +650,7 @@ class FederatedSysID:
         pred[1:][same] = step[same]
         return self._out(frame, pos, pred, self.states_)
 
-    def simulate(self, data, client=None, repeat=None) -> pd.DataFrame:
+    def _simulate(self, data, client=None, repeat=None) -> pd.DataFrame:
         """Free run: each trajectory simulated from its first state with its recorded inputs
         (the first row holds the measured state). One row per row of ``data``, in its order;
         ``repeat`` as in :meth:`predict`."""
@@ -498,9 +672,16 @@ class FederatedSysID:
         sim = free_run(self.result_.model, theta[start][None], x, u[..., :-1, :])
         return self._out(frame, pos, sim[0, traj, 0, t], self.states_)
 
-    def score(self, data, kind: str = "one_step", client=None, repeat=None) -> float:
-        """The held-out NRMSE of ``data``: every row given is scored, or with a ``split``
-        column that marks rows ``val`` only those (as the run scores its held-out rows). Per
+    def score(self, data, y=None, kind: str = "one_step", client=None, repeat=None) -> float:
+        """Higher is better (scikit-learn's convention, what ``GridSearchCV`` maximizes):
+        minus the held-out NRMSE of ``data`` (:meth:`nrmse`), so 0 is a perfect prediction.
+        ``y`` is not used (the targets are the data's next states)."""
+        return -self.nrmse(data, kind=kind, client=client, repeat=repeat)
+
+    def nrmse(self, data, kind: str = "one_step", client=None, repeat=None) -> float:
+        """The held-out NRMSE of ``data`` (lower is better): every row given is scored, or
+        with a ``split`` column that marks rows ``val`` only those (as the run scores its
+        held-out rows). Per
         client, each predicted state's RMSE over its standard deviation, averaged over the
         states; then the mean over the clients (and over repeats) -- the run's
         ``nrmse_1step_mean`` (``kind="one_step"``) or ``nrmse_sim_mean``
@@ -528,6 +709,12 @@ class FederatedSysID:
         v = scores.one_step(per) if kind == "one_step" else scores.free_run(per)
         mean = over_clients(v, scores.valid)[1]
         return float(np.mean(mean))
+
+    def plot_fit(self, data=None, ax=None, repeat: int = 0):
+        """The fit of one trajectory as a matplotlib Figure (inline in a notebook):
+        :meth:`fnsysid.app.experiment.Result.plot_fit` of the fit's result (``data`` None:
+        its held-out trajectory; a DataFrame: its first client's first trajectory)."""
+        return self._result().plot_fit(data, ax=ax, repeat=repeat)
 
     # --- display ----------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ lives in its own module: :mod:`fnsysid.app.build` (objects from the config),
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from collections.abc import Mapping
@@ -130,15 +131,87 @@ class Result:
         """The parameters fitted, in order, and which ones ``e_r`` scores (parameters.csv)."""
         return self.tables.get("parameters")
 
-    def plot_fit(self, path, repeat: int = 0) -> None:
-        """Save the held-out fit of the first scored client (as ``fit.png``; see
-        :func:`~fnsysid.results.files.write_fit_plot`)."""
-        from fnsysid.results.files import write_fit_plot
+    def plot_fit(self, df=None, ax=None, repeat: int = 0, path=None):
+        """The fit of one trajectory as a matplotlib Figure (shown inline in a notebook):
+        measured states, one-step predictions and the free run from the first state.
 
-        if self.dataset.heldout is None:
-            raise ValueError("this run has no held-out trajectories (data.val_N=0 or "
-                             "data.holdout=0)")
-        write_fit_plot(path, self.model, self.estimate, self.dataset, repeat, self.settings)
+        ``df``: None, the first scored client's held-out trajectory (what ``fit.png``
+        shows); or a DataFrame in the layout of trajectory files (a ``client`` column, the
+        trajectory and time columns under their own or the run's ``data.trajectory`` /
+        ``data.time`` names, the states and inputs): its first client's first trajectory,
+        drawn against its times. ``ax``: one Axes per state, or one Axes for all; None: a new
+        figure. ``path``: also save it there (``.png``, ``.pdf``, ``.svg``)."""
+        from fnsysid.results.files import fit_figure
+        from fnsysid.results.plotting import save
+
+        if isinstance(df, (str, os.PathLike)):        # plot_fit(path): the file only
+            df, path = None, df
+        if df is None:
+            if self.dataset is None or self.dataset.heldout is None:
+                raise ValueError("this run has no held-out trajectories (data.val_N=0 or "
+                                 "data.holdout=0, or a run loaded from its folder): give "
+                                 "plot_fit a DataFrame")
+            fig = fit_figure(self.model, self.estimate, self.dataset, repeat, self.settings, ax)
+            if fig is None:
+                raise ValueError("no client has held-out data to draw")
+        else:
+            fig = self._plot_frame(df, ax, repeat)
+        if path is not None:
+            save(fig, [path], dpi=110)
+        return fig
+
+    def _plot_frame(self, df, ax, repeat: int):
+        """:meth:`plot_fit` of a DataFrame's first client's first trajectory."""
+        from fnsysid.data.files import ColumnMap
+        from fnsysid.data.source import column_names
+        from fnsysid.results.metrics import free_run, one_step
+        from fnsysid.results.plotting import plot_fit
+
+        states, inputs = column_names(self.settings, self.model)
+        cm = ColumnMap.of(self.settings.data)
+        miss = [c for c in states + inputs if c not in df.columns]
+        if miss:
+            raise ValueError(f"df: column '{miss[0]}' is missing; the model's states and "
+                             f"inputs: {', '.join(states + inputs)}")
+        rows = df
+        client = None
+        if "client" in df.columns:
+            client = str(df["client"].iloc[0])
+            rows = rows[rows["client"].astype(str) == client]
+        traj = next((c for c in (cm.trajectory, "trajectory") if c in rows.columns), None)
+        if traj is not None:
+            rows = rows[rows[traj] == rows[traj].iloc[0]]
+        time = next((c for c in (cm.time, "t") if c in rows.columns), None)
+        est = np.asarray(self.estimate)[repeat:repeat + 1]
+        if est.shape[1] > 1:
+            if client not in self.dataset.clients:
+                raise ValueError(f"df: client {client} has no model of its own in this run; "
+                                 f"allowed: {', '.join(some(self.dataset.clients, 8))}")
+            m = self.dataset.clients.index(client)
+            est = est[:, m:m + 1]
+        x = rows[states].to_numpy(float)[None, None, None]
+        u = rows[inputs].to_numpy(float)[:-1][None, None, None] if inputs else \
+            np.zeros((1, 1, 1, len(rows) - 1, 0))
+        L = len(rows)
+        sim = free_run(self.model, est, x, u)[0, 0, 0, :L]
+        step = one_step(self.model, est, x, u)[0, 0, 0, :L - 1]
+        title = (f"client {client}, " if client is not None else "") + \
+            (f"trajectory {rows[traj].iloc[0]}" if traj is not None else "trajectory")
+        return plot_fit(x[0, 0, 0], step, sim, states, title=title, ax=ax,
+                        time=rows[time].to_numpy(float) if time else None,
+                        time_label=time or "time step")
+
+    def plot_errors(self, ax=None, path=None):
+        """The error curve of ``error.png`` (e_r against r, or the held-out NRMSE without a
+        truth) as a matplotlib Figure; into ``ax`` if given, saved to ``path`` if given."""
+        from fnsysid.results.plotting import method_of, plot_run, save
+
+        fig = plot_run(self.errors, title="", ax=ax,
+                       method=method_of(self.settings.resolved.get("strategy")
+                                        if self.settings is not None else None))
+        if path is not None:
+            save(fig, [path], dpi=120)
+        return fig
 
 
 def given_keys(overrides) -> frozenset[str]:

@@ -267,11 +267,24 @@ def _check_command(argv, config_name: str, parser, parsed, groups, folders: bool
         if o.is_delete() or o.package is not None or not o.is_sweep_override():
             fixed.append(o.input_line)
             if not o.is_delete() and o.package is None and not key.startswith("hydra."):
-                _check_value(key, o.value(), groups)
+                try:
+                    _check_value(key, o.value(), groups)
+                except ConfigError as exc:  # one value for a list: the bracket form
+                    if "must be a list" not in str(exc) or isinstance(o.value(), (list, dict)):
+                        raise
+                    raise ConfigError(f"{exc}; a list is written in brackets: "
+                                      f"{key}={_bracketed([o.value()])}") from None
             continue
         values = _sweep_values(o, key)
         for v in values:
-            _check_value(key, v, groups)
+            try:
+                _check_value(key, v, groups)
+            except ConfigError as exc:      # a,b for a list: the bracket form
+                if "must be a list" not in str(exc):
+                    raise
+                raise ConfigError(f"{o.input_line}: {key} must be a list; a,b is a sweep of "
+                                  f"{len(values)} values, a list is written in brackets: "
+                                  f"{key}={_bracketed(values)}") from None
         dims[o.input_line.split("=", 1)[0]] = values
 
     first = fixed + [f"{k}={encode(v[0])}" for k, v in dims.items()]
@@ -314,6 +327,11 @@ def _check_command(argv, config_name: str, parser, parsed, groups, folders: bool
     if folders:
         check_disk(key, OmegaConf.select(base, key), disk * n_jobs)
     return existing, base
+
+
+def _bracketed(values) -> str:
+    """``values`` as a list override, ``[theta,omega]`` (strings bare, others encoded)."""
+    return "[" + ",".join(v if isinstance(v, str) else encode(v) for v in values) + "]"
 
 
 def _hydra_sweep(o) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
@@ -265,6 +266,21 @@ def column_names(settings, model: Model) -> tuple[list[str], list[str]]:
 
 
 @np.errstate(over="ignore", invalid="ignore")    # statistics that overflow: refused, not warned
+def _generic_hint(exc: DataError, settings, model, given: frozenset[str]) -> DataError:
+    """A state or input column of the default system missing from files read without a
+    ``system=`` given: the error with the hint of ``system=generic`` (a fleet's own
+    columns), else the error as it is."""
+    msg = str(exc)
+    own = settings.data.states is None or settings.data.inputs is None
+    if "system" in given or not own or not re.search(
+            r"\(data\.(states|inputs)\) is missing", msg):
+        return exc
+    return DataError(f"{msg}; system={model.system.name} reads its own columns "
+                     f"({', '.join(model.system.state_names + model.system.input_names)}); "
+                     "for your own columns give system=generic data.states=[...] "
+                     "data.inputs=[...]")
+
+
 def from_files(settings: Settings, model: Model, optimizer,
                given: frozenset[str] = frozenset(), budget=None,
                client_file: bool = False, tables=None) -> Dataset:
@@ -292,9 +308,12 @@ def from_files(settings: Settings, model: Model, optimizer,
 
     states, inputs = column_names(settings, model)
     columns = ColumnMap.of(settings.data)
-    df = (read_trajectories(settings.data.path, states, inputs, client_file=client_file,
-                            columns=columns)
-          if tables is None else check_tables(tables, states, inputs, columns=columns))
+    try:
+        df = (read_trajectories(settings.data.path, states, inputs, client_file=client_file,
+                                columns=columns)
+              if tables is None else check_tables(tables, states, inputs, columns=columns))
+    except DataError as exc:
+        raise _generic_hint(exc, settings, model, given) from None
     clients = [str(c) for c in df.drop_duplicates("_client").sort_values("_client")["client"]]
     labels = df.attrs["repeats"]                         # the files' repeat labels
     S, M = len(labels), len(clients)

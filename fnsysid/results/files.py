@@ -52,7 +52,28 @@ def write_outputs(out, cfg, result) -> None:
         if plot and result.dataset.heldout is not None:
             write_fit_plot(out, result.model, result.estimate, result.dataset,
                            settings=cfg)
+        lines = model_lines(result)
+        if lines is not None:
+            write_text(Path(out) / "equations.txt", "\n".join(lines) + "\n")
         write_json(Path(out) / "summary.json", result.summary)
+
+
+def model_lines(result) -> list[str] | None:
+    """The lines of ``equations.txt``: the final model of each repeat (or of each client,
+    :func:`~fnsysid.results.equations.model_text`); None after a divergence (no model to
+    trust; ``estimates.csv`` is not written either). An interrupted run's model is that of
+    its last round, said in a first comment line."""
+    from fnsysid.results.equations import model_text
+
+    if "estimates" not in list(result.tables) or result.diverged is not None:   # no pandas
+        return None
+    ds = result.dataset
+    lines = model_text(result.model, result.estimate, ds.clients, ds.repeats or None)
+    status = result.summary.get("status")
+    if status != "ok":
+        lines.insert(0, f"# status {status} after round {result.summary.get('rounds_completed')}"
+                        ": not a converged model")
+    return lines
 
 
 def write_run(out: Path, resolved: dict, tables: Mapping[str, Table | pd.DataFrame],
@@ -99,7 +120,26 @@ FIT_SAMPLES = 100
 
 def write_fit_plot(out: Path, model, estimate, dataset, repeat: int = 0,
                    settings=None) -> None:
-    """``fit.png`` in folder ``out`` (or the file ``out`` if it ends in an image suffix):
+    """``fit.png`` in folder ``out`` (or the file ``out`` if it ends in an image suffix): the
+    figure of :func:`fit_figure` (nothing without a held-out client)."""
+    from fnsysid.results.plotting import save
+
+    out = Path(out)
+    path = out if out.suffix in (".png", ".pdf", ".svg") else out / "fit.png"
+    fig = fit_figure(model, estimate, dataset, repeat, settings)
+    if fig is not None:
+        write_atomic(path, lambda tmp: save(fig, [tmp], dpi=110))
+
+
+def time_label(settings) -> str:
+    """The x axis of a fit plot of held-out trajectories (which keep no times): ``time step``,
+    or with ``data.time`` naming the data's time column, that name (sample index)."""
+    name = getattr(getattr(settings, "data", None), "time", None) if settings else None
+    return f"{name} (sample index)" if name and name != "t" else "time step"
+
+
+def fit_figure(model, estimate, dataset, repeat: int = 0, settings=None, ax=None):
+    """The held-out fit (a matplotlib Figure; None without held-out data):
     measured, one-step and free-run states of the first scored client (held-out data in which
     a predicted state varies, :func:`~fnsysid.results.metrics.scored`; else the first with
     held-out data: a client of all-zero logs would show flat lines), repeat 0.
@@ -117,7 +157,7 @@ def write_fit_plot(out: Path, model, estimate, dataset, repeat: int = 0,
     ho = dataset.heldout
     valid = np.flatnonzero(ho.valid[repeat])
     if not len(valid):
-        return
+        return None
     good = np.flatnonzero(ho.valid[repeat] & scored(model, ho)[repeat])
     m = int(good[0] if len(good) else valid[0])
     block, at = ho.client(m)
@@ -134,12 +174,10 @@ def write_fit_plot(out: Path, model, estimate, dataset, repeat: int = 0,
         what = f"held-out trajectory of {L} samples simulated for this plot"
     sim = free_run(model, est, x, u)[0, 0, 0, :L]
     step = one_step(model, est, x, u)[0, 0, 0, :L - 1]
-    out = Path(out)
-    path = out if out.suffix in (".png", ".pdf", ".svg") else out / "fit.png"
     title = (f"client {dataset.clients[m]}, {what}"
              + (f", repeat {repeat}" if ho.n.shape[0] > 1 else ""))
-    write_atomic(path, lambda tmp: plot_fit(x[0, 0, 0, :L], step, sim,
-                                            model.system.state_names, tmp, title=title))
+    return plot_fit(x[0, 0, 0, :L], step, sim, model.system.state_names, title=title, ax=ax,
+                    time_label=time_label(settings))
 
 
 def _plot_trajectory(model, settings, M: int, m: int, repeat: int):

@@ -202,16 +202,20 @@ def method_of(strategy: dict | None) -> str | None:
 
 
 @locked
-def plot_run(errors: pd.DataFrame, path: Path, title: str = "",
-             method: str | None = None) -> None:
+def plot_run(errors: pd.DataFrame, path: Path | None = None, title: str = "",
+             method: str | None = None, ax=None) -> Figure:
     """e_r against r for one run: max over clients (solid) and mean over clients (dashed),
     each the mean over repeats with its min..max band, in the colour of the run's ``method``
     (a key of :data:`METHODS`; the legend names it).
 
     Without ground truth (``e_max`` empty) the held-out one-step NRMSE is drawn instead.
+    Drawn into ``ax`` if given (else a new figure), saved to ``path`` if given; returns the
+    figure.
     """
-    fig = new_figure(figsize=(5, 3.6), layout="constrained")
-    ax = fig.subplots()
+    if ax is None:
+        fig = new_figure(figsize=(5, 3.6), layout="constrained")
+        ax = fig.subplots()
+    fig = ax.figure
     style = method_style(method)
     name = style.pop("label", None)
     style.pop("linestyle", None)
@@ -234,7 +238,9 @@ def plot_run(errors: pd.DataFrame, path: Path, title: str = "",
     ax.set_title(wrap(title, 70), fontsize=8)
     ax.legend(fontsize=8, title_fontsize=7,
               title=(f"mean over {n_rep} repeats, band min..max" if n_rep > 1 else None))
-    save(fig, [path], dpi=120)
+    if path is not None:
+        save(fig, [path], dpi=120)
+    return fig
 
 
 def _sort_value(v: str):
@@ -843,30 +849,51 @@ def sweep_heatmap(jobs: list[dict], keys: list[str], outs, metric: str = "e_max"
 
 
 @locked
-def plot_fit(measured, one_step, free_run, names, path: Path, title: str = "") -> None:
+def plot_fit(measured, one_step, free_run, names, path: Path | None = None, title: str = "",
+             ax=None, time=None, time_label: str = "time step") -> Figure:
     """Held-out fit of one trajectory: measured states, one-step-ahead predictions and the
-    free-run simulation from the first state, one panel per state."""
+    free-run simulation from the first state, one panel per state.
+
+    ``time``: the samples' times (default 0, 1, ...), ``time_label`` the x axis's name (the
+    data's ``data.time`` column). ``ax``: one Axes per state (a sequence), or one Axes for
+    all states (each state's curves labelled with its name); None: a new figure. Saved to
+    ``path`` if given; returns the figure."""
     measured = np.asarray(measured)
     n_x = measured.shape[-1]
-    cols = min(n_x, 4)
-    rows = -(-n_x // cols)
-    fig = new_figure(figsize=(3.2 * cols, 2.4 * rows), layout="constrained")
-    axes = fig.subplots(rows, cols, squeeze=False)
-    t = np.arange(len(measured))
-    for k, ax in enumerate(axes.ravel()):
+    if ax is None:
+        cols = min(n_x, 4)
+        rows = -(-n_x // cols)
+        fig = new_figure(figsize=(3.2 * cols, 2.4 * rows), layout="constrained")
+        axes = list(fig.subplots(rows, cols, squeeze=False).ravel())
+    else:
+        axes = list(np.ravel(np.asarray(ax, dtype=object)))
+        if len(axes) not in (1, n_x):
+            raise ValueError(f"ax: {len(axes)} axes for {n_x} states; allowed: one Axes, or "
+                             f"{n_x} (one per state: {', '.join(names)})")
+        fig = axes[0].figure
+    one = len(axes) == 1 and n_x > 1
+    t = np.arange(len(measured)) if time is None else np.asarray(time, float)
+    for k in range(max(len(axes), n_x)):
+        a = axes[0] if one else axes[k]
         if k >= n_x:
-            ax.set_visible(False)
+            a.set_visible(False)
             continue
-        ax.plot(t, measured[:, k], "k-", lw=1.2, label="measured")
-        ax.plot(t[1:], one_step[:, k], "o", ms=2.5, label="one-step")
+        pre = f"{names[k]} " if one else ""
+        a.plot(t, measured[:, k], "-", color="k" if not one else f"C{k}", lw=1.2,
+               label=f"{pre}measured")
+        a.plot(t[1:], one_step[:, k], "o", ms=2.5, color=None if not one else f"C{k}",
+               label=f"{pre}one-step")
         with np.errstate(invalid="ignore"):
-            ax.plot(t, np.where(np.isfinite(free_run[:, k]), free_run[:, k], np.nan), "--",
-                    lw=1.2, label="free run")
-        ax.set_title(names[k], fontsize=8)
-        ax.set_xlabel("time step", fontsize=7)
-        ax.tick_params(labelsize=7)
-        ax.grid(True, alpha=0.3)
-    axes[0, 0].legend(fontsize=7)
+            a.plot(t, np.where(np.isfinite(free_run[:, k]), free_run[:, k], np.nan), "--",
+                   lw=1.2, color=None if not one else f"C{k}", label=f"{pre}free run")
+        if not one:
+            a.set_title(names[k], fontsize=8)
+        a.set_xlabel(time_label, fontsize=7)
+        a.tick_params(labelsize=7)
+        a.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
-    save(fig, [path], dpi=110)
+    if path is not None:
+        save(fig, [path], dpi=110)
+    return fig

@@ -23,9 +23,21 @@ def _rounds(R: int, progress: bool):
     """Rounds 1..R, with a progress bar if ``progress`` (tqdm is imported only then)."""
     if not progress:
         return range(1, R + 1)
-    from tqdm.auto import tqdm
+    return progress_bar()(range(1, R + 1), desc="rounds", unit="round", leave=False,
+                          disable=None)
 
-    return tqdm(range(1, R + 1), desc="rounds", unit="round", leave=False, disable=None)
+
+def progress_bar():
+    """tqdm's class for the progress bar: ``tqdm.auto`` (a widget in Jupyter) when ipywidgets
+    is installed, else the plain text bar (``tqdm.auto`` without ipywidgets warns
+    ``IProgress not found`` in Jupyter and falls back to text anyway)."""
+    import importlib.util
+
+    if importlib.util.find_spec("ipywidgets") is not None:
+        from tqdm.auto import tqdm
+    else:
+        from tqdm.std import tqdm
+    return tqdm
 
 
 def train(strategy, data: ClientData, theta0, optimizer, model, settings, progress=True,

@@ -1,0 +1,226 @@
+"""The identified model as text: one equation per regression target (what ``equations.txt``
+holds, what a run prints at its end, what ``fnsysid show`` and
+:meth:`fnsysid.FederatedSysID.equations` give); and a finished run or sweep read back from its
+folder, for ``fnsysid show RUN_DIR`` and :meth:`fnsysid.FederatedSysID.load`."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+from fnsysid.config.errors import ConfigError, some
+from fnsysid.results.folder import MULTIRUN
+
+#: equations printed at the end of a run before the short form (the rest in equations.txt)
+SHORT_LINES = 12
+#: characters of one printed equation before it is cut (the full one in equations.txt)
+SHORT_WIDTH = 160
+
+
+def names(model) -> tuple[list[str], list[str]]:
+    """The regression targets and the feature names of ``model``."""
+    sys = model.system
+    if model.library is not None:
+        feats = sys.name_features(model.library.feature_names(sys.n_x, sys.n_u))
+    else:
+        feats = list(sys.feature_names)
+    return list(sys.target_names), list(feats)
+
+
+def equations(model, theta, precision: int = 4) -> list[str]:
+    """One string per regression target, ``"x1+ = 1 x1 + 0.05 x2"``, of the parameters
+    ``theta`` (p,): coefficients with ``precision`` significant digits (a small one reads
+    ``1.2e-05``, not 0), terms whose coefficient is exactly 0 left out, a feature whose name
+    starts with a sign or holds a ``+``/``-`` in parentheses."""
+    Th = model.theta_matrix(np.asarray(theta, float))
+    targets, feats = names(model)
+    lines = []
+    for j, target in enumerate(targets):
+        terms = []
+        for c, f in zip(Th[j], feats, strict=True):
+            if c == 0:
+                continue
+            size = f"{abs(c):.{precision}g}"
+            if re.search(r"[+-]", f):            # -g*sin(a)*dt would read as a minus
+                f = f"({f})"
+            term = size if f == "1" else f"{size} {f}"
+            sign = "-" if c < 0 else "+"
+            terms.append((f"-{term}" if sign == "-" else term) if not terms
+                         else f"{sign} {term}")
+        lines.append(f"{target} = {' '.join(terms) if terms else '0'}")
+    return lines
+
+
+def model_text(model, estimate, clients, repeats=None, precision: int = 4) -> list[str]:
+    """The lines of ``equations.txt`` for the final estimates ``estimate`` (S, 1 or M, p): the
+    server model of each repeat, or each client's model (``clients``: their labels), under a
+    heading ``repeat r`` (several repeats) and ``client c`` (a model per client)."""
+    est = np.asarray(estimate, float)
+    S, C, _ = est.shape
+    reps = list(repeats) if repeats is not None else list(range(S))
+    lines = []
+    for s in range(S):
+        for c in range(C):
+            head = ([f"repeat {reps[s]}"] if S > 1 else []) + \
+                   ([f"client {clients[c]}"] if C > 1 else [])
+            if head:
+                lines.append(f"[{', '.join(head)}]")
+            lines += equations(model, est[s, c], precision)
+    return lines
+
+
+def short_form(lines: list[str], more: str = "equations.txt") -> list[str]:
+    """``lines`` as printed: at most :data:`SHORT_LINES` of them, each cut at
+    :data:`SHORT_WIDTH` characters, with a last line saying how many are left out and where
+    they are."""
+    shown = [ln if len(ln) <= SHORT_WIDTH else ln[:SHORT_WIDTH - 4] + " ..." for ln in
+             lines[:SHORT_LINES]]
+    cut = len(lines) - len(shown)
+    if cut > 0 or shown != lines[:len(shown)]:
+        shown.append(f"... ({cut} more line(s); the full model in {more})" if cut else
+                     f"... (long equations cut; the full model in {more})")
+    return shown
+
+
+# --- a finished run read back ---------------------------------------------------------------
+
+#: the tables a loaded run reads (each when its file exists)
+TABLES = ("errors", "estimates", "client_estimates", "parameters", "clients", "k_clients",
+          "theory")
+#: summary.json's scores shown by ``fnsysid show`` (each when not null)
+SCORES = ("final_e_max_mean", "final_e_mean_mean", "final_nrmse_1step_mean",
+          "final_nrmse_1step_max", "final_nrmse_sim_mean", "final_nrmse_sim_max",
+          "final_e_pers_max_mean")
+
+
+def _summary(folder: Path, name: str) -> dict:
+    path = folder / "summary.json"
+    if not folder.is_dir():
+        raise ConfigError(f"{name}={folder} is not a folder; allowed: the folder of a finished "
+                          "run or sweep")
+    if not path.is_file():
+        raise ConfigError(f"{name}={folder} holds no finished run (no summary.json); allowed: "
+                          "the folder of a finished run or sweep")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{name}={folder}: summary.json cannot be read ({exc})") from None
+
+
+def is_sweep(folder: Path) -> bool:
+    """True if ``folder`` is a sweep's (Hydra's ``multirun.yaml`` at its top)."""
+    return (Path(folder) / MULTIRUN).is_file()
+
+
+def sweep_jobs(folder: Path) -> list[Path]:
+    """The job folders of a sweep (those holding ``summary.json``), sorted by name."""
+    return sorted(p for p in Path(folder).iterdir() if (p / "summary.json").is_file())
+
+
+#: columns of labels, kept as text (client 01 is not client 1)
+LABELS = ("client", "parameter", "status", "method")
+
+
+def _read_csv(path: Path):
+    """A table as written (a DataFrame), each number parsed by Python's ``float`` (the
+    shortest repr that pandas writes reads back to the same double) and whole numbers as
+    integers; label columns as text. (pandas imported here: a run itself does not import
+    it.)"""
+    import pandas as pd
+
+    df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    for c in df.columns:
+        if c in LABELS:
+            continue
+        text = df[c].replace("", "nan")
+        try:
+            values = text.astype(float)
+        except ValueError:
+            continue
+        whole = values.notna().all() and text.str.fullmatch(r"-?\d+").all()
+        df[c] = values.astype(int) if whole else values
+    return df
+
+
+def read_run(folder, name: str = "run_dir") -> dict:
+    """A finished run's ``settings`` (checked, from ``config.yaml``), ``summary``, ``tables``
+    (DataFrames, floats read back bit for bit) and ``clients`` (the labels of
+    ``clients.csv``, else of ``k_clients.csv``, else none). A folder that is not a run, or a
+    run without final estimates (diverged, refused), raises :class:`ConfigError`."""
+    import yaml
+
+    from fnsysid.config.schema import settings_from
+
+    folder = Path(folder)
+    if folder.is_dir() and is_sweep(folder):
+        jobs = [p.name for p in sweep_jobs(folder)]
+        raise ConfigError(f"{name}={folder} is a sweep; allowed: one of its job folders "
+                          f"({', '.join(some(jobs, 5)) or 'none finished'})")
+    summary = _summary(folder, name)
+    if not (folder / "estimates.csv").is_file():
+        raise ConfigError(f"{name}={folder}: the run ended with status "
+                          f"'{summary.get('status')}' and has no estimates.csv: no model")
+    try:
+        plain = yaml.safe_load((folder / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{name}={folder}: config.yaml cannot be read ({exc})") from None
+    settings = settings_from(plain)
+    tables = {t: _read_csv(folder / f"{t}.csv") for t in TABLES
+              if (folder / f"{t}.csv").is_file()}
+    clients = []
+    for t in ("clients", "k_clients"):
+        if t in tables and "client" in tables[t]:
+            clients = list(dict.fromkeys(tables[t]["client"].astype(str)))
+            break
+    return {"settings": settings, "summary": summary, "tables": tables, "clients": clients}
+
+
+def _scores(summary: dict) -> str:
+    shown = [f"{k.removeprefix('final_')} {summary[k]:.4g}" for k in SCORES
+             if isinstance(summary.get(k), (int, float))]
+    return ", ".join(shown) if shown else "no scores"
+
+
+def _run_lines(folder: Path, summary: dict, full: bool) -> list[str]:
+    head = (f"status {summary.get('status')}, {summary.get('rounds_completed')} rounds; "
+            f"system={summary.get('system')}, feature_map={summary.get('feature_map')}, "
+            f"strategy={summary.get('strategy')}, M={summary.get('M')}")
+    lines = [head, f"scores: {_scores(summary)}"]
+    if summary.get("error"):
+        lines.append(f"error: {summary['error']}")
+    eq = folder / "equations.txt"
+    if eq.is_file():
+        model = eq.read_text().splitlines()
+        lines.append("equations:")
+        lines += [f"  {ln}" for ln in (model if full else short_form(model, str(eq)))]
+    else:
+        lines.append("equations: none (no equations.txt: no model to show)")
+    return lines
+
+
+def show_text(folder, full: bool = True) -> list[str]:
+    """What ``fnsysid show`` prints: a run's status, scores and equations; for a sweep, each
+    job's (equations in their short form)."""
+    folder = Path(folder)
+    if folder.is_dir() and is_sweep(folder):
+        jobs = sweep_jobs(folder)
+        if not jobs:
+            raise ConfigError(f"RUN_DIR={folder} is a sweep with no finished job (no "
+                              "summary.json in its job folders)")
+        lines = [f"sweep {folder}: {len(jobs)} job(s)"]
+        for job in jobs:
+            lines += ["", f"{job.name}:"]
+            lines += [f"  {ln}" for ln in _run_lines(job, _summary(job, "RUN_DIR"), False)]
+        return lines
+    summary = _summary(folder, "RUN_DIR")
+    return [f"run {folder}:", *_run_lines(folder, summary, full)]
+
+
+def statuses(folder) -> list:
+    """The status of the run in ``folder``, or of each finished job of a sweep."""
+    folder = Path(folder)
+    runs = sweep_jobs(folder) if is_sweep(folder) else [folder]
+    return [_summary(r, "RUN_DIR").get("status") for r in runs]
