@@ -170,7 +170,7 @@ def _is_path(data) -> bool:
 #: the constructor's settings: the config groups (``group=option``) and the top-level knobs,
 #: each None for the config's default
 GROUP_PARAMS = ("data", "system", "feature_map", "optimizer", "strategy", "runtime",
-                "personalize", "sparsity", "experiment")
+                "personalize", "sparsity", "privacy", "experiment")
 KNOB_PARAMS = ("M", "N", "T", "eps", "K", "lr", "R", "repeats", "seed", "progress")
 #: the other constructor parameters
 OTHER_PARAMS = ("config", "output_dir", "config_dir")
@@ -184,32 +184,43 @@ class FederatedSysID:
 
     Parameters
     ----------
-    data, system, feature_map, optimizer, strategy, runtime, personalize, sparsity,
-    experiment : str or None
+    data, system, feature_map, optimizer, strategy : str or None, default=None
         The option of each config group, as on the command line (``system="generic"``,
         ``feature_map="combined"``, ``strategy="fedavg"``); None: the config's default.
-    M, N, T, eps, K, lr, R, repeats, seed, progress : the top-level knobs (``R=60``); None:
-        the config's (or the system's) default.
-    config : further settings: a dict with dotted keys (``{"feature_map.degree": 3}``) or a
-        list of override strings (``["feature_map.degree=3"]``).
-    output_dir : a folder to write the run's files into (as ``fnsysid.run``); None: nothing
-        is written.
-    config_dir : a folder of your own config groups (like ``--config-dir``).
+    runtime, personalize, sparsity, privacy, experiment : str or None, default=None
+        Likewise.
+    M, N, T, eps, K, lr, R, repeats, seed, progress : int, float, list or None, default=None
+        The top-level knobs (``R=60``); None: the config's (or the system's) default.
+    config : dict or list of str, default=None
+        Further settings: a dict with dotted keys (``{"feature_map.degree": 3}``) or a list
+        of override strings (``["feature_map.degree=3"]``).
+    output_dir : str or path, default=None
+        A folder to write the run's files into (as ``fnsysid.run``); None: nothing is
+        written.
+    config_dir : str or path, default=None
+        A folder of your own config groups (like ``--config-dir``).
 
+    Attributes
+    ----------
+    result_ : Result
+        The run's :class:`~fnsysid.app.experiment.Result` (after :meth:`fit` or :meth:`load`).
+    summary_ : dict
+        What ``summary.json`` holds (``status``, final errors, settings).
+    history_ : DataFrame
+        Per-round errors (``errors.csv``).
+    clients_ : list of str
+        The client labels (``states_``, ``inputs_``: the state and input columns).
+
+    Notes
+    -----
     Parameters are stored as given and checked when :meth:`fit` composes the config. Bad
-    settings and bad data raise :class:`~fnsysid.config.errors.ConfigError` (bad data:
-    :class:`~fnsysid.config.errors.DataError`) with the command line's one-line message.
-
-    Attributes (after :meth:`fit` or :meth:`load`)
-    ----------------------------------------------
-    result_ : the run's :class:`~fnsysid.app.experiment.Result`.
-    summary_ : what ``summary.json`` holds (``status``, final errors, settings).
-    history_ : per-round errors (``errors.csv``).
-    clients_ : the client labels; ``states_``, ``inputs_``: the state and input columns.
+    settings raise :class:`~fnsysid.config.errors.ConfigError` and bad data
+    :class:`~fnsysid.config.errors.DataError`, with the command line's one-line message.
     """
 
     def __init__(self, *, data=None, system=None, feature_map=None, optimizer=None,
-                 strategy=None, runtime=None, personalize=None, sparsity=None, experiment=None,
+                 strategy=None, runtime=None, personalize=None, sparsity=None, privacy=None,
+                 experiment=None,
                  M=None, N=None, T=None, eps=None, K=None, lr=None, R=None, repeats=None,
                  seed=None, progress=None, config=None, output_dir=None, config_dir=None):
         self.data = data
@@ -220,6 +231,7 @@ class FederatedSysID:
         self.runtime = runtime
         self.personalize = personalize
         self.sparsity = sparsity
+        self.privacy = privacy
         self.experiment = experiment
         self.M = M
         self.N = N
