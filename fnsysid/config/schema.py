@@ -497,7 +497,6 @@ class Stlsq(Section):
     name: Literal["stlsq"]
     threshold: PosReal
     alpha: NonNegReal
-    every: PosInt
     max_iter: PosInt
 
 

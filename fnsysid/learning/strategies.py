@@ -372,18 +372,23 @@ class Scaffold(FedAvg):
     every client's Gram matrix must have full rank (:func:`determined`): ``H_i^+`` is blind to
     the directions a client's data lack, so its local steps cannot apply the correction
     ``c - c_i`` there and its ``c_i`` drifts, moving the result (4 clients, one all zeros: 0.09
-    from the other three's solution). Such data are refused."""
+    from the other three's solution). Such data are refused (with ``sparsity``, whose
+    restricted statistics are zero outside the support, a client needs full rank on the kept
+    terms only)."""
 
     def setup(self, theta0, data, model, optimizer, K, lr, seed):
         if getattr(optimizer, "scale_features", "none") == "whiten":
-            ok = determined(data.H)
+            support = getattr(optimizer, "support", None)     # sparsity: restricted data
+            ok = determined(data.H, support)
             if not ok.all():
                 bad = np.flatnonzero(~ok.all(axis=0))
+                what = f"the {data.H.shape[-1]} parameters" if support is None else \
+                    "the terms kept by sparsity"
                 raise ConfigError(
                     f"strategy=scaffold with optimizer.scale_features=whiten: {len(bad)} of "
                     f"{ok.shape[1]} client(s) (numbers {', '.join(map(str, bad[:10]))}"
                     f"{', ...' if len(bad) > 10 else ''}, from 0 in the data's order) have "
-                    f"data whose Gram matrix has rank below the {data.H.shape[-1]} parameters, "
+                    f"data whose Gram matrix has rank below {what}, "
                     "where whitening cannot apply SCAFFOLD's correction; allowed: "
                     "optimizer.scale_features=diagonal or none, another strategy, or data of "
                     "full rank for every client")

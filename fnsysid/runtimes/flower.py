@@ -6,13 +6,15 @@ the strategy's :meth:`~fnsysid.learning.strategies.Federated.client_update`, the
 in-process engine calls for all clients at once. A client's data are simulated from that client's
 own random streams (:func:`fnsysid.dynamics.model.generate` with ``clients=[i]``: the same data as
 in process) or read from its own trajectory file (``data=files``). Only models, gradients and
-control variates cross the network; each client computes its errors ``e_r^(i)`` against its own
+control variates cross the network (with ``sparsity=stlsq`` also each client's statistics,
+once); each client computes its errors ``e_r^(i)`` against its own
 true parameters (when known) and sends back those numbers.
 
 Messages (``message_type``):
 
 - ``query``: a client answers with its label and its sample counts ``n`` (S,) (the weights
-  of ``strategy.weighting=samples``);
+  of ``strategy.weighting=samples``), and with ``sparsity=stlsq`` its statistics ``H``
+  (S, p, p) and ``b`` (S, p), whose sums choose the support (:mod:`fnsysid.learning.sparsity`);
 - ``train``: one exchange of the strategy (config ``exchange``, ``round``, ``evaluate``),
   arrays (S, ...) from :meth:`~fnsysid.learning.strategies.Federated.message` (and ``active`` (S,),
   the repeats the client takes part in, when clients are sampled); the reply holds the
@@ -216,8 +218,11 @@ def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
     @app.query()
     def query(msg: Message, context: Context) -> Message:
         me = node(context)
+        arrays = {"n": me.data.n}
+        if me.settings.sparsity.name != "none":     # the server chooses the support from
+            arrays.update(H=me.data.H, b=me.data.b)  # the sums of these statistics
         return Message(RecordDict({"info": ConfigRecord({"client": me.label}),
-                                   "arrays": to_record({"n": me.data.n}, True)}),
+                                   "arrays": to_record(arrays, True)}),
                        reply_to=msg)
 
     @app.train()
@@ -374,12 +379,14 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
         raise FlowerError(f"two nodes hold the same client: {sorted(labels)}")
     order = np.argsort(client_order(settings, labels), kind="stable")
     nodes, labels = [nodes[i] for i in order], [labels[i] for i in order]
-    n = stacked([info[i] for i in order])["n"]
+    stats = stacked([info[i] for i in order])
+    n = stats["n"]
     theta0 = initial_model(model, None, settings.system.init, repeats=n.shape[0])
     strategy.setup_server(theta0, n, settings.seed)
     sparsity = getattr(strategy, "sparsity", None)      # sparsity=stlsq: the server prunes
     if sparsity is not None:
-        sparsity.start_server(strategy)
+        sparsity.start_server(strategy, stats["H"].sum(axis=1), stats["b"].sum(axis=1), n,
+                              settings.seed)
     names = dict(zip(nodes, labels, strict=True))
 
     hist = History(per_client=[] if keep_clients else None)
@@ -468,7 +475,7 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
                 if diverged is not None:
                     break
                 if sparsity is not None:
-                    sparsity.server_round(strategy, r, n, settings.seed)
+                    sparsity.server_round(strategy, r)
                 if not np.isfinite(strategy.server).all():
                     diverged = r
                     break
