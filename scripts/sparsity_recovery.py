@@ -7,9 +7,9 @@ For each noise level (the Duffing fleet's velocity disturbance, ``system.disturb
 and number of clients M, simulates a Duffing fleet (examples/duffing, ``--N`` = 2 trajectories of
 T = 50 samples a client, eps = 0.2, ``repeats`` independent fleets), then identifies it with
 ``system=generic``, a degree-3 polynomial library (40 terms) and ``sparsity=stlsq``, with each
-of ``--strategies`` (R = 50; ``centralized_exact`` is pooled STLSQ). Prints a Markdown table of the share of repeats whose kept
-terms are exactly the true 6 and the mean number of kept terms; writes it to ``--out``
-(default ``outputs/sparsity_recovery.csv``).
+of ``--strategies`` (R = 50; ``centralized_exact`` is pooled STLSQ). Prints a Markdown table
+of the share of repeats whose kept terms are exactly the true 6 and the mean number of kept
+terms; writes it to ``--out`` (default ``outputs/sparsity_recovery.csv``).
 """
 
 from __future__ import annotations

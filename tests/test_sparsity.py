@@ -322,7 +322,8 @@ def test_flower_runtime_sends_the_support_and_matches_inprocess(strategy):
     if not runtime.flower_installed():
         pytest.skip("Flower is not installed (extra: pip install -e '.[flower]')")
     args = ["system=linear", "M=4", "R=6", "repeats=2", "eps=0.3", "N=[3,5,2,4]",
-            "feature_map=polynomial", "sparsity=stlsq", "sparsity.threshold=0.05", f"strategy={strategy}", "output.plot=false"]
+            "feature_map=polynomial", "sparsity=stlsq", "sparsity.threshold=0.05",
+            f"strategy={strategy}", "output.plot=false"]
     a = fnsysid.run(args)
     b = fnsysid.run([*args, "runtime=flower"])
     assert a.summary["sparsity"]["refits"] == b.summary["sparsity"]["refits"] >= 2

@@ -35,6 +35,7 @@ import numpy as np
 
 from fnsysid.dynamics.model import ClientData, least_squares, masked_gram
 
+
 def restricted_solution(H: np.ndarray, b: np.ndarray, support: np.ndarray,
                         alpha: float = 0.0) -> np.ndarray:
     """Least-squares (ridge ``alpha``) solution on the coefficients in ``support``, exactly 0
