@@ -168,6 +168,13 @@ class ClientNode:
         with np.errstate(invalid="ignore"):
             return client_errors(theta[:, None, :], self.data.theta_true)
 
+    def truth_norm(self) -> np.ndarray:
+        """The norm of this client's true parameters (S, 1), over the known ones (NaN where
+        none is known), the denominator of its errors."""
+        from fnsysid.results.metrics import ParameterErrors
+
+        return ParameterErrors(self.data.theta_true).norm
+
     def nrmse(self, theta: np.ndarray, free_run: bool) -> dict[str, np.ndarray]:
         """This client's held-out scores of server models ``theta`` (S, p), each (S, 1), with
         the in-process functions (:class:`~fnsysid.results.metrics.HeldOutScores`): ``_n1``
@@ -244,7 +251,7 @@ def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
         if me.clients.state:
             context.state["state"] = to_record(me.clients.state)
         if config.get("evaluate"):
-            replies["_e"] = me.errors(arrays["theta"])
+            replies["_e"], replies["_t"] = me.errors(arrays["theta"]), me.truth_norm()
             replies.update(me.nrmse(arrays["theta"], bool(config.get("free_run"))))
         return Message(RecordDict({"arrays": to_record(replies, True)}), reply_to=msg)
 
@@ -253,7 +260,8 @@ def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
         me = node(context)
         theta = from_record(msg.content["arrays"])["theta"]
         config = msg.content.config_records.get("config") or {}
-        scores = {"_e": me.errors(theta), **me.nrmse(theta, bool(config.get("free_run")))}
+        scores = {"_e": me.errors(theta), "_t": me.truth_norm(),
+                  **me.nrmse(theta, bool(config.get("free_run")))}
         return Message(RecordDict({"arrays": to_record(scores, True)}), reply_to=msg)
 
     return app
@@ -339,8 +347,9 @@ def exchange(grid: Grid, sends: list[tuple], names: dict | None = None,
 
 
 #: what a client sends of a model it scores: its parameter error, held-out one-step and
-#: free-run NRMSE, and whether it is scored (:meth:`ClientNode.nrmse`)
-SCORES = ("_e", "_n1", "_ns", "_v")
+#: free-run NRMSE, whether it is scored (:meth:`ClientNode.nrmse`), and the norm of its true
+#: parameters (the scale of the divergence rule, :func:`~fnsysid.results.history.errors_diverged`)
+SCORES = ("_e", "_n1", "_ns", "_v", "_t")
 
 
 def stacked(replies: list[RecordDict]) -> dict[str, np.ndarray]:
@@ -368,7 +377,7 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
     ground truth, some client's error is not finite or grows past the limit; the errors of a round's
     model arrive with the next round's first exchange.
     """
-    from fnsysid.results.history import History, errors_diverged, growth_limit
+    from fnsysid.results.history import History, errors_diverged, fleet_errors, growth_limit
     from fnsysid.results.metrics import over_clients
 
     nodes = wait_for_nodes(grid, M)
@@ -413,11 +422,14 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
                      else float(np.nanmax(step[0], initial=0.0)) if valid.any() else 1.0)
             limit = growth_limit(start)
         elif has_truth:
-            if errors_diverged(e, limit):
+            if errors_diverged(e, limit, a["_t"]):     # on the fleet's scale
                 return False
         elif np.max(step[0]) > limit:           # NaN (no scored client) never diverges
             return False
         hist.record(e, n1, a["_ns"] if free_run_due(r) else None, valid)
+        if has_truth:                   # the growth rule's errors, round 0 and the last
+            scaled = fleet_errors(e, a["_t"])
+            hist.fleet = {"start": scaled if r == 0 else hist.fleet["start"], "final": scaled}
         log_round(r, step)
         return True
 
