@@ -126,7 +126,7 @@ def test_scaffold_with_whitening_checks_the_rank_on_the_kept_terms(fleet):
     # the restricted Gram matrices have rank 6 (the kept terms), not 40: not a reason to
     # refuse data whose Gram matrices have full rank
     file, X, Y = fleet
-    res = run(file, strategy="scaffold", sparsity="stlsq", R=3)
+    res = run(file, strategy="scaffold", sparsity="stlsq", R=3, lr=0.05)
     est = res.estimates["estimate"].to_numpy().reshape(2, -1)
     np.testing.assert_array_equal(est != 0, pooled_support(X, Y))
 
@@ -332,3 +332,21 @@ def test_flower_runtime_sends_the_support_and_matches_inprocess(strategy):
     np.testing.assert_allclose(b.estimates["estimate"], a.estimates["estimate"], rtol=0,
                                atol=1e-10)
     assert ((b.estimates["estimate"] == 0) == (a.estimates["estimate"] == 0)).all()
+
+
+@pytest.mark.parametrize("strategy", ["fedlin", "scaffold"])
+def test_fedlin_and_scaffold_whose_rounds_diverge_are_refused_before_the_run(tmp_path,
+                                                                               strategy):
+    # a generic degree-3 fit at the defaults (whitened steps, lr 0.5, K 5): the correction
+    # goes through each client's own inverse Gram matrix and the round's map has a spectral
+    # radius far above 1 in every repeat
+    file, _, _ = duffing_fleet(tmp_path, M=10, N=2, T=40, noise=0.5, seed=3)
+    with pytest.raises(fnsysid.ConfigError) as err:
+        run(file, strategy=strategy)
+    msg = str(err.value)
+    assert msg.startswith(f"strategy={strategy} with optimizer.scale_features=whiten, lr=0.5, "
+                          "K=5: a round multiplies the distance to its fixed point by ")
+    assert "allowed: strategy=fedavg, fedprox or fednova" in msg and "\n" not in msg
+    # the same rounds step by step (no precomputed map, so no check): they do diverge
+    res = run(file, "optimizer.affine=false", strategy=strategy, R=30)
+    assert res.summary["status"] == "diverged"

@@ -111,17 +111,16 @@ class STLSQ:
         self.refits = 0                      # least-squares fits of the STLSQ loop
 
     # --- in process ---------------------------------------------------------------------------
-    def start(self, strategy, data: ClientData, model, optimizer, K, lr, seed) -> None:
-        """After ``strategy.setup``: the support is chosen from the clients' summed statistics
-        (:meth:`choose`, before round 0, for every strategy) and the strategy is set up again
-        on the restricted data from its pruned start model (a closed-form strategy computes
-        its own solution on the kept terms). The settings were checked before
-        (:func:`fnsysid.config.checks.check_sparsity`: not ``strategy=local``, not
-        ``scale_features=zscore`` with local steps)."""
+    def start(self, strategy, theta0, data: ClientData, model, optimizer, K, lr, seed) -> None:
+        """Instead of ``strategy.setup``: the support is chosen from the clients' summed
+        statistics (:meth:`choose`, before round 0, for every strategy) and the strategy is
+        set up on the data restricted to it from the pruned start model ``theta0`` (a
+        closed-form strategy computes its own solution on the kept terms). The settings were
+        checked before (:func:`fnsysid.config.checks.check_sparsity`: not ``strategy=local``,
+        not ``scale_features=zscore`` with local steps)."""
         self._ctx = (data, model, optimizer, K, lr, seed)
         self.choose(data.H.sum(axis=1), data.b.sum(axis=1))
-        if self.alpha or not self.support.all():
-            self._setup(strategy, strategy.server * self.support)
+        self._setup(strategy, np.asarray(theta0) * self.support)
 
     def choose(self, H: np.ndarray, b: np.ndarray) -> None:
         """The support (S, p): STLSQ (:func:`stlsq`, ridge ``alpha``) on the clients' summed

@@ -49,10 +49,11 @@ def train(strategy, data: ClientData, theta0, optimizer, model, settings, progre
     """
     R = int(settings.R)                   # read once: a config lookup costs more than a round
     K = local_steps(settings.K, data.shape[1], data.shape[0], settings.seed)
-    strategy.setup(theta0, data, model, optimizer, K, settings.lr, settings.seed)
     sparsity = getattr(strategy, "sparsity", None)          # sparsity=stlsq: the server prunes
-    if sparsity is not None:
-        sparsity.start(strategy, data, model, optimizer, K, settings.lr, settings.seed)
+    if sparsity is None:
+        strategy.setup(theta0, data, model, optimizer, K, settings.lr, settings.seed)
+    else:                               # the support first, then the strategy on it
+        sparsity.start(strategy, theta0, data, model, optimizer, K, settings.lr, settings.seed)
     hist = History(per_client=[] if keep_clients else None)
     has_truth = bool(np.isfinite(data.theta_true).any(axis=-1).all())    # some scored
 
