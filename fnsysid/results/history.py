@@ -77,9 +77,11 @@ def growth(errors, fleet: dict | None = None) -> dict | None:
         first, last = e[rounds == 0], e[rounds == rounds.max()]
         if np.isnan(first).all() or np.isnan(last).all():
             continue
-        if metric == "e_max" and fleet is not None:
-            first = np.asarray(fleet["start"], float)
-            last = np.where(np.isnan(last), np.nan, np.asarray(fleet["final"], float))
+        if metric == "e_max" and fleet is not None:        # judged on the fleet's scale
+            f_first = np.asarray(fleet["start"], float)
+            f_last = np.where(np.isnan(last), np.nan, np.asarray(fleet["final"], float))
+            if np.nanmax(f_last) <= GROWTH_FACTOR * max(1.0, float(np.nanmax(f_first))):
+                return None
         start = float(np.nanmax(first))
         worst = int(np.nanargmax(last))
         limit = max(1.0, start)
