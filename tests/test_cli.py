@@ -309,8 +309,24 @@ def test_a_diverged_repeat_is_left_out_and_the_others_run_on(tmp_path):
                          "optimizer.scale_features=diagonal", "strategy=fedlin",
                          f"hydra.run.dir={tmp_path / 'cli'}")
     assert res.returncode == 3
-    assert ("run diverged at round 22 (" in res.stdout and "results up to round 25 kept; repeat 0 "
-            "of 5 diverged, the others' rows kept; try a smaller lr" in res.stdout), res.stdout
+    assert ("1 of 5 repeats diverged (repeat 0 at round 22; an error not finite or above 1000 "
+            "times its start): their rows are empty from that round on, the other repeats' rows "
+            "are kept up to round 25; try a smaller lr than 0.05" in res.stdout), res.stdout
+    assert "run diverged at round" not in res.stdout
+
+
+def test_the_divergence_line_never_contradicts_itself():
+    from fnsysid.app.cli import divergence_line
+
+    one = {"diverged_round": 3, "rounds_completed": 2, "repeat_diverged_round": [3]}
+    assert divergence_line(one, 0.5) == (
+        "run diverged at round 3 (an error not finite or above 1000 times its start): results "
+        "up to round 2 kept; try a smaller lr than 0.5")
+    every = {"diverged_round": 1, "rounds_completed": 49, "repeat_diverged_round": [1, 50]}
+    assert divergence_line(every, 0.5) == (
+        "run diverged in every repeat (repeat 0 at round 1, repeat 1 at round 50; an error not "
+        "finite or above 1000 times its start): each repeat's rows are kept up to the round "
+        "before its own; try a smaller lr than 0.5")
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-2"])

@@ -474,3 +474,22 @@ def test_fit_plot_shows_a_scored_client_not_one_of_all_zero_data(tmp_path, monke
     assert res.plot_fit() is drawn                                  # the figure drawn
     assert drawn["title"] == "client robot1, held-out trajectory 1"
     assert np.ptp(drawn["measured"], axis=0).min() > 0             # states that vary
+
+
+@pytest.mark.parametrize("extra", [[], ["output.per_client=false"]])
+def test_a_tiny_truth_is_not_taken_for_divergence(tmp_path, extra):
+    # client 01's truth is 1e-150 (its data are the fleet's): every model of the fleet's
+    # size has a relative error of about 1e150 for it, from round 1 on, without growing;
+    # the divergence rule reads errors on the scale of the fleet's largest truth
+    _, folder, truth = zero_padded_fleet(tmp_path)
+    truth.loc[6:11, "value"] = [1e-150, -1e-150, 0.0, 0.0, 0.0, 0.0]
+    truth.to_csv(tmp_path / "truth.csv", index=False)
+    res = fnsysid.run([*GENERIC, f"data.path={folder}", f"data.truth={tmp_path / 'truth.csv'}",
+                       "R=20", *extra])
+    assert res.summary["status"] == "ok" and res.summary["diverged_round"] is None
+    # the errors stay as defined (paper eq. 9): client 01's is enormous
+    assert res.summary["final_e_max_mean"] > 1e140
+    # the same model with the divergence rule's own numbers: not grown on the fleet's scale
+    est = res.estimates.pivot(index="repeat", columns="parameter",
+                              values="estimate").to_numpy()
+    assert np.isfinite(est).all() and np.abs(est).max() < 10

@@ -105,12 +105,54 @@ def test_centralized_exact_recovers_the_duffing_support_and_equals_pooled_stlsq(
     assert len(kept(run(file, strategy="centralized_exact"))) == 40
 
 
-@pytest.mark.parametrize("strategy", ["fedavg", "fednova"])
-def test_federated_stlsq_finds_the_same_support(fleet, strategy):
-    file, _, _ = fleet
+def pooled_support(X, Y, threshold=0.01):
+    """Pooled STLSQ's support (2, 20) of the training samples (the reference)."""
+    _, support, _ = stlsq(np.kron(np.eye(2), X.T @ X), (X.T @ Y).T.reshape(-1), threshold)
+    return support.reshape(2, -1)
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "fednova", "fedprox", "cyclic", "centralized"])
+def test_federated_stlsq_thresholds_the_pooled_solution(fleet, strategy):
+    file, X, Y = fleet
     res = run(file, strategy=strategy, sparsity="stlsq", R=40)
-    assert kept(res) == TRUE
-    assert res.summary["sparsity"]["pruned_at"] and res.summary["status"] == "ok"
+    assert kept(res) == TRUE and res.summary["status"] == "ok"
+    est = res.estimates["estimate"].to_numpy().reshape(2, -1)
+    np.testing.assert_array_equal(est != 0, pooled_support(X, Y))
+    sp = res.summary["sparsity"]
+    assert sp["refits"] >= 2 and "pruned_at" not in sp and "every" not in sp
+
+
+def test_scaffold_with_whitening_checks_the_rank_on_the_kept_terms(fleet):
+    # the restricted Gram matrices have rank 6 (the kept terms), not 40: not a reason to
+    # refuse data whose Gram matrices have full rank
+    file, X, Y = fleet
+    res = run(file, strategy="scaffold", sparsity="stlsq", R=3, lr=0.05)
+    est = res.estimates["estimate"].to_numpy().reshape(2, -1)
+    np.testing.assert_array_equal(est != 0, pooled_support(X, Y))
+
+
+def test_whitened_fedavg_fits_the_mean_of_the_own_fits_on_the_pooled_support(tmp_path):
+    # a fleet whose mean of the clients' own fits keeps a spurious term that pooled least
+    # squares drops: the support is the pooled one, the values FedAvg's own fixed point
+    # (with whitened steps, the mean of the clients' own least squares on the kept terms)
+    file, X, Y = duffing_fleet(tmp_path, M=10, N=2, T=40, noise=0.5, seed=3)
+    clients = own_samples(file)
+    keep = pooled_support(X, Y)
+    mean_own = np.zeros((2, 20))
+    for Xi, Yi in clients:
+        for j in range(2):
+            mean_own[j] += np.linalg.lstsq(Xi, Yi[:, j], rcond=None)[0] / len(clients)
+    _, mean_keep, _ = stlsq(np.eye(40), mean_own.reshape(-1), 0.01)     # thresholding the mean
+    assert (mean_keep.reshape(2, -1) != keep).any()       # the old rule chose other terms here
+    res = run(file, strategy="fedavg", sparsity="stlsq", R=200)
+    est = res.estimates["estimate"].to_numpy().reshape(2, -1)
+    np.testing.assert_array_equal(est != 0, keep)
+    ref = np.zeros((2, 20))
+    for Xi, Yi in clients:
+        for j in range(2):
+            ref[j, keep[j]] += np.linalg.lstsq(Xi[:, keep[j]], Yi[:, j],
+                                               rcond=None)[0] / len(clients)
+    np.testing.assert_allclose(est, ref, rtol=0, atol=1e-9)
 
 
 def own_samples(file):
@@ -127,27 +169,22 @@ def own_samples(file):
     return out
 
 
-def test_oneshot_stlsq_prunes_the_average_and_refits_each_client_on_the_support(fleet):
-    file, _, _ = fleet
+def test_oneshot_stlsq_averages_the_own_fits_on_the_pooled_support(fleet):
+    file, X, Y = fleet
     res = run(file, strategy="oneshot", sparsity="stlsq")
     assert res.summary["status"] == "ok" and kept(res) == TRUE
-    # the reference: average the clients' own least squares, threshold the average, refit
-    # each client on the kept terms and average again, until the kept terms stop changing
+    # the reference: pooled STLSQ chooses the terms, each client fits its own least squares
+    # on them, the server averages
+    keep = pooled_support(X, Y)
     clients = own_samples(file)
-    keep = np.ones((2, 20), bool)
-    while True:
-        coef = np.zeros((2, 20))
-        for X, Y in clients:
-            for j in range(2):
-                coef[j, keep[j]] += np.linalg.lstsq(X[:, keep[j]], Y[:, j],
-                                                    rcond=None)[0] / len(clients)
-        new = keep & (np.abs(coef) >= 0.01)
-        if (new == keep).all():
-            break
-        keep = new
+    coef = np.zeros((2, 20))
+    for Xc, Yc in clients:
+        for j in range(2):
+            coef[j, keep[j]] += np.linalg.lstsq(Xc[:, keep[j]], Yc[:, j],
+                                                rcond=None)[0] / len(clients)
     np.testing.assert_allclose(res.estimates["estimate"].to_numpy(), coef.reshape(-1),
                                rtol=0, atol=1e-10)
-    assert res.summary["sparsity"]["terms"] == 6 and res.summary["sparsity"]["refits"] >= 1
+    assert res.summary["sparsity"]["terms"] == 6 and res.summary["sparsity"]["refits"] >= 2
 
 
 def lines(caplog) -> list[str]:
@@ -269,8 +306,6 @@ def test_summary_counts_the_kept_terms_of_each_repeat():
 
 @pytest.mark.parametrize("extra, words", [
     (["strategy=local"], "sparsity=stlsq with strategy=local: every client keeps its own model"),
-    (["sparsity.every=60", "R=50"], "sparsity.every=60 is not allowed with R=50: no round "
-                                    "would prune; allowed: an integer from 1 to R (50)"),
     (["sparsity.threshold=0"], "sparsity.threshold=0 is not allowed: sparsity.threshold must "
                                "be a finite number > 0"),
     (["optimizer.scale_features=zscore"], "sparsity=stlsq with optimizer.scale_features=zscore"),
@@ -295,11 +330,8 @@ def test_closed_form_strategies_take_no_local_steps_and_accept_zscore(fleet, str
     np.testing.assert_array_equal(z.estimates["estimate"], plain.estimates["estimate"])
 
 
-def test_closed_form_strategies_ignore_every_and_sgd_keeps_pruned_terms_at_zero(fleet):
+def test_sgd_keeps_pruned_terms_at_zero(fleet):
     file, _, _ = fleet
-    # centralized_exact prunes before round 0: every > R is fine, round 0 is already sparse
-    res = run(file, strategy="centralized_exact", sparsity="stlsq", R=2, **{"sparsity.every": 5})
-    assert kept(res) == TRUE and res.summary["sparsity"]["refits"] >= 1
     sgd = run(file, "optimizer=sgd", "optimizer.batch_size=60", strategy="fedavg",
               sparsity="stlsq", R=30, lr=0.05)
     est = sgd.estimates
@@ -315,11 +347,11 @@ def test_flower_runtime_sends_the_support_and_matches_inprocess(strategy):
     if not runtime.flower_installed():
         pytest.skip("Flower is not installed (extra: pip install -e '.[flower]')")
     args = ["system=linear", "M=4", "R=6", "repeats=2", "eps=0.3", "N=[3,5,2,4]",
-            "feature_map=polynomial", "sparsity=stlsq", "sparsity.every=2",
-            "sparsity.threshold=0.05", f"strategy={strategy}", "output.plot=false"]
+            "feature_map=polynomial", "sparsity=stlsq", "sparsity.threshold=0.05",
+            f"strategy={strategy}", "output.plot=false"]
     a = fnsysid.run(args)
     b = fnsysid.run([*args, "runtime=flower"])
-    assert a.summary["sparsity"]["pruned_at"] == b.summary["sparsity"]["pruned_at"] != []
+    assert a.summary["sparsity"]["refits"] == b.summary["sparsity"]["refits"] >= 2
     assert a.summary["sparsity"]["support_size"] == b.summary["sparsity"]["support_size"]
     np.testing.assert_allclose(b.errors["e_max"], a.errors["e_max"], rtol=0, atol=1e-10)
     np.testing.assert_allclose(b.estimates["estimate"], a.estimates["estimate"], rtol=0,
@@ -434,3 +466,21 @@ def test_unbias_changes_only_the_values_of_the_kept_terms(fleet):
             **{"sparsity.unbias": False})
     assert kept(a) == kept(b)
     assert not np.allclose(a.estimates["estimate"], b.estimates["estimate"], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", ["fedlin", "scaffold"])
+def test_fedlin_and_scaffold_whose_rounds_diverge_are_refused_before_the_run(tmp_path,
+                                                                               strategy):
+    # a generic degree-3 fit at the defaults (whitened steps, lr 0.5, K 5): the correction
+    # goes through each client's own inverse Gram matrix and the round's map has a spectral
+    # radius far above 1 in every repeat
+    file, _, _ = duffing_fleet(tmp_path, M=10, N=2, T=40, noise=0.5, seed=3)
+    with pytest.raises(fnsysid.ConfigError) as err:
+        run(file, strategy=strategy)
+    msg = str(err.value)
+    assert msg.startswith(f"strategy={strategy} with optimizer.scale_features=whiten, lr=0.5, "
+                          "K=5: a round multiplies the distance to its fixed point by ")
+    assert "allowed: strategy=fedavg, fedprox or fednova" in msg and "\n" not in msg
+    # the same rounds step by step (no precomputed map, so no check): they do diverge
+    res = run(file, "optimizer.affine=false", strategy=strategy, R=30)
+    assert res.summary["status"] == "diverged"

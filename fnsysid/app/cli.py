@@ -82,7 +82,6 @@ def task(cfg: DictConfig) -> float | None:
     from hydra.types import RunMode
 
     from fnsysid.app.experiment import run_experiment
-    from fnsysid.results.history import DIVERGENCE_FACTOR
 
     hc = HydraConfig.get()
     out = Path(hc.runtime.output_dir)
@@ -124,14 +123,7 @@ def task(cfg: DictConfig) -> float | None:
             sys.exit(3)
         return None
     if summary["status"] not in ("ok", "growing"):
-        states = summary.get("repeat_status") or []
-        gone = [s for s, st in enumerate(states) if st == "diverged"]
-        kept = (f"; repeat {', '.join(map(str, gone))} of {len(states)} diverged, the others' "
-                "rows kept" if 0 < len(gone) < len(states) else "")
-        log.error("run diverged at round %s (an error not finite or above %g times its start):"
-                  " results up to round %s kept%s; try a smaller lr than %g",
-                  summary["diverged_round"], DIVERGENCE_FACTOR, summary["rounds_completed"],
-                  kept, cfg.lr)
+        log.error(divergence_line(summary, cfg.lr))
         if hc.mode == RunMode.RUN:
             sys.exit(3)
         return None
@@ -188,6 +180,28 @@ def show(args: list[str]) -> int:
         return 2
     print("\n".join(lines))
     return 0 if all(s == "ok" for s in statuses(Path(args[0]))) else 3
+
+
+def divergence_line(summary: dict, lr: float) -> str:
+    """The log line of a diverged run: the repeats and rounds that diverged, the rows kept
+    (each repeat's up to the round before its own divergence), the advice."""
+    from fnsysid.results.history import DIVERGENCE_FACTOR
+
+    rule = f"an error not finite or above {DIVERGENCE_FACTOR:g} times its start"
+    at = summary.get("repeat_diverged_round") or []
+    gone = [(s, d) for s, d in enumerate(at) if d is not None]
+    advice = f"try a smaller lr than {lr:g}"
+    if len(at) <= 1 or not gone:            # one repeat, or a runtime that stops at the first
+        return (f"run diverged at round {summary['diverged_round']} ({rule}): results up to "
+                f"round {summary['rounds_completed']} kept; {advice}")
+    where = ", ".join(f"repeat {s} at round {d}" for s, d in gone[:10]) + \
+        (", ..." if len(gone) > 10 else "")
+    if len(gone) < len(at):
+        return (f"{len(gone)} of {len(at)} repeats diverged ({where}; {rule}): their rows are "
+                "empty from that round on, the other repeats' rows are kept up to round "
+                f"{summary['rounds_completed']}; {advice}")
+    return (f"run diverged in every repeat ({where}; {rule}): each repeat's rows are kept up "
+            f"to the round before its own; {advice}")
 
 
 def main() -> None:

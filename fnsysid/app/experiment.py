@@ -347,7 +347,8 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     if K.ndim == 2:                       # per-client K_i (a list or a draw): as they ran
         tables["k_clients"] = k_clients_table(K, [str(c) for c in dataset.clients])
     summary = make_summary(settings, model, diverged, tables["errors"], theory, runtime=runtime,
-                           settings=dataset.settings, choices=choices)
+                           settings=dataset.settings, choices=choices,
+                           fleet=getattr(hist, "fleet", None))
     summary.update(personal_summary(settings, tables["errors"], ci_note, per))
     if per is not None and getattr(per, "warning", None):
         log.warning(per.warning)

@@ -108,8 +108,8 @@ def _check_together(s: Settings, raw: Mapping | None) -> None:
 def check_sparsity(s: Settings) -> None:
     """``sparsity=stlsq`` needs a server model (not ``strategy=local``), no personalized
     models (they would be fitted on every term) and, with a strategy that iterates, local
-    steps on the coefficients themselves (not ``scale_features=zscore``) and a pruning round
-    within the run (``sparsity.every`` <= R). The closed-form strategies (``oneshot``,
+    steps on the coefficients themselves (not ``scale_features=zscore``). The closed-form
+    strategies (``oneshot``,
     ``centralized_exact``) take no local steps, so the optimizer's settings do not matter
     to them."""
     sp = s.sparsity
@@ -137,14 +137,6 @@ def check_sparsity(s: Settings) -> None:
         raise ConfigError(f"sparsity.alpha={sp.alpha} is not allowed with runtime=flower: a "
                           "client's share of the ridge needs every client's sample count; "
                           "allowed: sparsity.alpha=0 (or runtime=inprocess)")
-    if not closed and sp.alpha and sp.unbias:
-        raise ConfigError(f"sparsity.unbias=true with sparsity.alpha={sp.alpha} needs a "
-                          "closed-form strategy: the final ridge-free refit is a solve on the "
-                          "kept terms; allowed: sparsity.unbias=false, sparsity.alpha=0, or "
-                          "strategy=oneshot or centralized_exact")
-    if not closed and sp.every > s.R:
-        raise ConfigError(f"sparsity.every={sp.every} is not allowed with R={s.R}: no round "
-                          f"would prune; allowed: an integer from 1 to R ({s.R})")
 
 
 def check_privacy(s: Settings) -> None:

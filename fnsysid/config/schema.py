@@ -500,9 +500,8 @@ class Stlsq(Section):
     #: targets scaled to unit size (from the summed statistics), ``data`` the raw coefficients
     scale: Literal["unit", "data"]
     alpha: NonNegReal
-    #: refit the kept terms without the ridge after the support is chosen (PySINDy's unbias)
+    #: fit the kept terms without the ridge once the support is chosen (PySINDy's unbias)
     unbias: bool
-    every: PosInt
     max_iter: PosInt
 
 

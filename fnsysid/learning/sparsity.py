@@ -6,25 +6,23 @@ PySINDy's ``STLSQ(threshold, alpha)``: fit, set every coefficient whose magnitud
 *support*) stops changing. With ``scale=unit`` (the default) the magnitude compared is the
 coefficient of features and targets scaled to unit size (:func:`unit_scales`, from the
 clients' summed statistics); with ``scale=data`` it is the raw coefficient (PySINDy on
-unnormalized columns). With ``alpha`` > 0 and ``unbias`` the kept terms are refitted without
+unnormalized columns). With ``alpha`` > 0 and ``unbias`` the kept terms are fitted without
 the ridge once the support is stable (PySINDy's ``unbias=True``). The support is kept
 per repeat and per coefficient, (S, p); for the dense models of a feature library each state's
 row of ``Theta`` has its own terms.
 
-Federated, the server prunes and every client continues on the common support:
-
-- the closed-form strategies (``centralized_exact``, ``oneshot``) run the whole STLSQ loop
-  before round 0, each refit being the strategy's own solution on the restricted statistics.
-  With ``centralized_exact`` (the pooled sufficient statistics) it is pooled STLSQ exactly;
-  with ``oneshot`` the average of the clients' own least squares is thresholded and each
-  refit is the average of their own least squares on the kept terms (the rank check of
-  :class:`~fnsysid.learning.strategies.OneShot` counts the kept terms);
-- the iterative ones (``fedavg``, ``fedprox``, ``fedlin``, ``scaffold``, ``fednova``,
-  ``centralized``, ``cyclic``) prune the server model every ``every`` rounds; when the support
-  changes the strategy is set up again on the restricted problem from the pruned server model
-  (the clients' local maps, SCAFFOLD's control variates), so pruned coefficients stay exactly
-  0 and the kept ones go on converging. A pruning round that removes nothing leaves the run
-  unchanged, so pruning stops by itself once the support is stable.
+Federated, the server chooses the support and every client continues on it. The server
+thresholds what pooled least squares gives, STLSQ on the clients' summed statistics
+``sum_i H_i``, ``sum_i b_i`` (:meth:`STLSQ.choose`), before round 0 and whatever the strategy
+(under ``runtime=flower`` the clients send ``H_i``, ``b_i`` with their sample counts); the
+strategy is then set up on the problem restricted to the support (the clients' local maps,
+SCAFFOLD's control variates), so pruned coefficients stay exactly 0 and the kept ones are
+the strategy's own estimate: ``centralized_exact`` gives pooled STLSQ exactly, ``oneshot`` the
+average of the clients' own least squares on the kept terms, the iterative strategies
+(``fedavg``, ``fedprox``, ``fedlin``, ``scaffold``, ``fednova``, ``centralized``, ``cyclic``)
+converge on them. Thresholding the server model instead selects the terms of that strategy's
+fixed point: with whitened local steps (the generic system's default) FedAvg's fixed point is
+the mean of the clients' own fits, whatever K (docs/ALGORITHMS.md, "Sparse models").
 
 Restricting a client's problem to the support: ``H -> D (H + a_i I) D`` and ``b -> D b`` with
 ``D`` the 0/1 diagonal of the support and ``a_i`` the client's share of the ridge ``alpha``
@@ -40,9 +38,6 @@ import dataclasses
 import numpy as np
 
 from fnsysid.dynamics.model import ClientData, least_squares, masked_gram
-
-#: strategies whose estimate is computed once, before round 0 (STLSQ runs to the end there)
-CLOSED_FORM = ("OneShot",)
 
 
 def restricted_solution(H: np.ndarray, b: np.ndarray, support: np.ndarray,
@@ -85,19 +80,22 @@ def unit_scales(theta: np.ndarray, h: np.ndarray, b: np.ndarray, yy: np.ndarray,
 
 
 def stlsq(H: np.ndarray, b: np.ndarray, threshold: float, alpha: float = 0.0,
-          max_iter: int = 20, support: np.ndarray | None = None, unbias: bool = True):
+          max_iter: int = 20, support: np.ndarray | None = None, unbias: bool = True,
+          weights=None):
     """Sequentially thresholded least squares from sufficient statistics.
 
     Parameters
     ----------
     H, b : (..., p, p), (..., p) statistics (``X'X`` and ``X'y`` for a least-squares
         problem ``||y - X theta||^2``), any leading axes (repeats, clients).
-    threshold : coefficients with ``|theta| < threshold`` are set to 0 (data units).
+    threshold : coefficients with ``|w theta| < threshold`` are set to 0.
     alpha : ridge weight (``||y - X theta||^2 + alpha ||theta||^2``).
     max_iter : most refits.
     support : (..., p) terms allowed at the start (default all).
     unbias : with ``alpha`` > 0, refit the final support without the ridge (PySINDy's
         ``unbias=True``).
+    weights : None (``w = 1``: the data's units) or a function ``(theta, support) -> w``
+        (..., p), e.g. :func:`unit_scales` of the summed statistics.
 
     Returns
     -------
@@ -115,7 +113,8 @@ def stlsq(H: np.ndarray, b: np.ndarray, threshold: float, alpha: float = 0.0,
     theta = restricted_solution(H, b, support, alpha)
     k = max_iter
     for i in range(1, max_iter + 1):
-        new = support & (np.abs(theta) >= threshold)
+        w = 1.0 if weights is None else weights(theta, support)
+        new = support & (np.abs(theta * w) >= threshold)
         if np.array_equal(new, support):
             k = i
             break
@@ -147,117 +146,78 @@ class STLSQ:
     scale : ``unit`` (coefficients of features and targets scaled to unit size,
         :func:`unit_scales`) or ``data`` (the coefficients' own units).
     alpha : ridge weight >= 0 (0: plain least squares, PySINDy's ``alpha=0``).
-    unbias : with ``alpha`` > 0, the closed-form strategies refit the final support without
-        the ridge (PySINDy's ``unbias=True``).
-    every : the iterative strategies prune every this many rounds.
-    max_iter : most refits of the closed-form loop.
+    unbias : with ``alpha`` > 0, the strategy fits the kept terms without the ridge
+        (PySINDy's ``unbias=True``); else with the ridge.
+    max_iter : most refits of the STLSQ loop.
     """
 
     name = "stlsq"
 
     def __init__(self, threshold: float = 0.01, scale: str = "unit", alpha: float = 0.0,
-                 unbias: bool = True, every: int = 10, max_iter: int = 20):
-        self.threshold, self.alpha = float(threshold), float(alpha)
+                 unbias: bool = True, max_iter: int = 20):
+        self.threshold, self.alpha, self.max_iter = float(threshold), float(alpha), int(max_iter)
         self.scale, self.unbias = str(scale), bool(unbias)
-        self.every, self.max_iter = int(every), int(max_iter)
-        self.stats = None            # (h, b, yy, enters) for scale=unit
         self.support: np.ndarray | None = None
-        self.prunes: list[int] = []          # rounds at which the support changed
-        self.refits = 0
+        self.refits = 0                      # least-squares fits of the STLSQ loop
 
     # --- in process ---------------------------------------------------------------------------
-    def start(self, strategy, data: ClientData, model, optimizer, K, lr, seed) -> None:
-        """After ``strategy.setup``: a closed-form strategy runs STLSQ to the end (each refit
-        its own solution on the restricted data); an iterative one starts on all terms (with
-        the ridge share when ``alpha`` > 0). The settings were checked before
-        (:func:`fnsysid.config.checks.check_sparsity`: not ``strategy=local``, not
-        ``scale_features=zscore``, ``every`` <= R)."""
+    def start(self, strategy, theta0, data: ClientData, model, optimizer, K, lr, seed) -> None:
+        """Instead of ``strategy.setup``: the support is chosen from the clients' summed
+        statistics (:meth:`choose`, before round 0, for every strategy) and the strategy is
+        set up on the data restricted to it from the pruned start model ``theta0`` (a
+        closed-form strategy computes its own solution on the kept terms). The settings were
+        checked before (:func:`fnsysid.config.checks.check_sparsity`: not ``strategy=local``,
+        not ``scale_features=zscore`` with local steps)."""
         self._ctx = (data, model, optimizer, K, lr, seed)
-        S, p = strategy.server.shape
-        self.support = np.ones((S, p), bool)
-        self.closed = self._closed_form(strategy)
-        self.set_stats(np.diagonal(data.H, axis1=-2, axis2=-1).sum(axis=1), data.b.sum(axis=1),
-                       data.yy_target.sum(axis=1), model)
-        if self.alpha:
-            self._setup(strategy, strategy.server)
-        if self.closed:
-            for _ in range(self.max_iter):
-                if not self._prune(strategy):
-                    break
-                self.refits += 1
-            if self.alpha and self.unbias:
-                self._setup(strategy, strategy.server, alpha=0.0)
+        self.choose(data.H.sum(axis=1), data.b.sum(axis=1), data.yy_target.sum(axis=1), model)
+        self._setup(strategy, np.asarray(theta0) * self.support)
 
-    def set_stats(self, h: np.ndarray, b: np.ndarray, yy: np.ndarray, model) -> None:
-        """The summed statistics the scaled coefficients need (``scale=unit``): the Gram
-        diagonal and ``X'y`` (S, p), each target's sum of squares (S, n_y)."""
-        enters = np.abs(model.structure).sum(axis=1) > 0                 # (n_y, p)
-        self.stats = (h, b, yy, enters)
-
-    def keep(self, theta: np.ndarray) -> np.ndarray:
-        """The support after thresholding ``theta`` (S, p) (the scaled coefficients with
-        ``scale=unit``)."""
+    def choose(self, H: np.ndarray, b: np.ndarray, yy: np.ndarray, model) -> None:
+        """The support (S, p): STLSQ (:func:`stlsq`, ridge ``alpha``) on the clients' summed
+        statistics ``H`` (S, p, p) and ``b`` (S, p), i.e. on the pooled least-squares
+        solution, whatever the strategy that then fits the kept terms (docs/ALGORITHMS.md,
+        "Sparse models"); with ``scale=unit`` the coefficients compared are scaled by
+        :func:`unit_scales` of the same sums and the targets' summed squares ``yy`` (S, n_y)."""
+        weights = None
         if self.scale == "unit":
-            h, b, yy, enters = self.stats
-            theta = theta * unit_scales(theta, h, b, yy, enters, self.support)
-        return self.support & (np.abs(theta) >= self.threshold)
+            h = np.diagonal(H, axis1=-2, axis2=-1)
+            enters = np.abs(model.structure).sum(axis=1) > 0                 # (n_y, p)
 
-    @staticmethod
-    def _closed_form(strategy) -> bool:
-        return type(strategy).__name__ in CLOSED_FORM or bool(getattr(strategy, "exact", False))
+            def weights(theta, support):
+                return unit_scales(theta, h, b, yy, enters, support)
+        _, self.support, self.refits = stlsq(H, b, self.threshold, self.alpha, self.max_iter,
+                                             weights=weights)
 
     def after_round(self, strategy, r: int) -> bool:
-        """Prune the server model after round ``r`` when due; whether the support changed.
-        Every round the pruned coefficients are set to exactly 0 (the restricted solves leave
-        round-off there)."""
+        """Set the pruned coefficients to exactly 0 (the restricted solves leave round-off
+        there); the support does not change during the rounds (False)."""
         strategy.server = strategy.server * self.support
-        if self.closed or r % self.every:
-            return False
-        changed = self._prune(strategy)
-        if changed:
-            self.prunes.append(r)
-        return changed
+        return False
 
-    def _prune(self, strategy) -> bool:
-        new = self.keep(strategy.server)
-        if np.array_equal(new, self.support):
-            return False
-        self.support = new
-        self._setup(strategy, strategy.server * new)
-        return True
-
-    def _setup(self, strategy, theta0, alpha: float | None = None) -> None:
+    def _setup(self, strategy, theta0) -> None:
         data, model, optimizer, K, lr, seed = self._ctx
         optimizer.support = self.support[:, None, :]
-        alpha = self.alpha if alpha is None else alpha
+        alpha = 0.0 if self.unbias else self.alpha          # unbias: the kept terms unridged
         strategy.setup(np.array(theta0), restrict_data(data, self.support, alpha), model,
                        optimizer, K, lr, seed)
         strategy.server = strategy.server * self.support
 
     # --- on a federated runtime: the server alone, the clients apply the support ----------
-    def start_server(self, strategy, stats: dict, model) -> None:
-        """Flower's server after ``strategy.setup_server``: every term kept; ``stats`` the
-        clients' ``query`` replies (S, M, ...) with their Gram diagonals ``h``, ``X'y`` ``b``
-        and targets' sums of squares ``yy``, summed here as in process."""
-        self.support = np.ones(strategy.server.shape, bool)
-        self.closed = False
-        self.set_stats(stats["h"].sum(axis=1), stats["b"].sum(axis=1), stats["yy"].sum(axis=1),
-                       model)
+    def start_server(self, strategy, H: np.ndarray, b: np.ndarray, yy: np.ndarray, model, n,
+                     seed: int) -> None:
+        """Flower's server after ``strategy.setup_server``: the support from the sums of the
+        statistics the clients sent (``H`` (S, p, p), ``b`` (S, p), ``yy`` (S, n_y),
+        :meth:`choose`); the
+        server starts from its pruned model, and the clients restrict their problems when
+        they see the support in the first message (:func:`restrict_client`)."""
+        self.choose(H, b, yy, model)
+        strategy.setup_server(strategy.server * self.support, n, seed)
 
-    def server_round(self, strategy, r: int, n, seed: int) -> bool:
-        """After round ``r`` on the server: prune when due; on a new support the server
-        starts again from its pruned model (``setup_server``: SCAFFOLD's ``c`` too), as the
-        clients do when they see the support (:func:`restrict_client`)."""
+    def server_round(self, strategy, r: int) -> bool:
+        """After round ``r`` on the server: the pruned coefficients set to exactly 0 (False:
+        the support does not change)."""
         strategy.server = strategy.server * self.support
-        if r % self.every:
-            return False
-        new = self.keep(strategy.server)
-        if np.array_equal(new, self.support):
-            return False
-        self.support = new
-        self.prunes.append(r)
-        strategy.setup_server(strategy.server * new, n, seed)
-        return True
+        return False
 
     def message(self, msg: dict) -> dict:
         """A server message with the support (S, p) as 0/1, for the clients."""
@@ -268,7 +228,7 @@ class STLSQ:
         """What ``summary.json`` says under ``sparsity``: the settings, the number of kept
         terms per state and in all (each a number when the repeats agree, else a list with
         each repeat's), the states left without any term (``empty``: ``{state: [repeats]}``,
-        only when there are some), the rounds at which the support changed."""
+        only when there are some), the least-squares fits of the STLSQ loop (``refits``)."""
         sizes = support_sizes(model, self.support)
         terms = [int(v) for v in self.support.sum(axis=-1)]
         out = {"method": self.name, "threshold": self.threshold, "scale": self.scale,
@@ -279,10 +239,7 @@ class STLSQ:
                  if 0 in v}
         if empty:
             out["empty"] = empty
-        if self.closed:
-            out["refits"] = self.refits
-        else:
-            out.update(every=self.every, pruned_at=self.prunes)
+        out["refits"] = self.refits
         return out
 
 

@@ -362,14 +362,12 @@ class FedLin(FedAvg):
     def make_clients(self, solver, K, lr):
         return Clients(solver, K, lr, correction=True)
 
+    def setup(self, theta0, data, model, optimizer, K, lr, seed):
+        super().setup(theta0, data, model, optimizer, K, lr, seed)
+        refuse_unstable(self, "fedlin")
+
     def client_maps(self):
-        maps = self.optimizer.local_map(self.K, self.lr)
-        if maps is None:
-            return None
-        A, c = self.optimizer.gradient_map()
-        dA = _aggregate_matrices(A, self.weights)[:, None] - A
-        dc = aggregate(c, self.weights)[:, None] - c
-        return LocalMap(maps.P - maps.C @ dA, maps.q + matvec(maps.C, dc))
+        return fedlin_maps(self.optimizer, self.K, self.lr, self.weights)
 
     def message(self, exchange):
         if exchange == "gradient":
@@ -390,6 +388,67 @@ class FedLin(FedAvg):
             super().server_update(exchange, replies, sel, active)
 
 
+def fedlin_maps(optimizer, K, lr, weights) -> LocalMap | None:
+    """FedLin's per-client maps of the server model (its correction folded into ``P_i, q_i``),
+    or None without affine local steps."""
+    maps = optimizer.local_map(K, lr)
+    if maps is None:
+        return None
+    A, c = optimizer.gradient_map()
+    dA = _aggregate_matrices(A, weights)[:, None] - A
+    dc = aggregate(c, weights)[:, None] - c
+    return LocalMap(maps.P - maps.C @ dA, maps.q + matvec(maps.C, dc))
+
+
+def round_radius(optimizer, K, lr, weights) -> np.ndarray | None:
+    """Spectral radius (S,) of FedLin's round, ``theta_s <- Pbar theta_s + qbar``, on the
+    data ``optimizer`` was set up with (None without affine local steps). SCAFFOLD's rounds
+    approach the same map once its control variates have settled (``c_i -> g_i(theta_s)``).
+    Above 1 the rounds diverge from any start off the fixed point."""
+    maps = fedlin_maps(optimizer, K, lr, weights)
+    if maps is None:
+        return None
+    with np.errstate(all="ignore"):
+        P = maps.aggregate(weights).P[:, 0]
+        if not np.isfinite(P).all():
+            return np.where(np.isfinite(P).all(axis=(-2, -1)), 0.0, np.inf)
+        return np.abs(np.linalg.eigvals(P)).max(axis=-1)
+
+
+#: a round's map whose spectral radius is above this diverges (1 + round-off: directions
+#: without data keep eigenvalue 1)
+RADIUS_LIMIT = 1.0 + 1e-9
+
+
+def refuse_unstable(strategy, name: str) -> None:
+    """Refuse, before the first round, FedLin or SCAFFOLD on data where their rounds diverge
+    in every repeat (:func:`round_radius` above 1 in each), in one line naming the settings;
+    with the spectral radius at ``lr`` and at ``lr / 100``. Where some repeats contract the
+    run goes ahead (the others are reported as diverged when they do)."""
+    opt, K, lr = strategy.optimizer, strategy.K, strategy.lr
+    rho = round_radius(opt, K, lr, strategy.weights)
+    if rho is None or (rho <= RADIUS_LIMIT).any():
+        return
+    s = int(np.argmin(rho))
+    small = round_radius(opt, K, lr / 100, strategy.weights)
+    scaling = getattr(opt, "scale_features", "none")
+    why = {"whiten": "each client's steps apply its own inverse Gram matrix n_i H_i^+ to the "
+                     "fleet's gradient correction, which their mean amplifies where some "
+                     "client's features are weakly excited",
+           "diagonal": "each client's steps apply its own feature scaling to the fleet's "
+                       "gradient correction"}.get(scaling, "the local steps are too large for "
+                                                           "the features' scale")
+    K_text = K if np.ndim(K) == 0 else "per client"
+    raise ConfigError(
+        f"strategy={name} with optimizer.scale_features={scaling}, lr={lr:g}, K={K_text}: a "
+        f"round multiplies the distance to its fixed point by {rho[s]:.3g} or more (spectral "
+        f"radius of the round's map, smallest in repeat {s}), so the rounds diverge in every "
+        "repeat "
+        f"({why}; at lr={lr / 100:g} it is {float(np.min(small)):.3g}); allowed: "
+        "strategy=fedavg, fedprox or fednova, or settings whose rounds contract "
+        "(docs/ALGORITHMS.md, fedlin)")
+
+
 class Scaffold(FedAvg):
     """SCAFFOLD with option II control variates (Karimireddy et al. 2020), full participation,
     global step size 1: local gradient ``g_i + c - c_i``; afterwards
@@ -400,22 +459,28 @@ class Scaffold(FedAvg):
     every client's Gram matrix must have full rank (:func:`determined`): ``H_i^+`` is blind to
     the directions a client's data lack, so its local steps cannot apply the correction
     ``c - c_i`` there and its ``c_i`` drifts, moving the result (4 clients, one all zeros: 0.09
-    from the other three's solution). Such data are refused."""
+    from the other three's solution). Such data are refused (with ``sparsity``, whose
+    restricted statistics are zero outside the support, a client needs full rank on the kept
+    terms only)."""
 
     def setup(self, theta0, data, model, optimizer, K, lr, seed):
         if getattr(optimizer, "scale_features", "none") == "whiten":
-            ok = determined(data.H)
+            support = getattr(optimizer, "support", None)     # sparsity: restricted data
+            ok = determined(data.H, support)
             if not ok.all():
                 bad = np.flatnonzero(~ok.all(axis=0))
+                what = f"the {data.H.shape[-1]} parameters" if support is None else \
+                    "the terms kept by sparsity"
                 raise ConfigError(
                     f"strategy=scaffold with optimizer.scale_features=whiten: {len(bad)} of "
                     f"{ok.shape[1]} client(s) (numbers {', '.join(map(str, bad[:10]))}"
                     f"{', ...' if len(bad) > 10 else ''}, from 0 in the data's order) have "
-                    f"data whose Gram matrix has rank below the {data.H.shape[-1]} parameters, "
+                    f"data whose Gram matrix has rank below {what}, "
                     "where whitening cannot apply SCAFFOLD's correction; allowed: "
                     "optimizer.scale_features=diagonal or none, another strategy, or data of "
                     "full rank for every client")
         super().setup(theta0, data, model, optimizer, K, lr, seed)
+        refuse_unstable(self, "scaffold")
 
     #: per-client state: the rounds always run the exchanges (no server map to bypass)
     affine = False

@@ -25,12 +25,35 @@ def growth_limit(start: float) -> float:
     return DIVERGENCE_FACTOR * max(1.0, start)
 
 
-def errors_diverged(e: np.ndarray, limit: float) -> bool:
-    """Whether parameter errors ``e`` (S, M) show divergence: not finite, or above ``limit``."""
-    return not (np.isfinite(e).all() and e.max() <= limit)
+def errors_diverged(e: np.ndarray, limit: float, norm: np.ndarray | None = None) -> bool:
+    """Whether parameter errors ``e`` (..., M) show divergence: not finite, or above ``limit``.
+
+    With ``norm`` (..., M), the norms ``||theta_i*||`` of the clients' true parameters, each
+    relative error is put on the scale of the largest true parameters of its repeat,
+    ``e_i ||theta_i*|| / max_j ||theta_j*|| = ||theta_hat - theta_i*|| / max_j ||theta_j*||``:
+    a client whose truth is tiny (1e-150) has an enormous relative error from any model of
+    the fleet's size, which is not a model that grows.
+
+    >>> errors_diverged(np.array([[0.5, 1e149]]), 1e3, np.array([[1.0, 1e-150]]))
+    False
+    """
+    e = np.asarray(e, float)
+    if not np.isfinite(e).all():
+        return True
+    return not (e.max() if norm is None else fleet_errors(e, norm).max()) <= limit
 
 
-def growth(errors) -> dict | None:
+def fleet_errors(e: np.ndarray, norm: np.ndarray) -> np.ndarray:
+    """The largest parameter error of each repeat on the scale of its largest true
+    parameters, ``max_i ||theta_hat - theta_i*|| / max_j ||theta_j*||`` (...,), from the
+    relative errors ``e`` (..., M) and the norms ``||theta_i*||`` (..., M): what the
+    divergence and growth rules read (equal to ``max_i e_i`` when the truths have one
+    size)."""
+    norm = np.asarray(norm, float)
+    return (np.asarray(e, float) * (norm / norm.max(axis=-1, keepdims=True))).max(axis=-1)
+
+
+def growth(errors, fleet: dict | None = None) -> dict | None:
     """Whether a run's ``errors`` table (``errors.csv``: a :class:`~fnsysid.results.tables.Table`
     or DataFrame) shows an error that grew: some repeat's error at the last round above
     ``GROWTH_FACTOR * max(1, start)``, ``start`` the largest error at round 0.
@@ -39,6 +62,11 @@ def growth(errors) -> dict | None:
     ``nrmse_1step_max`` (the metric the divergence rule reads). Returns None when no repeat
     grew (or the run has neither), else ``{"metric", "start", "final", "repeat", "ratio",
     "factor"}`` of the repeat that grew most.
+
+    ``fleet``: ``{"start": (S,), "final": (S,)}``, the parameter errors of round 0 and of the
+    last round on the scale of the fleet's largest truth (:func:`fleet_errors`, a
+    :class:`History`'s ``fleet``), read instead of ``e_max`` when given: a client whose
+    truth is tiny does not make the run grow.
     """
     rounds = np.asarray(errors["round"])
     if not len(rounds):
@@ -49,6 +77,11 @@ def growth(errors) -> dict | None:
         first, last = e[rounds == 0], e[rounds == rounds.max()]
         if np.isnan(first).all() or np.isnan(last).all():
             continue
+        if metric == "e_max" and fleet is not None:        # judged on the fleet's scale
+            f_first = np.asarray(fleet["start"], float)
+            f_last = np.where(np.isnan(last), np.nan, np.asarray(fleet["final"], float))
+            if np.nanmax(f_last) <= GROWTH_FACTOR * max(1.0, float(np.nanmax(f_first))):
+                return None
         start = float(np.nanmax(first))
         worst = int(np.nanargmax(last))
         limit = max(1.0, start)
@@ -73,6 +106,9 @@ class History:
     #: the round at which each repeat diverged (None where it did not), or None where the
     #: runtime stops a run at its first divergence (runtime=flower)
     diverged_at: list | None = None
+    #: ``{"start", "final"}``: the parameter errors of round 0 and of the last round on the
+    #: fleet's scale (:func:`fleet_errors`, each (S,)), for :func:`growth`; None without truth
+    fleet: dict | None = None
 
     @property
     def e_max(self) -> list:

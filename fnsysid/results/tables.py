@@ -221,7 +221,8 @@ def _final_std(last: Table, col: str) -> float | None:
 
 
 def make_summary(cfg, model, diverged, errors, theory, runtime,
-                 settings: dict | None = None, choices: dict | None = None) -> dict:
+                 settings: dict | None = None, choices: dict | None = None,
+                 fleet: dict | None = None) -> dict:
     """``summary.json``: status, final errors (mean and std over repeats), settings, runtime.
 
     Status ``diverged`` when ``diverged`` (the round) is given, ``growing`` (with ``growth``,
@@ -232,7 +233,8 @@ def make_summary(cfg, model, diverged, errors, theory, runtime,
     values are recorded as given. Values that a run does not have (parameter errors without
     ground truth, NRMSE without held-out data) are null. ``settings`` (the data's M, N, T,
     eps) replaces the config's knobs when the data come from files. ``choices``: group ->
-    option chosen.
+    option chosen. ``fleet``: the parameter errors :func:`~fnsysid.results.history.growth`
+    reads (a history's ``fleet``), or None.
     """
     last = last_round(errors)
     choices = choices or {}
@@ -244,7 +246,7 @@ def make_summary(cfg, model, diverged, errors, theory, runtime,
         finals[f"final_{col}_std"] = _final_std(last, col)
     for col in ("nrmse_1step_max", "nrmse_1step_mean", "nrmse_sim_max", "nrmse_sim_mean"):
         finals[f"final_{col}"] = _final(last, col)
-    grew = None if diverged is not None else growth(errors)
+    grew = None if diverged is not None else growth(errors, fleet)
     return {
         "status": "diverged" if diverged is not None else "growing" if grew else "ok",
         "diverged_round": diverged,

@@ -6,14 +6,16 @@ the strategy's :meth:`~fnsysid.learning.strategies.Federated.client_update`, the
 in-process engine calls for all clients at once. A client's data are simulated from that client's
 own random streams (:func:`fnsysid.dynamics.model.generate` with ``clients=[i]``: the same data as
 in process) or read from its own trajectory file (``data=files``). Only models, gradients and
-control variates cross the network; each client computes its errors ``e_r^(i)`` against its own
+control variates cross the network (with ``sparsity=stlsq`` also each client's statistics,
+once); each client computes its errors ``e_r^(i)`` against its own
 true parameters (when known) and sends back those numbers.
 
 Messages (``message_type``):
 
 - ``query``: a client answers with its label and its sample counts ``n`` (S,) (the weights
-  of ``strategy.weighting=samples``), its Gram diagonal ``h``, ``X'y`` ``b`` and its targets'
-  sums of squares ``yy`` (what ``sparsity.scale=unit`` scales the coefficients with,
+  of ``strategy.weighting=samples``), and with ``sparsity=stlsq`` its statistics ``H``
+  (S, p, p), ``b`` (S, p) and its targets' sums of squares ``yy``, whose sums choose the
+  support (:mod:`fnsysid.learning.sparsity`; ``yy`` for ``sparsity.scale=unit``,
   :func:`query_reply`);
 - ``train``: one exchange of the strategy (config ``exchange``, ``round``, ``evaluate``),
   arrays (S, ...) from :meth:`~fnsysid.learning.strategies.Federated.message` (and ``active`` (S,),
@@ -226,6 +228,13 @@ class ClientNode:
         with np.errstate(invalid="ignore"):
             return client_errors(theta[:, None, :], self.data.theta_true)
 
+    def truth_norm(self) -> np.ndarray:
+        """The norm of this client's true parameters (S, 1), over the known ones (NaN where
+        none is known), the denominator of its errors."""
+        from fnsysid.results.metrics import ParameterErrors
+
+        return ParameterErrors(self.data.theta_true).norm
+
     def nrmse(self, theta: np.ndarray, free_run: bool) -> dict[str, np.ndarray]:
         """This client's held-out scores of server models ``theta`` (S, p), each (S, 1), with
         the in-process functions (:class:`~fnsysid.results.metrics.HeldOutScores`): ``_n1``
@@ -291,12 +300,15 @@ def node_identity(context: Context) -> tuple[int | None, str | None, str | None]
             None if truth is None else str(truth))
 
 
-def query_reply(data) -> dict[str, np.ndarray]:
-    """A node's answer to the first ``query``: its sample counts and the summed statistics
-    ``sparsity=stlsq`` scales its threshold with (Gram diagonal ``h``, ``X'y`` ``b``, each
-    target's sum of squares ``yy``), each (S, 1, ...)."""
-    return {"n": data.n, "h": np.diagonal(data.H, axis1=-2, axis2=-1), "b": data.b,
-            "yy": data.yy_target}
+def query_reply(data, sparse: bool) -> dict[str, np.ndarray]:
+    """A node's answer to the first ``query``: its sample counts and, with ``sparsity=stlsq``
+    (``sparse``), the statistics whose sums choose the support (``H``, ``b``) and each
+    target's sum of squares ``yy`` (what ``sparsity.scale=unit`` scales the coefficients
+    with), each (S, 1, ...)."""
+    out = {"n": data.n}
+    if sparse:
+        out.update(H=data.H, b=data.b, yy=data.yy_target)
+    return out
 
 
 def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
@@ -307,8 +319,9 @@ def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
     @app.query()
     def query(msg: Message, context: Context) -> Message:
         me = node(context)
+        arrays = query_reply(me.data, me.settings.sparsity.name != "none")
         return Message(RecordDict({"info": ConfigRecord({"client": me.label}),
-                                   "arrays": to_record(query_reply(me.data), True)}),
+                                   "arrays": to_record(arrays, True)}),
                        reply_to=msg)
 
     @app.train()
@@ -330,7 +343,7 @@ def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
         if me.clients.state:
             context.state["state"] = to_record(me.clients.state)
         if config.get("evaluate"):
-            replies["_e"] = me.errors(arrays["theta"])
+            replies["_e"], replies["_t"] = me.errors(arrays["theta"]), me.truth_norm()
             replies.update(me.nrmse(arrays["theta"], bool(config.get("free_run"))))
         return Message(RecordDict({"arrays": to_record(replies, True)}), reply_to=msg)
 
@@ -339,7 +352,8 @@ def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
         me = node(context)
         theta = from_record(msg.content["arrays"])["theta"]
         config = msg.content.config_records.get("config") or {}
-        scores = {"_e": me.errors(theta), **me.nrmse(theta, bool(config.get("free_run")))}
+        scores = {"_e": me.errors(theta), "_t": me.truth_norm(),
+                  **me.nrmse(theta, bool(config.get("free_run")))}
         return Message(RecordDict({"arrays": to_record(scores, True)}), reply_to=msg)
 
     return app
@@ -425,8 +439,9 @@ def exchange(grid: Grid, sends: list[tuple], names: dict | None = None,
 
 
 #: what a client sends of a model it scores: its parameter error, held-out one-step and
-#: free-run NRMSE, and whether it is scored (:meth:`ClientNode.nrmse`)
-SCORES = ("_e", "_n1", "_ns", "_v")
+#: free-run NRMSE, whether it is scored (:meth:`ClientNode.nrmse`), and the norm of its true
+#: parameters (the scale of the divergence rule, :func:`~fnsysid.results.history.errors_diverged`)
+SCORES = ("_e", "_n1", "_ns", "_v", "_t")
 
 
 def stacked(replies: list[RecordDict]) -> dict[str, np.ndarray]:
@@ -456,7 +471,7 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
     when every repeat diverged (with sparsity, at the first). ``history.diverged_at`` gives
     each repeat's round.
     """
-    from fnsysid.results.history import History, errors_diverged, growth_limit
+    from fnsysid.results.history import History, errors_diverged, fleet_errors, growth_limit
     from fnsysid.results.metrics import over_clients
 
     nodes = wait_for_nodes(grid, M)
@@ -473,7 +488,8 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
     strategy.setup_server(theta0, n, settings.seed)
     sparsity = getattr(strategy, "sparsity", None)      # sparsity=stlsq: the server prunes
     if sparsity is not None:
-        sparsity.start_server(strategy, stats, model)
+        sparsity.start_server(strategy, stats["H"].sum(axis=1), stats["b"].sum(axis=1),
+                              stats["yy"].sum(axis=1), model, n, settings.seed)
     names = dict(zip(nodes, labels, strict=True))
 
     hist = History(per_client=[] if keep_clients else None)
@@ -517,11 +533,15 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
                      else float(np.nanmax(step[0], initial=0.0)) if valid.any() else 1.0)
             limit = growth_limit(start)
         else:
-            bad = (np.array([errors_diverged(e_s, limit) for e_s in e]) if has_truth
+            bad = (np.array([errors_diverged(e_s, limit, t_s)       # on the fleet's scale
+                             for e_s, t_s in zip(e, a["_t"], strict=True)]) if has_truth
                    else step[0] > limit)        # NaN (no scored client) never diverges
             if judge(r, bad):
                 return False
         hist.record(blank(e), blank(n1), blank(a["_ns"]) if free_run_due(r) else None, valid)
+        if has_truth:                   # the growth rule's errors, round 0 and the last
+            scaled = blank(fleet_errors(e, a["_t"]))
+            hist.fleet = {"start": scaled if r == 0 else hist.fleet["start"], "final": scaled}
         log_round(r, over_clients(blank(n1), valid))
         return True
 
@@ -580,7 +600,7 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
                 if stopped:
                     break
                 if sparsity is not None:
-                    sparsity.server_round(strategy, r, n, settings.seed)
+                    sparsity.server_round(strategy, r)
                 if judge(r, ~np.isfinite(strategy.server).reshape(S, -1).all(axis=1)):
                     stopped = True
                     break

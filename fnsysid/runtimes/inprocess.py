@@ -8,7 +8,7 @@ import numpy as np
 
 from fnsysid.dynamics.model import ClientData, threads
 from fnsysid.learning.local_work import local_steps
-from fnsysid.results.history import History, errors_diverged, growth_limit
+from fnsysid.results.history import History, errors_diverged, fleet_errors, growth_limit
 from fnsysid.results.metrics import (
     SMALL,
     HeldOutScores,
@@ -46,7 +46,9 @@ def train(strategy, data: ClientData, theta0, optimizer, model, settings, progre
     every repeat has diverged.
 
     A repeat diverged at a round when its model is not finite or, with a ground truth, some
-    client's error is not finite or exceeds ``DIVERGENCE_FACTOR * max(1, max_i e_0^(i))``
+    client's error is not finite or, on the scale of the largest true parameters of the repeat
+    (:func:`~fnsysid.results.history.errors_diverged`), exceeds
+    ``DIVERGENCE_FACTOR * max(1, max_i e_0^(i))``
     (finite but unbounded growth, e.g. the pendulum at lr = 10); without a ground truth, the
     same rule on the held-out one-step NRMSE (the loss). Its rows from that round on are NaN;
     the other repeats run on (their rounds do not depend on it), so their errors stay on
@@ -59,10 +61,11 @@ def train(strategy, data: ClientData, theta0, optimizer, model, settings, progre
     """
     R = int(settings.R)                   # read once: a config lookup costs more than a round
     K = local_steps(settings.K, data.shape[1], data.shape[0], settings.seed)
-    strategy.setup(theta0, data, model, optimizer, K, settings.lr, settings.seed)
     sparsity = getattr(strategy, "sparsity", None)          # sparsity=stlsq: the server prunes
-    if sparsity is not None:
-        sparsity.start(strategy, data, model, optimizer, K, settings.lr, settings.seed)
+    if sparsity is None:
+        strategy.setup(theta0, data, model, optimizer, K, settings.lr, settings.seed)
+    else:                               # the support first, then the strategy on it
+        sparsity.start(strategy, theta0, data, model, optimizer, K, settings.lr, settings.seed)
     hist = History(per_client=[] if keep_clients else None)
     has_truth = bool(np.isfinite(data.theta_true).any(axis=-1).all())    # some scored
 
@@ -134,8 +137,12 @@ def train(strategy, data: ClientData, theta0, optimizer, model, settings, progre
         if not summarize or estimate.shape[1] != 1:
             return None
         e_max, e_mean, s_max, s_mean = shared_summary(errors, scores, estimate)
-        if r and judge(r, ~(np.isfinite(e_max) & (e_max <= limit))):
-            return True
+        if r:
+            bad = ~(np.isfinite(e_max) & (e_max <= limit))
+            if bad.any():               # on the fleet's scale (errors_diverged), per client
+                bad = grown(estimate, errors(estimate))[0]
+            if judge(r, bad):
+                return True
         hist.add(blank(e_max), blank(e_mean),
                  None if scores is None else (blank(s_max), blank(s_mean)),
                  None if scores is None else free_run(r, estimate))
@@ -144,7 +151,8 @@ def train(strategy, data: ClientData, theta0, optimizer, model, settings, progre
     def grown(est, e):
         """(diverged? per repeat (S,), one-step NRMSE if computed) by the rule above."""
         if has_truth:
-            return np.array([errors_diverged(e_s, limit) for e_s in e]), None
+            return np.array([errors_diverged(e_s, limit, n_s)
+                             for e_s, n_s in zip(e, errors.norm, strict=True)]), None
         if scores is None:
             return np.zeros(S, dtype=bool), None
         n1 = scores.one_step(est)
@@ -157,6 +165,8 @@ def train(strategy, data: ClientData, theta0, optimizer, model, settings, progre
         if summary(0, est) is None:
             e0 = errors(est)
             record(0, est, e0)
+        if has_truth:
+            fleet_start = fleet_errors(errors(est), errors.norm)
         if has_truth:
             start = float(np.max(hist.e_max[0]))
         elif heldout is not None:
@@ -184,6 +194,9 @@ def train(strategy, data: ClientData, theta0, optimizer, model, settings, progre
                 elif done:
                     break
         collect()                       # also after an interrupted or diverged round
+        if has_truth:                   # the growth rule's errors (fleet_errors)
+            hist.fleet = {"start": fleet_start,
+                          "final": blank(fleet_errors(errors(est), errors.norm))}
     finally:
         if background is not None:      # after an error: no free run left behind
             background.shutdown(wait=False, cancel_futures=True)
