@@ -145,7 +145,8 @@ def test_whitened_fedavg_fits_the_mean_of_the_own_fits_on_the_pooled_support(tmp
     _, mean_keep, _ = stlsq(np.eye(40), mean_own.reshape(-1), 0.01)     # thresholding the mean
     assert (mean_keep.reshape(2, -1) != keep).any()       # the old rule chose other terms here
     # the threshold in the data's units, as the reference thresholds (pooled_support)
-    res = run(file, "sparsity.scale=data", strategy="fedavg", sparsity="stlsq", R=200)
+    res = run(file, "sparsity.scale=data", "sparsity.threshold=0.01", strategy="fedavg",
+              sparsity="stlsq", R=200)
     est = res.estimates["estimate"].to_numpy().reshape(2, -1)
     np.testing.assert_array_equal(est != 0, keep)
     ref = np.zeros((2, 20))
@@ -483,3 +484,14 @@ def test_fedlin_and_scaffold_whose_rounds_diverge_are_refused_before_the_run(tmp
     # the same rounds step by step (no precomputed map, so no check): they do diverge
     res = run(file, "optimizer.affine=false", strategy=strategy, R=30)
     assert res.summary["status"] == "diverged"
+
+
+def test_the_default_threshold_finds_the_duffing_terms_with_noise(tmp_path):
+    """The scale-free default (0.05 of what a target does besides its largest term) keeps the
+    six true Duffing terms on a noisy fleet; 0.01 on the same scale keeps spurious ones (why
+    the default is not 0.01)."""
+    file, _, _ = duffing_fleet(tmp_path, M=20, N=2, T=50, noise=0.5, seed=2)
+    res = run(file, strategy="centralized_exact", sparsity="stlsq")
+    assert res.summary["sparsity"]["threshold"] == 0.05 and kept(res) == TRUE
+    loose = run(file, "sparsity.threshold=0.01", strategy="centralized_exact", sparsity="stlsq")
+    assert kept(loose) > TRUE

@@ -153,7 +153,7 @@ class STLSQ:
 
     name = "stlsq"
 
-    def __init__(self, threshold: float = 0.01, scale: str = "unit", alpha: float = 0.0,
+    def __init__(self, threshold: float = 0.05, scale: str = "unit", alpha: float = 0.0,
                  unbias: bool = True, max_iter: int = 20):
         self.threshold, self.alpha, self.max_iter = float(threshold), float(alpha), int(max_iter)
         self.scale, self.unbias = str(scale), bool(unbias)
