@@ -265,7 +265,6 @@ def column_names(settings, model: Model) -> tuple[list[str], list[str]]:
     return list(states), list(inputs)
 
 
-@np.errstate(over="ignore", invalid="ignore")    # statistics that overflow: refused, not warned
 def _generic_hint(exc: DataError, settings, model, given: frozenset[str]) -> DataError:
     """A state or input column of the default system missing from files read without a
     ``system=`` given: the error with the hint of ``system=generic`` (a fleet's own
@@ -281,6 +280,7 @@ def _generic_hint(exc: DataError, settings, model, given: frozenset[str]) -> Dat
                      "data.inputs=[...]")
 
 
+@np.errstate(over="ignore", invalid="ignore")    # statistics that overflow: refused, not warned
 def from_files(settings: Settings, model: Model, optimizer,
                given: frozenset[str] = frozenset(), budget=None,
                client_file: bool = False, tables=None) -> Dataset:
