@@ -93,6 +93,31 @@ def growth(errors, fleet: dict | None = None) -> dict | None:
     return None
 
 
+class Repeats:
+    """Which repeats of a run diverged and at which round (both runtimes judge alike): a repeat
+    that diverges is left out from then on (its rows NaN, :meth:`blank`) and the others run
+    on; the run stops when every repeat diverged, or at the first under ``stop_at_first``
+    (``sparsity``)."""
+
+    def __init__(self, S: int, stop_at_first: bool = False):
+        self.dead = np.zeros(S, dtype=bool)
+        self.diverged_at: list = [None] * S
+        self.stop_at_first = stop_at_first
+
+    def judge(self, r: int, bad: np.ndarray) -> bool:
+        """Mark the repeats ``bad`` (S,) that diverge at round ``r``; whether the run stops."""
+        for s in np.flatnonzero(bad & ~self.dead).tolist():
+            self.diverged_at[s] = r
+        self.dead[bad] = True
+        return bool(self.dead.all() or (self.stop_at_first and self.dead.any()))
+
+    def blank(self, a):
+        """``a`` (S, ...) with NaN in the rows of the repeats that diverged."""
+        if a is None or not self.dead.any():
+            return a
+        return np.where(self.dead.reshape(-1, *([1] * (np.ndim(a) - 1))), np.nan, a)
+
+
 @dataclass
 class History:
     """Metrics per round, each a list of (S,) arrays (max and mean over clients), and

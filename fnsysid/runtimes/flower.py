@@ -471,7 +471,13 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
     when every repeat diverged (with sparsity, at the first). ``history.diverged_at`` gives
     each repeat's round.
     """
-    from fnsysid.results.history import History, errors_diverged, fleet_errors, growth_limit
+    from fnsysid.results.history import (
+    History,
+    Repeats,
+    errors_diverged,
+    fleet_errors,
+    growth_limit,
+)
     from fnsysid.results.metrics import over_clients
 
     nodes = wait_for_nodes(grid, M)
@@ -497,22 +503,9 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
     has_truth = False
     answered: dict[int, int] = {}       # round -> clients that trained in it
     S = n.shape[0]
-    dead = np.zeros(S, dtype=bool)      # repeats that diverged
-    diverged_at: list = [None] * S
-
-    def judge(r: int, bad: np.ndarray) -> bool:
-        """Mark the repeats ``bad`` (S,) that diverge at round ``r``; whether the run stops
-        (every repeat diverged, or one did under sparsity), as in process."""
-        for s in np.flatnonzero(bad & ~dead).tolist():
-            diverged_at[s] = r
-        dead[bad] = True
-        return bool(dead.all() or (sparsity is not None and dead.any()))
-
-    def blank(a):
-        """``a`` (S, ...) with NaN in the rows of the repeats that diverged."""
-        if a is None or not dead.any():
-            return a
-        return np.where(dead.reshape(-1, *([1] * (np.ndim(a) - 1))), np.nan, a)
+    repeats = Repeats(S, stop_at_first=sparsity is not None)   # as in the other runtime
+    judge, blank = repeats.judge, repeats.blank
+    dead, diverged_at = repeats.dead, repeats.diverged_at
 
     def free_run_due(r: int) -> bool:
         """Whether the free-run NRMSE of round ``r``'s model is scored (as in process)."""

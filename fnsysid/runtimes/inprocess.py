@@ -8,7 +8,13 @@ import numpy as np
 
 from fnsysid.dynamics.model import ClientData, threads
 from fnsysid.learning.local_work import local_steps
-from fnsysid.results.history import History, errors_diverged, fleet_errors, growth_limit
+from fnsysid.results.history import (
+    History,
+    Repeats,
+    errors_diverged,
+    fleet_errors,
+    growth_limit,
+)
 from fnsysid.results.metrics import (
     SMALL,
     HeldOutScores,
@@ -114,22 +120,9 @@ def train(strategy, data: ClientData, theta0, optimizer, model, settings, progre
                     blank(scores.free_run(estimate)) if free_run_due(r) else None, scores.valid)
 
     S = data.shape[0]
-    dead = np.zeros(S, dtype=bool)              # repeats that diverged
-    diverged_at: list = [None] * S
-
-    def judge(r: int, bad: np.ndarray) -> bool:
-        """Mark the repeats ``bad`` (S,) that diverge at round ``r``; whether the run stops
-        (every repeat diverged, or one did under ``sparsity``)."""
-        for s in np.flatnonzero(bad & ~dead).tolist():
-            diverged_at[s] = r
-        dead[bad] = True
-        return bool(dead.all() or (sparsity is not None and dead.any()))
-
-    def blank(a):
-        """``a`` (S, ...) with NaN in the rows of the repeats that diverged."""
-        if a is None or not dead.any():
-            return a
-        return np.where(dead.reshape(-1, *([1] * (np.ndim(a) - 1))), np.nan, a)
+    repeats = Repeats(S, stop_at_first=sparsity is not None)   # as in the other runtime
+    judge, blank = repeats.judge, repeats.blank
+    dead, diverged_at = repeats.dead, repeats.diverged_at
 
     def summary(r: int, estimate) -> bool | None:
         """Record round ``r`` from summaries if it can be (None otherwise); whether the run
