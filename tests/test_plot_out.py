@@ -33,3 +33,21 @@ def test_a_bad_out_is_one_line_and_exit_2(sweep, capsys, out, words):
 def test_a_good_out_writes_the_three_files(sweep, tmp_path, capsys):
     assert main([str(sweep), "--out", str(tmp_path / "fig.png")]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fig.csv", "fig.pdf", "fig.png"]
+
+
+def test_a_sweep_subdir_part_over_255_bytes_is_refused_before_any_job(tmp_path):
+    res = cli_in_process("-m", "M=1,2", "R=2", "output.plot=false",
+                         f"hydra.sweep.dir={tmp_path}/sw",
+                         "hydra.sweep.subdir=" + "a" * 300 + "${hydra.job.num}")
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1].startswith(
+        "fnsysid: error: hydra.sweep.subdir: a part of it is longer than 255 bytes")
+    assert not (tmp_path / "sw").exists()
+
+
+def test_a_job_folder_named_by_long_overrides_is_cut_with_a_hash():
+    from fnsysid.config.groups import job_dirname
+
+    a, b = job_dirname("K=[" + "1," * 150 + "1]"), job_dirname("K=[" + "1," * 150 + "2]")
+    assert a != b and len(a.encode()) <= 255 and a.startswith("K=[1,1,")
+    assert job_dirname("M=5,seed=1") == "M=5,seed=1"

@@ -466,6 +466,13 @@ def _check_subdir(subdir) -> None:
     if Path(text).is_absolute() or ".." in Path(text).parts:
         raise ConfigError(f"hydra.sweep.subdir={text} puts job folders outside "
                           "hydra.sweep.dir; allowed: a relative path without '..'")
+    import re
+
+    for part in Path(text).parts:      # the text around the interpolations is already too long
+        if len(os.fsencode(re.sub(r"\$\{[^}]*\}", "", part))) > NAME_MAX:
+            raise ConfigError(f"hydra.sweep.subdir: a part of it is longer than {NAME_MAX} bytes "
+                              f"({part[:40]}...); allowed: a path whose every part has at most "
+                              f"{NAME_MAX} bytes")
 
 
 def check_earlier(key: str, folder: Path, output, multirun: bool) -> None:

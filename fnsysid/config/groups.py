@@ -29,8 +29,23 @@ def job_dirname(override_dirname: str) -> str:
     one path component inside ``hydra.sweep.dir``: ``%`` is written ``%25`` and ``/`` is
     written ``%2F`` (URL encoding, so names stay distinct and readable), so a value such as
     ``data.path=../../logs`` names the folder ``data.path=..%2F..%2Flogs`` instead of a
-    folder beside the sweep. The resolver ``fnsysid.job_dirname`` of ``hydra.sweep.subdir``."""
-    return str(override_dirname).replace("%", "%25").replace("/", "%2F")
+    folder beside the sweep. A name longer than a file name may be (255 bytes) keeps its first
+    200 bytes and ends in a hash of the whole (``...~1a2b3c4d5e6f``), so it stays one distinct
+    folder. The resolver ``fnsysid.job_dirname`` of ``hydra.sweep.subdir``.
+
+    >>> job_dirname("data.path=../logs,M=5")
+    'data.path=..%2Flogs,M=5'
+    >>> len(job_dirname("x=" + "a" * 300).encode())
+    213
+    """
+    import hashlib
+
+    name = str(override_dirname).replace("%", "%25").replace("/", "%2F")
+    raw = name.encode()
+    if len(raw) <= 255:
+        return name
+    head = raw[:200].decode(errors="ignore")
+    return f"{head}~{hashlib.sha1(raw).hexdigest()[:12]}"
 
 
 def _register_resolvers() -> None:
