@@ -211,3 +211,15 @@ def test_a_library_that_holds_the_truth_is_not_missing_terms(tmp_path, fleet):
                       folder).summary["model_check"]
         verdicts.append(check["verdict"])
     assert sum(v in ("ok", "overfit") for v in verdicts) >= 4, verdicts
+
+
+def test_the_verdict_line_of_a_free_run_that_blew_up_names_it_without_numbers():
+    """A free run that is not finite has no median (None in summary.json): the line says
+    n/a (it raised a TypeError that ended the run)."""
+    from fnsysid.results.modelcheck import verdict
+
+    check = {"verdict": "free run fails", "free_run_exceed": [3, 1], "free_run_clients": [4, 4],
+             "free_run_replicates": 19, "nrmse_sim_median": [None, 1.25],
+             "nrmse_sim_noisy_median": [None, 0.5], "white": True}
+    line = verdict(check)
+    assert "3 of 4 clients in repeat 0" in line and "median free-run NRMSE n/a against n/a" in line

@@ -518,6 +518,11 @@ def _num(v) -> float | None:
     return v if np.isfinite(v) else (None if np.isnan(v) else v)
 
 
+def _fmt(v, spec: str) -> str:
+    """A number for the verdict's line; ``n/a`` where the check has none (None or NaN)."""
+    return "n/a" if v is None or v != v else format(v, spec)
+
+
 def verdict(check: dict | None) -> str | None:
     """The log line when the check finds something (None when it does not)."""
     if not check or check.get("verdict") in (None, "ok"):
@@ -530,9 +535,9 @@ def verdict(check: dict | None) -> str | None:
         worst = max(detail, key=lambda d: d["ratio"] or 0, default=None)
         where = ("" if worst is None else
                  f"; worst: client {worst['client']} in repeat {worst['repeat']}, held-out "
-                 f"error {worst['ratio']:.3g} times its training noise, "
+                 f"error {_fmt(worst['ratio'], '.3g')} times its training noise, "
                  f"{(worst['direction_share'] or 0):.0%} of its expected excess on one "
-                 f"direction, Gram condition {worst['condition']:.2g}")
+                 f"direction, Gram condition {_fmt(worst['condition'], '.2g')}")
         return (f"model check: {len(check['overfit'])} client(s)' own fits predict their "
                 f"held-out data worse than their training noise (ratio > "
                 f"{check['overfit_limit']}) by no more than their own estimation error "
@@ -546,14 +551,15 @@ def verdict(check: dict | None) -> str | None:
                    f"({k[s]} of {n[s]} clients in repeat {s} worse than all "
                    f"{check['free_run_replicates']} noisy runs, 1 in "
                    f"{check['free_run_replicates'] + 1} expected; median free-run NRMSE "
-                   f"{check['nrmse_sim_median'][s]:.3g} against "
-                   f"{check['nrmse_sim_noisy_median'][s]:.3g} of the noisy runs)")
+                   f"{_fmt(check['nrmse_sim_median'][s], '.3g')} against "
+                   f"{_fmt(check['nrmse_sim_noisy_median'][s], '.3g')} of the noisy runs)")
     if check["white"] is False:
         w = check["worst"]
         why.append(f"the residuals are correlated with the past ({check['rejected']} of "
                    f"{check['tests']} correlation tests reject at family-wise level "
                    f"{check['level']}; worst: {w['test']} of target {w['target']} at lag "
-                   f"{w['lag']}, Z = {w['Z']:.3g}, correlation {w['correlation']:.2g})")
+                   f"{w['lag']}, Z = {_fmt(w['Z'], '.3g')}, correlation "
+                   f"{_fmt(w['correlation'], '.2g')})")
     if check.get("excess_rejected"):
         why.append(f"{len(check['excess_rejected'])} client-target(s) predict their held-out "
                    "data worse than their own estimation error explains")
