@@ -399,6 +399,16 @@ def admitted(tries: tuple) -> bool:
     return tries[0] == 0
 
 
+def flower_summary(out: Path, code, stopped: list[str]) -> tuple[dict, str]:
+    """The Flower run's ``summary.json`` in ``out/flower`` and the words naming the nodes that
+    stopped during it; exits with one line when the run wrote no results."""
+    died = f"; stopped during the run: {', '.join(stopped)}" if stopped else ""
+    if not (out / "flower" / "summary.json").exists():
+        raise SystemExit(f"flwr run wrote no results (exit {code}){died}; see "
+                         f"{out}/flwr-run.log and {out}/supernode*.log")
+    return json.loads((out / "flower" / "summary.json").read_text()), died
+
+
 def main_netns(out: Path, files: list[Path], overrides: list[str], on_flower: list[str],
                timeout: float, t_inprocess: float) -> dict:
     """The deployment across network namespaces: the rogue device's tries, a run in which
@@ -464,11 +474,7 @@ def main_netns(out: Path, files: list[Path], overrides: list[str], on_flower: li
             stopped = fed.stopped()
             ticks = np.diff(fed.round_times)
         t_flower = time.perf_counter() - t0
-    died = f"; stopped during the run: {', '.join(stopped)}" if stopped else ""
-    if not (out / "flower" / "summary.json").exists():
-        raise SystemExit(f"flwr run wrote no results (exit {code}){died}; see "
-                         f"{out}/flwr-run.log and {out}/supernode*.log")
-    summary = json.loads((out / "flower" / "summary.json").read_text())
+    summary, died = flower_summary(out, code, stopped)
     diff = compare(out / "inprocess", out / "flower") if summary["status"] == "ok" \
         else float("inf")
     refused = all(not admitted(t[w]) for k, t in rogue.items() if k != "supernode"
@@ -557,11 +563,7 @@ def main(argv: list[str] | None = None) -> dict:
         stopped = fed.stopped()
         ticks = np.diff(fed.round_times)
     t_flower = time.perf_counter() - t0
-    died = f"; stopped during the run: {', '.join(stopped)}" if stopped else ""
-    if not (out / "flower" / "summary.json").exists():
-        raise SystemExit(f"flwr run wrote no results (exit {code}){died}; see "
-                         f"{out}/flwr-run.log and {out}/supernode*.log")
-    summary = json.loads((out / "flower" / "summary.json").read_text())
+    summary, died = flower_summary(out, code, stopped)
     if summary["status"] != "ok":
         raise SystemExit(f"the deployment stopped: {summary.get('error', summary['status'])}"
                          f"{died}; rounds 0 to {summary['rounds_completed']} written to "
