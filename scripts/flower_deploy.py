@@ -81,6 +81,20 @@ def make_data(out: Path, M: int, overrides: list[str]) -> list[str]:
             f"data.truth={out / 'truth.csv'}", "data.holdout=0"]
 
 
+def stop_processes(procs) -> None:
+    """End the processes ``procs``: SIGTERM to those still running, then SIGKILL to any that
+    has not ended 20 s later, each reaped."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 class Federation:
     """A SuperLink and SuperNodes on the loopback address, stopped on exit."""
 
@@ -175,13 +189,7 @@ class Federation:
                 proc.wait()
 
     def __exit__(self, *exc):
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(self.procs)
         # the SuperLink and SuperNodes start helper processes in sessions of their own, which
         # name their parent's pid or our ports on their command lines
         marks = [f"{HOST}:{p}" for p in (self.link_port, *self.node_ports)]
@@ -319,15 +327,7 @@ class NetnsFederation(Federation):
         return self
 
     def __exit__(self, *exc):
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(self.procs)
 
 
 def rogue_tries(nets, certs: Path, out: Path, env: dict) -> dict:
