@@ -322,6 +322,28 @@ def test_memory_estimate_grows_with_clients_and_is_checked_against_the_limit(mon
     preflight(["M=100000", "repeats=1"])
 
 
+def test_memory_estimate_counts_per_client_maps_only_for_strategies_that_keep_them():
+    """centralized_exact keeps each client's Gram and no per-client maps: its estimate is
+    2 p^2 values a client and repeat (float64, doubled for temporaries) below fedavg's, and
+    M = 10^6 with two repeats of the synthetic system (measured about 5 GB) is not refused
+    for 25 GiB."""
+    from fnsysid.app.build import build
+    from fnsysid.app.resources import estimate_bytes
+
+    def est(strategy, M=1000000, S=2):
+        cfg = compose_cfg("system=synthetic", f"strategy={strategy}", f"M={M}",
+                          f"repeats={S}", "data.val_N=0")
+        model, opt, strat = build(cfg)
+        return estimate_bytes(cfg, model, opt, False, strat), model.p
+
+    fed, p = est("fedavg")
+    exact, _ = est("centralized_exact")
+    assert p == 15
+    assert fed - exact == 2 * 8 * 2 * p * p * 2 * 1000000
+    assert exact < 14 * 2**30 < fed
+    assert est("oneshot")[0] == fed                  # its own fits' factors: counted as maps
+
+
 @pytest.mark.parametrize("where, message", [
     ("/dev/null", "is a device, not a folder"),
     ("{tmp}/afile", "is a file, not a folder"),

@@ -260,7 +260,7 @@ def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = Non
     settings = check_run(cfg)          # typed, read-only: what the steps below read
     model, optimizer, strategy = build(settings)
     check_output(settings)
-    check_memory(settings, model, optimizer)
+    check_memory(settings, model, optimizer, strategy)
     check_runtime(settings, optimizer, strategy)
 
     t0 = time.perf_counter()

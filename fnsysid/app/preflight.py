@@ -609,7 +609,7 @@ def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base
                 _check_path_names(data)
                 check_paths(data)
                 seen.add(paths)
-            check_memory(settings, *build(settings)[:2])
+            check_memory(settings, *build(settings))
             disk = max(disk, estimate_disk_bytes(settings, keep_per_client(settings)))
             checked += 1
             if checked >= MAX_CHECKED:

@@ -4,7 +4,9 @@ How memory grows (float64, 8 bytes a value; S = repeats, M = clients, p = parame
 n_phi/n_y = features/targets per regression row, N = trajectories per client, T = length):
 
 - per client and repeat, always: the loss statistics (``H`` p x p, ``b``, means), the true
-  parameters, the strategy's per-client models and affine maps (about ``3 p^2 + 10 p``) and
+  parameters, the strategy's per-client models and affine maps (about ``3 p^2 + 10 p``; the
+  ``p^2`` count is ``1 + client_matrices`` of the strategy: 3 for the federated strategies, 1
+  for ``centralized``/``centralized_exact``, which keep no per-client maps) and
   the held-out data (``data.val_N`` trajectories of T + 1 states and T inputs);
 - mini-batch SGD also keeps every sample: ``N T (n_phi + n_y + 1)`` per client and repeat;
 - per-client history (``clients.csv``): ``(R + 1)`` values per client and repeat;
@@ -33,8 +35,9 @@ BASELINE_BYTES = 200 * 2**20
 TEMPORARIES = 2.0
 
 
-def estimate_bytes(cfg, model, optimizer, keep_clients: bool) -> int:
-    """Bytes a simulated run of ``cfg`` needs (see the module docstring)."""
+def estimate_bytes(cfg, model, optimizer, keep_clients: bool, strategy=None) -> int:
+    """Bytes a simulated run of ``cfg`` needs (see the module docstring); ``strategy``
+    (class or instance; None: a federated one) sets the per-client ``p x p`` arrays."""
     from fnsysid.dynamics.model import CHUNK_VALUES, values_per_sample
     from fnsysid.dynamics.random import BLOCK, block_of, block_start
 
@@ -47,7 +50,8 @@ def estimate_bytes(cfg, model, optimizer, keep_clients: bool) -> int:
     n_x, n_u = system.n_x, system.n_u
     val_n = getattr(cfg.data, "val_N", 0)
 
-    per_client = 3 * p * p + 10 * p + 10 + n_phi + n_y
+    matrices = 1 + getattr(strategy, "client_matrices", 2)
+    per_client = matrices * p * p + 10 * p + 10 + n_phi + n_y
     per_client += val_n * ((T + 1) * (n_x + 1) + T * n_u)
     if getattr(optimizer, "needs_samples", False):
         per_client += n_max * T * (n_phi + n_y + 1)
@@ -136,7 +140,7 @@ def memory_limit() -> tuple[int, str]:
     return have, "available"
 
 
-def check_memory(cfg, model, optimizer) -> None:
+def check_memory(cfg, model, optimizer, strategy=None) -> None:
     """Refuse a run whose estimated memory exceeds what is available (one line).
 
     Simulated data: from the shapes of the run's arrays (:func:`estimate_bytes`). File data:
@@ -157,7 +161,7 @@ def check_memory(cfg, model, optimizer) -> None:
                 "rows fit (memory grows with the rows and the features per row, see README, "
                 "Memory and disk)")
         return
-    need = estimate_bytes(cfg, model, optimizer, keep_per_client(cfg))
+    need = estimate_bytes(cfg, model, optimizer, keep_per_client(cfg), strategy)
     have, source = memory_limit()
     if need > have:
         raise ConfigError(

@@ -137,6 +137,10 @@ class Strategy:
     #: the run's differential privacy (:class:`fnsysid.learning.privacy.Privacy`), set by
     #: :func:`fnsysid.app.build.build` with ``privacy=central`` or ``local``; None without
     privacy = None
+    #: p x p arrays the strategy keeps per client and repeat besides the Gram matrix of the
+    #: client's statistics (its affine maps, its own fits' factors), for the memory estimate
+    #: of :func:`fnsysid.app.resources.estimate_bytes`
+    client_matrices = 2
 
     def __init__(self, weighting: str = "uniform"):
         if weighting not in WEIGHTINGS:
@@ -697,6 +701,8 @@ class Local(Strategy):
 class Centralized(Strategy):
     """The non-private reference: all clients' data pooled in one place; K gradient steps of
     the optimizer per round (``exact=false``) or the pooled least-squares solution (flat)."""
+
+    client_matrices = 0         # one pooled map per repeat, nothing per client
 
     def __init__(self, exact: bool = False, **kwargs):
         super().__init__(**kwargs)
