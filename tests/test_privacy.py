@@ -293,3 +293,15 @@ def test_dp_participation_is_poisson_sampling():
     counts = masks.sum(axis=-1)
     assert len(np.unique(counts)) > 5                 # not a fixed number a round
     assert counts.mean() / 300 == pytest.approx(1, abs=0.03)
+
+
+def test_noise_multiplier_is_solved_once_for_the_same_target():
+    """The pre-run check and the run plan the same mechanism: the second solve is the
+    cached first (same number), and a different target is solved anew."""
+    from fnsysid.learning.privacy import solve_noise_multiplier
+
+    first = solve_noise_multiplier(0.7, 1e-5, 3, 0.5, "pld")
+    hits = solve_noise_multiplier.cache_info().hits
+    assert solve_noise_multiplier(0.7, 1e-5, 3, 0.5, "pld") == first
+    assert solve_noise_multiplier.cache_info().hits == hits + 1
+    assert solve_noise_multiplier(1.4, 1e-5, 3, 0.5, "pld") < first

@@ -29,6 +29,7 @@ docs/PRIVACY.md.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import numpy as np
@@ -90,14 +91,17 @@ def dp_event(noise_multiplier: float, rounds: int = 1, sampling_rate: float = 1.
     return dpa.SelfComposedDpEvent(event, rounds) if rounds > 1 else event
 
 
+@functools.lru_cache(maxsize=256)
 def spent_epsilon(noise_multiplier: float, delta: float, rounds: int = 1,
                   sampling_rate: float = 1.0, name: str = "pld") -> float:
-    """Epsilon at ``delta`` of :func:`dp_event` by the accountant ``name``."""
+    """Epsilon at ``delta`` of :func:`dp_event` by the accountant ``name`` (cached: a run
+    plans its mechanism in its pre-run check and again when it starts)."""
     acc = accountant(name)
     acc.compose(dp_event(noise_multiplier, rounds, sampling_rate))
     return float(acc.get_epsilon(delta))
 
 
+@functools.lru_cache(maxsize=256)
 def solve_noise_multiplier(epsilon: float, delta: float, rounds: int = 1,
                            sampling_rate: float = 1.0, name: str = "pld") -> float:
     """The smallest noise multiplier from :data:`MIN_NOISE_MULTIPLIER` on whose
