@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-flower install-cluster install-docs run test test-flower test-slow test-docs docs lint bench figures clean flower-deploy fig-personalized wheel
+.PHONY: help install install-flower install-cluster install-docs run test test-flower test-slow test-docs docs lint bench figures clean flower-deploy fig-personalized fig-privacy wheel
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -73,6 +73,9 @@ $(addprefix fig-,$(FIGS)): fig-%: $(STAMP)
 
 fig-personalized: $(STAMP)  ## personalized models and interval coverage against eps (figures/personalized.*)
 	$(PY) scripts/personalized.py $(ARGS)
+
+fig-privacy: $(STAMP)  ## final error against the privacy budget epsilon, M = 1e3 to 1e6 (figures/privacy.*)
+	$(PY) scripts/privacy_figure.py $(ARGS)
 
 figures-list:  ## only the fig-<name> targets
 	@for f in $(FIGS); do echo "  make fig-$$f"; done

@@ -1,7 +1,7 @@
 """Benchmark: the error that client-level differential privacy costs (docs/PRIVACY.md).
 
 Usage: ``python scripts/privacy_bench.py [--M 10000,100000] [--repeats 5] [--big]
-[--json FILE]`` (``--big`` adds M = 10^6 with 2 repeats and ``data.val_N=0``; about 8 GB).
+[--clip C] [--json FILE]`` (``--big`` adds M = 10^6 with 2 repeats and ``data.val_N=0``; about 8 GB).
 
 For each M it runs ``system=synthetic eps=0 strategy=centralized_exact`` (every other setting
 the system's default, ``data.val_N=0`` so that only training data are drawn) three ways and
@@ -97,6 +97,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--M", default="10000,100000")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--big", action="store_true", help="also M = 10^6 with 2 repeats")
+    ap.add_argument("--clip", type=float, default=None,
+                    help="privacy.clip (default: the privacy group's default)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     cases = [(int(m), args.repeats) for m in args.M.split(",")]
@@ -110,8 +112,9 @@ def main(argv=None) -> dict:
         base = ["system=synthetic", "eps=0", "strategy=centralized_exact", f"M={M}",
                 f"repeats={S}", "data.val_N=0"]
         plain = run(base)
+        clip = [] if args.clip is None else [f"privacy.clip={args.clip:g}"]
         priv = run([*base, "privacy=central", f"privacy.epsilon={EPSILON}",
-                    f"privacy.delta={DELTA}"])
+                    f"privacy.delta={DELTA}", *clip])
         e_plain = float(plain.summary["final_e_max_mean"])
         e_priv = float(priv.summary["final_e_max_mean"])
         e_base = baseline(M, S, plain.settings, plain.model, plain.estimate[:, 0],
@@ -126,7 +129,8 @@ def main(argv=None) -> dict:
               f"{row['baseline']:>9.3g} {row['baseline_ratio']:>6.2f} "
               f"{p['noise_multiplier']:>5.2f} {p['clipped_fraction']:>7.2f} "
               f"{row['seconds']:>6.1f}", flush=True)
-    out = {"epsilon": EPSILON, "delta": DELTA, "row_clip": ROW_CLIP, "rows": rows}
+    out = {"epsilon": EPSILON, "delta": DELTA, "row_clip": ROW_CLIP, "clip": args.clip,
+           "rows": rows}
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
     return out

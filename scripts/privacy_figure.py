@@ -1,11 +1,12 @@
 """Final error against the privacy budget epsilon (``make fig-privacy``, docs/PRIVACY.md).
 
 Usage: python scripts/privacy_figure.py [--M 1000,10000,100000,1000000]
-[--epsilon 0.3,1,3,10] [--repeats 3] [--big-repeats 1] [--out figures]
+[--epsilon 0.3,1,3,10] [--repeats 3] [--big-repeats 1] [--out figures] [--resume]
 
 For each M and each strategy it runs, through the Python API, ``system=synthetic eps=0
 data.val_N=0`` (no heterogeneity, so the error measured is estimation error; only training data
-drawn) without privacy and with ``privacy=central privacy.delta=1e-5`` at each epsilon, and
+drawn) without privacy and with ``privacy=central privacy.delta=1e-7`` (below 1/M at every M
+drawn, as delta should be) at each epsilon, and
 records the mean over repeats of the final relative error ``e_R`` (``final_e_max_mean``):
 
 - ``oneshot``: the mean of the clients' own least-squares estimates, each clipped to norm
@@ -19,7 +20,8 @@ records the mean over repeats of the final relative error ``e_R`` (``final_e_max
 M >= 10^6 runs ``--big-repeats`` repeats (memory and time). A run whose status is not ``ok``
 (diverged, growing, ill-conditioned) is listed with its status and left out of the figure.
 Writes ``<out>/privacy.csv`` (one row per strategy, M, epsilon; epsilon empty for the
-non-private run), ``.png`` and ``.pdf``.
+non-private run) after each run, so that ``--resume`` goes on from where an interrupted
+invocation stopped, then ``.png`` and ``.pdf``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import pandas as pd
 import fnsysid
 
 ROOT = Path(__file__).resolve().parent.parent
-DELTA = 1e-5
+DELTA = 1e-7
 BASE = {"system": "synthetic", "eps": 0.0, "data.val_N": 0, "progress": False,
         "output.plot": False, "output.model_check": False}
 #: each strategy's own settings (module docstring) and its bound on one contribution
@@ -88,7 +90,7 @@ def draw(table: pd.DataFrame, path: Path) -> None:
                 ax.axhline(float(plain["error"].iloc[0]), color=color, ls="--", lw=1)
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel(r"privacy budget $\varepsilon$ ($\delta = 10^{-5}$)")
+        ax.set_xlabel(r"privacy budget $\varepsilon$ ($\delta = 10^{-7}$)")
         ax.set_title(titles[strategy], fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
     first = np.atleast_1d(axes)[0]
@@ -118,26 +120,42 @@ def main(argv=None) -> int:
     ap.add_argument("--big-repeats", type=int, default=1, help="repeats at M >= 10^6")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "figures")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the runs already in <out>/privacy.csv (it is written after "
+                         "each run) and run only the others")
     args = ap.parse_args(argv)
     Ms = _numbers(args.M, int, "--M", ap)
     epsilons = _numbers(args.epsilon, float, "--epsilon", ap)
     if args.repeats < 1 or args.big_repeats < 1:
         ap.error("--repeats and --big-repeats must be at least 1")
-    rows = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    csv = args.out / "privacy.csv"
+    done = pd.read_csv(csv) if args.resume and csv.exists() else pd.DataFrame()
+    rows = done.to_dict("records")
+
+    def finished(strategy, M, epsilon) -> bool:
+        if done.empty:
+            return False
+        same = (done["strategy"] == strategy) & (done["M"] == M)
+        eps = done["epsilon"].isna() if epsilon is None else np.isclose(done["epsilon"],
+                                                                          epsilon)
+        return bool((same & eps).any())
+
     for M in Ms:
         repeats = args.big_repeats if M >= 1_000_000 else args.repeats
         for strategy in STRATEGIES:
             for epsilon in [None, *epsilons]:
+                if finished(strategy, M, epsilon):
+                    continue
                 row = one(strategy, M, repeats, epsilon, args.seed)
                 rows.append(row)
+                pd.DataFrame(rows).to_csv(csv, index=False, float_format="%.6g")
                 eps_text = "none" if epsilon is None else f"{epsilon:g}"
                 print(f"{strategy:>8} M={M:>8} epsilon={eps_text:>5} {row['status']:>8} "
                       f"e={row['error']:.4g} z={row['noise_multiplier'] or 0:.3g} "
                       f"clipped={row['clipped_fraction'] or 0:.3f} {row['seconds']:.1f} s",
                       flush=True)
     table = pd.DataFrame(rows)
-    args.out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.out / "privacy.csv", index=False, float_format="%.6g")
     draw(table, args.out / "privacy")
     bad = table[table["status"] != "ok"]
     for _, r in bad.iterrows():
