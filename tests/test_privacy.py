@@ -31,7 +31,7 @@ def test_reported_epsilon_is_the_accountants_for_the_reported_noise():
     much to 1e-3 (the smallest noise that meets it); the analytic Gaussian mechanism (Balle
     and Wang 2018, dp_accounting.get_epsilon_gaussian) agrees."""
     s = run("strategy=centralized_exact", "privacy=central").summary["privacy"]
-    assert (s["mode"], s["rounds"], s["sampling_rate"], s["clip"]) == ("central", 1, 1.0, 200.0)
+    assert (s["mode"], s["rounds"], s["sampling_rate"], s["clip"]) == ("central", 1, 1.0, 300.0)
     assert s["accountant"] == "dp_accounting PLD (value_discretization_interval=0.001)"
     acc = dpa.pld.PLDAccountant(value_discretization_interval=1e-3)
     acc.compose(dpa.GaussianDpEvent(s["noise_multiplier"]))
