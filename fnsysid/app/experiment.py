@@ -362,6 +362,8 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     if at is not None:          # in process: the repeats run on after one diverged
         summary["repeat_status"] = ["ok" if d is None else "diverged" for d in at]
         summary["repeat_diverged_round"] = list(at)
+    tables["errors"] = communication(summary, settings, model, strategy, tables["errors"],
+                                     len(dataset.clients), getattr(hist, "traffic", None))
     privacy = getattr(strategy, "privacy", None)
     if privacy is not None:
         summary["privacy"] = privacy.summary()
@@ -414,6 +416,34 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
         summary["interrupted_by"] = signal.Signals(signum).name
     return Result(tables, summary, model, strategy.estimate(), dataset, diverged, settings,
                   None if per is None else per.models, None if per is None else per.se)
+
+
+def communication(summary: dict, settings, model, strategy, errors, M: int,
+                  measured: dict | None = None):
+    """``summary["communication"]``: the bytes the run sent up and down, from what the
+    strategy declares (:mod:`fnsysid.learning.communication`) times the rounds recorded and
+    the clients taking part; beside them ``measured``, what the Flower runtime counted in
+    its messages (None in process). Returns ``errors`` with the column ``bytes_per_client``:
+    the bytes up and down per client (mean over clients) up to each round (empty when the
+    strategy declares no payload)."""
+    from fnsysid.learning import communication as comm
+    from fnsysid.results.tables import Table
+
+    sparsity = getattr(strategy, "sparsity", None)
+    if sparsity is not None and sparsity.support is None:
+        sparsity = None
+    plan = comm.plan_of(strategy, len(model.param_names), model, sparsity,
+                        settings.personalize.name)
+    repeat, rnd = np.asarray(errors["repeat"], int), np.asarray(errors["round"], int)
+    S, R = int(repeat.max()) + 1, int(rnd.max())
+    out = comm.account(plan, comm.participants(strategy, R, M, S), M)
+    cumulative = out.pop("_cumulative", None)
+    if measured is not None:
+        out["measured"] = measured
+    summary["communication"] = out
+    column = (np.full(len(repeat), np.nan) if cumulative is None
+              else cumulative[repeat, rnd])
+    return Table({**errors.columns, "bytes_per_client": column})
 
 
 def conditioning(summary: dict, data, support) -> None:

@@ -39,6 +39,7 @@ import numpy as np
 from fnsysid.config.checks import ConfigError
 from fnsysid.dynamics import random as rnd
 from fnsysid.dynamics.model import least_squares, pooled
+from fnsysid.learning import communication as comm
 from fnsysid.learning.optim import LocalMap, matvec, undo_preconditioner
 from fnsysid.learning.privacy import private_change, private_mean, private_pooled_solution
 
@@ -173,6 +174,15 @@ class Strategy:
         """Model each client is evaluated with, broadcastable to (S, M, p)."""
         return self.server[:, None, :]
 
+    def payload(self, p: int) -> comm.Plan:
+        """What one client sends and receives in one repeat, for ``p`` parameters
+        (:class:`fnsysid.learning.communication.Plan`: arrays (name, shape) of float64 per
+        round and once before the first round); the run's summary multiplies them by the
+        rounds and the clients taking part (``communication``). A new strategy declares its
+        own; this base declares none (the summary then says so)."""
+        return comm.Plan(note=f"{type(self).__qualname__} declares no payload (define "
+                         f"{type(self).__qualname__}.payload)")
+
 
 class Federated(Strategy):
     """A strategy whose round is a sequence of message exchanges between server and clients,
@@ -219,6 +229,10 @@ class Federated(Strategy):
     def message(self, exchange: str) -> dict[str, np.ndarray]:
         """What the server sends every client in ``exchange``."""
         return {"theta": self.server}
+
+    def payload(self, p):
+        """Each round: the server model down, the client's local model up (p each)."""
+        return comm.Plan(round=comm.exchange(down=[("theta", (p,))], up=[("theta", (p,))]))
 
     def client_update(self, exchange: str, msg: dict, clients: Clients,
                       sel=slice(None)) -> dict[str, np.ndarray]:
@@ -359,6 +373,13 @@ class FedLin(FedAvg):
 
     exchanges = ("gradient", "train")
 
+    def payload(self, p):
+        """Each round two exchanges: the server model down and the client's gradient up; then
+        the server model and the averaged gradient down and the local model up."""
+        gradient = comm.exchange(down=[("theta", (p,))], up=[("g", (p,))])
+        train = comm.exchange(down=[("theta", (p,)), ("g", (p,))], up=[("theta", (p,))])
+        return comm.Plan(round=gradient + train)
+
     def make_clients(self, solver, K, lr):
         return Clients(solver, K, lr, correction=True)
 
@@ -498,6 +519,12 @@ class Scaffold(FedAvg):
     def message(self, exchange):
         return {"theta": self.server, "c": self.c}
 
+    def payload(self, p):
+        """Each round the server model and control variate ``c`` down, the local model and
+        the change of the client's control variate up (p each)."""
+        return comm.Plan(round=comm.exchange(down=[("theta", (p,)), ("c", (p,))],
+                                             up=[("theta", (p,)), ("dc", (p,))]))
+
     def client_update(self, exchange, msg, clients, sel=slice(None)):
         start = clients.broadcast(msg["theta"], sel)
         c = msg["c"][:, None, :]
@@ -551,6 +578,12 @@ class FedNova(FedAvg):
         eye = np.eye(maps.P.shape[-1])
         return LocalMap(eye + scale[..., None, None] * (maps.P - eye),
                         scale[..., None] * maps.q)
+
+    def payload(self, p):
+        """Each round the server model down, the normalized update (p) and the total step
+        size (1) up."""
+        return comm.Plan(round=comm.exchange(down=[("theta", (p,))],
+                                             up=[("d", (p,)), ("s", (1,))]))
 
     def client_update(self, exchange, msg, clients, sel=slice(None)):
         start = clients.broadcast(msg["theta"], sel)
@@ -674,6 +707,11 @@ class OneShot(Strategy):
     def round(self, r):
         pass
 
+    def payload(self, p):
+        """Once, before round 1: each client's own least-squares estimate up (p); nothing
+        after (the rounds are empty)."""
+        return comm.Plan(start=comm.upload(("theta_i", (p,))))
+
 
 class Local(Strategy):
     """No federation: every client runs K local steps per round from its own previous model and
@@ -692,6 +730,10 @@ class Local(Strategy):
 
     def estimate(self):
         return self.models
+
+    def payload(self, p):
+        """Nothing: each client keeps its data and its model."""
+        return comm.Plan()
 
 
 class Centralized(Strategy):
@@ -716,6 +758,15 @@ class Centralized(Strategy):
         else:
             self.maps = optimizer.local_map(K, lr, correction=False)
 
+    def payload(self, p):
+        """Once, before round 1: each client's least-squares statistics ``H_i`` (p x p) and
+        ``b_i`` (p) up, which is all the pooled fit (exact or by gradient steps) needs; with an
+        optimizer that reads samples (SGD) the samples would have to be sent: not declared."""
+        if not self.exact and getattr(self.optimizer, "needs_samples", False):
+            return comm.Plan(note="strategy=centralized with an optimizer that reads samples "
+                                  "pools the clients' samples, whose size is not declared")
+        return comm.Plan(start=comm.upload(("H", (p, p)), ("b", (p,))))
+
     def round(self, r):
         if self.exact:
             return
@@ -734,6 +785,11 @@ class Cyclic(Strategy):
         super().setup(theta0, data, model, optimizer, K, lr, seed)
         maps = optimizer.local_map(K, lr, correction=False)
         self.server_map = None if maps is None else maps.compose_clients()
+
+    def payload(self, p):
+        """Each round each client receives the model of the one before it and sends its own
+        on (through the server): p each way."""
+        return comm.Plan(round=comm.exchange(down=[("theta", (p,))], up=[("theta", (p,))]))
 
     def round(self, r):
         if self.server_map is not None:
