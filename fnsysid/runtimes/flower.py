@@ -54,6 +54,7 @@ from fnsysid.config.errors import some
 from fnsysid.learning.start import initial_model
 from fnsysid.results.metrics import HeldOutScores
 from fnsysid.runtimes import flower_personal as personal
+from fnsysid.runtimes import flower_traffic as traffic
 from fnsysid.runtimes import interrupt
 
 log = logging.getLogger("fnsysid")
@@ -435,7 +436,9 @@ def exchange(grid: Grid, sends: list[tuple], names: dict | None = None,
     missing = [node_name(node, names) for node, *_ in sends if node not in by_node]
     if missing:
         raise FlowerError(f"no reply from {', '.join(missing)}")
-    return [by_node[node] for node, *_ in sends]
+    replies = [by_node[node] for node, *_ in sends]
+    traffic.record(msgs, replies)           # communication.measured
+    return replies
 
 
 #: what a client sends of a model it scores: its parameter error, held-out one-step and
@@ -481,6 +484,7 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
     from fnsysid.results.metrics import over_clients
 
     nodes = wait_for_nodes(grid, M)
+    traffic.start()                         # communication.measured
     wait = float(getattr(settings.runtime, "reply_timeout", 600.0))
     info = exchange(grid, [(n, "query", None, None) for n in nodes], timeout=wait)
     labels = [str(r["info"]["client"]) for r in info]
@@ -618,6 +622,7 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
     except FlowerError as exc:
         failure = f"{stage}: {exc}"
     hist.diverged_at = diverged_at
+    hist.traffic = traffic.summary(S, M)
     diverged = min((d for d in diverged_at if d is not None), default=None)
     return hist, diverged, theta0, labels, failure
 
