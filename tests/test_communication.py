@@ -137,3 +137,17 @@ def test_flower_messages_carry_what_is_declared(strategy, extra, tmp_path):
     # the scores the clients send of each model are counted apart, not in the totals
     assert m["evaluation_up"] > 0
     assert m["serialized_up_total"] > m["up_total"]
+
+
+def test_curves_against_bytes_put_each_round_at_its_cumulative_bytes():
+    from fnsysid.results.plotting import draw_curve, new_figure
+
+    errors = pd.DataFrame({"repeat": [0, 0, 0, 1, 1, 1], "round": [0, 1, 2] * 2,
+                           "e_max": [1.0, 0.5, 0.25, 3.0, 1.5, 0.75],
+                           "bytes_per_client": [16.0, 48.0, 80.0] * 2})
+    ax = new_figure().subplots()
+    line = draw_curve(ax, errors, "fedavg", against="bytes_per_client")
+    np.testing.assert_array_equal(line.get_xdata(), [16.0, 48.0, 80.0])
+    np.testing.assert_array_equal(line.get_ydata(), [2.0, 1.0, 0.5])     # mean over repeats
+    final = ax.get_lines()[-1]                                            # the final dot
+    assert (final.get_xdata()[0], final.get_ydata()[0]) == (80.0, 0.5)
