@@ -110,8 +110,9 @@ def plan_of(strategy, p: int, model=None, sparsity=None, personalize: str = "non
 
     - ``sparsity`` (an object with ``support``): once before round 1 each client sends its
       statistics ``H`` (p x p), ``b`` (p) and its targets' sums of squares ``yy`` (n_y), and
-      receives the support (p, as 0/1); a federated strategy's server repeats the support
-      in every message (as the Flower runtime does, so a client that restarts sees it);
+      receives the support (p, as 0/1) once; a federated strategy's server sends the support
+      with every message instead (as the Flower runtime does, so a client that restarts
+      sees it);
     - ``personalize=auto``: after the last round each client sends its statistics ``H``,
       ``b``, residual sums of squares and degrees of freedom (one each per group of targets,
       g) and whether its data determine its own model (1), and receives the fleet's ``mu``
@@ -129,10 +130,11 @@ def plan_of(strategy, p: int, model=None, sparsity=None, personalize: str = "non
     start, rnd, end = plan.start, plan.round, plan.end
     if sparsity is not None:
         n_y = int(np.shape(model.structure)[0])
-        start = start + Payload((("H", (p, p)), ("b", (p,)), ("yy", (n_y,))),
-                                (("support", (p,)),), 1, 1)
+        start = start + upload(("H", (p, p)), ("b", (p,)), ("yy", (n_y,)))
         if isinstance(strategy, Federated) and rnd.messages_down:
             rnd = rnd + Payload((), (("support", (p,)),) * rnd.messages_down)
+        else:
+            start = start + Payload((), (("support", (p,)),), 0, 1)
     if personalize == "auto":
         from fnsysid.learning.personalize import noise_blocks
 
