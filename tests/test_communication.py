@@ -158,3 +158,23 @@ def test_curves_against_bytes_put_each_round_at_its_cumulative_bytes():
     np.testing.assert_array_equal(line.get_ydata(), [2.0, 1.0, 0.5])     # mean over repeats
     final = ax.get_lines()[-1]                                            # the final dot
     assert (final.get_xdata()[0], final.get_ydata()[0]) == (80.0, 0.5)
+
+
+def test_a_diverged_repeat_counts_the_rounds_before_its_divergence():
+    # FedLin on the pendulum (p = 2; 2p up and 3p down a round): repeat 0
+    # diverges at r = 22 (tests/test_cli.py), the others run to R = 30
+    res = execute(compose_cfg(
+        "system=pendulum", "M=20", "N=2", "eps=2", "K=20", "lr=0.05", "R=30", "repeats=5",
+        "optimizer.reduction=mean", "optimizer.scale_features=diagonal", "strategy=fedlin",
+        "output.plot=false", "progress=false"), choices={})
+    assert res.summary["repeat_diverged_round"] == [22, None, None, None, None]
+    per_round = 8 * (2 * 2 + 3 * 2)
+    e = res.tables["errors"]
+    b = {s: e.loc[e["repeat"] == s].sort_values("round")["bytes_per_client"].to_numpy()
+         for s in (0, 1)}
+    np.testing.assert_array_equal(b[0][:22], np.arange(22) * per_round)
+    assert np.isnan(b[0][22:]).all()                        # as its errors
+    np.testing.assert_array_equal(b[1], np.arange(31) * per_round)
+    c = res.summary["communication"]
+    assert c["client_rounds"] == 20 * (21 + 4 * 30) / 5      # mean over the repeats
+    assert c["per_client_total"] == per_round * (21 + 4 * 30) / 5

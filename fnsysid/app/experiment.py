@@ -363,7 +363,8 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
         summary["repeat_status"] = ["ok" if d is None else "diverged" for d in at]
         summary["repeat_diverged_round"] = list(at)
     tables["errors"] = communication(summary, settings, model, strategy, tables["errors"],
-                                     len(dataset.clients), getattr(hist, "traffic", None))
+                                     len(dataset.clients), getattr(hist, "traffic", None),
+                                     getattr(hist, "diverged_at", None))
     privacy = getattr(strategy, "privacy", None)
     if privacy is not None:
         summary["privacy"] = privacy.summary()
@@ -419,13 +420,14 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
 
 
 def communication(summary: dict, settings, model, strategy, errors, M: int,
-                  measured: dict | None = None):
+                  measured: dict | None = None, diverged_at: list | None = None):
     """``summary["communication"]``: the bytes the run sent up and down, from what the
     strategy declares (:mod:`fnsysid.learning.communication`) times the rounds recorded and
     the clients taking part; beside them ``measured``, what the Flower runtime counted in
     its messages (None in process). Returns ``errors`` with the column ``bytes_per_client``:
     the bytes up and down per client (mean over clients) up to each round (empty when the
-    strategy declares no payload)."""
+    strategy declares no payload). A repeat that diverged at round d (``diverged_at``)
+    counts the rounds before d, and its rows from d on are empty, as its errors are."""
     from fnsysid.learning import communication as comm
     from fnsysid.results.tables import Table
 
@@ -436,8 +438,16 @@ def communication(summary: dict, settings, model, strategy, errors, M: int,
                         settings.personalize.name)
     repeat, rnd = np.asarray(errors["repeat"], int), np.asarray(errors["round"], int)
     S, R = int(repeat.max()) + 1, int(rnd.max())
-    out = comm.account(plan, comm.participants(strategy, R, M, S), M)
+    taking_part = comm.participants(strategy, R, M, S)
+    gone = np.zeros((S, R + 1), dtype=bool)              # rows of diverged repeats
+    for s, d in enumerate(diverged_at or []):
+        if d is not None and s < S:
+            taking_part[s, d - 1:] = 0
+            gone[s, d:] = True
+    out = comm.account(plan, taking_part, M)
     cumulative = out.pop("_cumulative", None)
+    if cumulative is not None:
+        cumulative = np.where(gone, np.nan, cumulative)
     if measured is not None:
         out["measured"] = measured
     summary["communication"] = out
