@@ -3,7 +3,7 @@
 
 :func:`fnsysid.runtimes.flower.exchange` hands every message it sends and the reply to it
 to :func:`record`; :func:`fnsysid.runtimes.flower.serve` starts a count with :func:`start`
-and reads it with :func:`summary`. Each array of a message's ``arrays`` record is counted
+and ends it with :func:`summary`. Each array of a message's ``arrays`` record is counted
 twice, with Flower's public record API: its numbers (``prod(shape)`` times the dtype's item
 size, what the declared figures count) and Flower's own ``ArrayRecord.count_bytes()`` (each
 array's serialized bytes, NumPy's header included, plus its key). Configs (exchange name,
@@ -91,8 +91,10 @@ def summary(repeats: int, clients: int) -> dict:
     """The count so far, per repeat (a message carries the arrays of all ``repeats``): bytes
     of the algorithm's arrays up and down (``up_total``, ``down_total``, ``per_client_total``
     over ``clients``), the same by stage, Flower's serialized bytes (``count_bytes``) and the
-    evaluation and control traffic apart."""
-    c = _count or {}
+    evaluation and control traffic apart. Ends the count (later exchanges are not counted
+    until the next :func:`start`)."""
+    global _count
+    c, _count = _count or {}, None
 
     def per_repeat(key: str) -> float:
         v = c.get(key, 0.0) / repeats
