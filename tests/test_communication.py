@@ -178,3 +178,23 @@ def test_a_diverged_repeat_counts_the_rounds_before_its_divergence():
     c = res.summary["communication"]
     assert c["client_rounds"] == 20 * (21 + 4 * 30) / 5      # mean over the repeats
     assert c["per_client_total"] == per_round * (21 + 4 * 30) / 5
+
+
+def test_poisson_sampling_counts_each_rounds_draw():
+    """Under privacy each client takes part with probability fraction: the counts are those
+    of the strategy's own draws (the independent count here from the same streams)."""
+    from fnsysid.dynamics import random as rnd
+
+    res = run("strategy=fedavg", "strategy.fraction=0.4", "privacy=central",
+              "privacy.epsilon=8", "privacy.clip=0.5", "R=6")
+    seed = res.settings.seed
+    taken = np.array([[(rnd.stream(seed, rnd.PARTICIPATION, s, r).random(M) < 0.4).sum()
+                       for r in range(1, 7)] for s in range(2)])
+    c = res.summary["communication"]
+    assert c["client_rounds"] == pytest.approx(taken.sum(axis=1).mean())
+    assert c["up_total"] == pytest.approx(8 * P * taken.sum(axis=1).mean())
+    e = res.tables["errors"]
+    for s in (0, 1):
+        got = e.loc[e["repeat"] == s].sort_values("round")["bytes_per_client"].to_numpy()
+        want = np.concatenate([[0], np.cumsum(taken[s])]) * 2 * 8 * P / M
+        np.testing.assert_allclose(got, want, rtol=1e-12)
