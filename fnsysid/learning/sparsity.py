@@ -172,11 +172,13 @@ def path_scores(rss: np.ndarray, count: np.ndarray, yy: np.ndarray, terms: np.nd
     Gaussian -2 log-likelihood with each group's noise variance at its maximum (up to a
     constant), plus ``penalty`` (``log n`` for BIC, 0 on held-out data) per kept term ``k``
     (``terms`` (..., L)). ``rss`` (..., L, G), ``count`` (..., G) the residuals summed per
-    group, ``yy`` (..., G) the group's sum of squares; ``rss`` is floored at ``1e-14 yy``
-    (the round-off of the expanded square) and a group with ``yy = 0`` adds nothing."""
+    group, ``yy`` (..., G) the group's sum of squares; ``rss`` is floored at ``1e-12 yy``
+    (the round-off of the expanded square, as in :func:`unit_scales`: a target fitted
+    exactly, such as ``x+ = x + dt v`` without noise, then adds the same to every candidate
+    that fits it instead of its round-off) and a group with ``yy = 0`` adds nothing."""
     count = np.asarray(count, float)[..., None, :]
     yy = np.asarray(yy, float)[..., None, :]
-    floor = np.maximum(rss, 1e-14 * yy)
+    floor = np.maximum(rss, 1e-12 * yy)
     with np.errstate(divide="ignore", invalid="ignore"):
         ll = np.where((yy > 0) & (count > 0), count * np.log(floor / count), 0.0)
     return ll.sum(axis=-1) + penalty * terms
@@ -443,8 +445,8 @@ def auto_line(summary: dict) -> tuple[str, bool] | None:
         return (f"sparsity: sparsity.threshold=auto chose {shown} ({terms} terms) by the "
                 "held-out error of the pooled fits (sparsity_path.csv)"), False
     return (f"sparsity: sparsity.threshold=auto chose {shown} ({terms} terms) by BIC on the "
-            "training data: no held-out data (data.val_N=0 or data.holdout=0) to score the "
-            "candidates on (sparsity_path.csv)"), True
+            "training data: no held-out data to score the candidates on (data.val_N=0, "
+            "data.holdout=0 or no val rows in the files; sparsity_path.csv)"), True
 
 
 def support_sizes(model, support: np.ndarray) -> dict[str, list[int]]:
