@@ -1,16 +1,17 @@
 """Support recovery of ``sparsity=stlsq`` against noise level and number of clients (README).
 
     python scripts/sparsity_recovery.py [--noise 0.05 0.5 2 5] [--M 1 2 5 20] [--N 2] [--repeats 10]
-        [--strategies fedavg centralized_exact] [--threshold 0.05 auto] [--seed 0]
+        [--strategies fedavg centralized_exact] [--threshold 0.05 auto] [--eps 0.2] [--seed 0]
 
 For each noise level (the Duffing fleet's velocity disturbance, ``system.disturbance.scale``)
 and number of clients M, simulates a Duffing fleet (examples/duffing, ``--N`` = 2 trajectories of
-T = 50 samples a client, eps = 0.2, ``repeats`` independent fleets), then identifies it with
-``system=generic``, a degree-3 polynomial library (40 terms) and ``sparsity=stlsq``, with each
-of ``--strategies`` (R = 50; ``centralized_exact`` is pooled STLSQ) at each of ``--threshold``
-(``sparsity.threshold``: numbers; ``auto``, the threshold chosen by held-out error; or
-``auto-bic``, ``auto`` on the training trajectories alone, so that it falls back to BIC on the
-same training data; with more than one, the columns are named ``<strategy>@<threshold>``).
+T = 50 samples a client, ``--eps`` = 0.2 the spread of the clients' parameters, ``repeats``
+independent fleets), then identifies it with ``system=generic``, a degree-3 polynomial
+library (40 terms) and ``sparsity=stlsq``, with each of ``--strategies`` (R = 50;
+``centralized_exact`` is pooled STLSQ) at each of ``--threshold`` (``sparsity.threshold``:
+numbers; ``auto``, the threshold chosen by held-out error; or ``auto-bic``, ``auto`` on the
+training trajectories alone, so that it falls back to BIC on the same training data; with more
+than one, the columns are named ``<strategy>@<threshold>``).
 Prints a Markdown table of the share of repeats whose kept terms are exactly the true 6 and
 the mean number of kept terms; writes it to ``--out`` (default ``outputs/sparsity_recovery.csv``).
 """
@@ -51,6 +52,8 @@ def main(argv=None) -> pd.DataFrame:
     ap.add_argument("--strategies", nargs="+", default=["fedavg", "centralized_exact"])
     ap.add_argument("--threshold", nargs="+", default=["0.05"],
                     help="sparsity.threshold values (numbers or auto), each its own columns")
+    ap.add_argument("--eps", type=float, default=0.2,
+                    help="spread of the clients' parameters (eps; 0: identical clients)")
     ap.add_argument("--seed", type=int, default=0, help="root seed of the simulated fleets")
     ap.add_argument("--out", default="outputs/sparsity_recovery.csv")
     args = ap.parse_args(argv)
@@ -61,7 +64,7 @@ def main(argv=None) -> pd.DataFrame:
             for M in args.M:
                 sim = Path(tmp) / f"sim_{noise}_{M}"
                 fnsysid.run(["system=duffing", f"M={M}", f"N={args.N}", f"repeats={args.repeats}",
-                             "R=1", f"seed={args.seed}",
+                             "R=1", f"seed={args.seed}", f"eps={args.eps}",
                              f"system.disturbance.scale={noise}", "output.trajectories=true",
                              "output.plot=false", "progress=false"],
                             output_dir=sim, config_dir=ROOT / "examples" / "duffing" / "conf")
