@@ -24,6 +24,13 @@ converge on them. Thresholding the server model instead selects the terms of tha
 fixed point: with whitened local steps (the generic system's default) FedAvg's fixed point is
 the mean of the clients' own fits, whatever K (docs/ALGORITHMS.md, "Sparse models").
 
+``threshold=auto`` (:meth:`STLSQ.choose_auto`) chooses the threshold along
+:data:`AUTO_GRID`: each threshold's STLSQ support on the pooled statistics is a candidate,
+scored by the held-out residual sums of squares of its pooled fit, which come from the
+clients' held-out statistics summed (each client's held-out error is a quadratic in the
+coefficients), or by BIC on the pooled training residuals when there are no held-out data
+(docs/ALGORITHMS.md, "Choosing the threshold").
+
 Restricting a client's problem to the support: ``H -> D (H + a_i I) D`` and ``b -> D b`` with
 ``D`` the 0/1 diagonal of the support and ``a_i`` the client's share of the ridge ``alpha``
 (its share of the samples, so the shares add up to ``alpha`` over the pooled data). The

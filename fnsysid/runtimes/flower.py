@@ -16,7 +16,8 @@ Messages (``message_type``):
   of ``strategy.weighting=samples``), and with ``sparsity=stlsq`` its statistics ``H``
   (S, p, p), ``b`` (S, p) and its targets' sums of squares ``yy``, whose sums choose the
   support (:mod:`fnsysid.learning.sparsity`; ``yy`` for ``sparsity.scale=unit``,
-  :func:`query_reply`);
+  :func:`query_reply`), and with ``sparsity.threshold=auto`` its held-out statistics, whose
+  sums score the candidate supports;
 - ``train``: one exchange of the strategy (config ``exchange``, ``round``, ``evaluate``),
   arrays (S, ...) from :meth:`~fnsysid.learning.strategies.Federated.message` (and ``active`` (S,),
   the repeats the client takes part in, when clients are sampled); the reply holds the
