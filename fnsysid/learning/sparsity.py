@@ -306,10 +306,7 @@ class STLSQ:
         support. ``self.path`` holds (repeat, threshold, n_terms, score, chosen)."""
         enters = np.abs(model.structure).sum(axis=1) > 0                     # (n_y, p)
         groups = target_groups(enters)
-        fits = [stlsq(H, b, t, self.alpha, self.max_iter, weights=weights) for t in AUTO_GRID]
-        thetas = np.stack([f[0] for f in fits], axis=-2)                        # (S, L, p)
-        supports = np.stack([f[1] for f in fits], axis=-2)                      # (S, L, p)
-        refits = np.array([f[2] for f in fits])
+        thetas, supports, refits = self._path(H, b, yy, enters, groups, weights)
         terms = supports.sum(axis=-1)                                           # (S, L)
         sizes = groups.sum(axis=1)                                              # (G,)
         use_heldout = heldout is not None and bool((np.asarray(heldout[3]) > 0).all())
@@ -355,6 +352,37 @@ class STLSQ:
         strategy.server = strategy.server * self.support
 
     # --- on a federated runtime: the server alone, the clients apply the support ----------
+    def _path(self, H, b, yy, enters, groups, weights):
+        """STLSQ at every threshold of :data:`AUTO_GRID`: coefficients (S, L, p), supports
+        (S, L, p), refits (L,). When each target is scored alone its coefficients are a block
+        of their own (``H`` has no entry between two targets' coefficients and the unit
+        scales compare coefficients of one target), so each target's path is run on its own
+        block: the same supports as on the whole, at a fraction of the cost."""
+        S, p, L = b.shape[0], b.shape[-1], len(AUTO_GRID)
+        if groups.shape[0] == 1:
+            fits = [stlsq(H, b, t, self.alpha, self.max_iter, weights=weights)
+                    for t in AUTO_GRID]
+            return (np.stack([f[0] for f in fits], axis=-2),
+                    np.stack([f[1] for f in fits], axis=-2), np.array([f[2] for f in fits]))
+        thetas, supports = np.zeros((S, L, p)), np.zeros((S, L, p), bool)
+        refits = np.zeros(L, int)
+        h = np.diagonal(H, axis1=-2, axis2=-1)
+        for j in range(enters.shape[0]):
+            idx = np.flatnonzero(enters[j])
+            if not idx.size:
+                continue
+            Hj, bj = H[:, idx[:, None], idx], b[:, idx]
+            yj, ej = yy[:, j:j + 1], enters[j:j + 1, idx]
+            wj = None
+            if weights is not None:
+                def wj(theta, support, hj=h[:, idx], bj=bj, yj=yj, ej=ej):
+                    return unit_scales(theta, hj, bj, yj, ej, support)
+            for i, t in enumerate(AUTO_GRID):
+                theta, support, k = stlsq(Hj, bj, t, self.alpha, self.max_iter, weights=wj)
+                thetas[:, i, idx], supports[:, i, idx] = theta, support
+                refits[i] = max(refits[i], k)
+        return thetas, supports, refits
+
     def start_server(self, strategy, H: np.ndarray, b: np.ndarray, yy: np.ndarray, model, n,
                      seed: int, heldout=None) -> None:
         """Flower's server after ``strategy.setup_server``: the support from the sums of the
