@@ -27,7 +27,7 @@ from fnsysid.config.schema import Settings
 from fnsysid.data.source import Dataset, load_data
 from fnsysid.dynamics.model import Model
 from fnsysid.learning.personalize import z_value
-from fnsysid.learning.sparsity import empty_warning
+from fnsysid.learning.sparsity import auto_line, empty_warning
 from fnsysid.learning.start import initial_model
 from fnsysid.results.files import check_output, write_outputs
 from fnsysid.results.history import keep_per_client
@@ -383,6 +383,13 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     sparsity = getattr(strategy, "sparsity", None)
     if sparsity is not None and sparsity.support is not None:
         summary["sparsity"] = sparsity.summary(model)
+        path = sparsity.path_table()
+        if path is not None:
+            from fnsysid.results.tables import Table
+
+            tables["sparsity_path"] = Table(path)
+            line, warn = auto_line(summary["sparsity"])
+            (log.warning if warn else log.info)(line)
         line = empty_warning(summary["sparsity"], sparsity.support.shape[0])
         if line:
             log.warning(line)

@@ -495,7 +495,10 @@ class Stlsq(Section):
     """Sequentially thresholded least squares (fnsysid/learning/sparsity.py)."""
 
     name: Literal["stlsq"]
-    threshold: PosReal
+    #: a number > 0, or ``auto``: chosen along a threshold path by held-out error (BIC
+    #: without held-out data)
+    threshold: Annotated[Union[PosReal, Literal["auto"]],
+                         Field(json_schema_extra={"allowed": "a finite number > 0 or auto"})]
     #: what the threshold is compared with: ``unit`` the coefficients of features and
     #: targets scaled to unit size (from the summed statistics), ``data`` the raw coefficients
     scale: Literal["unit", "data"]

@@ -16,7 +16,8 @@ Messages (``message_type``):
   of ``strategy.weighting=samples``), and with ``sparsity=stlsq`` its statistics ``H``
   (S, p, p), ``b`` (S, p) and its targets' sums of squares ``yy``, whose sums choose the
   support (:mod:`fnsysid.learning.sparsity`; ``yy`` for ``sparsity.scale=unit``,
-  :func:`query_reply`);
+  :func:`query_reply`), and with ``sparsity.threshold=auto`` its held-out statistics, whose
+  sums score the candidate supports;
 - ``train``: one exchange of the strategy (config ``exchange``, ``round``, ``evaluate``),
   arrays (S, ...) from :meth:`~fnsysid.learning.strategies.Federated.message` (and ``active`` (S,),
   the repeats the client takes part in, when clients are sampled); the reply holds the
@@ -301,14 +302,25 @@ def node_identity(context: Context) -> tuple[int | None, str | None, str | None]
             None if truth is None else str(truth))
 
 
-def query_reply(data, sparse: bool) -> dict[str, np.ndarray]:
+def query_reply(data, sparse: bool, heldout=None, model=None) -> dict[str, np.ndarray]:
     """A node's answer to the first ``query``: its sample counts and, with ``sparsity=stlsq``
     (``sparse``), the statistics whose sums choose the support (``H``, ``b``) and each
     target's sum of squares ``yy`` (what ``sparsity.scale=unit`` scales the coefficients
-    with), each (S, 1, ...)."""
+    with), each (S, 1, ...). With ``sparsity.threshold=auto`` (``heldout`` given: the node's
+    :class:`~fnsysid.data.heldout.HeldOut`, or False when it has none) also its held-out
+    statistics ``hgram``, ``hcross``, ``hyy``, ``hn`` (zeros without held-out data), whose
+    sums score the candidate supports."""
     out = {"n": data.n}
     if sparse:
         out.update(H=data.H, b=data.b, yy=data.yy_target)
+    if heldout is not None:
+        if heldout is False:
+            S, (n_y, n_phi) = data.n.shape[0], model.structure.shape[:2]
+            out.update(hgram=np.zeros((S, 1, n_phi, n_phi)), hcross=np.zeros((S, 1, n_y, n_phi)),
+                       hyy=np.zeros((S, 1, n_y)), hn=np.zeros((S, 1)))
+        else:
+            out.update(hgram=heldout.gram, hcross=heldout.cross, hyy=heldout.yy,
+                       hn=np.asarray(heldout.n, float))
     return out
 
 
@@ -320,7 +332,11 @@ def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
     @app.query()
     def query(msg: Message, context: Context) -> Message:
         me = node(context)
-        arrays = query_reply(me.data, me.settings.sparsity.name != "none")
+        sp = me.settings.sparsity
+        auto = sp.name != "none" and sp.threshold == "auto"
+        arrays = query_reply(me.data, sp.name != "none",
+                             (me.heldout if me.heldout is not None else False) if auto else None,
+                             me.model)
         return Message(RecordDict({"info": ConfigRecord({"client": me.label}),
                                    "arrays": to_record(arrays, True)}),
                        reply_to=msg)
@@ -498,8 +514,11 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
     strategy.setup_server(theta0, n, settings.seed)
     sparsity = getattr(strategy, "sparsity", None)      # sparsity=stlsq: the server prunes
     if sparsity is not None:
+        held = None if "hn" not in stats else (
+            stats["hgram"].sum(axis=1), stats["hcross"].sum(axis=1), stats["hyy"].sum(axis=1),
+            stats["hn"].sum(axis=1))
         sparsity.start_server(strategy, stats["H"].sum(axis=1), stats["b"].sum(axis=1),
-                              stats["yy"].sum(axis=1), model, n, settings.seed)
+                              stats["yy"].sum(axis=1), model, n, settings.seed, held)
     names = dict(zip(nodes, labels, strict=True))
 
     hist = History(per_client=[] if keep_clients else None)
