@@ -41,6 +41,7 @@ from fnsysid.results.personal import (
     personal_summary,
     personalized,
     server_intervals,
+    t_value,
 )
 from fnsysid.results.tables import (
     Frames,
@@ -327,10 +328,12 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
         tables["clients"] = clients_table(hist, labels)
     per, ci_note = None, None
     if diverged is None and failure is None:
-        se, ci_note = server_intervals(strategy, data, model)
+        se, ci_note, dof = server_intervals(strategy, data, model)
+        level = settings.output.ci_level
         tables["estimates"] = estimates_table(model, strategy.estimate(), data, theta0,
                                               keep_clients, labels, se,
-                                              z_value(settings.output.ci_level))
+                                              z_value(level) if dof is None
+                                              else t_value(level, dof))
         # in process from the clients' data; under Flower what the clients sent
         per = (personalized(settings, model, strategy, data) if data is not None
                else getattr(hist, "personal", None))

@@ -132,7 +132,7 @@ def clients_table(hist, labels: list[str] | None = None) -> Table:
 
 
 def estimates_table(model, estimate, data, theta0, per_client: bool,
-                    labels: list[str] | None = None, se=None, z: float = 1.96) -> Table:
+                    labels: list[str] | None = None, se=None, z=1.96) -> Table:
     """Final estimates with the clients' mean truth, the nominal model and the start.
 
     One row per (repeat, parameter) with ``client = "server"``; a strategy that evaluates each
@@ -148,7 +148,8 @@ def estimates_table(model, estimate, data, theta0, per_client: bool,
 
     ``se`` (S, 1, p): standard errors of a server estimate with a closed form
     (:func:`fnsysid.results.personal.server_intervals`), giving ``se`` and the interval
-    ``ci_lo``, ``ci_hi`` = estimate -/+ ``z`` se; empty without.
+    ``ci_lo``, ``ci_hi`` = estimate -/+ ``z`` se; empty without. ``z``: the quantile, a number
+    or an array like ``se`` (Student's t on each parameter's degrees of freedom).
     """
     estimate = np.asarray(estimate)
     S, p = estimate.shape[0], estimate.shape[-1]
@@ -184,7 +185,7 @@ def estimates_table(model, estimate, data, theta0, per_client: bool,
     })
 
 
-def _intervals(est: np.ndarray, se, z: float) -> dict:
+def _intervals(est: np.ndarray, se, z) -> dict:
     """The ``se``, ``ci_lo`` and ``ci_hi`` columns of estimates (NaN where ``se`` is None or
     does not match the rows)."""
     if se is None or np.shape(se) != est.shape:
