@@ -346,4 +346,5 @@ def test_bench_refuses_an_unknown_case():
                           "M,nosuch"], capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 2
     assert res.stderr.strip().splitlines()[-1] == (
-        "bench.py: error: argument --cases: nosuch is not a case; allowed: paper,M,K,p,ragged")
+        "bench.py: error: argument --cases: nosuch is not a case; allowed: paper,M,K,p,ragged,"
+        "oneshot,personalize,modelcheck,sparsity")

@@ -41,6 +41,7 @@ from fnsysid.dynamics import random as rnd
 from fnsysid.dynamics.model import least_squares, pooled
 from fnsysid.learning import communication as comm
 from fnsysid.learning.optim import LocalMap, matvec, undo_preconditioner
+from fnsysid.learning.ownfit import OwnFits, own_fits, ranks
 from fnsysid.learning.privacy import private_change, private_mean, private_pooled_solution
 
 WEIGHTINGS = ("uniform", "samples")
@@ -618,50 +619,11 @@ def determined(H: np.ndarray, support: np.ndarray | None = None) -> np.ndarray:
     restricted to it (:func:`fnsysid.learning.sparsity.restrict_data`, zero outside) and the
     rank must be the number of kept terms instead."""
     H = np.asarray(H)
-    rank = np.empty(H.shape[:-2], dtype=int)
-    flat, out = H.reshape(-1, *H.shape[-2:]), rank.reshape(-1)
-    for i in range(0, len(flat), CHUNK):      # eigenvalues only, a bounded block at a time
-        w = np.abs(np.linalg.eigvalsh(flat[i:i + CHUNK]))
-        tol = w.max(axis=-1, keepdims=True) * H.shape[-1] * np.finfo(H.dtype).eps
-        out[i:i + CHUNK] = (w > tol).sum(axis=-1)
+    rank = ranks(H)
     if support is None:
         return rank == H.shape[-1]
     kept = np.broadcast_to(np.asarray(support, bool), H.shape[:-1]).sum(axis=-1)
     return rank == kept
-
-
-#: clients whose Gram matrices one block of :func:`determined` and :func:`own_solutions`
-#: decomposes at a time (bounds their temporaries: 4096 x p^2 numbers)
-CHUNK = 4096
-
-
-def own_solutions(H: np.ndarray, b: np.ndarray, ok: np.ndarray,
-                  support: np.ndarray | None = None) -> np.ndarray:
-    """Each client's own least-squares solution ``H_i^-1 b_i`` (..., p) where ``ok`` (...)
-    says its statistics determine it (:func:`determined`), 0 elsewhere; with ``support``
-    (0/1 or bool, broadcast against (..., p)) the solution on the kept terms of statistics
-    restricted to them (zero outside), 0 outside.
-
-    The same numbers as ``H^+ b`` (:func:`fnsysid.dynamics.model.least_squares`) up to
-    round-off for a determined client, by one LU solve instead of a pseudo-inverse (an SVD),
-    in bounded blocks: at a million clients the difference between minutes and seconds.
-    """
-    H, b = np.asarray(H), np.asarray(b)
-    p = H.shape[-1]
-    lead = np.broadcast_shapes(H.shape[:-2], b.shape[:-1], np.shape(ok))
-    pad = np.zeros(lead + (p,)) if support is None else \
-        np.broadcast_to(~np.asarray(support, bool), lead + (p,)).astype(float)
-    Hf = np.broadcast_to(H, lead + (p, p)).reshape(-1, p, p)
-    bf = np.broadcast_to(b, lead + (p,)).reshape(-1, p)
-    okf = np.broadcast_to(ok, lead).reshape(-1)
-    padf = pad.reshape(-1, p)
-    theta = np.zeros((len(Hf), p))
-    idx = np.flatnonzero(okf)
-    for i in range(0, len(idx), CHUNK):
-        j = idx[i:i + CHUNK]
-        A = Hf[j] + padf[j][:, :, None] * np.eye(p)         # 1 outside the kept terms
-        theta[j] = np.linalg.solve(A, bf[j][..., None])[..., 0] * (padf[j] == 0)
-    return theta.reshape(lead + (p,))
 
 
 class OneShot(Strategy):
@@ -680,11 +642,15 @@ class OneShot(Strategy):
 
     #: (S, M) clients left out of the average (set by :meth:`setup`)
     left_out: np.ndarray | None = None
+    #: the clients' own least squares the average is made of (set by :meth:`setup`;
+    #: :func:`fnsysid.learning.ownfit.own_fits` of the statistics it was set up on)
+    fits: OwnFits | None = None
 
     def setup(self, theta0, data, model, optimizer, K, lr, seed):
         super().setup(theta0, data, model, optimizer, K, lr, seed)
         support = getattr(optimizer, "support", None)
-        ok = determined(data.H, support)
+        self.fits = own_fits(data.H, data.b, support)
+        ok = self.fits.full
         if not ok.any(axis=1).all():
             s = int(np.flatnonzero(~ok.any(axis=1))[0])
             what = f"the {data.H.shape[-1]} parameters" if support is None else \
@@ -697,12 +663,12 @@ class OneShot(Strategy):
                 "pools or iterates (centralized_exact, fedavg, ...)")
         self.left_out = ~ok
         if self.privacy is not None:      # noisy sum of clipped estimates over a noisy count
-            self.server = private_mean(self.privacy, least_squares(data.H, data.b), ok, seed)
+            self.server = private_mean(self.privacy, self.fits.theta, ok, seed)
             return
         w = self.weights
         if not ok.all():
             w = (np.ones(ok.shape) if w is None else w) * ok
-        self.server = aggregate(own_solutions(data.H, data.b, ok, support), w)
+        self.server = aggregate(self.fits.solutions(), w)
 
     def round(self, r):
         pass

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fnsysid.dynamics.model import masked_gram, pooled
+from fnsysid.dynamics.model import pooled
 from fnsysid.learning import personalize as pers
-from fnsysid.learning.strategies import Centralized, OneShot, determined
+from fnsysid.learning.ownfit import own_fits
+from fnsysid.learning.strategies import Centralized, OneShot
 from fnsysid.results.history import DIVERGENCE_FACTOR, GROWTH_FACTOR
 from fnsysid.results.metrics import ParameterErrors
 from fnsysid.results.tables import Table
@@ -207,11 +208,13 @@ def server_intervals(strategy, data, model) -> tuple[np.ndarray | None, str, np.
                 per_parameter_dof(model, pool, dof))
     if isinstance(strategy, OneShot):
         sup = None if support is None else support[:, None]
-        _, se, _, dof = own_intervals(model, data, sup)
-        nu = per_parameter_dof(model, data, dof)                            # (S, M, p)
-        H = data.H if sup is None else masked_gram(data.H, sup)
+        # the statistics OneShot was set up on (restricted to the support with sparsity; the
+        # same numbers on the kept terms): their own fits are already made
+        own = getattr(strategy, "data", None) or data
+        _, se, _, dof = own_intervals(model, own, sup)
+        nu = per_parameter_dof(model, own, dof)                             # (S, M, p)
         w = np.ones(data.n.shape) if strategy.weights is None else strategy.weights
-        w = w * determined(H, sup)           # the clients the average takes (OneShot's rule)
+        w = w * own_fits(own.H, own.b, sup).full     # the clients the average takes
         w = w / w.sum(axis=1, keepdims=True)
         part = np.where(w[..., None] > 0, w[..., None] ** 2 * se ** 2, 0.0)    # (S, M, p)
         var = part.sum(axis=1)
