@@ -34,7 +34,7 @@ entry outside ``[-c, c]`` refuses to send it (Flower would clip it silently).
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.app.message_type import MessageType
 from flwr.client.mod import fixedclipping_mod, make_ffn, secaggplus_mod
 from flwr.common import (
@@ -46,6 +46,7 @@ from flwr.common import (
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
+from flwr.common.constant import ErrorCode
 from flwr.compat.common import recorddict_compat as compat
 from flwr.server import LegacyContext, ServerConfig
 from flwr.server.strategy import DifferentialPrivacyClientSideFixedClipping, Strategy
@@ -60,6 +61,9 @@ OWN = "arrays"
 MODULUS = 2 ** 32
 #: the reply arrays of a secured ``train`` exchange (fedavg, fedprox)
 REPLY = ("theta",)
+#: a node's record (its context's state, and the ``query`` asking for it) of why its last
+#: workflow round failed: Flower's workflows keep the clients' errors to themselves
+WHY = "workflow-failure"
 
 
 def secure(settings) -> bool:
@@ -161,15 +165,14 @@ def workflow_round(grid, settings, strategy, exchange: str, msg: dict, nodes: li
                                  modulus_range=MODULUS, timeout=timeout)
     context = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
                                     run_config={}),
-                            config=ServerConfig(num_rounds=1), strategy=outer)
+                            config=ServerConfig(num_rounds=1, round_timeout=timeout),
+                            strategy=outer)
     DefaultWorkflow(fit_workflow=fit, evaluate_workflow=_no_evaluation)(grid, context)
-    if inner.failures:
-        raise FlowerError(f"{len(inner.failures)} of {len(nodes)} nodes failed on the "
-                          f"{'secure ' if secure(settings) else ''}{exchange} exchange: "
-                          f"{_reason(inner.failures[0])}")
-    if inner.mean is None:
-        raise FlowerError(f"the {'SecAgg+ ' if secure(settings) else ''}{exchange} exchange "
-                          "gave no aggregate (Flower's workflow halted; see its log)")
+    if inner.mean is None or inner.failures:
+        what = f"the {'SecAgg+ ' if secure(settings) else ''}{exchange} exchange"
+        why = why_failed(grid, nodes, timeout)
+        raise FlowerError(f"{what} gave no aggregate: "
+                          + ("; ".join(why) if why else "Flower's workflow halted (see its log)"))
     mean = outer_mean(context, inner)
     return dict(zip(REPLY, mean, strict=True))
 
@@ -183,10 +186,19 @@ def outer_mean(context: LegacyContext, inner: MeanOfReplies) -> list[np.ndarray]
     return parameters_to_ndarrays(compat.arrayrecord_to_parameters(record, keep_input=True))
 
 
-def _reason(failure) -> str:
-    text = str(getattr(failure, "args", [failure])[0] if isinstance(failure, Exception)
-               else failure)
-    return " ".join(text.split())[:300]
+def why_failed(grid, nodes: list[int], timeout: float) -> list[str]:
+    """The lines in which ``nodes`` say why their last workflow round failed (those that
+    failed), asked with a ``query`` message that :func:`client_mod` answers."""
+    msgs = [Message(RecordDict({WHY: ConfigRecord({})}), dst_node_id=n,
+                    message_type=MessageType.QUERY) for n in nodes]
+    lines = []
+    for rep in grid.send_and_receive(msgs, timeout=timeout):
+        if rep.has_error() or WHY not in rep.content.config_records:
+            continue
+        line = str(rep.content.config_records[WHY].get("line", ""))
+        if line:
+            lines.append(f"node {rep.metadata.src_node_id}: {line}")
+    return sorted(lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,13 +213,23 @@ def client_mod(node):
     node's :class:`~fnsysid.runtimes.flower.ClientNode` for a context."""
 
     def mod(msg: Message, context: Context, call_next):
+        if msg.metadata.message_type == MessageType.QUERY and WHY in msg.content.config_records:
+            kept = context.state.config_records.get(WHY)
+            return Message(RecordDict({WHY: ConfigRecord(dict(kept or {}))}), reply_to=msg)
         if (msg.metadata.message_type != MessageType.TRAIN
                 or OWN in msg.content.array_records):
             return call_next(msg, context)
         settings = node(context).settings
         mods = ([secaggplus_mod] if secure(settings) else []) + \
             ([fixedclipping_mod] if central_dp(settings) else [])
-        return make_ffn(call_next, mods)(msg, context)
+        context.state.config_records[WHY] = ConfigRecord({"line": ""})
+        try:
+            return make_ffn(call_next, mods)(msg, context)
+        except Exception as exc:        # kept for why_failed (a raise would drop the state)
+            line = " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+            context.state.config_records[WHY] = ConfigRecord({"line": line})
+            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=line),
+                           reply_to=msg)
 
     return mod
 
@@ -217,7 +239,8 @@ def client_fit(me, msg: Message) -> Message:
     :meth:`~fnsysid.learning.strategies.Federated.client_update` arrays (without the client
     axis) as the FitRes's parameters, weight 1. Under SecAgg+ an entry outside
     ``[-clipping_range, clipping_range]`` (of the reply or of the server model it starts
-    from) is refused in one line: Flower's quantizer would clip it and the sum be wrong."""
+    from) is refused in one line: Flower's quantizer would clip it and the sum be wrong. A
+    failure's line is kept in the node's state by :func:`client_mod`."""
     fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)
     keys = str(fitins.config["keys"]).split(",")
     arrays = dict(zip(keys, parameters_to_ndarrays(fitins.parameters), strict=True))
@@ -225,7 +248,7 @@ def client_fit(me, msg: Message) -> Message:
     out = [np.ascontiguousarray(replies[k][:, 0]) for k in str(fitins.config["reply"]).split(",")]
     if secure(me.settings):
         c = float(me.settings.runtime.secagg.clipping_range)
-        for name, a in (("its reply", out), ("the server model", [arrays["theta"]])):
+        for name, a in (("reply", out), ("server model", [arrays["theta"]])):
             worst = max(float(np.max(np.abs(x), initial=0.0)) for x in a)
             if not worst <= c:
                 raise ValueError(
