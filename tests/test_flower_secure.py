@@ -173,3 +173,25 @@ def test_secagg_settings_are_typed():
                 "runtime.secure_aggregation=maybe"):
         with pytest.raises(ConfigError, match=bad.split("=")[0].replace(".", r"\.")):
             check_run(compose_cfg("runtime=flower", bad))
+
+
+@needs_flower
+@pytest.mark.slow
+def test_loopback_deployment_with_flower_dp_without_noise_equals_in_process(tmp_path):
+    """The same ServerApp and ClientApp in a deployment (SuperLink and three SuperNodes on
+    127.0.0.1, scripts/flower_deploy.py): Flower's clipping acts on every node (clip 1e-3
+    clips every change) and the rounds equal the in-process ones to 1e-10."""
+    import importlib.util
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "flower_deploy.py"
+    spec = importlib.util.spec_from_file_location("flower_deploy", script)
+    deploy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(deploy)
+    report = deploy.main(["--out", str(tmp_path), "--clients", "3", "system=synthetic", "R=2",
+                          "repeats=1", "strategy=fedavg", "privacy=central",
+                          "privacy.epsilon=null", "privacy.noise_multiplier=0",
+                          "privacy.clip=1e-3"])
+    assert report["max_abs_diff"] <= 1e-10
+    flower = pd.read_csv(tmp_path / "flower" / "errors.csv")
+    # clipped: the error falls by less than 1e-3 a round (unclipped it fell by 1e-2)
+    assert 0 < flower["e_max"].iloc[0] - flower["e_max"].iloc[2] < 2e-3
