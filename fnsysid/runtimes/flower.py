@@ -55,6 +55,7 @@ from fnsysid.config.errors import some
 from fnsysid.learning.start import initial_model
 from fnsysid.results.metrics import HeldOutScores
 from fnsysid.runtimes import flower_personal as personal
+from fnsysid.runtimes import flower_secure as secure
 from fnsysid.runtimes import flower_traffic as traffic
 from fnsysid.runtimes import interrupt
 
@@ -327,7 +328,7 @@ def query_reply(data, sparse: bool, heldout=None, model=None) -> dict[str, np.nd
 def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
     """A ClientApp whose messages are answered by the :class:`ClientNode` that ``node``
     gives for a node's context (built by the caller, once per client)."""
-    app = ClientApp()
+    app = ClientApp(mods=[secure.client_mod(node)])
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
@@ -344,6 +345,8 @@ def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         me = node(context)
+        if secure.OWN not in msg.content.array_records:     # a round of Flower's workflow
+            return secure.client_fit(me, msg)
         config = msg.content["config"]
         arrays = from_record(msg.content["arrays"])
         state = context.state.array_records.get("state")
@@ -574,6 +577,7 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
                          "over clients)")
         log.info(", ".join(parts))
 
+    workflow = secure.applies(settings)     # train exchanges as Flower workflow rounds
     last = settings.R                   # the last round whose model is evaluated
     stopped = False                     # every repeat diverged (or one, under sparsity)
     failure, stage = None, "round 1"
@@ -592,6 +596,17 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
                     msg = strategy.message(ex)
                     if sparsity is not None:
                         msg = sparsity.message(msg)
+                    if workflow:                # SecAgg+ / Flower's DP: flower_secure
+                        if j == 0 and not record(r - 1, stacked(exchange(grid, [
+                                (nd, "evaluate", {"theta": msg["theta"]},
+                                 {"free_run": free_run_due(r - 1)}) for nd in nodes],
+                                names, wait))):
+                            stopped = True
+                            break
+                        mean = secure.workflow_round(grid, settings, strategy, ex, msg,
+                                                     [nodes[i] for i in on], wait)
+                        strategy.server_update(ex, {k: v[:, None] for k, v in mean.items()})
+                        continue
                     config = {"exchange": ex, "round": r, "evaluate": j == 0,
                               "free_run": free_run_due(r - 1)}
                     sends = [(nodes[i], "train", msg if active is None else
@@ -642,6 +657,10 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
         failure = f"{stage}: {exc}"
     hist.diverged_at = diverged_at
     hist.traffic = traffic.summary(S, M)
+    if workflow:             # the train exchanges were Flower's workflow messages, not counted
+        hist.traffic = {"not_measured": "the train exchanges ran as rounds of Flower's "
+                        "workflow (SecAgg+ or its DP blocks), whose messages are Flower's own; "
+                        "only fnsysid's other messages were seen", "partial": hist.traffic}
     diverged = min((d for d in diverged_at if d is not None), default=None)
     return hist, diverged, theta0, labels, failure
 
