@@ -301,7 +301,7 @@ def nrmse_one_step(model, theta: np.ndarray, ho) -> np.ndarray:
     For each regression target ``j`` (the next value of state ``s_j``, see
     :attr:`System.target_states`): ``RMSE_j / std(x_{s_j})``, averaged over targets, with the
     squared error ``||R [-Theta[j, F_j]; 1]||^2`` from the QR factor ``R`` of the target's
-    held-out data (:attr:`~fnsysid.data.heldout.HeldOut.factors`):
+    held-out data (:attr:`~fnsysid.data.heldout.HeldOut.factor`):
     O(n_y n_phi^2) per client, whatever the amount of held-out data, and exact to rounding
     (no ~1e-8 floor).
     States constant over a client's held-out data are left out of the average. For every
