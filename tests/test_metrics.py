@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fnsysid.data.heldout import heldout_from_trajectories, target_factor, target_features
+from fnsysid.data.heldout import group_factor, heldout_from_trajectories, target_groups
 from fnsysid.dynamics import random as rnd
 from fnsysid.dynamics.model import simulate_blocks
 from fnsysid.results.metrics import HeldOutScores, ParameterErrors, free_run, one_step
@@ -167,11 +167,13 @@ def test_heldout_statistics_do_not_depend_on_chunks_or_threads(monkeypatch):
     np.testing.assert_allclose(one.gram[0, 7], np.einsum("ni,nj->ij", Phi[keep], Phi[keep]),
                                rtol=1e-12)
     np.testing.assert_allclose(one.std[0, 7], x[0, 7][mask[0, 7]].std(axis=0), rtol=1e-12)
-    # each target's factor: upper triangular with R'R = [Phi_F | y]'[Phi_F | y]
-    for j, F in enumerate(target_features(model)):
-        R = target_factor(model, one.factor, j)[0, 7]
-        A = np.column_stack([Phi[keep][:, F], Y[keep][:, j]])
-        assert R.shape == (len(F) + 1,) * 2 and not np.tril(R, -1).any()
+    # each group's factor: upper triangular with R'R = [Phi_F | Y_J]'[Phi_F | Y_J]
+    groups = target_groups(model)
+    assert len(groups) == 6                     # the quadrotor's targets use 2 features each
+    for g, (F, Js) in enumerate(groups):
+        R = group_factor(model, one.factor, g)[0, 7]
+        A = np.column_stack([Phi[keep][:, F], Y[keep][:, Js]])
+        assert R.shape == (len(F) + len(Js),) * 2 and not np.tril(R, -1).any()
         np.testing.assert_allclose(R.T @ R, A.T @ A, rtol=1e-12, atol=1e-12 * (A * A).sum())
     assert one.n[1, 2000] == 0 and one.n[0, 7] == (J * (L - 1) - 2)
 

@@ -3,7 +3,7 @@
 The strategies never see them; :mod:`fnsysid.results.metrics` scores the models on them. The
 one-step error of a model is a quadratic in its parameters, so it comes from a fixed summary of
 each client's held-out data at O(p^2) per client: the triangular factor ``R`` of the QR
-decomposition of each target's ``[Phi | y]`` (``factor``), whose residual
+decomposition of ``[Phi | Y]`` (``factor``), whose residual
 ``R [-theta; 1]`` has the norm of the held-out residual ``y - Phi theta``. It is exact to
 machine precision, without the cancellation of the expanded sum of squares
 ``yy - 2 theta.cross + theta gram theta`` (whose rounding, ~1e-16 of ``yy``, left a floor of
@@ -47,15 +47,16 @@ class HeldOut:
     yy : (S, M, n_y) ``sum_t y_t^2`` per target.
     n : (S, M) number of held-out transitions (0: client without held-out data).
     std : (S, M, n_x) standard deviation of each state over the client's held-out samples.
-    factor : (S, terms, M) for each regression target ``j`` in turn, the upper triangle,
-        row after row (``R[0, 0:], R[1, 1:], ...``), of the ``(f_j + 1, f_j + 1)`` factor
-        ``R`` of the QR decomposition of the client's held-out ``[Phi[:, F_j] | y_j]`` (rows
-        of absent transitions zero; zero rows below when the client has fewer than
-        ``f_j + 1`` transitions), with ``F_j`` the ``f_j`` features target ``j`` can use
-        (:func:`target_features`; :func:`target_factor` unpacks one). Then
-        ``||y_j - Phi[:, F_j] t||^2 = ||R [-t; 1]||^2`` for every ``t``: a sum of squared
-        residuals, without cancellation (see the module's docstring). Clients last: a
-        model shared by all clients scores them with contiguous row operations.
+    factor : (S, terms, M) for each group of targets ``J`` that use the same features ``F``
+        (:func:`target_groups`) in turn, the upper triangle, row after row
+        (``R[0, 0:], R[1, 1:], ...``), of the ``(k, k)`` factor ``R`` (``k = f + q``, ``f``
+        features, ``q`` targets) of the QR decomposition of the client's held-out
+        ``[Phi[:, F] | Y[:, J]]`` (rows of absent transitions zero; zero rows below when the
+        client has fewer than ``k`` transitions; :func:`group_factor` unpacks one). Then
+        ``||y_j - Phi[:, F] t||^2 = ||R[:, f + l] - R[:, :f] t||^2`` for the group's target
+        ``j = J[l]`` and every ``t``: a sum of squared residuals, without cancellation (see
+        the module's docstring). Clients last: a model shared by all clients scores them
+        with contiguous row operations.
     blocks : the trajectories, in blocks of clients of similar size (:class:`Trajectories`):
         one block of every client for simulated data; clients of files grouped by the length
         class of their number of trajectories and of their longest one, so a fleet of short
@@ -130,24 +131,37 @@ def target_features(model: Model) -> list[np.ndarray]:
     return [np.flatnonzero(row) for row in np.asarray(model.structure).any(axis=-1)]
 
 
+def target_groups(model: Model) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The targets grouped by the features they use: ``(F, J)`` pairs, the features ``F`` and
+    the targets ``J`` that use exactly them (:func:`target_features`), by first target. One
+    QR factor serves a group: one for every target of a linear model, one per target of the
+    quadrotor's."""
+    groups: dict[tuple, list[int]] = {}
+    for j, F in enumerate(target_features(model)):
+        groups.setdefault(tuple(int(k) for k in F), []).append(j)
+    return [(np.array(F, dtype=int), np.array(J)) for F, J in groups.items()]
+
+
 def factor_starts(model: Model) -> list[int]:
-    """Where each target's rows start in :attr:`HeldOut.factor`, and (last) their total:
-    target ``j`` has ``(f_j + 1) (f_j + 2) / 2`` of them."""
+    """Where each group's rows start in :attr:`HeldOut.factor`, and (last) their total: a
+    group of ``f`` features and ``q`` targets has ``k (k + 1) / 2`` of them, ``k = f + q``."""
     out = [0]
-    for F in target_features(model):
-        out.append(out[-1] + (len(F) + 1) * (len(F) + 2) // 2)
+    for F, J in target_groups(model):
+        k = len(F) + len(J)
+        out.append(out[-1] + k * (k + 1) // 2)
     return out
 
 
-def target_factor(model: Model, factor: np.ndarray, j: int) -> np.ndarray:
-    """Target ``j``'s factors ``R`` (S, M, f_j + 1, f_j + 1) unpacked from ``factor``
-    (S, terms, M) (:attr:`HeldOut.factor`)."""
-    f = len(target_features(model)[j])
-    a = factor_starts(model)[j]
+def group_factor(model: Model, factor: np.ndarray, g: int) -> np.ndarray:
+    """Group ``g``'s factors ``R`` (S, M, k, k) unpacked from ``factor`` (S, terms, M)
+    (:attr:`HeldOut.factor`; groups of :func:`target_groups`)."""
+    F, J = target_groups(model)[g]
+    k = len(F) + len(J)
+    a = factor_starts(model)[g]
     S, _, M = factor.shape
-    R = np.zeros((S, M, f + 1, f + 1))
-    i, k = np.triu_indices(f + 1)
-    R[:, :, i, k] = np.moveaxis(factor[:, a:a + len(i)], 1, -1)
+    R = np.zeros((S, M, k, k))
+    i, c = np.triu_indices(k)
+    R[:, :, i, c] = np.moveaxis(factor[:, a:a + len(i)], 1, -1)
     return R
 
 
@@ -188,7 +202,7 @@ def add_block(model: Model, ho: HeldOut, clients: np.ndarray, x: np.ndarray, u: 
     clients = np.asarray(clients)
     S, M, J, L = mask.shape
     n_y, n_phi = model.structure.shape[:2]
-    features = target_features(model)
+    groups = target_groups(model)
     starts = factor_starts(model)
     every = M == ho.n.shape[1] and np.array_equal(clients, np.arange(M))
     if every:                                   # written in place
@@ -215,13 +229,13 @@ def add_block(model: Model, ho: HeldOut, clients: np.ndarray, x: np.ndarray, u: 
         P, Yc = Phi.reshape(m, -1, n_phi), Y.reshape(m, -1, n_y)
         for a in range(0, m, QR_CLIENTS):
             b = min(a + QR_CLIENTS, m)
-            for j, F in enumerate(features):
-                A = np.concatenate([P[a:b][..., F], Yc[a:b, :, j:j + 1]], axis=-1)
+            for g, (F, Js) in enumerate(groups):
+                A = np.concatenate([P[a:b][..., F], Yc[a:b][..., Js]], axis=-1)
                 A *= w[a:b, :, None]
-                r = np.linalg.qr(A, mode="r")                   # (b - a, min(n, f+1), f+1)
-                i, k = np.triu_indices(len(F) + 1)
+                r = np.linalg.qr(A, mode="r")                   # (b - a, min(n, k), k)
+                i, k = np.triu_indices(A.shape[-1])
                 keep = i < r.shape[1]                           # rows below: zero
-                rows = factor[s, starts[j]:starts[j + 1], lo + a:lo + b]
+                rows = factor[s, starts[g]:starts[g + 1], lo + a:lo + b]
                 rows[keep] = r[:, i[keep], k[keep]].T
                 rows[~keep] = 0.0
         # per-state spread over the client's samples, states first (contiguous sums)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fnsysid.data.heldout import factor_starts, target_factor, target_features
+from fnsysid.data.heldout import factor_starts, group_factor, target_groups
 
 
 class ParameterErrors:
@@ -92,15 +92,16 @@ class HeldOutScores:
 
     Everything that does not depend on the estimate is computed once: the per-state weights
     ``1 / (k std sqrt(count))`` of the normalized RMSE (NaN for clients without held-out data
-    or without a varying state). The rows of each target's QR factor of the held-out data
-    (:attr:`~fnsysid.data.heldout.HeldOut.factor`, (S, terms, M)) make each residual row of a
-    model shared by all clients one small matrix product, a chunk of clients at a time (see
-    :meth:`_shared_chunk`).
+    or without a varying state). The rows of the QR factors of the held-out data (one per
+    group of targets with the same features, :attr:`~fnsysid.data.heldout.HeldOut.factor`,
+    (S, terms, M)) make each residual row of a model shared by all clients one small matrix
+    product, a chunk of clients at a time (see :meth:`_shared_chunk`).
 
-    The squared one-step error of target ``j`` is ``||R [-t; 1]||^2`` (``R`` the target's
-    factor, ``t`` = ``Theta[j, F_j]``): a sum of squared residuals, exact to the rounding of
-    the residuals themselves, so a perfect model scores ~1e-16 rather than the ~1e-8 floor of
-    the expanded ``yy - 2 t.cross + t gram t``.
+    The squared one-step error of target ``j = J[l]`` of a group (features ``F``, ``f`` of
+    them) is ``||R[:, f + l] - R[:, :f] t||^2`` (``R`` the group's factor, ``t`` =
+    ``Theta[j, F]``): a sum of squared residuals, exact to the rounding of the residuals
+    themselves, so a perfect model scores ~1e-16 rather than the ~1e-8 floor of the expanded
+    ``yy - 2 t.cross + t gram t``.
     """
 
     def __init__(self, model, ho):
@@ -108,15 +109,16 @@ class HeldOutScores:
         S, M = ho.n.shape
         self.valid = scored(model, ho)
         self.n_y, self.n_phi = ho.cross.shape[-2:]
-        self.features = target_features(model)
+        self.groups = target_groups(model)
         self.w_step = self._weights(ho.std[..., model.system.target_states], ho.n)
-        # row i of target j's factor from the diagonal on, R[i, i:], one after another: its
-        # residual's row i is R[i, i:] . [-t[i:]; 1]
-        self.spans = []                         # (target, row, first term, end)
-        for j, (F, a) in enumerate(zip(self.features, factor_starts(model), strict=False)):
-            for i in range(len(F) + 1):
-                self.spans.append((j, i, a, a + len(F) + 1 - i))
-                a += len(F) + 1 - i
+        # row i of a group's factor from the diagonal on, R[i, i:], one after another: row
+        # i of the residuals of its targets (q of them) is a (q, k - i) matrix times it
+        self.spans = []                         # (group, row, first term, end)
+        for g, ((F, J), a) in enumerate(zip(self.groups, factor_starts(model), strict=False)):
+            k = len(F) + len(J)
+            for i in range(k):
+                self.spans.append((g, i, a, a + k - i))
+                a += k - i
         self.stats = ho.factor                                           # (S, terms, M)
         # per block of clients: where a prediction exists, and whether everywhere
         self.masks = [b.mask[..., 1:] for b in ho.blocks]
@@ -146,11 +148,11 @@ class HeldOutScores:
         if Th.shape[1] != 1:
             Th = np.broadcast_to(Th, self.ho.cross.shape)
             sse = np.empty((self.n_y,) + self.valid.shape)               # (n_y, S, M)
-            for j, F in enumerate(self.features):
-                f, R = len(F), target_factor(self.model, self.stats, j)
-                res = R[..., :, f] - np.einsum("smik,smk->smi", R[..., :, :f],
-                                               Th[:, :, j][..., F])
-                np.einsum("smi,smi->sm", res, res, out=sse[j])
+            for g, (F, J) in enumerate(self.groups):
+                f, R = len(F), group_factor(self.model, self.stats, g)   # (S, M, k, k)
+                res = R[..., :, f:] - np.einsum("smik,smlk->smil", R[..., :, :f],
+                                                Th[:, :, J][..., F])
+                sse[J] = np.einsum("smil,smil->lsm", res, res)
         else:
             coefs = self._shared_coefs(Th)
             out = np.empty(self.valid.shape)
@@ -161,14 +163,19 @@ class HeldOutScores:
         return sse.sum(axis=0)
 
     def _shared_coefs(self, Th: np.ndarray) -> list[np.ndarray]:
-        """Coefficients (S, 1, terms of the span) of each span of :attr:`stats` in its
-        residual row ``R[i, i:] . [-t[i:]; 1]``, for one ``Theta`` per repeat, ``Th``
-        (S, 1, n_y, n_phi)."""
+        """Coefficients (S, q, k - i) of each span (row ``i`` of a group's factor) in the
+        residuals of the group's ``q`` targets, ``R[i, f + l] - R[i, i:f] . t_l[i:]``, for one
+        ``Theta`` per repeat, ``Th`` (S, 1, n_y, n_phi)."""
         T0 = Th[:, 0]                                                    # (S, n_y, n_phi)
         out = []
-        for j, i, _, _ in self.spans:
-            c = np.ones((T0.shape[0], 1, len(self.features[j]) + 1 - i))
-            c[:, 0, :-1] = -T0[:, j][:, self.features[j][i:]]
+        for g, i, a, b in self.spans:
+            F, J = self.groups[g]
+            f, q = len(F), len(J)
+            c = np.zeros((T0.shape[0], q, b - a))
+            if i < f:
+                c[:, :, :f - i] = -T0[:, J][:, :, F[i:]]
+            for col in range(max(i, f), f + q):                 # target col - f's own value
+                c[:, col - f, col - i] = 1.0
             out.append(c)
         return out
 
@@ -177,15 +184,20 @@ class HeldOutScores:
         :meth:`_shared_coefs`: each residual row is one matrix product over the clients'
         statistics; their squares summed per target."""
         S = self.stats.shape[0]
-        sse = np.empty((S, self.n_y, sl.stop - sl.start))
-        for (j, i, a, b), c in zip(self.spans, coefs, strict=True):
-            # row i of the residual (S, m); the last row R[f, f] needs no product
-            res = (self.stats[:, a, sl] if b == a + 1
-                   else np.matmul(c, self.stats[:, a:b, sl])[:, 0])
-            if i == 0:
-                np.multiply(res, res, out=sse[:, j])
-            else:
-                sse[:, j] += res * res
+        sse = np.zeros((S, self.n_y, sl.stop - sl.start))
+        for (g, i, a, b), c in zip(self.spans, coefs, strict=True):
+            F, J = self.groups[g]
+            if b == a + 1:          # the last row, R[k-1, k-1]: the last target's own value
+                res = self.stats[:, a, sl]
+                sse[:, J[-1]] += res * res
+                continue
+            # row i of each target's residual, one (S, 1, k - i) x (S, k - i, m) product
+            # each (far faster than one (q, k - i) product on these strided rows); the
+            # targets before i - f have none
+            for lt in range(max(0, i - len(F)), len(J)):
+                res = np.matmul(c[:, lt:lt + 1], self.stats[:, a:b, sl])[:, 0]
+                res *= res
+                sse[:, J[lt]] += res
         _finish(sse, self.w_step[:, :, sl].transpose(1, 0, 2))
         return sse[:, 0] if self.n_y == 1 else sse.sum(axis=1)
 
