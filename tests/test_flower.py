@@ -26,8 +26,10 @@ NRMSE = ["nrmse_1step_max", "nrmse_1step_mean", "nrmse_sim_max", "nrmse_sim_mean
 
 @needs_flower
 @pytest.mark.parametrize("strategy, fraction", [
-    ("fedavg", 1.0), ("fedprox", 1.0), ("fedlin", 1.0), ("scaffold", 1.0), ("fednova", 1.0),
-    ("scaffold", 0.5), ("fednova", 0.5)])
+    ("fedavg", 1.0), ("scaffold", 0.5),         # each Flower simulation starts Ray: the rest slow
+    *[pytest.param(s, f, marks=pytest.mark.slow) for s, f in [
+        ("fedprox", 1.0), ("fedlin", 1.0), ("scaffold", 1.0), ("fednova", 1.0),
+        ("fednova", 0.5)]]])
 def test_flower_runtime_matches_inprocess_round_by_round(strategy, fraction, tmp_path):
     extra = [f"strategy={strategy}", "strategy.weighting=samples",
              f"strategy.fraction={fraction}"]
