@@ -66,7 +66,7 @@ figures: $(STAMP)  ## run every experiment and redraw every figure in figures/ (
 # fig-<name> for each figure of scripts/figures.yaml, e.g. make fig-pendulum-gd
 FIGS := pendulum-gd pendulum-gd-long pendulum-gd-published pendulum-sgd synthetic-gd \
         synthetic-gd-published error-vs-sqrt-m rate theorem1 error-vs-k quadrotor-gd strategies \
-        sgd-vs-gd heterogeneous-k
+        sgd-vs-gd heterogeneous-k communication
 .PHONY: $(addprefix fig-,$(FIGS))
 $(addprefix fig-,$(FIGS)): fig-%: $(STAMP)
 	$(PY) scripts/make_figure.py $(subst -,_,$*)

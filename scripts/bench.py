@@ -1,9 +1,9 @@
 """Benchmark: time and peak memory against M, K and p, beside a bare-numpy floor.
 
-Usage: ``python scripts/bench.py [--cases paper,M,K,p,ragged] [--quick] [--json FILE]
-[--plot FILE]`` (``make bench`` runs every case and writes ``outputs/bench/bench.json``;
-``--plot`` draws the scaling figure of docs/PERFORMANCE.md from such a file without running
-anything).
+Usage: ``python scripts/bench.py [--cases paper,M,K,p,ragged,oneshot,...] [--quick]
+[--json FILE] [--plot FILE]`` (``make bench`` runs every case and writes
+``outputs/bench/bench.json``; ``--plot`` draws the scaling figure of docs/PERFORMANCE.md from
+such a file without running anything).
 
 Every measurement is one fresh process, started here and timed from the outside: its wall
 time, and its own peak RSS (``ru_maxrss``, printed by the process as it exits). A run is the
@@ -20,6 +20,15 @@ two runs, R=200 and R=20, so that precomputing the maps is apart; and the step-b
 **p** the linear system with n_x = 2, 4, 8 (p = n_x (n_x + 2)) and the linear system with
 quadratic features (p = 63), M = 1000; **ragged** trajectory files of 2000 clients of 2
 samples and one of 10^5 beside the same rows spread evenly over the clients.
+
+Pairs, each an option's run beside the same run without it (back to back, wall and CPU time and
+peak RSS, the goal a ratio of the two; ``--quick`` at a tenth of M): **oneshot**
+``strategy=oneshot`` beside ``strategy=centralized_exact`` (synthetic, eps=0, R=1,
+data.val_N=0, M=10^6): the clients' own least squares cost at most half the run again;
+**personalize** ``personalize=auto`` beside ``none`` (synthetic, N=2, T=30, R=20, M=10^5,
+``client_estimates.csv`` of 1.5 million rows); **modelcheck** ``output.model_check=true``
+beside ``false`` (the same run, T >= 21 so that the check runs); **sparsity**
+``sparsity=stlsq`` beside ``none`` (the same run).
 """
 
 from __future__ import annotations
@@ -45,6 +54,17 @@ K_VALUES = [1, 5, 50]
 NX_VALUES = [2, 4, 8]
 #: the goals of docs/PERFORMANCE.md (2-core machine)
 GOAL_E2E_1E6_S, GOAL_E2E_1E5_S, GOAL_RSS_MIB, GOAL_RATIO = 10.0, 2.0, 1536.0, 1.5
+#: the pair cases: (overrides of both runs, M, the option's overrides, the baseline's,
+#: goal on the wall-time ratio, goal on the peak-RSS ratio or None)
+SYN = ["system=synthetic", "N=2", "T=30", "R=20", "repeats=1"]
+PAIRS = {
+    "oneshot": (["system=synthetic", "eps=0", "R=1", "repeats=1", "data.val_N=0"], 1_000_000,
+                ["strategy=oneshot"], ["strategy=centralized_exact"], 1.5, 1.5),
+    "personalize": (SYN, 100_000, ["personalize=auto"], ["personalize=none"], 1.3, None),
+    "modelcheck": (SYN, 100_000, ["output.model_check=true"], ["output.model_check=false"],
+                   1.3, None),
+    "sparsity": (SYN, 100_000, ["sparsity=stlsq"], ["sparsity=none"], 1.3, None),
+}
 
 
 def measure(cmd: list[str]) -> dict:
@@ -235,7 +255,32 @@ def bench(cases: list[str], quick: bool) -> dict:
                       f"{res['train_s']:.3f} s  wall {res['wall_s']:.2f} s  rss "
                       f"{res['rss_mib']:.0f} MiB")
         results["cases"]["ragged"] = rows
+    for name in (c for c in PAIRS if c in cases):
+        results["cases"][name] = pair(name, quick)
     return results
+
+
+def pair(name: str, quick: bool) -> dict:
+    """One pair case of :data:`PAIRS`: the option's run and the baseline's, back to back,
+    with the ratios and whether they meet the goals."""
+    common, M, option, base, goal_wall, goal_rss = PAIRS[name]
+    M = M // 10 if quick else M
+    print(f"\n{name}: {' '.join(common)} M={M}: {' '.join(option)} beside {' '.join(base)}")
+    runs = {}
+    for label, ovr in (("option", option), ("baseline", base)):
+        res = run_cmd(common + [f"M={M}"] + ovr)
+        runs[label] = res
+        print(f"  {' '.join(ovr):28s} wall {res['wall_s']:7.2f} s  cpu {res['cpu_s']:7.2f} s  "
+              f"data {res['data_s']:6.2f} s  train {res['train_s']:6.2f} s  "
+              f"rss {res['rss_mib']:6.0f} MiB")
+    ratio = {k: runs["option"][k] / runs["baseline"][k] for k in ("wall_s", "cpu_s", "rss_mib")}
+    line = (f"  goal: wall {ratio['wall_s']:.2f} x <= {goal_wall}: "
+            f"{'yes' if ratio['wall_s'] <= goal_wall else 'no'} (cpu {ratio['cpu_s']:.2f} x)")
+    if goal_rss is not None:
+        line += (f"; peak RSS {ratio['rss_mib']:.2f} x <= {goal_rss}: "
+                 f"{'yes' if ratio['rss_mib'] <= goal_rss else 'no'}")
+    print(line)
+    return dict(M=M, runs=runs, ratio=ratio, goal_wall=goal_wall, goal_rss=goal_rss)
 
 
 def fleet_csv(path: Path, lengths: list[int]) -> None:
@@ -307,7 +352,7 @@ def plot(results: dict, path: Path) -> None:
 
 
 #: the benchmark cases, in the order they run
-CASES = ("paper", "M", "K", "p", "ragged")
+CASES = ("paper", "M", "K", "p", "ragged", *PAIRS)
 
 
 def _cases(text: str) -> list[str]:

@@ -1,15 +1,19 @@
 """Support recovery of ``sparsity=stlsq`` against noise level and number of clients (README).
 
     python scripts/sparsity_recovery.py [--noise 0.05 0.5 2 5] [--M 1 2 5 20] [--N 2] [--repeats 10]
-        [--strategies fedavg centralized_exact] [--seed 0]
+        [--strategies fedavg centralized_exact] [--threshold 0.05 auto] [--eps 0.2] [--seed 0]
 
 For each noise level (the Duffing fleet's velocity disturbance, ``system.disturbance.scale``)
 and number of clients M, simulates a Duffing fleet (examples/duffing, ``--N`` = 2 trajectories of
-T = 50 samples a client, eps = 0.2, ``repeats`` independent fleets), then identifies it with
-``system=generic``, a degree-3 polynomial library (40 terms) and ``sparsity=stlsq``, with each
-of ``--strategies`` (R = 50; ``centralized_exact`` is pooled STLSQ). Prints a Markdown table
-of the share of repeats whose kept terms are exactly the true 6 and the mean number of kept
-terms; writes it to ``--out`` (default ``outputs/sparsity_recovery.csv``).
+T = 50 samples a client, ``--eps`` = 0.2 the spread of the clients' parameters, ``repeats``
+independent fleets), then identifies it with ``system=generic``, a degree-3 polynomial
+library (40 terms) and ``sparsity=stlsq``, with each of ``--strategies`` (R = 50;
+``centralized_exact`` is pooled STLSQ) at each of ``--threshold`` (``sparsity.threshold``:
+numbers; ``auto``, the threshold chosen by held-out error; or ``auto-bic``, ``auto`` on the
+training trajectories alone, so that it falls back to BIC on the same training data; with more
+than one, the columns are named ``<strategy>@<threshold>``).
+Prints a Markdown table of the share of repeats whose kept terms are exactly the true 6 and
+the mean number of kept terms; writes it to ``--out`` (default ``outputs/sparsity_recovery.csv``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +50,10 @@ def main(argv=None) -> pd.DataFrame:
     ap.add_argument("--N", type=int, default=2, help="trajectories per client")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--strategies", nargs="+", default=["fedavg", "centralized_exact"])
+    ap.add_argument("--threshold", nargs="+", default=["0.05"],
+                    help="sparsity.threshold values (numbers or auto), each its own columns")
+    ap.add_argument("--eps", type=float, default=0.2,
+                    help="spread of the clients' parameters (eps; 0: identical clients)")
     ap.add_argument("--seed", type=int, default=0, help="root seed of the simulated fleets")
     ap.add_argument("--out", default="outputs/sparsity_recovery.csv")
     args = ap.parse_args(argv)
@@ -55,15 +64,24 @@ def main(argv=None) -> pd.DataFrame:
             for M in args.M:
                 sim = Path(tmp) / f"sim_{noise}_{M}"
                 fnsysid.run(["system=duffing", f"M={M}", f"N={args.N}", f"repeats={args.repeats}",
-                             "R=1", f"seed={args.seed}",
+                             "R=1", f"seed={args.seed}", f"eps={args.eps}",
                              f"system.disturbance.scale={noise}", "output.trajectories=true",
                              "output.plot=false", "progress=false"],
                             output_dir=sim, config_dir=ROOT / "examples" / "duffing" / "conf")
                 row = {"noise": noise, "M": M}
-                for name in args.strategies:
+                for strategy, threshold in [(s, t) for s in args.strategies
+                                            for t in args.threshold]:
+                    name = strategy if len(args.threshold) == 1 else f"{strategy}@{threshold}"
+                    path = sim / "trajectories.parquet"
+                    if threshold == "auto-bic":         # the same training data, none held out
+                        path = sim / "train_only.parquet"
+                        if not path.exists():
+                            df = pd.read_parquet(sim / "trajectories.parquet")
+                            df[df["split"] == "train"].to_parquet(path, index=False)
                     try:
-                        res = fnsysid.run([*GENERIC, f"data.path={sim / 'trajectories.parquet'}",
-                                           f"strategy={name}", "R=50"])
+                        res = fnsysid.run([*GENERIC, f"data.path={path}", f"strategy={strategy}",
+                                           "R=50", "sparsity.threshold="
+                                           + ("auto" if threshold == "auto-bic" else threshold)])
                     except fnsysid.ConfigError:         # refused before the run
                         row[f"{name}_exact"], row[f"{name}_terms"] = 0.0, float("nan")
                         row[f"{name}_status"] = "refused"
@@ -73,6 +91,10 @@ def main(argv=None) -> pd.DataFrame:
                     else:
                         row[f"{name}_exact"], row[f"{name}_terms"] = recovery(res.estimates)
                     row[f"{name}_status"] = res.summary["status"]
+                    if threshold.startswith("auto"):    # how it chose: the rule, the thresholds
+                        sp = res.summary["sparsity"]
+                        row[f"{name}_rule"] = sp["rule"]
+                        row[f"{name}_threshold"] = float(np.median(sp["threshold"]))
                 rows.append(row)
                 print(row, flush=True)
     table = pd.DataFrame(rows)

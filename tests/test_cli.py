@@ -32,7 +32,8 @@ def test_end_to_end_run_writes_tidy_outputs_and_error_falls(tmp_path):
     assert "final e_R" in res.stdout and str(tmp_path) in res.stdout
     errors = pd.read_csv(tmp_path / "errors.csv")
     assert list(errors.columns) == ["repeat", "round", "e_max", "e_mean", "nrmse_1step_max",
-                                    "nrmse_1step_mean", "nrmse_sim_max", "nrmse_sim_mean"]
+                                    "nrmse_1step_mean", "nrmse_sim_max", "nrmse_sim_mean",
+                                    "bytes_per_client"]
     assert len(errors) == 2 * 61 and errors["round"].max() == 60
     for _, e in errors.groupby("repeat"):
         assert e["e_max"].iloc[-1] < 0.5 * e["e_max"].iloc[0]
@@ -345,4 +346,5 @@ def test_bench_refuses_an_unknown_case():
                           "M,nosuch"], capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 2
     assert res.stderr.strip().splitlines()[-1] == (
-        "bench.py: error: argument --cases: nosuch is not a case; allowed: paper,M,K,p,ragged")
+        "bench.py: error: argument --cases: nosuch is not a case; allowed: paper,M,K,p,ragged,"
+        "oneshot,personalize,modelcheck,sparsity")

@@ -64,3 +64,24 @@ def test_an_escaping_trajectory_makes_the_status_ill_conditioned(tmp_path, caplo
     assert c["cond"][0] >= COND_LIMIT and c["limit"] == COND_LIMIT
     said = [r.getMessage() for r in caplog.records if "condition number" in r.getMessage()]
     assert len(said) == 1 and "status: ill_conditioned" in said[0]
+
+
+def test_the_command_line_exits_3_on_an_ill_conditioned_pooled_fit(tmp_path):
+    """The issue's case from the command line: a pooled fit whose Gram is singular to working
+    precision (one trajectory escaped to ~1e14) is not printed as ok: exit code 3, the
+    summary's status and an error line naming it."""
+    import json
+
+    from tests.conftest import cli_in_process
+
+    file = fleet(tmp_path, escape=True)
+    out = tmp_path / "run"
+    res = cli_in_process("system=generic", "data=files", f"data.path={file}",
+                         "data.states=[x]", "data.inputs=[u]", "feature_map=polynomial",
+                         "feature_map.degree=3", "strategy=centralized_exact",
+                         "output.plot=false", "progress=false", f"hydra.run.dir={out}")
+    assert res.returncode == 3
+    assert "status: ill_conditioned" in res.stdout + res.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "ill_conditioned"
+    assert summary["conditioning"]["repeats"] == [0]

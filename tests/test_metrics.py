@@ -3,17 +3,17 @@
 import numpy as np
 import pytest
 
-from fnsysid.data.heldout import heldout_from_trajectories
+from fnsysid.data.heldout import group_factor, heldout_from_trajectories, target_groups
 from fnsysid.dynamics import random as rnd
 from fnsysid.dynamics.model import simulate_blocks
 from fnsysid.results.metrics import HeldOutScores, ParameterErrors, free_run, one_step
 from tests.conftest import make
 
 
-def _heldout(model, S=2, M=5, J=3, T=6):
+def _heldout(model, S=2, M=5, J=3, T=6, eps=0.1):
     xs, us = [], []
     for s in range(S):
-        _, x, u = simulate_blocks(model, s, [(0, 0, M)], J, T, 0.1, 0, False, rnd.HOLDOUT)
+        _, x, u = simulate_blocks(model, s, [(0, 0, M)], J, T, eps, 0, False, rnd.HOLDOUT)
         xs.append(x)
         us.append(u)
     x, u = np.array(xs), np.array(us)
@@ -55,9 +55,61 @@ def test_heldout_scores_equal_the_predictions(system):
     for m in (1, 5):                                        # shared and per-client models
         theta = truth * (1 + 0.1 * rng.standard_normal((2, m, model.p)))
         ref = _reference(model, theta, ho)
-        np.testing.assert_allclose(scores.one_step(theta), ref[0], rtol=1e-8)
+        np.testing.assert_allclose(scores.one_step(theta), ref[0], rtol=1e-12)
         np.testing.assert_allclose(scores.free_run(theta), ref[1], rtol=1e-10)
         assert np.isnan(scores.one_step(theta)[1, 2]) and np.isfinite(ref[0, 0]).all()
+
+
+def _residual_nrmse(model, theta, ho):
+    """One-step NRMSE from the regression's residuals ``Y - Phi Theta'`` written out."""
+    x, u, mask = ho.padded()
+    Phi, Y = model.regression(x, u)                            # (S, M, J, L-1, .)
+    Th = np.broadcast_to(model.theta_matrix(theta), x.shape[:2] + model.structure.shape[:2])
+    res = Y - np.einsum("smjtk,smyk->smjty", Phi, Th)
+    keep = mask[..., 1:] & mask[..., :-1]
+    out = np.full(x.shape[:2], np.nan)
+    for s, m in zip(*np.nonzero(keep.any(axis=(2, 3))), strict=True):
+        std = ho.std[s, m, model.system.target_states]
+        rmse = np.sqrt(np.mean(res[s, m][keep[s, m]] ** 2, axis=0))
+        out[s, m] = np.mean((rmse / std)[std > 0])
+    return out
+
+
+def _perfect(system):
+    """A system without disturbance and its nominal model, which then predicts the held-out
+    states of clients with the nominal parameters (eps = 0) exactly."""
+    over = [f"system={system}", "system.disturbance.kind=zero"]
+    if system == "pendulum":            # excite the angle, at rest from the paper's x0 = 0
+        over.append("system.x0.scale=[0.5,0.5]")
+    _, model, *_ = make(*over)
+    return model, _heldout(model, eps=0.0), model.system.nominal @ model.embed
+
+
+@pytest.mark.parametrize("system", ["pendulum", "synthetic", "linear"])
+def test_a_perfect_model_scores_rounding_one_step(system):
+    """The one-step residuals of the true model are rounding (~1e-16 of the states): so is its
+    NRMSE, shared or per client (the expanded sums of squares gave ~1e-8)."""
+    model, ho, truth = _perfect(system)
+    scores = HeldOutScores(model, ho)
+    for m in (1, 5):
+        v = scores.one_step(np.broadcast_to(truth, (2, m, model.p)))
+        assert np.isnan(v[1, 2]) and np.isfinite(np.delete(v.ravel(), 7)).all()
+        assert np.nanmax(v) < 1e-12
+
+
+@pytest.mark.parametrize("system", ["pendulum", "synthetic", "quadrotor"])
+def test_a_nearly_perfect_model_scores_its_residuals(system):
+    """Parameters 1e-9 off the truth: an NRMSE of ~1e-9, below the old 1e-8 floor, equal to the
+    residuals written out with numpy up to the residuals' own rounding (~1e-15 of the
+    states)."""
+    model, ho, truth = _perfect(system)
+    scores = HeldOutScores(model, ho)
+    rng = np.random.default_rng(4)
+    for m in (1, 5):
+        theta = truth * (1 + 1e-9 * rng.standard_normal((2, m, model.p)))
+        ref = _residual_nrmse(model, theta, ho)
+        assert 1e-12 < np.nanmin(ref) and np.nanmax(ref) < 1e-7
+        np.testing.assert_allclose(scores.one_step(theta), ref, rtol=1e-5, atol=1e-14)
 
 
 def test_parameter_errors_match_the_norm_formula():
@@ -108,13 +160,21 @@ def test_heldout_statistics_do_not_depend_on_chunks_or_threads(monkeypatch):
     monkeypatch.setattr(model_mod, "CHUNK_VALUES", 1)            # one block (1024) a chunk
     monkeypatch.setenv("FNSYSID_THREADS", "2")
     many = heldout_from_trajectories(model, x, u, mask)
-    for name in ("gram", "cross", "yy", "n", "std"):
+    for name in ("gram", "cross", "yy", "n", "std", "factor"):
         np.testing.assert_array_equal(getattr(many, name), getattr(one, name), err_msg=name)
     Phi, Y = model.regression(x[0, 7], u[0, 7])                  # client (0, 7) written out
     keep = (mask[0, 7, :, 1:] & mask[0, 7, :, :-1])
     np.testing.assert_allclose(one.gram[0, 7], np.einsum("ni,nj->ij", Phi[keep], Phi[keep]),
                                rtol=1e-12)
     np.testing.assert_allclose(one.std[0, 7], x[0, 7][mask[0, 7]].std(axis=0), rtol=1e-12)
+    # each group's factor: upper triangular with R'R = [Phi_F | Y_J]'[Phi_F | Y_J]
+    groups = target_groups(model)
+    assert len(groups) == 6                     # the quadrotor's targets use 2 features each
+    for g, (F, Js) in enumerate(groups):
+        R = group_factor(model, one.factor, g)[0, 7]
+        A = np.column_stack([Phi[keep][:, F], Y[keep][:, Js]])
+        assert R.shape == (len(F) + len(Js),) * 2 and not np.tril(R, -1).any()
+        np.testing.assert_allclose(R.T @ R, A.T @ A, rtol=1e-12, atol=1e-12 * (A * A).sum())
     assert one.n[1, 2000] == 0 and one.n[0, 7] == (J * (L - 1) - 2)
 
 

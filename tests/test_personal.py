@@ -222,6 +222,44 @@ def test_oneshot_intervals_average_the_clients_covariances():
     np.testing.assert_allclose(r.estimates["se"], np.sqrt((se[0] ** 2).sum(0)) / 4)
 
 
+def test_pooled_estimates_intervals_use_students_t_on_the_pooled_degrees_of_freedom():
+    """strategy=centralized_exact: ci = estimate -/+ t se with t the 0.975 quantile of
+    Student's t on the pooled residual variance's n - p_k degrees of freedom: M = 3 clients,
+    N = 2 trajectories of T = 4 samples give 24 samples per target, and the synthetic model
+    fits 5 parameters per target (its own variance), so 19 degrees of freedom."""
+    from scipy.stats import t
+
+    r = execute(compose_cfg("system=synthetic", "strategy=centralized_exact", "R=1",
+                            "repeats=1", "M=3", "N=2", "T=4", "output.plot=false"),
+                choices={}, given=frozenset())
+    est = r.estimates
+    assert int(r.dataset.train.n.sum()) == 24
+    half = (est["ci_hi"] - est["estimate"]) / est["se"]
+    np.testing.assert_allclose(half, t.ppf(0.975, 19), rtol=1e-10)
+    np.testing.assert_allclose(est["estimate"] - est["ci_lo"], half * est["se"], rtol=1e-10)
+    assert t.ppf(0.975, 19) > pers.z_value(0.95) + 0.1          # not the normal quantile
+
+
+def test_oneshot_intervals_use_welch_satterthwaite_degrees_of_freedom():
+    """strategy=oneshot averages M = 4 clients' least squares: var = sum_i se_i^2 / 16, and
+    its degrees of freedom are (sum_i se_i^2)^2 / sum_i se_i^4 / nu_i, nu_i = n_i - 5 (each
+    client's own residual variance), computed here from the clients' statistics."""
+    from scipy.stats import t
+
+    r = execute(compose_cfg("system=synthetic", "strategy=oneshot", "R=1", "repeats=1", "M=4",
+                            "N=2", "T=5", "output.plot=false"), choices={}, given=frozenset())
+    d = r.dataset.train
+    _, se, _, _ = pers.least_squares_intervals(d.H, d.b, d.yy_target, d.n,
+                                               pers.noise_blocks(r.model.structure))
+    v = se[0] ** 2                                                       # (M, p)
+    nu = d.n[0][:, None] - 5
+    ws = v.sum(0) ** 2 / (v ** 2 / nu).sum(0)
+    assert (ws > nu.min()).all() and (ws < nu.sum()).all()
+    est = r.estimates
+    np.testing.assert_allclose((est["ci_hi"] - est["estimate"]) / est["se"],
+                               t.ppf(0.975, ws), rtol=1e-10)
+
+
 def test_finetune_takes_k_local_steps_from_the_server_model():
     settings, model, optimizer, strategy = make("system=synthetic", "personalize=finetune",
                                                 "personalize.K=3", "R=2", "repeats=1", "M=3")

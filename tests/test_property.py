@@ -4,7 +4,8 @@ Random override sets are drawn from the knobs, the groups and the typed settings
 wrong-type, out-of-range and non-finite values, and run through the command line. Each must
 end in one of three ways: exit 0 with a complete folder (``summary.json`` says ``ok``), exit 2
 with exactly one line and nothing written, or exit 3 with a result marked ``diverged`` or
-``growing``. A few examples run in ``make test``; ``make test-slow`` runs many more.
+``growing``. A few examples run in ``make test``, in process; ``make test-slow`` runs many
+more, each in a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import pytest
 hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is in the dev extra")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+
+from tests.conftest import cli_in_process  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,14 +68,19 @@ def override_sets(draw) -> list[str]:
     return out
 
 
-def check_outcome(args: list[str]) -> int:
-    """Run ``args`` (small sizes unless drawn) and assert one of the three clean endings."""
+def fresh(*args: str, cwd: str) -> subprocess.CompletedProcess:
+    """``python run.py ARGS`` in a fresh interpreter."""
+    return subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def check_outcome(args: list[str], command=fresh) -> int:
+    """Run ``args`` (small sizes unless drawn) through ``command`` (a fresh interpreter, or
+    :func:`tests.conftest.cli_in_process`) and assert one of the three clean endings."""
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
         base = ["R=3", "M=3", "repeats=1", "progress=false", "output.plot=false"]
-        res = subprocess.run([sys.executable, str(ROOT / "run.py"), *base, *args,
-                              f"hydra.run.dir={run}"], cwd=tmp, capture_output=True, text=True,
-                             timeout=300)
+        res = command(*base, *args, f"hydra.run.dir={run}", cwd=tmp)
         text = res.stdout + res.stderr
         assert "Traceback" not in text, (args, text[-2000:])
         if res.returncode == 2:
@@ -107,7 +115,8 @@ _COMMON = dict(deadline=None, print_blob=True, suppress_health_check=[HealthChec
 @settings(max_examples=4, derandomize=True, **_COMMON)     # the same few examples every time
 @given(override_sets())
 def test_random_overrides_end_cleanly(args):
-    check_outcome(args)
+    """In process (the long test below runs each draw in a fresh interpreter)."""
+    check_outcome(args, cli_in_process)
 
 
 @pytest.mark.slow
@@ -122,6 +131,9 @@ def test_random_overrides_end_cleanly_long(args):
     (["data.shared_noise='false'", "M=2"], 2),
     (["system=linear", "strategy=scaffold"], 0),
 ])
-def test_the_three_endings_are_recognised(args, code):
-    """The checker itself: one input of each ending, so the property cannot pass vacuously."""
-    assert check_outcome(args) == code
+@pytest.mark.parametrize("command", [cli_in_process,
+                                     pytest.param(fresh, marks=pytest.mark.slow)])
+def test_the_three_endings_are_recognised(args, code, command):
+    """The checker itself: one input of each ending, so the property cannot pass vacuously
+    (in process, and in a fresh interpreter as the long test runs it)."""
+    assert check_outcome(args, command) == code

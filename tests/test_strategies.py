@@ -290,38 +290,3 @@ def test_sgd_with_zscore_centres_the_features_not_the_targets():
     gd.setup(d, model, seed=0)
     np.testing.assert_allclose(full.local_steps(theta0, 2, 0.1), gd.local_steps(theta0, 2, 0.1),
                                rtol=1e-12)
-
-
-def test_own_solutions_and_determined_equal_pinv_and_matrix_rank():
-    """The blocked LU solve and eigenvalue rank test that OneShot uses equal the pseudo-inverse
-    and numpy's rank on clients with full, deficient and support-restricted Gram matrices."""
-    from fnsysid.dynamics.model import least_squares
-    from fnsysid.learning import strategies as st
-
-    rng = np.random.default_rng(3)
-    S, M, p = 2, 9, 5
-    X = rng.normal(size=(S, M, 12, p))
-    X[0, 4, :, 2] = X[0, 4, :, 1]                 # a client whose data do not determine it
-    X[1, 7] = 0.0                                 # one without data
-    H, b = np.einsum("smtp,smtq->smpq", X, X), rng.normal(size=(S, M, p))
-    ok = st.determined(H)
-    assert (ok == (np.linalg.matrix_rank(H, hermitian=True) == p)).all()
-    assert not ok[0, 4] and not ok[1, 7] and ok.sum() == S * M - 2
-    theta = st.own_solutions(H, b, ok)
-    np.testing.assert_allclose(theta[ok], least_squares(H, b)[ok], rtol=1e-10, atol=1e-12)
-    assert (theta[~ok] == 0).all()
-    support = np.array([1, 1, 0, 1, 0], bool)     # statistics restricted to the kept terms
-    Hs, bs = H * np.outer(support, support), b * support
-    oks = st.determined(Hs, support)
-    assert oks[0, 4] and not oks[1, 7]            # the repeated column is pruned
-    thetas = st.own_solutions(Hs, bs, oks, support)
-    np.testing.assert_allclose(thetas[oks], least_squares(Hs, bs)[oks], rtol=1e-10,
-                               atol=1e-12)
-    assert (thetas[..., ~support] == 0).all()
-    old = st.CHUNK
-    try:                                          # blocks smaller than the clients: the same
-        st.CHUNK = 4
-        np.testing.assert_array_equal(st.own_solutions(H, b, ok), theta)
-        np.testing.assert_array_equal(st.determined(H), ok)
-    finally:
-        st.CHUNK = old

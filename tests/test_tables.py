@@ -57,6 +57,40 @@ def test_values_round_trip_through_the_csv(tmp_path):
     assert text.endswith("\n") and "\r" not in text
 
 
+def test_a_large_table_written_by_pyarrow_reads_back_as_the_csv_module_one(tmp_path,
+                                                                          monkeypatch):
+    """From Table.ARROW_ROWS rows a table is written by pyarrow: read with pandas, the file
+    is the csv module's (the values of the round-trip test above, and a client_estimates
+    table of a run with personalize=auto: the same columns, types and values, NaN where
+    NaN); an object column pyarrow cannot take as one type falls back to the csv module."""
+    f = np.array([np.nan, np.inf, -np.inf, -0.0, 1e-300, 1e16, 0.1 + 0.2, 123456789.125,
+                  1e-5, 5e-324, 1.0, 100.0])
+    n = len(f)
+    labels = ['a,b', 'say "hi"', None, "line\nbreak", "server", "mean", "0", "A", "\u00fc",
+              "x y", "007", "1.5"]
+    tables = {"values": Table({"repeat": np.arange(n), "x": f, "f32": f.astype(np.float32),
+                               "label": np.array(labels, dtype=object),
+                               "flag": np.arange(n) % 2 == 0, "delta": 0.05, "n_x": 2})}
+    r = execute(compose_cfg("system=synthetic", "personalize=auto", "strategy=oneshot", "R=1",
+                            "repeats=2", "M=6", "output.plot=false"), choices={},
+                given=frozenset())
+    tables["client_estimates"] = r.tables.table("client_estimates")
+    for name, table in tables.items():
+        monkeypatch.setattr(Table, "ARROW_ROWS", 10 ** 9)
+        old = _read_back(table, tmp_path / f"{name}_csv.csv")
+        monkeypatch.setattr(Table, "ARROW_ROWS", 0)
+        new = _read_back(table, tmp_path / f"{name}_arrow.csv")
+        assert (tmp_path / f"{name}_arrow.csv").read_text().startswith('"')   # pyarrow's
+        pd.testing.assert_frame_equal(new, old)
+        for k in old.columns:
+            if old[k].dtype.kind == "f":                 # bit for bit, -0.0 included
+                np.testing.assert_array_equal(np.signbit(new[k]), np.signbit(old[k]))
+    assert tables["client_estimates"]["local_se"].dtype.kind == "f"
+    mixed = Table({"client": np.array([1, "a"], dtype=object), "x": [0.5, 1.5]})
+    mixed.to_csv(tmp_path / "mixed.csv")                  # ARROW_ROWS is 0: the fallback
+    assert (tmp_path / "mixed.csv").read_text() == "client,x\n1,0.5\na,1.5\n"
+
+
 def test_rows_and_unequal_columns():
     t = Table({"round": [0, 1, 2, 2], "e": [1.0, 0.5, 0.2, 0.3]})
     last = t[t["round"] == t["round"].max()]

@@ -99,9 +99,7 @@ def build(settings: Settings):
     strategy.privacy = build_privacy(groups.get("privacy"))
     if strategy.privacy is not None:           # the noise fixed (or refused) before the run
         if hasattr(strategy, "model_change"):  # DP-FedAvg: one sampled release a round
-            strategy.privacy.plan(settings.R, strategy.fraction, "DP-FedAvg: Gaussian on the "
-                                  "clipped sum of the clients' model changes, each round",
-                                  settings.M)
+            strategy.privacy.plan(settings.R, strategy.fraction, dp_fedavg(settings), settings.M)
         else:
             exact = getattr(strategy, "exact", False)
             strategy.privacy.plan(1, 1.0, "Gaussian on the clipped sum of the clients' "
@@ -109,6 +107,15 @@ def build(settings: Settings):
                                      "own least-squares estimates and their count"),
                                   settings.M)
     return model, optimizer, strategy
+
+
+def dp_fedavg(settings) -> str:
+    """What ``summary.json``'s ``privacy.mechanism`` says of a DP-FedAvg run."""
+    if settings.runtime.name == "flower":
+        return ("DP-FedAvg with Flower's blocks: fixedclipping_mod (each client clips its model "
+                "change) and DifferentialPrivacyClientSideFixedClipping (Gaussian noise on the "
+                "mean of the round), each round")
+    return "DP-FedAvg: Gaussian on the clipped sum of the clients' model changes, each round"
 
 
 def option_nodes(group: str) -> dict[str, dict]:

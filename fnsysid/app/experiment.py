@@ -27,7 +27,7 @@ from fnsysid.config.schema import Settings
 from fnsysid.data.source import Dataset, load_data
 from fnsysid.dynamics.model import Model
 from fnsysid.learning.personalize import z_value
-from fnsysid.learning.sparsity import empty_warning
+from fnsysid.learning.sparsity import auto_line, empty_warning
 from fnsysid.learning.start import initial_model
 from fnsysid.results.files import check_output, write_outputs
 from fnsysid.results.history import keep_per_client
@@ -41,6 +41,7 @@ from fnsysid.results.personal import (
     personal_summary,
     personalized,
     server_intervals,
+    t_value,
 )
 from fnsysid.results.tables import (
     Frames,
@@ -327,10 +328,12 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
         tables["clients"] = clients_table(hist, labels)
     per, ci_note = None, None
     if diverged is None and failure is None:
-        se, ci_note = server_intervals(strategy, data, model)
+        se, ci_note, dof = server_intervals(strategy, data, model)
+        level = settings.output.ci_level
         tables["estimates"] = estimates_table(model, strategy.estimate(), data, theta0,
                                               keep_clients, labels, se,
-                                              z_value(settings.output.ci_level))
+                                              z_value(level) if dof is None
+                                              else t_value(level, dof))
         # in process from the clients' data; under Flower what the clients sent
         per = (personalized(settings, model, strategy, data) if data is not None
                else getattr(hist, "personal", None))
@@ -362,6 +365,9 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     if at is not None:          # in process: the repeats run on after one diverged
         summary["repeat_status"] = ["ok" if d is None else "diverged" for d in at]
         summary["repeat_diverged_round"] = list(at)
+    tables["errors"] = communication(summary, settings, model, strategy, tables["errors"],
+                                     len(dataset.clients), getattr(hist, "traffic", None),
+                                     getattr(hist, "diverged_at", None))
     privacy = getattr(strategy, "privacy", None)
     if privacy is not None:
         summary["privacy"] = privacy.summary()
@@ -380,6 +386,13 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     sparsity = getattr(strategy, "sparsity", None)
     if sparsity is not None and sparsity.support is not None:
         summary["sparsity"] = sparsity.summary(model)
+        path = sparsity.path_table()
+        if path is not None:
+            from fnsysid.results.tables import Table
+
+            tables["sparsity_path"] = Table(path)
+            line, warn = auto_line(summary["sparsity"])
+            (log.warning if warn else log.info)(line)
         line = empty_warning(summary["sparsity"], sparsity.support.shape[0])
         if line:
             log.warning(line)
@@ -414,6 +427,43 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
         summary["interrupted_by"] = signal.Signals(signum).name
     return Result(tables, summary, model, strategy.estimate(), dataset, diverged, settings,
                   None if per is None else per.models, None if per is None else per.se)
+
+
+def communication(summary: dict, settings, model, strategy, errors, M: int,
+                  measured: dict | None = None, diverged_at: list | None = None):
+    """``summary["communication"]``: the bytes the run sent up and down, from what the
+    strategy declares (:mod:`fnsysid.learning.communication`) times the rounds recorded and
+    the clients taking part; beside them ``measured``, what the Flower runtime counted in
+    its messages (None in process). Returns ``errors`` with the column ``bytes_per_client``:
+    the bytes up and down per client (mean over clients) up to each round (empty when the
+    strategy declares no payload). A repeat that diverged at round d (``diverged_at``)
+    counts the rounds before d, and its rows from d on are empty, as its errors are."""
+    from fnsysid.learning import communication as comm
+    from fnsysid.results.tables import Table
+
+    sparsity = getattr(strategy, "sparsity", None)
+    if sparsity is not None and sparsity.support is None:
+        sparsity = None
+    plan = comm.plan_of(strategy, len(model.param_names), model, sparsity,
+                        settings.personalize.name)
+    repeat, rnd = np.asarray(errors["repeat"], int), np.asarray(errors["round"], int)
+    S, R = int(repeat.max()) + 1, int(rnd.max())
+    taking_part = comm.participants(strategy, R, M, S)
+    gone = np.zeros((S, R + 1), dtype=bool)              # rows of diverged repeats
+    for s, d in enumerate(diverged_at or []):
+        if d is not None and s < S:
+            taking_part[s, d - 1:] = 0
+            gone[s, d:] = True
+    out = comm.account(plan, taking_part, M)
+    cumulative = out.pop("_cumulative", None)
+    if cumulative is not None:
+        cumulative = np.where(gone, np.nan, cumulative)
+    if measured is not None:
+        out["measured"] = measured
+    summary["communication"] = out
+    column = (np.full(len(repeat), np.nan) if cumulative is None
+              else cumulative[repeat, rnd])
+    return Table({**errors.columns, "bytes_per_client": column})
 
 
 def conditioning(summary: dict, data, support) -> None:

@@ -96,6 +96,7 @@ def _check_together(s: Settings, raw: Mapping | None) -> None:
                           "step count per client")
     check_sparsity(s)
     check_privacy(s)
+    check_secure_aggregation(s)
     batch_size = getattr(s.optimizer, "batch_size", None)
     if not isinstance(s.K, int) and batch_size is not None:
         raise ConfigError("a list or distribution K (per-client local steps) needs "
@@ -160,7 +161,9 @@ def check_privacy(s: Settings) -> None:
         raise ConfigError(f"privacy={pv.name} with strategy.weighting=samples: a client's weight "
                           "would be its sample count, unbounded; allowed: "
                           "strategy.weighting=uniform (or privacy=none)")
-    if s.runtime.name != "inprocess":
+    if s.runtime.name == "flower":
+        check_flower_privacy(s, target)
+    elif s.runtime.name != "inprocess":
         raise ConfigError(f"privacy={pv.name} is not allowed with runtime={s.runtime.name}; "
                           "allowed: runtime=inprocess (or privacy=none)")
     for group, bad in (("sparsity", s.sparsity.name != "none"),
@@ -174,6 +177,85 @@ def check_privacy(s: Settings) -> None:
                           "given (the other null); allowed: privacy.epsilon=E (the noise is "
                           "solved for it) or privacy.epsilon=null privacy.noise_multiplier=Z "
                           "(its epsilon reported)")
+
+
+#: the strategies whose train exchange runs as a Flower workflow round (SecAgg+, Flower's DP):
+#: one reply (the local model) whose plain mean is the server's update
+WORKFLOW_STRATEGIES = ("FedAvg", "FedProx")
+
+
+def _workflow_refusal(s: Settings, target: str, what: str, allowed: str) -> None:
+    """The refusals shared by SecAgg+ and Flower's central DP (``what`` names the setting):
+    both run the train exchange as a round of Flower's legacy workflow, whose clients send one
+    list of arrays with one weight and whose server takes the plain mean of the round."""
+    name = target.rsplit(".", 1)[-1]
+    strategy = s.resolved.get("strategy") or {}
+    if name not in WORKFLOW_STRATEGIES:
+        why = ("its statistics travel in query messages, which Flower's mods pass through "
+               "untouched (secaggplus_mod and fixedclipping_mod act on train messages only)"
+               if name in ("OneShot", "Centralized") else
+               "its server update is not the plain mean of one reply per client (Flower's "
+               "workflow aggregates the parameters of each client's FitRes into one mean)")
+        raise ConfigError(f"{what} with strategy {name or 'custom'}: {why}; allowed: "
+                          f"strategy=fedavg or fedprox ({allowed})")
+    if strategy.get("weighting") == "samples":
+        raise ConfigError(f"{what} with strategy.weighting=samples: Flower's workflow weighs "
+                          "a client's reply by one number for all repeats (FitRes.num_examples);"
+                          f" allowed: strategy.weighting=uniform ({allowed})")
+    if float(strategy.get("fraction", 1.0)) < 1.0:
+        raise ConfigError(f"{what} with strategy.fraction={strategy.get('fraction')}: the "
+                          "clients of a repeat differ between repeats, and Flower's workflow "
+                          "averages one set of replies; allowed: strategy.fraction=1 "
+                          f"({allowed})")
+    for group, bad in (("sparsity", s.sparsity.name != "none"),
+                       ("personalize", s.personalize.name != "none")):
+        if bad:
+            raise ConfigError(f"{what} with {group}={getattr(s, group).name}: its exchanges "
+                              "carry each client's own statistics or model, which Flower's "
+                              f"workflow does not aggregate; allowed: {group}=none ({allowed})")
+
+
+def check_flower_privacy(s: Settings, target: str) -> None:
+    """``privacy=central`` with ``runtime=flower`` runs DP-FedAvg with Flower's blocks
+    (``fixedclipping_mod`` on the clients, ``DifferentialPrivacyClientSideFixedClipping`` on
+    the server, fnsysid/runtimes/flower_secure.py): fedavg or fedprox with every client a
+    round and one repeat (the mod clips the whole update, all repeats, by one norm)."""
+    pv = s.privacy
+    allowed = "or runtime=inprocess"
+    if pv.name != "central":
+        raise ConfigError(f"privacy={pv.name} is not allowed with runtime=flower: Flower's "
+                          "central DP blocks add the noise on the server; allowed: "
+                          f"privacy=central ({allowed})")
+    _workflow_refusal(s, target, "privacy=central with runtime=flower", allowed)
+    if s.repeats != 1:
+        raise ConfigError(f"privacy=central with runtime=flower and repeats={s.repeats}: "
+                          "Flower's fixedclipping_mod clips a client's whole update (all "
+                          "repeats) by one norm, DP-FedAvg clips each repeat's; allowed: "
+                          "repeats=1 (or runtime=inprocess)")
+
+
+def check_secure_aggregation(s: Settings) -> None:
+    """``runtime.secure_aggregation=true`` (Flower's SecAgg+, fnsysid/runtimes/
+    flower_secure.py): fedavg or fedprox with uniform weights and every client a round, at
+    least 2 clients (SecAgg+ halts with fewer: "The number of samples should be greater than
+    1"), and M times ``quantization_range`` below SecAgg+'s modulus 2^32 (the sum of the
+    quantized replies must not wrap around)."""
+    rt = s.runtime
+    if not getattr(rt, "secure_aggregation", False):
+        return
+    what, allowed = "runtime.secure_aggregation=true", "or runtime.secure_aggregation=false"
+    target = str((s.resolved.get("strategy") or {}).get("_target_", ""))
+    _workflow_refusal(s, target, what, allowed)
+    if s.M is not None and s.M < 2:
+        raise ConfigError(f"{what} with M={s.M}: SecAgg+ needs at least 2 clients (Flower: "
+                          "'The number of samples should be greater than 1.'); allowed: M >= 2 "
+                          f"({allowed})")
+    Q = rt.secagg.quantization_range
+    if s.M is not None and s.M * Q >= 2 ** 32:
+        raise ConfigError(f"runtime.secagg.quantization_range={Q} with M={s.M}: the sum of M "
+                          "quantized replies reaches SecAgg+'s modulus 2^32 and wraps around; "
+                          f"allowed: runtime.secagg.quantization_range < {2 ** 32 // s.M} "
+                          "(2^32 / M)")
 
 
 def check_file_knobs(raw: Mapping) -> None:

@@ -444,11 +444,29 @@ class InProcess(Section):
     name: Literal["inprocess"]
 
 
+class SecAgg(Section):
+    """Flower's SecAgg+ (``SecAggPlusWorkflow``/``secaggplus_mod``) settings; its mean is
+    within ``2 clipping_range / quantization_range`` of the plain mean in every entry
+    (fnsysid/runtimes/flower_secure.py, docs/PRIVACY.md)."""
+
+    #: a client's reply entries must lie in [-clipping_range, clipping_range] (else refused)
+    clipping_range: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = 16.0
+    #: quantization levels of [-clipping_range, clipping_range]; M of them must sum below 2^32
+    quantization_range: Annotated[int, Field(ge=2, le=2 ** 30, strict=True)] = 2 ** 24
+    #: share of the round's clients each client's key is split among (its neighbours)
+    num_shares: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
+    #: share of those shares that reconstructs a key
+    reconstruction_threshold: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
+
+
 class Flower(Section):
     name: Literal["flower"]
     client_cpus: PosReal
     #: seconds the server waits for the replies of one exchange before it stops the run
     reply_timeout: PosReal = 600.0
+    #: train exchanges through Flower's SecAgg+: the server sees only the sum of the replies
+    secure_aggregation: bool = False
+    secagg: SecAgg = SecAgg()
 
 
 def _by_value(key: str, table: dict[str, type]):
@@ -495,7 +513,10 @@ class Stlsq(Section):
     """Sequentially thresholded least squares (fnsysid/learning/sparsity.py)."""
 
     name: Literal["stlsq"]
-    threshold: PosReal
+    #: a number > 0, or ``auto``: chosen along a threshold path by held-out error (BIC
+    #: without held-out data)
+    threshold: Annotated[Union[PosReal, Literal["auto"]],
+                         Field(json_schema_extra={"allowed": "a finite number > 0 or auto"})]
     #: what the threshold is compared with: ``unit`` the coefficients of features and
     #: targets scaled to unit size (from the summed statistics), ``data`` the raw coefficients
     scale: Literal["unit", "data"]

@@ -25,7 +25,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from fnsysid.dynamics.model import least_squares, masked_gram
+from fnsysid.learning.ownfit import own_fits
 
 #: personalize options (the ``personalize`` config group)
 OPTIONS = ("none", "finetune", "auto")
@@ -34,16 +34,6 @@ OPTIONS = ("none", "finetune", "auto")
 def z_value(level: float) -> float:
     """Two-sided standard normal quantile of a confidence level (1.96 for 0.95)."""
     return NormalDist().inv_cdf(0.5 + level / 2)
-
-
-def _solve_psd(H: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(H^-1, full rank?)`` of stacks of symmetric PSD matrices (..., p, p); the inverse is
-    NaN where the rank is below p (the pseudo-inverse would give a covariance for directions
-    the data do not determine)."""
-    p = H.shape[-1]
-    full = np.linalg.matrix_rank(H, hermitian=True) == p
-    inv = np.linalg.pinv(H, hermitian=True)
-    return np.where(full[..., None, None], inv, np.nan), full
 
 
 #: relative resolution of a residual sum of squares computed from statistics (of ``yy``)
@@ -118,8 +108,8 @@ def least_squares_intervals(H, b, yy, n, blocks, support=None):
     keep = np.ones(np.shape(b), bool) if support is None else np.broadcast_to(
         np.asarray(support, bool), np.shape(b))
     m = keep.astype(float)
-    Hs = masked_gram(H, m) + np.where(keep, 0.0, 1.0)[..., None] * np.eye(p)
-    theta = least_squares(Hs, b * m) * m
+    fits = own_fits(H, b, support)         # once for these statistics (fnsysid.learning.ownfit)
+    theta = fits.theta
     onehot = blocks.param_block[:, None] == np.arange(blocks.g)          # (p, g)
     p_k = np.einsum("...p,pg->...g", m, onehot.astype(float))
     dof = np.asarray(n, float)[..., None] * blocks.n_targets - p_k
@@ -130,8 +120,7 @@ def least_squares_intervals(H, b, yy, n, blocks, support=None):
                                     onehot.astype(float)), RESOLUTION * yy)
     with np.errstate(divide="ignore", invalid="ignore"):
         s2 = np.where(dof > 0, rss / dof, np.nan)
-    inv, _ = _solve_psd(Hs)
-    var = s2[..., blocks.param_block] * np.diagonal(inv, axis1=-2, axis2=-1)
+    var = s2[..., blocks.param_block] * fits.inv_diag   # NaN where H (kept) is singular
     se = np.where(keep, np.sqrt(var), np.nan)
     return theta, se, s2, dof
 
@@ -178,7 +167,7 @@ def client_message(H, b, yy, n, blocks) -> Message:
     blocks, yyg = _blocks_yy(blocks, yy, p)
     ms = yyg / np.maximum(np.asarray(n, float)[..., None] * blocks.n_targets, 1.0)
     s2 = np.maximum(s2, EXACT * ms)
-    own = ((np.linalg.matrix_rank(H, hermitian=True) == p) & (dof > 0).all(axis=-1)
+    own = (own_fits(H, b).full & (dof > 0).all(axis=-1)
            & (s2 > 0).all(axis=-1))
     return Message(np.asarray(H, float), np.asarray(b, float),
                    np.where(own[..., None], s2 * dof, 0.0), np.where(own[..., None], dof, 0.0),

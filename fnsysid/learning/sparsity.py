@@ -24,6 +24,13 @@ converge on them. Thresholding the server model instead selects the terms of tha
 fixed point: with whitened local steps (the generic system's default) FedAvg's fixed point is
 the mean of the clients' own fits, whatever K (docs/ALGORITHMS.md, "Sparse models").
 
+``threshold=auto`` (:meth:`STLSQ.choose_auto`) chooses the threshold along
+:data:`AUTO_GRID`: each threshold's STLSQ support on the pooled statistics is a candidate,
+scored by the held-out residual sums of squares of its pooled fit, which come from the
+clients' held-out statistics summed (each client's held-out error is a quadratic in the
+coefficients), or by BIC on the pooled training residuals when there are no held-out data
+(docs/ALGORITHMS.md, "Choosing the threshold").
+
 Restricting a client's problem to the support: ``H -> D (H + a_i I) D`` and ``b -> D b`` with
 ``D`` the 0/1 diagonal of the support and ``a_i`` the client's share of the ridge ``alpha``
 (its share of the samples, so the shares add up to ``alpha`` over the pooled data). The
@@ -125,6 +132,84 @@ def stlsq(H: np.ndarray, b: np.ndarray, threshold: float, alpha: float = 0.0,
     return theta, support, k
 
 
+#: the thresholds (on the ``scale=unit`` coefficients) tried by ``sparsity.threshold=auto``:
+#: 31 log-spaced values from 0.001 to 1, ten a decade (docs/ALGORITHMS.md, "Choosing the
+#: threshold")
+AUTO_GRID = np.logspace(-3.0, 0.0, 31)
+
+
+def target_groups(enters: np.ndarray) -> np.ndarray:
+    """The targets scored together (G, n_y) bool: each target alone when every coefficient
+    enters one target (the feature libraries' dense models: the pooled Gram matrix has no
+    block between two targets, so each target's residual sum of squares comes from ``H``,
+    ``b`` and its ``yy``), else all targets as one group."""
+    enters = np.asarray(enters, bool)
+    if (enters.sum(axis=0) <= 1).all():
+        return np.eye(enters.shape[0], dtype=bool)
+    return np.ones((1, enters.shape[0]), bool)
+
+
+def group_rss(theta: np.ndarray, H: np.ndarray, b: np.ndarray, yy: np.ndarray,
+              enters: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Residual sums of squares (..., G) of coefficients ``theta`` (..., p) on the summed
+    statistics ``H`` (..., p, p), ``b`` (..., p), ``yy`` (..., n_y), per group of targets
+    (:func:`target_groups`): ``yy_g - 2 theta_g' b + theta_g' H theta_g`` with ``theta_g``
+    the coefficients of the group's targets."""
+    cols = (groups.astype(float) @ enters.astype(float)) > 0                  # (G, p)
+    tg = theta[..., None, :] * cols                                            # (..., G, p)
+    quad = np.einsum("...gp,...pq,...gq->...g", tg, H, tg)
+    return yy @ groups.T.astype(float) - 2 * np.einsum("...gp,...p->...g", tg, b) + quad
+
+
+def heldout_rss(theta: np.ndarray, model, gram: np.ndarray, cross: np.ndarray,
+                yy: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """Held-out residual sums of squares (..., G) of coefficients ``theta`` (..., p) from the
+    held-out statistics summed over the clients (``gram`` (..., n_phi, n_phi), ``cross``
+    (..., n_y, n_phi), ``yy`` (..., n_y)): per target ``yy_j - 2 Th_j' cross_j + Th_j' gram
+    Th_j`` with ``Th = model.theta_matrix(theta)``, added up per group of targets."""
+    Th = model.theta_matrix(theta)                                             # (..., n_y, n_phi)
+    per = yy - 2 * np.einsum("...jk,...jk->...j", Th, cross) + \
+        np.einsum("...jk,...kl,...jl->...j", Th, gram, Th)
+    return per @ groups.T.astype(float)
+
+
+def path_scores(rss: np.ndarray, count: np.ndarray, yy: np.ndarray, terms: np.ndarray,
+                penalty: float = 0.0) -> np.ndarray:
+    """The score of each candidate (..., L): ``sum_g n_g log(rss_g / n_g) + penalty k``, the
+    Gaussian -2 log-likelihood with each group's noise variance at its maximum (up to a
+    constant), plus ``penalty`` (``log n`` for BIC, 0 on held-out data) per kept term ``k``
+    (``terms`` (..., L)). ``rss`` (..., L, G), ``count`` (..., G) the residuals summed per
+    group, ``yy`` (..., G) the group's sum of squares; ``rss`` is floored at ``1e-12 yy``
+    (the round-off of the expanded square, as in :func:`unit_scales`: a target fitted
+    exactly, such as ``x+ = x + dt v`` without noise, then adds the same to every candidate
+    that fits it instead of its round-off) and a group with ``yy = 0`` adds nothing."""
+    count = np.asarray(count, float)[..., None, :]
+    yy = np.asarray(yy, float)[..., None, :]
+    floor = np.maximum(rss, 1e-12 * yy)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ll = np.where((yy > 0) & (count > 0), count * np.log(floor / count), 0.0)
+    return ll.sum(axis=-1) + penalty * terms
+
+
+def choose_on_path(scores: np.ndarray, terms: np.ndarray) -> np.ndarray:
+    """Index (...,) of the candidate with the smallest score, the one with fewer terms (then
+    the larger threshold) on a tie."""
+    L = scores.shape[-1]
+    best = np.empty(scores.shape[:-1], int)
+    for idx in np.ndindex(*scores.shape[:-1]):
+        s, k = scores[idx], terms[idx]
+        order = np.lexsort((-np.arange(L), k, s))       # score, then terms, then threshold
+        best[idx] = order[0]
+    return best
+
+
+def pooled_heldout(ho) -> tuple[np.ndarray, ...]:
+    """The held-out statistics of :class:`fnsysid.data.heldout.HeldOut` ``ho`` (S, M, ...)
+    summed over the clients: gram (S, n_phi, n_phi), cross (S, n_y, n_phi), yy (S, n_y), n
+    (S,); a client without held-out data adds zeros."""
+    return (ho.gram.sum(axis=1), ho.cross.sum(axis=1), ho.yy.sum(axis=1), ho.n.sum(axis=1))
+
+
 def restrict_data(data: ClientData, support: np.ndarray, alpha: float = 0.0) -> ClientData:
     """The clients' statistics restricted to ``support`` (S, p) (module docstring); the
     samples (SGD) are left as they are: the solver masks its steps (``support`` attribute)."""
@@ -142,7 +227,9 @@ class STLSQ:
 
     Parameters
     ----------
-    threshold : float > 0, compared with the scaled coefficients (``scale``).
+    threshold : float > 0, compared with the scaled coefficients (``scale``), or ``"auto"``:
+        chosen along :data:`AUTO_GRID` by held-out error, or by BIC without held-out data
+        (:meth:`choose_auto`).
     scale : ``unit`` (coefficients of features and targets scaled to unit size,
         :func:`unit_scales`) or ``data`` (the coefficients' own units).
     alpha : ridge weight >= 0 (0: plain least squares, PySINDy's ``alpha=0``).
@@ -153,15 +240,21 @@ class STLSQ:
 
     name = "stlsq"
 
-    def __init__(self, threshold: float = 0.05, scale: str = "unit", alpha: float = 0.0,
+    def __init__(self, threshold: float | str = 0.05, scale: str = "unit", alpha: float = 0.0,
                  unbias: bool = True, max_iter: int = 20):
-        self.threshold, self.alpha, self.max_iter = float(threshold), float(alpha), int(max_iter)
+        self.auto = threshold == "auto"
+        self.threshold = threshold if self.auto else float(threshold)
+        self.alpha, self.max_iter = float(alpha), int(max_iter)
         self.scale, self.unbias = str(scale), bool(unbias)
         self.support: np.ndarray | None = None
         self.refits = 0                      # least-squares fits of the STLSQ loop
+        self.chosen = None                   # threshold=auto: the chosen threshold (S,)
+        self.rule = None                     # threshold=auto: "heldout" or "bic"
+        self.path = None                     # threshold=auto: rows of the threshold path
 
     # --- in process ---------------------------------------------------------------------------
-    def start(self, strategy, theta0, data: ClientData, model, optimizer, K, lr, seed) -> None:
+    def start(self, strategy, theta0, data: ClientData, model, optimizer, K, lr, seed,
+              heldout=None) -> None:
         """Instead of ``strategy.setup``: the support is chosen from the clients' summed
         statistics (:meth:`choose`, before round 0, for every strategy) and the strategy is
         set up on the data restricted to it from the pruned start model ``theta0`` (a
@@ -169,15 +262,29 @@ class STLSQ:
         checked before (:func:`fnsysid.config.checks.check_sparsity`: not ``strategy=local``,
         not ``scale_features=zscore`` with local steps)."""
         self._ctx = (data, model, optimizer, K, lr, seed)
-        self.choose(data.H.sum(axis=1), data.b.sum(axis=1), data.yy_target.sum(axis=1), model)
+        self.choose(data.H.sum(axis=1), data.b.sum(axis=1), data.yy_target.sum(axis=1), model,
+                    data.n.sum(axis=1), None if heldout is None else pooled_heldout(heldout))
         self._setup(strategy, np.asarray(theta0) * self.support)
 
-    def choose(self, H: np.ndarray, b: np.ndarray, yy: np.ndarray, model) -> None:
+    def choose(self, H: np.ndarray, b: np.ndarray, yy: np.ndarray, model, n=None,
+               heldout=None) -> None:
         """The support (S, p): STLSQ (:func:`stlsq`, ridge ``alpha``) on the clients' summed
         statistics ``H`` (S, p, p) and ``b`` (S, p), i.e. on the pooled least-squares
         solution, whatever the strategy that then fits the kept terms (docs/ALGORITHMS.md,
         "Sparse models"); with ``scale=unit`` the coefficients compared are scaled by
-        :func:`unit_scales` of the same sums and the targets' summed squares ``yy`` (S, n_y)."""
+        :func:`unit_scales` of the same sums and the targets' summed squares ``yy`` (S, n_y).
+        With ``threshold=auto`` the threshold is chosen (:meth:`choose_auto`) from these sums,
+        the pooled sample count ``n`` (S,) and the held-out statistics summed over the
+        clients ``heldout`` (:func:`pooled_heldout`, or None)."""
+        weights = self._weights(H, b, yy, model)
+        if self.auto:
+            self.choose_auto(H, b, yy, model, n, heldout, weights)
+            return
+        _, self.support, self.refits = stlsq(H, b, self.threshold, self.alpha, self.max_iter,
+                                             weights=weights)
+
+    def _weights(self, H, b, yy, model):
+        """The scale function of :func:`stlsq` (None with ``scale=data``)."""
         weights = None
         if self.scale == "unit":
             h = np.diagonal(H, axis1=-2, axis2=-1)
@@ -185,8 +292,50 @@ class STLSQ:
 
             def weights(theta, support):
                 return unit_scales(theta, h, b, yy, enters, support)
-        _, self.support, self.refits = stlsq(H, b, self.threshold, self.alpha, self.max_iter,
-                                             weights=weights)
+        return weights
+
+    def choose_auto(self, H, b, yy, model, n, heldout, weights) -> None:
+        """``threshold=auto`` (docs/ALGORITHMS.md, "Choosing the threshold"): STLSQ on the
+        pooled statistics at each threshold of :data:`AUTO_GRID` gives a candidate support and
+        its pooled fit; each candidate is scored per repeat by :func:`path_scores` of its
+        residual sums of squares per target: on the held-out data summed over the clients
+        (``heldout``: gram, cross, yy, n) without a penalty (rule ``heldout``), or, when some
+        repeat has no held-out transition, on the training data with BIC's ``log n`` per
+        kept term (rule ``bic``). The candidate with the smallest score is kept (fewer terms on
+        a tie); the reported threshold is the middle of the grid's thresholds that give its
+        support. ``self.path`` holds (repeat, threshold, n_terms, score, chosen)."""
+        enters = np.abs(model.structure).sum(axis=1) > 0                     # (n_y, p)
+        groups = target_groups(enters)
+        thetas, supports, refits = self._path(H, b, yy, enters, groups, weights)
+        terms = supports.sum(axis=-1)                                           # (S, L)
+        sizes = groups.sum(axis=1)                                              # (G,)
+        use_heldout = heldout is not None and bool((np.asarray(heldout[3]) > 0).all())
+        if use_heldout:
+            gram, cross, hyy, hn = heldout
+            rss = heldout_rss(thetas, model, gram[:, None], cross[:, None], hyy[:, None],
+                              groups)
+            count = np.asarray(hn, float)[:, None] * sizes
+            scores = path_scores(rss, count, hyy @ groups.T.astype(float), terms)
+            self.rule = "heldout"
+        else:
+            n = np.asarray(n, float)
+            rss = group_rss(thetas, H[:, None], b[:, None], yy[:, None], enters, groups)
+            count = n[:, None] * sizes
+            scores = path_scores(rss, count, yy @ groups.T.astype(float), terms,
+                                 penalty=np.log(n)[:, None])
+            self.rule = "bic"
+        best = choose_on_path(scores, terms)
+        S = thetas.shape[0]
+        self.support = supports[np.arange(S), best]
+        same = (supports == self.support[:, None, :]).all(axis=-1)              # (S, L)
+        mid = [np.flatnonzero(same[s])[(same[s].sum() - 1) // 2] for s in range(S)]
+        self.chosen = AUTO_GRID[mid]
+        self.refits = int(refits[mid].max())
+        self.path = {"repeat": np.repeat(np.arange(S), len(AUTO_GRID)),
+                     "threshold": np.tile(AUTO_GRID, S), "n_terms": terms.reshape(-1),
+                     "score": scores.reshape(-1),
+                     "chosen": (np.arange(len(AUTO_GRID))[None, :] ==
+                                np.asarray(mid)[:, None]).reshape(-1)}
 
     def after_round(self, strategy, r: int) -> bool:
         """Set the pruned coefficients to exactly 0 (the restricted solves leave round-off
@@ -203,14 +352,47 @@ class STLSQ:
         strategy.server = strategy.server * self.support
 
     # --- on a federated runtime: the server alone, the clients apply the support ----------
+    def _path(self, H, b, yy, enters, groups, weights):
+        """STLSQ at every threshold of :data:`AUTO_GRID`: coefficients (S, L, p), supports
+        (S, L, p), refits (L,). When each target is scored alone its coefficients are a block
+        of their own (``H`` has no entry between two targets' coefficients and the unit
+        scales compare coefficients of one target), so each target's path is run on its own
+        block: the same supports as on the whole, at a fraction of the cost."""
+        S, p, L = b.shape[0], b.shape[-1], len(AUTO_GRID)
+        if groups.shape[0] == 1:
+            fits = [stlsq(H, b, t, self.alpha, self.max_iter, weights=weights)
+                    for t in AUTO_GRID]
+            return (np.stack([f[0] for f in fits], axis=-2),
+                    np.stack([f[1] for f in fits], axis=-2), np.array([f[2] for f in fits]))
+        thetas, supports = np.zeros((S, L, p)), np.zeros((S, L, p), bool)
+        refits = np.zeros(L, int)
+        h = np.diagonal(H, axis1=-2, axis2=-1)
+        for j in range(enters.shape[0]):
+            idx = np.flatnonzero(enters[j])
+            if not idx.size:
+                continue
+            Hj, bj = H[:, idx[:, None], idx], b[:, idx]
+            yj, ej = yy[:, j:j + 1], enters[j:j + 1, idx]
+            wj = None
+            if weights is not None:
+                def wj(theta, support, hj=h[:, idx], bj=bj, yj=yj, ej=ej):
+                    return unit_scales(theta, hj, bj, yj, ej, support)
+            for i, t in enumerate(AUTO_GRID):
+                theta, support, k = stlsq(Hj, bj, t, self.alpha, self.max_iter, weights=wj)
+                thetas[:, i, idx], supports[:, i, idx] = theta, support
+                refits[i] = max(refits[i], k)
+        return thetas, supports, refits
+
     def start_server(self, strategy, H: np.ndarray, b: np.ndarray, yy: np.ndarray, model, n,
-                     seed: int) -> None:
+                     seed: int, heldout=None) -> None:
         """Flower's server after ``strategy.setup_server``: the support from the sums of the
         statistics the clients sent (``H`` (S, p, p), ``b`` (S, p), ``yy`` (S, n_y),
         :meth:`choose`); the
         server starts from its pruned model, and the clients restrict their problems when
-        they see the support in the first message (:func:`restrict_client`)."""
-        self.choose(H, b, yy, model)
+        they see the support in the first message (:func:`restrict_client`). ``n`` (S, M)
+        the clients' sample counts; ``heldout`` the held-out statistics summed over the
+        clients (``threshold=auto``, :func:`pooled_heldout`) or None."""
+        self.choose(H, b, yy, model, np.asarray(n).sum(axis=1), heldout)
         strategy.setup_server(strategy.server * self.support, n, seed)
 
     def server_round(self, strategy, r: int) -> bool:
@@ -231,7 +413,8 @@ class STLSQ:
         only when there are some), the least-squares fits of the STLSQ loop (``refits``)."""
         sizes = support_sizes(model, self.support)
         terms = [int(v) for v in self.support.sum(axis=-1)]
-        out = {"method": self.name, "threshold": self.threshold, "scale": self.scale,
+        threshold = self.threshold if not self.auto else _one([float(t) for t in self.chosen])
+        out = {"method": self.name, "threshold": threshold, "scale": self.scale,
                "alpha": self.alpha, "unbias": self.unbias,
                "support_size": {k: _one(v) for k, v in sizes.items()},
                "terms": _one(terms), "of": int(self.support.shape[-1])}
@@ -240,7 +423,21 @@ class STLSQ:
         if empty:
             out["empty"] = empty
         out["refits"] = self.refits
+        if self.auto:
+            out["auto"] = True
+            out["rule"] = self.rule
+            out["path"] = [{"repeat": int(r), "threshold": float(t), "n_terms": int(k),
+                            "score": float(v)}
+                           for r, t, k, v in zip(self.path["repeat"], self.path["threshold"],
+                                                 self.path["n_terms"], self.path["score"],
+                                                 strict=True)]
         return out
+
+    def path_table(self) -> dict | None:
+        """The threshold path of ``threshold=auto`` as columns (``sparsity_path.csv``):
+        repeat, threshold, n_terms, score, chosen (the candidate kept); None otherwise."""
+        return None if self.path is None else {**self.path, "rule": [self.rule] *
+                                               len(self.path["repeat"])}
 
 
 def _one(values: list[int]) -> int | list[int]:
@@ -261,10 +458,30 @@ def empty_warning(summary: dict, repeats: int) -> str | None:
             f" in repeat{'s' if len(reps) > 1 else ''} {', '.join(map(str, reps[:10]))}" \
             f"{', ...' if len(reps) > 10 else ''}"
         where.append(f"{name}{when}")
-    return (f"sparsity: sparsity.threshold={summary['threshold']:g} pruned every term of "
+    t = summary["threshold"]
+    shown = f"{t:g}" if not isinstance(t, list) else "/".join(f"{v:g}" for v in t)
+    if summary.get("auto"):
+        shown = f"auto (chosen {shown})"
+    return (f"sparsity: sparsity.threshold={shown} pruned every term of "
             f"{'; '.join(where)}: the model has no term for "
             f"{'this state' if len(empty) == 1 else 'these states'} (its part of the "
             "regression is 0); a smaller sparsity.threshold keeps terms")
+
+
+def auto_line(summary: dict) -> tuple[str, bool] | None:
+    """The log line of ``threshold=auto`` from :meth:`STLSQ.summary` and whether it is a
+    warning (the held-out data were missing and BIC chose); None for a fixed threshold."""
+    if not summary.get("auto"):
+        return None
+    t = summary["threshold"]
+    shown = f"{t:g}" if not isinstance(t, list) else ", ".join(f"{v:g}" for v in t)
+    terms = summary["terms"]
+    if summary["rule"] == "heldout":
+        return (f"sparsity: sparsity.threshold=auto chose {shown} ({terms} terms) by the "
+                "held-out error of the pooled fits (sparsity_path.csv)"), False
+    return (f"sparsity: sparsity.threshold=auto chose {shown} ({terms} terms) by BIC on the "
+            "training data: no held-out data to score the candidates on (data.val_N=0, "
+            "data.holdout=0 or no val rows in the files; sparsity_path.csv)"), True
 
 
 def support_sizes(model, support: np.ndarray) -> dict[str, list[int]]:

@@ -39,7 +39,9 @@ import numpy as np
 from fnsysid.config.checks import ConfigError
 from fnsysid.dynamics import random as rnd
 from fnsysid.dynamics.model import least_squares, pooled
+from fnsysid.learning import communication as comm
 from fnsysid.learning.optim import LocalMap, matvec, undo_preconditioner
+from fnsysid.learning.ownfit import OwnFits, own_fits, ranks
 from fnsysid.learning.privacy import private_change, private_mean, private_pooled_solution
 
 WEIGHTINGS = ("uniform", "samples")
@@ -177,6 +179,15 @@ class Strategy:
         """Model each client is evaluated with, broadcastable to (S, M, p)."""
         return self.server[:, None, :]
 
+    def payload(self, p: int) -> comm.Plan:
+        """What one client sends and receives in one repeat, for ``p`` parameters
+        (:class:`fnsysid.learning.communication.Plan`: arrays (name, shape) of float64 per
+        round and once before the first round); the run's summary multiplies them by the
+        rounds and the clients taking part (``communication``). A new strategy declares its
+        own; this base declares none (the summary then says so)."""
+        return comm.Plan(note=f"{type(self).__qualname__} declares no payload (define "
+                         f"{type(self).__qualname__}.payload)")
+
 
 class Federated(Strategy):
     """A strategy whose round is a sequence of message exchanges between server and clients,
@@ -223,6 +234,10 @@ class Federated(Strategy):
     def message(self, exchange: str) -> dict[str, np.ndarray]:
         """What the server sends every client in ``exchange``."""
         return {"theta": self.server}
+
+    def payload(self, p):
+        """Each round: the server model down, the client's local model up (p each)."""
+        return comm.Plan(round=comm.exchange(down=[("theta", (p,))], up=[("theta", (p,))]))
 
     def client_update(self, exchange: str, msg: dict, clients: Clients,
                       sel=slice(None)) -> dict[str, np.ndarray]:
@@ -363,6 +378,13 @@ class FedLin(FedAvg):
 
     exchanges = ("gradient", "train")
 
+    def payload(self, p):
+        """Each round two exchanges: the server model down and the client's gradient up; then
+        the server model and the averaged gradient down and the local model up."""
+        gradient = comm.exchange(down=[("theta", (p,))], up=[("g", (p,))])
+        train = comm.exchange(down=[("theta", (p,)), ("g", (p,))], up=[("theta", (p,))])
+        return comm.Plan(round=gradient + train)
+
     def make_clients(self, solver, K, lr):
         return Clients(solver, K, lr, correction=True)
 
@@ -502,6 +524,12 @@ class Scaffold(FedAvg):
     def message(self, exchange):
         return {"theta": self.server, "c": self.c}
 
+    def payload(self, p):
+        """Each round the server model and control variate ``c`` down, the local model and
+        the change of the client's control variate up (p each)."""
+        return comm.Plan(round=comm.exchange(down=[("theta", (p,)), ("c", (p,))],
+                                             up=[("theta", (p,)), ("dc", (p,))]))
+
     def client_update(self, exchange, msg, clients, sel=slice(None)):
         start = clients.broadcast(msg["theta"], sel)
         c = msg["c"][:, None, :]
@@ -556,6 +584,12 @@ class FedNova(FedAvg):
         return LocalMap(eye + scale[..., None, None] * (maps.P - eye),
                         scale[..., None] * maps.q)
 
+    def payload(self, p):
+        """Each round the server model down, the normalized update (p) and the total step
+        size (1) up."""
+        return comm.Plan(round=comm.exchange(down=[("theta", (p,))],
+                                             up=[("d", (p,)), ("s", (1,))]))
+
     def client_update(self, exchange, msg, clients, sel=slice(None)):
         start = clients.broadcast(msg["theta"], sel)
         s_i = np.broadcast_to(clients.step_total(sel), start.shape[:-1] + (1,))
@@ -589,50 +623,11 @@ def determined(H: np.ndarray, support: np.ndarray | None = None) -> np.ndarray:
     restricted to it (:func:`fnsysid.learning.sparsity.restrict_data`, zero outside) and the
     rank must be the number of kept terms instead."""
     H = np.asarray(H)
-    rank = np.empty(H.shape[:-2], dtype=int)
-    flat, out = H.reshape(-1, *H.shape[-2:]), rank.reshape(-1)
-    for i in range(0, len(flat), CHUNK):      # eigenvalues only, a bounded block at a time
-        w = np.abs(np.linalg.eigvalsh(flat[i:i + CHUNK]))
-        tol = w.max(axis=-1, keepdims=True) * H.shape[-1] * np.finfo(H.dtype).eps
-        out[i:i + CHUNK] = (w > tol).sum(axis=-1)
+    rank = ranks(H)
     if support is None:
         return rank == H.shape[-1]
     kept = np.broadcast_to(np.asarray(support, bool), H.shape[:-1]).sum(axis=-1)
     return rank == kept
-
-
-#: clients whose Gram matrices one block of :func:`determined` and :func:`own_solutions`
-#: decomposes at a time (bounds their temporaries: 4096 x p^2 numbers)
-CHUNK = 4096
-
-
-def own_solutions(H: np.ndarray, b: np.ndarray, ok: np.ndarray,
-                  support: np.ndarray | None = None) -> np.ndarray:
-    """Each client's own least-squares solution ``H_i^-1 b_i`` (..., p) where ``ok`` (...)
-    says its statistics determine it (:func:`determined`), 0 elsewhere; with ``support``
-    (0/1 or bool, broadcast against (..., p)) the solution on the kept terms of statistics
-    restricted to them (zero outside), 0 outside.
-
-    The same numbers as ``H^+ b`` (:func:`fnsysid.dynamics.model.least_squares`) up to
-    round-off for a determined client, by one LU solve instead of a pseudo-inverse (an SVD),
-    in bounded blocks: at a million clients the difference between minutes and seconds.
-    """
-    H, b = np.asarray(H), np.asarray(b)
-    p = H.shape[-1]
-    lead = np.broadcast_shapes(H.shape[:-2], b.shape[:-1], np.shape(ok))
-    pad = np.zeros(lead + (p,)) if support is None else \
-        np.broadcast_to(~np.asarray(support, bool), lead + (p,)).astype(float)
-    Hf = np.broadcast_to(H, lead + (p, p)).reshape(-1, p, p)
-    bf = np.broadcast_to(b, lead + (p,)).reshape(-1, p)
-    okf = np.broadcast_to(ok, lead).reshape(-1)
-    padf = pad.reshape(-1, p)
-    theta = np.zeros((len(Hf), p))
-    idx = np.flatnonzero(okf)
-    for i in range(0, len(idx), CHUNK):
-        j = idx[i:i + CHUNK]
-        A = Hf[j] + padf[j][:, :, None] * np.eye(p)         # 1 outside the kept terms
-        theta[j] = np.linalg.solve(A, bf[j][..., None])[..., 0] * (padf[j] == 0)
-    return theta.reshape(lead + (p,))
 
 
 class OneShot(Strategy):
@@ -651,11 +646,15 @@ class OneShot(Strategy):
 
     #: (S, M) clients left out of the average (set by :meth:`setup`)
     left_out: np.ndarray | None = None
+    #: the clients' own least squares the average is made of (set by :meth:`setup`;
+    #: :func:`fnsysid.learning.ownfit.own_fits` of the statistics it was set up on)
+    fits: OwnFits | None = None
 
     def setup(self, theta0, data, model, optimizer, K, lr, seed):
         super().setup(theta0, data, model, optimizer, K, lr, seed)
         support = getattr(optimizer, "support", None)
-        ok = determined(data.H, support)
+        self.fits = own_fits(data.H, data.b, support)
+        ok = self.fits.full
         if not ok.any(axis=1).all():
             s = int(np.flatnonzero(~ok.any(axis=1))[0])
             what = f"the {data.H.shape[-1]} parameters" if support is None else \
@@ -668,15 +667,20 @@ class OneShot(Strategy):
                 "pools or iterates (centralized_exact, fedavg, ...)")
         self.left_out = ~ok
         if self.privacy is not None:      # noisy sum of clipped estimates over a noisy count
-            self.server = private_mean(self.privacy, least_squares(data.H, data.b), ok, seed)
+            self.server = private_mean(self.privacy, self.fits.theta, ok, seed)
             return
         w = self.weights
         if not ok.all():
             w = (np.ones(ok.shape) if w is None else w) * ok
-        self.server = aggregate(own_solutions(data.H, data.b, ok, support), w)
+        self.server = aggregate(self.fits.solutions(), w)
 
     def round(self, r):
         pass
+
+    def payload(self, p):
+        """Once, before round 1: each client's own least-squares estimate up (p); nothing
+        after (the rounds are empty)."""
+        return comm.Plan(start=comm.upload(("theta_i", (p,))))
 
 
 class Local(Strategy):
@@ -696,6 +700,10 @@ class Local(Strategy):
 
     def estimate(self):
         return self.models
+
+    def payload(self, p):
+        """Nothing: each client keeps its data and its model."""
+        return comm.Plan()
 
 
 class Centralized(Strategy):
@@ -722,6 +730,15 @@ class Centralized(Strategy):
         else:
             self.maps = optimizer.local_map(K, lr, correction=False)
 
+    def payload(self, p):
+        """Once, before round 1: each client's least-squares statistics ``H_i`` (p x p) and
+        ``b_i`` (p) up, which is all the pooled fit (exact or by gradient steps) needs; with an
+        optimizer that reads samples (SGD) the samples would have to be sent: not declared."""
+        if not self.exact and getattr(self.optimizer, "needs_samples", False):
+            return comm.Plan(note="strategy=centralized with an optimizer that reads samples "
+                                  "pools the clients' samples, whose size is not declared")
+        return comm.Plan(start=comm.upload(("H", (p, p)), ("b", (p,))))
+
     def round(self, r):
         if self.exact:
             return
@@ -740,6 +757,11 @@ class Cyclic(Strategy):
         super().setup(theta0, data, model, optimizer, K, lr, seed)
         maps = optimizer.local_map(K, lr, correction=False)
         self.server_map = None if maps is None else maps.compose_clients()
+
+    def payload(self, p):
+        """Each round each client receives the model of the one before it and sends its own
+        on (through the server): p each way."""
+        return comm.Plan(round=comm.exchange(down=[("theta", (p,))], up=[("theta", (p,))]))
 
     def round(self, r):
         if self.server_map is not None:

@@ -31,7 +31,8 @@ from fnsysid.config.errors import ConfigError, some
 RESULT_FILES = ("config.yaml", "summary.json", "errors.csv", "clients.csv", "estimates.csv",
                 "theory.csv", "error.png", "fit.png", "trajectories.parquet", "truth.csv",
                 "results.csv", "sweep.png", "sweep.pdf", "sweep.csv")
-RESULT_FILES += ("parameters.csv", "k_clients.csv", "client_estimates.csv", "equations.txt")
+RESULT_FILES += ("parameters.csv", "k_clients.csv", "client_estimates.csv", "equations.txt",
+                 "sparsity_path.csv")
 #: settings that do not change what a run computes (ignored when comparing configs)
 IGNORED = {"output": ("resume", "overwrite", "plot"), "progress": None}
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fnsysid.data.heldout import factor_starts, group_factor, target_groups
+
 
 class ParameterErrors:
     """``||theta_hat - theta_i*|| / ||theta_i*||`` for fixed true parameters ``theta_true``
@@ -90,9 +92,16 @@ class HeldOutScores:
 
     Everything that does not depend on the estimate is computed once: the per-state weights
     ``1 / (k std sqrt(count))`` of the normalized RMSE (NaN for clients without held-out data
-    or without a varying state) and, for many clients, the held-out statistics of each repeat
-    as one (terms, M) matrix, so that the squared errors of a model shared by all clients are
-    one matrix product, a chunk of clients at a time (see :meth:`_shared_chunk`).
+    or without a varying state). The rows of the QR factors of the held-out data (one per
+    group of targets with the same features, :attr:`~fnsysid.data.heldout.HeldOut.factor`,
+    (S, terms, M)) make each residual row of a model shared by all clients one small matrix
+    product, a chunk of clients at a time (see :meth:`_shared_chunk`).
+
+    The squared one-step error of target ``j = J[l]`` of a group (features ``F``, ``f`` of
+    them) is ``||R[:, f + l] - R[:, :f] t||^2`` (``R`` the group's factor, ``t`` =
+    ``Theta[j, F]``): a sum of squared residuals, exact to the rounding of the residuals
+    themselves, so a perfect model scores ~1e-16 rather than the ~1e-8 floor of the expanded
+    ``yy - 2 t.cross + t gram t``.
     """
 
     def __init__(self, model, ho):
@@ -100,16 +109,17 @@ class HeldOutScores:
         S, M = ho.n.shape
         self.valid = scored(model, ho)
         self.n_y, self.n_phi = ho.cross.shape[-2:]
-        self.pairs = np.triu_indices(self.n_phi)
+        self.groups = target_groups(model)
         self.w_step = self._weights(ho.std[..., model.system.target_states], ho.n)
-        cross = ho.cross.reshape(S, M, -1)     # [yy_j | cross_jk | gram_kl, k <= l]
-        rows = [ho.yy[..., j] for j in range(self.n_y)]
-        rows += [cross[..., c] for c in range(cross.shape[-1])]
-        rows += [ho.gram[..., k, m] * (1.0 if k == m else 2.0)
-                 for k, m in zip(*self.pairs, strict=True)]
-        self.stats = np.empty((S, len(rows), M))                          # (S, terms, M)
-        for r, row in enumerate(rows):
-            self.stats[:, r] = row
+        # row i of a group's factor from the diagonal on, R[i, i:], one after another: row
+        # i of the residuals of its targets (q of them) is a (q, k - i) matrix times it
+        self.spans = []                         # (group, row, first term, end)
+        for g, ((F, J), a) in enumerate(zip(self.groups, factor_starts(model), strict=False)):
+            k = len(F) + len(J)
+            for i in range(k):
+                self.spans.append((g, i, a, a + k - i))
+                a += k - i
+        self.stats = ho.factor                                           # (S, terms, M)
         # per block of clients: where a prediction exists, and whether everywhere
         self.masks = [b.mask[..., 1:] for b in ho.blocks]
         self.full = [bool(m.all()) for m in self.masks]
@@ -136,11 +146,13 @@ class HeldOutScores:
         """One-step NRMSE (S, M) of estimates ``theta`` (S, 1 or M, p)."""
         Th = self.model.theta_matrix(np.asarray(theta, float))           # (S, m, n_y, n_phi)
         if Th.shape[1] != 1:
-            ho = self.ho
-            Th = np.broadcast_to(Th, ho.cross.shape)
-            quad = np.einsum("smjk,smkl,smjl->smj", Th, ho.gram, Th)
-            lin = np.einsum("smjk,smjk->smj", Th, ho.cross)
-            sse = _first(ho.yy - 2.0 * lin + quad)
+            Th = np.broadcast_to(Th, self.ho.cross.shape)
+            sse = np.empty((self.n_y,) + self.valid.shape)               # (n_y, S, M)
+            for g, (F, J) in enumerate(self.groups):
+                f, R = len(F), group_factor(self.model, self.stats, g)   # (S, M, k, k)
+                res = R[..., :, f:] - np.einsum("smik,smlk->smil", R[..., :, :f],
+                                                Th[:, :, J][..., F])
+                sse[J] = np.einsum("smil,smil->lsm", res, res)
         else:
             coefs = self._shared_coefs(Th)
             out = np.empty(self.valid.shape)
@@ -150,25 +162,42 @@ class HeldOutScores:
         _finish(sse, self.w_step)
         return sse.sum(axis=0)
 
-    def _shared_coefs(self, Th: np.ndarray) -> np.ndarray:
-        """Coefficients (S, n_y, terms) of the rows of :attr:`stats` in the squared one-step
-        errors ``yy_j - 2 Theta_j . cross_j + Theta_j gram Theta_j'`` of one ``Theta`` per
-        repeat, ``Th`` (S, 1, n_y, n_phi)."""
+    def _shared_coefs(self, Th: np.ndarray) -> list[np.ndarray]:
+        """Coefficients (S, q, k - i) of each span (row ``i`` of a group's factor) in the
+        residuals of the group's ``q`` targets, ``R[i, f + l] - R[i, i:f] . t_l[i:]``, for one
+        ``Theta`` per repeat, ``Th`` (S, 1, n_y, n_phi)."""
         T0 = Th[:, 0]                                                    # (S, n_y, n_phi)
-        S, n_y, n_phi = T0.shape
-        row, col = self.pairs
-        coef = np.zeros((S, n_y, self.stats.shape[1]))
-        j = np.arange(n_y)
-        coef[:, j, j] = 1.0
-        cross = coef[:, :, n_y:n_y + n_y * n_phi].reshape(S, n_y, n_y, n_phi)
-        cross[:, j, j] = -2.0 * T0
-        coef[:, :, n_y + n_y * n_phi:] = T0[:, :, row] * T0[:, :, col]
-        return coef
+        out = []
+        for g, i, a, b in self.spans:
+            F, J = self.groups[g]
+            f, q = len(F), len(J)
+            c = np.zeros((T0.shape[0], q, b - a))
+            if i < f:
+                c[:, :, :f - i] = -T0[:, J][:, :, F[i:]]
+            for col in range(max(i, f), f + q):                 # target col - f's own value
+                c[:, col - f, col - i] = 1.0
+            out.append(c)
+        return out
 
-    def _shared_chunk(self, coef: np.ndarray, sl: slice) -> np.ndarray:
+    def _shared_chunk(self, coefs: list[np.ndarray], sl: slice) -> np.ndarray:
         """One-step NRMSE (S, m) of clients ``sl`` for the coefficients of
-        :meth:`_shared_coefs`: one matrix product over the clients' statistics."""
-        sse = np.matmul(coef, self.stats[:, :, sl])                    # (S, n_y, m)
+        :meth:`_shared_coefs`: each residual row is one matrix product over the clients'
+        statistics; their squares summed per target."""
+        S = self.stats.shape[0]
+        sse = np.zeros((S, self.n_y, sl.stop - sl.start))
+        for (g, i, a, b), c in zip(self.spans, coefs, strict=True):
+            F, J = self.groups[g]
+            if b == a + 1:          # the last row, R[k-1, k-1]: the last target's own value
+                res = self.stats[:, a, sl]
+                sse[:, J[-1]] += res * res
+                continue
+            # row i of each target's residual, one (S, 1, k - i) x (S, k - i, m) product
+            # each (far faster than one (q, k - i) product on these strided rows); the
+            # targets before i - f have none
+            for lt in range(max(0, i - len(F)), len(J)):
+                res = np.matmul(c[:, lt:lt + 1], self.stats[:, a:b, sl])[:, 0]
+                res *= res
+                sse[:, J[lt]] += res
         _finish(sse, self.w_step[:, :, sl].transpose(1, 0, 2))
         return sse[:, 0] if self.n_y == 1 else sse.sum(axis=1)
 
@@ -283,8 +312,10 @@ def nrmse_one_step(model, theta: np.ndarray, ho) -> np.ndarray:
 
     For each regression target ``j`` (the next value of state ``s_j``, see
     :attr:`System.target_states`): ``RMSE_j / std(x_{s_j})``, averaged over targets, with the
-    squared error ``yy_j - 2 Theta_j . cross_j + Theta_j gram Theta_j'`` from held-out
-    sufficient statistics: O(n_y n_phi^2) per client, whatever the amount of held-out data.
+    squared error ``||R [-Theta[j, F_j]; 1]||^2`` from the QR factor ``R`` of the target's
+    held-out data (:attr:`~fnsysid.data.heldout.HeldOut.factor`):
+    O(n_y n_phi^2) per client, whatever the amount of held-out data, and exact to rounding
+    (no ~1e-8 floor).
     States constant over a client's held-out data are left out of the average. For every
     round of a run build one :class:`HeldOutScores` instead.
     """

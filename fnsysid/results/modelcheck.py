@@ -49,6 +49,7 @@ from __future__ import annotations
 import numpy as np
 
 from fnsysid.dynamics.model import masked_gram
+from fnsysid.learning import ownfit
 from fnsysid.results.metrics import HeldOutScores, over_clients
 
 #: family-wise level of each of the three tests
@@ -88,21 +89,26 @@ EXACT = 1e-9
 KINDS = ("ee", "ze", "z2e", "z2e2", "e(ez)")
 
 
-def _restricted_gram(data, support=None) -> np.ndarray:
-    """The clients' Gram matrices (S, M, p, p) restricted to ``support`` (S, p) (zero
-    outside), those of the own fits."""
-    if support is None:
-        return data.H
-    return masked_gram(data.H, np.asarray(support, float)[:, None, :])
+def _support(support):
+    """The support (S, p) as the clients' (S, 1, p) bool, or None."""
+    return None if support is None else np.asarray(support, bool)[:, None, :]
 
 
-def own_fits(data, support=None, Hplus=None) -> np.ndarray:
-    """Each client's exact least-squares model on its training statistics, (S, M, p);
-    ``Hplus``: the pseudo-inverses of the restricted Gram matrices, if already made."""
-    if Hplus is None:
-        Hplus = np.linalg.pinv(_restricted_gram(data, support), hermitian=True)
-    m = 1.0 if support is None else np.asarray(support, float)[:, None, :]
-    return np.einsum("...pq,...q->...p", Hplus, data.b * m) * m
+def pseudo_inverses(data, support, clients) -> np.ndarray:
+    """The pseudo-inverses (S, m, p, p) of the Gram matrices of ``clients`` restricted to
+    ``support`` (S, p) (zero outside), those of the own fits (only the clients checked need
+    them)."""
+    H = data.H[:, clients]
+    if support is not None:
+        H = masked_gram(H, _support(support))
+    return np.linalg.pinv(H, hermitian=True)
+
+
+def own_fits(data, support=None) -> np.ndarray:
+    """Each client's exact least-squares model on its training statistics, (S, M, p) (on
+    ``support`` (S, p); :func:`fnsysid.learning.ownfit.own_fits`, made once for the run's
+    statistics and shared with the strategy and the intervals)."""
+    return ownfit.own_fits(data.H, data.b, _support(support)).theta
 
 
 def training_noise(model, data, theta) -> tuple[np.ndarray, np.ndarray]:
@@ -251,8 +257,7 @@ def model_check(model, data, heldout, support=None, level: float = LEVEL,
     # scipy.special only (its import is a fraction of scipy.stats')
     from scipy.special import bdtrc, fdtrc
 
-    Hplus = np.linalg.pinv(_restricted_gram(data, support), hermitian=True)   # (S, M, p, p)
-    theta = own_fits(data, support, Hplus)
+    theta = own_fits(data, support)
     S, M = heldout.n.shape
     St = model.structure                                             # (n_y, n_phi, p)
     n_y = St.shape[0]
@@ -287,7 +292,7 @@ def model_check(model, data, heldout, support=None, level: float = LEVEL,
             n = w.sum(axis=(-2, -1))
             Xs = bx[..., :-1, :]
             Zv = np.concatenate([Xs, bu[..., :Xs.shape[-2], :]], axis=-1)
-            Hp = Hplus[:, c]
+            Hp = pseudo_inverses(data, support, c)                   # (S, m, p, p)
             per_target = []
             for j in range(n_y):
                 G = Phi @ St[j]                                       # (S, m, J, T, p)
@@ -366,8 +371,8 @@ def model_check(model, data, heldout, support=None, level: float = LEVEL,
     valid = heldout.n > 0
     enough = enough & checked
     use = enough & ~overfit & np.isfinite(s2_tr).all(-1)
-    sim, ref, exceed, tried = free_run_test(model, heldout, theta, Hplus, s2_tr, use,
-                                               seed)
+    sim, ref, exceed, tried = free_run_test(
+        model, heldout, theta, lambda c: pseudo_inverses(data, support, c), s2_tr, use, seed)
     k_ex, n_mc = (exceed & tried).sum(axis=1), tried.sum(axis=1)
     p_free = np.where(k_ex > 0, bdtrc(np.maximum(k_ex - 1, 0), np.maximum(n_mc, 1),
                                       1.0 / (REPLICATES + 1)), 1.0)
@@ -413,14 +418,15 @@ def model_check(model, data, heldout, support=None, level: float = LEVEL,
             "fit": "each client's own least squares"}
 
 
-def free_run_test(model, heldout, theta, Hplus, s2, use, seed: int = 0):
+def free_run_test(model, heldout, theta, hplus, s2, use, seed: int = 0):
     """Free runs of the own fits ``theta`` (S, M, p): the observed free-run NRMSE (S, M)
     (:meth:`~fnsysid.results.metrics.HeldOutScores.free_run`), the median NRMSE of
     :data:`REPLICATES` runs with Gaussian noise on each state (of the variance of its one-step
     residuals on the held-out data) and parameters drawn from the fit's estimation error
     ``N(theta, s2 H^+)``, against the noise-free run (S, M), whether the observed one exceeds
     every replicate (S, M) and which clients were rolled out (``use``, at most
-    :data:`CHECK_CLIENTS` a repeat)."""
+    :data:`CHECK_CLIENTS` a repeat). ``hplus(clients)``: the pseudo-inverses (S, m, p, p) of
+    those clients' Gram matrices (:func:`pseudo_inverses`)."""
     scores = HeldOutScores(model, heldout)
     obs = scores.free_run(theta)
     P = model.structure.any(axis=1).astype(float)                  # (n_y, p)
@@ -441,7 +447,7 @@ def free_run_test(model, heldout, theta, Hplus, s2, use, seed: int = 0):
             Th = model.theta_matrix(theta[:, c[idx]])                 # (S, m, n_y, n_phi)
             # each replicate's model: the own fit plus a draw of its estimation error,
             # N(0, s2_j H^+) on the parameters of target j (H block diagonal over targets)
-            lam, V = np.linalg.eigh(Hplus[:, c[idx]])
+            lam, V = np.linalg.eigh(hplus(c[idx]))
             root = V * np.sqrt(np.maximum(lam, 0))[..., None, :]
             sd_p = np.nan_to_num(np.sqrt(s2[:, c[idx]])) @ P            # (S, m, p)
             delta = np.einsum("smpq,bsmq->bsmp", root,

@@ -4,8 +4,10 @@
 (:mod:`fnsysid.learning.personalize`), :func:`server_intervals` the standard errors of the
 strategy's final estimate where it has a closed form, :func:`client_estimates_table`
 ``client_estimates.csv`` and :func:`add_personal_errors` the ``e_pers_*`` columns of
-``errors.csv``. Intervals use the normal quantile of ``output.ci_level``
-(:func:`fnsysid.learning.personalize.z_value`); the reasons are in ``docs/ALGORITHMS.md``.
+``errors.csv``. Least-squares intervals (``estimates.csv``, ``local_lo``, ``local_hi``) use
+Student's t on their residual variance's degrees of freedom (:func:`t_value`), ``auto``'s the
+normal quantile of ``output.ci_level`` (:func:`fnsysid.learning.personalize.z_value`); the
+reasons are in ``docs/ALGORITHMS.md``.
 """
 
 from __future__ import annotations
@@ -14,16 +16,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fnsysid.dynamics.model import masked_gram, pooled
+from fnsysid.dynamics.model import pooled
 from fnsysid.learning import personalize as pers
-from fnsysid.learning.strategies import Centralized, OneShot, determined
+from fnsysid.learning.ownfit import own_fits
+from fnsysid.learning.strategies import Centralized, OneShot
 from fnsysid.results.history import DIVERGENCE_FACTOR, GROWTH_FACTOR
 from fnsysid.results.metrics import ParameterErrors
 from fnsysid.results.tables import Table
 
 #: how the intervals are made (written to summary.json)
-CI_METHOD = ("estimates and personalize=auto: normal quantile; client_estimates local_lo, "
-             "local_hi: Student's t on n n_k - p_k degrees of freedom; least squares: se = "
+CI_METHOD = ("estimates: Student's t on the pooled residual variance's degrees of freedom "
+             "(oneshot: Welch-Satterthwaite's); personalize=auto: normal quantile; "
+             "client_estimates local_lo, local_hi: Student's t on n n_k - p_k degrees of "
+             "freedom; least squares: se = "
              "sqrt(s_k^2 diag(H^-1)), one residual variance per target (per group of targets a "
              "parameter enters together) s_k^2 = RSS_k / (n n_k - p_k), on the kept terms of a "
              "sparse model; personalize=auto: error covariance of the shrinkage estimate under "
@@ -174,41 +179,56 @@ def judgment_line(kind: str, option: str, j: dict) -> str | None:
     return f"{what} {j['status']}: {why}, not a result (status: {j['status']}){advice}"
 
 
-def server_intervals(strategy, data, model) -> tuple[np.ndarray | None, str]:
-    """Standard errors (S, 1, p) of the strategy's final estimate and how they were made, or
-    None and the reason why it has none."""
+def server_intervals(strategy, data, model) -> tuple[np.ndarray | None, str, np.ndarray | None]:
+    """Standard errors (S, 1, p) of the strategy's final estimate, how they were made and
+    their degrees of freedom (S, 1, p) for Student's t; or None, the reason why it has none
+    and None.
+
+    Pooled least squares (``centralized_exact``): the pooled residual variance's
+    ``n n_k - p_k`` of the parameter's group (all clients' samples). ``oneshot``: the variance
+    ``sum_i w_i^2 se_i^2`` is a combination of the clients' residual variances, and its
+    degrees of freedom are Welch-Satterthwaite's ``(sum_i w_i^2 se_i^2)^2 / sum_i (w_i^2
+    se_i^2)^2 / nu_i`` (``nu_i`` each client's own)."""
     if data is None:
         return None, ("the server holds no statistics of the clients' data (runtime=flower); "
-                      "see client_estimates.csv")
+                      "see client_estimates.csv"), None
     if getattr(strategy, "privacy", None) is not None:
         return None, ("privacy: the estimate carries the privacy noise and clipping, which the "
-                      "clients' noise covariance does not describe")
+                      "clients' noise covariance does not describe"), None
     sparsity = getattr(strategy, "sparsity", None)
     support = None if sparsity is None else sparsity.support            # (S, p) or None
     if support is not None and getattr(sparsity, "alpha", 0.0):
         return None, (f"sparsity.alpha={sparsity.alpha}: the ridge biases the estimate by an "
-                      "amount no noise covariance describes (sparsity.alpha=0 has intervals)")
+                      "amount no noise covariance describes (sparsity.alpha=0 has intervals)"), None
     if isinstance(strategy, Centralized) and strategy.exact:
-        _, se, _, _ = own_intervals(model, pooled(data),
-                                    None if support is None else support[:, None])
+        pool = pooled(data)
+        _, se, _, dof = own_intervals(model, pool, None if support is None else support[:, None])
         note = "pooled least squares"
-        return se, note if support is None else note + " refitted on the kept terms"
+        return (se, note if support is None else note + " refitted on the kept terms",
+                per_parameter_dof(model, pool, dof))
     if isinstance(strategy, OneShot):
         sup = None if support is None else support[:, None]
-        _, se, _, _ = own_intervals(model, data, sup)
-        H = data.H if sup is None else masked_gram(data.H, sup)
+        # the statistics OneShot was set up on (restricted to the support with sparsity; the
+        # same numbers on the kept terms): their own fits are already made
+        own = getattr(strategy, "data", None) or data
+        _, se, _, dof = own_intervals(model, own, sup)
+        nu = per_parameter_dof(model, own, dof)                             # (S, M, p)
         w = np.ones(data.n.shape) if strategy.weights is None else strategy.weights
-        w = w * determined(H, sup)           # the clients the average takes (OneShot's rule)
+        w = w * own_fits(own.H, own.b, sup).full     # the clients the average takes
         w = w / w.sum(axis=1, keepdims=True)
-        var = np.einsum("sm,smp->sp", w ** 2, np.where(w[..., None] > 0, se ** 2, 0.0))
+        part = np.where(w[..., None] > 0, w[..., None] ** 2 * se ** 2, 0.0)    # (S, M, p)
+        var = part.sum(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ws = var ** 2 / np.where(part > 0, part ** 2 / nu, 0.0).sum(axis=1)
         if support is not None:
             var = np.where(support, var, np.nan)
         note = "average of the clients' least squares"
-        return np.sqrt(var)[:, None], note if support is None else note + " on the kept terms"
+        return (np.sqrt(var)[:, None], note if support is None else note + " on the kept terms",
+                ws[:, None])
     return None, ("the estimate is an iterate of gradient steps, not the solution of a "
                   "least-squares problem: its error is mostly the distance to its fixed point, "
                   "which no noise covariance describes (strategy=centralized_exact or oneshot "
-                  "have intervals)")
+                  "have intervals)"), None
 
 
 def client_estimates_table(per: Personal, param_names, level: float,

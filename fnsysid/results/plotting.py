@@ -146,6 +146,10 @@ METRICS = {"e_max": r"$e_r = \max_i e_r^{(i)}$", "e_mean": r"mean$_i\, e_r^{(i)}
            "nrmse_sim_max": "free-run NRMSE (held-out), max over clients"}
 
 
+#: x-axis labels of :func:`plot_sweep`'s ``against`` columns
+AGAINST = {"bytes_per_client": "bytes sent and received per client (cumulative, log)"}
+
+
 def band(errors: pd.DataFrame, metric: str = "e_max") -> pd.DataFrame:
     """Per round: mean, median, min and max over repeats of ``metric``."""
     g = errors.groupby("round")[metric]
@@ -153,14 +157,21 @@ def band(errors: pd.DataFrame, metric: str = "e_max") -> pd.DataFrame:
 
 
 def draw_curve(ax, errors: pd.DataFrame, label: str, metric: str = "e_max",
-               median: bool = False, **kw):
-    """Mean over repeats with a min-max band (and the median, dotted, with ``median``)."""
+               median: bool = False, against: str = "round", **kw):
+    """Mean over repeats with a min-max band (and the median, dotted, with ``median``),
+    against the round or, with ``against``, another column of errors.csv (its mean over
+    repeats at each round, e.g. ``bytes_per_client``)."""
     b = band(errors, metric)
-    (line,) = ax.plot(b.index, b["mean"], label=label, **kw)
-    ax.fill_between(b.index, b["lo"], b["hi"], color=line.get_color(), alpha=0.2, lw=0)
+    x = b.index if against == "round" else \
+        errors.groupby("round")[against].mean().reindex(b.index).to_numpy()
+    (line,) = ax.plot(x, b["mean"], label=label, **kw)
+    ax.fill_between(x, b["lo"], b["hi"], color=line.get_color(), alpha=0.2, lw=0)
     if median:
-        ax.plot(b.index, b["median"], ls="none", marker="o", ms=3.5, markevery=5,
+        ax.plot(x, b["median"], ls="none", marker="o", ms=3.5, markevery=5,
                 color=line.get_color())
+    if against != "round":             # the final error at the bytes spent
+        ax.plot(x[-1:], b["mean"].iloc[-1:], ls="none", marker="o", ms=5,
+                color=line.get_color(), zorder=4)
     return line
 
 
@@ -252,13 +263,15 @@ def _sort_value(v: str):
 
 def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | None = None,
                title: str | None = None, legend: bool = True, median: bool = False,
-               published: dict | None = None) -> list[dict]:
+               published: dict | None = None, against: str = "round") -> list[dict]:
     """One curve per swept value (legend ``M=9``), on ``ax``. Returns a final-error table.
 
     ``keys`` name the curves (default: the keys whose values differ between ``jobs``).
     ``published`` (``{"key": "M", "values": {1: 0.953, ...}, "tol": 0.1}``) marks the published
     final error of each curve (x at the last round) and adds to the table the fraction of
-    repeats whose final error lies within ``tol`` (relative) of it.
+    repeats whose final error lies within ``tol`` (relative) of it. ``against``: the x of the
+    curves, ``round`` or a column of errors.csv such as ``bytes_per_client`` (then a log
+    axis, its final value in the table; a job without that column is not drawn).
     """
     ax.set_prop_cycle(**STYLE)
     keys = swept_keys(jobs) if keys is None else keys
@@ -278,6 +291,9 @@ def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | No
         if status != "ok" and (not gone or errors.empty):
             rows.append({"curve": mark_not_drawn(ax, j, label, shown), "status": status})
             continue
+        if against != "round" and (against not in errors or errors[against].isna().all()):
+            rows.append({"curve": label, "status": f"no {against} in errors.csv"})
+            continue
         if gone:                       # the mean over the repeats that did not diverge
             note = (f" ({len(gone)} of {len(gone) + errors['repeat'].nunique()} repeats "
                     f"{status_text(j['summary'])}; not in the mean)")
@@ -285,7 +301,7 @@ def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | No
         style = curve_style(keys, values, markers)
         if "marker" in style:
             style.update(ms=4, markevery=0.1)
-        draw_curve(ax, errors, shown, metric, median=median, **style)
+        draw_curve(ax, errors, shown, metric, median=median, against=against, **style)
         last = last_round(errors)
         v = last[metric]
         rows.append({"curve": label, **{k: typed(j["overrides"].get(k)) for k in keys},
@@ -297,6 +313,8 @@ def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | No
                      f"final_{metric}_median": float(v.median()),
                      f"final_{metric}_min": float(v.min()), f"final_{metric}_max": float(v.max()),
                      "n_repeats": int(v.size), "repeats_diverged": len(gone)})
+        if against != "round":
+            rows[-1][f"final_{against}"] = float(last[against].mean())
         if pooled is not None:            # the pooled least squares on the same repeats
             rows[-1][f"pooled_{metric}_mean"] = float(pooled.reindex(last["repeat"]).mean())
         if i in distance:                 # to the pooled least squares, over the repeats
@@ -322,6 +340,9 @@ def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | No
         ax.plot([], [], ls="none", marker="X", ms=7, mec="black", mew=0.8, color="0.6",
                 label="published final error")
     style_axes(ax, metric)
+    if against != "round":
+        ax.set_xscale("log")
+        ax.set_xlabel(AGAINST.get(against, against))
     if title:
         ax.set_title(title, fontsize=9)
     if not legend:
@@ -643,18 +664,19 @@ def figure(panels: list[dict], out_base: Path, metric: str = "e_max",
     """Panels in a grid (``ncols`` per row, default all in one row), saved as ``out_base``.png
     and .pdf; returns the tidy table of final errors.
 
-    Each panel is a dict with ``dir`` (a multirun folder), ``title`` and optionally ``x``
-    (draw the final error against that knob instead of curves over rounds), ``sqrt``,
-    ``loglog``, ``fit`` (print the log-log slope), ``bound`` (Theorem 1's right-hand side),
-    ``where`` (keep the jobs whose overrides have these values; a list allows several),
-    ``xmax`` (``auto``: curves that settle early, see below) and ``panel`` (its name in the
-    table; default: its title). Titles are the panels' own, short; the settings, the solver
+    Each panel is a dict with ``dir`` (a multirun folder), ``title`` and optionally ``x`` (draw
+    the final error against that knob instead of curves over rounds), ``sqrt``, ``loglog``,
+    ``fit`` (print the log-log slope), ``bound`` (Theorem 1's right-hand side), ``where`` (keep
+    the jobs whose overrides have these values; a list allows several), ``xmax`` (``auto``:
+    curves that settle early, see below), ``against`` (curves against a column of errors.csv
+    instead of the round, e.g. ``bytes_per_client``, on a log axis) and ``panel`` (its name in
+    the table; default: its title). Titles are the panels' own, short; the settings, the solver
     and what lines and bands are belong in the caption (``suptitle`` draws a figure title if
-    given). Panels of curves share one round axis, 0 to the largest R: linear, or, when a
-    panel with ``xmax: auto`` settles within a tenth of its R, linear up to round 1 and
-    logarithmic beyond (:func:`round_axis`), which shows the first rounds and the last
-    together. Curves of a method have its look (:data:`METHODS`). When all panels draw the
-    same curves (same labels), the figure has one legend.
+    given). Panels of curves share one round axis, 0 to the largest R: linear, or, when a panel
+    with ``xmax: auto`` settles within a tenth of its R, linear up to round 1 and logarithmic
+    beyond (:func:`round_axis`), which shows the first rounds and the last together. Curves of a
+    method have its look (:data:`METHODS`). When all panels draw the same curves (same labels),
+    the figure has one legend.
     """
     n = len(panels)
     ncols = ncols or n
@@ -686,9 +708,14 @@ def figure(panels: list[dict], out_base: Path, metric: str = "e_max",
                               fit=panel.get("fit", True), bound=panel.get("bound", False),
                               keys=keys, ref=panel.get("ref", False))
         else:
+            against = panel.get("against", "round")
             rows = plot_sweep(jobs, ax, metric, keys=keys, title=title, legend=not shared,
                               median=panel.get("median", False),
-                              published=panel.get("published"))
+                              published=panel.get("published"), against=against)
+            if against != "round":          # an axis of its own, not the shared rounds
+                tables.append(pd.DataFrame(rows).assign(
+                    panel=panel.get("panel", panel.get("title", ""))))
+                continue
             R = int(max(j["errors"]["round"].max() for j in jobs))
             early = panel.get("xmax") == "auto" and 10 * settle_round(jobs, metric) <= R
             rounds.append((ax, R, early))
@@ -706,7 +733,8 @@ def figure(panels: list[dict], out_base: Path, metric: str = "e_max",
                         fig.get_size_inches()[1] + 0.18 * sum(below) + 0.4 * (sum(below) > 0))
     if shared:
         handles, labels = legend_entries(axes.flat[:n])
-        fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 8),
+        fig.legend(handles, labels, loc="outside lower center",
+                   ncol=legend_columns(labels, fig.get_size_inches()[0]),
                    fontsize=8, frameon=False)
     if suptitle:
         fig.suptitle(wrap(suptitle, int(12.5 * fig.get_size_inches()[0])), fontsize=9.5)
@@ -716,6 +744,14 @@ def figure(panels: list[dict], out_base: Path, metric: str = "e_max",
     table = pd.concat(tables, ignore_index=True)
     cols = ["panel"] + [c for c in table.columns if c != "panel"]
     return table[cols]
+
+
+def legend_columns(labels: list[str], width: float, most: int = 8) -> int:
+    """Columns of a legend below a figure ``width`` inches wide: up to ``most``, as many as
+    its longest label fits (about 16 characters an inch at font size 8, plus the handle), so
+    that long labels do not run off the figure."""
+    longest = max((len(str(label)) for label in labels), default=1) + 6
+    return max(1, min(len(labels), most, int(16 * width // longest)))
 
 
 def round_axis(ax, R: int, scale: str = "linear") -> None:

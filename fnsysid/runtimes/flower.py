@@ -16,7 +16,8 @@ Messages (``message_type``):
   of ``strategy.weighting=samples``), and with ``sparsity=stlsq`` its statistics ``H``
   (S, p, p), ``b`` (S, p) and its targets' sums of squares ``yy``, whose sums choose the
   support (:mod:`fnsysid.learning.sparsity`; ``yy`` for ``sparsity.scale=unit``,
-  :func:`query_reply`);
+  :func:`query_reply`), and with ``sparsity.threshold=auto`` its held-out statistics, whose
+  sums score the candidate supports;
 - ``train``: one exchange of the strategy (config ``exchange``, ``round``, ``evaluate``),
   arrays (S, ...) from :meth:`~fnsysid.learning.strategies.Federated.message` (and ``active`` (S,),
   the repeats the client takes part in, when clients are sampled); the reply holds the
@@ -54,6 +55,8 @@ from fnsysid.config.errors import some
 from fnsysid.learning.start import initial_model
 from fnsysid.results.metrics import HeldOutScores
 from fnsysid.runtimes import flower_personal as personal
+from fnsysid.runtimes import flower_secure as secure
+from fnsysid.runtimes import flower_traffic as traffic
 from fnsysid.runtimes import interrupt
 
 log = logging.getLogger("fnsysid")
@@ -300,26 +303,41 @@ def node_identity(context: Context) -> tuple[int | None, str | None, str | None]
             None if truth is None else str(truth))
 
 
-def query_reply(data, sparse: bool) -> dict[str, np.ndarray]:
+def query_reply(data, sparse: bool, heldout=None, model=None) -> dict[str, np.ndarray]:
     """A node's answer to the first ``query``: its sample counts and, with ``sparsity=stlsq``
     (``sparse``), the statistics whose sums choose the support (``H``, ``b``) and each
     target's sum of squares ``yy`` (what ``sparsity.scale=unit`` scales the coefficients
-    with), each (S, 1, ...)."""
+    with), each (S, 1, ...). With ``sparsity.threshold=auto`` (``heldout`` given: the node's
+    :class:`~fnsysid.data.heldout.HeldOut`, or False when it has none) also its held-out
+    statistics ``hgram``, ``hcross``, ``hyy``, ``hn`` (zeros without held-out data), whose
+    sums score the candidate supports."""
     out = {"n": data.n}
     if sparse:
         out.update(H=data.H, b=data.b, yy=data.yy_target)
+    if heldout is not None:
+        if heldout is False:
+            S, (n_y, n_phi) = data.n.shape[0], model.structure.shape[:2]
+            out.update(hgram=np.zeros((S, 1, n_phi, n_phi)), hcross=np.zeros((S, 1, n_y, n_phi)),
+                       hyy=np.zeros((S, 1, n_y)), hn=np.zeros((S, 1)))
+        else:
+            out.update(hgram=heldout.gram, hcross=heldout.cross, hyy=heldout.yy,
+                       hn=np.asarray(heldout.n, float))
     return out
 
 
 def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
     """A ClientApp whose messages are answered by the :class:`ClientNode` that ``node``
     gives for a node's context (built by the caller, once per client)."""
-    app = ClientApp()
+    app = ClientApp(mods=[secure.client_mod(node)])
 
     @app.query()
     def query(msg: Message, context: Context) -> Message:
         me = node(context)
-        arrays = query_reply(me.data, me.settings.sparsity.name != "none")
+        sp = me.settings.sparsity
+        auto = sp.name != "none" and sp.threshold == "auto"
+        arrays = query_reply(me.data, sp.name != "none",
+                             (me.heldout if me.heldout is not None else False) if auto else None,
+                             me.model)
         return Message(RecordDict({"info": ConfigRecord({"client": me.label}),
                                    "arrays": to_record(arrays, True)}),
                        reply_to=msg)
@@ -327,6 +345,8 @@ def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         me = node(context)
+        if secure.OWN not in msg.content.array_records:     # a round of Flower's workflow
+            return secure.client_fit(me, msg)
         config = msg.content["config"]
         arrays = from_record(msg.content["arrays"])
         state = context.state.array_records.get("state")
@@ -435,7 +455,9 @@ def exchange(grid: Grid, sends: list[tuple], names: dict | None = None,
     missing = [node_name(node, names) for node, *_ in sends if node not in by_node]
     if missing:
         raise FlowerError(f"no reply from {', '.join(missing)}")
-    return [by_node[node] for node, *_ in sends]
+    replies = [by_node[node] for node, *_ in sends]
+    traffic.record(msgs, replies)           # communication.measured
+    return replies
 
 
 #: what a client sends of a model it scores: its parameter error, held-out one-step and
@@ -481,6 +503,7 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
     from fnsysid.results.metrics import over_clients
 
     nodes = wait_for_nodes(grid, M)
+    traffic.start()                         # communication.measured
     wait = float(getattr(settings.runtime, "reply_timeout", 600.0))
     info = exchange(grid, [(n, "query", None, None) for n in nodes], timeout=wait)
     labels = [str(r["info"]["client"]) for r in info]
@@ -494,8 +517,11 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
     strategy.setup_server(theta0, n, settings.seed)
     sparsity = getattr(strategy, "sparsity", None)      # sparsity=stlsq: the server prunes
     if sparsity is not None:
+        held = None if "hn" not in stats else (
+            stats["hgram"].sum(axis=1), stats["hcross"].sum(axis=1), stats["hyy"].sum(axis=1),
+            stats["hn"].sum(axis=1))
         sparsity.start_server(strategy, stats["H"].sum(axis=1), stats["b"].sum(axis=1),
-                              stats["yy"].sum(axis=1), model, n, settings.seed)
+                              stats["yy"].sum(axis=1), model, n, settings.seed, held)
     names = dict(zip(nodes, labels, strict=True))
 
     hist = History(per_client=[] if keep_clients else None)
@@ -551,6 +577,7 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
                          "over clients)")
         log.info(", ".join(parts))
 
+    workflow = secure.applies(settings)     # train exchanges as Flower workflow rounds
     last = settings.R                   # the last round whose model is evaluated
     stopped = False                     # every repeat diverged (or one, under sparsity)
     failure, stage = None, "round 1"
@@ -569,6 +596,17 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
                     msg = strategy.message(ex)
                     if sparsity is not None:
                         msg = sparsity.message(msg)
+                    if workflow:                # SecAgg+ / Flower's DP: flower_secure
+                        if j == 0 and not record(r - 1, stacked(exchange(grid, [
+                                (nd, "evaluate", {"theta": msg["theta"]},
+                                 {"free_run": free_run_due(r - 1)}) for nd in nodes],
+                                names, wait))):
+                            stopped = True
+                            break
+                        mean = secure.workflow_round(grid, settings, strategy, ex, msg,
+                                                     [nodes[i] for i in on], wait)
+                        strategy.server_update(ex, {k: v[:, None] for k, v in mean.items()})
+                        continue
                     config = {"exchange": ex, "round": r, "evaluate": j == 0,
                               "free_run": free_run_due(r - 1)}
                     sends = [(nodes[i], "train", msg if active is None else
@@ -618,6 +656,11 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
     except FlowerError as exc:
         failure = f"{stage}: {exc}"
     hist.diverged_at = diverged_at
+    hist.traffic = traffic.summary(S, M)
+    if workflow:             # the train exchanges were Flower's workflow messages, not counted
+        hist.traffic = {"not_measured": "the train exchanges ran as rounds of Flower's "
+                        "workflow (SecAgg+ or its DP blocks), whose messages are Flower's own; "
+                        "only fnsysid's other messages were seen", "partial": hist.traffic}
     diverged = min((d for d in diverged_at if d is not None), default=None)
     return hist, diverged, theta0, labels, failure
 

@@ -71,7 +71,8 @@ def train(strategy, data: ClientData, theta0, optimizer, model, settings, progre
     if sparsity is None:
         strategy.setup(theta0, data, model, optimizer, K, settings.lr, settings.seed)
     else:                               # the support first, then the strategy on it
-        sparsity.start(strategy, theta0, data, model, optimizer, K, settings.lr, settings.seed)
+        sparsity.start(strategy, theta0, data, model, optimizer, K, settings.lr, settings.seed,
+                       heldout=heldout)
     hist = History(per_client=[] if keep_clients else None)
     has_truth = bool(np.isfinite(data.theta_true).any(axis=-1).all())    # some scored
 

@@ -1,0 +1,157 @@
+"""sparsity.threshold=auto: the threshold chosen along a path of STLSQ supports by the held-out
+error of each candidate's pooled fit (BIC on the training data without held-out data),
+checked against a direct computation from the samples."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import fnsysid
+from fnsysid.config.errors import ConfigError
+from fnsysid.dynamics.features import Polynomial
+from fnsysid.learning.sparsity import AUTO_GRID
+from tests.test_sparsity import PEND_TRUE, duffing_fleet, kept, pendulum_fleet, run, run_pendulum
+
+
+def samples(file, split):
+    """Pooled samples (Phi of the degree-3 library, Y) of the rows ``split`` of ``file``."""
+    df = pd.read_csv(file)
+    lib = Polynomial(degree=3)
+    X, Y = [], []
+    for _, g in df[df["split"] == split].groupby(["client", "trajectory"], sort=False):
+        x, u = g[["x1", "x2"]].to_numpy(), g[["u"]].to_numpy()
+        X.append(lib.transform(x[:-1], u[:-1]))
+        Y.append(x[1:])
+    return np.concatenate(X), np.concatenate(Y)
+
+
+def stlsq_unit(X, y, t):
+    """STLSQ of one target on the samples, the coefficients compared after scaling by the
+    RMS of their feature over the RMS of what the target does besides its largest term."""
+    keep = np.ones(X.shape[1], bool)
+    for _ in range(20):
+        coef = np.zeros(X.shape[1])
+        coef[keep] = np.linalg.lstsq(X[:, keep], y, rcond=None)[0]
+        rest = min(np.sum((y - coef[k] * X[:, k]) ** 2) for k in np.flatnonzero(keep))
+        new = keep & (np.abs(coef) * np.sqrt((X ** 2).sum(0) / rest) >= t)
+        if (new == keep).all():
+            break
+        keep = new
+    return coef, keep
+
+
+def direct_rule(X, Y, Xv=None, Yv=None):
+    """The rule from the samples: per grid threshold the support and pooled fit of each
+    target; the score ``sum_j n log(RSS_j / n)`` on the held-out samples, or on the training
+    samples plus ``log(n)`` per kept term (BIC), ``RSS_j`` at least ``1e-12`` of the target's
+    sum of squares (``x1+ = x1 + dt x2`` has no noise: its residuals are round-off); the
+    smallest score, fewer terms on a tie;
+    the threshold reported is the middle of the grid's thresholds with that support."""
+    supports, scores = [], []
+    for t in AUTO_GRID:
+        fits = [stlsq_unit(X, Y[:, j], t) for j in range(Y.shape[1])]
+        keep = np.concatenate([f[1] for f in fits])
+        if Xv is None:
+            n = len(X)
+            rss = [max(np.sum((Y[:, j] - X @ f[0]) ** 2), 1e-12 * np.sum(Y[:, j] ** 2))
+                   for j, f in enumerate(fits)]
+            score = sum(n * np.log(r / n) for r in rss) + keep.sum() * np.log(n)
+        else:
+            n = len(Xv)
+            rss = [max(np.sum((Yv[:, j] - Xv @ f[0]) ** 2), 1e-12 * np.sum(Yv[:, j] ** 2))
+                   for j, f in enumerate(fits)]
+            score = sum(n * np.log(r / n) for r in rss)
+        supports.append(keep)
+        scores.append(score)
+    scores, terms = np.array(scores), np.array([s.sum() for s in supports])
+    best = min(range(len(AUTO_GRID)), key=lambda i: (scores[i], terms[i], -i))
+    same = [i for i, s in enumerate(supports) if (s == supports[best]).all()]
+    return supports[best], AUTO_GRID[same[(len(same) - 1) // 2]], terms, scores
+
+
+@pytest.mark.parametrize("val", [1, 0])
+def test_auto_equals_a_direct_computation_of_the_rule(tmp_path, val):
+    # a small noisy fleet: the smallest thresholds keep spurious terms, so the choice matters
+    file, X, Y = duffing_fleet(tmp_path, M=3, N=2, T=40, val=val, noise=2.0, seed=3)
+    res = run(file, strategy="centralized_exact", sparsity="stlsq",
+              **{"sparsity.threshold": "auto"})
+    Xv, Yv = samples(file, "val") if val else (None, None)
+    support, threshold, terms, scores = direct_rule(X, Y, Xv, Yv)
+    sp = res.summary["sparsity"]
+    assert sp["rule"] == ("heldout" if val else "bic") and sp["auto"] is True
+    assert kept(res) == set(res.estimates["parameter"].to_numpy()[support])
+    assert sp["threshold"] == pytest.approx(threshold, rel=1e-12)
+    path = pd.DataFrame(sp["path"])
+    np.testing.assert_array_equal(path["n_terms"], terms)
+    np.testing.assert_allclose(path["score"], scores, rtol=1e-9)
+    assert len(set(terms)) > 3                       # the path runs through several supports
+    # the kept coefficients are the pooled least squares on the support
+    est = res.estimates["estimate"].to_numpy().reshape(2, -1)
+    for j in range(2):
+        ref = np.linalg.lstsq(X[:, support[j * 20:(j + 1) * 20]], Y[:, j], rcond=None)[0]
+        np.testing.assert_allclose(est[j][support[j * 20:(j + 1) * 20]], ref, rtol=1e-8)
+
+
+def test_auto_writes_the_path_and_logs_the_fallback(tmp_path, caplog):
+    file, _, _ = duffing_fleet(tmp_path, M=2, N=2, T=40, val=0, noise=0.5, seed=2)
+    out = tmp_path / "run"
+    with caplog.at_level("WARNING"):
+        res = fnsysid.run(["system=generic", "data=files", f"data.path={file}",
+                           "data.states=[x1,x2]", "data.inputs=[u]", "feature_map=polynomial",
+                           "feature_map.degree=3", "strategy=centralized_exact",
+                           "sparsity=stlsq", "sparsity.threshold=auto", "output.plot=false",
+                           "progress=false"], output_dir=out)
+    table = pd.read_csv(out / "sparsity_path.csv")
+    assert list(table.columns) == ["repeat", "threshold", "n_terms", "score", "chosen", "rule"]
+    np.testing.assert_allclose(table["threshold"], AUTO_GRID, rtol=1e-12)
+    assert (table["rule"] == "bic").all() and table["chosen"].sum() == 1
+    assert table.loc[table["chosen"], "threshold"].item() == pytest.approx(
+        res.summary["sparsity"]["threshold"])
+    assert table.loc[table["chosen"], "n_terms"].item() == res.summary["sparsity"]["terms"]
+    assert any("by BIC" in r.getMessage() and "no held-out data" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_pendulum_at_100_hz_auto_keeps_the_five_true_terms(tmp_path):
+    folder, _, _ = pendulum_fleet(tmp_path / "pendulum")
+    for extra, rule in (([], "heldout"), (["data.holdout=0"], "bic")):
+        res = run_pendulum(folder, "strategy=centralized_exact", "sparsity.threshold=auto",
+                           *extra)
+        assert kept(res) == PEND_TRUE and res.summary["status"] == "ok"
+        assert res.summary["sparsity"]["rule"] == rule
+        assert res.summary["sparsity"]["terms"] == 5
+
+
+@pytest.mark.parametrize("bad", ["foo", "0", "-0.1", "true", "Auto", "inf"])
+def test_bad_thresholds_are_refused_in_one_line(bad):
+    with pytest.raises(ConfigError) as err:
+        fnsysid.run(["system=linear", "feature_map=polynomial", "sparsity=stlsq",
+                     f"sparsity.threshold={bad}", "R=1", "output.plot=false"])
+    msg = str(err.value)
+    assert "\n" not in msg and "sparsity.threshold" in msg
+    assert "a finite number > 0 or auto" in msg
+
+
+@pytest.mark.slow
+@pytest.mark.flower
+@pytest.mark.parametrize("val_N", [1, 0])
+def test_flower_chooses_the_same_threshold_and_support_as_inprocess(val_N):
+    from fnsysid.runtimes import check as runtime
+
+    if not runtime.flower_installed():
+        pytest.skip("Flower is not installed (extra: pip install -e '.[flower]')")
+    args = ["system=linear", "M=4", "R=4", "repeats=2", "eps=0.3", "N=[3,5,2,4]",
+            "feature_map=polynomial", "sparsity=stlsq", "sparsity.threshold=auto",
+            "strategy=fedavg", f"data.val_N={val_N}", "output.plot=false"]
+    a = fnsysid.run(args)
+    b = fnsysid.run([*args, "runtime=flower"])
+    sa, sb = a.summary["sparsity"], b.summary["sparsity"]
+    assert sa["rule"] == sb["rule"] == ("heldout" if val_N else "bic")
+    assert sa["threshold"] == sb["threshold"] and sa["support_size"] == sb["support_size"]
+    np.testing.assert_allclose([r["score"] for r in sb["path"]],
+                               [r["score"] for r in sa["path"]], rtol=1e-10)
+    np.testing.assert_allclose(b.estimates["estimate"], a.estimates["estimate"], rtol=0,
+                               atol=1e-10)
+    assert ((b.estimates["estimate"] == 0) == (a.estimates["estimate"] == 0)).all()
