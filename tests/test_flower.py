@@ -829,3 +829,27 @@ def test_a_reply_timeout_in_the_simulation_writes_the_finished_rounds_as_interru
     assert len(errors) == len(expected) == 2 * 2
     np.testing.assert_allclose(errors["e_max"], expected["e_max"], rtol=0, atol=1e-10)
     assert not (out / "estimates.csv").exists()
+
+
+@needs_flower
+def test_flower_runs_the_model_check_from_the_clients_statistics_as_in_process(tmp_path,
+                                                                              caplog):
+    """output.model_check under runtime=flower: after the last round each ClientApp sends
+    the check's statistics of its own fit on its own data (no trajectory), the server
+    combines them; summary.json's model_check equals the in-process one (numbers to 1e-10,
+    the same verdict), on a folder whose shorter client is padded in process, with sparsity's
+    support sent to the clients."""
+    from tests.conftest import ragged_client_folder
+    from tests.test_modelcheck import _same
+
+    folder, args = ragged_client_folder(tmp_path)
+    args = [*args, "sparsity=stlsq"]
+    run_experiment(compose_cfg(*args), tmp_path / "a")
+    run_experiment(compose_cfg(*args, "runtime=flower"), tmp_path / "b")
+    a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")
+    assert a["status"] == b["status"] == "ok" and b["runtime"] == "flower"
+    ca, cb = a["model_check"], b["model_check"]
+    assert ca["support"] == "sparsity" and ca["tests"] > 0 and ca["clients_checked"] == 4
+    assert ca["free_run_clients"] == [4] and ca["verdict"] is not None
+    assert ca["worst"]["client"].startswith("robot")
+    _same(cb, ca)

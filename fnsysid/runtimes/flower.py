@@ -25,7 +25,12 @@ Messages (``message_type``):
   ``_e``, its held-out one-step and free-run NRMSE ``_n1``/``_ns`` (the free run when the
   config's ``free_run`` says so) and ``_v``, whether it is scored (federated evaluation);
 - ``evaluate``: the model to evaluate (S, p) (config ``free_run``); the reply holds the
-  client's scores.
+  client's scores;
+- ``train`` with config ``exchange=model_check``, once after the last round
+  (``output.model_check``): the reply holds the client's statistics of the model check on
+  its own fit and held-out data (:func:`fnsysid.results.modelcheck.client_statistics`: sums,
+  counts and p-values, no trajectory), which the server combines as in process
+  (:func:`serve_model_check`).
 
 A client's own state between rounds (SCAFFOLD's ``c_i``) lives in its node's Flower
 ``Context.state``. :func:`run` drives Flower's simulation engine; the objects ``flwr run``
@@ -311,6 +316,27 @@ def query_reply(data, sparse: bool) -> dict[str, np.ndarray]:
     return out
 
 
+#: the exchange after the last round in which each client sends its statistics of the model
+#: check (:mod:`fnsysid.results.modelcheck`)
+MODEL_CHECK = "model_check"
+
+
+def model_check_reply(node: ClientNode, arrays: dict) -> dict[str, np.ndarray]:
+    """A client's statistics of the model check (:func:`fnsysid.results.modelcheck.
+    client_statistics`), each (S, 1, ...), from its own training and held-out data and its own
+    random stream (named by its label); ``arrays["support"]`` (S, p): the server's support
+    under ``sparsity``. Only these sums, counts and p-values leave the node."""
+    from fnsysid.results import modelcheck
+
+    support = arrays.get("support")
+    support = None if support is None else np.asarray(support) > 0
+    S = node.data.n.shape[0]
+    if node.heldout is None or not (node.heldout.n > 0).any():
+        return modelcheck.empty_statistics(node.model, S, 1)
+    return modelcheck.client_statistics(node.model, node.data, node.heldout, node.label,
+                                        support)
+
+
 def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
     """A ClientApp whose messages are answered by the :class:`ClientNode` that ``node``
     gives for a node's context (built by the caller, once per client)."""
@@ -334,6 +360,9 @@ def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
         if str(config["exchange"]) in personal.EXCHANGES:        # after the last round
             replies = personal.client_reply(me, str(config["exchange"]), arrays)
             return Message(RecordDict({"arrays": to_record(replies, True)}), reply_to=msg)
+        if str(config["exchange"]) == MODEL_CHECK:              # after the last round
+            return Message(RecordDict({"arrays": to_record(model_check_reply(me, arrays),
+                                                           True)}), reply_to=msg)
         if "support" in arrays:         # sparsity: the server's common support
             from fnsysid.learning.sparsity import restrict_client
 
@@ -613,6 +642,10 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
                                                    for nd in nodes], names))
 
                 hist.personal = personal.serve_personalize(ask, settings, strategy, model)
+            if not dead.any() and settings.output.model_check:
+                stage = f"the model check after round {last}"
+                hist.model_check = serve_model_check(grid, nodes, names, wait, settings,
+                                                     strategy, model, last)
     except Aborted:
         raise
     except FlowerError as exc:
@@ -620,6 +653,30 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
     hist.diverged_at = diverged_at
     diverged = min((d for d in diverged_at if d is not None), default=None)
     return hist, diverged, theta0, labels, failure
+
+
+def serve_model_check(grid: Grid, nodes: list[int], names: dict, wait: float, settings,
+                      strategy, model, last: int) -> dict | None:
+    """The model check after the last round: every client sends its statistics
+    (:func:`model_check_reply`, exchange :data:`MODEL_CHECK`) and the server combines them
+    as the in-process run does (:func:`fnsysid.results.modelcheck.combine`); the result with
+    client positions in the clients' order, or None without held-out data. Not made under
+    ``privacy`` (its statistics are sums over a client's data that no noise protects): the
+    result then says so in ``reason``."""
+    from fnsysid.results.modelcheck import combine
+
+    privacy = getattr(strategy, "privacy", None)
+    if privacy is not None:         # its sums would leave the clients without the noise
+        return {"ok": None, "verdict": None, "white": None, "test": "billings-voon",
+                "tests": 0, "reason": f"not made under runtime=flower with privacy="
+                f"{privacy.mode}: the clients' statistics would leave them without noise"}
+    sparsity = getattr(strategy, "sparsity", None)
+    support = None if sparsity is None else sparsity.support
+    arrays = {} if support is None else {"support": np.asarray(support, float)}
+    config = {"exchange": MODEL_CHECK, "round": last, "evaluate": False}
+    stats = stacked(exchange(grid, [(nd, "train", arrays, config) for nd in nodes], names,
+                             wait))
+    return combine(model, stats, support)
 
 
 def make_server_app(settings, model, strategy, M: int, keep_clients: bool,
