@@ -1,6 +1,6 @@
 """Benchmark: time and peak memory against M, K and p, beside a bare-numpy floor.
 
-Usage: ``python scripts/bench.py [--cases paper,M,K,p,ragged] [--quick] [--json FILE]
+Usage: ``python scripts/bench.py [--cases paper,M,K,p,ragged,flower] [--quick] [--json FILE]
 [--plot FILE]`` (``make bench`` runs every case and writes ``outputs/bench/bench.json``;
 ``--plot`` draws the scaling figure of docs/PERFORMANCE.md from such a file without running
 anything).
@@ -19,7 +19,9 @@ M = 10^2 .. 10^6, with its floor; **K** the same at M=10^5 for K = 1, 5, 50 (rou
 two runs, R=200 and R=20, so that precomputing the maps is apart; and the step-by-step path);
 **p** the linear system with n_x = 2, 4, 8 (p = n_x (n_x + 2)) and the linear system with
 quadratic features (p = 63), M = 1000; **ragged** trajectory files of 2000 clients of 2
-samples and one of 10^5 beside the same rows spread evenly over the clients.
+samples and one of 10^5 beside the same rows spread evenly over the clients; **flower**
+``runtime=flower`` with one trajectory file per client and a truth file, M = 100 and 1000,
+time per round from two runs (R = 2 and 6), and whether it grows at most linearly in M.
 """
 
 from __future__ import annotations
@@ -235,7 +237,67 @@ def bench(cases: list[str], quick: bool) -> dict:
                       f"{res['train_s']:.3f} s  wall {res['wall_s']:.2f} s  rss "
                       f"{res['rss_mib']:.0f} MiB")
         results["cases"]["ragged"] = rows
+    if "flower" in cases:
+        results["cases"]["flower"] = bench_flower(quick)
     return results
+
+
+#: the Flower case: clients, and the two numbers of rounds whose difference times a round
+FLOWER_M = [100, 1000]
+FLOWER_R = (2, 6)
+#: the synthetic fleet of the Flower case (one CSV per client, and a truth file)
+FLOWER_DATA = ["system=synthetic", "N=2", "T=20", "repeats=1", "eps=0.3"]
+
+
+def client_files(folder: Path, M: int) -> tuple[Path, Path]:
+    """A folder of ``M`` client CSVs (one per client, no ``client`` column) and a truth file,
+    from a simulated run's trajectories (as tests/test_flower.py makes them)."""
+    import pandas as pd
+
+    sim = folder / "sim"
+    measure([sys.executable, str(ROOT / "run.py"), *FLOWER_DATA, f"M={M}", "R=1",
+             "output.trajectories=true", *COMMON, f"hydra.run.dir={sim}"])
+    traj = pd.read_parquet(sim / "trajectories.parquet")
+    clients = folder / "clients"
+    clients.mkdir()
+    for client, part in traj.groupby("client"):
+        part.drop(columns="client").to_csv(clients / f"c{int(client):05d}.csv", index=False,
+                                           float_format="%.17g")
+    truth = pd.read_csv(sim / "truth.csv")
+    truth["client"] = "c" + truth["client"].astype(int).map("{:05d}".format)
+    truth.to_csv(folder / "truth.csv", index=False, float_format="%.17g")
+    return clients, folder / "truth.csv"
+
+
+def bench_flower(quick: bool) -> dict:
+    """runtime=flower (Flower's simulation engine, one ClientApp per client, each reading its
+    own file) for M = 100 and 1000: a round's time from two runs, R = 2 and R = 6, so that the
+    start (Ray, the ClientApps reading their files, the first query) is apart."""
+    Ms = [m // 10 for m in FLOWER_M] if quick else FLOWER_M
+    r1, r2 = FLOWER_R
+    print(f"\nflower: runtime=flower, data=files with a truth file, synthetic fleet "
+          f"({' '.join(FLOWER_DATA[1:])}), fedavg, output.model_check=false; round = "
+          f"(train_s at R={r2} - at R={r1}) / {r2 - r1}, start = the rest")
+    rows = []
+    for M in Ms:
+        with tempfile.TemporaryDirectory() as tmp:
+            clients, truth = client_files(Path(tmp), M)
+            base = ["runtime=flower", "system=synthetic", "data=files",
+                    f"data.path={clients}", f"data.truth={truth}", "output.model_check=false"]
+            short, long = run_cmd(base + [f"R={r1}"]), run_cmd(base + [f"R={r2}"])
+        round_s = (long["train_s"] - short["train_s"]) / (r2 - r1)
+        rows.append(dict(M=M, round_s=round_s, start_s=short["train_s"] - r1 * round_s,
+                         train_s_short=short["train_s"], train_s_long=long["train_s"],
+                         wall_s=long["wall_s"], cpu_s=long["cpu_s"], rss_mib=long["rss_mib"]))
+        print(f"  M={M:5d}  round {round_s:7.3f} s  ({1e3 * round_s / M:.2f} ms a client)  "
+              f"start {rows[-1]['start_s']:6.1f} s  train_s {short['train_s']:.1f} / "
+              f"{long['train_s']:.1f} s  rss {long['rss_mib']:.0f} MiB (server process)")
+    growth = rows[1]["round_s"] / rows[0]["round_s"]
+    linear = rows[1]["M"] / rows[0]["M"]
+    print(f"  goal: time per round grows at most linearly from M={rows[0]['M']} to "
+          f"{rows[1]['M']} (ratio <= {linear:g}): ratio {growth:.2f}, "
+          f"{'yes' if growth <= linear else 'no'}")
+    return dict(rows=rows, ratio=growth, linear=linear, goal_met=bool(growth <= linear))
 
 
 def fleet_csv(path: Path, lengths: list[int]) -> None:
@@ -307,7 +369,7 @@ def plot(results: dict, path: Path) -> None:
 
 
 #: the benchmark cases, in the order they run
-CASES = ("paper", "M", "K", "p", "ragged")
+CASES = ("paper", "M", "K", "p", "ragged", "flower")
 
 
 def _cases(text: str) -> list[str]:

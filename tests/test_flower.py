@@ -853,3 +853,52 @@ def test_flower_runs_the_model_check_from_the_clients_statistics_as_in_process(t
     assert ca["free_run_clients"] == [4] and ca["verdict"] is not None
     assert ca["worst"]["client"].startswith("robot")
     _same(cb, ca)
+
+
+@needs_flower
+@pytest.mark.slow
+def test_a_sigkilled_flower_run_leaves_no_ray_process(tmp_path):
+    """SIGKILL (which no handler sees) of a runtime=flower run after its first round: within
+    5 seconds no process of its session is left (Ray's gcs_server, raylet, agents and
+    ClientApp actors; they outlived the run by about a minute before the watchdog of
+    fnsysid.runtimes.reaper), and the watchdog itself has ended."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import psutil
+
+    root = Path(__file__).resolve().parent.parent
+    out, log = tmp_path / "run", tmp_path / "console.txt"
+    with open(log, "w") as console:
+        proc = subprocess.Popen([sys.executable, str(root / "run.py"), "runtime=flower",
+                                 "system=synthetic", "M=2", "R=100000", "output.plot=false",
+                                 f"hydra.run.dir={out}"], cwd=root, stdout=console,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while "round 1 of 100000 done" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() - t0 < 300, log.read_text()
+            time.sleep(0.2)
+        started = [p for p in _session(proc.pid) if p.pid != proc.pid]
+        names = {p.name() for p in started}
+        assert {"raylet", "gcs_server"} <= names, names           # Ray runs in the session
+        watchdogs = [p for p in psutil.process_iter(["cmdline"])
+                     if "FNSYSID_RUN_TOKEN" in " ".join(p.info["cmdline"] or [])
+                     and str(proc.pid) in (p.info["cmdline"] or [])]
+        assert len(watchdogs) == 1
+        proc.kill()
+        proc.wait()
+        t1 = time.monotonic()
+        while time.monotonic() - t1 < 5 and any(_alive(p) for p in [*started, *watchdogs]):
+            time.sleep(0.1)
+        left = [f"{p.pid} {p.name()}" for p in [*_session(proc.pid), *watchdogs] if _alive(p)]
+        assert left == []
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -41,6 +41,7 @@ config.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -60,6 +61,7 @@ from fnsysid.learning.start import initial_model
 from fnsysid.results.metrics import HeldOutScores
 from fnsysid.runtimes import flower_personal as personal
 from fnsysid.runtimes import interrupt
+from fnsysid.runtimes.reaper import Reaper
 
 log = logging.getLogger("fnsysid")
 
@@ -755,7 +757,8 @@ def run(settings, model, strategy, dataset, keep_clients: bool, client_app: Clie
     stopped early, e.g. a reply timeout, with the finished rounds in the history);
     ``dataset.settings`` gets the number of repeats the clients reported. Ray is shut down
     whatever the end (the last round, an error, a signal), so none of its processes outlives
-    the run.
+    the run; when the run is killed (SIGKILL) a watchdog ends them
+    (:class:`~fnsysid.runtimes.reaper.Reaper`, when Ray is started here).
     """
     quiet_flower()                      # before flwr.simulation's imports log at INFO
     import ray
@@ -768,11 +771,14 @@ def run(settings, model, strategy, dataset, keep_clients: bool, client_app: Clie
                                     "num_gpus": 0.0},
                "init_args": {"logging_level": "ERROR", "log_to_driver": False}}
     log.info("starting Flower's simulation engine (Ray) with %d ClientApps", M)
-    try:
-        start_ray()
-        run_simulation(server, client_app, num_supernodes=M, backend_config=backend)
-    finally:
-        ray.shutdown()
+    with contextlib.ExitStack() as watch:
+        try:
+            if not ray.is_initialized():        # Ray's processes end with this one
+                watch.enter_context(Reaper())
+            start_ray()
+            run_simulation(server, client_app, num_supernodes=M, backend_config=backend)
+        finally:
+            ray.shutdown()
     if "serve" not in result:
         raise FlowerError("the Flower ServerApp stopped before the last round; see the log")
     hist, diverged, theta0, labels, failure = result["serve"]
