@@ -235,8 +235,11 @@ def test_the_clients_own_statistics_combine_to_the_fleet_check(tmp_path):
     from fnsysid.runtimes.flower import node_settings
     from tests.conftest import make, ragged_client_folder
 
-    folder, args = ragged_client_folder(tmp_path)
-    settings, model, optimizer, _ = make(*args)
+    folder, _ = ragged_client_folder(tmp_path)
+    # the synthetic system's data with the generic system's dense linear library: two
+    # clients' own fits overfit (held out, but their free runs are still the server's to count)
+    settings, model, optimizer, _ = make("system=generic", "data=files", f"data.path={folder}",
+                                         "data.states=[x0,x1,x2]", "data.inputs=[u0,u1]")
     fleet = from_files(settings, model, optimizer)
     ho = fleet.heldout
     # the fleet's block pads robot1's held-out trajectory (7 samples shorter)
@@ -252,8 +255,10 @@ def test_the_clients_own_statistics_combine_to_the_fleet_check(tmp_path):
         own.append(mc.client_statistics(model, one.train, one.heldout, label))
     stats = {k: np.concatenate([s[k] for s in own], axis=1) for k in own[0]}
     combined = mc.combine(model, stats)
-    assert whole["tests"] > 0 and whole["free_run_clients"] == [4]
-    assert whole["clients_checked"] == 4 and whole["verdict"] is not None
+    assert whole["tests"] > 0 and whole["clients_checked"] == 4
+    assert whole["verdict"] == "overfit" and len(whole["overfit"]) == 2
+    assert stats["high"].sum() == 2 and (stats["tried"] == 1).all()   # every client rolled out
+    assert whole["free_run_clients"] == [2]                           # the server counts two
     _same(combined, whole)
 
 

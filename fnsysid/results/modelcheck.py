@@ -261,7 +261,7 @@ def empty_statistics(model, S: int, M: int) -> dict[str, np.ndarray]:
     """The per-client statistics (:func:`client_statistics`) of clients that were not
     checked: no held-out samples, nothing to add."""
     n_y = model.structure.shape[0]
-    n_t = len(test_names(model.system.n_x + len(model.system.input_names)))
+    n_t = len(test_names(model.system.n_x + model.system.n_u))
     nan = np.full((S, M), np.nan)
     return {"n_ho": np.zeros((S, M)), "one": nan.copy(), "s2_ok": np.zeros((S, M)),
             "ratio": np.full((S, M, n_y), np.nan), "p_excess": np.full((S, M, n_y), np.nan),
@@ -310,7 +310,7 @@ def correlation_statistics(model, data, heldout, fits, support=None,
                              np.nan)
     enough = heldout.n >= MIN_SAMPLES
     pick = enough.any(axis=0) if clients is None else clients & enough.any(axis=0)
-    n_z = model.system.n_x + len(model.system.input_names)
+    n_z = model.system.n_x + model.system.n_u
     where = {name: i for i, name in enumerate(test_names(n_z))}
     ratio, p_excess, mu_top, exact = st["ratio"], st["p_excess"], st["mu_top"], st["exact"]
     with np.errstate(all="ignore"):
@@ -388,7 +388,9 @@ def client_statistics(model, data, heldout, key, support=None,
     ``key`` its label (its own random stream)."""
     fits = own_fit_statistics(model, data, support)
     st = correlation_statistics(model, data, heldout, fits, support)
-    use = (heldout.n >= MIN_SAMPLES) & (st["s2_ok"] > 0.5) & (st["high"] < 0.5)
+    # every client the server may count: whether an overfit one is left out depends on the
+    # fleet's excess test (:func:`_excess`)
+    use = (heldout.n >= MIN_SAMPLES) & (st["s2_ok"] > 0.5)
     st.update(free_run_statistics(model, heldout, fits, use, [key], seed))
     return st
 
@@ -479,7 +481,7 @@ def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
     st = _only(st, chosen)
     names = [str(t) for t in model.system.target_names]
     n_y = len(names)
-    n_z = model.system.n_x + len(model.system.input_names)
+    n_z = model.system.n_x + model.system.n_u
     labels = test_names(n_z)
     ratio, mu_top = st["ratio"].copy(), st["mu_top"]
     exact = st["exact"] > 0.5

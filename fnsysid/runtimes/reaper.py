@@ -13,13 +13,14 @@ docs/FEDERATED.md). Ray's public options do not tie them to the process that cal
 - it marks its environment with a token (:data:`ENV`, unique to the run), which every
   process Ray starts inherits (Ray starts its services and workers with the environment of
   the process that calls ``ray.init``);
-- the watchdog waits until the pipe closes (the run ended, however it ended) or its parent
-  is gone, then sends SIGKILL to every process whose initial environment
-  (``/proc/<pid>/environ``, Linux) holds the token, until none is left (at most
-  :data:`GRACE` seconds), and exits.
+- the watchdog waits until the pipe reaches its end without a word from the run (the run
+  died: the kernel closed its end) or its parent is gone, then sends SIGKILL to every process
+  whose initial environment (``/proc/<pid>/environ``, Linux) holds the token, until none is
+  left (at most :data:`GRACE` seconds), and exits.
 
-On a normal end the run shuts Ray down first and then closes the pipe, so the watchdog finds
-nothing left. Without ``/proc`` (macOS) the watchdog ends without looking, as before.
+When the run ends otherwise (the last round, an error, SIGINT/SIGTERM) it shuts Ray down
+itself, then writes to the pipe and closes it: the watchdog exits and ends nothing. Without
+``/proc`` (macOS) the watchdog ends without looking, as before.
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ token, parent, grace = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 entry = ("%s=" + token).encode()
 while os.getppid() == parent:
     ready = select.select([0], [], [], 0.2)[0]
-    if ready and not os.read(0, 64):
-        break
+    if ready:
+        if os.read(0, 64):                  # the run closed it: Ray was shut down
+            sys.exit(0)
+        break                               # end of file: the run ended without closing
 if not os.path.isdir("/proc"):
     sys.exit(0)
 me, t0, quiet = os.getpid(), time.monotonic(), 0
@@ -69,8 +72,8 @@ class Reaper:
     """The watchdog of one run (a context manager): ``with Reaper(): ray.init(...) ...``.
 
     While it is open, ``os.environ[ENV]`` holds the run's token (processes started then
-    inherit it); on exit the token is removed and the pipe closed, and the watchdog ends (after
-    ending whatever still holds the token)."""
+    inherit it); on exit the token is removed and the watchdog told to end without ending
+    anything. Only if the process dies while it is open are the token's holders ended."""
 
     def __init__(self):
         self.token = f"{os.getpid()}-{secrets.token_hex(8)}"
@@ -93,7 +96,11 @@ class Reaper:
         else:
             os.environ[ENV] = self._saved
         if self.proc is not None:
-            self.proc.stdin.close()
+            try:
+                self.proc.stdin.write(b"closed")
+                self.proc.stdin.close()
+            except OSError:                 # the watchdog was killed: nothing to tell it
+                pass
             try:
                 self.proc.wait(timeout=GRACE + 5)
             except subprocess.TimeoutExpired:
