@@ -420,42 +420,46 @@ def _gone_within(pids, seconds: float) -> list[int]:
     return left
 
 
-#: a run's stand-in: opens a Reaper, starts two processes (which inherit its token) and one
-#: outside it, prints their pids, then waits to be killed
+#: a run's stand-in: opens a Reaper, starts two processes (one of them a shell with a child of
+#: its own), prints their pids, then waits to be killed
 _HOLDER = """
 import subprocess, sys, time
 from fnsysid.runtimes.reaper import Reaper
-outside = subprocess.Popen(["sleep", "600"])
 with Reaper():
     a = subprocess.Popen(["sleep", "600"])
     b = subprocess.Popen(["sh", "-c", "sleep 600 & wait"])
-    print(a.pid, b.pid, outside.pid, flush=True)
+    print(a.pid, b.pid, flush=True)
     time.sleep(600)
 """
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="the watchdog reads /proc (Linux)")
 def test_a_killed_runs_processes_end_with_it_and_no_other():
-    """SIGKILL of the process that opened a Reaper: the processes it started inside (and their
-    children, reparented) end within seconds; one it started before, outside, runs on."""
+    """SIGKILL of the process that opened a Reaper: the processes it started (and their
+    children, reparented when their parent ends) end within seconds; a process that is not
+    its descendant runs on."""
     import os
 
+    other = subprocess.Popen(["sleep", "600"])
     proc = subprocess.Popen([sys.executable, "-c", _HOLDER], cwd=ROOT, stdout=subprocess.PIPE,
                             text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    a, b, outside = map(int, proc.stdout.readline().split())
+    a, b = map(int, proc.stdout.readline().split())
+    mine = [a, b]
     try:
-        time.sleep(0.3)                               # b's shell has started its sleep
+        time.sleep(0.5)                               # b's shell has started its sleep
         grandchildren = [int(p) for p in Path(f"/proc/{b}/task/{b}/children").read_text()
                          .split()]
         assert len(grandchildren) == 1
-        mine = [a, b, *grandchildren]
-        assert all(_pid_alive(p) for p in [*mine, outside])
+        mine += grandchildren
+        assert all(_pid_alive(p) for p in [*mine, other.pid])
         proc.kill()
         proc.wait()
         assert _gone_within(mine, 5.0) == []
-        assert _pid_alive(outside)
+        assert _pid_alive(other.pid)
     finally:
-        for p in [a, b, outside]:
+        other.kill()
+        other.wait()
+        for p in mine:
             try:
                 os.kill(p, signal.SIGKILL)
             except OSError:

@@ -10,12 +10,16 @@ docs/FEDERATED.md). Ray's public options do not tie them to the process that cal
 - before ``ray.init`` it starts a watchdog, a small Python process in a session of its own
   (so that a signal to the run's process group does not reach it), whose standard input is a
   pipe from the run;
-- it marks its environment with a token (:data:`ENV`, unique to the run), which every
-  process Ray starts inherits (Ray starts its services and workers with the environment of
-  the process that calls ``ray.init``);
-- the watchdog waits until the pipe reaches its end without a word from the run (the run
-  died: the kernel closed its end) or its parent is gone, then sends SIGKILL to every process
-  whose initial environment (``/proc/<pid>/environ``, Linux) holds the token, until none is
+- while the run lives, the watchdog notes every process descended from it (pid and start
+  time, from ``/proc/<pid>/stat``, every :data:`LOOK` seconds): Ray's services, agents and
+  workers are its children and grandchildren until the run ends (then they are reparented);
+- the run also marks its environment with a token (:data:`ENV`, unique to the run), which
+  the processes Ray starts inherit; it finds a process started in the last moments before
+  the end (``/proc/<pid>/environ`` is not enough alone: a process that sets its title, as
+  Ray's agents do, may overwrite it);
+- when the pipe reaches its end without a word from the run (the run died: the kernel closed
+  its end) or its parent is gone, the watchdog sends SIGKILL to the processes it noted that
+  still run (the same start time), their descendants and the token's holders, until none is
   left (at most :data:`GRACE` seconds), and exits.
 
 When the run ends otherwise (the last round, an error, SIGINT/SIGTERM) it shuts Ray down
@@ -35,35 +39,79 @@ ENV = "FNSYSID_RUN_TOKEN"
 #: seconds the watchdog keeps looking for the run's processes after the run ended
 GRACE = 20.0
 
-#: the watchdog's program (``python -c``; argv: token, the run's pid, GRACE)
+#: seconds between two looks of the watchdog at the run's processes
+LOOK = 0.25
+
+#: the watchdog's program (``python -c``; argv: token, the run's pid, GRACE, LOOK)
 WATCHDOG = r"""
 import os, select, signal, sys, time
 signal.signal(signal.SIGINT, signal.SIG_IGN)
-token, parent, grace = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+token, parent, grace, look = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 entry = ("%s=" + token).encode()
+me = os.getpid()
+
+
+def table():
+    # every running process: pid -> (parent pid, start time in clock ticks)
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open("/proc/" + name + "/stat", "rb") as f:
+                    rest = f.read().rsplit(b")", 1)[1].split()
+                if rest[0] != b"Z":          # a zombie has ended already
+                    out[int(name)] = (int(rest[1]), int(rest[19]))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def below(roots, procs):
+    # the descendants of ``roots`` in ``procs``, pid -> start time
+    kids = {}
+    for pid, (ppid, start) in procs.items():
+        kids.setdefault(ppid, []).append((pid, start))
+    found, todo = {}, list(roots)
+    while todo:
+        for pid, start in kids.get(todo.pop(), []):
+            if pid != me and pid not in found:
+                found[pid] = start
+                todo.append(pid)
+    return found
+
+
+def holds_token(pid):
+    try:
+        with open("/proc/%%d/environ" %% pid, "rb") as f:
+            return entry in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+proc = os.path.isdir("/proc")
+known = {}                                  # the run's descendants seen so far
 while os.getppid() == parent:
-    ready = select.select([0], [], [], 0.2)[0]
-    if ready:
+    if proc:
+        known.update(below([parent], table()))
+    if select.select([0], [], [], look)[0]:
         if os.read(0, 64):                  # the run closed it: Ray was shut down
             sys.exit(0)
         break                               # end of file: the run ended without closing
-if not os.path.isdir("/proc"):
+if not proc:
     sys.exit(0)
-me, t0, quiet = os.getpid(), time.monotonic(), 0
-while time.monotonic() - t0 < grace and quiet < 3:
-    found = 0
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
+t0, quiet = time.monotonic(), 0
+while time.monotonic() - t0 < grace and quiet < 5:
+    procs = table()
+    alive = [pid for pid, start in known.items() if procs.get(pid, (0, -1))[1] == start]
+    targets = set(alive) | set(below(alive, procs))
+    targets |= {pid for pid in procs if pid not in targets and pid != me and holds_token(pid)}
+    for pid in targets:
         try:
-            with open("/proc/" + name + "/environ", "rb") as f:
-                if entry not in f.read().split(b"\0"):
-                    continue
-            os.kill(int(name), signal.SIGKILL)
-            found += 1
+            os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-    quiet = 0 if found else quiet + 1
+    known.update(below(alive, procs))
+    quiet = 0 if targets else quiet + 1
     time.sleep(0.1)
 """ % ENV
 
@@ -83,7 +131,8 @@ class Reaper:
     def __enter__(self) -> Reaper:
         env = {k: v for k, v in os.environ.items() if k != ENV}
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", WATCHDOG, self.token, str(os.getpid()), str(GRACE)],
+            [sys.executable, "-c", WATCHDOG, self.token, str(os.getpid()), str(GRACE),
+             str(LOOK)],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, env=env, close_fds=True)
         self._saved = os.environ.get(ENV)
