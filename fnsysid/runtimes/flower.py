@@ -42,6 +42,7 @@ config.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -270,6 +271,40 @@ class NodeSources:
         self.files = list(files)
         self.row = {c: j for j, c in enumerate(clients)}
         self.truth = truth                      # (S, M, p) in the order of ``clients``
+        self._saved: str | None = None          # the file it crosses to the nodes as
+
+    # Flower's simulation engine sends the ClientApp, and with it this object, along with every
+    # message (Ray pickles the app's loader with each call): pickled whole, a message would
+    # carry O(M) bytes and each copy would be a new object, so that a node's cache of its
+    # ClientNode (:func:`fnsysid.app.build.client_node`) missed and the node read its file
+    # again for every message. It crosses as the name of a file written once instead (read
+    # once per process), and copies of it are equal.
+    def __getstate__(self) -> dict:
+        if self._saved is None:
+            import pickle
+            import shutil
+            import tempfile
+            import weakref
+
+            folder = tempfile.mkdtemp(prefix="fnsysid-sources-")
+            path = os.path.join(folder, "sources.pkl")
+            with open(path, "wb") as f:
+                pickle.dump((self.files, self.row, self.truth), f)
+            weakref.finalize(self, shutil.rmtree, folder, True)
+            self._saved = path
+        return {"saved": self._saved}
+
+    def __setstate__(self, state: dict) -> None:
+        self._saved = state["saved"]
+        self.files, self.row, self.truth = _saved_sources(self._saved)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, NodeSources):
+            return NotImplemented
+        return self is other or (self._saved is not None and self._saved == other._saved)
+
+    def __hash__(self) -> int:
+        return hash(self._saved) if self._saved is not None else id(self)
 
     def of(self, index: int) -> tuple[str, np.ndarray | None]:
         """Client ``index``'s file and true parameters (S, 1, p) or None."""
@@ -280,6 +315,15 @@ class NodeSources:
             return path, None
         j = self.row[Path(path).stem]
         return path, self.truth[:, j:j + 1].copy()
+
+
+@functools.lru_cache(maxsize=8)
+def _saved_sources(path: str):
+    """What a :class:`NodeSources` saved to ``path`` holds, read once per process."""
+    import pickle
+
+    with open(path, "rb") as f:
+        return pickle.load(f)
 
 
 def node_settings(settings, path=None, truth_path: str | None = None):
