@@ -902,3 +902,29 @@ def test_a_sigkilled_flower_run_leaves_no_ray_process(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+@needs_flower
+def test_node_sources_cross_to_a_node_as_a_small_equal_copy():
+    """Flower's simulation engine pickles the ClientApp (and the run's NodeSources) with every
+    message: a copy is a few hundred bytes whatever M, equal to the others (so a node's cache
+    of its ClientNode hits), and gives each client its file and truth rows."""
+    import pickle
+
+    from fnsysid.app.build import client_node
+    from fnsysid.runtimes.flower import NodeSources
+
+    sizes = []
+    for M in (10, 1000):
+        files = [f"/data/c{i:05d}.csv" for i in range(M)]
+        truth = np.arange(2 * M * 3, dtype=float).reshape(2, M, 3)
+        src = NodeSources(files, [f"c{i:05d}" for i in range(M)][::-1], truth)
+        wire = pickle.dumps(src)
+        a, b = pickle.loads(wire), pickle.loads(pickle.dumps(src))
+        assert a is not b and a == b and hash(a) == hash(b) and a == src
+        path, rows = a.of(3)
+        assert path == "/data/c00003.csv"
+        np.testing.assert_array_equal(rows, truth[:, M - 1 - 3:M - 3])    # its truth rows
+        sizes.append(len(wire))
+    assert sizes[1] < 500 and sizes[1] - sizes[0] < 10, sizes
+    assert client_node.cache_info().maxsize >= 1000         # one ClientNode per client
