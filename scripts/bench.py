@@ -21,7 +21,7 @@ two runs, R=200 and R=20, so that precomputing the maps is apart; and the step-b
 quadratic features (p = 63), M = 1000; **ragged** trajectory files of 2000 clients of 2
 samples and one of 10^5 beside the same rows spread evenly over the clients; **flower**
 ``runtime=flower`` with one trajectory file per client and a truth file, M = 100 and 1000,
-time per round from two runs (R = 2 and 6), and whether it grows at most linearly in M.
+time per round from the run's log (rounds 1 to 6), and whether it grows at most linearly in M.
 """
 
 from __future__ import annotations
@@ -62,13 +62,16 @@ def measure(cmd: list[str]) -> dict:
     return dict(wall_s=wall, cpu_s=cpu, stdout=p.stdout)
 
 
-def run_cmd(overrides: list[str]) -> dict:
-    """``run.py`` with ``overrides``; adds the summary's runtime split."""
+def run_cmd(overrides: list[str], read=None) -> dict:
+    """``run.py`` with ``overrides``; adds the summary's runtime split (and ``read(folder)``
+    of the run's folder, when given, as ``read``)."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-c", _WRAP, str(ROOT / "run.py"), *overrides, *COMMON,
                f"hydra.run.dir={tmp}"]
         res = measure(cmd)
         summary = json.loads((Path(tmp) / "summary.json").read_text())
+        if read is not None:
+            res["read"] = read(Path(tmp))
     res.update(summary["runtime_s"], status=summary["status"])
     res["rss_mib"] = _peak_from(res.pop("stdout"))
     return res
@@ -242,11 +245,23 @@ def bench(cases: list[str], quick: bool) -> dict:
     return results
 
 
-#: the Flower case: clients, and the two numbers of rounds whose difference times a round
+#: the Flower case: clients, and rounds (a round's time from the log's times of rounds 1 and R)
 FLOWER_M = [100, 1000]
-FLOWER_R = (2, 6)
+FLOWER_R = 6
 #: the synthetic fleet of the Flower case (one CSV per client, and a truth file)
 FLOWER_DATA = ["system=synthetic", "N=2", "T=20", "repeats=1", "eps=0.3"]
+
+
+def round_times(folder: Path) -> list[float]:
+    """The times (s) at which the run's log says each round was done."""
+    import datetime as dt
+
+    out = []
+    for line in (folder / "run.log").read_text().splitlines():
+        if "] round " in line and " done: " in line:
+            stamp = line[1:line.index("]")]
+            out.append(dt.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp())
+    return out
 
 
 def client_files(folder: Path, M: int) -> tuple[Path, Path]:
@@ -271,27 +286,33 @@ def client_files(folder: Path, M: int) -> tuple[Path, Path]:
 
 def bench_flower(quick: bool) -> dict:
     """runtime=flower (Flower's simulation engine, one ClientApp per client, each reading its
-    own file) for M = 100 and 1000: a round's time from two runs, R = 2 and R = 6, so that the
-    start (Ray, the ClientApps reading their files, the first query) is apart."""
+    own file) for M = 100 and 1000: a round's time from the run's log, (time of round R's line
+    - time of round 1's line) / (R - 1), so that the start (Ray, the ClientApps reading their
+    files, the first query) and round 1 are apart."""
+    # Ray kills a worker when the machine's memory is 95 % used, whoever uses it (a shared
+    # machine): its memory monitor off for these runs (docs.ray.io, "Out-Of-Memory Prevention")
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
     Ms = [m // 10 for m in FLOWER_M] if quick else FLOWER_M
-    r1, r2 = FLOWER_R
+    R = FLOWER_R
     print(f"\nflower: runtime=flower, data=files with a truth file, synthetic fleet "
-          f"({' '.join(FLOWER_DATA[1:])}), fedavg, output.model_check=false; round = "
-          f"(train_s at R={r2} - at R={r1}) / {r2 - r1}, start = the rest")
+          f"({' '.join(FLOWER_DATA[1:])}), fedavg, output.model_check=false, R={R}; round = "
+          f"(log time of round {R} - of round 1) / {R - 1}")
     rows = []
     for M in Ms:
         with tempfile.TemporaryDirectory() as tmp:
             clients, truth = client_files(Path(tmp), M)
-            base = ["runtime=flower", "system=synthetic", "data=files",
-                    f"data.path={clients}", f"data.truth={truth}", "output.model_check=false"]
-            short, long = run_cmd(base + [f"R={r1}"]), run_cmd(base + [f"R={r2}"])
-        round_s = (long["train_s"] - short["train_s"]) / (r2 - r1)
-        rows.append(dict(M=M, round_s=round_s, start_s=short["train_s"] - r1 * round_s,
-                         train_s_short=short["train_s"], train_s_long=long["train_s"],
-                         wall_s=long["wall_s"], cpu_s=long["cpu_s"], rss_mib=long["rss_mib"]))
+            res = run_cmd(["runtime=flower", "system=synthetic", "data=files",
+                           f"data.path={clients}", f"data.truth={truth}",
+                           "output.model_check=false", f"R={R}"], read=round_times)
+        times = res.pop("read")
+        if len(times) != R:
+            sys.exit(f"bench: the log of M={M} has {len(times)} round lines, not {R}")
+        round_s = (times[-1] - times[0]) / (R - 1)
+        rows.append(dict(M=M, round_s=round_s, train_s=res["train_s"], wall_s=res["wall_s"],
+                         cpu_s=res["cpu_s"], rss_mib=res["rss_mib"]))
         print(f"  M={M:5d}  round {round_s:7.3f} s  ({1e3 * round_s / M:.2f} ms a client)  "
-              f"start {rows[-1]['start_s']:6.1f} s  train_s {short['train_s']:.1f} / "
-              f"{long['train_s']:.1f} s  rss {long['rss_mib']:.0f} MiB (server process)")
+              f"train_s {res['train_s']:.1f} s  wall {res['wall_s']:.1f} s  rss "
+              f"{res['rss_mib']:.0f} MiB (server process)")
     growth = rows[1]["round_s"] / rows[0]["round_s"]
     linear = rows[1]["M"] / rows[0]["M"]
     print(f"  goal: time per round grows at most linearly from M={rows[0]['M']} to "
