@@ -1,6 +1,6 @@
 """Benchmark: time and peak memory against M, K and p, beside a bare-numpy floor.
 
-Usage: ``python scripts/bench.py [--cases paper,M,K,p,ragged,oneshot,...] [--quick]
+Usage: ``python scripts/bench.py [--cases paper,M,K,p,ragged,flower,oneshot,...] [--quick]
 [--json FILE] [--plot FILE]`` (``make bench`` runs every case and writes
 ``outputs/bench/bench.json``; ``--plot`` draws the scaling figure of docs/PERFORMANCE.md from
 such a file without running anything).
@@ -19,7 +19,9 @@ M = 10^2 .. 10^6, with its floor; **K** the same at M=10^5 for K = 1, 5, 50 (rou
 two runs, R=200 and R=20, so that precomputing the maps is apart; and the step-by-step path);
 **p** the linear system with n_x = 2, 4, 8 (p = n_x (n_x + 2)) and the linear system with
 quadratic features (p = 63), M = 1000; **ragged** trajectory files of 2000 clients of 2
-samples and one of 10^5 beside the same rows spread evenly over the clients.
+samples and one of 10^5 beside the same rows spread evenly over the clients; **flower**
+``runtime=flower`` with one trajectory file per client and a truth file, M = 100 and 1000,
+time per round from the run's log (rounds 1 to 6), and whether it grows at most linearly in M.
 
 Pairs, each an option's run beside the same run without it (back to back, wall and CPU time and
 peak RSS, the goal a ratio of the two; ``--quick`` at a tenth of M): **oneshot**
@@ -80,13 +82,16 @@ def measure(cmd: list[str]) -> dict:
     return dict(wall_s=wall, cpu_s=cpu, stdout=p.stdout)
 
 
-def run_cmd(overrides: list[str]) -> dict:
-    """``run.py`` with ``overrides``; adds the summary's runtime split."""
+def run_cmd(overrides: list[str], read=None) -> dict:
+    """``run.py`` with ``overrides``; adds the summary's runtime split (and ``read(folder)``
+    of the run's folder, when given, as ``read``)."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-c", _WRAP, str(ROOT / "run.py"), *overrides, *COMMON,
                f"hydra.run.dir={tmp}"]
         res = measure(cmd)
         summary = json.loads((Path(tmp) / "summary.json").read_text())
+        if read is not None:
+            res["read"] = read(Path(tmp))
     res.update(summary["runtime_s"], status=summary["status"])
     res["rss_mib"] = _peak_from(res.pop("stdout"))
     return res
@@ -255,9 +260,87 @@ def bench(cases: list[str], quick: bool) -> dict:
                       f"{res['train_s']:.3f} s  wall {res['wall_s']:.2f} s  rss "
                       f"{res['rss_mib']:.0f} MiB")
         results["cases"]["ragged"] = rows
+    if "flower" in cases:
+        results["cases"]["flower"] = bench_flower(quick)
     for name in (c for c in PAIRS if c in cases):
         results["cases"][name] = pair(name, quick)
     return results
+
+
+#: the Flower case: clients, and rounds (a round's time from the log's times of rounds 1 and R)
+FLOWER_M = [100, 1000]
+FLOWER_R = 6
+#: the synthetic fleet of the Flower case (one CSV per client, and a truth file)
+FLOWER_DATA = ["system=synthetic", "N=2", "T=20", "repeats=1", "eps=0.3"]
+
+
+def round_times(folder: Path) -> list[float]:
+    """The times (s) at which the run's log says each round was done."""
+    import datetime as dt
+
+    out = []
+    for line in (folder / "run.log").read_text().splitlines():
+        if "] round " in line and " done: " in line:
+            stamp = line[1:line.index("]")]
+            out.append(dt.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp())
+    return out
+
+
+def client_files(folder: Path, M: int) -> tuple[Path, Path]:
+    """A folder of ``M`` client CSVs (one per client, no ``client`` column) and a truth file,
+    from a simulated run's trajectories (as tests/test_flower.py makes them)."""
+    import pandas as pd
+
+    sim = folder / "sim"
+    measure([sys.executable, str(ROOT / "run.py"), *FLOWER_DATA, f"M={M}", "R=1",
+             "output.trajectories=true", *COMMON, f"hydra.run.dir={sim}"])
+    traj = pd.read_parquet(sim / "trajectories.parquet")
+    clients = folder / "clients"
+    clients.mkdir()
+    for client, part in traj.groupby("client"):
+        part.drop(columns="client").to_csv(clients / f"c{int(client):05d}.csv", index=False,
+                                           float_format="%.17g")
+    truth = pd.read_csv(sim / "truth.csv")
+    truth["client"] = "c" + truth["client"].astype(int).map("{:05d}".format)
+    truth.to_csv(folder / "truth.csv", index=False, float_format="%.17g")
+    return clients, folder / "truth.csv"
+
+
+def bench_flower(quick: bool) -> dict:
+    """runtime=flower (Flower's simulation engine, one ClientApp per client, each reading its
+    own file) for M = 100 and 1000: a round's time from the run's log, (time of round R's line
+    - time of round 1's line) / (R - 1), so that the start (Ray, the ClientApps reading their
+    files, the first query) and round 1 are apart."""
+    # Ray kills a worker when the machine's memory is 95 % used, whoever uses it (a shared
+    # machine): its memory monitor off for these runs (docs.ray.io, "Out-Of-Memory Prevention")
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
+    Ms = [m // 10 for m in FLOWER_M] if quick else FLOWER_M
+    R = FLOWER_R
+    print(f"\nflower: runtime=flower, data=files with a truth file, synthetic fleet "
+          f"({' '.join(FLOWER_DATA[1:])}), fedavg, output.model_check=false, R={R}; round = "
+          f"(log time of round {R} - of round 1) / {R - 1}")
+    rows = []
+    for M in Ms:
+        with tempfile.TemporaryDirectory() as tmp:
+            clients, truth = client_files(Path(tmp), M)
+            res = run_cmd(["runtime=flower", "system=synthetic", "data=files",
+                           f"data.path={clients}", f"data.truth={truth}",
+                           "output.model_check=false", f"R={R}"], read=round_times)
+        times = res.pop("read")
+        if len(times) != R:
+            sys.exit(f"bench: the log of M={M} has {len(times)} round lines, not {R}")
+        round_s = (times[-1] - times[0]) / (R - 1)
+        rows.append(dict(M=M, round_s=round_s, train_s=res["train_s"], wall_s=res["wall_s"],
+                         cpu_s=res["cpu_s"], rss_mib=res["rss_mib"]))
+        print(f"  M={M:5d}  round {round_s:7.3f} s  ({1e3 * round_s / M:.2f} ms a client)  "
+              f"train_s {res['train_s']:.1f} s  wall {res['wall_s']:.1f} s  rss "
+              f"{res['rss_mib']:.0f} MiB (server process)")
+    growth = rows[1]["round_s"] / rows[0]["round_s"]
+    linear = rows[1]["M"] / rows[0]["M"]
+    print(f"  goal: time per round grows at most linearly from M={rows[0]['M']} to "
+          f"{rows[1]['M']} (ratio <= {linear:g}): ratio {growth:.2f}, "
+          f"{'yes' if growth <= linear else 'no'}")
+    return dict(rows=rows, ratio=growth, linear=linear, goal_met=bool(growth <= linear))
 
 
 def pair(name: str, quick: bool) -> dict:
@@ -352,7 +435,7 @@ def plot(results: dict, path: Path) -> None:
 
 
 #: the benchmark cases, in the order they run
-CASES = ("paper", "M", "K", "p", "ragged", *PAIRS)
+CASES = ("paper", "M", "K", "p", "ragged", "flower", *PAIRS)
 
 
 def _cases(text: str) -> list[str]:

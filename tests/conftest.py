@@ -140,3 +140,27 @@ def cli_in_process(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
             del os.environ[k]
         os.environ.update(env)
     return subprocess.CompletedProcess(["run.py", *args], code, out.getvalue(), err.getvalue())
+
+
+def ragged_client_folder(tmp_path: Path, system: str = "synthetic",
+                         eps: float = 0.3) -> tuple[Path, list[str]]:
+    """A folder of four client CSVs (``system``, T = 40, N = 3, 6, 2 and 4 trajectories)
+    whose client ``robot1`` lost the last 7 samples of its last trajectory (a held-out
+    trajectory shorter than the others, padded in a block), and the overrides that read it;
+    every client has >= 20 held-out transitions, so the model check runs."""
+    import pandas as pd
+
+    import fnsysid
+
+    sim = tmp_path / "sim"
+    fnsysid.run([f"system={system}", "M=4", "N=[3,6,2,4]", "T=40", "repeats=1", f"eps={eps}",
+                 "R=1", "output.trajectories=true", "output.plot=false"], sim)
+    traj = pd.read_parquet(sim / "trajectories.parquet")
+    folder = tmp_path / "clients"
+    folder.mkdir()
+    for client, part in traj.groupby("client"):
+        part = part.drop(columns="client")
+        part = part.iloc[:-7] if client == 1 else part
+        part.to_csv(folder / f"robot{client}.csv", index=False, float_format="%.17g")
+    return folder, [f"system={system}", "data=files", f"data.path={folder}", "R=3",
+                    "output.plot=false"]

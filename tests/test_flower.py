@@ -852,3 +852,102 @@ def test_a_reply_timeout_in_the_simulation_writes_the_finished_rounds_as_interru
     assert len(errors) == len(expected) == 2 * 2
     np.testing.assert_allclose(errors["e_max"], expected["e_max"], rtol=0, atol=1e-10)
     assert not (out / "estimates.csv").exists()
+
+
+@needs_flower
+def test_flower_runs_the_model_check_from_the_clients_statistics_as_in_process(tmp_path,
+                                                                              caplog):
+    """output.model_check under runtime=flower: after the last round each ClientApp sends
+    the check's statistics of its own fit on its own data (no trajectory), the server
+    combines them; summary.json's model_check equals the in-process one (numbers to 1e-10,
+    the same verdict), on a folder whose shorter client is padded in process, with sparsity's
+    support sent to the clients."""
+    from tests.conftest import ragged_client_folder
+    from tests.test_modelcheck import _same
+
+    folder, args = ragged_client_folder(tmp_path)
+    args = [*args, "sparsity=stlsq"]
+    run_experiment(compose_cfg(*args), tmp_path / "a")
+    run_experiment(compose_cfg(*args, "runtime=flower"), tmp_path / "b")
+    a, b = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")
+    assert a["status"] == b["status"] == "ok" and b["runtime"] == "flower"
+    ca, cb = a["model_check"], b["model_check"]
+    assert ca["support"] == "sparsity" and ca["tests"] > 0 and ca["clients_checked"] == 4
+    assert ca["free_run_clients"] == [4] and ca["verdict"] is not None
+    assert ca["worst"]["client"].startswith("robot")
+    _same(cb, ca)
+
+
+@needs_flower
+@pytest.mark.slow
+def test_a_sigkilled_flower_run_leaves_no_ray_process(tmp_path):
+    """SIGKILL (which no handler sees) of a runtime=flower run after its first round: within
+    5 seconds no process of its session is left (Ray's gcs_server, raylet, agents and
+    ClientApp actors; they outlived the run by about a minute before the watchdog of
+    fnsysid.runtimes.reaper), and the watchdog itself has ended."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import psutil
+
+    root = Path(__file__).resolve().parent.parent
+    out, log = tmp_path / "run", tmp_path / "console.txt"
+    with open(log, "w") as console:
+        proc = subprocess.Popen([sys.executable, str(root / "run.py"), "runtime=flower",
+                                 "system=synthetic", "M=2", "R=100000", "output.plot=false",
+                                 f"hydra.run.dir={out}"], cwd=root, stdout=console,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while "round 1 of 100000 done" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() - t0 < 300, log.read_text()
+            time.sleep(0.2)
+        started = [p for p in _session(proc.pid) if p.pid != proc.pid]
+        names = {p.name() for p in started}
+        assert {"raylet", "gcs_server"} <= names, names           # Ray runs in the session
+        watchdogs = [p for p in psutil.process_iter(["cmdline"])
+                     if "FNSYSID_RUN_TOKEN" in " ".join(p.info["cmdline"] or [])
+                     and str(proc.pid) in (p.info["cmdline"] or [])]
+        assert len(watchdogs) == 1
+        proc.kill()
+        proc.wait()
+        t1 = time.monotonic()
+        while time.monotonic() - t1 < 5 and any(_alive(p) for p in [*started, *watchdogs]):
+            time.sleep(0.1)
+        left = [f"{p.pid} {p.name()}" for p in [*_session(proc.pid), *watchdogs] if _alive(p)]
+        assert left == []
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@needs_flower
+def test_node_sources_cross_to_a_node_as_a_small_equal_copy():
+    """Flower's simulation engine pickles the ClientApp (and the run's NodeSources) with every
+    message: a copy is a few hundred bytes whatever M, equal to the others (so a node's cache
+    of its ClientNode hits), and gives each client its file and truth rows."""
+    import pickle
+
+    from fnsysid.app.build import client_node
+    from fnsysid.runtimes.flower import NodeSources
+
+    sizes = []
+    for M in (10, 1000):
+        files = [f"/data/c{i:05d}.csv" for i in range(M)]
+        truth = np.arange(2 * M * 3, dtype=float).reshape(2, M, 3)
+        src = NodeSources(files, [f"c{i:05d}" for i in range(M)][::-1], truth)
+        wire = pickle.dumps(src)
+        a, b = pickle.loads(wire), pickle.loads(pickle.dumps(src))
+        assert a is not b and a == b and hash(a) == hash(b) and a == src
+        path, rows = a.of(3)
+        assert path == "/data/c00003.csv"
+        np.testing.assert_array_equal(rows, truth[:, M - 1 - 3:M - 3])    # its truth rows
+        sizes.append(len(wire))
+    assert sizes[1] < 500 and sizes[1] - sizes[0] < 10, sizes
+    assert client_node.cache_info().maxsize >= 1000         # one ClientNode per client

@@ -401,3 +401,88 @@ def test_resume_of_a_group_sweep_compares_the_settings_given_inside_the_group(tm
         assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
         assert res.stderr.startswith(f"fnsysid: error: output.resume=true: {problem}"), \
             res.stderr
+
+
+def _pid_alive(pid: int) -> bool:
+    """True if process ``pid`` runs (not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _gone_within(pids, seconds: float) -> list[int]:
+    """The processes of ``pids`` still running after ``seconds``."""
+    t0 = time.monotonic()
+    while (left := [p for p in pids if _pid_alive(p)]) and time.monotonic() - t0 < seconds:
+        time.sleep(0.1)
+    return left
+
+
+#: a run's stand-in: opens a Reaper, starts two processes (one of them a shell with a child of
+#: its own), prints their pids, then waits to be killed
+_HOLDER = """
+import subprocess, sys, time
+from fnsysid.runtimes.reaper import Reaper
+with Reaper():
+    a = subprocess.Popen(["sleep", "600"])
+    b = subprocess.Popen(["sh", "-c", "sleep 600 & wait"])
+    print(a.pid, b.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="the watchdog reads /proc (Linux)")
+def test_a_killed_runs_processes_end_with_it_and_no_other():
+    """SIGKILL of the process that opened a Reaper: the processes it started (and their
+    children, reparented when their parent ends) end within seconds; a process that is not
+    its descendant runs on."""
+    import os
+
+    other = subprocess.Popen(["sleep", "600"])
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER], cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    a, b = map(int, proc.stdout.readline().split())
+    mine = [a, b]
+    try:
+        time.sleep(0.5)                               # b's shell has started its sleep
+        grandchildren = [int(p) for p in Path(f"/proc/{b}/task/{b}/children").read_text()
+                         .split()]
+        assert len(grandchildren) == 1
+        mine += grandchildren
+        assert all(_pid_alive(p) for p in [*mine, other.pid])
+        proc.kill()
+        proc.wait()
+        assert _gone_within(mine, 5.0) == []
+        assert _pid_alive(other.pid)
+    finally:
+        other.kill()
+        other.wait()
+        for p in mine:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="the watchdog reads /proc (Linux)")
+def test_a_reaper_closed_by_its_run_ends_nothing_and_restores_the_environment():
+    """A run that ends normally (Ray shut down) closes its reaper: the watchdog ends without
+    killing what the run started, and the token leaves the environment."""
+    import os
+
+    from fnsysid.runtimes.reaper import ENV, Reaper
+
+    before = os.environ.get(ENV)
+    with Reaper() as r:
+        assert os.environ[ENV] == r.token
+        child = subprocess.Popen(["sleep", "600"])
+    try:
+        assert os.environ.get(ENV) == before
+        assert r.proc.returncode == 0                 # the watchdog itself ended
+        time.sleep(0.5)
+        assert child.poll() is None                   # and left the child alone
+    finally:
+        child.kill()
+        child.wait()

@@ -223,3 +223,71 @@ def test_the_verdict_line_of_a_free_run_that_blew_up_names_it_without_numbers():
              "nrmse_sim_noisy_median": [None, 0.5], "white": True}
     line = verdict(check)
     assert "3 of 4 clients in repeat 0" in line and "median free-run NRMSE n/a against n/a" in line
+
+
+def test_the_clients_own_statistics_combine_to_the_fleet_check(tmp_path):
+    """What each client computes on its own data alone (a Flower client: its own held-out
+    trajectories, unpadded, and its own random stream), stacked and combined as the server
+    does, is the check the in-process run makes of the whole fleet, where the shorter client
+    is padded to its block's longest trajectory: every number to 1e-10, the same verdict."""
+    from fnsysid.data.source import from_files
+    from fnsysid.results import modelcheck as mc
+    from fnsysid.runtimes.flower import node_settings
+    from tests.conftest import make, ragged_client_folder
+
+    folder, _ = ragged_client_folder(tmp_path)
+    # the synthetic system's data with the generic system's dense linear library: two
+    # clients' own fits overfit (held out, but their free runs are still the server's to count)
+    settings, model, optimizer, _ = make("system=generic", "data=files", f"data.path={folder}",
+                                         "data.states=[x0,x1,x2]", "data.inputs=[u0,u1]")
+    fleet = from_files(settings, model, optimizer)
+    ho = fleet.heldout
+    # the fleet's block pads robot1's held-out trajectory (7 samples shorter)
+    (block,) = [b for b in ho.blocks if 1 in b.clients]
+    lengths = block.mask[0, :, 0].sum(-1)
+    assert lengths[list(block.clients).index(1)] == lengths.max() - 7
+    whole = mc.model_check(model, fleet.train, ho, keys=fleet.clients)
+    own = []
+    for label in fleet.clients:
+        one = from_files(node_settings(settings, folder / f"{label}.csv"), model, optimizer,
+                         client_file=True)
+        assert one.heldout.n[0, 0] >= mc.MIN_SAMPLES
+        own.append(mc.client_statistics(model, one.train, one.heldout, label))
+    stats = {k: np.concatenate([s[k] for s in own], axis=1) for k in own[0]}
+    combined = mc.combine(model, stats)
+    assert whole["tests"] > 0 and whole["clients_checked"] == 4
+    assert whole["verdict"] == "overfit" and len(whole["overfit"]) == 2
+    assert stats["high"].sum() == 2 and (stats["tried"] == 1).all()   # every client rolled out
+    assert whole["free_run_clients"] == [2]                           # the server counts two
+    _same(combined, whole)
+
+
+def _same(a, b, path=""):
+    """``a`` and ``b`` (JSON-like) equal, floats to 1e-10."""
+    if isinstance(b, dict):
+        assert set(a) == set(b), path
+        for k in b:
+            _same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(b, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same(x, y, f"{path}[{i}]")
+    elif isinstance(b, float):
+        assert a == pytest.approx(b, rel=0, abs=1e-10), path
+    else:
+        assert a == b, path
+
+
+def test_padding_a_trajectory_changes_no_correlation_sum():
+    """The correlation statistics of a client's held-out trajectory are those of the same
+    trajectory padded past its end (as in a block of longer trajectories): the variance of
+    ``sum_t e_t z_{t-k}`` counts only pairs that exist."""
+    E, w, G, A, Z, s2, _, s2_tr, dof, Hp = ar_clients(3)
+    num, var, names = correlation_sums(E, w, G, A, Hp[None], Z, s2, s2_tr, dof)
+    grow = [(0, 0)] * (E.ndim - 1) + [(0, 9)]              # 9 samples past the end
+    E2, w2 = np.pad(E, grow), np.pad(w, grow)
+    G2, A2, Z2 = (np.pad(a, grow + [(0, 0)], constant_values=1.0) for a in (G, A, Z))
+    num2, var2, names2 = correlation_sums(E2, w2, G2, A2, Hp[None], Z2, s2, s2_tr, dof)
+    assert names2 == names
+    np.testing.assert_allclose(num2, num, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(var2, var, rtol=1e-12, atol=1e-12)

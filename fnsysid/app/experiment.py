@@ -396,10 +396,12 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
         line = empty_warning(summary["sparsity"], sparsity.support.shape[0])
         if line:
             log.warning(line)
-    if data is not None and diverged is None and failure is None and \
-            settings.output.model_check:
-        check = model_check(model, data, dataset.heldout,
-                            None if sparsity is None else sparsity.support)
+    if diverged is None and failure is None and settings.output.model_check:
+        # in process from the clients' data; under Flower combined from what they sent
+        check = (model_check(model, data, dataset.heldout,
+                             None if sparsity is None else sparsity.support,
+                             keys=dataset.clients) if data is not None
+                 else getattr(hist, "model_check", None))
         if check is not None:
             if check.get("worst") is not None:
                 check["worst"]["client"] = str(dataset.clients[check["worst"]["client"]])

@@ -29,7 +29,7 @@ FIRST = 16
 _SMALL = (BLOCK // FIRST).bit_length()
 
 # purposes of streams; part of the spawn key so that streams never collide
-PARAMS, TRAJECTORY, SHUFFLE, HOLDOUT, LOCAL_STEPS, PARTICIPATION = 0, 1, 2, 3, 4, 5
+PARAMS, TRAJECTORY, SHUFFLE, HOLDOUT, LOCAL_STEPS, PARTICIPATION, MODEL_CHECK = 0, 1, 2, 3, 4, 5, 6
 
 
 def stream(seed: int, purpose: int, *key: int) -> np.random.Generator:

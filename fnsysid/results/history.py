@@ -128,6 +128,9 @@ class History:
     #: the clients' personalized models sent after the last round under runtime=flower
     #: (:class:`fnsysid.results.personal.Personal`), None otherwise
     personal: object | None = None
+    #: the model check combined from the clients' statistics after the last round under
+    #: runtime=flower (:func:`fnsysid.results.modelcheck.combine`), None otherwise
+    model_check: dict | None = None
     #: the round at which each repeat diverged (None where it did not), or None where the
     #: runtime stops a run at its first divergence (runtime=flower)
     diverged_at: list | None = None

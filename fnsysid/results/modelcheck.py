@@ -104,6 +104,20 @@ def pseudo_inverses(data, support, clients) -> np.ndarray:
     return np.linalg.pinv(H, hermitian=True)
 
 
+class PseudoInverses:
+    """The pseudo-inverses of the clients' restricted Gram matrices, made for the clients
+    asked (``Hplus[:, clients]``) rather than for all M: only the clients checked need them."""
+
+    def __init__(self, data, support=None):
+        self.data, self.support = data, support
+
+    def __getitem__(self, key):
+        everything, clients = key
+        if everything != slice(None):
+            raise IndexError("PseudoInverses[:, clients] only")
+        return pseudo_inverses(self.data, self.support, clients)
+
+
 def own_fits(data, support=None) -> np.ndarray:
     """Each client's exact least-squares model on its training statistics, (S, M, p) (on
     ``support`` (S, p); :func:`fnsysid.learning.ownfit.own_fits`, made once for the run's
@@ -196,7 +210,9 @@ def correlation_sums(E, w, G, A, Hplus, Z, sigma2, s2_train, dof_train, lags: in
         C = _tdot(G[..., sl, :] * wn[..., None], Zs)          # sum_t g_t z_{t-k}, (S, m, p, .)
         q = (C * (Hplus @ C)).sum(axis=-2)                    # c' H^+ c
         L = _tdot(np.stack([en, e2n, (1 + h[..., sl]) * wn], axis=-1), Zs)   # (S, m, 3, .)
-        zz = (Zs * Zs).sum(axis=(2, 3))
+        # over the pairs (t - k, t) that both exist: a z whose partner residual is past the
+        # trajectory's end (a shorter trajectory padded to a block's longest) adds nothing
+        zz = (Zs * Zs * wn[..., None]).sum(axis=(2, 3))
         num, num2 = L[:, :, 0, :nz], L[:, :, 0, nz:]
         var = sig[..., 0] * (zz[..., :nz] + q[..., :nz])
         var2 = sig[..., 0] * (zz[..., nz:] + q[..., nz:])
@@ -245,45 +261,85 @@ def _tail_normal(z: np.ndarray) -> np.ndarray:
     return 2 * ndtr(-np.abs(z))
 
 
-def model_check(model, data, heldout, support=None, level: float = LEVEL,
-                seed: int = 0) -> dict | None:
-    """The check of the module docstring: ``{ok, verdict, ...}`` for ``summary.json`` (None
-    without held-out data). ``seed``: the root of the free-run test's noise."""
-    if heldout is None or not (heldout.n > 0).any():
-        return None
-    if not (heldout.n >= MIN_SAMPLES).any():           # nothing to test: no work
-        return {"ok": None, "verdict": None, "white": None, "test": "billings-voon",
-                "tests": 0, "reason": f"no client has {MIN_SAMPLES} held-out transitions"}
-    # scipy.special only (its import is a fraction of scipy.stats')
-    from scipy.special import bdtrc, fdtrc
+#: the per-client statistics of the check whose values are 0/1 (floats, as a Flower client
+#: sends them)
+FLAGS = ("exact", "high", "s2_ok", "exceed", "tried")
 
+
+def test_names(n_z: int, lags: int = LAGS) -> list[tuple]:
+    """Every correlation test of one target, ``(kind, variable, lag)``, in the order of
+    :func:`correlation_sums` on trajectories longer than ``lags + 1`` transitions (shorter
+    ones leave the tests of the longer lags out: their sums are 0 there)."""
+    names = [("ee", None, k) for k in range(1, lags + 1)]
+    for k in range(0, lags + 1):
+        names += [(kind, v, k) for v in range(n_z) for kind in ("ze", "z2e", "z2e2")]
+        names += [("e(ez)", v, k) for v in range(n_z)]
+    return names
+
+
+def empty_statistics(model, S: int, M: int) -> dict[str, np.ndarray]:
+    """The per-client statistics (:func:`client_statistics`) of clients that were not
+    checked: no held-out samples, nothing to add."""
+    n_y = model.structure.shape[0]
+    n_t = len(test_names(model.system.n_x + model.system.n_u))
+    nan = np.full((S, M), np.nan)
+    return {"n_ho": np.zeros((S, M)), "one": nan.copy(), "s2_ok": np.zeros((S, M)),
+            "ratio": np.full((S, M, n_y), np.nan), "p_excess": np.full((S, M, n_y), np.nan),
+            "mu_top": np.full((S, M, n_y), np.nan), "exact": np.zeros((S, M, n_y)),
+            "num": np.zeros((S, M, n_y, n_t)), "var": np.zeros((S, M, n_y, n_t)),
+            "n_pool": np.zeros((S, M, n_y)), "client_z": np.zeros((S, M)),
+            "high": np.zeros((S, M)), "cond": nan.copy(), "sim": nan.copy(), "ref": nan.copy(),
+            "exceed": np.zeros((S, M)), "tried": np.zeros((S, M))}
+
+
+def checked_clients(n_ho: np.ndarray) -> np.ndarray:
+    """The clients the check uses (M,): the first :data:`CHECK_CLIENTS` (in the clients'
+    order) with :data:`MIN_SAMPLES` held-out transitions in some repeat."""
+    enough = (n_ho >= MIN_SAMPLES).any(axis=0)
+    keep = np.zeros(enough.shape, bool)
+    keep[np.flatnonzero(enough)[:CHECK_CLIENTS]] = True
+    return keep
+
+
+def own_fit_statistics(model, data, support=None):
+    """Each client's own fit: the pseudo-inverses of its (restricted) Gram matrix
+    (:class:`PseudoInverses`, made for the clients asked),
+    its parameters (S, M, p), its training noise variance and degrees of freedom (S, M, n_y)."""
+    Hplus = PseudoInverses(data, support)
     theta = own_fits(data, support)
+    s2_tr, dof_tr = training_noise(model, data, theta)
+    return Hplus, theta, s2_tr, dof_tr
+
+
+def correlation_statistics(model, data, heldout, fits, support=None,
+                           clients: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Each client's statistics of the correlation and held-out excess tests on its own held-out
+    data (:func:`empty_statistics`' keys but the free run's), each (S, M, ...); ``clients``
+    (M,): those computed (None: every client with enough held-out data); ``fits``:
+    :func:`own_fit_statistics`. A client's values depend on its own data only."""
+    from scipy.special import fdtrc
+
+    Hplus, theta, s2_tr, dof_tr = fits
     S, M = heldout.n.shape
     St = model.structure                                             # (n_y, n_phi, p)
     n_y = St.shape[0]
-    names = [str(t) for t in model.system.target_names]
-    s2_tr, dof_tr = training_noise(model, data, theta)               # (S, M, n_y)
-    enough = heldout.n >= MIN_SAMPLES
-    ratio = np.full((S, M, n_y), np.nan)
-    p_excess = np.full((S, M, n_y), np.nan)
-    mu_top = np.full((S, M, n_y), np.nan)
-    exact = np.zeros((S, M, n_y), bool)
-    num_sum = den_sum = None
-    n_pool = np.zeros((S, n_y))
-    client_z = np.zeros((S, M))
-    high = np.zeros((S, M), bool)
-    checked = np.zeros((S, M), bool)
-    labels = []
+    st = empty_statistics(model, S, M)
+    st["n_ho"] = np.asarray(heldout.n, float)
+    st["s2_ok"] = np.isfinite(s2_tr).all(-1).astype(float)
     with np.errstate(all="ignore"):
-        budget = CHECK_CLIENTS
+        st["one"] = np.where(heldout.n > 0, HeldOutScores(model, heldout).one_step(theta),
+                             np.nan)
+    enough = heldout.n >= MIN_SAMPLES
+    pick = enough.any(axis=0) if clients is None else clients & enough.any(axis=0)
+    n_z = model.system.n_x + model.system.n_u
+    where = {name: i for i, name in enumerate(test_names(n_z))}
+    ratio, p_excess, mu_top, exact = st["ratio"], st["p_excess"], st["mu_top"], st["exact"]
+    with np.errstate(all="ignore"):
         for block in heldout.blocks:
-            # the first CHECK_CLIENTS clients with enough held-out data
-            keep = np.flatnonzero(enough[:, block.clients].any(axis=0))[:budget]
-            budget -= len(keep)
+            keep = np.flatnonzero(pick[block.clients])
             if not len(keep):
                 continue
             c = block.clients[keep]
-            checked[:, c] = True
             bx, bu, bmask = block.x[:, keep], block.u[:, keep], block.mask[:, keep]
             Phi, Y = model.regression(bx, bu)                          # (S, m, J, T, .)
             Th = model.theta_matrix(theta[:, c])                     # (S, m, n_y, n_phi)
@@ -292,7 +348,7 @@ def model_check(model, data, heldout, support=None, level: float = LEVEL,
             n = w.sum(axis=(-2, -1))
             Xs = bx[..., :-1, :]
             Zv = np.concatenate([Xs, bu[..., :Xs.shape[-2], :]], axis=-1)
-            Hp = pseudo_inverses(data, support, c)                   # (S, m, p, p)
+            Hp = Hplus[:, c]
             per_target = []
             for j in range(n_y):
                 G = Phi @ St[j]                                       # (S, m, J, T, p)
@@ -322,22 +378,139 @@ def model_check(model, data, heldout, support=None, level: float = LEVEL,
                 per_target.append((e, w, G, A, sigma2, ex))
             # clients that predict their held-out data much worse than their training noise
             # (overfit, or a term missing: the excess test tells) stay out of the pooled tests
-            over_c = ((ratio[:, c] > OVERFIT) & ~exact[:, c]).any(-1)
-            high[:, c] = over_c & (n >= MIN_SAMPLES)
+            over_c = ((ratio[:, c] > OVERFIT) & ~exact[:, c].astype(bool)).any(-1)
+            st["high"][:, c] = over_c & (n >= MIN_SAMPLES)
             for j, (e, w_, G, A, sigma2, ex) in enumerate(per_target):
                 num, var, labels = correlation_sums(e, w_, G, A, Hp, Zv, sigma2, s2_tr[:, c, j],
                                                     dof_tr[:, c, j])
                 pool = ((n >= MIN_SAMPLES) & ~ex & ~over_c & (sigma2 > 0))[..., None]
                 num, var = np.where(pool, num, 0.0), np.where(pool, var, 0.0)
                 zc = np.abs(num) / np.sqrt(np.where(var > 0, var, np.inf))
-                client_z[:, c] = np.maximum(client_z[:, c], zc.max(axis=-1))
-                if num_sum is None:
-                    num_sum = np.zeros((S, n_y, len(labels)))
-                    den_sum = np.zeros((S, n_y, len(labels)))
-                num_sum[:, j] += num.sum(axis=1)
-                den_sum[:, j] += var.sum(axis=1)
-                n_pool[:, j] += np.where(pool[..., 0], n, 0).sum(axis=1)
-        Zp = num_sum / np.sqrt(den_sum)                               # (S, n_y, tests)
+                st["client_z"][:, c] = np.maximum(st["client_z"][:, c], zc.max(axis=-1))
+                at = [where[name] for name in labels]
+                st["num"][:, c[:, None], j, at] = num
+                st["var"][:, c[:, None], j, at] = var
+                st["n_pool"][:, c, j] = np.where(pool[..., 0], n, 0)
+    for s, m in zip(*np.nonzero(st["high"]), strict=True):      # the overfit's detail
+        H = data.H[s, m]
+        keep = (np.ones(H.shape[0], bool) if support is None
+                else np.asarray(support, bool)[s])
+        ev = np.linalg.eigvalsh(H[np.ix_(keep, keep)])
+        st["cond"][s, m] = ev[-1] / ev[0] if ev[0] > 0 else np.inf
+    return st
+
+
+def client_statistics(model, data, heldout, key, support=None,
+                      seed: int = 0) -> dict[str, np.ndarray]:
+    """What one client computes for the check on its own data and sends (a Flower client
+    after the last round): :func:`correlation_statistics` and the free run's
+    (:func:`free_run_statistics`) of every client whose free run the server may count (it
+    picks them, :func:`combine`); ``data``/``heldout`` of this client alone (S, 1, ...),
+    ``key`` its label (its own random stream)."""
+    fits = own_fit_statistics(model, data, support)
+    st = correlation_statistics(model, data, heldout, fits, support)
+    # every client the server may count: whether an overfit one is left out depends on the
+    # fleet's excess test (:func:`_excess`)
+    use = (heldout.n >= MIN_SAMPLES) & (st["s2_ok"] > 0.5)
+    st.update(free_run_statistics(model, heldout, fits, use, [key], seed))
+    return st
+
+
+def _free_run_use(st: dict, chosen: np.ndarray, level: float) -> np.ndarray:
+    """The clients whose free runs the test counts (S, M): checked, with enough held-out
+    data and a training noise, not overfit."""
+    overfit = _excess(st, level)[-1]
+    return (st["n_ho"] >= MIN_SAMPLES) & chosen & ~overfit & (st["s2_ok"] > 0.5)
+
+
+def _excess(st: dict, level: float):
+    """The fleet's held-out excess test on the statistics ``st`` (of the checked clients):
+    the client-targets below :data:`EXCESS_LEVEL`, their count and number per repeat, the
+    binomial p-value and share per repeat, those left unexplained (a term missing) and the
+    overfit clients."""
+    from scipy.special import bdtrc
+
+    p_excess = st["p_excess"]
+    S = p_excess.shape[0]
+    small = np.isfinite(p_excess) & (p_excess < EXCESS_LEVEL)
+    k_small, n_excess = small.sum(axis=(1, 2)), np.isfinite(p_excess).sum(axis=(1, 2))
+    p_fleet = np.where(k_small > 0, bdtrc(np.maximum(k_small - 1, 0), np.maximum(n_excess, 1),
+                                          EXCESS_LEVEL), 1.0)
+    share = k_small / np.maximum(n_excess, 1)
+    unexplained = small & ((p_fleet * S < level) & (share >= EXCESS_SHARE))[:, None, None]
+    overfit = (st["high"] > 0.5) & ~unexplained.any(-1)
+    return k_small, p_fleet, unexplained, overfit
+
+
+def _only(st: dict, chosen: np.ndarray) -> dict:
+    """The statistics of the ``chosen`` clients (M,), the others' as not checked."""
+    S, M = st["n_ho"].shape
+    empty = {k: v[:, :1] for k, v in empty_statistics_like(st).items()}
+    return {k: (v if k in ("n_ho", "one") else
+                np.where(chosen.reshape((1, M) + (1,) * (v.ndim - 2)), v, empty[k]))
+            for k, v in st.items()}
+
+
+def empty_statistics_like(st: dict) -> dict:
+    """One client's values of not being checked, shaped as the statistics ``st``."""
+    out = {}
+    for k, v in st.items():
+        fill = np.nan if k in ("one", "ratio", "p_excess", "mu_top", "cond", "sim", "ref") \
+            else 0.0
+        out[k] = np.full((v.shape[0], 1) + v.shape[2:], fill)
+    return out
+
+
+def model_check(model, data, heldout, support=None, level: float = LEVEL,
+                seed: int = 0, keys=None) -> dict | None:
+    """The check of the module docstring: ``{ok, verdict, ...}`` for ``summary.json`` (None
+    without held-out data). ``seed``: the root of the free-run test's noise; ``keys``: the
+    clients' labels (default ``0..M-1``), which name each client's own random stream, so that
+    a client draws the same noise wherever it is checked (:func:`client_statistics`)."""
+    if heldout is None or not (heldout.n > 0).any():
+        return None
+    if not (heldout.n >= MIN_SAMPLES).any():           # nothing to test: no work
+        return _nothing()
+    S, M = heldout.n.shape
+    keys = [str(m) for m in range(M)] if keys is None else [str(k) for k in keys]
+    chosen = checked_clients(heldout.n)
+    fits = own_fit_statistics(model, data, support)
+    st = correlation_statistics(model, data, heldout, fits, support, chosen)
+    use = _free_run_use(st, chosen, level)
+    st.update(free_run_statistics(model, heldout, fits, use, keys, seed))
+    return combine(model, st, support, level)
+
+
+def _nothing() -> dict:
+    return {"ok": None, "verdict": None, "white": None, "test": "billings-voon",
+            "tests": 0, "reason": f"no client has {MIN_SAMPLES} held-out transitions"}
+
+
+def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
+    """The check from the clients' statistics ``st`` (:func:`client_statistics`, each
+    (S, M, ...) in the clients' order), as the server adds them: each correlation test is
+    ``sum_i S_i / sqrt(sum_i V_i)`` over the checked clients (:func:`checked_clients`)."""
+    from scipy.special import bdtrc
+
+    n_ho = st["n_ho"]
+    if not (n_ho > 0).any():
+        return None
+    if not (n_ho >= MIN_SAMPLES).any():
+        return _nothing()
+    S, M = n_ho.shape
+    chosen = checked_clients(n_ho)
+    st = _only(st, chosen)
+    names = [str(t) for t in model.system.target_names]
+    n_y = len(names)
+    n_z = model.system.n_x + model.system.n_u
+    labels = test_names(n_z)
+    ratio, mu_top = st["ratio"].copy(), st["mu_top"]
+    exact = st["exact"] > 0.5
+    client_z = st["client_z"]
+    with np.errstate(all="ignore"):
+        num_sum, den_sum = st["num"].sum(axis=1), st["var"].sum(axis=1)    # (S, n_y, tests)
+        n_pool = st["n_pool"].sum(axis=1)                                 # (S, n_y)
+        Zp = num_sum / np.sqrt(den_sum)
         r = Zp / np.sqrt(n_pool[..., None])
         pz = np.where(den_sum > 0, _tail_normal(Zp), np.nan)
     tests = int(np.isfinite(pz).sum())
@@ -360,19 +533,13 @@ def model_check(model, data, heldout, support=None, level: float = LEVEL,
     # held-out excess beyond what the own fits' estimation error explains: more client-targets
     # below EXCESS_LEVEL than the binomial law allows is a term missing (those are listed);
     # else the clients with a large excess are overfit
-    small = np.isfinite(p_excess) & (p_excess < EXCESS_LEVEL)
-    k_small, n_excess = small.sum(axis=(1, 2)), np.isfinite(p_excess).sum(axis=(1, 2))
-    p_fleet = np.where(k_small > 0, bdtrc(np.maximum(k_small - 1, 0), np.maximum(n_excess, 1),
-                                          EXCESS_LEVEL), 1.0)
-    share = k_small / np.maximum(n_excess, 1)
-    unexplained = small & ((p_fleet * S < level) & (share >= EXCESS_SHARE))[:, None, None]
-    overfit = high & ~unexplained.any(-1)
-    # free run against noisy runs of the own fit itself
-    valid = heldout.n > 0
-    enough = enough & checked
-    use = enough & ~overfit & np.isfinite(s2_tr).all(-1)
-    sim, ref, exceed, tried = free_run_test(
-        model, heldout, theta, lambda c: pseudo_inverses(data, support, c), s2_tr, use, seed)
+    k_small, p_fleet, unexplained, overfit = _excess(st, level)
+    # free run against noisy runs of the own fit itself, of the clients it counts
+    valid = n_ho > 0
+    use = (n_ho >= MIN_SAMPLES) & chosen & ~overfit & (st["s2_ok"] > 0.5)
+    tried = (st["tried"] > 0.5) & use
+    exceed = st["exceed"] > 0.5
+    sim, ref = np.where(use, st["sim"], np.nan), np.where(tried, st["ref"], np.nan)
     k_ex, n_mc = (exceed & tried).sum(axis=1), tried.sum(axis=1)
     p_free = np.where(k_ex > 0, bdtrc(np.maximum(k_ex - 1, 0), np.maximum(n_mc, 1),
                                       1.0 / (REPLICATES + 1)), 1.0)
@@ -385,9 +552,8 @@ def model_check(model, data, heldout, support=None, level: float = LEVEL,
     # runs of the fit itself are: the free run does not describe the dynamics
     beyond = (sim_med > CONSTANT) & ~(sim_med <= ref_med)
     free_ok = bool(np.all(p_free * S >= level) and not beyond.any())
-    with np.errstate(all="ignore"):
-        one = HeldOutScores(model, heldout).one_step(theta)
     missing = white is False or bool(unexplained.any())
+    p_excess = st["p_excess"]
     judged = tests > 0 or n_mc.sum() > 0 or np.isfinite(p_excess).any()
     verdict_ = (None if not judged else "free run fails" if not free_ok else
                 "missing terms" if missing else "overfit" if overfit.any() else "ok")
@@ -404,7 +570,7 @@ def model_check(model, data, heldout, support=None, level: float = LEVEL,
             "excess_rejected": [[int(s), int(m), names[j]] for s, m, j in
                                 zip(*np.nonzero(unexplained), strict=True)][:50],
             "overfit": over_list, "overfit_limit": OVERFIT,
-            "overfit_detail": _overfit_detail(data, support, overfit, ratio, mu_top),
+            "overfit_detail": _overfit_detail(st["cond"], overfit, ratio, mu_top),
             "support": "all terms" if support is None else "sparsity",
             "free_run_ok": free_ok, "free_run_test": "monte carlo",
             "free_run_replicates": REPLICATES,
@@ -413,95 +579,125 @@ def model_check(model, data, heldout, support=None, level: float = LEVEL,
             "nrmse_sim_max": [_num(v) for v in over_clients(sim, use)[0]],
             "nrmse_sim_median": [_num(v) for v in sim_med],
             "nrmse_sim_noisy_median": [_num(v) for v in ref_med],
-            "nrmse_1step_max": [_num(v) for v in over_clients(one, valid)[0]],
-            "clients_checked": int(checked.any(axis=0).sum()),
+            "nrmse_1step_max": [_num(v) for v in over_clients(st["one"], valid)[0]],
+            "clients_checked": int(chosen.sum()),
             "fit": "each client's own least squares"}
 
 
-def free_run_test(model, heldout, theta, hplus, s2, use, seed: int = 0):
-    """Free runs of the own fits ``theta`` (S, M, p): the observed free-run NRMSE (S, M)
-    (:meth:`~fnsysid.results.metrics.HeldOutScores.free_run`), the median NRMSE of
+def client_key(label) -> int:
+    """The integer that names a client's own random stream of the free-run test: from its
+    label (a file's name, or a simulated client's index), so the same wherever it runs."""
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(str(label).encode()).digest()[:8], "little")
+
+
+#: most values of the noise of the free-run replicates held at once (a chunk of clients)
+NOISE_VALUES = 1 << 22
+
+
+def free_run_statistics(model, heldout, fits, use, keys, seed: int = 0) -> dict:
+    """Free runs of the own fits (``fits``: :func:`own_fit_statistics`) of the clients
+    ``use`` (S, M): ``sim`` the observed free-run NRMSE (S, M)
+    (:meth:`~fnsysid.results.metrics.HeldOutScores.free_run`), ``ref`` the median NRMSE of
     :data:`REPLICATES` runs with Gaussian noise on each state (of the variance of its one-step
     residuals on the held-out data) and parameters drawn from the fit's estimation error
-    ``N(theta, s2 H^+)``, against the noise-free run (S, M), whether the observed one exceeds
-    every replicate (S, M) and which clients were rolled out (``use``, at most
-    :data:`CHECK_CLIENTS` a repeat). ``hplus(clients)``: the pseudo-inverses (S, m, p, p) of
-    those clients' Gram matrices (:func:`pseudo_inverses`)."""
+    ``N(theta, s2 H^+)``, against the noise-free run (S, M), ``exceed`` whether the observed
+    one exceeds every replicate (S, M) and ``tried`` which clients were rolled out (0/1).
+
+    Each client's noise comes from its own stream (``rnd.stream(seed, MODEL_CHECK,
+    client_key(keys[i]))``): first its parameter draws (B, S, p), then, trajectory by
+    trajectory, its state noise (transitions, B, S, n_x), so that neither the other clients
+    nor the padding of a block change a client's numbers."""
+    from fnsysid.dynamics import random as rnd
+
+    Hplus, theta, s2, _ = fits
+    S, M = heldout.n.shape
+    nan = np.full((S, M), np.nan)
+    out = {"sim": nan.copy(), "ref": nan.copy(), "exceed": np.zeros((S, M)),
+           "tried": np.zeros((S, M))}
+    if not use.any():
+        return out
     scores = HeldOutScores(model, heldout)
-    obs = scores.free_run(theta)
+    with np.errstate(all="ignore"):
+        obs = scores.free_run(theta)
+    out["sim"] = np.where(use, obs, np.nan)
     P = model.structure.any(axis=1).astype(float)                  # (n_y, p)
-    S, M = obs.shape
-    ref, exceed, tried = np.full((S, M), np.nan), np.zeros((S, M), bool), np.zeros((S, M), bool)
-    rng = np.random.default_rng(seed)
-    budget = CHECK_CLIENTS
     B = REPLICATES
+    p = theta.shape[-1]
     with np.errstate(all="ignore"):
         for block in heldout.blocks:
-            c = block.clients
-            idx = np.flatnonzero(use[:, c].any(axis=0))[:budget]
-            budget -= len(idx)
-            if not len(idx):
-                continue
-            x, u = block.x[:, idx], block.u[:, idx]
-            mask = block.mask[:, idx, :, 1:]
-            Th = model.theta_matrix(theta[:, c[idx]])                 # (S, m, n_y, n_phi)
-            # each replicate's model: the own fit plus a draw of its estimation error,
-            # N(0, s2_j H^+) on the parameters of target j (H block diagonal over targets)
-            lam, V = np.linalg.eigh(hplus(c[idx]))
-            root = V * np.sqrt(np.maximum(lam, 0))[..., None, :]
-            sd_p = np.nan_to_num(np.sqrt(s2[:, c[idx]])) @ P            # (S, m, p)
-            delta = np.einsum("smpq,bsmq->bsmp", root,
-                              rng.standard_normal((B,) + root.shape[:-1])) * sd_p
-            ThB = model.theta_matrix(theta[:, c[idx]] + delta)        # (B, S, m, n_y, n_phi)
-            # the noise of each state: its one-step residual variance on the held-out data
-            # (states the model updates exactly, e.g. a position from a velocity, move with
-            # the process too)
-            wt = (block.mask[:, idx, :, 1:] & block.mask[:, idx, :, :-1])[..., None]
-            step = model.predict(x[..., :-1, :], u, theta[:, c[idx], None, None, :])
-            r2 = np.where(wt, (x[..., 1:, :] - step) ** 2, 0.0).sum(axis=(2, 3))
-            sd = np.sqrt(r2 / np.maximum(wt.sum(axis=(2, 3)), 1))[:, :, None, :]
-            sd = np.nan_to_num(sd)                                     # (S, m, 1, n_x)
-            det = x[..., 0, :]
-            noisy = np.broadcast_to(det, (B,) + det.shape).copy()
-            sse_det = np.zeros(det.shape)
-            sse_rep = np.zeros(noisy.shape)
-            for t in range(x.shape[-2] - 1):
-                ut = u[..., t, :]
-                uB = np.broadcast_to(ut, (B,) + ut.shape)
-                y = np.einsum("smyk,smjk->smjy", Th, model.features(det, ut))
-                det = model.system.predict(det, ut, y)
-                yB = np.einsum("bsmyk,bsmjk->bsmjy", ThB, model.features(noisy, uB))
-                noisy = model.system.predict(noisy, uB, yB)
-                noisy = noisy + sd * rng.standard_normal(noisy.shape)
-                mt = mask[..., t, None]
-                sse_det += np.where(mt, (det - x[..., t + 1, :]) ** 2, 0.0)
-                sse_rep += np.where(mt, (noisy - det) ** 2, 0.0)
-            w = scores.w_run[:, c[idx]]                                # (S, m, n_x)
-            o = (np.sqrt(sse_det.sum(axis=2)) * w).sum(axis=-1)
-            rep = (np.sqrt(sse_rep.sum(axis=3)) * w).sum(axis=-1)      # (B, S, m)
-            o = np.where(np.isfinite(o), o, np.inf)
-            rep = np.where(np.isfinite(rep), rep, np.inf)
-            at = c[idx]
-            ref[:, at] = np.median(rep, axis=0)
-            exceed[:, at] = o > rep.max(axis=0)
-            tried[:, at] = use[:, at]
-    return obs, ref, exceed, tried
+            run = np.flatnonzero(use[:, block.clients].any(axis=0))
+            J, L, n_x = block.x.shape[2], block.x.shape[3], block.x.shape[-1]
+            step_c = max(1, NOISE_VALUES // max(1, B * S * J * L * n_x))
+            for lo in range(0, len(run), step_c):
+                idx = run[lo:lo + step_c]
+                c = block.clients[idx]
+                x, u = block.x[:, idx], block.u[:, idx]
+                bmask = block.mask[:, idx]
+                mask = bmask[..., 1:]
+                zd = np.zeros((B, S, len(idx), p))
+                zn = np.zeros((B, S, len(idx), J, L - 1, n_x))
+                lengths = bmask.sum(axis=-1).max(axis=0)               # (m, J)
+                for q, i in enumerate(c):
+                    g = rnd.stream(seed, rnd.MODEL_CHECK, client_key(keys[i]))
+                    zd[:, :, q] = g.standard_normal((B, S, p))
+                    for j in range(J):
+                        if lengths[q, j] > 1:
+                            zn[:, :, q, j, :lengths[q, j] - 1] = np.moveaxis(
+                                g.standard_normal((lengths[q, j] - 1, B, S, n_x)), 0, 2)
+                Th = model.theta_matrix(theta[:, c])                  # (S, m, n_y, n_phi)
+                # each replicate's model: the own fit plus a draw of its estimation error,
+                # N(0, s2_j H^+) on the parameters of target j (H block diagonal over targets)
+                lam, V = np.linalg.eigh(Hplus[:, c])
+                root = V * np.sqrt(np.maximum(lam, 0))[..., None, :]
+                sd_p = np.nan_to_num(np.sqrt(s2[:, c])) @ P             # (S, m, p)
+                delta = np.einsum("smpq,bsmq->bsmp", root, zd) * sd_p
+                ThB = model.theta_matrix(theta[:, c] + delta)         # (B, S, m, n_y, n_phi)
+                # the noise of each state: its one-step residual variance on the held-out
+                # data (states the model updates exactly, e.g. a position from a velocity,
+                # move with the process too)
+                wt = (bmask[..., 1:] & bmask[..., :-1])[..., None]
+                step = model.predict(x[..., :-1, :], u, theta[:, c, None, None, :])
+                r2 = np.where(wt, (x[..., 1:, :] - step) ** 2, 0.0).sum(axis=(2, 3))
+                sd = np.sqrt(r2 / np.maximum(wt.sum(axis=(2, 3)), 1))[:, :, None, :]
+                sd = np.nan_to_num(sd)                                 # (S, m, 1, n_x)
+                det = x[..., 0, :]
+                noisy = np.broadcast_to(det, (B,) + det.shape).copy()
+                sse_det = np.zeros(det.shape)
+                sse_rep = np.zeros(noisy.shape)
+                for t in range(x.shape[-2] - 1):
+                    ut = u[..., t, :]
+                    uB = np.broadcast_to(ut, (B,) + ut.shape)
+                    y = np.einsum("smyk,smjk->smjy", Th, model.features(det, ut))
+                    det = model.system.predict(det, ut, y)
+                    yB = np.einsum("bsmyk,bsmjk->bsmjy", ThB, model.features(noisy, uB))
+                    noisy = model.system.predict(noisy, uB, yB)
+                    noisy = noisy + sd * zn[..., t, :]
+                    mt = mask[..., t, None]
+                    sse_det += np.where(mt, (det - x[..., t + 1, :]) ** 2, 0.0)
+                    sse_rep += np.where(mt, (noisy - det) ** 2, 0.0)
+                w = scores.w_run[:, c]                                 # (S, m, n_x)
+                o = (np.sqrt(sse_det.sum(axis=2)) * w).sum(axis=-1)
+                rep = (np.sqrt(sse_rep.sum(axis=3)) * w).sum(axis=-1)  # (B, S, m)
+                o = np.where(np.isfinite(o), o, np.inf)
+                rep = np.where(np.isfinite(rep), rep, np.inf)
+                out["ref"][:, c] = np.median(rep, axis=0)
+                out["exceed"][:, c] = o > rep.max(axis=0)
+                out["tried"][:, c] = use[:, c]
+    return out
 
 
-def _overfit_detail(data, support, overfit, ratio, mu_top, most: int = 20) -> list[dict]:
+def _overfit_detail(cond, overfit, ratio, mu_top, most: int = 20) -> list[dict]:
     """For the first ``most`` overfit clients: the held-out error ratio (largest over the
     targets), the share of the estimation error's expected held-out excess on its single
-    worst direction, and the condition number of the client's Gram matrix on the support."""
+    worst direction, and the condition number ``cond`` (S, M) of the client's Gram matrix on
+    the support."""
     out = []
     for s, m in list(zip(*np.nonzero(overfit), strict=True))[:most]:
-        H = data.H[s, m]
-        keep = (np.ones(H.shape[0], bool) if support is None
-                else np.asarray(support, bool)[s])
-        ev = np.linalg.eigvalsh(H[np.ix_(keep, keep)])
-        cond = ev[-1] / ev[0] if ev[0] > 0 else np.inf
         j = int(np.nanargmax(ratio[s, m]))
         out.append({"repeat": int(s), "client": int(m), "ratio": _num(ratio[s, m, j]),
-                    "direction_share": _num(mu_top[s, m, j]), "condition": _num(cond)})
+                    "direction_share": _num(mu_top[s, m, j]), "condition": _num(cond[s, m])})
     return out
 
 

@@ -26,7 +26,12 @@ Messages (``message_type``):
   ``_e``, its held-out one-step and free-run NRMSE ``_n1``/``_ns`` (the free run when the
   config's ``free_run`` says so) and ``_v``, whether it is scored (federated evaluation);
 - ``evaluate``: the model to evaluate (S, p) (config ``free_run``); the reply holds the
-  client's scores.
+  client's scores;
+- ``train`` with config ``exchange=model_check``, once after the last round
+  (``output.model_check``): the reply holds the client's statistics of the model check on
+  its own fit and held-out data (:func:`fnsysid.results.modelcheck.client_statistics`: sums,
+  counts and p-values, no trajectory), which the server combines as in process
+  (:func:`serve_model_check`).
 
 A client's own state between rounds (SCAFFOLD's ``c_i``) lives in its node's Flower
 ``Context.state``. :func:`run` drives Flower's simulation engine; the objects ``flwr run``
@@ -37,6 +42,8 @@ config.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import re
@@ -58,6 +65,7 @@ from fnsysid.runtimes import flower_personal as personal
 from fnsysid.runtimes import flower_secure as secure
 from fnsysid.runtimes import flower_traffic as traffic
 from fnsysid.runtimes import interrupt
+from fnsysid.runtimes.reaper import Reaper
 
 log = logging.getLogger("fnsysid")
 
@@ -266,6 +274,40 @@ class NodeSources:
         self.files = list(files)
         self.row = {c: j for j, c in enumerate(clients)}
         self.truth = truth                      # (S, M, p) in the order of ``clients``
+        self._saved: str | None = None          # the file it crosses to the nodes as
+
+    # Flower's simulation engine sends the ClientApp, and with it this object, along with every
+    # message (Ray pickles the app's loader with each call): pickled whole, a message would
+    # carry O(M) bytes and each copy would be a new object, so that a node's cache of its
+    # ClientNode (:func:`fnsysid.app.build.client_node`) missed and the node read its file
+    # again for every message. It crosses as the name of a file written once instead (read
+    # once per process), and copies of it are equal.
+    def __getstate__(self) -> dict:
+        if self._saved is None:
+            import pickle
+            import shutil
+            import tempfile
+            import weakref
+
+            folder = tempfile.mkdtemp(prefix="fnsysid-sources-")
+            path = os.path.join(folder, "sources.pkl")
+            with open(path, "wb") as f:
+                pickle.dump((self.files, self.row, self.truth), f)
+            weakref.finalize(self, shutil.rmtree, folder, True)
+            self._saved = path
+        return {"saved": self._saved}
+
+    def __setstate__(self, state: dict) -> None:
+        self._saved = state["saved"]
+        self.files, self.row, self.truth = _saved_sources(self._saved)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, NodeSources):
+            return NotImplemented
+        return self is other or (self._saved is not None and self._saved == other._saved)
+
+    def __hash__(self) -> int:
+        return hash(self._saved) if self._saved is not None else id(self)
 
     def of(self, index: int) -> tuple[str, np.ndarray | None]:
         """Client ``index``'s file and true parameters (S, 1, p) or None."""
@@ -276,6 +318,15 @@ class NodeSources:
             return path, None
         j = self.row[Path(path).stem]
         return path, self.truth[:, j:j + 1].copy()
+
+
+@functools.lru_cache(maxsize=8)
+def _saved_sources(path: str):
+    """What a :class:`NodeSources` saved to ``path`` holds, read once per process."""
+    import pickle
+
+    with open(path, "rb") as f:
+        return pickle.load(f)
 
 
 def node_settings(settings, path=None, truth_path: str | None = None):
@@ -325,6 +376,27 @@ def query_reply(data, sparse: bool, heldout=None, model=None) -> dict[str, np.nd
     return out
 
 
+#: the exchange after the last round in which each client sends its statistics of the model
+#: check (:mod:`fnsysid.results.modelcheck`)
+MODEL_CHECK = "model_check"
+
+
+def model_check_reply(node: ClientNode, arrays: dict) -> dict[str, np.ndarray]:
+    """A client's statistics of the model check (:func:`fnsysid.results.modelcheck.
+    client_statistics`), each (S, 1, ...), from its own training and held-out data and its own
+    random stream (named by its label); ``arrays["support"]`` (S, p): the server's support
+    under ``sparsity``. Only these sums, counts and p-values leave the node."""
+    from fnsysid.results import modelcheck
+
+    support = arrays.get("support")
+    support = None if support is None else np.asarray(support) > 0
+    S = node.data.n.shape[0]
+    if node.heldout is None or not (node.heldout.n > 0).any():
+        return modelcheck.empty_statistics(node.model, S, 1)
+    return modelcheck.client_statistics(node.model, node.data, node.heldout, node.label,
+                                        support)
+
+
 def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
     """A ClientApp whose messages are answered by the :class:`ClientNode` that ``node``
     gives for a node's context (built by the caller, once per client)."""
@@ -354,6 +426,9 @@ def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
         if str(config["exchange"]) in personal.EXCHANGES:        # after the last round
             replies = personal.client_reply(me, str(config["exchange"]), arrays)
             return Message(RecordDict({"arrays": to_record(replies, True)}), reply_to=msg)
+        if str(config["exchange"]) == MODEL_CHECK:              # after the last round
+            return Message(RecordDict({"arrays": to_record(model_check_reply(me, arrays),
+                                                           True)}), reply_to=msg)
         if "support" in arrays:         # sparsity: the server's common support
             from fnsysid.learning.sparsity import restrict_client
 
@@ -651,6 +726,10 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
                                                    for nd in nodes], names))
 
                 hist.personal = personal.serve_personalize(ask, settings, strategy, model)
+            if not dead.any() and settings.output.model_check:
+                stage = f"the model check after round {last}"
+                hist.model_check = serve_model_check(grid, nodes, names, wait, settings,
+                                                     strategy, model, last)
     except Aborted:
         raise
     except FlowerError as exc:
@@ -663,6 +742,30 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
                         "only fnsysid's other messages were seen", "partial": hist.traffic}
     diverged = min((d for d in diverged_at if d is not None), default=None)
     return hist, diverged, theta0, labels, failure
+
+
+def serve_model_check(grid: Grid, nodes: list[int], names: dict, wait: float, settings,
+                      strategy, model, last: int) -> dict | None:
+    """The model check after the last round: every client sends its statistics
+    (:func:`model_check_reply`, exchange :data:`MODEL_CHECK`) and the server combines them
+    as the in-process run does (:func:`fnsysid.results.modelcheck.combine`); the result with
+    client positions in the clients' order, or None without held-out data. Not made under
+    ``privacy`` (its statistics are sums over a client's data that no noise protects): the
+    result then says so in ``reason``."""
+    from fnsysid.results.modelcheck import combine
+
+    privacy = getattr(strategy, "privacy", None)
+    if privacy is not None:         # its sums would leave the clients without the noise
+        return {"ok": None, "verdict": None, "white": None, "test": "billings-voon",
+                "tests": 0, "reason": f"not made under runtime=flower with privacy="
+                f"{privacy.mode}: the clients' statistics would leave them without noise"}
+    sparsity = getattr(strategy, "sparsity", None)
+    support = None if sparsity is None else sparsity.support
+    arrays = {} if support is None else {"support": np.asarray(support, float)}
+    config = {"exchange": MODEL_CHECK, "round": last, "evaluate": False}
+    stats = stacked(exchange(grid, [(nd, "train", arrays, config) for nd in nodes], names,
+                             wait))
+    return combine(model, stats, support)
 
 
 def make_server_app(settings, model, strategy, M: int, keep_clients: bool,
@@ -741,7 +844,8 @@ def run(settings, model, strategy, dataset, keep_clients: bool, client_app: Clie
     stopped early, e.g. a reply timeout, with the finished rounds in the history);
     ``dataset.settings`` gets the number of repeats the clients reported. Ray is shut down
     whatever the end (the last round, an error, a signal), so none of its processes outlives
-    the run.
+    the run; when the run is killed (SIGKILL) a watchdog ends them
+    (:class:`~fnsysid.runtimes.reaper.Reaper`, when Ray is started here).
     """
     quiet_flower()                      # before flwr.simulation's imports log at INFO
     import ray
@@ -754,11 +858,14 @@ def run(settings, model, strategy, dataset, keep_clients: bool, client_app: Clie
                                     "num_gpus": 0.0},
                "init_args": {"logging_level": "ERROR", "log_to_driver": False}}
     log.info("starting Flower's simulation engine (Ray) with %d ClientApps", M)
-    try:
-        start_ray()
-        run_simulation(server, client_app, num_supernodes=M, backend_config=backend)
-    finally:
-        ray.shutdown()
+    with contextlib.ExitStack() as watch:
+        try:
+            if not ray.is_initialized():        # Ray's processes end with this one
+                watch.enter_context(Reaper())
+            start_ray()
+            run_simulation(server, client_app, num_supernodes=M, backend_config=backend)
+        finally:
+            ray.shutdown()
     if "serve" not in result:
         raise FlowerError("the Flower ServerApp stopped before the last round; see the log")
     hist, diverged, theta0, labels, failure = result["serve"]
