@@ -1,7 +1,8 @@
 """Benchmark: the error that client-level differential privacy costs (docs/PRIVACY.md).
 
 Usage: ``python scripts/privacy_bench.py [--M 10000,100000] [--repeats 5] [--big]
-[--clip C] [--json FILE]`` (``--big`` adds M = 10^6 with 2 repeats and ``data.val_N=0``; about 8 GB).
+[--clip C] [--json FILE]`` (``--big`` adds M = 10^6 with 2 repeats and ``data.val_N=0``;
+about 8 GB).
 
 For each M it runs ``system=synthetic eps=0 strategy=centralized_exact`` (every other setting
 the system's default, ``data.val_N=0`` so that only training data are drawn) three ways and

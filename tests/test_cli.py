@@ -347,4 +347,4 @@ def test_bench_refuses_an_unknown_case():
     assert res.returncode == 2
     assert res.stderr.strip().splitlines()[-1] == (
         "bench.py: error: argument --cases: nosuch is not a case; allowed: paper,M,K,p,ragged,"
-        "oneshot,personalize,modelcheck,sparsity")
+        "flower,oneshot,personalize,modelcheck,sparsity")
