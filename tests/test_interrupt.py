@@ -210,7 +210,7 @@ def test_resume_reruns_a_finished_job_whose_errors_csv_is_corrupt(tmp_path):
 @pytest.mark.parametrize("text, problem", [
     ("1,2\n", "errors.csv starts with '1,2', not repeat,round,e_max"),
     ("lost", "errors.csv has 3 rows, not one per repeat and round 0..1 of summary.json"),
-    ("swap", "errors.csv: line 2 is not the row of repeat 0, round 0 with 8 fields"),
+    ("swap", "errors.csv: line 2 is not the row of repeat 0, round 0 with 9 fields"),
     ("text", "errors.csv holds 'x', not a number"),
 ])
 def test_sweep_with_a_corrupt_finished_job_names_it_and_exits_3(tmp_path, capsys, text,

@@ -395,6 +395,8 @@ def correlation_statistics(model, data, heldout, fits, support=None,
         H = data.H[s, m]
         keep = (np.ones(H.shape[0], bool) if support is None
                 else np.asarray(support, bool)[s])
+        if not keep.any():                 # no term kept: no Gram matrix to condition
+            continue
         ev = np.linalg.eigvalsh(H[np.ix_(keep, keep)])
         st["cond"][s, m] = ev[-1] / ev[0] if ev[0] > 0 else np.inf
     return st
