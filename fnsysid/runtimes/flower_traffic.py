@@ -15,7 +15,8 @@ Arrays are sorted by what they are for:
   exchanges; ``end``: the requests of ``personalize`` after the last round and the
   statistics sent for ``personalize=auto``), the part the declared figures count;
 - ``evaluation``: the scores a client sends of the models it receives (arrays named ``_*``,
-  ``evaluate`` messages, the personalized models sent back for ``client_estimates.csv``);
+  ``evaluate`` messages, the personalized models sent back for ``client_estimates.csv``, the
+  model check's statistics after the last round);
 - ``control``: the sample counts ``n`` of the first query and the participation mask
   ``active`` of partial participation.
 """
@@ -50,6 +51,8 @@ def _stage(message) -> str:
     name = str(config.get("exchange", ""))
     if name.startswith("personalize"):
         return "end"
+    if name == "model_check":              # a diagnostic of the model, like the scores
+        return "evaluation"
     return "round"
 
 
