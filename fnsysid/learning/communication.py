@@ -89,16 +89,19 @@ class Plan:
 SENDING_RULES = ("exchanges", "message", "client_update", "round")
 
 
+def owner(cls: type, name: str) -> type | None:
+    """The class in ``cls``'s method resolution order that defines ``name``."""
+    return next((k for k in cls.__mro__ if name in vars(k)), None)
+
+
 def _declared(strategy) -> str | None:
     """Why ``strategy``'s declared payload may not be its own: a class that overrides an
     update rule of the class whose :meth:`payload` it inherits (what it sends may differ),
     None when its payload is declared by the class that defines its rules."""
-    from fnsysid.learning.strategies import _owner
-
     cls = type(strategy)
-    base = _owner(cls, "payload")
+    base = owner(cls, "payload")
     changed = [n for n in SENDING_RULES
-               if _owner(cls, n) is not None and _owner(cls, n) is not _owner(base, n)]
+               if owner(cls, n) is not None and owner(cls, n) is not owner(base, n)]
     if not changed:
         return None
     return (f"{cls.__qualname__} overrides {', '.join(changed)} of {base.__name__} but "
@@ -119,8 +122,6 @@ def plan_of(strategy, p: int, model=None, sparsity=None, personalize: str = "non
       (p), ``cov_mu``, ``Sigma``, ``Sigma_ci`` (p x p each) and ``s2`` (g);
       ``personalize=finetune``: each client receives the final server model (p).
     """
-    from fnsysid.learning.strategies import Federated
-
     why = _declared(strategy)
     if why is not None:
         return Plan(note=why)
@@ -131,7 +132,8 @@ def plan_of(strategy, p: int, model=None, sparsity=None, personalize: str = "non
     if sparsity is not None:
         n_y = int(np.shape(model.structure)[0])
         start = start + upload(("H", (p, p)), ("b", (p,)), ("yy", (n_y,)))
-        if isinstance(strategy, Federated) and rnd.messages_down:
+        federated = getattr(strategy, "exchanges", None) is not None   # message exchanges
+        if federated and rnd.messages_down:
             rnd = rnd + Payload((), (("support", (p,)),) * rnd.messages_down)
         else:
             start = start + Payload((), (("support", (p,)),), 0, 1)

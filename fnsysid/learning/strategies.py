@@ -304,7 +304,7 @@ class FedAvg(Federated):
         changed = [] if self.affine else changed_rules(type(self))
         if changed:
             if getattr(optimizer, "affine", False):          # GD, which has the maps
-                owner = _owner(type(self), "client_maps")
+                owner = comm.owner(type(self), "client_maps")
                 log.info("strategy %s overrides %s of %s: its rounds run as message exchanges, "
                          "not as %s's precomputed server map (set affine = True on the class "
                          "if its client_maps gives its rounds)", _qualname(type(self)),
@@ -327,11 +327,6 @@ UPDATE_RULES = ("exchanges", "message", "client_update", "server_update", "weigh
                 "make_clients", "round")
 
 
-def _owner(cls: type, name: str) -> type | None:
-    """The class in ``cls``'s method resolution order that defines ``name``."""
-    return next((k for k in cls.__mro__ if name in vars(k)), None)
-
-
 def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -347,8 +342,8 @@ def changed_rules(cls: type) -> list[str]:
     >>> changed_rules(Damped), changed_rules(FedProx)
     (['server_update'], [])
     """
-    base = _owner(cls, "client_maps")
-    return [name for name in UPDATE_RULES if _owner(cls, name) is not _owner(base, name)]
+    base = comm.owner(cls, "client_maps")
+    return [name for name in UPDATE_RULES if comm.owner(cls, name) is not comm.owner(base, name)]
 
 
 class FedProx(FedAvg):
