@@ -13,6 +13,10 @@ from pathlib import Path
 from fnsysid.config.checks import ConfigError
 from fnsysid.learning.strategies import Federated
 
+
+class FlowerError(RuntimeError):
+    """Under ``runtime=flower``: a client answered with an error, or did not answer."""
+
 RUNTIMES = ("inprocess", "flower")
 INSTALL_FLOWER = "pip install -e '.[flower]' (or make install-flower)"
 

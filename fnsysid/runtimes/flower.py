@@ -65,6 +65,7 @@ from fnsysid.runtimes import flower_personal as personal
 from fnsysid.runtimes import flower_secure as secure
 from fnsysid.runtimes import flower_traffic as traffic
 from fnsysid.runtimes import interrupt
+from fnsysid.runtimes.check import FlowerError
 from fnsysid.runtimes.reaper import Reaper
 
 log = logging.getLogger("fnsysid")
@@ -456,10 +457,6 @@ def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
 
 # ---------------------------------------------------------------------------------------------
 # server side
-
-
-class FlowerError(RuntimeError):
-    """A client answered with an error, or did not answer."""
 
 
 def wait_for_nodes(grid: Grid, n: int, timeout: float = 300.0) -> list[int]:

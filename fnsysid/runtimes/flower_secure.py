@@ -53,6 +53,8 @@ from flwr.server.strategy import DifferentialPrivacyClientSideFixedClipping, Str
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.server.workflow.constant import MAIN_PARAMS_RECORD
 
+from fnsysid.runtimes.check import FlowerError
+
 #: the record of fnsysid's own messages (:func:`fnsysid.runtimes.flower.exchange`); a train
 #: message without it is one of Flower's workflow
 OWN = "arrays"
@@ -142,8 +144,7 @@ def workflow_round(grid, settings, strategy, exchange: str, msg: dict, nodes: li
     """The mean over ``nodes`` of their replies to ``msg`` in ``exchange``, each (S, ...),
     from one round of Flower's workflow (SecAgg+ and/or central DP, see the module); with
     central DP the mean carries the wrapper's noise. Raises
-    :class:`~fnsysid.runtimes.flower.FlowerError` when the round gives no mean."""
-    from fnsysid.runtimes.flower import FlowerError
+    :class:`~fnsysid.runtimes.check.FlowerError` when the round gives no mean."""
 
     keys = sorted(msg)
     params = ndarrays_to_parameters([np.ascontiguousarray(msg[k]) for k in keys])
