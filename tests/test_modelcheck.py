@@ -232,7 +232,7 @@ def test_the_clients_own_statistics_combine_to_the_fleet_check(tmp_path):
     is padded to its block's longest trajectory: every number to 1e-10, the same verdict."""
     from fnsysid.data.source import from_files
     from fnsysid.results import modelcheck as mc
-    from fnsysid.runtimes.flower import node_settings
+    from fnsysid.runtimes.check import node_settings
     from tests.conftest import make, ragged_client_folder
 
     folder, _ = ragged_client_folder(tmp_path)

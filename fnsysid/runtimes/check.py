@@ -56,3 +56,16 @@ def check_runtime(settings, optimizer, strategy) -> None:
         raise ConfigError(f"runtime=flower with data=files needs data.path to be a folder with "
                           f"one file per client (each ClientApp reads its own); got "
                           f"{settings.data.path}")
+
+
+def node_settings(settings, path=None, truth_path: str | None = None):
+    """The settings with which a node reads its own file ``path`` (None: the settings with
+    which the whole ``data.path`` folder is checked before the simulation starts): no held-out
+    files (a node trains on what the in-process run trains on: with ``data.val_path``, all
+    of its rows; else what ``data.holdout`` leaves); ``truth_path``: its own truth file."""
+    data = {**settings.resolved["data"], "val_path": None}
+    if settings.data.val_path:
+        data["holdout"] = 0.0
+    if path is not None:
+        data.update(path=str(path), truth=truth_path)
+    return settings.replace(data=data)

@@ -65,7 +65,7 @@ from fnsysid.runtimes import flower_personal as personal
 from fnsysid.runtimes import flower_secure as secure
 from fnsysid.runtimes import flower_traffic as traffic
 from fnsysid.runtimes import interrupt
-from fnsysid.runtimes.check import FlowerError
+from fnsysid.runtimes.check import FlowerError, node_settings
 from fnsysid.runtimes.reaper import Reaper
 
 log = logging.getLogger("fnsysid")
@@ -328,19 +328,6 @@ def _saved_sources(path: str):
 
     with open(path, "rb") as f:
         return pickle.load(f)
-
-
-def node_settings(settings, path=None, truth_path: str | None = None):
-    """The settings with which a node reads its own file ``path`` (None: the settings with
-    which the whole ``data.path`` folder is checked before the simulation starts): no held-out
-    files (a node trains on what the in-process run trains on: with ``data.val_path``, all
-    of its rows; else what ``data.holdout`` leaves); ``truth_path``: its own truth file."""
-    data = {**settings.resolved["data"], "val_path": None}
-    if settings.data.val_path:
-        data["holdout"] = 0.0
-    if path is not None:
-        data.update(path=str(path), truth=truth_path)
-    return settings.replace(data=data)
 
 
 def node_identity(context: Context) -> tuple[int | None, str | None, str | None]:
