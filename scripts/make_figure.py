@@ -35,7 +35,7 @@ os.environ.setdefault("FNSYSID_THREADS", "1")
 import pandas as pd  # noqa: E402
 
 from fnsysid.data.source import reuse_simulations  # noqa: E402
-from fnsysid.results.plotting import figure  # noqa: E402
+from fnsysid.results.plotting.paper_panels import figure  # noqa: E402
 from fnsysid.results.sweep import load_yaml  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -100,7 +100,7 @@ def draw(table: pd.DataFrame, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fnsysid.results.plotting import method_style
+    from fnsysid.results.plotting.style import method_style
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     x = np.array(sorted(table.loc[table["seeds"].notna(), "eps"].unique()))

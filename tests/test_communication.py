@@ -147,7 +147,7 @@ def test_flower_messages_carry_what_is_declared(strategy, extra, tmp_path):
 
 
 def test_curves_against_bytes_put_each_round_at_its_cumulative_bytes():
-    from fnsysid.results.plotting import draw_curve, new_figure
+    from fnsysid.results.plotting.style import draw_curve, new_figure
 
     errors = pd.DataFrame({"repeat": [0, 0, 0, 1, 1, 1], "round": [0, 1, 2] * 2,
                            "e_max": [1.0, 0.5, 0.25, 3.0, 1.5, 0.75],

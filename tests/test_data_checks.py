@@ -461,7 +461,7 @@ def test_clients_and_estimates_of_file_data_name_the_clients_by_their_ids(tmp_pa
 
 
 def test_fit_plot_shows_a_scored_client_not_one_of_all_zero_data(tmp_path, monkeypatch):
-    import fnsysid.results.plotting as plotting
+    import fnsysid.results.plotting.run_plots as plotting
 
     df, _ = linear_fleet(n_clients=3, n_traj=3, length=15)
     df.loc[df["client"] == "robot0", ["x1", "x2", "u"]] = 0.0    # the first client: zeros

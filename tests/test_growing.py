@@ -80,7 +80,7 @@ def test_run_at_the_edge_of_stability_is_growing_exit_3(tmp_path):
 
 def test_growing_run_plot_says_so(tmp_path, monkeypatch):
     import fnsysid
-    import fnsysid.results.plotting as plotting
+    import fnsysid.results.plotting.run_plots as plotting
 
     titles = []
     real = plotting.save
@@ -97,7 +97,7 @@ def test_growing_run_plot_says_so(tmp_path, monkeypatch):
 
 
 def test_sweep_with_a_growing_job_names_it_exits_3_and_does_not_draw_it(tmp_path):
-    from fnsysid.results.plotting import figure
+    from fnsysid.results.plotting.paper_panels import figure
 
     sweep = tmp_path / "sweep"
     res = cli_in_process("-m", *EDGE, "lr=0.5,1.9", "output.plot=false",

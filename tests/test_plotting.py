@@ -5,7 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fnsysid.results.plotting import new_figure, plot_sweep, save
+from fnsysid.results.plotting.style import new_figure, save
+from fnsysid.results.plotting.sweep_plots import plot_sweep
 from tests.conftest import cli_in_process
 
 #: sweeps run in this process, their jobs one after another (the launcher is not under test)
@@ -63,7 +64,7 @@ def test_a_diverged_job_is_named_in_the_legend_and_the_table_not_drawn(tmp_path)
     """A figure of a sweep where one job diverged: curves, final error against the knob and
     the quadrotor-style parameter panel each list it (red x, 'diverged at r=..; not drawn')
     and draw only the finished jobs."""
-    from fnsysid.results.plotting import figure
+    from fnsysid.results.plotting.paper_panels import figure
 
     sweep = tmp_path / "sweep"
     res = cli_in_process("-m", "system=synthetic", "M=2", "R=30", "repeats=1",
@@ -82,7 +83,7 @@ def test_a_diverged_job_is_named_in_the_legend_and_the_table_not_drawn(tmp_path)
                              for ax in fig.axes]
         real_save(fig, paths, dpi)
 
-    import fnsysid.results.plotting as plotting
+    import fnsysid.results.plotting.paper_panels as plotting
     plotting.save, old = keep, plotting.save
     try:
         table = figure(panels, tmp_path / "fig")
@@ -102,7 +103,7 @@ def test_one_legend_for_several_panels_names_the_jobs_not_drawn_in_each(tmp_path
                                                                        lr_strategy_sweep):
     """plot_sweep.py's grid (one panel per lr, one legend for the figure): a job that diverged
     in the second panel is named with its panel, beside the curves of the first."""
-    import fnsysid.results.plotting as plotting
+    import fnsysid.results.plotting.sweep_plots as plotting
     from fnsysid.results.sweep import read_sweep
 
     sweep = lr_strategy_sweep
@@ -128,7 +129,7 @@ def test_one_legend_for_several_panels_names_the_jobs_not_drawn_in_each(tmp_path
 
 
 def test_heat_map_names_a_diverged_cell(tmp_path, lr_strategy_sweep):
-    import fnsysid.results.plotting as plotting
+    import fnsysid.results.plotting.sweep_plots as plotting
     from fnsysid.results.sweep import read_sweep
 
     sweep = lr_strategy_sweep
@@ -196,7 +197,7 @@ def test_runs_in_threads_write_the_folders_a_sequential_run_writes(tmp_path):
 def test_figures_drawn_in_threads_are_the_figures_drawn_alone(tmp_path):
     """plot_run (math text in the labels) from three threads, four figures each: the bytes of
     the same figure drawn alone."""
-    from fnsysid.results.plotting import plot_run
+    from fnsysid.results.plotting.run_plots import plot_run
 
     rounds = np.arange(30)
     errors = pd.DataFrame({"repeat": np.repeat([0, 1], 30), "round": np.tile(rounds, 2),
@@ -217,7 +218,7 @@ def test_plotting_does_not_use_pyplot():
     import sys
 
     code = ("import sys, tempfile, pathlib, pandas as pd\n"
-            "from fnsysid.results.plotting import plot_run\n"
+            "from fnsysid.results.plotting.run_plots import plot_run\n"
             "e = pd.DataFrame({'repeat': [0, 0], 'round': [0, 1], 'e_max': [1.0, 0.5],"
             " 'e_mean': [1.0, 0.4]})\n"
             "plot_run(e, pathlib.Path(tempfile.mkdtemp()) / 'e.png', title='t')\n"
@@ -242,7 +243,7 @@ def method_sweeps(tmp_path_factory):
 
 def _drawn(panels, path, **kwargs):
     """figure() of ``panels``, returning (figure table, axes) as they were saved."""
-    import fnsysid.results.plotting as plotting
+    import fnsysid.results.plotting.paper_panels as plotting
 
     captured, real_save = {}, plotting.save
 
@@ -275,7 +276,7 @@ def test_a_method_has_its_name_colour_and_style_in_every_figure(tmp_path, method
     """Curves over rounds and final errors against M (two figures): the legends name the
     methods (FedAvg, one-shot; not strategy=fedavg), FedAvg is blue and the one-shot LSE
     purple in both, the table keeps its labels (strategy=fedavg), no suptitle is drawn."""
-    from fnsysid.results.plotting import METHODS
+    from fnsysid.results.plotting.style import METHODS
 
     sweep = method_sweeps / "a"
     curves, a = _drawn([{"dir": sweep, "title": "(a) curves", "where": {"M": "2"}}],
@@ -322,7 +323,7 @@ def test_the_bound_panel_names_what_it_plots(tmp_path, method_sweeps):
 def test_error_png_draws_in_the_colour_of_the_run_s_method(tmp_path):
     import matplotlib.colors as mcolors
 
-    import fnsysid.results.plotting as plotting
+    import fnsysid.results.plotting.run_plots as plotting
 
     rounds = np.arange(5)
     errors = pd.DataFrame({"repeat": 0, "round": rounds, "e_max": 0.9 ** rounds,
@@ -352,7 +353,7 @@ def test_fit_png_of_a_short_held_out_trajectory_draws_a_long_one(tmp_path, monke
     (one-step predictions of the fitted model follow them); errors.csv is that of a run
     without plots."""
     import fnsysid
-    import fnsysid.results.plotting as plotting
+    import fnsysid.results.plotting.run_plots as plotting
 
     drawn = {}
     monkeypatch.setattr(plotting, "plot_fit", lambda measured, step, sim, names, title, **kw:

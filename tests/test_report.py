@@ -11,15 +11,13 @@ import pandas as pd
 import pytest
 
 from fnsysid.dynamics.model import generate, least_squares, pooled
-from fnsysid.results.plotting import (
-    decades,
+from fnsysid.results.plotting.paper_panels import (
     matches,
     samples_read,
     settle_round,
     solver_label,
-    style_axes,
-    wrap,
 )
+from fnsysid.results.plotting.style import decades, style_axes, wrap
 from fnsysid.results.tables import estimates_table
 from fnsysid.results.theory import theorem1
 from tests.conftest import make

@@ -123,7 +123,7 @@ def test_stored_sweep_holds_only_its_own_jobs(tmp_path):
 
 def test_figure_panels_filter_jobs_share_one_legend_and_label_only_varying_keys(two_key_sweep,
                                                                                 tmp_path):
-    from fnsysid.results.plotting import figure
+    from fnsysid.results.plotting.paper_panels import figure
 
     panels = [{"dir": two_key_sweep, "where": {"eps": 0}, "title": "eps 0", "xmax": "auto"},
               {"dir": two_key_sweep, "where": {"eps": "0.1"}, "title": "eps 0.1"}]

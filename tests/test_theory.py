@@ -43,7 +43,7 @@ def test_heterogeneity_is_the_largest_pairwise_distance():
 def test_error_falls_as_one_over_sqrt_m_without_heterogeneity(strategy, extra, tmp_path):
     """Theorem 1 at eps = 0 with independent noise per client: slope -1/2 in M (log-log)."""
     from fnsysid.app.experiment import run_experiment
-    from fnsysid.results.plotting import slope
+    from fnsysid.results.plotting.paper_panels import slope
     from tests.conftest import compose_cfg
 
     Ms, finals = [1, 4, 16, 64, 256], []

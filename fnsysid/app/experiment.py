@@ -143,7 +143,7 @@ class Result:
         drawn against its times. ``ax``: one Axes per state, or one Axes for all; None: a new
         figure. ``path``: also save it there (``.png``, ``.pdf``, ``.svg``)."""
         from fnsysid.results.files import fit_figure
-        from fnsysid.results.plotting import save
+        from fnsysid.results.plotting.style import save
 
         if isinstance(df, (str, os.PathLike)):        # plot_fit(path): the file only
             df, path = None, df
@@ -166,7 +166,7 @@ class Result:
         from fnsysid.data.files import ColumnMap
         from fnsysid.data.source import column_names
         from fnsysid.results.metrics import free_run, one_step
-        from fnsysid.results.plotting import plot_fit
+        from fnsysid.results.plotting.run_plots import plot_fit
 
         states, inputs = column_names(self.settings, self.model)
         cm = ColumnMap.of(self.settings.data)
@@ -205,7 +205,8 @@ class Result:
     def plot_errors(self, ax=None, path=None):
         """The error curve of ``error.png`` (e_r against r, or the held-out NRMSE without a
         truth) as a matplotlib Figure; into ``ax`` if given, saved to ``path`` if given."""
-        from fnsysid.results.plotting import method_of, plot_run, save
+        from fnsysid.results.plotting.run_plots import method_of, plot_run
+        from fnsysid.results.plotting.style import save
 
         fig = plot_run(self.errors, title="", ax=ax,
                        method=method_of(self.settings.resolved.get("strategy")

@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 from fnsysid.config.errors import some
-from fnsysid.results.plotting import METRICS, status_text, sweep_figure, sweep_heatmap
+from fnsysid.results.plotting.style import METRICS
+from fnsysid.results.plotting.sweep_plots import status_text, sweep_figure, sweep_heatmap
 from fnsysid.results.sweep import declared_keys, find_sweep, read_sweep, swept_keys
 
 

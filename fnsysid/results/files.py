@@ -89,7 +89,7 @@ def write_run(out: Path, resolved: dict, tables: Mapping[str, Table | pd.DataFra
     for name in tables:
         write_csv(out / f"{name}.csv", tables.table(name))
     if plot_title is not None:
-        from fnsysid.results.plotting import method_of, plot_run
+        from fnsysid.results.plotting.run_plots import method_of, plot_run
 
         method = method_of(resolved.get("strategy"))
         write_atomic(out / "error.png",
@@ -122,7 +122,7 @@ def write_fit_plot(out: Path, model, estimate, dataset, repeat: int = 0,
                    settings=None) -> None:
     """``fit.png`` in folder ``out`` (or the file ``out`` if it ends in an image suffix): the
     figure of :func:`fit_figure` (nothing without a held-out client)."""
-    from fnsysid.results.plotting import save
+    from fnsysid.results.plotting.style import save
 
     out = Path(out)
     path = out if out.suffix in (".png", ".pdf", ".svg") else out / "fit.png"
@@ -152,7 +152,7 @@ def fit_figure(model, estimate, dataset, repeat: int = 0, settings=None, ax=None
     import numpy as np
 
     from fnsysid.results.metrics import free_run, one_step, scored
-    from fnsysid.results.plotting import plot_fit
+    from fnsysid.results.plotting.run_plots import plot_fit
 
     ho = dataset.heldout
     valid = np.flatnonzero(ho.valid[repeat])
