@@ -4,7 +4,8 @@ One computation serves every user of the clients' own fits: ``strategy=oneshot``
 average of the determined clients' solutions), the intervals of its estimate and of the
 clients' own models (:func:`fnsysid.learning.personalize.least_squares_intervals`),
 ``personalize=auto`` (whose clients need their residual variances and whether their data
-determine their model) and the model check (:mod:`fnsysid.results.modelcheck`).
+determine their model) and the model check (:mod:`fnsysid.learning.ownfit_stats`,
+:mod:`fnsysid.results.modelcheck`).
 :func:`own_fits` keeps its last results for the arrays it was given, so a second caller with
 the same statistics (the same array objects, treated as read-only) gets them without
 solving again.

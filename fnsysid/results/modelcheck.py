@@ -1,9 +1,10 @@
 """Is the model class right? A check of each client's own fit on its held-out data.
 
 Every client is fitted on its own training data (exact least squares, on the run's support
-with ``sparsity``), so that differences between clients (heterogeneity) are not taken for a
-missing term. Three questions are asked of these fits (derivation and thresholds:
-docs/ALGORITHMS.md, "Model check"):
+with ``sparsity``; :mod:`fnsysid.learning.ownfit_stats` makes these fits, this module the
+statistics of the tests and the verdict), so that differences between clients
+(heterogeneity) are not taken for a missing term. Three questions are asked of these fits
+(derivation and thresholds: docs/ALGORITHMS.md, "Model check"):
 
 - **correlation tests** (Billings and Voon 1986): the one-step residuals ``e`` of each target
   on the held-out trajectories should be uncorrelated with their own past (``phi_ee``), with
@@ -48,8 +49,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fnsysid.dynamics.model import masked_gram
-from fnsysid.learning import ownfit
+from fnsysid.learning.ownfit_stats import own_fit_statistics
 from fnsysid.results.metrics import HeldOutScores, over_clients
 
 #: family-wise level of each of the three tests
@@ -87,58 +87,6 @@ CHECK_CLIENTS = 2000
 EXACT = 1e-9
 #: kinds of correlation test, with the lags they take
 KINDS = ("ee", "ze", "z2e", "z2e2", "e(ez)")
-
-
-def _support(support):
-    """The support (S, p) as the clients' (S, 1, p) bool, or None."""
-    return None if support is None else np.asarray(support, bool)[:, None, :]
-
-
-def pseudo_inverses(data, support, clients) -> np.ndarray:
-    """The pseudo-inverses (S, m, p, p) of the Gram matrices of ``clients`` restricted to
-    ``support`` (S, p) (zero outside), those of the own fits (only the clients checked need
-    them)."""
-    H = data.H[:, clients]
-    if support is not None:
-        H = masked_gram(H, _support(support))
-    return np.linalg.pinv(H, hermitian=True)
-
-
-class PseudoInverses:
-    """The pseudo-inverses of the clients' restricted Gram matrices, made for the clients
-    asked (``Hplus[:, clients]``) rather than for all M: only the clients checked need them."""
-
-    def __init__(self, data, support=None):
-        self.data, self.support = data, support
-
-    def __getitem__(self, key):
-        everything, clients = key
-        if everything != slice(None):
-            raise IndexError("PseudoInverses[:, clients] only")
-        return pseudo_inverses(self.data, self.support, clients)
-
-
-def own_fits(data, support=None) -> np.ndarray:
-    """Each client's exact least-squares model on its training statistics, (S, M, p) (on
-    ``support`` (S, p); :func:`fnsysid.learning.ownfit.own_fits`, made once for the run's
-    statistics and shared with the strategy and the intervals)."""
-    return ownfit.own_fits(data.H, data.b, _support(support)).theta
-
-
-def training_noise(model, data, theta) -> tuple[np.ndarray, np.ndarray]:
-    """Each own fit's training residual variance per target and its degrees of freedom
-    (samples minus fitted terms of the target), each (S, M, n_y); NaN where undefined."""
-    St = model.structure                                        # (n_y, n_phi, p)
-    P = St.any(axis=1).astype(float)                            # (n_y, p) target of a param
-    n_y = St.shape[0]
-    yy = (data.yy_target if data.yy_target is not None
-          else np.repeat(data.yy[..., None] / n_y, n_y, axis=-1))
-    th = theta[..., None, :] * P                                # (S, M, n_y, p)
-    sse = yy - 2 * np.einsum("smyp,smp->smy", th, data.b) + \
-        np.einsum("smyp,smpq,smyq->smy", th, data.H, th)
-    dof = data.n[..., None] - (th != 0).sum(axis=-1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(dof > 0, np.maximum(sse, 0) / np.maximum(dof, 1), np.nan), dof
 
 
 def _lag(a: np.ndarray, k: int) -> tuple[np.ndarray, slice]:
@@ -301,22 +249,13 @@ def checked_clients(n_ho: np.ndarray) -> np.ndarray:
     return keep
 
 
-def own_fit_statistics(model, data, support=None):
-    """Each client's own fit: the pseudo-inverses of its (restricted) Gram matrix
-    (:class:`PseudoInverses`, made for the clients asked),
-    its parameters (S, M, p), its training noise variance and degrees of freedom (S, M, n_y)."""
-    Hplus = PseudoInverses(data, support)
-    theta = own_fits(data, support)
-    s2_tr, dof_tr = training_noise(model, data, theta)
-    return Hplus, theta, s2_tr, dof_tr
-
-
 def correlation_statistics(model, data, heldout, fits, support=None,
                            clients: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Each client's statistics of the correlation and held-out excess tests on its own held-out
     data (:func:`empty_statistics`' keys but the free run's), each (S, M, ...); ``clients``
     (M,): those computed (None: every client with enough held-out data); ``fits``:
-    :func:`own_fit_statistics`. A client's values depend on its own data only."""
+    :func:`fnsysid.learning.ownfit_stats.own_fit_statistics`. A client's values depend on its
+    own data only."""
     from scipy.special import fdtrc
 
     Hplus, theta, s2_tr, dof_tr = fits
@@ -599,8 +538,9 @@ NOISE_VALUES = 1 << 22
 
 
 def free_run_statistics(model, heldout, fits, use, keys, seed: int = 0) -> dict:
-    """Free runs of the own fits (``fits``: :func:`own_fit_statistics`) of the clients
-    ``use`` (S, M): ``sim`` the observed free-run NRMSE (S, M)
+    """Free runs of the own fits (``fits``:
+    :func:`fnsysid.learning.ownfit_stats.own_fit_statistics`) of the clients ``use`` (S, M):
+    ``sim`` the observed free-run NRMSE (S, M)
     (:meth:`~fnsysid.results.metrics.HeldOutScores.free_run`), ``ref`` the median NRMSE of
     :data:`REPLICATES` runs with Gaussian noise on each state (of the variance of its one-step
     residuals on the held-out data) and parameters drawn from the fit's estimation error

@@ -1,0 +1,81 @@
+"""Each client's own fit with what a test of it needs: its parameters, the pseudo-inverse of its
+Gram matrix and its training noise.
+
+The model check (:mod:`fnsysid.results.modelcheck`) judges the model class by each client's
+own least squares on its own training data (so that differences between clients are not taken
+for a missing term); this module makes those fits from the clients' sufficient statistics
+(:class:`fnsysid.dynamics.model.ClientData`), on the run's support with ``sparsity``. The
+parameters come from :func:`fnsysid.learning.ownfit.own_fits` (made once for the run's
+statistics and shared with the strategy and the intervals); the pseudo-inverses are made only
+for the clients asked (:class:`PseudoInverses`), since the check uses a subset of the clients.
+The statistics computed from these fits, and the verdict, stay with the check.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fnsysid.dynamics.model import masked_gram
+from fnsysid.learning import ownfit
+
+
+def _support(support):
+    """The support (S, p) as the clients' (S, 1, p) bool, or None."""
+    return None if support is None else np.asarray(support, bool)[:, None, :]
+
+
+def pseudo_inverses(data, support, clients) -> np.ndarray:
+    """The pseudo-inverses (S, m, p, p) of the Gram matrices of ``clients`` restricted to
+    ``support`` (S, p) (zero outside), those of the own fits (only the clients checked need
+    them)."""
+    H = data.H[:, clients]
+    if support is not None:
+        H = masked_gram(H, _support(support))
+    return np.linalg.pinv(H, hermitian=True)
+
+
+class PseudoInverses:
+    """The pseudo-inverses of the clients' restricted Gram matrices, made for the clients
+    asked (``Hplus[:, clients]``) rather than for all M: only the clients checked need them."""
+
+    def __init__(self, data, support=None):
+        self.data, self.support = data, support
+
+    def __getitem__(self, key):
+        everything, clients = key
+        if everything != slice(None):
+            raise IndexError("PseudoInverses[:, clients] only")
+        return pseudo_inverses(self.data, self.support, clients)
+
+
+def own_fits(data, support=None) -> np.ndarray:
+    """Each client's exact least-squares model on its training statistics, (S, M, p) (on
+    ``support`` (S, p); :func:`fnsysid.learning.ownfit.own_fits`, made once for the run's
+    statistics and shared with the strategy and the intervals)."""
+    return ownfit.own_fits(data.H, data.b, _support(support)).theta
+
+
+def training_noise(model, data, theta) -> tuple[np.ndarray, np.ndarray]:
+    """Each own fit's training residual variance per target and its degrees of freedom
+    (samples minus fitted terms of the target), each (S, M, n_y); NaN where undefined."""
+    St = model.structure                                        # (n_y, n_phi, p)
+    P = St.any(axis=1).astype(float)                            # (n_y, p) target of a param
+    n_y = St.shape[0]
+    yy = (data.yy_target if data.yy_target is not None
+          else np.repeat(data.yy[..., None] / n_y, n_y, axis=-1))
+    th = theta[..., None, :] * P                                # (S, M, n_y, p)
+    sse = yy - 2 * np.einsum("smyp,smp->smy", th, data.b) + \
+        np.einsum("smyp,smpq,smyq->smy", th, data.H, th)
+    dof = data.n[..., None] - (th != 0).sum(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(dof > 0, np.maximum(sse, 0) / np.maximum(dof, 1), np.nan), dof
+
+
+def own_fit_statistics(model, data, support=None):
+    """Each client's own fit: the pseudo-inverses of its (restricted) Gram matrix
+    (:class:`PseudoInverses`, made for the clients asked),
+    its parameters (S, M, p), its training noise variance and degrees of freedom (S, M, n_y)."""
+    Hplus = PseudoInverses(data, support)
+    theta = own_fits(data, support)
+    s2_tr, dof_tr = training_noise(model, data, theta)
+    return Hplus, theta, s2_tr, dof_tr
