@@ -25,9 +25,23 @@ def _support(support):
 
 
 def pseudo_inverses(data, support, clients) -> np.ndarray:
-    """The pseudo-inverses (S, m, p, p) of the Gram matrices of ``clients`` restricted to
-    ``support`` (S, p) (zero outside), those of the own fits (only the clients checked need
-    them)."""
+    """The pseudo-inverses of the Gram matrices of some clients, restricted to a support.
+
+    Parameters
+    ----------
+    data : fnsysid.dynamics.model.ClientData
+        The clients' training statistics; ``data.H`` is (S, M, p, p).
+    support : numpy.ndarray of bool, shape (S, p), or None
+        The terms each repeat's model keeps (zero outside them); None: every term.
+    clients : array_like of int or slice
+        The clients (along axis 1 of ``data.H``) whose pseudo-inverses are made.
+
+    Returns
+    -------
+    numpy.ndarray, shape (S, m, p, p)
+        ``H_i^+`` of each client asked (those of the own fits; only the clients checked need
+        them).
+    """
     H = data.H[:, clients]
     if support is not None:
         H = masked_gram(H, _support(support))
@@ -36,7 +50,16 @@ def pseudo_inverses(data, support, clients) -> np.ndarray:
 
 class PseudoInverses:
     """The pseudo-inverses of the clients' restricted Gram matrices, made for the clients
-    asked (``Hplus[:, clients]``) rather than for all M: only the clients checked need them."""
+    asked (``Hplus[:, clients]``, :func:`pseudo_inverses`) rather than for all M: only the
+    clients checked need them.
+
+    Parameters
+    ----------
+    data : fnsysid.dynamics.model.ClientData
+        The clients' training statistics.
+    support : numpy.ndarray of bool, shape (S, p), or None, default=None
+        The terms each repeat's model keeps; None: every term.
+    """
 
     def __init__(self, data, support=None):
         self.data, self.support = data, support
@@ -49,15 +72,45 @@ class PseudoInverses:
 
 
 def own_fits(data, support=None) -> np.ndarray:
-    """Each client's exact least-squares model on its training statistics, (S, M, p) (on
-    ``support`` (S, p); :func:`fnsysid.learning.ownfit.own_fits`, made once for the run's
-    statistics and shared with the strategy and the intervals)."""
+    """Each client's exact least-squares model on its training statistics.
+
+    Parameters
+    ----------
+    data : fnsysid.dynamics.model.ClientData
+        The clients' training statistics (``H``, ``b``).
+    support : numpy.ndarray of bool, shape (S, p), or None, default=None
+        The terms each repeat's model keeps; None: every term.
+
+    Returns
+    -------
+    numpy.ndarray, shape (S, M, p)
+        ``H_i^+ b_i`` on the support, 0 outside it (:func:`fnsysid.learning.ownfit.own_fits`,
+        made once for the run's statistics and shared with the strategy and the intervals).
+    """
     return ownfit.own_fits(data.H, data.b, _support(support)).theta
 
 
 def training_noise(model, data, theta) -> tuple[np.ndarray, np.ndarray]:
-    """Each own fit's training residual variance per target and its degrees of freedom
-    (samples minus fitted terms of the target), each (S, M, n_y); NaN where undefined."""
+    """Each own fit's training residual variance per target and its degrees of freedom.
+
+    Parameters
+    ----------
+    model : fnsysid.dynamics.model.Model
+        The model (its ``structure`` (n_y, n_phi, p) tells which parameters enter which
+        target).
+    data : fnsysid.dynamics.model.ClientData
+        The clients' training statistics (``H``, ``b``, ``yy`` or ``yy_target``, ``n``).
+    theta : numpy.ndarray, shape (S, M, p)
+        The own fits (:func:`own_fits`).
+
+    Returns
+    -------
+    s2 : numpy.ndarray, shape (S, M, n_y)
+        The residual sum of squares of each target over its degrees of freedom; NaN where
+        there are none.
+    dof : numpy.ndarray, shape (S, M, n_y)
+        Samples minus the fitted (nonzero) terms of the target.
+    """
     St = model.structure                                        # (n_y, n_phi, p)
     P = St.any(axis=1).astype(float)                            # (n_y, p) target of a param
     n_y = St.shape[0]
@@ -72,9 +125,29 @@ def training_noise(model, data, theta) -> tuple[np.ndarray, np.ndarray]:
 
 
 def own_fit_statistics(model, data, support=None):
-    """Each client's own fit: the pseudo-inverses of its (restricted) Gram matrix
-    (:class:`PseudoInverses`, made for the clients asked),
-    its parameters (S, M, p), its training noise variance and degrees of freedom (S, M, n_y)."""
+    """Each client's own fit and what the model check's tests need of it.
+
+    Parameters
+    ----------
+    model : fnsysid.dynamics.model.Model
+        The model fitted.
+    data : fnsysid.dynamics.model.ClientData
+        The clients' training statistics.
+    support : numpy.ndarray of bool, shape (S, p), or None, default=None
+        The terms each repeat's model keeps (``sparsity``); None: every term.
+
+    Returns
+    -------
+    Hplus : PseudoInverses
+        The pseudo-inverses of the clients' (restricted) Gram matrices, made for the clients
+        asked (``Hplus[:, clients]``, (S, m, p, p)).
+    theta : numpy.ndarray, shape (S, M, p)
+        The own fits' parameters (:func:`own_fits`).
+    s2 : numpy.ndarray, shape (S, M, n_y)
+        Their training noise variance per target (:func:`training_noise`).
+    dof : numpy.ndarray, shape (S, M, n_y)
+        Its degrees of freedom.
+    """
     Hplus = PseudoInverses(data, support)
     theta = own_fits(data, support)
     s2_tr, dof_tr = training_noise(model, data, theta)
