@@ -50,8 +50,24 @@ from fnsysid.results.sweep import (
 
 
 def not_drawn_rows(ax, jobs: list[dict], keys: list[str]) -> list[dict]:
-    """:func:`mark_not_drawn` for every job of ``jobs`` that did not finish ``ok``, labelled by
-    its values of ``keys``; one table row each (series, the keys, status)."""
+    """:func:`~fnsysid.results.plotting.sweep_plots.mark_not_drawn` for every job that did
+    not finish ``ok``, labelled by its values of ``keys``.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+        The axes whose legend names the jobs.
+    jobs : list of dict
+        The panel's jobs (:func:`fnsysid.results.sweep.read_sweep`: ``dir``, ``overrides``,
+        ``summary``, ``errors`` each).
+    keys : list of str
+        The keys that label a job.
+
+    Returns
+    -------
+    list of dict
+        One table row per job not drawn (``series``, the keys, ``status``).
+    """
     rows = []
     for j in jobs:
         if j["summary"]["status"] != "ok":
@@ -64,7 +80,17 @@ def not_drawn_rows(ax, jobs: list[dict], keys: list[str]) -> list[dict]:
 
 
 def slope(x, y) -> float:
-    """Least-squares slope of log(y) against log(x)."""
+    """Least-squares slope of log(y) against log(x).
+
+    Parameters
+    ----------
+    x, y : array_like of float, shape (n,)
+        Positive values, n >= 2.
+
+    Returns
+    -------
+    float
+    """
     return float(np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)), 1)[0])
 
 
@@ -72,12 +98,41 @@ def plot_final(jobs: list[dict], ax, x: str, metric: str = "e_max", sqrt: bool =
                loglog: bool = True, title: str | None = None, fit: bool = True,
                bound: bool = False, keys: list[str] | None = None,
                ref: bool = False) -> list[dict]:
-    """Final error against swept knob ``x``; one line per combination of the other swept
-    knobs (``keys``, default: those that differ), with the fitted log-log slope against ``x``
-    in the legend (``fit``), with ``bound`` the right-hand side of Theorem 1 (relative form,
-    dotted; ``bound_proof`` dash-dotted when present) and with ``ref`` a ``c / sqrt(x)``
-    reference line through the first point of the first curve. ``sqrt`` draws against
-    ``sqrt(x)``. Returns the tidy table (one row per curve and value of ``x``)."""
+    """Final error (mean over repeats, min..max band) against swept knob ``x``; one line per
+    combination of the other swept knobs.
+
+    Parameters
+    ----------
+    jobs : list of dict
+        The panel's jobs (:func:`fnsysid.results.sweep.read_sweep`: ``dir``, ``overrides``,
+        ``summary``, ``errors`` each).
+    ax : matplotlib.axes.Axes
+        The axes to draw on.
+    x : str
+        The swept knob on the x axis.
+    metric : str, default="e_max"
+        The column of ``errors.csv`` whose last round is taken.
+    sqrt : bool, default=False
+        Draw against ``sqrt(x)``.
+    loglog : bool, default=True
+        Logarithmic axes.
+    title : str or None, default=None
+        The axes' title.
+    fit : bool, default=True
+        The fitted log-log slope against ``x`` in the legend (with ``loglog``).
+    bound : bool, default=False
+        Also draw the right-hand side of Theorem 1 (relative form, dotted; ``bound_proof``
+        dash-dotted when present).
+    keys : list of str or None, default=None
+        The swept keys; None: those whose values differ between ``jobs``.
+    ref : bool, default=False
+        A ``c / sqrt(x)`` reference line through the first point of the first curve.
+
+    Returns
+    -------
+    list of dict
+        The tidy table: one row per curve and value of ``x`` (and per job not drawn).
+    """
     ax.set_prop_cycle(**STYLE)
     df = final_errors(jobs, metric)
     others = [k for k in (swept_keys(jobs) if keys is None else keys) if k != x]
@@ -160,8 +215,28 @@ BOUNDS = {"bound_rel": ("bound as stated (plug-in)", {"ls": ":", "lw": 1.5}),
 
 def plot_params(jobs: list[dict], ax, x: str, title: str | None = None,
                 column: str = "rel_error_max") -> list[dict]:
-    """Relative error of each identified parameter (``estimates.csv``, mean over repeats)
-    against swept knob ``x``, log-log; one line per parameter. Returns the tidy table."""
+    """Relative error of each identified parameter (``estimates.csv``, mean over repeats with
+    its min..max band) against swept knob ``x``, log-log; one line per parameter.
+
+    Parameters
+    ----------
+    jobs : list of dict
+        The panel's jobs (:func:`fnsysid.results.sweep.read_sweep`: ``dir``, ``overrides``,
+        ``summary``, ``errors`` each).
+    ax : matplotlib.axes.Axes
+        The axes to draw on.
+    x : str
+        The swept knob on the x axis (numeric).
+    title : str or None, default=None
+        The axes' title.
+    column : str, default="rel_error_max"
+        The column of ``estimates.csv`` drawn.
+
+    Returns
+    -------
+    list of dict
+        The tidy table: one row per parameter and value of ``x`` (and per job not drawn).
+    """
     ax.set_prop_cycle(**STYLE)
     rows = not_drawn_rows(ax, jobs, [x])              # no estimates.csv: listed only
     frames = [pd.read_csv(Path(j["dir"]) / "estimates.csv").assign(
@@ -197,7 +272,19 @@ def plot_params(jobs: list[dict], ax, x: str, title: str | None = None,
 
 
 def matches(overrides: dict, where: dict) -> bool:
-    """Whether a job's overrides have the values of ``where`` (a value or a list of values)."""
+    """Whether a job's overrides have the values of ``where``.
+
+    Parameters
+    ----------
+    overrides : dict of str to str
+        The job's overrides (``.hydra/overrides.yaml``).
+    where : dict
+        Each key's allowed value, or a list of allowed values (compared as strings).
+
+    Returns
+    -------
+    bool
+    """
     for k, v in where.items():
         allowed = [str(x) for x in v] if isinstance(v, (list, tuple)) else [str(v)]
         if overrides.get(k) not in allowed:
@@ -206,8 +293,25 @@ def matches(overrides: dict, where: dict) -> bool:
 
 
 def panel_jobs(panel: dict) -> tuple[list[dict], list[str]]:
-    """The jobs of a figure panel (``dir`` filtered by ``where``) and the keys they differ in
-    (the sweep's declared keys that still take more than one value)."""
+    """The jobs of a figure panel and the keys they differ in.
+
+    Parameters
+    ----------
+    panel : dict
+        ``dir`` (a multirun folder) and optionally ``where`` (:func:`matches`).
+
+    Returns
+    -------
+    jobs : list of dict
+        The finished jobs under ``dir`` that match ``where``.
+    keys : list of str
+        The sweep's declared keys that still take more than one value among them.
+
+    Raises
+    ------
+    FileNotFoundError
+        If no finished job matches.
+    """
     jobs = [j for j in read_sweep(panel["dir"]) if matches(j["overrides"],
                                                             panel.get("where") or {})]
     if not jobs:
@@ -219,7 +323,17 @@ def panel_jobs(panel: dict) -> tuple[list[dict], list[str]]:
 
 
 def samples_read(job_dir: Path) -> int:
-    """Samples a client reads per round: K steps of ``batch_size`` (SGD) or ``N T`` (GD)."""
+    """Samples a client reads per round: K steps of ``batch_size`` (SGD) or ``N T`` (GD).
+
+    Parameters
+    ----------
+    job_dir : path-like
+        A job's folder (its ``config.yaml``; per-client ``N`` or ``K``: the largest).
+
+    Returns
+    -------
+    int
+    """
     cfg = load_yaml(Path(job_dir) / "config.yaml")
     n = cfg["N"] if isinstance(cfg["N"], int) else max(cfg["N"])
     per_step = cfg["optimizer"].get("batch_size") or n * cfg["T"]
@@ -232,7 +346,19 @@ def solver_label(job_dir: Path, with_strategy: bool = True,
                  with_optimizer: bool = True) -> str:
     """The algorithm of a job in words: strategy, local solver, gradient reduction, scaling.
 
-    E.g. ``FedAvg, GD, mean gradient, diagonal feature scaling``, read from its config.yaml.
+    Parameters
+    ----------
+    job_dir : path-like
+        A job's folder (its ``config.yaml``).
+    with_strategy : bool, default=True
+        Name the strategy first (else the text starts ``local solver:``).
+    with_optimizer : bool, default=True
+        Name the local solver (``GD``, ``SGD batch 10``).
+
+    Returns
+    -------
+    str
+        E.g. ``FedAvg, GD, mean gradient, diagonal feature scaling``.
     """
     cfg = load_yaml(Path(job_dir) / "config.yaml")
     opt, strat = cfg.get("optimizer", {}), cfg.get("strategy", {})
@@ -258,7 +384,22 @@ def solver_label(job_dir: Path, with_strategy: bool = True,
 
 def settle_round(jobs: list[dict], metric: str = "e_max", tol: float = 0.02) -> int:
     """Last round at which some curve (mean over repeats) is still more than ``tol``
-    (relative) away from its final value: where the curves have settled."""
+    (relative) away from its final value: where the curves have settled.
+
+    Parameters
+    ----------
+    jobs : list of dict
+        The panel's jobs (:func:`fnsysid.results.sweep.read_sweep`: ``dir``, ``overrides``,
+        ``summary``, ``errors`` each).
+    metric : str, default="e_max"
+        The column of ``errors.csv``.
+    tol : float, default=0.02
+        The relative distance from the final value that counts as settled.
+
+    Returns
+    -------
+    int
+    """
     last = 0
     for j in jobs:
         b = band(kept_errors(j), metric)["mean"]
@@ -271,22 +412,41 @@ def settle_round(jobs: list[dict], metric: str = "e_max", tol: float = 0.02) -> 
 @locked
 def figure(panels: list[dict], out_base: Path, metric: str = "e_max",
            suptitle: str | None = None, ncols: int | None = None) -> pd.DataFrame:
-    """Panels in a grid (``ncols`` per row, default all in one row), saved as ``out_base``.png
-    and .pdf; returns the tidy table of final errors.
+    """Panels in a grid, saved as ``out_base``.png and .pdf.
 
-    Each panel is a dict with ``dir`` (a multirun folder), ``title`` and optionally ``x`` (draw
-    the final error against that knob instead of curves over rounds), ``sqrt``, ``loglog``,
-    ``fit`` (print the log-log slope), ``bound`` (Theorem 1's right-hand side), ``where`` (keep
-    the jobs whose overrides have these values; a list allows several), ``xmax`` (``auto``:
-    curves that settle early, see below), ``against`` (curves against a column of errors.csv
-    instead of the round, e.g. ``bytes_per_client``, on a log axis) and ``panel`` (its name in
-    the table; default: its title). Titles are the panels' own, short; the settings, the solver
-    and what lines and bands are belong in the caption (``suptitle`` draws a figure title if
-    given). Panels of curves share one round axis, 0 to the largest R: linear, or, when a panel
-    with ``xmax: auto`` settles within a tenth of its R, linear up to round 1 and logarithmic
-    beyond (:func:`round_axis`), which shows the first rounds and the last together. Curves of a
-    method have its look (:data:`METHODS`). When all panels draw the same curves (same labels),
-    the figure has one legend.
+    Titles are the panels' own, short; the settings, the solver and what lines and bands are
+    belong in the caption. Panels of curves share one round axis, 0 to the largest R: linear,
+    or, when a panel with ``xmax: auto`` settles within a tenth of its R
+    (:func:`settle_round`), linear up to round 1 and logarithmic beyond
+    (:func:`~fnsysid.results.plotting.style.round_axis`), which shows the first rounds and the
+    last together. Curves of a method have its look
+    (:data:`~fnsysid.results.plotting.style.METHODS`). When all panels draw the same curves
+    (same labels), the figure has one legend.
+
+    Parameters
+    ----------
+    panels : list of dict
+        Each with ``dir`` (a multirun folder), ``title`` and optionally ``x`` (draw the final
+        error against that knob instead of curves over rounds, :func:`plot_final`, with its
+        ``sqrt``, ``loglog``, ``fit``, ``bound`` and ``ref``), ``params`` (with ``x``: the
+        per-parameter errors, :func:`plot_params`), ``where`` (keep the jobs whose overrides
+        have these values; a list allows several), ``xmax`` (``auto``: see above),
+        ``against``, ``median`` and ``published``
+        (:func:`~fnsysid.results.plotting.sweep_plots.plot_sweep`) and ``panel`` (its name in
+        the table; default: its title).
+    out_base : path-like
+        The files' path without suffix (its folder is made).
+    metric : str, default="e_max"
+        The column of ``errors.csv`` drawn.
+    suptitle : str or None, default=None
+        A figure title.
+    ncols : int or None, default=None
+        Panels per row; None: all in one row.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The tidy table of final errors, its first column ``panel``.
     """
     n = len(panels)
     ncols = ncols or n
@@ -357,8 +517,23 @@ def figure(panels: list[dict], out_base: Path, metric: str = "e_max",
 
 
 def legend_columns(labels: list[str], width: float, most: int = 8) -> int:
-    """Columns of a legend below a figure ``width`` inches wide: up to ``most``, as many as
-    its longest label fits (about 16 characters an inch at font size 8, plus the handle), so
-    that long labels do not run off the figure."""
+    """Columns of a legend below a figure: as many as its longest label fits (about 16
+    characters an inch at font size 8, plus the handle), so that long labels do not run off
+    the figure.
+
+    Parameters
+    ----------
+    labels : list of str
+        The legend's labels.
+    width : float
+        The figure's width in inches.
+    most : int, default=8
+        The most columns.
+
+    Returns
+    -------
+    int
+        At least 1.
+    """
     longest = max((len(str(label)) for label in labels), default=1) + 6
     return max(1, min(len(labels), most, int(16 * width // longest)))

@@ -27,8 +27,19 @@ from fnsysid.results.plotting.style import (
 
 
 def method_of(strategy: dict | None) -> str | None:
-    """The method (a key of :data:`METHODS`) of a run's resolved ``strategy`` settings, from
-    its class (``_target_``) and, for ``Centralized``, its ``exact`` flag; None if unknown."""
+    """The method of a run, from its class (``_target_``) and, for ``Centralized``, its
+    ``exact`` flag.
+
+    Parameters
+    ----------
+    strategy : dict or None
+        The run's resolved ``strategy`` settings.
+
+    Returns
+    -------
+    str or None
+        A key of :data:`~fnsysid.results.plotting.style.METHODS`; None if unknown.
+    """
     target = str((strategy or {}).get("_target_", "")).rsplit(".", 1)[-1].lower()
     if target == "centralized" and (strategy or {}).get("exact"):
         target = "centralized_exact"
@@ -39,12 +50,29 @@ def method_of(strategy: dict | None) -> str | None:
 def plot_run(errors: pd.DataFrame, path: Path | None = None, title: str = "",
              method: str | None = None, ax=None) -> Figure:
     """e_r against r for one run: max over clients (solid) and mean over clients (dashed),
-    each the mean over repeats with its min..max band, in the colour of the run's ``method``
-    (a key of :data:`METHODS`; the legend names it).
+    each the mean over repeats with its min..max band, in the colour of the run's method.
 
     Without ground truth (``e_max`` empty) the held-out one-step NRMSE is drawn instead.
-    Drawn into ``ax`` if given (else a new figure), saved to ``path`` if given; returns the
-    figure.
+
+    Parameters
+    ----------
+    errors : pandas.DataFrame
+        The run's ``errors.csv`` (columns ``repeat``, ``round``, ``e_max``, ``e_mean``,
+        ``nrmse_1step_max``, ``nrmse_1step_mean``).
+    path : path-like or None, default=None
+        Where to save the figure (format by suffix); None: not saved.
+    title : str, default=""
+        The axes' title (wrapped at 70 characters).
+    method : str or None, default=None
+        A key of :data:`~fnsysid.results.plotting.style.METHODS` (:func:`method_of`): its
+        colour, and its name in the legend; None: the first colour of the cycle, no name.
+    ax : matplotlib.axes.Axes or None, default=None
+        The axes to draw into; None: a new figure.
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure drawn into.
     """
     if ax is None:
         fig = new_figure(figsize=(5, 3.6), layout="constrained")
@@ -83,10 +111,38 @@ def plot_fit(measured, one_step, free_run, names, path: Path | None = None, titl
     """Held-out fit of one trajectory: measured states, one-step-ahead predictions and the
     free-run simulation from the first state, one panel per state.
 
-    ``time``: the samples' times (default 0, 1, ...), ``time_label`` the x axis's name (the
-    data's ``data.time`` column). ``ax``: one Axes per state (a sequence), or one Axes for
-    all states (each state's curves labelled with its name); None: a new figure. Saved to
-    ``path`` if given; returns the figure."""
+    Parameters
+    ----------
+    measured : array_like, shape (T, n_x)
+        The measured states.
+    one_step : numpy.ndarray, shape (T - 1, n_x)
+        The one-step-ahead predictions of samples 1..T-1.
+    free_run : numpy.ndarray, shape (T, n_x)
+        The free run from the first state (non-finite values are not drawn).
+    names : sequence of str
+        The states' names (the panels' titles).
+    path : path-like or None, default=None
+        Where to save the figure (format by suffix); None: not saved.
+    title : str, default=""
+        The figure's title.
+    ax : matplotlib.axes.Axes, sequence of Axes, or None, default=None
+        One Axes per state, or one Axes for all states (each state's curves labelled with its
+        name); None: a new figure.
+    time : array_like, shape (T,), or None, default=None
+        The samples' times; None: 0, 1, ...
+    time_label : str, default="time step"
+        The x axis's name (the data's ``data.time`` column).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+        The figure drawn into.
+
+    Raises
+    ------
+    ValueError
+        If ``ax`` holds neither one Axes nor one per state.
+    """
     measured = np.asarray(measured)
     n_x = measured.shape[-1]
     if ax is None:

@@ -55,8 +55,19 @@ MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 
 
 def method_style(strategy: str | None) -> dict:
-    """``label``, ``color`` and ``linestyle`` of a method (a ``strategy`` option); an
-    unknown method gets its own name and no fixed style (empty dict)."""
+    """The look of a method in every figure.
+
+    Parameters
+    ----------
+    strategy : str or None
+        A ``strategy`` option (a key of :data:`METHODS`).
+
+    Returns
+    -------
+    dict
+        ``label``, ``color`` and ``linestyle``; empty for an unknown method (it keeps its own
+        name and the axes' colour cycle).
+    """
     if strategy not in METHODS:
         return {}
     label, color, ls = METHODS[strategy]
@@ -65,7 +76,19 @@ def method_style(strategy: str | None) -> dict:
 
 def knob_text(key: str, value) -> str:
     """One knob's value as a legend shows it: ``FedAvg`` for a strategy, ``\u03b5 = 0.01``,
-    ``M = 9``."""
+    ``M = 9``.
+
+    Parameters
+    ----------
+    key : str
+        The knob (a dotted setting).
+    value : object
+        Its value.
+
+    Returns
+    -------
+    str
+    """
     if key == "strategy":
         return method_style(value).get("label", str(value))
     if key == "optimizer":
@@ -74,7 +97,19 @@ def knob_text(key: str, value) -> str:
 
 
 def curve_text(keys, values) -> str:
-    """The legend label of a curve: its knobs' values (:func:`knob_text`), strategy first."""
+    """The legend label of a curve: its knobs' values (:func:`knob_text`), strategy first.
+
+    Parameters
+    ----------
+    keys : sequence of str
+        The knobs that tell the curves apart.
+    values : sequence
+        The curve's value of each.
+
+    Returns
+    -------
+    str
+    """
     pairs = sorted(zip(keys, values, strict=True), key=lambda kv: kv[0] != "strategy")
     return ", ".join(knob_text(k, v) for k, v in pairs)
 
@@ -82,7 +117,19 @@ def curve_text(keys, values) -> str:
 def method_order(handles, labels) -> tuple[list, list]:
     """Legend entries with the methods' in the order of :data:`METHODS` (an entry is a
     method's when its label starts with the method's name), the others after them in their
-    own order."""
+    own order.
+
+    Parameters
+    ----------
+    handles : list of matplotlib.artist.Artist
+    labels : list of str
+        The entries, as :meth:`matplotlib.axes.Axes.get_legend_handles_labels` gives them.
+
+    Returns
+    -------
+    handles : list of matplotlib.artist.Artist
+    labels : list of str
+    """
     names = [label for label, _, _ in METHODS.values()]
 
     def rank(label: str) -> int:
@@ -98,8 +145,24 @@ def method_order(handles, labels) -> tuple[list, list]:
 def curve_style(keys, values, markers: dict | None = None) -> dict:
     """Colour and line style of a curve: its method's (:data:`METHODS`) when ``strategy`` is
     one of ``keys``, and a marker per combination of the other knobs' values when there are
-    others (``markers`` maps each combination to its marker, filled as curves come); without
-    ``strategy``, nothing (the axes' colour cycle)."""
+    others.
+
+    Parameters
+    ----------
+    keys : sequence of str
+        The knobs that tell the curves apart.
+    values : sequence
+        The curve's value of each.
+    markers : dict or None, default=None
+        Each combination of the other knobs' values to its marker, filled as curves come
+        (shared by the curves of one axes); None: no markers.
+
+    Returns
+    -------
+    dict
+        ``color``, ``linestyle`` and perhaps ``marker``; empty without ``strategy`` (the
+        axes' colour cycle).
+    """
     values = dict(zip(keys, values, strict=True))
     style = method_style(values.pop("strategy", None))
     style.pop("label", None)
@@ -114,7 +177,17 @@ LOCK = threading.RLock()
 
 
 def locked(draw):
-    """``draw`` run under :data:`LOCK`."""
+    """A decorator: ``draw`` run under :data:`LOCK`.
+
+    Parameters
+    ----------
+    draw : callable
+        A drawing function.
+
+    Returns
+    -------
+    callable
+    """
     @functools.wraps(draw)
     def run(*args, **kwargs):
         with LOCK:
@@ -123,7 +196,17 @@ def locked(draw):
 
 
 def new_figure(**kwargs) -> Figure:
-    """A figure (``Figure(**kwargs)``) on an Agg canvas of its own, outside pyplot."""
+    """A figure on an Agg canvas of its own, outside pyplot.
+
+    Parameters
+    ----------
+    **kwargs
+        Passed to :class:`matplotlib.figure.Figure` (``figsize``, ``layout``, ...).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+    """
     fig = Figure(**kwargs)
     FigureCanvasAgg(fig)
     return fig
@@ -135,16 +218,51 @@ METRICS = {"e_max": r"$e_r = \max_i e_r^{(i)}$", "e_mean": r"mean$_i\, e_r^{(i)}
 
 
 def band(errors: pd.DataFrame, metric: str = "e_max") -> pd.DataFrame:
-    """Per round: mean, median, min and max over repeats of ``metric``."""
+    """Per round: mean, median, min and max over repeats of ``metric``.
+
+    Parameters
+    ----------
+    errors : pandas.DataFrame
+        A run's ``errors.csv`` (``round``, ``repeat`` and ``metric`` columns).
+    metric : str, default="e_max"
+        The column summarized.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Indexed by round; columns ``mean``, ``median``, ``lo``, ``hi``.
+    """
     g = errors.groupby("round")[metric]
     return pd.DataFrame({"mean": g.mean(), "median": g.median(), "lo": g.min(), "hi": g.max()})
 
 
 def draw_curve(ax, errors: pd.DataFrame, label: str, metric: str = "e_max",
                median: bool = False, against: str = "round", **kw):
-    """Mean over repeats with a min-max band (and the median, dotted, with ``median``),
-    against the round or, with ``against``, another column of errors.csv (its mean over
-    repeats at each round, e.g. ``bytes_per_client``)."""
+    """Mean over repeats with a min-max band (and the median, dotted, with ``median``).
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+        The axes to draw on.
+    errors : pandas.DataFrame
+        A run's ``errors.csv``.
+    label : str
+        The curve's legend label.
+    metric : str, default="e_max"
+        The column drawn.
+    median : bool, default=False
+        Also mark the median over repeats.
+    against : str, default="round"
+        The x: the round, or another column of ``errors.csv`` (its mean over repeats at each
+        round, e.g. ``bytes_per_client``; the final value is marked).
+    **kw
+        Passed to :meth:`matplotlib.axes.Axes.plot` (colour, line style, ...).
+
+    Returns
+    -------
+    matplotlib.lines.Line2D
+        The mean's line.
+    """
     b = band(errors, metric)
     x = b.index if against == "round" else \
         errors.groupby("round")[against].mean().reindex(b.index).to_numpy()
@@ -160,8 +278,17 @@ def draw_curve(ax, errors: pd.DataFrame, label: str, metric: str = "e_max",
 
 
 def style_axes(ax, metric: str = "e_max", log: bool | str = "auto") -> None:
-    """Axis labels and grid; ``log="auto"``: a log y-axis only when the curves span more
-    than a decade (over less, a log axis shows one or two tick labels)."""
+    """Axis labels and grid of a panel of curves over rounds.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    metric : str, default="e_max"
+        The column drawn (its label, :data:`METRICS`).
+    log : bool or "auto", default="auto"
+        A log y-axis; ``"auto"``: only when the curves span more than a decade (over less, a
+        log axis shows one or two tick labels).
+    """
     ax.set_xlabel("communication round $r$")
     ax.set_ylabel(METRICS.get(metric, metric))
     if log == "auto":
@@ -173,7 +300,17 @@ def style_axes(ax, metric: str = "e_max", log: bool | str = "auto") -> None:
 
 
 def decades(ax) -> float:
-    """How many decades the positive y values of the lines on ``ax`` span."""
+    """How many decades the positive y values of the lines on ``ax`` span.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+
+    Returns
+    -------
+    float
+        0 without positive finite values.
+    """
     ys = [np.asarray(line.get_ydata(), float) for line in ax.get_lines()]
     y = np.concatenate(ys) if ys else np.array([])
     y = y[np.isfinite(y) & (y > 0)]
@@ -181,14 +318,34 @@ def decades(ax) -> float:
 
 
 def wrap(text: str | None, width: int) -> str | None:
-    """``text`` broken into lines of at most ``width`` characters (existing breaks kept)."""
+    """``text`` broken into lines of at most ``width`` characters (existing breaks kept).
+
+    Parameters
+    ----------
+    text : str or None
+    width : int
+
+    Returns
+    -------
+    str or None
+        ``text`` itself when it is empty or None.
+    """
     if not text:
         return text
     return "\n".join(textwrap.fill(part, width) for part in str(text).split("\n"))
 
 
 def sort_value(v: str):
-    """Sort key of a knob's value: numbers in their order, before the other strings."""
+    """Sort key of a knob's value: numbers in their order, before the other strings.
+
+    Parameters
+    ----------
+    v : str
+
+    Returns
+    -------
+    tuple of (int, float, str)
+    """
     try:
         return (0, float(v), "")
     except ValueError:
@@ -196,15 +353,33 @@ def sort_value(v: str):
 
 
 def below_axes(ax):
-    """A transform 30 points under ``ax``'s lower edge (under its x label)."""
+    """A transform 30 points under ``ax``'s lower edge (under its x label).
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+
+    Returns
+    -------
+    matplotlib.transforms.Transform
+    """
     from matplotlib.transforms import offset_copy
 
     return offset_copy(ax.transAxes, fig=ax.figure, y=-30, units="points")
 
 
 def legend_below(ax, ncol: int = 1, fontsize: float = 7) -> None:
-    """A legend under ``ax``; its number of rows is kept on the axes so that
-    :func:`fnsysid.results.plotting.paper_panels.figure` can make room for it."""
+    """A legend under ``ax``; its number of rows is kept on the axes
+    (``ax.legend_rows_below``) so that :func:`fnsysid.results.plotting.paper_panels.figure`
+    can make room for it.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    ncol : int, default=1
+        The legend's columns.
+    fontsize : float, default=7
+    """
     handles, labels = method_order(*ax.get_legend_handles_labels())
     n = len(labels)
     below = below_axes(ax)                                            # under the x label
@@ -215,7 +390,13 @@ def legend_below(ax, ncol: int = 1, fontsize: float = 7) -> None:
 
 def readable_log(ax) -> None:
     """Plain numbers (0.2, 0.5, 3, 16) instead of powers of ten on log axes spanning less than
-    two decades, where only one or two powers of ten would be labelled."""
+    two decades, where only one or two powers of ten would be labelled.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+        Its x and y axes are each changed if they span less than two positive decades.
+    """
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     plain = FuncFormatter(lambda v, _: f"{v:g}")
@@ -228,8 +409,17 @@ def readable_log(ax) -> None:
 
 
 def round_axis(ax, R: int, scale: str = "linear") -> None:
-    """The round axis of a panel of curves: 0 to ``R``, linear or (``scale="symlog"``) linear
-    up to round 1 and logarithmic beyond, which shows the first rounds and the last together."""
+    """The round axis of a panel of curves: 0 to ``R``.
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+    R : int
+        The last round.
+    scale : {"linear", "symlog"}, default="linear"
+        ``symlog``: linear up to round 1 and logarithmic beyond, which shows the first rounds
+        and the last together.
+    """
     if scale == "symlog":
         from matplotlib.ticker import FuncFormatter
 
@@ -245,7 +435,16 @@ def save(fig, paths, dpi: float) -> None:
     For every file, ``savefig`` of a figure with a layout engine lays it out and draws it
     twice (once without rendering, to measure it); here the layout runs once, at ``dpi`` as
     ``savefig`` would run it, and each file is drawn once (the PNG is the same bytes). PDFs
-    carry no creation date, so a regenerated file differs only if its data do."""
+    carry no creation date, so a regenerated file differs only if its data do.
+
+    Parameters
+    ----------
+    fig : matplotlib.figure.Figure
+    paths : sequence of path-like
+        The files to write (format by suffix).
+    dpi : float
+        The resolution of raster files (and of the layout).
+    """
     engine = fig.get_layout_engine()
     if engine is not None:
         dpi_before = fig.dpi

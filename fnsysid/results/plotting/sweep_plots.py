@@ -44,14 +44,40 @@ AGAINST = {"bytes_per_client": "bytes sent and received per client (cumulative, 
 def plot_sweep(jobs: list[dict], ax, metric: str = "e_max", keys: list[str] | None = None,
                title: str | None = None, legend: bool = True, median: bool = False,
                published: dict | None = None, against: str = "round") -> list[dict]:
-    """One curve per swept value (legend ``M=9``), on ``ax``. Returns a final-error table.
+    """One curve per swept value (legend ``M = 9``), on ``ax``: the mean over repeats with
+    its min..max band; a job that did not finish ``ok`` is named in the legend, not drawn.
 
-    ``keys`` name the curves (default: the keys whose values differ between ``jobs``).
-    ``published`` (``{"key": "M", "values": {1: 0.953, ...}, "tol": 0.1}``) marks the published
-    final error of each curve (x at the last round) and adds to the table the fraction of
-    repeats whose final error lies within ``tol`` (relative) of it. ``against``: the x of the
-    curves, ``round`` or a column of errors.csv such as ``bytes_per_client`` (then a log
-    axis, its final value in the table; a job without that column is not drawn).
+    Parameters
+    ----------
+    jobs : list of dict
+        The sweep's jobs (:func:`fnsysid.results.sweep.read_sweep`: ``dir``, ``overrides``,
+        ``summary``, ``errors`` each).
+    ax : matplotlib.axes.Axes
+        The axes to draw on.
+    metric : str, default="e_max"
+        The column of ``errors.csv`` drawn.
+    keys : list of str or None, default=None
+        The keys that name the curves; None: those whose values differ between ``jobs``.
+    title : str or None, default=None
+        The axes' title.
+    legend : bool, default=True
+        Draw the axes' legend (False: the figure draws one for several axes).
+    median : bool, default=False
+        Also mark the median over repeats (dots).
+    published : dict or None, default=None
+        ``{"key": "M", "values": {1: 0.953, ...}, "tol": 0.1}``: marks the published final
+        error of each curve (at the last round) and adds to the table the fraction of repeats
+        whose final error lies within ``tol`` (relative) of it.
+    against : str, default="round"
+        The x of the curves: ``round``, or a column of ``errors.csv`` such as
+        ``bytes_per_client`` (then a log axis and its final value in the table; a job without
+        that column is not drawn).
+
+    Returns
+    -------
+    list of dict
+        The final-error table, one row per curve (its label, keys, status, and the final
+        ``metric``'s mean, std, standard error, median, min and max over repeats).
     """
     ax.set_prop_cycle(**STYLE)
     keys = swept_keys(jobs) if keys is None else keys
@@ -139,7 +165,19 @@ NOT_DRAWN = "not drawn"
 
 
 def status_text(summary: dict, sep: str = " at ") -> str:
-    """A job's status with the round it diverged at: ``diverged at r=22``, ``interrupted``."""
+    """A job's status with the round it diverged at: ``diverged at r=22``, ``interrupted``.
+
+    Parameters
+    ----------
+    summary : dict
+        The job's ``summary.json`` (``status``, ``diverged_round``).
+    sep : str, default=" at "
+        What joins the status and the round.
+
+    Returns
+    -------
+    str
+    """
     status = summary["status"]
     at = summary.get("diverged_round") if status == "diverged" else None
     return status + (f"{sep}r={at}" if at is not None else "")
@@ -148,8 +186,24 @@ def status_text(summary: dict, sep: str = " at ") -> str:
 def mark_not_drawn(ax, job: dict, label: str, shown: str | None = None) -> str:
     """A legend entry (a red x, no line) for a job that did not finish ``ok`` (diverged,
     growing, interrupted, ...), which is not drawn: its label with the status and the round
-    (``diverged at r=22; not drawn``, ``growing; not drawn``). The legend shows ``shown``
-    (default ``label``) with the same ending; ``label``'s is returned (for the table)."""
+    (``diverged at r=22; not drawn``, ``growing; not drawn``).
+
+    Parameters
+    ----------
+    ax : matplotlib.axes.Axes
+        The axes whose legend names the job.
+    job : dict
+        The job (:func:`fnsysid.results.sweep.read_sweep`).
+    label : str
+        The job's label in the table.
+    shown : str or None, default=None
+        Its label in the legend; None: ``label``.
+
+    Returns
+    -------
+    str
+        ``label`` with the status's ending (for the table).
+    """
     end = f" ({status_text(job['summary'])}; not drawn)"
     ax.plot([], [], ls="none", marker="x", color="firebrick", label=(shown or label) + end,
             gid=NOT_DRAWN)
@@ -157,9 +211,20 @@ def mark_not_drawn(ax, job: dict, label: str, shown: str | None = None) -> str:
 
 
 def legend_entries(axes) -> tuple[list, list]:
-    """(handles, labels) of one legend for ``axes`` that draw the same curves: each label
-    once, and every job not drawn (:func:`mark_not_drawn`) with the first line of its
-    panel's title."""
+    """One legend for several axes that draw the same curves: each label once, and every
+    job not drawn (:func:`mark_not_drawn`) with the first line of its panel's title.
+
+    Parameters
+    ----------
+    axes : iterable of matplotlib.axes.Axes
+        The panels.
+
+    Returns
+    -------
+    handles : list of matplotlib.artist.Artist
+    labels : list of str
+        In the order of :func:`~fnsysid.results.plotting.style.method_order`.
+    """
     entries: dict = {}
     for ax in axes:
         panel = ax.get_title().split("\n")[0]
@@ -171,7 +236,22 @@ def legend_entries(axes) -> tuple[list, list]:
 
 
 def final_errors(jobs: list[dict], metric: str = "e_max") -> pd.DataFrame:
-    """One row per finished job: its overrides and the final error (mean, std over repeats)."""
+    """One row per finished job: its overrides and the final error over repeats.
+
+    Parameters
+    ----------
+    jobs : list of dict
+        The sweep's jobs (:func:`fnsysid.results.sweep.read_sweep`: ``dir``, ``overrides``,
+        ``summary``, ``errors`` each).
+    metric : str, default="e_max"
+        The column of ``errors.csv`` whose last round is taken.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The overrides, ``final_mean``, ``final_std``, ``final_min``, ``final_max``, ``R``,
+        ``n_repeats``, ``bound_rel`` and ``bound_proof_rel`` (Theorem 1, from the summary).
+    """
     rows = []
     for j in jobs:
         if j["summary"]["status"] != "ok":
@@ -190,12 +270,37 @@ def final_errors(jobs: list[dict], metric: str = "e_max") -> pd.DataFrame:
 @locked
 def sweep_figure(jobs: list[dict], keys: list[str], outs, metric: str = "e_max",
                  title: str | None = None, panel_key: str | None = None) -> pd.DataFrame:
-    """Curves of a sweep, saved to each path of ``outs`` (format by suffix).
+    """Curves of a sweep, saved to each path of ``outs``.
 
     One swept key: one panel, one curve per value. Two or more: one panel per value of
-    ``panel_key`` (default: the first swept key), one curve per combination of the others,
-    with a single legend for the figure. Only swept keys (``keys``) appear in labels.
-    Returns the final-error table (one row per curve, with the panel).
+    ``panel_key``, one curve per combination of the others, with a single legend for the
+    figure. Only swept keys appear in labels.
+
+    Parameters
+    ----------
+    jobs : list of dict
+        The sweep's jobs (:func:`fnsysid.results.sweep.read_sweep`: ``dir``, ``overrides``,
+        ``summary``, ``errors`` each).
+    keys : list of str
+        The swept keys.
+    outs : sequence of path-like
+        The files to write (format by suffix).
+    metric : str, default="e_max"
+        The column of ``errors.csv`` drawn.
+    title : str or None, default=None
+        The figure's title.
+    panel_key : str or None, default=None
+        The key with one panel per value; None: the first of ``keys`` when there are several.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The final-error table (:func:`plot_sweep`'s rows, with the panel).
+
+    Raises
+    ------
+    ValueError
+        If ``panel_key`` is not one of ``keys``.
     """
     if panel_key is not None and panel_key not in keys:
         raise ValueError(f"panel key {panel_key} is not swept; swept: {', '.join(keys)}")
@@ -234,7 +339,32 @@ def sweep_figure(jobs: list[dict], keys: list[str], outs, metric: str = "e_max",
 def sweep_heatmap(jobs: list[dict], keys: list[str], outs, metric: str = "e_max",
                   title: str | None = None) -> pd.DataFrame:
     """Final error (mean over repeats) of a two-key sweep as a heat map: ``keys[0]`` across,
-    ``keys[1]`` down, the value written in each cell. Returns the table of finals."""
+    ``keys[1]`` down, the value written in each cell (a job not ``ok``: its status).
+
+    Parameters
+    ----------
+    jobs : list of dict
+        The sweep's jobs (:func:`fnsysid.results.sweep.read_sweep`: ``dir``, ``overrides``,
+        ``summary``, ``errors`` each).
+    keys : list of str
+        The two swept keys.
+    outs : sequence of path-like
+        The files to write (format by suffix).
+    metric : str, default="e_max"
+        The column of ``errors.csv`` whose last round is taken.
+    title : str or None, default=None
+        The figure's title.
+
+    Returns
+    -------
+    pandas.DataFrame
+        The finals (:func:`final_errors`), and a row with its status for each job not ``ok``.
+
+    Raises
+    ------
+    ValueError
+        If ``keys`` are not two.
+    """
     if len(keys) != 2:
         raise ValueError(f"a heat map needs exactly two swept keys; this sweep has "
                          f"{len(keys)}: {', '.join(keys) or 'none'}")
