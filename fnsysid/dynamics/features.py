@@ -61,9 +61,9 @@ class Identity(Library):
 
     Parameters
     ----------
-    variables : {"x", "u", "xu"}
+    variables : {"x", "u", "xu"}, default="xu"
         Which variables enter the library.
-    bias : bool
+    bias : bool, default=False
         Prepend the constant feature ``1``.
     """
 
@@ -86,10 +86,11 @@ class Polynomial(Library):
 
     Parameters
     ----------
-    degree : int
+    degree : int, default=2
         Highest total degree, >= 1.
-    variables : {"x", "u", "xu"}
-    bias : bool
+    variables : {"x", "u", "xu"}, default="xu"
+        Which variables enter the library.
+    bias : bool, default=True
         Include the constant monomial ``1``.
     """
 
@@ -131,10 +132,11 @@ class Fourier(Library):
 
     Parameters
     ----------
-    variables : {"x", "u", "xu"}
-    n_frequencies : int
+    variables : {"x", "u", "xu"}, default="x"
+        Which variables enter the library.
+    n_frequencies : int, default=1
         Number of harmonics, >= 1.
-    sin, cos : bool
+    sin, cos : bool, default=True
         Which of the two functions to include (at least one).
     """
 

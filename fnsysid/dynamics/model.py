@@ -75,11 +75,21 @@ class Model:
 
         Parameters
         ----------
-        Phi : (..., n, n_phi); Y : (..., n, n_y); weight : (..., n) 0/1 sample mask.
+        Phi : numpy.ndarray, shape (..., n, n_phi)
+            The features of each sample.
+        Y : numpy.ndarray, shape (..., n, n_y)
+            The targets.
+        weight : numpy.ndarray, shape (..., n)
+            The 0/1 sample mask.
 
         Returns
         -------
-        H (..., p, p), b (..., p), yy (...) = sum ||y||^2 and n (...) = number of samples.
+        H : numpy.ndarray, shape (..., p, p)
+        b : numpy.ndarray, shape (..., p)
+        yy : numpy.ndarray, shape (...)
+            ``sum ||y||^2``.
+        n : numpy.ndarray, shape (...)
+            The number of samples.
         """
         return sample_stats(self, Phi, Y, weight)[:4]
 
@@ -206,19 +216,34 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
 
     Parameters
     ----------
-    model : the regression model (system and features).
-    M : number of clients.
-    N : int or sequence of M ints, trajectories per client.
-    T : trajectory length (samples per trajectory).
-    eps : heterogeneity; ``gamma ~ U(0, eps)`` per client and direction.
-    repeats : independent repetitions (new systems and data each).
-    seed : root seed; see :mod:`fnsysid.dynamics.random` for how streams are derived.
-    keep_samples : also return the per-sample arrays (needed by mini-batch SGD).
-    shared_noise : every client draws the same trajectory noise (the published pendulum code's
+    model : Model
+        The regression model (system and features).
+    M : int
+        The number of clients.
+    N : int or sequence of M ints
+        Trajectories per client.
+    T : int
+        Trajectory length (samples per trajectory).
+    eps : float
+        Heterogeneity: ``gamma ~ U(0, eps)`` per client and direction.
+    repeats : int
+        Independent repetitions (new systems and data each).
+    seed : int
+        The root seed; see :mod:`fnsysid.dynamics.random` for how streams are derived.
+    keep_samples : bool, default=False
+        Also return the per-sample arrays (needed by mini-batch SGD).
+    shared_noise : bool, default=False
+        Every client draws the same trajectory noise (the published pendulum code's
         behaviour); client parameters still differ.
-    clients : indices of the clients to build (default all M, in order); a client's system
-        and data are the same whichever others are built with it (what a federated node that
-        holds one client draws). Costs at most the clients of a block before it.
+    clients : sequence of int or None, default=None
+        Indices of the clients to build (None: all M, in order); a client's system and data
+        are the same whichever others are built with it (what a federated node that holds
+        one client draws). Costs at most the clients of a block before it.
+
+    Returns
+    -------
+    ClientData
+        The clients' statistics, (S, M, ...): ``S = repeats``, M the clients built.
     """
     N = np.broadcast_to(np.asarray(N, dtype=int), (M,))
     blocks, keep = rnd.blocks(M), None

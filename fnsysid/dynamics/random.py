@@ -240,14 +240,14 @@ class Noise:
 
     Parameters
     ----------
-    kind : {"normal", "truncnormal", "uniform", "zero"}
+    kind : {"normal", "truncnormal", "uniform", "zero"}, default="normal"
         ``normal``: ``loc + scale * N(0, 1)``; ``truncnormal``: normal with standard deviation
         ``scale`` redrawn until ``|z| <= clip``; ``uniform``: ``loc + scale * U(-1, 1)``.
-    scale : float or sequence
+    scale : float or sequence of float, default=1.0
         Per-coordinate scale, broadcast over the last axis.
-    loc : float or sequence
+    loc : float or sequence of float, default=0.0
         Per-coordinate offset.
-    clip : float
+    clip : float, default=inf
         Cut-off of ``truncnormal`` in physical units.
     """
 

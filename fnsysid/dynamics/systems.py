@@ -97,12 +97,21 @@ class System:
 
         Parameters
         ----------
-        theta : (B, p0) client parameters.
-        x0 : (B, N, n_x); eta : (B, N, T, n_u); w : (B, N, T, n_w).
+        theta : numpy.ndarray, shape (B, p0)
+            The client parameters.
+        x0 : numpy.ndarray, shape (B, N, n_x)
+            The initial states.
+        eta : numpy.ndarray, shape (B, N, T, n_u)
+            The exploration noise of the inputs.
+        w : numpy.ndarray, shape (B, N, T, n_w)
+            The disturbance.
 
         Returns
         -------
-        x : (B, N, T + 1, n_x) states; u : (B, N, T, n_u) applied inputs.
+        x : numpy.ndarray, shape (B, N, T + 1, n_x)
+            The states.
+        u : numpy.ndarray, shape (B, N, T, n_u)
+            The applied inputs.
         """
         B, N, T = eta.shape[:3]
         # time-major: each step reads and writes whole contiguous (B, N, .) arrays
@@ -338,7 +347,7 @@ class Generic(System):
     ----------
     states : list of str
         Names of the state columns (at least one).
-    inputs : list of str
+    inputs : list of str, default=()
         Names of the input columns (may be empty).
     """
 

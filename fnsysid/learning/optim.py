@@ -99,18 +99,32 @@ def gd_steps(theta, H, b, n, lrs, *, reduction="sum", precond=None, mu=0.0, anch
 
     Parameters
     ----------
-    theta : (..., p) starting models (not modified).
-    H, b, n : (..., p, p), (..., p), (...) sufficient statistics of the client.
-    lrs : (K,) step sizes, or (..., K) per client (zeros past a client's own K_i), see
+    theta : numpy.ndarray, shape (..., p)
+        The starting models (not modified).
+    H : numpy.ndarray, shape (..., p, p)
+        The clients' Gram matrices (sufficient statistics).
+    b : numpy.ndarray, shape (..., p)
+        The clients' ``X'y``.
+    n : numpy.ndarray, shape (...)
+        The clients' numbers of samples (for ``reduction="mean"``).
+    lrs : array_like, shape (K,) or (..., K)
+        The step sizes, or per client (zeros past a client's own K_i); see
         :func:`step_sizes`.
-    reduction : "sum" or "mean" over samples.
-    precond : (..., p) diagonal or (..., p, p) preconditioner, or None.
-    mu, anchor : proximal weight and centre (FedProx); ``anchor`` broadcastable to theta.
-    correction : (..., p) constant gradient correction or None.
+    reduction : {"sum", "mean"}, default="sum"
+        The gradient summed or averaged over samples.
+    precond : numpy.ndarray, shape (..., p) or (..., p, p), or None, default=None
+        A diagonal or full preconditioner.
+    mu : float, default=0.0
+        The proximal weight (FedProx).
+    anchor : numpy.ndarray or None, default=None
+        The proximal centre, broadcastable to ``theta``.
+    correction : numpy.ndarray, shape (..., p), or None, default=None
+        A constant gradient correction (SCAFFOLD, FedLin).
 
     Returns
     -------
-    (..., p) models after ``len(lrs)`` steps.
+    numpy.ndarray, shape (..., p)
+        The models after ``len(lrs)`` steps.
 
     Examples
     --------
@@ -281,10 +295,13 @@ class LocalSolver:
 
     Parameters
     ----------
-    schedule : "constant" or "inverse_k" (lr / k at local step k, restarting each round).
-    reduction : "sum" or "mean" of the per-sample gradients.
-    scale_features : "none" (or false), "diagonal" (or true), "zscore" or "whiten": local
-        steps on rescaled features, iterates kept in physical units (see
+    schedule : {"constant", "inverse_k"}, default="constant"
+        ``inverse_k``: lr / k at local step k, restarting each round.
+    reduction : {"sum", "mean"}, default="sum"
+        The per-sample gradients summed or averaged.
+    scale_features : {"none", "diagonal", "zscore", "whiten"} or bool, default=False
+        ``false`` is ``none``, ``true`` is ``diagonal``: local steps on rescaled features,
+        iterates kept in physical units (see
         :func:`preconditioner`). ``zscore`` also centres each client's features, as the
         published code does (it centres the features only; centring the targets as well would
         change nothing, since the centred features sum to zero against any constant): the

@@ -150,11 +150,18 @@ class Privacy:
 
     Parameters
     ----------
-    name : "central" (trusted server adds the noise) or "local" (each client adds its own).
-    clip : bound on the norm of a client's contribution.
-    epsilon, delta : targets; exactly one of ``epsilon`` and ``noise_multiplier`` is given.
-    noise_multiplier : standard deviation of the noise over the sensitivity.
-    accountant : "pld" (privacy loss distributions, tight) or "rdp" (Renyi DP).
+    name : {"central", "local"}
+        ``central``: a trusted server adds the noise; ``local``: each client adds its own.
+    clip : float
+        The bound on the norm of a client's contribution.
+    delta : float
+        The target delta.
+    epsilon : float or None, default=None
+        The target epsilon; exactly one of ``epsilon`` and ``noise_multiplier`` is given.
+    noise_multiplier : float or None, default=None
+        The standard deviation of the noise over the sensitivity.
+    accountant : {"pld", "rdp"}, default="pld"
+        ``pld``: privacy loss distributions (tight); ``rdp``: Renyi DP.
     """
 
     def __init__(self, name: str, clip: float, delta: float, epsilon: float | None = None,

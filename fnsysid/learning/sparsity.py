@@ -71,9 +71,23 @@ def unit_scales(theta: np.ndarray, h: np.ndarray, b: np.ndarray, yy: np.ndarray,
 
     Parameters
     ----------
-    theta : (..., p) current coefficients; h, b : (..., p) the Gram diagonal and ``X'y``
-        summed over the clients; yy : (..., n_y) each target's summed squares;
-    enters : (n_y, p) bool, which targets each coefficient enters; support : (..., p) bool.
+    theta : numpy.ndarray, shape (..., p)
+        The current coefficients.
+    h : numpy.ndarray, shape (..., p)
+        The Gram diagonal, summed over the clients.
+    b : numpy.ndarray, shape (..., p)
+        ``X'y``, summed over the clients.
+    yy : numpy.ndarray, shape (..., n_y)
+        Each target's summed squares.
+    enters : numpy.ndarray of bool, shape (n_y, p)
+        Which targets each coefficient enters.
+    support : numpy.ndarray of bool, shape (..., p)
+        The kept coefficients.
+
+    Returns
+    -------
+    numpy.ndarray, shape (..., p)
+        The factors ``w``.
     """
     YY = yy @ enters.astype(float)                                   # (..., p)
     r = np.maximum(YY - 2 * theta * b + theta ** 2 * h, 1e-12 * YY)
@@ -93,21 +107,33 @@ def stlsq(H: np.ndarray, b: np.ndarray, threshold: float, alpha: float = 0.0,
 
     Parameters
     ----------
-    H, b : (..., p, p), (..., p) statistics (``X'X`` and ``X'y`` for a least-squares
-        problem ``||y - X theta||^2``), any leading axes (repeats, clients).
-    threshold : coefficients with ``|w theta| < threshold`` are set to 0.
-    alpha : ridge weight (``||y - X theta||^2 + alpha ||theta||^2``).
-    max_iter : most refits.
-    support : (..., p) terms allowed at the start (default all).
-    unbias : with ``alpha`` > 0, refit the final support without the ridge (PySINDy's
+    H : numpy.ndarray, shape (..., p, p)
+        ``X'X`` of a least-squares problem ``||y - X theta||^2``, any leading axes (repeats,
+        clients).
+    b : numpy.ndarray, shape (..., p)
+        Its ``X'y``.
+    threshold : float
+        Coefficients with ``|w theta| < threshold`` are set to 0.
+    alpha : float, default=0.0
+        The ridge weight (``||y - X theta||^2 + alpha ||theta||^2``).
+    max_iter : int, default=20
+        The most refits.
+    support : numpy.ndarray of bool, shape (..., p), or None, default=None
+        The terms allowed at the start; None: all.
+    unbias : bool, default=True
+        With ``alpha`` > 0, refit the final support without the ridge (PySINDy's
         ``unbias=True``).
-    weights : None (``w = 1``: the data's units) or a function ``(theta, support) -> w``
-        (..., p), e.g. :func:`unit_scales` of the summed statistics.
+    weights : callable or None, default=None
+        A function ``(theta, support) -> w`` (..., p), e.g. :func:`unit_scales` of the
+        summed statistics; None: ``w = 1`` (the data's units).
 
     Returns
     -------
-    theta (..., p) (exactly 0 outside the support), support (..., p) bool, and the number of
-    refits done.
+    theta : numpy.ndarray, shape (..., p)
+        Exactly 0 outside the support.
+    support : numpy.ndarray of bool, shape (..., p)
+    refits : int
+        The number of refits done.
 
     Examples
     --------
@@ -227,15 +253,20 @@ class STLSQ:
 
     Parameters
     ----------
-    threshold : float > 0, compared with the scaled coefficients (``scale``), or ``"auto"``:
-        chosen along :data:`AUTO_GRID` by held-out error, or by BIC without held-out data
+    threshold : float or "auto", default=0.05
+        A float > 0, compared with the scaled coefficients (``scale``), or ``"auto"``: chosen
+        along :data:`AUTO_GRID` by held-out error, or by BIC without held-out data
         (:meth:`choose_auto`).
-    scale : ``unit`` (coefficients of features and targets scaled to unit size,
-        :func:`unit_scales`) or ``data`` (the coefficients' own units).
-    alpha : ridge weight >= 0 (0: plain least squares, PySINDy's ``alpha=0``).
-    unbias : with ``alpha`` > 0, the strategy fits the kept terms without the ridge
-        (PySINDy's ``unbias=True``); else with the ridge.
-    max_iter : most refits of the STLSQ loop.
+    scale : {"unit", "data"}, default="unit"
+        ``unit``: coefficients of features and targets scaled to unit size
+        (:func:`unit_scales`); ``data``: the coefficients' own units.
+    alpha : float, default=0.0
+        The ridge weight, >= 0 (0: plain least squares, PySINDy's ``alpha=0``).
+    unbias : bool, default=True
+        With ``alpha`` > 0, the strategy fits the kept terms without the ridge (PySINDy's
+        ``unbias=True``); else with the ridge.
+    max_iter : int, default=20
+        The most refits of the STLSQ loop.
     """
 
     name = "stlsq"

@@ -53,12 +53,15 @@ def aggregate(models: np.ndarray, weights: np.ndarray | None = None) -> np.ndarr
 
     Parameters
     ----------
-    models : (..., M, p) client models.
-    weights : (..., M) non-negative weights, or None for the plain mean.
+    models : numpy.ndarray, shape (..., M, p)
+        The client models.
+    weights : numpy.ndarray, shape (..., M), or None, default=None
+        Non-negative weights; None: the plain mean.
 
     Returns
     -------
-    (..., p) the aggregated model.
+    numpy.ndarray, shape (..., p)
+        The aggregated model.
 
     Examples
     --------
@@ -133,7 +136,8 @@ class Strategy:
 
     Parameters
     ----------
-    weighting : "uniform" (plain mean, paper Alg. 1) or "samples" (weights N_i T).
+    weighting : {"uniform", "samples"}, default="uniform"
+        ``uniform``: the plain mean (paper Alg. 1); ``samples``: weights ``N_i T``.
     """
 
     #: the run's differential privacy (:class:`fnsysid.learning.privacy.Privacy`), set by
