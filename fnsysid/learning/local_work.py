@@ -24,14 +24,47 @@ def _plain(K):
 
 
 def is_heterogeneous(K) -> bool:
-    """Whether ``K`` gives clients different step counts (a list or a distribution)."""
+    """Whether ``K`` gives clients different step counts (a list or a distribution).
+
+    Parameters
+    ----------
+    K : int, list of int or mapping
+        The ``K`` setting.
+
+    Returns
+    -------
+    bool
+    """
     K = _plain(K)
     return isinstance(K, (list, tuple, Mapping))
 
 
 def local_steps(K, M: int, repeats: int, seed: int, clients=None):
-    """The local steps of each client: ``K`` itself (an int) or an int array (S, m) for the
-    clients ``clients`` (default all M) of each repeat.
+    """The local steps of each client.
+
+    Parameters
+    ----------
+    K : int, list of int or mapping
+        One integer, a list of M integers (``K_i``) or ``{kind: uniform_int, low: L, high:
+        H}``.
+    M : int
+        The number of clients.
+    repeats : int
+        The number of repeats S.
+    seed : int
+        The run's root seed (the draws' stream, :mod:`fnsysid.dynamics.random`).
+    clients : sequence of int or None, default=None
+        The clients asked (m of them); None: all M.
+
+    Returns
+    -------
+    int or numpy.ndarray of int, shape (S, m)
+        ``K`` itself when it is one integer, else each repeat's step count of each client.
+
+    Raises
+    ------
+    fnsysid.config.errors.ConfigError
+        If a list does not have M entries or the distribution's kind is unknown.
 
     Examples
     --------
@@ -64,7 +97,17 @@ def local_steps(K, M: int, repeats: int, seed: int, clients=None):
 
 
 def label(K) -> str:
-    """Short text of ``K`` for titles: ``5``, ``[1,5,20]`` or ``U{1..20}``."""
+    """Short text of ``K`` for titles: ``5``, ``[1,5,20]`` or ``U{1..20}``.
+
+    Parameters
+    ----------
+    K : int, list of int or mapping
+        The ``K`` setting.
+
+    Returns
+    -------
+    str
+    """
     K = _plain(K)
     if isinstance(K, Mapping):
         return f"U{{{K.get('low')}..{K.get('high')}}}"

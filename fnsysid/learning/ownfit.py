@@ -45,11 +45,17 @@ MARGIN = 1e-2
 class OwnFits:
     """The clients' own least squares (arrays over the clients' leading axes ``...``).
 
-    ``theta`` (..., p): ``H_i^+ b_i`` on the kept terms (0 outside them; the minimum-norm
-    solution where ``H_i`` is singular); ``full`` (...): whether ``H_i`` (restricted to the
-    kept terms) has full rank on them (the rule of :func:`numpy.linalg.matrix_rank`);
-    ``inv_diag`` (..., p): the diagonal of ``H_i^-1`` on the kept terms, NaN outside them and
-    where ``full`` is False.
+    Attributes
+    ----------
+    theta : numpy.ndarray, shape (..., p)
+        ``H_i^+ b_i`` on the kept terms (0 outside them; the minimum-norm solution where
+        ``H_i`` is singular).
+    full : numpy.ndarray of bool, shape (...)
+        Whether ``H_i`` (restricted to the kept terms) has full rank on them (the rule of
+        :func:`numpy.linalg.matrix_rank`).
+    inv_diag : numpy.ndarray, shape (..., p)
+        The diagonal of ``H_i^-1`` on the kept terms, NaN outside them and where ``full`` is
+        False.
     """
 
     theta: np.ndarray
@@ -62,9 +68,20 @@ class OwnFits:
 
 
 def ranks(H: np.ndarray, chunk: int = CHUNK) -> np.ndarray:
-    """Ranks (...) of stacks of symmetric matrices (..., p, p) by the rule of
-    :func:`numpy.linalg.matrix_rank` (``hermitian=True``), ``chunk`` matrices' eigenvalues at
-    a time."""
+    """Ranks of stacks of symmetric matrices by the rule of :func:`numpy.linalg.matrix_rank`
+    (``hermitian=True``).
+
+    Parameters
+    ----------
+    H : array_like, shape (..., p, p)
+        Symmetric matrices.
+    chunk : int, default=CHUNK
+        Matrices whose eigenvalues are computed at a time (bounds the temporaries).
+
+    Returns
+    -------
+    numpy.ndarray of int, shape (...)
+    """
     H = np.asarray(H)
     rank = np.empty(H.shape[:-2], dtype=int)
     flat, out = H.reshape(-1, *H.shape[-2:]), rank.reshape(-1)
@@ -177,13 +194,27 @@ def _support_key(support):
 
 
 def own_fits(H: np.ndarray, b: np.ndarray, support=None) -> OwnFits:
-    """Each client's own least squares (:class:`OwnFits`) of Gram matrices ``H`` (..., p, p)
-    and moments ``b`` (..., p); ``support`` (0/1 or bool, broadcast against (..., p)): the
-    fit on the kept terms only (the statistics restricted to them, zero outside).
+    """Each client's own least squares.
 
     Computed once for the same array objects ``H`` and ``b`` (never changed in place) and
     the same support while they live; the numbers are those of :func:`numpy.linalg.pinv` and
-    :func:`numpy.linalg.matrix_rank` up to round-off (module docstring)."""
+    :func:`numpy.linalg.matrix_rank` up to round-off (module docstring).
+
+    Parameters
+    ----------
+    H : numpy.ndarray, shape (..., p, p)
+        The clients' Gram matrices.
+    b : numpy.ndarray, shape (..., p)
+        Their moments ``X'y``.
+    support : array_like of bool or 0/1, broadcast against (..., p), or None, default=None
+        The fit on the kept terms only (the statistics restricted to them, zero outside);
+        None: every term.
+
+    Returns
+    -------
+    OwnFits
+        ``theta``, ``full`` and ``inv_diag`` over the leading axes ``...``.
+    """
     key = (id(H), id(b), _support_key(support))
     hit = _CACHE.get(key)
     if hit is not None and hit[0]() is H and hit[1]() is b:

@@ -10,11 +10,30 @@ from fnsysid.dynamics.model import ClientData, Model
 
 def initial_model(model: Model, data: ClientData | None, init,
                   repeats: int | None = None) -> np.ndarray:
-    """Server model of round 0, (S, p): ``init.scale`` times the nominal model or client 0's
-    (``init.reference``); a start whose squared norm overflows float64 is refused.
+    """Server model of round 0: ``init.scale`` times the nominal model or client 0's.
 
-    Without ``data`` (a federated server sees none) only the nominal reference is possible and
-    ``repeats`` gives S.
+    Parameters
+    ----------
+    model : fnsysid.dynamics.model.Model
+        The model (its system's nominal parameters and the embedding into the model's basis).
+    data : fnsysid.dynamics.model.ClientData or None
+        The clients' data (client 0's true parameters); None: a federated server, which sees
+        none (only the nominal reference is possible).
+    init : object with ``reference`` and ``scale``
+        The ``system.init`` settings: ``reference`` ``"nominal"`` or ``"client0"``, ``scale``
+        a float.
+    repeats : int or None, default=None
+        S when ``data`` is None.
+
+    Returns
+    -------
+    numpy.ndarray, shape (S, p)
+
+    Raises
+    ------
+    fnsysid.config.errors.ConfigError
+        If the reference is unknown or unavailable, or the start's squared norm overflows
+        float64.
     """
     ref = init.reference
     if ref == "nominal":
