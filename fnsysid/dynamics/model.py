@@ -97,6 +97,17 @@ class Model:
 def build_model(system: System, library: Library | None = None) -> Model:
     """Model of ``system`` with its own features, or with a generic ``library``.
 
+    Parameters
+    ----------
+    system : fnsysid.dynamics.systems.System
+        The dynamics.
+    library : fnsysid.dynamics.features.Library or None, default=None
+        A generic feature library; None: the system's own features.
+
+    Returns
+    -------
+    Model
+
     Raises
     ------
     FeatureMapError
@@ -162,7 +173,19 @@ class ClientData:
 
 
 def pooled(data: ClientData) -> ClientData:
-    """All clients' data pooled into one client per repeat, shape (S, 1, ...)."""
+    """All clients' data pooled into one client per repeat.
+
+    Parameters
+    ----------
+    data : ClientData
+        The clients' data, (S, M, ...).
+
+    Returns
+    -------
+    ClientData
+        One client per repeat, (S, 1, ...): statistics summed, samples concatenated, means
+        weighted by the clients' samples, true parameters averaged.
+    """
     def cat(a):
         return None if a is None else a.reshape(a.shape[0], 1, -1, *a.shape[3:])
 
@@ -189,6 +212,18 @@ def centred_stats(data: ClientData, structure: np.ndarray):
     against a constant). With centred features the least-squares problem is the slope part of a
     regression with an intercept: ``H_c = H - n Gbar' Gbar``, ``b_c = b - n Gbar' ybar`` with
     ``Gbar`` the mean regressor in parameter space.
+
+    Parameters
+    ----------
+    data : ClientData
+        The clients' data, with ``phi_mean`` and ``y_mean``.
+    structure : numpy.ndarray, shape (n_y, n_phi, p)
+        The model's structure (:attr:`Model.structure`).
+
+    Returns
+    -------
+    H : numpy.ndarray, shape (S, M, p, p)
+    b : numpy.ndarray, shape (S, M, p)
     """
     Gbar = np.einsum("jkp,...k->...jp", structure, data.phi_mean)
     n = np.asarray(data.n, float)
@@ -198,14 +233,38 @@ def centred_stats(data: ClientData, structure: np.ndarray):
 
 
 def masked_gram(H: np.ndarray, mask) -> np.ndarray:
-    """Gram matrices (..., p, p) restricted to the coefficients in ``mask`` (0/1 or bool,
-    broadcast against (..., p)): their rows and columns outside it set to 0."""
+    """Gram matrices restricted to some coefficients: their rows and columns outside them set
+    to 0.
+
+    Parameters
+    ----------
+    H : numpy.ndarray, shape (..., p, p)
+        The Gram matrices.
+    mask : array_like of bool or 0/1, broadcast against (..., p)
+        The coefficients kept.
+
+    Returns
+    -------
+    numpy.ndarray, shape (..., p, p)
+    """
     m = np.asarray(mask, float)
     return H * m[..., :, None] * m[..., None, :]
 
 
 def least_squares(H: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Exact least-squares solutions ``H^+ b`` (..., p), batched; minimum norm if singular."""
+    """Exact least-squares solutions ``H^+ b``, batched; minimum norm if singular.
+
+    Parameters
+    ----------
+    H : numpy.ndarray, shape (..., p, p)
+        Gram matrices (symmetric).
+    b : numpy.ndarray, shape (..., p)
+        Moments ``X'y``.
+
+    Returns
+    -------
+    numpy.ndarray, shape (..., p)
+    """
     return np.einsum("...pq,...q->...p", np.linalg.pinv(H, hermitian=True), b)
 
 

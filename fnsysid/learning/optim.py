@@ -30,9 +30,20 @@ REDUCTIONS = ("sum", "mean")
 def step_sizes(lr: float, K, schedule: str = "constant") -> np.ndarray:
     """Step sizes of the K local steps of a round: constant, or ``lr / k`` (published code).
 
-    ``K`` an int gives (K,). ``K`` an array of per-client step counts (..., M) gives
-    (..., M, max K) with zeros after a client's own ``K_i`` steps (a zero step leaves the
-    model unchanged, so every client can run ``max K`` steps).
+    Parameters
+    ----------
+    lr : float
+        The learning rate.
+    K : int or array_like of int, shape (..., M)
+        The local steps, or each client's.
+    schedule : {"constant", "inverse_k"}, default="constant"
+        ``inverse_k``: ``lr / k`` at local step k.
+
+    Returns
+    -------
+    numpy.ndarray, shape (K,) or (..., M, max K)
+        For per-client ``K``, zeros after a client's own ``K_i`` steps (a zero step leaves the
+        model unchanged, so every client can run ``max K`` steps).
     """
     K = np.asarray(K)
     k = np.arange(1, int(K.max()) + 1, dtype=float)
@@ -46,7 +57,7 @@ SCALINGS = ("none", "diagonal", "zscore", "whiten")
 
 
 def preconditioner(H: np.ndarray, n: np.ndarray, kind: str = "diagonal") -> np.ndarray:
-    """Feature-scaling preconditioner of each client: (..., p) diagonal or (..., p, p) matrix.
+    """Feature-scaling preconditioner of each client: a diagonal or a full matrix.
 
     ``diagonal``: ``n / diag(H)``. Running GD on features divided by their root mean square
     ``sqrt(H_pp / n)`` (the published code's per-client z-scoring, without centring) and mapping
@@ -60,6 +71,20 @@ def preconditioner(H: np.ndarray, n: np.ndarray, kind: str = "diagonal") -> np.n
     ``whiten``: ``n H^+``. GD on whitened features ``(H / n)^(-1/2) phi`` mapped back to
     physical units; it removes the correlation between features that diagonal scaling leaves
     (large transients when uncentred features are strongly correlated, as in the quadrotor).
+
+    Parameters
+    ----------
+    H : numpy.ndarray, shape (..., p, p)
+        The clients' Gram matrices.
+    n : array_like, shape (...)
+        Their numbers of samples.
+    kind : {"diagonal", "zscore", "whiten"}, default="diagonal"
+        ``zscore`` takes the diagonal one (on centred statistics).
+
+    Returns
+    -------
+    numpy.ndarray, shape (..., p) or (..., p, p)
+        The diagonal, or for ``whiten`` the matrix.
     """
     nn = np.asarray(n, float)
     if kind == "whiten":
@@ -70,26 +95,78 @@ def preconditioner(H: np.ndarray, n: np.ndarray, kind: str = "diagonal") -> np.n
 
 
 def apply_preconditioner(P: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """``P g`` for a diagonal (..., p) or full (..., p, p) preconditioner."""
+    """``P g`` for a diagonal or full preconditioner.
+
+    Parameters
+    ----------
+    P : numpy.ndarray, shape (..., p) or (..., p, p)
+        The preconditioner (:func:`preconditioner`).
+    g : numpy.ndarray, shape (..., p)
+        A gradient.
+
+    Returns
+    -------
+    numpy.ndarray, shape (..., p)
+    """
     if P.ndim == g.ndim:
         return P * g
     return np.einsum("...pq,...q->...p", P, g)
 
 
 def undo_preconditioner(P: np.ndarray, H: np.ndarray, n: np.ndarray, d: np.ndarray):
-    """``P^-1 d`` (for whitening, ``H d / n``, exact where ``H`` is invertible)."""
+    """``P^-1 d`` (for whitening, ``H d / n``, exact where ``H`` is invertible).
+
+    Parameters
+    ----------
+    P : numpy.ndarray, shape (..., p) or (..., p, p)
+        The preconditioner (:func:`preconditioner`).
+    H : numpy.ndarray, shape (..., p, p)
+        The Gram matrices it was made from.
+    n : array_like, shape (...)
+        Their numbers of samples.
+    d : numpy.ndarray, shape (..., p)
+        A preconditioned direction.
+
+    Returns
+    -------
+    numpy.ndarray, shape (..., p)
+    """
     if P.ndim == d.ndim:
         return d / P
     return np.einsum("...pq,...q->...p", H, d) / np.asarray(n, float)[..., None]
 
 
 def matvec(A: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """``A x`` for stacks of matrices (..., p, q) and vectors (..., q) (broadcasting)."""
+    """``A x`` for stacks of matrices and vectors (broadcasting).
+
+    Parameters
+    ----------
+    A : numpy.ndarray, shape (..., p, q)
+    x : numpy.ndarray, shape (..., q)
+
+    Returns
+    -------
+    numpy.ndarray, shape (..., p)
+    """
     return np.einsum("...pq,...q->...p", A, x)
 
 
 def lsq_gradient(theta, H, b):
-    """Gradient ``H theta - b`` of the summed least-squares loss (broadcasting)."""
+    """Gradient ``H theta - b`` of the summed least-squares loss (broadcasting).
+
+    Parameters
+    ----------
+    theta : numpy.ndarray, shape (..., p)
+        The models.
+    H : numpy.ndarray, shape (..., p, p)
+        The Gram matrices.
+    b : numpy.ndarray, shape (..., p)
+        The moments ``X'y``.
+
+    Returns
+    -------
+    numpy.ndarray, shape (..., p)
+    """
     return np.einsum("...pq,...q->...p", H, theta) - b
 
 
