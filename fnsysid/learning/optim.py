@@ -250,6 +250,15 @@ class LocalMap:
     sequence. A correction that is itself affine in the server model (FedLin) folds into
     ``P`` and ``q`` once.
 
+    Parameters
+    ----------
+    P : numpy.ndarray, shape (..., p, p)
+        The response to the starting model.
+    q : numpy.ndarray, shape (..., p)
+        The offset.
+    C : numpy.ndarray, shape (..., p, p), or None, default=None
+        The response to a correction; None: not kept.
+
     Examples
     --------
     >>> m = LocalMap(np.array([[0.5]]), np.array([1.0]), np.array([[2.0]]))
@@ -269,7 +278,15 @@ class LocalMap:
     def aggregate(self, weights: np.ndarray | None = None) -> LocalMap:
         """Map to the weighted mean over the clients axis (-3 of ``P``) of the local models.
 
-        With ``weights`` (..., M) or None (plain mean); the clients axis is kept with length 1.
+        Parameters
+        ----------
+        weights : numpy.ndarray, shape (..., M), or None, default=None
+            The clients' weights; None: the plain mean.
+
+        Returns
+        -------
+        LocalMap
+            The clients axis kept with length 1.
         """
         def avg(a, extra):
             if a is None:
@@ -312,7 +329,34 @@ def affine_gd(H, b, n, lr: float, K, *, schedule="constant", reduction="sum", pr
 
     ``K`` is an int or per-client step counts (..., M) broadcasting against ``n``. A constant
     schedule uses binary powering (O(log K) products of (..., p, p) stacks); ``inverse_k``
-    multiplies the K step matrices in sequence. ``correction=False`` leaves ``C`` out.
+    multiplies the K step matrices in sequence.
+
+    Parameters
+    ----------
+    H : numpy.ndarray, shape (..., p, p)
+        The clients' Gram matrices.
+    b : numpy.ndarray, shape (..., p)
+        Their moments ``X'y``.
+    n : numpy.ndarray, shape (...)
+        Their numbers of samples.
+    lr : float
+        The learning rate.
+    K : int or array_like of int, shape (..., M)
+        The local steps, or each client's (broadcasting against ``n``).
+    schedule : {"constant", "inverse_k"}, default="constant"
+        The step sizes (:func:`step_sizes`).
+    reduction : {"sum", "mean"}, default="sum"
+        The gradient summed or averaged over samples.
+    precond : numpy.ndarray, shape (..., p) or (..., p, p), or None, default=None
+        The preconditioner ``D`` (:func:`preconditioner`).
+    mu : float, default=0.0
+        The proximal weight (FedProx).
+    correction : bool, default=True
+        Keep ``C`` (False: ``C`` is None).
+
+    Returns
+    -------
+    LocalMap
     """
     p = H.shape[-1]
     eye = np.eye(p)

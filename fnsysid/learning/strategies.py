@@ -337,8 +337,20 @@ def _qualname(cls: type) -> str:
 
 def changed_rules(cls: type) -> list[str]:
     """The update rules (:data:`UPDATE_RULES`) that ``cls`` takes from elsewhere than the class
-    its ``client_maps`` was derived for (the class in its MRO that defines ``client_maps``):
-    empty when the precomputed server map computes ``cls``'s rounds.
+    its ``client_maps`` was derived for (the class in its MRO that defines ``client_maps``).
+
+    Parameters
+    ----------
+    cls : type
+        A strategy class.
+
+    Returns
+    -------
+    list of str
+        Empty when the precomputed server map computes ``cls``'s rounds.
+
+    Examples
+    --------
 
     >>> class Damped(FedAvg):
     ...     def server_update(self, exchange, replies, sel=slice(None), active=None):
@@ -414,8 +426,24 @@ class FedLin(FedAvg):
 
 
 def fedlin_maps(optimizer, K, lr, weights) -> LocalMap | None:
-    """FedLin's per-client maps of the server model (its correction folded into ``P_i, q_i``),
-    or None without affine local steps."""
+    """FedLin's per-client maps of the server model (its correction folded into ``P_i, q_i``).
+
+    Parameters
+    ----------
+    optimizer : fnsysid.learning.optim.LocalSolver
+        The local solver, set up on the clients' data.
+    K : int or numpy.ndarray of int
+        The local steps, or each client's.
+    lr : float
+        The learning rate.
+    weights : numpy.ndarray, shape (S, M), or None
+        The clients' weights in the mean; None: the plain mean.
+
+    Returns
+    -------
+    fnsysid.learning.optim.LocalMap or None
+        None without affine local steps.
+    """
     maps = optimizer.local_map(K, lr)
     if maps is None:
         return None
@@ -426,10 +454,27 @@ def fedlin_maps(optimizer, K, lr, weights) -> LocalMap | None:
 
 
 def round_radius(optimizer, K, lr, weights) -> np.ndarray | None:
-    """Spectral radius (S,) of FedLin's round, ``theta_s <- Pbar theta_s + qbar``, on the
-    data ``optimizer`` was set up with (None without affine local steps). SCAFFOLD's rounds
-    approach the same map once its control variates have settled (``c_i -> g_i(theta_s)``).
-    Above 1 the rounds diverge from any start off the fixed point."""
+    """Spectral radius of FedLin's round, ``theta_s <- Pbar theta_s + qbar``, on the data
+    ``optimizer`` was set up with. SCAFFOLD's rounds approach the same map once its control
+    variates have settled (``c_i -> g_i(theta_s)``). Above 1 the rounds diverge from any
+    start off the fixed point.
+
+    Parameters
+    ----------
+    optimizer : fnsysid.learning.optim.LocalSolver
+        The local solver, set up on the clients' data.
+    K : int or numpy.ndarray of int
+        The local steps, or each client's.
+    lr : float
+        The learning rate.
+    weights : numpy.ndarray, shape (S, M), or None
+        The clients' weights in the mean; None: the plain mean.
+
+    Returns
+    -------
+    numpy.ndarray, shape (S,), or None
+        None without affine local steps; inf where the map is not finite.
+    """
     maps = fedlin_maps(optimizer, K, lr, weights)
     if maps is None:
         return None
@@ -447,9 +492,22 @@ RADIUS_LIMIT = 1.0 + 1e-9
 
 def refuse_unstable(strategy, name: str) -> None:
     """Refuse, before the first round, FedLin or SCAFFOLD on data where their rounds diverge
-    in every repeat (:func:`round_radius` above 1 in each), in one line naming the settings;
-    with the spectral radius at ``lr`` and at ``lr / 100``. Where some repeats contract the
-    run goes ahead (the others are reported as diverged when they do)."""
+    in every repeat (:func:`round_radius` above 1 in each). Where some repeats contract the
+    run goes ahead (the others are reported as diverged when they do).
+
+    Parameters
+    ----------
+    strategy : Strategy
+        The strategy, set up (its ``optimizer``, ``K``, ``lr`` and ``weights``).
+    name : str
+        Its ``strategy`` option, for the message.
+
+    Raises
+    ------
+    fnsysid.config.errors.ConfigError
+        In one line naming the settings, with the spectral radius at ``lr`` and at
+        ``lr / 100``.
+    """
     opt, K, lr = strategy.optimizer, strategy.K, strategy.lr
     rho = round_radius(opt, K, lr, strategy.weights)
     if rho is None or (rho <= RADIUS_LIMIT).any():
@@ -614,13 +672,23 @@ def _normalized(weights, shape) -> np.ndarray:
 
 def determined(H: np.ndarray, support: np.ndarray | None = None) -> np.ndarray:
     """Whether each client's statistics determine its own least-squares solution: its Gram
-    matrix ``H_i`` (..., p, p) has full rank p (:func:`numpy.linalg.matrix_rank`, whose
-    tolerance is ``p`` machine epsilons of the largest eigenvalue; a client without data,
-    with all-zero data or with fewer samples than the features need has a lower rank).
+    matrix ``H_i`` has full rank p (:func:`numpy.linalg.matrix_rank`, whose tolerance is
+    ``p`` machine epsilons of the largest eigenvalue; a client without data, with all-zero
+    data or with fewer samples than the features need has a lower rank).
 
-    With ``support`` (0/1 or bool, broadcast against (..., p)), ``H`` holds statistics
-    restricted to it (:func:`fnsysid.learning.sparsity.restrict_data`, zero outside) and the
-    rank must be the number of kept terms instead."""
+    Parameters
+    ----------
+    H : numpy.ndarray, shape (..., p, p)
+        The clients' Gram matrices.
+    support : array_like of bool or 0/1, broadcast against (..., p), or None, default=None
+        ``H`` holds statistics restricted to it
+        (:func:`fnsysid.learning.sparsity.restrict_data`, zero outside) and the rank must be
+        the number of kept terms instead; None: every term.
+
+    Returns
+    -------
+    numpy.ndarray of bool, shape (...)
+    """
     H = np.asarray(H)
     rank = ranks(H)
     if support is None:
