@@ -50,7 +50,23 @@ from fnsysid.dynamics.model import ClientData, least_squares, masked_gram
 def restricted_solution(H: np.ndarray, b: np.ndarray, support: np.ndarray,
                         alpha: float = 0.0) -> np.ndarray:
     """Least-squares (ridge ``alpha``) solution on the coefficients in ``support``, exactly 0
-    elsewhere: ``(D (H + alpha I) D)^+ D b``, batched over the leading axes."""
+    elsewhere: ``(D (H + alpha I) D)^+ D b``, batched over the leading axes.
+
+    Parameters
+    ----------
+    H : numpy.ndarray, shape (..., p, p)
+        Gram matrices.
+    b : numpy.ndarray, shape (..., p)
+        Moments ``X'y``.
+    support : numpy.ndarray of bool, shape (..., p)
+        The kept coefficients (``D`` its diagonal).
+    alpha : float, default=0.0
+        The ridge weight.
+
+    Returns
+    -------
+    numpy.ndarray, shape (..., p)
+    """
     m = np.asarray(support, float)
     A = H + alpha * np.eye(H.shape[-1]) if alpha else H
     return least_squares(masked_gram(A, m), b * m) * m
@@ -168,7 +184,17 @@ def target_groups(enters: np.ndarray) -> np.ndarray:
     """The targets scored together (G, n_y) bool: each target alone when every coefficient
     enters one target (the feature libraries' dense models: the pooled Gram matrix has no
     block between two targets, so each target's residual sum of squares comes from ``H``,
-    ``b`` and its ``yy``), else all targets as one group."""
+    ``b`` and its ``yy``), else all targets as one group.
+
+    Parameters
+    ----------
+    enters : numpy.ndarray of bool, shape (n_y, p)
+        Which targets each coefficient enters.
+
+    Returns
+    -------
+    numpy.ndarray of bool, shape (G, n_y)
+    """
     enters = np.asarray(enters, bool)
     if (enters.sum(axis=0) <= 1).all():
         return np.eye(enters.shape[0], dtype=bool)
@@ -177,10 +203,29 @@ def target_groups(enters: np.ndarray) -> np.ndarray:
 
 def group_rss(theta: np.ndarray, H: np.ndarray, b: np.ndarray, yy: np.ndarray,
               enters: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """Residual sums of squares (..., G) of coefficients ``theta`` (..., p) on the summed
-    statistics ``H`` (..., p, p), ``b`` (..., p), ``yy`` (..., n_y), per group of targets
-    (:func:`target_groups`): ``yy_g - 2 theta_g' b + theta_g' H theta_g`` with ``theta_g``
-    the coefficients of the group's targets."""
+    """Residual sums of squares per group of targets (:func:`target_groups`):
+    ``yy_g - 2 theta_g' b + theta_g' H theta_g`` with ``theta_g`` the coefficients of the
+    group's targets.
+
+    Parameters
+    ----------
+    theta : numpy.ndarray, shape (..., p)
+        The coefficients.
+    H : numpy.ndarray, shape (..., p, p)
+        The Gram matrix, summed over the clients.
+    b : numpy.ndarray, shape (..., p)
+        ``X'y``, summed over the clients.
+    yy : numpy.ndarray, shape (..., n_y)
+        Each target's summed squares.
+    enters : numpy.ndarray of bool, shape (n_y, p)
+        Which targets each coefficient enters.
+    groups : numpy.ndarray of bool, shape (G, n_y)
+        The groups of targets.
+
+    Returns
+    -------
+    numpy.ndarray, shape (..., G)
+    """
     cols = (groups.astype(float) @ enters.astype(float)) > 0                  # (G, p)
     tg = theta[..., None, :] * cols                                            # (..., G, p)
     quad = np.einsum("...gp,...pq,...gq->...g", tg, H, tg)
@@ -189,10 +234,29 @@ def group_rss(theta: np.ndarray, H: np.ndarray, b: np.ndarray, yy: np.ndarray,
 
 def heldout_rss(theta: np.ndarray, model, gram: np.ndarray, cross: np.ndarray,
                 yy: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """Held-out residual sums of squares (..., G) of coefficients ``theta`` (..., p) from the
-    held-out statistics summed over the clients (``gram`` (..., n_phi, n_phi), ``cross``
-    (..., n_y, n_phi), ``yy`` (..., n_y)): per target ``yy_j - 2 Th_j' cross_j + Th_j' gram
-    Th_j`` with ``Th = model.theta_matrix(theta)``, added up per group of targets."""
+    """Held-out residual sums of squares from the held-out statistics summed over the
+    clients: per target ``yy_j - 2 Th_j' cross_j + Th_j' gram Th_j`` with
+    ``Th = model.theta_matrix(theta)``, added up per group of targets.
+
+    Parameters
+    ----------
+    theta : numpy.ndarray, shape (..., p)
+        The coefficients.
+    model : fnsysid.dynamics.model.Model
+        The model (:meth:`~fnsysid.dynamics.model.Model.theta_matrix`).
+    gram : numpy.ndarray, shape (..., n_phi, n_phi)
+        The held-out features' Gram matrix.
+    cross : numpy.ndarray, shape (..., n_y, n_phi)
+        The held-out targets' products with the features.
+    yy : numpy.ndarray, shape (..., n_y)
+        Each held-out target's sum of squares.
+    groups : numpy.ndarray of bool, shape (G, n_y)
+        The groups of targets (:func:`target_groups`).
+
+    Returns
+    -------
+    numpy.ndarray, shape (..., G)
+    """
     Th = model.theta_matrix(theta)                                             # (..., n_y, n_phi)
     per = yy - 2 * np.einsum("...jk,...jk->...j", Th, cross) + \
         np.einsum("...jk,...kl,...jl->...j", Th, gram, Th)
@@ -201,14 +265,30 @@ def heldout_rss(theta: np.ndarray, model, gram: np.ndarray, cross: np.ndarray,
 
 def path_scores(rss: np.ndarray, count: np.ndarray, yy: np.ndarray, terms: np.ndarray,
                 penalty: float = 0.0) -> np.ndarray:
-    """The score of each candidate (..., L): ``sum_g n_g log(rss_g / n_g) + penalty k``, the
-    Gaussian -2 log-likelihood with each group's noise variance at its maximum (up to a
-    constant), plus ``penalty`` (``log n`` for BIC, 0 on held-out data) per kept term ``k``
-    (``terms`` (..., L)). ``rss`` (..., L, G), ``count`` (..., G) the residuals summed per
-    group, ``yy`` (..., G) the group's sum of squares; ``rss`` is floored at ``1e-12 yy``
-    (the round-off of the expanded square, as in :func:`unit_scales`: a target fitted
-    exactly, such as ``x+ = x + dt v`` without noise, then adds the same to every candidate
-    that fits it instead of its round-off) and a group with ``yy = 0`` adds nothing."""
+    """The score of each candidate: ``sum_g n_g log(rss_g / n_g) + penalty k``, the Gaussian
+    -2 log-likelihood with each group's noise variance at its maximum (up to a constant),
+    plus ``penalty`` per kept term ``k``. ``rss`` is floored at ``1e-12 yy`` (the round-off
+    of the expanded square, as in :func:`unit_scales`: a target fitted exactly, such as
+    ``x+ = x + dt v`` without noise, then adds the same to every candidate that fits it
+    instead of its round-off) and a group with ``yy = 0`` adds nothing.
+
+    Parameters
+    ----------
+    rss : numpy.ndarray, shape (..., L, G)
+        Each candidate's residual sum of squares per group of targets.
+    count : numpy.ndarray, shape (..., G)
+        The number of residuals in each group (``n_g``).
+    yy : numpy.ndarray, shape (..., G)
+        The group's sum of squares.
+    terms : numpy.ndarray of int, shape (..., L)
+        Each candidate's kept terms.
+    penalty : float, default=0.0
+        Per kept term: ``log n`` for BIC, 0 on held-out data.
+
+    Returns
+    -------
+    numpy.ndarray, shape (..., L)
+    """
     count = np.asarray(count, float)[..., None, :]
     yy = np.asarray(yy, float)[..., None, :]
     floor = np.maximum(rss, 1e-12 * yy)
@@ -218,8 +298,20 @@ def path_scores(rss: np.ndarray, count: np.ndarray, yy: np.ndarray, terms: np.nd
 
 
 def choose_on_path(scores: np.ndarray, terms: np.ndarray) -> np.ndarray:
-    """Index (...,) of the candidate with the smallest score, the one with fewer terms (then
-    the larger threshold) on a tie."""
+    """Index of the candidate with the smallest score, the one with fewer terms (then the
+    larger threshold) on a tie.
+
+    Parameters
+    ----------
+    scores : numpy.ndarray, shape (..., L)
+        The candidates' scores (:func:`path_scores`).
+    terms : numpy.ndarray of int, shape (..., L)
+        Their kept terms.
+
+    Returns
+    -------
+    numpy.ndarray of int, shape (...)
+    """
     L = scores.shape[-1]
     best = np.empty(scores.shape[:-1], int)
     for idx in np.ndindex(*scores.shape[:-1]):
@@ -230,15 +322,42 @@ def choose_on_path(scores: np.ndarray, terms: np.ndarray) -> np.ndarray:
 
 
 def pooled_heldout(ho) -> tuple[np.ndarray, ...]:
-    """The held-out statistics of :class:`fnsysid.data.heldout.HeldOut` ``ho`` (S, M, ...)
-    summed over the clients: gram (S, n_phi, n_phi), cross (S, n_y, n_phi), yy (S, n_y), n
-    (S,); a client without held-out data adds zeros."""
+    """The held-out statistics summed over the clients; a client without held-out data adds
+    zeros.
+
+    Parameters
+    ----------
+    ho : fnsysid.data.heldout.HeldOut
+        The clients' held-out statistics, (S, M, ...).
+
+    Returns
+    -------
+    gram : numpy.ndarray, shape (S, n_phi, n_phi)
+    cross : numpy.ndarray, shape (S, n_y, n_phi)
+    yy : numpy.ndarray, shape (S, n_y)
+    n : numpy.ndarray, shape (S,)
+    """
     return (ho.gram.sum(axis=1), ho.cross.sum(axis=1), ho.yy.sum(axis=1), ho.n.sum(axis=1))
 
 
 def restrict_data(data: ClientData, support: np.ndarray, alpha: float = 0.0) -> ClientData:
-    """The clients' statistics restricted to ``support`` (S, p) (module docstring); the
-    samples (SGD) are left as they are: the solver masks its steps (``support`` attribute)."""
+    """The clients' statistics restricted to a support (module docstring); the samples (SGD)
+    are left as they are: the solver masks its steps (``support`` attribute).
+
+    Parameters
+    ----------
+    data : fnsysid.dynamics.model.ClientData
+        The clients' data, (S, M, ...).
+    support : numpy.ndarray of bool, shape (S, p)
+        The kept terms of each repeat.
+    alpha : float, default=0.0
+        The ridge weight, shared among the clients in proportion to their samples (added to
+        their Gram matrices).
+
+    Returns
+    -------
+    fnsysid.dynamics.model.ClientData
+    """
     m = np.asarray(support, float)[:, None, :]                       # (S, 1, p)
     H = data.H
     if alpha:
@@ -478,8 +597,20 @@ def _one(values: list[int]) -> int | list[int]:
 
 def empty_warning(summary: dict, repeats: int) -> str | None:
     """The log line when the support left a state without any term (its model predicts 0
-    for it; not a wrong number but rarely what is meant), from :meth:`STLSQ.summary`; None
-    when every state keeps a term."""
+    for it; not a wrong number but rarely what is meant).
+
+    Parameters
+    ----------
+    summary : dict
+        :meth:`STLSQ.summary`.
+    repeats : int
+        The number of repeats S.
+
+    Returns
+    -------
+    str or None
+        None when every state keeps a term.
+    """
     empty = summary.get("empty")
     if not empty:
         return None
@@ -500,8 +631,19 @@ def empty_warning(summary: dict, repeats: int) -> str | None:
 
 
 def auto_line(summary: dict) -> tuple[str, bool] | None:
-    """The log line of ``threshold=auto`` from :meth:`STLSQ.summary` and whether it is a
-    warning (the held-out data were missing and BIC chose); None for a fixed threshold."""
+    """The log line of ``threshold=auto``.
+
+    Parameters
+    ----------
+    summary : dict
+        :meth:`STLSQ.summary`.
+
+    Returns
+    -------
+    tuple of (str, bool) or None
+        The line and whether it is a warning (the held-out data were missing and BIC chose);
+        None for a fixed threshold.
+    """
     if not summary.get("auto"):
         return None
     t = summary["threshold"]
@@ -516,8 +658,21 @@ def auto_line(summary: dict) -> tuple[str, bool] | None:
 
 
 def support_sizes(model, support: np.ndarray) -> dict[str, list[int]]:
-    """Kept terms of each regression target (state), per repeat: ``{target: [S counts]}``.
-    A coefficient belongs to the targets whose row of ``Theta`` it enters."""
+    """Kept terms of each regression target (state), per repeat. A coefficient belongs to the
+    targets whose row of ``Theta`` it enters.
+
+    Parameters
+    ----------
+    model : fnsysid.dynamics.model.Model
+        The model (its ``structure`` and targets' names).
+    support : numpy.ndarray of bool, shape (S, p)
+        The kept terms of each repeat.
+
+    Returns
+    -------
+    dict of str to list of int
+        ``{target: [S counts]}``.
+    """
     enters = np.abs(model.structure).sum(axis=1) > 0                 # (n_y, p)
     names = model.system.target_names
     return {str(names[j]): [int(v) for v in (support & enters[j]).sum(axis=-1)]
@@ -525,7 +680,18 @@ def support_sizes(model, support: np.ndarray) -> dict[str, list[int]]:
 
 
 def build_sparsity(node: dict | None):
-    """The run's sparsity object from the ``sparsity`` group's node (None for ``none``)."""
+    """The run's sparsity object from the ``sparsity`` group's node.
+
+    Parameters
+    ----------
+    node : dict or None
+        The ``sparsity`` settings (``name`` and :class:`STLSQ`'s parameters).
+
+    Returns
+    -------
+    STLSQ or None
+        None for ``none``.
+    """
     if not node or node.get("name", "none") == "none":
         return None
     kw = {k: v for k, v in node.items() if k != "name"}
@@ -539,7 +705,28 @@ def restrict_client(clients, data: ClientData, model, seed: int, support, curren
     from ``current``, the support this process set the solver up on (None: all terms); its
     own state between rounds (SCAFFOLD's ``c_i``, ``clients.state``, which the runtime keeps
     per client) starts again when it was made on another support (kept in the state under
-    ``support``), as in process. Returns the support now held."""
+    ``support``), as in process.
+
+    Parameters
+    ----------
+    clients : fnsysid.learning.strategies.Clients
+        The node's clients (their ``solver`` and ``state``).
+    data : fnsysid.dynamics.model.ClientData
+        The node's statistics, unrestricted.
+    model : fnsysid.dynamics.model.Model
+        The model.
+    seed : int
+        The run's root seed (the solver's setup).
+    support : array_like of 0/1 or bool, shape (S, p)
+        The server's support.
+    current : numpy.ndarray of bool, shape (S, p), or None
+        The support the solver was set up on; None: all terms.
+
+    Returns
+    -------
+    numpy.ndarray of bool, shape (S, p)
+        The support now held.
+    """
     support = np.asarray(support) > 0
     if not (np.array_equal(support, current) or (current is None and support.all())):
         solver = clients.solver
