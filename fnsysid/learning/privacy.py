@@ -53,7 +53,17 @@ MOST_CLIPPED = 0.5
 
 
 def dp_accounting():
-    """The ``dp_accounting`` module, or a one-line refusal saying how to install it."""
+    """The ``dp_accounting`` module.
+
+    Returns
+    -------
+    module
+
+    Raises
+    ------
+    fnsysid.config.errors.ConfigError
+        In one line saying how to install it, when it is missing.
+    """
     try:
         import dp_accounting as dpa
     except ImportError:
@@ -73,8 +83,17 @@ RDP_ORDERS = tuple(range(2, 65)) + (80, 96, 128, 256, 512)
 
 
 def accountant(name: str):
-    """A fresh accountant of ``dp_accounting`` (``pld`` or ``rdp``), add-or-remove-one
-    neighbours."""
+    """A fresh accountant of ``dp_accounting``, add-or-remove-one neighbours.
+
+    Parameters
+    ----------
+    name : {"pld", "rdp"}
+        Privacy loss distributions or Renyi DP.
+
+    Returns
+    -------
+    dp_accounting.PrivacyAccountant
+    """
     dpa = dp_accounting()
     if name == "pld":
         return dpa.pld.PLDAccountant(value_discretization_interval=PLD_INTERVAL)
@@ -82,8 +101,21 @@ def accountant(name: str):
 
 
 def dp_event(noise_multiplier: float, rounds: int = 1, sampling_rate: float = 1.0):
-    """The event of ``rounds`` Gaussian releases with ``noise_multiplier``, each on a Poisson
-    sample of the clients with probability ``sampling_rate`` (1: every client)."""
+    """The event of ``rounds`` Gaussian releases, each on a Poisson sample of the clients.
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        The noise's standard deviation over the sensitivity.
+    rounds : int, default=1
+        The releases.
+    sampling_rate : float, default=1.0
+        Each client's probability to be sampled (1: every client).
+
+    Returns
+    -------
+    dp_accounting.DpEvent
+    """
     dpa = dp_accounting()
     event = dpa.GaussianDpEvent(noise_multiplier)
     if sampling_rate < 1.0:
@@ -94,8 +126,26 @@ def dp_event(noise_multiplier: float, rounds: int = 1, sampling_rate: float = 1.
 @functools.lru_cache(maxsize=256)
 def spent_epsilon(noise_multiplier: float, delta: float, rounds: int = 1,
                   sampling_rate: float = 1.0, name: str = "pld") -> float:
-    """Epsilon at ``delta`` of :func:`dp_event` by the accountant ``name`` (cached: a run
-    plans its mechanism in its pre-run check and again when it starts)."""
+    """Epsilon at ``delta`` of :func:`dp_event` (cached: a run plans its mechanism in its
+    pre-run check and again when it starts).
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        The noise's standard deviation over the sensitivity.
+    delta : float
+        The target delta.
+    rounds : int, default=1
+        The releases.
+    sampling_rate : float, default=1.0
+        Each client's probability to be sampled.
+    name : {"pld", "rdp"}, default="pld"
+        The accountant.
+
+    Returns
+    -------
+    float
+    """
     acc = accountant(name)
     acc.compose(dp_event(noise_multiplier, rounds, sampling_rate))
     return float(acc.get_epsilon(delta))
@@ -111,7 +161,30 @@ def solve_noise_multiplier(epsilon: float, delta: float, rounds: int = 1,
     The search starts from a bracket around a cheap guess: for one release of every client
     the analytic Gaussian mechanism's sigma (``dp_accounting.get_sigma_gaussian``, exact for
     it), otherwise the RDP accountant's answer (an upper bound of the PLD one); the full
-    range is searched when the guess does not bracket the answer."""
+    range is searched when the guess does not bracket the answer.
+
+    Parameters
+    ----------
+    epsilon : float
+        The target epsilon.
+    delta : float
+        The target delta.
+    rounds : int, default=1
+        The releases.
+    sampling_rate : float, default=1.0
+        Each client's probability to be sampled.
+    name : {"pld", "rdp"}, default="pld"
+        The accountant.
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    fnsysid.config.errors.ConfigError
+        When even :data:`MAX_NOISE_MULTIPLIER` spends more than ``epsilon``.
+    """
     dpa = dp_accounting()
 
     def spent(z):
@@ -282,9 +355,25 @@ class Privacy:
 
 def rdp_epsilons(noise_multiplier: float, delta: float, rounds: int,
                  sampling_rate: float) -> np.ndarray:
-    """Epsilon at ``delta`` spent after each of rounds 1..``rounds`` (``rounds`` values), by
-    dp-accounting's RDP accountant composing one sampled Gaussian round at a time (an upper
-    bound of the PLD accountant's)."""
+    """Epsilon at ``delta`` spent after each of rounds 1..``rounds``, by dp-accounting's RDP
+    accountant composing one sampled Gaussian round at a time (an upper bound of the PLD
+    accountant's).
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        The noise's standard deviation over the sensitivity.
+    delta : float
+        The target delta.
+    rounds : int
+        The rounds.
+    sampling_rate : float
+        Each client's probability to be sampled per round.
+
+    Returns
+    -------
+    numpy.ndarray, shape (rounds,)
+    """
     acc = accountant("rdp")
     step = dp_event(noise_multiplier, 1, sampling_rate)
     out = np.empty(rounds)
@@ -297,10 +386,30 @@ def rdp_epsilons(noise_multiplier: float, delta: float, rounds: int,
 def private_change(privacy: Privacy, change: np.ndarray, active: np.ndarray | None,
                    seed: int, r: int, expected: float) -> np.ndarray:
     """DP-FedAvg's server step (McMahan et al. 2018, https://arxiv.org/abs/1710.06963): the
-    clients' model changes ``change`` (S, M, p) clipped to norm ``clip``, summed over the
-    ``active`` ones (S, M; None: all), Gaussian noise added (round ``r``'s own stream) and
-    divided by the expected number of participants ``expected`` (``fraction M``, fixed, so
-    that the division reveals nothing)."""
+    clients' model changes clipped to norm ``clip``, summed over the active ones, Gaussian
+    noise added and divided by the expected number of participants.
+
+    Parameters
+    ----------
+    privacy : Privacy
+        The run's mechanism (its ``clip`` and noise multiplier).
+    change : numpy.ndarray, shape (S, M, p)
+        The clients' model changes.
+    active : numpy.ndarray of bool, shape (S, M), or None
+        The clients of the round; None: all.
+    seed : int
+        The run's root seed.
+    r : int
+        The round (its own noise stream).
+    expected : float
+        The expected number of participants (``fraction M``, fixed, so that the division
+        reveals nothing).
+
+    Returns
+    -------
+    numpy.ndarray, shape (S, p)
+        The noisy mean change.
+    """
     S, M, p = change.shape
     w = privacy.clip_factors(np.linalg.norm(change, axis=-1) if active is None else
                              np.linalg.norm(change, axis=-1)[active])
@@ -316,7 +425,18 @@ def private_change(privacy: Privacy, change: np.ndarray, active: np.ndarray | No
 
 
 def build_privacy(node: dict | None) -> Privacy | None:
-    """The run's privacy object from the ``privacy`` group's node (None for ``none``)."""
+    """The run's privacy object from the ``privacy`` group's node.
+
+    Parameters
+    ----------
+    node : dict or None
+        The ``privacy`` settings (``name`` and :class:`Privacy`'s parameters).
+
+    Returns
+    -------
+    Privacy or None
+        None for ``none``.
+    """
     if not node or node.get("name", "none") == "none":
         return None
     return Privacy(**node)
@@ -325,15 +445,41 @@ def build_privacy(node: dict | None) -> Privacy | None:
 # --- the closed-form releases -------------------------------------------------------------
 
 def eigen_floor(p: int, sigma: np.ndarray) -> np.ndarray:
-    """The eigenvalue floor of a noisy Gram matrix (S,): ``sqrt(2 p) sigma``, the spectral
-    norm of its symmetric noise (semicircle edge of a p x p matrix with off-diagonal variance
-    ``sigma^2 / 2``), below which an eigenvalue is noise."""
+    """The eigenvalue floor of a noisy Gram matrix: ``sqrt(2 p) sigma``, the spectral norm of
+    its symmetric noise (semicircle edge of a p x p matrix with off-diagonal variance
+    ``sigma^2 / 2``), below which an eigenvalue is noise.
+
+    Parameters
+    ----------
+    p : int
+        The matrix's size.
+    sigma : numpy.ndarray, shape (S,)
+        The noise's standard deviation.
+
+    Returns
+    -------
+    numpy.ndarray, shape (S,)
+    """
     return np.sqrt(2.0 * p) * np.asarray(sigma, float)
 
 
 def repaired_solve(H: np.ndarray, b: np.ndarray, floor: np.ndarray) -> np.ndarray:
-    """``H^-1 b`` (S, p) after raising the eigenvalues of the symmetric ``H`` (S, p, p) to
-    ``floor`` (S,): positive definite whatever the noise."""
+    """``H^-1 b`` after raising the eigenvalues of the symmetric ``H`` to ``floor``: positive
+    definite whatever the noise.
+
+    Parameters
+    ----------
+    H : numpy.ndarray, shape (S, p, p)
+        Symmetric (noisy) Gram matrices.
+    b : numpy.ndarray, shape (S, p)
+        Moments.
+    floor : numpy.ndarray, shape (S,)
+        The smallest eigenvalue kept (:func:`eigen_floor`).
+
+    Returns
+    -------
+    numpy.ndarray, shape (S, p)
+    """
     lam, V = np.linalg.eigh(H)
     lam = np.maximum(lam, np.asarray(floor, float)[:, None])
     return np.einsum("spk,sk,sqk,sq->sp", V, 1.0 / lam, V, b)
@@ -343,9 +489,21 @@ def statistics_bases(structure: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Orthonormal bases of the spaces the statistics of a model with ``structure`` (n_y,
     n_phi, p) live in: ``H = sum_t G_t^T G_t`` is a linear image of the features' Gram
     ``F = sum_t phi_t phi_t^T`` (``H_pq = sum_jkl S_jkp S_jlq F_kl``), ``b`` one of
-    ``Phi^T Y`` (``b_p = sum_jk S_jkp (Phi^T Y)_kj``). Returns (p^2, r_H) and (p, r_b): the
-    columns span the images (in the Frobenius inner product of vec(H)). For a dense model
-    ``H = I (x) F`` is block diagonal with equal blocks: r_H = n_phi^2 of p^2 directions."""
+    ``Phi^T Y`` (``b_p = sum_jk S_jkp (Phi^T Y)_kj``). For a dense model ``H = I (x) F`` is
+    block diagonal with equal blocks: r_H = n_phi^2 of p^2 directions.
+
+    Parameters
+    ----------
+    structure : numpy.ndarray, shape (n_y, n_phi, p)
+        The model's structure.
+
+    Returns
+    -------
+    U_H : numpy.ndarray, shape (p^2, r_H)
+        Columns spanning the image of ``H`` (in the Frobenius inner product of vec(H)).
+    U_b : numpy.ndarray, shape (p, r_b)
+        Columns spanning the image of ``b``.
+    """
     n_y, n_phi, p = structure.shape
     L = np.einsum("jkp,jlq->pqkl", structure, structure).reshape(p * p, n_phi * n_phi)
     Lb = np.einsum("jkp->pkj", structure).reshape(p, n_phi * n_y)
@@ -358,19 +516,51 @@ def statistics_bases(structure: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def project(E: np.ndarray, U: np.ndarray) -> np.ndarray:
-    """Orthogonal projection of ``E`` (S, *shape) onto the span of ``U`` (prod(shape), r)."""
+    """Orthogonal projection of ``E`` onto the span of ``U``.
+
+    Parameters
+    ----------
+    E : numpy.ndarray, shape (S, *shape)
+        The arrays projected (flattened after the first axis).
+    U : numpy.ndarray, shape (prod(shape), r)
+        Orthonormal columns.
+
+    Returns
+    -------
+    numpy.ndarray, shape (S, *shape)
+    """
     flat = E.reshape(E.shape[0], -1)
     return ((flat @ U) @ U.T).reshape(E.shape)
 
 
 def private_statistics(privacy: Privacy, H: np.ndarray, b: np.ndarray, seed: int,
                        structure: np.ndarray | None = None):
-    """The noisy sums of the clipped client statistics: ``H`` (S, M, p, p), ``b`` (S, M, p)
-    -> (S, p, p), (S, p) and the noise's standard deviation (S,). With the model's
-    ``structure``, the noise is projected onto the spaces every client's statistics lie in
+    """The noisy sums of the clipped client statistics. With the model's ``structure``, the
+    noise is projected onto the spaces every client's statistics lie in
     (:func:`statistics_bases`): the clipped sum lies there too, so the projection is
     post-processing, and it removes the noise outside (for a dense model with n_y targets,
-    all but 1 / n_y of the Gram matrix's noise variance)."""
+    all but 1 / n_y of the Gram matrix's noise variance).
+
+    Parameters
+    ----------
+    privacy : Privacy
+        The run's mechanism (its ``clip`` and noise multiplier).
+    H : numpy.ndarray, shape (S, M, p, p)
+        The clients' Gram matrices.
+    b : numpy.ndarray, shape (S, M, p)
+        Their moments.
+    seed : int
+        The run's root seed.
+    structure : numpy.ndarray, shape (n_y, n_phi, p), or None, default=None
+        The model's structure; None: the noise is not projected.
+
+    Returns
+    -------
+    H : numpy.ndarray, shape (S, p, p)
+    b : numpy.ndarray, shape (S, p)
+    sigma : numpy.ndarray, shape (S,)
+        The noise's standard deviation.
+    """
     S, M, p = b.shape
     norms = np.sqrt(np.einsum("smpq,smpq->sm", H, H) + np.einsum("smp,smp->sm", b, b))
     f = privacy.clip_factors(norms)
@@ -387,19 +577,52 @@ def private_statistics(privacy: Privacy, H: np.ndarray, b: np.ndarray, seed: int
 
 def private_pooled_solution(privacy: Privacy, H: np.ndarray, b: np.ndarray,
                             seed: int, structure: np.ndarray | None = None) -> np.ndarray:
-    """``centralized_exact`` under ``privacy``: the pooled least squares (S, p) of the noisy
-    clipped statistics (noise projected with ``structure``), eigenvalues floored
-    (:func:`eigen_floor`)."""
+    """``centralized_exact`` under ``privacy``: the pooled least squares of the noisy clipped
+    statistics (:func:`private_statistics`), eigenvalues floored (:func:`eigen_floor`).
+
+    Parameters
+    ----------
+    privacy : Privacy
+        The run's mechanism (its ``clip`` and noise multiplier).
+    H : numpy.ndarray, shape (S, M, p, p)
+        The clients' Gram matrices.
+    b : numpy.ndarray, shape (S, M, p)
+        Their moments.
+    seed : int
+        The run's root seed.
+    structure : numpy.ndarray, shape (n_y, n_phi, p), or None, default=None
+        The model's structure (the noise projected); None: not projected.
+
+    Returns
+    -------
+    numpy.ndarray, shape (S, p)
+    """
     Hs, bs, sigma = private_statistics(privacy, H, b, seed, structure)
     return repaired_solve(Hs, bs, eigen_floor(b.shape[-1], sigma))
 
 
 def private_mean(privacy: Privacy, theta: np.ndarray, present: np.ndarray,
                  seed: int) -> np.ndarray:
-    """``oneshot`` under ``privacy``: the mean (S, p) of the clients' own estimates ``theta``
-    (S, M, p) over the clients ``present`` (S, M), from the noisy sum of the estimates
-    clipped to ``clip`` and the noisy count of the clients (each counted with weight
-    ``clip``, so that a client's contribution has norm at most ``sqrt(2) clip``)."""
+    """``oneshot`` under ``privacy``: the mean of the clients' own estimates, from the noisy
+    sum of the estimates clipped to ``clip`` and the noisy count of the clients (each
+    counted with weight ``clip``, so that a client's contribution has norm at most
+    ``sqrt(2) clip``).
+
+    Parameters
+    ----------
+    privacy : Privacy
+        The run's mechanism (its ``clip`` and noise multiplier).
+    theta : numpy.ndarray, shape (S, M, p)
+        The clients' own estimates.
+    present : numpy.ndarray of bool, shape (S, M)
+        The clients averaged.
+    seed : int
+        The run's root seed.
+
+    Returns
+    -------
+    numpy.ndarray, shape (S, p)
+    """
     S, M, p = theta.shape
     C = privacy.clip
     w = privacy.clip_factors(np.linalg.norm(theta, axis=-1)) * present
