@@ -24,9 +24,20 @@ DTYPE, ITEMSIZE = "float64", 8
 
 @dataclasses.dataclass(frozen=True)
 class Payload:
-    """Arrays one client sends ``up`` and receives ``down`` at one stage, in one repeat: tuples
-    (name, shape); ``messages_up``/``messages_down``: the messages that carry them (a
-    strategy with two exchanges a round sends two each way)."""
+    """Arrays one client sends ``up`` and receives ``down`` at one stage, in one repeat.
+
+    Parameters
+    ----------
+    up : tuple of (str, tuple of int), default=()
+        The arrays sent, as (name, shape).
+    down : tuple of (str, tuple of int), default=()
+        The arrays received.
+    messages_up : int, default=0
+        The messages that carry ``up`` (a strategy with two exchanges a round sends two each
+        way).
+    messages_down : int, default=0
+        The messages that carry ``down``.
+    """
 
     up: tuple = ()
     down: tuple = ()
@@ -55,12 +66,34 @@ class Payload:
 
 
 def exchange(down=(), up=()) -> Payload:
-    """One message each way carrying ``down`` and ``up`` ((name, shape) tuples)."""
+    """One message each way.
+
+    Parameters
+    ----------
+    down : tuple of (str, tuple of int), default=()
+        The arrays received, as (name, shape).
+    up : tuple of (str, tuple of int), default=()
+        The arrays sent.
+
+    Returns
+    -------
+    Payload
+    """
     return Payload(tuple(up), tuple(down), 1, 1)
 
 
 def upload(*arrays) -> Payload:
-    """One message up (none down) carrying ``arrays``."""
+    """One message up (none down).
+
+    Parameters
+    ----------
+    *arrays : tuple of (str, tuple of int)
+        The arrays sent, as (name, shape).
+
+    Returns
+    -------
+    Payload
+    """
     return Payload(tuple(arrays), (), 1, 0)
 
 
@@ -69,10 +102,19 @@ NOTHING = Payload()
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """What one client sends and receives in one repeat: ``start`` once before the first
-    round (every client), ``round`` in each round it takes part in, ``end`` once after the
-    last round (every client). ``note``: why the plan is not known (then the run's summary
-    says so instead of numbers)."""
+    """What one client sends and receives in one repeat.
+
+    Parameters
+    ----------
+    round : Payload, default=NOTHING
+        In each round the client takes part in.
+    start : Payload, default=NOTHING
+        Once before the first round (every client).
+    end : Payload, default=NOTHING
+        Once after the last round (every client).
+    note : str or None, default=None
+        Why the plan is not known (then the run's summary says so instead of numbers).
+    """
 
     round: Payload = NOTHING
     start: Payload = NOTHING
@@ -90,7 +132,19 @@ SENDING_RULES = ("exchanges", "message", "client_update", "round")
 
 
 def owner(cls: type, name: str) -> type | None:
-    """The class in ``cls``'s method resolution order that defines ``name``."""
+    """The class in ``cls``'s method resolution order that defines ``name``.
+
+    Parameters
+    ----------
+    cls : type
+    name : str
+        An attribute's name.
+
+    Returns
+    -------
+    type or None
+        None when no class defines it.
+    """
     return next((k for k in cls.__mro__ if name in vars(k)), None)
 
 
@@ -121,6 +175,23 @@ def plan_of(strategy, p: int, model=None, sparsity=None, personalize: str = "non
       g) and whether its data determine its own model (1), and receives the fleet's ``mu``
       (p), ``cov_mu``, ``Sigma``, ``Sigma_ci`` (p x p each) and ``s2`` (g);
       ``personalize=finetune``: each client receives the final server model (p).
+
+    Parameters
+    ----------
+    strategy : fnsysid.learning.strategies.Strategy
+        The run's strategy (its ``payload``).
+    p : int
+        The model's parameters.
+    model : fnsysid.dynamics.model.Model or None, default=None
+        The model (its targets, for ``sparsity`` and ``personalize``).
+    sparsity : object or None, default=None
+        The run's sparsity (:class:`fnsysid.learning.sparsity.STLSQ`); None: none.
+    personalize : str, default="none"
+        The ``personalize`` option.
+
+    Returns
+    -------
+    Plan
     """
     why = _declared(strategy)
     if why is not None:
@@ -151,9 +222,25 @@ def plan_of(strategy, p: int, model=None, sparsity=None, personalize: str = "non
 
 
 def participants(strategy, rounds: int, M: int, S: int) -> np.ndarray:
-    """Clients taking part in each of rounds 1..``rounds`` per repeat, (S, rounds): all M
-    unless ``strategy.fraction`` < 1, then ``max(1, round(fraction M))`` or, under privacy's
-    Poisson sampling, the count of the round's own draw (the strategy's ``participants``)."""
+    """Clients taking part in each of rounds 1..``rounds`` per repeat: all M unless
+    ``strategy.fraction`` < 1, then ``max(1, round(fraction M))`` or, under privacy's
+    Poisson sampling, the count of the round's own draw (the strategy's ``participants``).
+
+    Parameters
+    ----------
+    strategy : fnsysid.learning.strategies.Strategy
+        The run's strategy.
+    rounds : int
+        The rounds R.
+    M : int
+        The clients.
+    S : int
+        The repeats.
+
+    Returns
+    -------
+    numpy.ndarray of int, shape (S, rounds)
+    """
     fraction = float(getattr(strategy, "fraction", 1.0))
     if fraction >= 1.0 or rounds == 0:
         return np.full((S, rounds), M, dtype=float)
@@ -169,8 +256,22 @@ def account(plan: Plan, taking_part: np.ndarray, M: int) -> dict:
     clients. Totals are per repeat (the mean over repeats where participation differs);
     ``cumulative`` (S, rounds + 1) the bytes up and down per client (mean over the clients)
     after each round, round 0 holding what was sent before the first round (the ``end``
-    exchanges come after the last round and are in the totals only). Returns the summary
-    (``cumulative`` under the key ``_cumulative``, for errors.csv)."""
+    exchanges come after the last round and are in the totals only).
+
+    Parameters
+    ----------
+    plan : Plan
+        What a client sends and receives (:func:`plan_of`).
+    taking_part : numpy.ndarray of int, shape (S, rounds)
+        The clients taking part in each round run (:func:`participants`).
+    M : int
+        The clients.
+
+    Returns
+    -------
+    dict
+        The summary (``cumulative`` under the key ``_cumulative``, for errors.csv).
+    """
     if plan.note is not None:
         return {"declared": False, "note": plan.note}
     r, s, e = plan.round, plan.start, plan.end
