@@ -198,8 +198,18 @@ KINDS = {
 
 
 def library(entry) -> Library:
-    """A library from a :class:`Combined` entry: a kind (``"sin"``), a mapping of a kind and its
-    keys (``{"kind": "polynomial", "degree": 3}``) or a :class:`Library` itself."""
+    """A library from a :class:`Combined` entry.
+
+    Parameters
+    ----------
+    entry : str, mapping or Library
+        A kind (``"sin"``), a mapping of a kind and its keys (``{"kind": "polynomial",
+        "degree": 3}``) or a :class:`Library` itself.
+
+    Returns
+    -------
+    Library
+    """
     if isinstance(entry, Library):
         return entry
     keys = dict(entry) if isinstance(entry, dict) else {"kind": entry}

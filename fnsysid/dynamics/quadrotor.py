@@ -11,7 +11,17 @@ CONTROLLER_KEYS = ("f0", "z_ref", "kp_z", "kd_z", "kp_q", "kd_omega", "c")
 
 
 def rotate_ez(q: np.ndarray) -> np.ndarray:
-    """Third column ``R(q) e_z`` of the rotation matrix of a scalar-first quaternion (..., 4)."""
+    """Third column ``R(q) e_z`` of the rotation matrix of a scalar-first quaternion.
+
+    Parameters
+    ----------
+    q : numpy.ndarray, shape (..., 4)
+        Unit quaternions, scalar first.
+
+    Returns
+    -------
+    numpy.ndarray, shape (..., 3)
+    """
     qw, qx, qy, qz = np.moveaxis(q, -1, 0)
     return np.stack([2.0 * (qx * qz + qw * qy),
                      2.0 * (qy * qz - qw * qx),

@@ -39,6 +39,19 @@ def stream(seed: int, purpose: int, *key: int) -> np.random.Generator:
     that seed sequence gives PCG64 is kept (:class:`_KnownSeed`), since the runs of a sweep
     draw the same streams again.
 
+    Parameters
+    ----------
+    seed : int
+        The run's root seed.
+    purpose : int
+        What the stream draws (a constant of this module, e.g. :data:`TRAJECTORY`).
+    *key : int
+        The stream's key within the purpose (repeat, block, client, ...).
+
+    Returns
+    -------
+    numpy.random.Generator
+
     Examples
     --------
     >>> a = stream(0, TRAJECTORY, 0, 0, 3).standard_normal(2)
@@ -97,19 +110,49 @@ class _KnownSeed(np.random.bit_generator.ISpawnableSeedSequence):
 
 
 def block_start(b: int) -> int:
-    """First client of block ``b``."""
+    """First client of block ``b``.
+
+    Parameters
+    ----------
+    b : int
+        A block's index.
+
+    Returns
+    -------
+    int
+    """
     if b >= _SMALL:
         return (b - _SMALL + 1) * BLOCK
     return 0 if b == 0 else FIRST << (b - 1)
 
 
 def block_size(b: int) -> int:
-    """Number of clients of block ``b`` (the values each of its streams draws per call)."""
+    """Number of clients of block ``b`` (the values each of its streams draws per call).
+
+    Parameters
+    ----------
+    b : int
+        A block's index.
+
+    Returns
+    -------
+    int
+    """
     return block_start(b + 1) - block_start(b)
 
 
 def block_of(i):
-    """Block of client ``i`` (an int or an integer array).
+    """Block of client ``i``.
+
+    Parameters
+    ----------
+    i : int or numpy.ndarray of int
+        Client indices.
+
+    Returns
+    -------
+    int or numpy.ndarray of int
+        Of the shape of ``i``.
 
     Examples
     --------
@@ -123,7 +166,17 @@ def block_of(i):
 
 
 def blocks(m: int) -> list[tuple[int, int, int]]:
-    """Split clients ``0..m-1`` into ``(block_index, start, stop)`` triples.
+    """Split clients ``0..m-1`` into blocks.
+
+    Parameters
+    ----------
+    m : int
+        The clients.
+
+    Returns
+    -------
+    list of tuple of (int, int, int)
+        ``(block_index, start, stop)`` triples.
 
     Examples
     --------
@@ -139,7 +192,19 @@ def blocks(m: int) -> list[tuple[int, int, int]]:
 
 def chunks(blks: list[tuple[int, int, int]], limit: int) -> list[list[tuple[int, int, int]]]:
     """Consecutive runs of ``blks`` holding at most ``limit`` clients each (counting whole
-    blocks, whose streams draw for all their clients), at least one block per run."""
+    blocks, whose streams draw for all their clients), at least one block per run.
+
+    Parameters
+    ----------
+    blks : list of tuple of (int, int, int)
+        Blocks (:func:`blocks`).
+    limit : int
+        The most clients of a run.
+
+    Returns
+    -------
+    list of list of tuple of (int, int, int)
+    """
     out: list[list[tuple[int, int, int]]] = []
     used = 0
     for blk in blks:

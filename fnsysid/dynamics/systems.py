@@ -246,7 +246,20 @@ class DenseSystem(System):
 
 
 def dense_structure(n_y: int, n_phi: int) -> np.ndarray:
-    """Structure tensor of a dense ``n_y x n_phi`` matrix flattened row by row."""
+    """Structure tensor of a dense ``n_y x n_phi`` matrix flattened row by row.
+
+    Parameters
+    ----------
+    n_y : int
+        The targets.
+    n_phi : int
+        The features.
+
+    Returns
+    -------
+    numpy.ndarray, shape (n_y, n_phi, n_y * n_phi)
+        0/1: parameter ``j n_phi + k`` multiplies feature k in target j.
+    """
     S = np.zeros((n_y, n_phi, n_y * n_phi))
     for j in range(n_y):
         for k in range(n_phi):
