@@ -367,10 +367,38 @@ def _prefix_blocks(ids: np.ndarray):
 
 def simulate_clients(model: Model, clients, n_traj: int, T: int, eps: float, repeats: int,
                      seed: int, shared_noise: bool = False, purpose: int = rnd.TRAJECTORY):
-    """States (S, m, n_traj, T + 1, n_x) and inputs (S, m, n_traj, T, n_u) of the clients
-    ``clients`` (m,) only: the trajectories the same clients get when all are simulated
+    """Trajectories of some clients only: those the same clients get when all are simulated
     (what a federated node that holds one client draws, e.g. its held-out trajectories with
-    ``purpose=rnd.HOLDOUT``)."""
+    ``purpose=rnd.HOLDOUT``).
+
+    Parameters
+    ----------
+    model : Model
+        The model (its system simulates).
+    clients : array_like of int, shape (m,)
+        The clients simulated.
+    n_traj : int
+        Trajectories per client.
+    T : int
+        Trajectory length.
+    eps : float
+        Heterogeneity (:func:`generate`).
+    repeats : int
+        The repeats S.
+    seed : int
+        The root seed.
+    shared_noise : bool, default=False
+        Every client draws the same trajectory noise.
+    purpose : int, default=rnd.TRAJECTORY
+        The streams' purpose (:mod:`fnsysid.dynamics.random`).
+
+    Returns
+    -------
+    x : numpy.ndarray, shape (S, m, n_traj, T + 1, n_x)
+        The states.
+    u : numpy.ndarray, shape (S, m, n_traj, T, n_u)
+        The inputs.
+    """
     blocks, _, keep = _prefix_blocks(np.asarray(clients, dtype=int).reshape(-1))
     xs, us = [], []
     for s in range(repeats):
@@ -383,12 +411,41 @@ def simulate_clients(model: Model, clients, n_traj: int, T: int, eps: float, rep
 def simulate_blocks(model: Model, s: int, blocks: list[tuple[int, int, int]], n_traj: int,
                     T: int, eps: float, seed: int, shared_noise: bool = False,
                     purpose: int = rnd.TRAJECTORY):
-    """Client parameters and trajectories of consecutive blocks ``(blk, lo, hi)`` of clients.
+    """Client parameters and trajectories of consecutive blocks of clients.
 
-    Returns the clients' own parameters (m, p0), states ``x`` (m, n_traj, T + 1, n_x) and
-    inputs ``u`` (m, n_traj, T, n_u) for the ``m`` clients ``blocks[0].lo .. blocks[-1].hi``.
     Trajectory ``j`` of repeat ``s`` is drawn from stream ``(purpose, s, blk, j)`` for the
     whole block; held-out trajectories use their own ``purpose``.
+
+    Parameters
+    ----------
+    model : Model
+        The model (its system simulates).
+    s : int
+        The repeat.
+    blocks : list of tuple of (int, int, int)
+        Consecutive blocks ``(blk, lo, hi)``; the m clients ``blocks[0].lo ..
+        blocks[-1].hi``.
+    n_traj : int
+        Trajectories per client.
+    T : int
+        Trajectory length.
+    eps : float
+        Heterogeneity (:func:`generate`).
+    seed : int
+        The root seed.
+    shared_noise : bool, default=False
+        Every client draws the same trajectory noise.
+    purpose : int, default=rnd.TRAJECTORY
+        The streams' purpose.
+
+    Returns
+    -------
+    own : numpy.ndarray, shape (m, p0)
+        The clients' own parameters.
+    x : numpy.ndarray, shape (m, n_traj, T + 1, n_x)
+        The states.
+    u : numpy.ndarray, shape (m, n_traj, T, n_u)
+        The inputs.
     """
     system = model.system
     own = np.concatenate([system.client_params(eps * rnd.stream(
@@ -401,13 +458,30 @@ def simulate_blocks(model: Model, s: int, blocks: list[tuple[int, int, int]], n_
 
 
 def moments(Phi, Y, wgt):
-    """Weighted second moments of padded samples ``Phi`` (..., n, n_phi), ``Y`` (..., n, n_y)
-    with 0/1 weights ``wgt`` (..., n).
+    """Weighted second moments of padded samples.
 
-    Returns ``F`` (n_phi, ..., n) and ``Z`` (n_y, ..., n), the samples with their coordinate
-    moved first (sums then run along a contiguous axis); ``Fw, Zw`` the same times the weights
-    (``F`` and ``Z`` themselves when every weight is 1); ``gram`` (..., n_phi, n_phi)
-    ``= sum_t w_t phi_t phi_t'`` and ``cross`` (..., n_y, n_phi) ``= sum_t w_t y_t phi_t'``.
+    Parameters
+    ----------
+    Phi : numpy.ndarray, shape (..., n, n_phi)
+        The features.
+    Y : numpy.ndarray, shape (..., n, n_y)
+        The targets.
+    wgt : numpy.ndarray, shape (..., n)
+        The 0/1 weights.
+
+    Returns
+    -------
+    F : numpy.ndarray, shape (n_phi, ..., n)
+        The features with their coordinate moved first (sums then run along a contiguous
+        axis).
+    Z : numpy.ndarray, shape (n_y, ..., n)
+        The targets likewise.
+    Fw, Zw : numpy.ndarray
+        The same times the weights (``F`` and ``Z`` themselves when every weight is 1).
+    gram : numpy.ndarray, shape (..., n_phi, n_phi)
+        ``sum_t w_t phi_t phi_t'``.
+    cross : numpy.ndarray, shape (..., n_y, n_phi)
+        ``sum_t w_t y_t phi_t'``.
     """
     F = np.ascontiguousarray(np.moveaxis(Phi, -1, 0))          # (n_phi, ..., n)
     Z = np.ascontiguousarray(np.moveaxis(Y, -1, 0))            # (n_y, ..., n)
@@ -418,12 +492,33 @@ def moments(Phi, Y, wgt):
 
 
 def sample_stats(model: Model, Phi, Y, wgt):
-    """Per-client statistics of padded samples ``Phi`` (..., n, n_phi), ``Y`` (..., n, n_y)
-    with 0/1 weights ``wgt`` (..., n): ``H, b, yy, n`` (see :meth:`Model.stats`),
+    """Per-client statistics of padded samples: ``H, b, yy, n`` (see :meth:`Model.stats`),
     ``phi2max``, ``phi_mean``, ``y_mean`` and ``yy_target`` (the fields of
     :class:`ClientData`).
 
     Sums over samples run along a contiguous axis (features moved first).
+
+    Parameters
+    ----------
+    model : Model
+        The model (its ``structure``).
+    Phi : numpy.ndarray, shape (..., n, n_phi)
+        The features.
+    Y : numpy.ndarray, shape (..., n, n_y)
+        The targets.
+    wgt : numpy.ndarray, shape (..., n)
+        The 0/1 weights.
+
+    Returns
+    -------
+    H : numpy.ndarray, shape (..., p, p)
+    b : numpy.ndarray, shape (..., p)
+    yy : numpy.ndarray, shape (...)
+    n : numpy.ndarray, shape (...)
+    phi2max : numpy.ndarray, shape (...)
+    phi_mean : numpy.ndarray, shape (..., n_phi)
+    y_mean : numpy.ndarray, shape (..., n_y)
+    yy_target : numpy.ndarray, shape (..., n_y)
     """
     F, Z, Fw, Zw, gram, cross = moments(Phi, Y, wgt)
     full = Fw is F
@@ -443,7 +538,18 @@ def sample_stats(model: Model, Phi, Y, wgt):
 def length_classes(count: np.ndarray) -> np.ndarray:
     """Length class of segments of ``count`` samples: ``ceil(log2(count))`` (0 for one
     sample). Segments of one class differ in length by less than a factor 2, so padding them
-    to their longest at most doubles their samples."""
+    to their longest at most doubles their samples.
+
+    Parameters
+    ----------
+    count : numpy.ndarray of int
+        The segments' samples.
+
+    Returns
+    -------
+    numpy.ndarray of int
+        Of the shape of ``count``.
+    """
     count = np.asarray(count, dtype=np.int64)
     return np.where(count > 1, np.ceil(np.log2(np.maximum(count, 1))), 0).astype(int)
 
@@ -452,8 +558,22 @@ def ragged_chunks(count: np.ndarray, values_per_sample: int,
                   limit: int | None = None) -> list[np.ndarray]:
     """Segments of ``count`` samples grouped for padded work: the segments of one length class
     (:func:`length_classes`), in slices holding about ``limit`` values at most (at least one
-    segment each; default :data:`CHUNK_VALUES`). Every segment is in exactly one chunk, in
-    increasing order within it."""
+    segment each). Every segment is in exactly one chunk, in increasing order within it.
+
+    Parameters
+    ----------
+    count : numpy.ndarray of int, shape (k,)
+        The segments' samples.
+    values_per_sample : int
+        The values a sample holds in the padded work.
+    limit : int or None, default=None
+        The most values of a chunk; None: :data:`CHUNK_VALUES`.
+
+    Returns
+    -------
+    list of numpy.ndarray of int
+        The segments' indices, one array per chunk.
+    """
     limit = CHUNK_VALUES if limit is None else limit
     classes = length_classes(count)
     out = []
@@ -476,6 +596,28 @@ def ragged_stats(model: Model, Phi: np.ndarray, Y: np.ndarray, count: np.ndarray
     to their own longest, so memory stays within twice the samples whatever the spread of
     lengths; the loop runs over a few classes (and slices of a large class), not over
     segments.
+
+    Parameters
+    ----------
+    model : Model
+        The model (its ``structure``).
+    Phi : numpy.ndarray, shape (n, n_phi)
+        The features of all segments, one after another.
+    Y : numpy.ndarray, shape (n, n_y)
+        The targets likewise.
+    count : numpy.ndarray of int, shape (k,)
+        Each segment's samples, > 0, summing to n.
+
+    Returns
+    -------
+    H : numpy.ndarray, shape (k, p, p)
+    b : numpy.ndarray, shape (k, p)
+    yy : numpy.ndarray, shape (k)
+    n : numpy.ndarray, shape (k)
+    phi2max : numpy.ndarray, shape (k)
+    phi_mean : numpy.ndarray, shape (k, n_phi)
+    y_mean : numpy.ndarray, shape (k, n_y)
+    yy_target : numpy.ndarray, shape (k, n_y)
     """
     count = np.asarray(count, dtype=np.int64)
     n_seg = len(count)
@@ -501,7 +643,17 @@ def ragged_stats(model: Model, Phi: np.ndarray, Y: np.ndarray, count: np.ndarray
 
 def threads(n_jobs: int) -> int:
     """Threads that simulate chunks of clients at once: ``FNSYSID_THREADS`` (default: the
-    number of cores), at most one per chunk."""
+    number of cores), at most one per chunk.
+
+    Parameters
+    ----------
+    n_jobs : int
+        The chunks.
+
+    Returns
+    -------
+    int
+    """
     raw = os.environ.get("FNSYSID_THREADS") or str(os.cpu_count() or 1)
     if not raw.isdigit() or int(raw) < 1:
         raise ValueError(f"FNSYSID_THREADS={raw}; allowed: an integer >= 1")
@@ -513,7 +665,19 @@ def for_chunks(S: int, blocks: list[tuple[int, int, int]], limit: int, work) -> 
     holding at most ``limit`` clients (:func:`fnsysid.dynamics.random.chunks`), on :func:`threads`
     threads (numpy releases the GIL in the array work and the random draws). Chunks write
     disjoint slices and read their own streams, so the numbers do not depend on the number of
-    threads."""
+    threads.
+
+    Parameters
+    ----------
+    S : int
+        The repeats.
+    blocks : list of tuple of (int, int, int)
+        The clients' blocks (:func:`fnsysid.dynamics.random.blocks`).
+    limit : int
+        The most clients of a chunk.
+    work : callable
+        ``work(s, chunk)``, ``chunk`` a list of blocks.
+    """
     runs = rnd.chunks(blocks, limit)
     _on_threads(work, [(s, run) for s in range(S) for run in runs])
 
@@ -522,7 +686,17 @@ def for_slices(m: int, size: int, work) -> None:
     """Call ``work(sl)`` for consecutive slices ``sl`` of ``size`` (the last shorter) covering
     ``range(m)``, on :func:`threads` threads when there are several. Each call must write only
     its own slice of the outputs (and use its own scratch arrays), so the values do not depend
-    on the number of threads."""
+    on the number of threads.
+
+    Parameters
+    ----------
+    m : int
+        The length covered.
+    size : int
+        The slices' length.
+    work : callable
+        ``work(sl)``, ``sl`` a slice.
+    """
     _on_threads(work, [(slice(lo, min(lo + size, m)),) for lo in range(0, m, size)])
 
 
@@ -556,14 +730,37 @@ CHUNK_VALUES = 1 << 22
 
 def values_per_sample(model: Model) -> int:
     """Values a simulated chunk holds per client and sample: states, inputs and noise as
-    drawn, features and targets with their weighted copies."""
+    drawn, features and targets with their weighted copies.
+
+    Parameters
+    ----------
+    model : Model
+
+    Returns
+    -------
+    int
+    """
     system = model.system
     n_y, n_phi = model.structure.shape[:2]
     return 2 * system.n_x + system.n_u + system.n_w + 3 * n_phi + 2 * n_y
 
 
 def chunk_clients(model: Model, n_max: int, T: int) -> int:
-    """Clients simulated together: as many as keep a chunk near ``CHUNK_VALUES``."""
+    """Clients simulated together: as many as keep a chunk near ``CHUNK_VALUES``.
+
+    Parameters
+    ----------
+    model : Model
+    n_max : int
+        The most trajectories of a client.
+    T : int
+        Trajectory length.
+
+    Returns
+    -------
+    int
+        At least 1.
+    """
     return max(1, CHUNK_VALUES // (n_max * (T + 1) * values_per_sample(model)))
 
 
@@ -574,9 +771,34 @@ def draw_trajectories(system: System, seed: int, s: int, blks: list[int], n_max:
     Stream (purpose, repeat, block, trajectory) draws for its whole block (stream (repeat, 0,
     trajectory) once for every client with ``shared_noise``). The streams of blocks of one size
     are read together through one :class:`~fnsysid.dynamics.random.StreamBatch` when the system's
-    noises allow it, else one after another; the numbers are the same. Returns ``x0`` (size, n_max,
-    n_x), ``eta`` (size, n_max, T, n_u) and ``w`` (size, n_max, T, n_w) of the first ``size``
-    clients.
+    noises allow it, else one after another; the numbers are the same.
+
+    Parameters
+    ----------
+    system : fnsysid.dynamics.systems.System
+        The system (its noises).
+    seed : int
+        The root seed.
+    s : int
+        The repeat.
+    blks : list of int
+        The blocks' indices.
+    n_max : int
+        The trajectories drawn per client.
+    T : int
+        Trajectory length.
+    shared_noise : bool
+        Every client draws the same trajectory noise.
+    size : int
+        The clients returned (the first ones of the blocks).
+    purpose : int, default=rnd.TRAJECTORY
+        The streams' purpose.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        ``x0`` (size, n_max, n_x), ``eta`` (size, n_max, T, n_u) and ``w``
+        (size, n_max, T, n_w).
     """
     if shared_noise:
         out = _draw_streams(system, seed, s, [0], 1, n_max, T, purpose)
