@@ -85,6 +85,20 @@ class Clients:
     precomputed affine map when the solver has one
     (:meth:`fnsysid.learning.optim.LocalSolver.local_map`, built on first use), else the
     solver's step-by-step ``local_steps``.
+
+    Parameters
+    ----------
+    solver : fnsysid.learning.optim.LocalSolver
+        The local solver, set up on the clients' data.
+    K : int or numpy.ndarray of int
+        The local steps, or each client's (:func:`fnsysid.learning.local_work.local_steps`).
+    lr : float
+        The learning rate.
+    mu : float, default=0.0
+        FedProx's proximal weight.
+    correction : bool, default=False
+        Whether the local steps take a gradient correction (SCAFFOLD, FedLin): the
+        precomputed maps then keep their response to it.
     """
 
     def __init__(self, solver, K, lr: float, mu: float = 0.0, correction: bool = False):
@@ -202,6 +216,13 @@ class Federated(Strategy):
     message and its own data and state only, and the server combines the answers, stacked over
     clients to (S, M, ...), in :meth:`server_update`. In process a strategy may instead run a
     precomputed ``server_map`` (the same round as one affine map of the server model).
+
+    Parameters
+    ----------
+    weighting : {"uniform", "samples"}, default="uniform"
+        The server's mean (:class:`Strategy`).
+    fraction : float, default=1.0
+        The share of clients taking part in a round, in (0, 1].
     """
 
     exchanges: tuple[str, ...] = ("train",)
@@ -363,7 +384,15 @@ def changed_rules(cls: type) -> list[str]:
 
 
 class FedProx(FedAvg):
-    """FedAvg whose local gradient carries ``mu (theta_i - theta_s)`` (Li et al. 2020)."""
+    """FedAvg whose local gradient carries ``mu (theta_i - theta_s)`` (Li et al. 2020).
+
+    Parameters
+    ----------
+    mu : float, default=0.1
+        The proximal weight.
+    **kwargs
+        :class:`Federated`'s parameters.
+    """
 
     def __init__(self, mu: float = 0.1, **kwargs):
         super().__init__(**kwargs)
@@ -774,8 +803,16 @@ class Local(Strategy):
 
 
 class Centralized(Strategy):
-    """The non-private reference: all clients' data pooled in one place; K gradient steps of
-    the optimizer per round (``exact=false``) or the pooled least-squares solution (flat)."""
+    """The non-private reference: all clients' data pooled in one place.
+
+    Parameters
+    ----------
+    exact : bool, default=False
+        True: the pooled least-squares solution (flat over rounds); False: K gradient steps
+        of the optimizer per round.
+    **kwargs
+        :class:`Strategy`'s parameters.
+    """
 
     client_matrices = 0         # one pooled map per repeat, nothing per client
 
