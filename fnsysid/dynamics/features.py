@@ -170,7 +170,13 @@ class Fourier(Library):
 
 
 class Concat(Library):
-    """Features of several libraries side by side (what ``a + b`` builds)."""
+    """Features of several libraries side by side (what ``a + b`` builds).
+
+    Parameters
+    ----------
+    libraries : iterable of Library
+        The libraries, in order (a Concat among them contributes its own).
+    """
 
     def __init__(self, libraries):
         libs = []
@@ -233,6 +239,11 @@ class Combined(Concat):
     mappings of a kind and its keys, or libraries. A feature that two of them produce (the
     same name, e.g. ``x0`` from ``identity`` and ``polynomial``) is kept once, where it first
     appears: features are identified by their names, as in parameter names and truth files.
+
+    Parameters
+    ----------
+    libraries : str, mapping, Library, or a list of them
+        The entries (:func:`library`).
 
     Examples
     --------

@@ -228,6 +228,13 @@ class StreamBatch:
     values are those of the per-stream calls. Values are drawn ahead in chunks (``reserve``
     per stream at first); the streams must not be used elsewhere.
 
+    Parameters
+    ----------
+    gens : list of numpy.random.Generator
+        The G streams.
+    reserve : int, default=1024
+        The values drawn ahead per stream at first.
+
     Examples
     --------
     >>> gens = [stream(0, TRAJECTORY, 0, b, 0) for b in range(2)]

@@ -32,6 +32,14 @@ class System:
     Subclasses set ``name``, ``n_x``, ``n_u``, ``param_names``, ``nominal`` (p0,) and
     ``directions`` (n_gamma, p0), and implement ``policy``, ``step``, ``regression`` and
     ``structure``. Arrays carry any leading batch axes (clients, trajectories).
+
+    Parameters
+    ----------
+    x0, inputs, disturbance : mapping or fnsysid.dynamics.random.Noise
+        The distributions of the initial state, the exploration noise of the inputs and the
+        disturbance (:meth:`fnsysid.dynamics.random.Noise.from_spec`).
+    dt : float, default=1.0
+        The sample time.
     """
 
     name = "system"
@@ -190,6 +198,20 @@ class DenseSystem(System):
 
     The own parameter vector is ``[A B]`` flattened row by row. ``f`` is the system's own
     library on the states; generic libraries may replace it when they contain its features.
+
+    Parameters
+    ----------
+    A0 : array_like, shape (n_x, n_x)
+        The nominal ``A``.
+    B0 : array_like, shape (n_x, n_u)
+        The nominal ``B``.
+    V : array_like, shape (n_x, n_x)
+        The direction in which the clients' ``A`` differ.
+    U : array_like, shape (n_x, n_u)
+        The direction in which the clients' ``B`` differ.
+    x0, inputs, disturbance : mapping, Noise or None, default=None
+        The distributions of the initial state, the inputs and the disturbance; None: a
+        standard normal.
     """
 
     generic_features = True
@@ -287,6 +309,22 @@ class Pendulum(System):
     ``alpha' = omega``, ``omega' = -A g sin(alpha) + B u`` with ``A = 1/l`` and
     ``B = 1/(m l^2)``; ``u = -gain * omega + eta``. The regression is written on the velocity:
     ``omega_{t+1} - omega_t = [A, B] . dt [-g sin(alpha_t), u_t] + dt w2_t``.
+
+    Parameters
+    ----------
+    m : float
+        Mass, positive.
+    l : float
+        Length, positive.
+    g : float
+        Gravitational acceleration.
+    dt : float
+        Euler step.
+    gain : float
+        The velocity feedback's gain.
+    x0, inputs, disturbance : mapping or fnsysid.dynamics.random.Noise
+        The distributions of the initial state, the exploration noise of the inputs and the
+        disturbance (:meth:`fnsysid.dynamics.random.Noise.from_spec`).
     """
 
     name = "pendulum"

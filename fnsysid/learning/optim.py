@@ -495,8 +495,13 @@ MAP_CHUNK = 1 << 16
 class GD(LocalSolver):
     """Full-batch gradient descent on the client's sufficient statistics.
 
-    ``affine`` (default true): strategies run the K local steps as one precomputed affine map
-    (:meth:`local_map`); false: step by step (:meth:`local_steps`, the reference).
+    Parameters
+    ----------
+    affine : bool, default=True
+        Strategies run the K local steps as one precomputed affine map (:meth:`local_map`);
+        false: step by step (:meth:`local_steps`, the reference).
+    **kwargs
+        :class:`LocalSolver`'s parameters.
     """
 
     def __init__(self, affine: bool = True, **kwargs):
@@ -538,6 +543,13 @@ class SGD(LocalSolver):
     """Mini-batch SGD: each local step uses the next ``batch_size`` samples of the client's
     current epoch; a client reshuffles its samples whenever it starts an epoch. The epoch
     position carries over between rounds. The last batch of an epoch may be smaller.
+
+    Parameters
+    ----------
+    batch_size : int, default=10
+        The samples of a local step, >= 1.
+    **kwargs
+        :class:`LocalSolver`'s parameters.
     """
 
     needs_samples = True
