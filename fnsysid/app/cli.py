@@ -16,7 +16,8 @@ import hydra
 from omegaconf import DictConfig
 
 from fnsysid.app.callbacks import release, sweep_exit
-from fnsysid.app.preflight import _check_commands, _flags_first, absolute_config_path, preflight
+from fnsysid.app.preflight import preflight
+from fnsysid.config.argv import absolute_config_path, check_commands, flags_first
 from fnsysid.config.checks import ConfigError
 from fnsysid.config.groups import CONF_DIR
 from fnsysid.results.atomic import WriteError, write_json
@@ -222,7 +223,7 @@ def main() -> None:
 
         print(f"fnsysid {__version__}")
         sys.exit(0)
-    argv = sys.argv[1:] = absolute_config_path(_flags_first(sys.argv[1:]))
+    argv = sys.argv[1:] = absolute_config_path(flags_first(sys.argv[1:]))
     logging.raiseExceptions = False     # a full disk must not print logging tracebacks
     if not CONF_DIR.is_dir():
         print(f"fnsysid: error: config folder {CONF_DIR} not found; install from a checkout "
@@ -232,7 +233,7 @@ def main() -> None:
     interrupt.parent_handlers()
     try:
         try:
-            _check_commands(argv)
+            check_commands(argv)
             if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
                              "--shell-completion", "-sc") for a in argv):
                 _EXISTED = preflight(argv)[0]
