@@ -93,6 +93,15 @@ def preflight(argv: list[str], folders: bool = True):
     """
     from hydra import initialize_config_dir
 
+    config_dir = config_folder(argv)
+    with HYDRA_LOCK, initialize_config_dir(config_dir=str(config_dir), version_base="1.3",
+                                           job_name="fnsysid"):
+        return check(argv, config_dir, folders)
+
+
+def config_folder(argv: list[str]) -> Path:
+    """The checks of ``argv`` before Hydra is initialized: its arguments, ``FNSYSID_THREADS``;
+    returns the folder of the primary config (``conf/`` or ``--config-path``)."""
     check_args(argv)
     from fnsysid.dynamics.model import threads
 
@@ -100,11 +109,14 @@ def preflight(argv: list[str], folders: bool = True):
         threads(1)                   # FNSYSID_THREADS, read by the simulation
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    config_dir = primary_config_dir(flag_value(argv, "--config-path", "-cp"))
-    with HYDRA_LOCK, initialize_config_dir(config_dir=str(config_dir), version_base="1.3",
-                                           job_name="fnsysid"):
-        return _preflight(argv, config_dir, flag_value(argv, "--config-name", "-cn") or "config",
-                          folders)
+    return primary_config_dir(flag_value(argv, "--config-path", "-cp"))
+
+
+def check(argv: list[str], config_dir: Path, folders: bool = True):
+    """:func:`preflight` with Hydra initialized by the caller on ``config_dir`` (the folder
+    :func:`config_folder` returns; under :data:`~fnsysid.config.groups.HYDRA_LOCK`)."""
+    return _preflight(argv, config_dir, flag_value(argv, "--config-name", "-cn") or "config",
+                      folders)
 
 
 def primary_config_dir(config_path: str | None) -> Path:
