@@ -1,4 +1,5 @@
-"""The check of a command line before Hydra runs it: arguments, settings, every sweep job.
+"""The check of a command line before it runs: settings, Hydra's settings, every sweep job
+(the arguments parsed by :mod:`fnsysid.config.argv`).
 
 Bad input is reported in one line (``fnsysid: error: ...``) with exit status 2 before any
 output folder is written: group options, knob values and every combination of a sweep are
@@ -37,12 +38,8 @@ from fnsysid.results.folder import (
 
 #: what a single run leaves at the top of its folder (a sweep has them in its job folders)
 SINGLE_RUN = (".hydra", "summary.json", "errors.csv")
-
-
 #: most sweep combinations composed and checked before a multirun starts
 MAX_CHECKED = 256
-
-
 #: True while the config of trajectories held in memory is checked (``compose(...,
 #: data_in_memory=True)``): ``data.path`` then names them and is no file to check
 DATA_IN_MEMORY = contextvars.ContextVar("fnsysid_data_in_memory", default=False)

@@ -10,23 +10,18 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from fnsysid.config.checks import ConfigError
-from fnsysid.config.errors import one_line
+from fnsysid.config.errors import ConfigError, one_line
 
 #: Hydra flags followed by a value
 VALUE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
-                "--cfg", "-c", "--package", "-p", "--info", "-i", "--experimental-rerun"}
-
-
+               "--cfg", "-c", "--package", "-p", "--info", "-i", "--experimental-rerun"}
 #: Hydra flags without a value
 FLAGS = {"-m", "--multirun", "--resolve", "--run", "-r", "--version", "-h", "--help",
-          "--hydra-help", "--shell-completion", "-sc"}
-
-
+         "--hydra-help", "--shell-completion", "-sc"}
 #: Hydra's commands (a run when none is given): a command line takes one of them
 COMMANDS = {"-r": "--run", "--run": "--run", "-m": "-m", "--multirun": "-m", "-c": "--cfg",
-             "--cfg": "--cfg", "-i": "--info", "--info": "--info", "-sc": "--shell-completion",
-             "--shell-completion": "--shell-completion"}
+            "--cfg": "--cfg", "-i": "--info", "--info": "--info", "-sc": "--shell-completion",
+            "--shell-completion": "--shell-completion"}
 
 
 def flag_value(argv: list[str], *names: str) -> str | None:
@@ -55,6 +50,7 @@ def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def override_args(argv: list[str]) -> list[str]:
+    """The overrides of ``argv`` (``key=value``, ``~key``), without Hydra's flags."""
     return [a for a in split_args(argv)[1] if not a.startswith("-") or a.startswith("~")]
 
 

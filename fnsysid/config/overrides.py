@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from fnsysid.config.argv import encode
-from fnsysid.config.checks import ConfigError
+from fnsysid.config.errors import ConfigError
 
 
 def as_overrides(overrides) -> list[str]:
