@@ -76,6 +76,17 @@ def test_a_single_run_writes_what_hydras_entry_point_writes(tmp_path):
     assert "final e_R" in (once / "run.log").read_text()
 
 
+def test_the_command_line_module_leaves_numpy_unimported():
+    """``fnsysid.app.cli.main`` sets ``OPENBLAS_NUM_THREADS=1`` before numpy loads OpenBLAS
+    (which reads it once): importing the module must not import numpy."""
+    code = "import sys, fnsysid.app.cli; print(sorted(m for m in ('numpy', 'pandas', " \
+           "'matplotlib', 'scipy') if m in sys.modules))"
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"
+
+
 def test_same_config_writes_byte_identical_csvs(tmp_path):
     cfg = compose_cfg("system=pendulum", "M=3", "R=5", "repeats=2", "output.plot=false")
     run_experiment(cfg, tmp_path / "a")

@@ -172,7 +172,6 @@ def run_task(cfg: DictConfig) -> float | None:
     return summary["final_e_max_mean"]
 
 
-
 #: Hydra's entry point: parses the command line, composes, runs one job or a sweep of them
 task = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(run_task)
 
@@ -299,7 +298,6 @@ def divergence_line(summary: dict, lr: float) -> str:
 
 def main() -> None:
     """Console entry point (``fnsysid`` or ``python run.py``)."""
-    global _EXISTED
     # Every array operation of a run is small or memory-bound: BLAS threads would only compete
     # with the other jobs of a sweep for the cores. One thread per process unless the
     # environment says otherwise; numpy is not imported yet, so this takes effect.
