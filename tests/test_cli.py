@@ -52,6 +52,41 @@ def test_end_to_end_run_writes_tidy_outputs_and_error_falls(tmp_path):
     assert "M: 5" in (tmp_path / "config.yaml").read_text()     # resolved config
 
 
+def test_a_single_run_writes_what_hydras_entry_point_writes(tmp_path):
+    """A single run is run with the config its check composed (``fnsysid.app.cli.run_once``,
+    one composition); its folder holds what Hydra's entry point (``task``) writes for the
+    same command: the job's config, Hydra's config and the overrides, the same results."""
+    args = ["system=synthetic", "M=3", "R=4", "repeats=2", "output.plot=false"]
+    once, entry = tmp_path / "once", tmp_path / "entry"
+    res = cli_in_process(*args, f"hydra.run.dir={once}")
+    assert res.returncode == 0, res.stderr
+    code = ("import sys; from fnsysid.app.cli import task; "
+            f"sys.argv[1:] = {[*args, f'hydra.run.dir={entry}']!r}; task()")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    for name in ("config.yaml", "overrides.yaml"):
+        assert (once / ".hydra" / name).read_text() == (entry / ".hydra" / name).read_text()
+    hydra_yaml = (once / ".hydra" / "hydra.yaml").read_text()
+    assert "name: cli" in hydra_yaml and "- hydra.mode=RUN" in hydra_yaml
+    assert hydra_yaml.replace(str(once), str(entry)) == \
+        (entry / ".hydra" / "hydra.yaml").read_text()
+    for name in ("errors.csv", "estimates.csv", "clients.csv", "config.yaml"):
+        assert (once / name).read_bytes() == (entry / name).read_bytes(), name
+    assert "final e_R" in (once / "run.log").read_text()
+
+
+def test_the_command_line_module_leaves_numpy_unimported():
+    """``fnsysid.app.cli.main`` sets ``OPENBLAS_NUM_THREADS=1`` before numpy loads OpenBLAS
+    (which reads it once): importing the module must not import numpy."""
+    code = "import sys, fnsysid.app.cli; print(sorted(m for m in ('numpy', 'pandas', " \
+           "'matplotlib', 'scipy') if m in sys.modules))"
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"
+
+
 def test_same_config_writes_byte_identical_csvs(tmp_path):
     cfg = compose_cfg("system=pendulum", "M=3", "R=5", "repeats=2", "output.plot=false")
     run_experiment(cfg, tmp_path / "a")

@@ -7,13 +7,17 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import pandas as pd
 
 from fnsysid.app.experiment import Result, execute, given_keys
-from fnsysid.app.preflight import as_overrides, check_output_dir, compose
+from fnsysid.app.preflight import DATA_IN_MEMORY, check_output_dir, path_error, preflight
 from fnsysid.config.checks import ConfigError, check_run
+from fnsysid.config.errors import one_line
+from fnsysid.config.overrides import as_overrides
 from fnsysid.data.files import PUBLIC_COLUMNS, ColumnMap, read_trajectories
 from fnsysid.results.files import write_outputs
 from fnsysid.results.folder import (
@@ -93,6 +97,53 @@ def check_output_folder(folder: Path, settings) -> None:
     if has_results(folder) and not settings.output.overwrite:
         raise ConfigError(f"output_dir={folder} holds an earlier run: choose a new folder, or "
                           "add output.overwrite=true to replace its results")
+
+
+def compose(overrides, config_dir=None, data_in_memory: bool = False):
+    """The checked, composed run config of ``overrides`` (without Hydra's node) and the
+    chosen group options.
+
+    Runs the command line's pre-run check (one-line :class:`ConfigError` for bad input);
+    ``config_dir`` adds a folder of your own config groups, like ``--config-dir``;
+    ``data_in_memory``: ``data.path`` names trajectories held in memory, not a file.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
+    args = as_overrides(overrides)
+    try:
+        parsed = OverridesParser.create().parse_overrides(args)
+    except HydraException as exc:
+        raise ConfigError(one_line(exc)) from exc
+    sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
+    if sweeps:
+        raise ConfigError(f"{sweeps[0]}: fnsysid.run runs one job; call it once per value "
+                          "(sweeps are for the command line's -m)")
+    extra = []
+    if config_dir is not None:
+        try:
+            folder = Path(config_dir).resolve()
+            folder.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        except (OSError, RuntimeError) as exc:
+            if not isinstance(exc, OSError):        # a loop of links (Path.resolve)
+                exc = OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+            raise ConfigError(path_error("config_dir", config_dir, exc)) from None
+        if not folder.is_dir():
+            raise ConfigError(f"config_dir={config_dir}: no such folder")
+        extra = ["--config-dir", str(folder)]
+    token = DATA_IN_MEMORY.set(data_in_memory)
+    try:
+        _, cfg = preflight(args + extra, folders=False)  # output_dir is checked by the caller
+    finally:
+        DATA_IN_MEMORY.reset(token)
+    choices = {k: v for k, v in cfg.hydra.runtime.choices.items()
+               if not k.startswith("hydra/")}
+    run_config = OmegaConf.to_container(cfg, resolve=False)
+    run_config.pop("hydra")
+    return OmegaConf.create(run_config), choices
 
 
 def load_trajectories(path, states, inputs=(), *, trajectory: str = "trajectory",

@@ -17,6 +17,7 @@ from fnsysid.config.checks import override_key
 from fnsysid.config.errors import ConfigError, DataError, show
 from fnsysid.results.folder import (
     MISSING,
+    MULTIRUN,
     STASH,
     clear_earlier,
     errors_problem,
@@ -27,7 +28,6 @@ from fnsysid.results.folder import (
     stash_earlier,
 )
 from fnsysid.results.folder import FolderLock as Lock
-from fnsysid.results.sweep import MULTIRUN, RESULTS, sweep_keys, write_results
 
 log = logging.getLogger("fnsysid")
 
@@ -122,6 +122,8 @@ def check_resume(config: DictConfig, folder: Path) -> None:
     (up to the swept values and the settings that change no number): refuse otherwise in one
     line naming the setting and both values. ``config`` is the new sweep's (with Hydra's
     node); the earlier sweep's is its ``multirun.yaml`` (none: nothing to compare)."""
+    from fnsysid.results.sweep import sweep_keys  # numpy: a sweep's, imported when needed
+
     path = folder / MULTIRUN
     if not path.is_file():
         return
@@ -190,6 +192,8 @@ class SweepTable(Callback):
     status is set by :class:`SweepStatus`, which names the job)."""
 
     def on_multirun_end(self, config, **kwargs) -> None:
+        from fnsysid.results.sweep import RESULTS, write_results
+
         sweep_dir = Path(config.hydra.sweep.dir)
         if not sweep_dir.is_dir():
             return

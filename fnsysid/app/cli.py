@@ -1,9 +1,12 @@
-"""Command line: check the overrides (:mod:`fnsysid.app.preflight`), then hand over to Hydra,
-which calls :func:`task` for each job.
+"""Command line: check the overrides (:mod:`fnsysid.app.preflight`), then run them. A single
+run is run here with the config the check composed (:func:`run_once`: one composition); a
+sweep, ``--help``, ``--cfg`` and the other commands go to Hydra's entry point (:data:`task`),
+which calls :func:`run_task` for each job.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -16,9 +19,16 @@ import hydra
 from omegaconf import DictConfig
 
 from fnsysid.app.callbacks import release, sweep_exit
-from fnsysid.app.preflight import _check_commands, _flags_first, absolute_config_path, preflight
+from fnsysid.app.preflight import check, config_folder
+from fnsysid.config.argv import (
+    absolute_config_path,
+    check_commands,
+    flag_value,
+    flags_first,
+    is_multirun,
+)
 from fnsysid.config.checks import ConfigError
-from fnsysid.config.groups import CONF_DIR
+from fnsysid.config.groups import CONF_DIR, HYDRA_LOCK
 from fnsysid.results.atomic import WriteError, write_json
 from fnsysid.results.folder import clear_results, finished_ok, input_paths
 from fnsysid.runtimes import interrupt
@@ -75,8 +85,7 @@ def _print_model(out: Path) -> None:
                  "\n".join(f"  {ln}" for ln in short_form(lines, str(path))))
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
-def task(cfg: DictConfig) -> float | None:
+def run_task(cfg: DictConfig) -> float | None:
     """One Hydra job: run the experiment into Hydra's output folder."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -163,6 +172,89 @@ def task(cfg: DictConfig) -> float | None:
     return summary["final_e_max_mean"]
 
 
+#: Hydra's entry point: parses the command line, composes, runs one job or a sweep of them
+task = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(run_task)
+
+
+class _Callbacks:
+    """The callbacks of ``hydra.callbacks``, called as Hydra's entry point calls them: in
+    their order at a start, in reverse at an end; an exception of one is a warning."""
+
+    def __init__(self, cfg: DictConfig) -> None:
+        from hydra.utils import instantiate
+
+        self.callbacks = [instantiate(c) for c in (cfg.hydra.get("callbacks") or {}).values()]
+
+    def _notify(self, name: str, reverse: bool = False, **kwargs) -> None:
+        import warnings
+
+        for c in reversed(self.callbacks) if reverse else self.callbacks:
+            try:
+                getattr(c, name)(**kwargs)
+            except Exception as e:
+                warnings.warn(f"Callback {type(c).__name__}.{name} raised {type(e).__name__}: "
+                              f"{e}", stacklevel=2)
+
+    def on_run_start(self, config, **kwargs) -> None:
+        self._notify("on_run_start", config=config, **kwargs)
+
+    def on_run_end(self, config, **kwargs) -> None:
+        self._notify("on_run_end", reverse=True, config=config, **kwargs)
+
+    def on_job_start(self, config, **kwargs) -> None:
+        self._notify("on_job_start", config=config, **kwargs)
+
+    def on_job_end(self, config, **kwargs) -> None:
+        self._notify("on_job_end", reverse=True, config=config, **kwargs)
+
+
+def _checked(argv: list[str], hydra_on: contextlib.ExitStack) -> DictConfig | None:
+    """The pre-run check of ``argv``. For a single run, its config (the check's composition,
+    with Hydra's node), Hydra left initialized on the command's config folder until
+    ``hydra_on`` closes; None for a sweep (``-m`` or ``hydra.mode=MULTIRUN``) and for
+    ``--experimental-rerun``, which Hydra's entry point runs (:data:`task`)."""
+    from hydra import initialize_config_dir
+    from hydra.types import RunMode
+
+    global _EXISTED
+    config_dir = config_folder(argv)
+    # the job's name as Hydra's entry point names the task of this module (hydra.job.name)
+    hydra_on.enter_context(initialize_config_dir(config_dir=str(config_dir), version_base="1.3",
+                                                 job_name=Path(__file__).stem))
+    with HYDRA_LOCK:
+        _EXISTED, cfg = check(argv, config_dir)
+    if is_multirun(argv) or cfg.hydra.mode == RunMode.MULTIRUN or \
+            flag_value(argv, "--experimental-rerun") is not None:
+        hydra_on.close()
+        return None
+    return cfg
+
+
+def run_once(cfg: DictConfig) -> float | None:
+    """Run the single run of ``cfg`` (composed by the check, with Hydra's node) as Hydra's
+    entry point runs one (``Hydra.run``) without composing it again: Hydra's logging, the
+    callbacks, the job in ``hydra.run.dir`` (:func:`hydra.core.utils.run_job`: the folder,
+    ``.hydra/``, the job's logging, ``hydra.job.chdir``, ``hydra.job.env_set``). Returns the
+    job's value; raises what the job raised."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import configure_log, run_job
+    from hydra.types import HydraContext, RunMode
+
+    if cfg.hydra.mode is None:      # as Hydra's entry point records a run of no given mode
+        cfg.hydra.mode = RunMode.RUN
+        cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
+    configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
+    config_name = cfg.hydra.job.config_name
+    callbacks = _Callbacks(cfg)
+    callbacks.on_run_start(config=cfg, config_name=config_name)
+    ret = run_job(task_function=run_task, config=cfg, job_dir_key="hydra.run.dir",
+                  job_subdir_key=None, configure_logging=True,
+                  hydra_context=HydraContext(config_loader=GlobalHydra.instance().config_loader(),
+                                             callbacks=callbacks))
+    callbacks.on_run_end(config=cfg, config_name=config_name, job_return=ret)
+    return ret.return_value
+
+
 def show(args: list[str]) -> int:
     """``fnsysid show RUN_DIR``: print the status, scores and equations of a finished run (or
     of each job of a sweep). Exit code 0 when every run shown is ``ok``, 3 when one is not
@@ -206,7 +298,6 @@ def divergence_line(summary: dict, lr: float) -> str:
 
 def main() -> None:
     """Console entry point (``fnsysid`` or ``python run.py``)."""
-    global _EXISTED
     # Every array operation of a run is small or memory-bound: BLAS threads would only compete
     # with the other jobs of a sweep for the cores. One thread per process unless the
     # environment says otherwise; numpy is not imported yet, so this takes effect.
@@ -222,7 +313,7 @@ def main() -> None:
 
         print(f"fnsysid {__version__}")
         sys.exit(0)
-    argv = sys.argv[1:] = absolute_config_path(_flags_first(sys.argv[1:]))
+    argv = sys.argv[1:] = absolute_config_path(flags_first(sys.argv[1:]))
     logging.raiseExceptions = False     # a full disk must not print logging tracebacks
     if not CONF_DIR.is_dir():
         print(f"fnsysid: error: config folder {CONF_DIR} not found; install from a checkout "
@@ -231,15 +322,20 @@ def main() -> None:
         sys.exit(2)
     interrupt.parent_handlers()
     try:
-        try:
-            _check_commands(argv)
-            if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
-                             "--shell-completion", "-sc") for a in argv):
-                _EXISTED = preflight(argv)[0]
-        except ConfigError as exc:
-            print(f"fnsysid: error: {exc}", file=sys.stderr)
-            sys.exit(2)
-        task()
+        with contextlib.ExitStack() as hydra_on:
+            cfg = None
+            try:
+                check_commands(argv)
+                if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i", "--cfg", "-c",
+                                 "--shell-completion", "-sc") for a in argv):
+                    cfg = _checked(argv, hydra_on)
+            except ConfigError as exc:
+                print(f"fnsysid: error: {exc}", file=sys.stderr)
+                sys.exit(2)
+            if cfg is None:
+                task()              # Hydra's entry point: a sweep, --help, --cfg, ...
+            else:
+                run_once(cfg)       # the single run, composed once (by the check)
     except (interrupt.Interrupted, KeyboardInterrupt) as exc:
         signum = getattr(exc, "signum", signal.SIGINT)
         print(f"fnsysid: interrupted by {signal.Signals(signum).name}: stopped; a job folder "

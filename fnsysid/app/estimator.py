@@ -26,10 +26,10 @@ import pandas as pd
 
 from fnsysid.app.api import run_job
 from fnsysid.app.experiment import Result
-from fnsysid.app.preflight import as_overrides
 from fnsysid.config.checks import ConfigError, DataError, override_key
 from fnsysid.config.errors import some
 from fnsysid.config.groups import options
+from fnsysid.config.overrides import as_overrides
 from fnsysid.config.schema import GROUPS
 from fnsysid.data.files import (
     PUBLIC_COLUMNS,

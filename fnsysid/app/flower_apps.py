@@ -33,7 +33,7 @@ def deployed_config(context: Context):
     strategy=scaffold"``, and the app's typed keys), checked as ``run.py`` checks it. With
     ``data=files`` the server needs no ``data.path``: the data are on the SuperNodes, and
     ``M`` (the SuperNodes to wait for) must then be given."""
-    from fnsysid.app.preflight import compose
+    from fnsysid.app.api import compose
 
     overrides, on_nodes = deployed_overrides(context.run_config)
     cfg, _ = compose([*overrides, "progress=false"], data_in_memory=on_nodes)

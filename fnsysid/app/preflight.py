@@ -1,4 +1,5 @@
-"""The check of a command line before Hydra runs it: arguments, settings, every sweep job.
+"""The check of a command line before it runs: settings, Hydra's settings, every sweep job
+(the arguments parsed by :mod:`fnsysid.config.argv`).
 
 Bad input is reported in one line (``fnsysid: error: ...``) with exit status 2 before any
 output folder is written: group options, knob values and every combination of a sweep are
@@ -11,10 +12,17 @@ import contextvars
 import errno
 import itertools
 import os
-from collections.abc import Mapping
 from pathlib import Path
 
 from fnsysid.app.resources import check_disk
+from fnsysid.config.argv import (
+    check_args,
+    encode,
+    flag_value,
+    is_multirun,
+    override_args,
+    sweep_values,
+)
 from fnsysid.config.checks import ConfigError, check_batch_size, check_run, override_key
 from fnsysid.config.errors import one_line, show
 from fnsysid.config.groups import CONF_DIR, HYDRA_LOCK, command, with_config_dir
@@ -28,16 +36,6 @@ from fnsysid.results.folder import (
     not_a_run,
 )
 
-#: Hydra flags followed by a value
-_VALUE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
-                "--cfg", "-c", "--package", "-p", "--info", "-i", "--experimental-rerun"}
-#: Hydra flags without a value
-_FLAGS = {"-m", "--multirun", "--resolve", "--run", "-r", "--version", "-h", "--help",
-          "--hydra-help", "--shell-completion", "-sc"}
-#: Hydra's commands (a run when none is given): a command line takes one of them
-_COMMANDS = {"-r": "--run", "--run": "--run", "-m": "-m", "--multirun": "-m", "-c": "--cfg",
-             "--cfg": "--cfg", "-i": "--info", "--info": "--info", "-sc": "--shell-completion",
-             "--shell-completion": "--shell-completion"}
 #: what a single run leaves at the top of its folder (a sweep has them in its job folders)
 SINGLE_RUN = (".hydra", "summary.json", "errors.csv")
 #: most sweep combinations composed and checked before a multirun starts
@@ -45,7 +43,6 @@ MAX_CHECKED = 256
 #: True while the config of trajectories held in memory is checked (``compose(...,
 #: data_in_memory=True)``): ``data.path`` then names them and is no file to check
 DATA_IN_MEMORY = contextvars.ContextVar("fnsysid_data_in_memory", default=False)
-
 
 
 class _GroupOptions(dict):
@@ -68,74 +65,6 @@ class _GroupOptions(dict):
         return self[group]
 
 
-def flag_value(argv: list[str], *names: str) -> str | None:
-    """Value of the last Hydra flag among ``names`` in ``argv`` (``--flag v`` or ``--flag=v``)."""
-    value = None
-    for i, a in enumerate(argv):
-        if a in names and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif "=" in a and a.split("=", 1)[0] in names:
-            value = a.split("=", 1)[1]
-    return value
-
-
-def _split_args(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(Hydra's flags with their values, everything else) in their order."""
-    flags, rest, i = [], [], 0
-    while i < len(argv):
-        a = argv[i]
-        if a in _VALUE_FLAGS and i + 1 < len(argv):
-            flags += argv[i:i + 2]
-            i += 2
-            continue
-        (flags if a in _FLAGS or a.split("=", 1)[0] in _VALUE_FLAGS else rest).append(a)
-        i += 1
-    return flags, rest
-
-
-def _overrides(argv: list[str]) -> list[str]:
-    return [a for a in _split_args(argv)[1] if not a.startswith("-") or a.startswith("~")]
-
-
-def _check_args(argv: list[str]) -> None:
-    """Every argument is a known Hydra flag or an override ``key=value`` / ``~key``."""
-    for a in _split_args(argv)[1]:
-        if a.startswith("-") and not a.startswith("~"):
-            raise ConfigError(f"unknown option '{a}'; see --help")
-        if "=" not in a and not a.startswith("~"):
-            raise ConfigError(f"argument '{a}' is not a setting: write key=value (e.g. M=20), "
-                              "group=option (e.g. system=pendulum) or ~key; see --help")
-
-
-def _check_commands(argv: list[str]) -> None:
-    """At most one of Hydra's commands (Hydra raises a ValueError for more); ``--resolve`` only
-    with the config it resolves."""
-    names = [a.split("=", 1)[0] for a in _split_args(argv)[0]]
-    given = list(dict.fromkeys(_COMMANDS[a] for a in names if a in _COMMANDS))
-    if len(given) > 1:
-        hint = ("; to see the config of one job of a sweep, drop -m and give one value per "
-                "swept setting (e.g. --cfg job M=1)" if {"-m", "--cfg"} <= set(given) else "")
-        raise ConfigError(f"{' and '.join(given)} cannot be used together: a command takes one "
-                          "of --run, -m (--multirun), --cfg, --info, --shell-completion" + hint)
-    if given == ["--cfg"]:
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-        from hydra.errors import HydraException
-
-        try:
-            parsed = OverridesParser.create().parse_overrides(_overrides(argv))
-        except HydraException as exc:
-            raise ConfigError(one_line(exc)) from exc
-        for o in parsed:
-            if o.is_sweep_override():
-                first = _sweep_values(o, o.key_or_group)[0]
-                raise ConfigError(f"{o.input_line} is a sweep: --cfg prints the config of one "
-                                  f"job; give one value (e.g. {o.key_or_group}="
-                                  f"{first if isinstance(first, str) else encode(first)})")
-    if "--resolve" in names and not {"--cfg", "-c", "--help", "-h"} & set(names):
-        raise ConfigError("--resolve works only with --cfg or --help (it resolves the config "
-                          "they print), e.g. --cfg job --resolve")
-
-
 def _check_value(key: str, value, groups: dict) -> None:
     if key in groups:
         allowed = groups[key]
@@ -151,23 +80,6 @@ def _check_value(key: str, value, groups: dict) -> None:
         check_value(key, value)
 
 
-def _sweep_values(override, key: str) -> list:
-    if override.is_interval_sweep():
-        raise ConfigError(f"{override.input_line} is an interval sweep, which needs an optimizing "
-                          f"sweeper; list the values instead (e.g. {key}=0.1,0.5 or "
-                          f"{key}=range(1,5))")
-    if override.is_sweep_override():
-        from hydra.core.override_parser.types import QuotedString
-
-        # a quoted item of a sweep ("uniform",samples) is a string like the others
-        return [v.text if isinstance(v, QuotedString) else v for v in override.sweep_iterator()]
-    return [override.value()]
-
-
-def _is_multirun(argv: list[str]) -> bool:
-    return "-m" in argv or "--multirun" in argv
-
-
 def preflight(argv: list[str], folders: bool = True):
     """Raise :class:`ConfigError` for the first bad setting in ``argv`` (or in its sweeps).
 
@@ -178,18 +90,30 @@ def preflight(argv: list[str], folders: bool = True):
     """
     from hydra import initialize_config_dir
 
-    _check_args(argv)
+    config_dir = config_folder(argv)
+    with HYDRA_LOCK, initialize_config_dir(config_dir=str(config_dir), version_base="1.3",
+                                           job_name="fnsysid"):
+        return check(argv, config_dir, folders)
+
+
+def config_folder(argv: list[str]) -> Path:
+    """The checks of ``argv`` before Hydra is initialized: its arguments, ``FNSYSID_THREADS``;
+    returns the folder of the primary config (``conf/`` or ``--config-path``)."""
+    check_args(argv)
     from fnsysid.dynamics.model import threads
 
     try:
         threads(1)                   # FNSYSID_THREADS, read by the simulation
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    config_dir = primary_config_dir(flag_value(argv, "--config-path", "-cp"))
-    with HYDRA_LOCK, initialize_config_dir(config_dir=str(config_dir), version_base="1.3",
-                                           job_name="fnsysid"):
-        return _preflight(argv, config_dir, flag_value(argv, "--config-name", "-cn") or "config",
-                          folders)
+    return primary_config_dir(flag_value(argv, "--config-path", "-cp"))
+
+
+def check(argv: list[str], config_dir: Path, folders: bool = True):
+    """:func:`preflight` with Hydra initialized by the caller on ``config_dir`` (the folder
+    :func:`config_folder` returns; under :data:`~fnsysid.config.groups.HYDRA_LOCK`)."""
+    return _preflight(argv, config_dir, flag_value(argv, "--config-name", "-cn") or "config",
+                      folders)
 
 
 def primary_config_dir(config_path: str | None) -> Path:
@@ -224,7 +148,7 @@ def _preflight(argv, config_dir: Path, config_name: str, folders: bool):
     from hydra.errors import HydraException
 
     # --config-dir as Hydra's entry point has it: one more folder in the config search path
-    args = with_config_dir(_overrides(argv), flag_value(argv, "--config-dir", "-cd"))
+    args = with_config_dir(override_args(argv), flag_value(argv, "--config-dir", "-cd"))
     loader = GlobalHydra.instance().config_loader()
     parser = OverridesParser.create(config_loader=loader)
     try:
@@ -275,7 +199,7 @@ def _check_command(argv, config_name: str, parser, parsed, groups, folders: bool
                     raise ConfigError(f"{exc}; a list is written in brackets: "
                                       f"{key}={_bracketed([o.value()])}") from None
             continue
-        values = _sweep_values(o, key)
+        values = sweep_values(o, key)
         for v in values:
             try:
                 _check_value(key, v, groups)
@@ -304,7 +228,7 @@ def _check_command(argv, config_name: str, parser, parsed, groups, folders: bool
         if message is None:
             raise
         raise ConfigError(message) from exc
-    multirun = _is_multirun(argv) or base.hydra.mode == RunMode.MULTIRUN
+    multirun = is_multirun(argv) or base.hydra.mode == RunMode.MULTIRUN
     if dims and not multirun:
         k = next(iter(dims))
         raise ConfigError(f"{k}={','.join(encode(v) for v in dims[k])} is a sweep: add -m to run "
@@ -315,7 +239,7 @@ def _check_command(argv, config_name: str, parser, parsed, groups, folders: bool
         if k in dims or any(override_key(f) == k for f in fixed):
             continue
         o = parser.parse_overrides([f"{k}={v}"])[0]
-        values = _sweep_values(o, k)
+        values = sweep_values(o, k)
         for val in values:
             _check_value(o.key_or_group, val, groups)
         dims[k] = values
@@ -630,142 +554,3 @@ def _check_path_names(data) -> None:
             pass
         except OSError as exc:
             raise ConfigError(path_error(f"data.{key}", value, exc)) from None
-
-
-def encode(v) -> str:
-    """A Python value as override text that Hydra parses back to the same value (strings and
-    paths quoted, so ``'1'`` stays a string; lists and mappings nested)."""
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(encode(x) for x in v) + "]"
-    if isinstance(v, Mapping):
-        return "{" + ",".join(f"{k}:{encode(x)}" for k, x in v.items()) + "}"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if v is None:
-        return "null"
-    if isinstance(v, (str, Path)):
-        v = str(v)
-        return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    return repr(v)
-
-
-def absolute_config_path(argv: list[str]) -> list[str]:
-    """``argv`` with a relative ``--config-path`` made absolute: a folder relative to the
-    working folder (Hydra would look for it inside the package)."""
-    out = list(argv)
-    for i, a in enumerate(out):
-        if a in ("--config-path", "-cp") and i + 1 < len(out):
-            out[i + 1] = os.path.abspath(out[i + 1])
-        elif a.split("=", 1)[0] in ("--config-path", "-cp") and "=" in a:
-            flag, value = a.split("=", 1)
-            out[i] = f"{flag}={os.path.abspath(value)}"
-    return out
-
-
-def _flags_first(argv: list[str]) -> list[str]:
-    """Hydra's argument parser wants its flags before the overrides: put them there."""
-    flags, rest = _split_args(argv)
-    return flags + rest
-
-
-def as_overrides(overrides) -> list[str]:
-    """Overrides as the command line's strings: a list of ``key=value`` or a mapping."""
-    if overrides is None:
-        return []
-    if isinstance(overrides, str):
-        raise ConfigError("overrides must be a list of 'key=value' strings or a dict, not one "
-                          "string")
-    if isinstance(overrides, Mapping):
-        for k in overrides:
-            if not isinstance(k, str):
-                raise ConfigError(f"overrides: the key {k!r} ({type(k).__name__}) is not a "
-                                  "setting name; keys are strings such as 'M', 'system' or "
-                                  "'data.states'")
-        return [f"{k}={encode(plain(v, k))}" for k, v in overrides.items()]
-    try:
-        items = list(overrides)
-    except TypeError:
-        raise ConfigError(f"overrides: a value of type {type(overrides).__name__} is not a list "
-                          "of 'key=value' strings or a dict") from None
-    for n, o in enumerate(items, start=1):
-        if not isinstance(o, str):
-            raise ConfigError(f"overrides: item {n} (the {type(o).__name__} {o!r}) is not an "
-                              "override string; allowed: 'key=value' strings such as 'M=20' (or "
-                              "a dict {'M': 20})")
-    return [str(o) for o in items]
-
-
-def plain(value, key: str):
-    """An override's value as plain Python (what :func:`encode` writes): numpy scalars become
-    the int, float, bool or str they are; lists, tuples and string-keyed mappings are taken
-    item by item; any other object is refused in one line naming ``key``."""
-    if type(value).__module__ == "numpy":         # np.float64 is also a float: first
-        import numpy as np
-
-        if isinstance(value, np.generic) and isinstance(value.item(), (bool, int, float, str)):
-            return value.item()
-    if value is None or isinstance(value, (bool, str, Path)):
-        return value
-    if isinstance(value, (int, float)):             # an int or float of a subclass: plain
-        return int(value) if isinstance(value, int) else float(value)
-    if isinstance(value, (list, tuple)):
-        return [plain(v, key) for v in value]
-    if isinstance(value, Mapping):
-        for k in value:
-            if not isinstance(k, str):
-                raise ConfigError(f"{key}: the key {k!r} ({type(k).__name__}) is not a "
-                                  "setting name; keys are strings")
-        return {k: plain(v, f"{key}.{k}") for k, v in value.items()}
-    hint = (" (a numpy array: give value.tolist())" if type(value).__name__ == "ndarray"
-            else " (trajectories in a DataFrame: fnsysid.FederatedSysID().fit(df) takes them)"
-            if type(value).__name__ == "DataFrame" else "")
-    raise ConfigError(f"{key}: a value of type {type(value).__name__} is not a setting value"
-                      f"{hint}; allowed: str, int, float, bool, None (numpy scalars too), and "
-                      "lists and dicts of them")
-
-
-def compose(overrides, config_dir=None, data_in_memory: bool = False):
-    """The checked, composed run config of ``overrides`` (without Hydra's node) and the
-    chosen group options.
-
-    Runs the command line's pre-run check (one-line :class:`ConfigError` for bad input);
-    ``config_dir`` adds a folder of your own config groups, like ``--config-dir``;
-    ``data_in_memory``: ``data.path`` names trajectories held in memory, not a file.
-    """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-
-    args = as_overrides(overrides)
-    try:
-        parsed = OverridesParser.create().parse_overrides(args)
-    except HydraException as exc:
-        raise ConfigError(one_line(exc)) from exc
-    sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
-    if sweeps:
-        raise ConfigError(f"{sweeps[0]}: fnsysid.run runs one job; call it once per value "
-                          "(sweeps are for the command line's -m)")
-    extra = []
-    if config_dir is not None:
-        try:
-            folder = Path(config_dir).resolve()
-            folder.stat()
-        except (FileNotFoundError, NotADirectoryError):
-            pass
-        except (OSError, RuntimeError) as exc:
-            if not isinstance(exc, OSError):        # a loop of links (Path.resolve)
-                exc = OSError(errno.ELOOP, os.strerror(errno.ELOOP))
-            raise ConfigError(path_error("config_dir", config_dir, exc)) from None
-        if not folder.is_dir():
-            raise ConfigError(f"config_dir={config_dir}: no such folder")
-        extra = ["--config-dir", str(folder)]
-    token = DATA_IN_MEMORY.set(data_in_memory)
-    try:
-        _, cfg = preflight(args + extra, folders=False)  # output_dir is checked by the caller
-    finally:
-        DATA_IN_MEMORY.reset(token)
-    choices = {k: v for k, v in cfg.hydra.runtime.choices.items()
-               if not k.startswith("hydra/")}
-    run_config = OmegaConf.to_container(cfg, resolve=False)
-    run_config.pop("hydra")
-    return OmegaConf.create(run_config), choices
