@@ -155,3 +155,35 @@ def test_flower_chooses_the_same_threshold_and_support_as_inprocess(val_N):
     np.testing.assert_allclose(b.estimates["estimate"], a.estimates["estimate"], rtol=0,
                                atol=1e-10)
     assert ((b.estimates["estimate"] == 0) == (a.estimates["estimate"] == 0)).all()
+
+
+def test_repeats_that_keep_different_terms_are_reported(tmp_path, caplog):
+    # five clients of the dense synthetic family (15 true terms): each repeat's held-out
+    # score picks its own support, which the summary and the log must say
+    out = tmp_path / "run"
+    with caplog.at_level("WARNING"):
+        res = fnsysid.run(["system=synthetic", "M=5", "R=3", "repeats=5", "sparsity=stlsq",
+                           "sparsity.threshold=auto", "output.plot=false", "progress=false"],
+                          output_dir=out)
+    est = res.estimates[res.estimates["client"] == "server"]
+    kept_by = est.assign(kept=est["estimate"] != 0).pivot(index="repeat", columns="parameter",
+                                                           values="kept")
+    share = kept_by.mean(axis=0)
+    disputed = int(((share > 0) & (share < 1)).sum())
+    sp = res.summary["sparsity"]
+    assert disputed > 0                              # the case is one of disagreement
+    assert sp["repeats_agree"] is False and sp["terms_disputed"] == disputed
+    assert sp["terms"] == kept_by.sum(axis=1).tolist()
+    lines = [r.getMessage() for r in caplog.records if "repeats keep different" in r.getMessage()]
+    assert len(lines) == 1
+    assert f"{min(sp['terms'])} to {max(sp['terms'])} of 15" in lines[0]
+    assert f"{disputed} terms kept in some repeats" in lines[0]
+
+
+def test_repeats_that_agree_log_nothing(tmp_path, caplog):
+    folder, _, _ = pendulum_fleet(tmp_path / "pendulum")
+    with caplog.at_level("WARNING"):
+        res = run_pendulum(folder, "strategy=centralized_exact", "sparsity.threshold=auto")
+    assert res.summary["sparsity"]["repeats_agree"] is True
+    assert "terms_disputed" not in res.summary["sparsity"]
+    assert not any("repeats keep different" in r.getMessage() for r in caplog.records)

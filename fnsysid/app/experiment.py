@@ -27,7 +27,7 @@ from fnsysid.config.schema import Settings
 from fnsysid.data.source import Dataset, load_data
 from fnsysid.dynamics.model import Model
 from fnsysid.learning.personalize import z_value
-from fnsysid.learning.sparsity import auto_line, empty_warning
+from fnsysid.learning.sparsity import auto_line, disagreement_warning, empty_warning
 from fnsysid.learning.start import initial_model
 from fnsysid.results.files import check_output, write_outputs
 from fnsysid.results.history import keep_per_client
@@ -394,9 +394,10 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
             tables["sparsity_path"] = Table(path)
             line, warn = auto_line(summary["sparsity"])
             (log.warning if warn else log.info)(line)
-        line = empty_warning(summary["sparsity"], sparsity.support.shape[0])
-        if line:
-            log.warning(line)
+        for line in (empty_warning(summary["sparsity"], sparsity.support.shape[0]),
+                     disagreement_warning(summary["sparsity"])):
+            if line:
+                log.warning(line)
     if diverged is None and failure is None and settings.output.model_check:
         # in process from the clients' data; under Flower combined from what they sent
         check = (model_check(model, data, dataset.heldout,

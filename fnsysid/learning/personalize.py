@@ -210,8 +210,9 @@ def homogeneity(theta, J, own):
     ``theta`` (S, M, p) and information ``J`` (S, M, p, p), ``mu_F`` the fixed-effect
     (generalized least-squares) mean; under homogeneity Q is chi-square with ``(m - 1) p``
     degrees of freedom (the variances in ``J_i`` are the fleet's, on many degrees of freedom,
-    and taken as known)."""
-    from scipy.stats import chi2
+    and taken as known). The tail is ``scipy.special.chdtrc`` (as ``scipy.stats.chi2.sf``,
+    without importing ``scipy.stats``)."""
+    from scipy.special import chdtrc
 
     p = theta.shape[-1]
     w = own.astype(float)
@@ -222,7 +223,7 @@ def homogeneity(theta, J, own):
     Q = np.einsum("sm,smp,smpq,smq->s", w, d, J, d)
     m = w.sum(axis=1)
     k = (m - 1) * p
-    pv = np.where(m >= 2, chi2.sf(Q, np.maximum(k, 1)), np.nan)
+    pv = np.where(m >= 2, chdtrc(np.maximum(k, 1), Q), np.nan)
     return Q, pv
 
 

@@ -573,6 +573,10 @@ class STLSQ:
         if empty:
             out["empty"] = empty
         out["refits"] = self.refits
+        kept = self.support.mean(axis=0)                                   # (p,) share kept
+        out["repeats_agree"] = bool(((kept == 0) | (kept == 1)).all())
+        if not out["repeats_agree"]:
+            out["terms_disputed"] = int(((kept > 0) & (kept < 1)).sum())
         if self.auto:
             out["auto"] = True
             out["rule"] = self.rule
@@ -628,6 +632,23 @@ def empty_warning(summary: dict, repeats: int) -> str | None:
             f"{'; '.join(where)}: the model has no term for "
             f"{'this state' if len(empty) == 1 else 'these states'} (its part of the "
             "regression is 0); a smaller sparsity.threshold keeps terms")
+
+
+def disagreement_warning(summary: dict) -> str | None:
+    """The log line when the repeats keep different terms (:meth:`STLSQ.summary`'s
+    ``repeats_agree``): each repeat's data chose its own support, so which terms are in the
+    model is not determined by data of this size (the coefficients printed for one repeat
+    are not the system's structure); None when every repeat keeps the same terms."""
+    if summary.get("repeats_agree", True):
+        return None
+    terms = summary["terms"]
+    low, high = (min(terms), max(terms)) if isinstance(terms, list) else (terms, terms)
+    count = f"{low} to {high}" if low != high else f"{low}"
+    return (f"sparsity: the repeats keep different terms ({count} of {summary['of']} in a "
+            f"repeat; {summary['terms_disputed']} terms kept in some repeats and not in "
+            "others): the data of one repeat do not determine which terms the model has "
+            "(more clients or samples, or a fixed sparsity.threshold checked on "
+            "sparsity_path.csv / each repeat's equations)")
 
 
 def auto_line(summary: dict) -> tuple[str, bool] | None:

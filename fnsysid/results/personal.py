@@ -96,12 +96,13 @@ def per_parameter_dof(model, data, dof) -> np.ndarray:
 
 def t_value(level: float, dof) -> np.ndarray:
     """Two-sided Student's t quantile of a confidence level on ``dof`` degrees of freedom (NaN
-    where ``dof`` <= 0)."""
-    from scipy.stats import t
+    where ``dof`` <= 0); ``scipy.special.stdtrit``, the inverse of Student's t distribution
+    function (the same values as ``scipy.stats.t.ppf`` without importing ``scipy.stats``)."""
+    from scipy.special import stdtrit
 
     dof = np.asarray(dof, float)
     with np.errstate(invalid="ignore"):
-        return np.where(dof > 0, t.ppf(0.5 + level / 2, np.maximum(dof, 1.0)), np.nan)
+        return np.where(dof > 0, stdtrit(np.maximum(dof, 1.0), 0.5 + level / 2), np.nan)
 
 
 def personalized(settings, model, strategy, data) -> Personal | None:
