@@ -20,6 +20,9 @@ from itertools import combinations_with_replacement
 
 import numpy as np
 
+from fnsysid.config import schema
+from fnsysid.config.registry import Registered
+
 _VARIABLES = ("x", "u", "xu")
 
 
@@ -40,8 +43,10 @@ def _names(variables: str, n_x: int, n_u: int) -> list[str]:
     return {"x": xs, "u": us, "xu": xs + us}[variables]
 
 
-class Library:
+class Library(Registered):
     """Base class: ``transform(x, u)`` and ``feature_names(n_x, n_u)``."""
+
+    config_group = "feature_map"
 
     def transform(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError
@@ -66,6 +71,8 @@ class Identity(Library):
     bias : bool
         Prepend the constant feature ``1``.
     """
+
+    settings = schema.Identity
 
     def __init__(self, variables: str = "xu", bias: bool = False):
         self.variables = _check_variables(variables)
@@ -92,6 +99,8 @@ class Polynomial(Library):
     bias : bool
         Include the constant monomial ``1``.
     """
+
+    settings = schema.Polynomial
 
     def __init__(self, degree: int = 2, variables: str = "xu", bias: bool = True):
         if int(degree) < 1:
@@ -138,6 +147,8 @@ class Fourier(Library):
         Which of the two functions to include (at least one).
     """
 
+    settings = schema.Fourier
+
     def __init__(self, variables: str = "x", n_frequencies: int = 1, sin: bool = True,
                  cos: bool = True):
         if int(n_frequencies) < 1:
@@ -169,6 +180,8 @@ class Fourier(Library):
 
 class Concat(Library):
     """Features of several libraries side by side (what ``a + b`` builds)."""
+
+    settings = schema.Concat
 
     def __init__(self, libraries):
         libs = []
@@ -230,6 +243,8 @@ class Combined(Concat):
     >>> Combined([{"kind": "identity", "bias": True}, "polynomial"]).feature_names(1, 0)
     ['1', 'x0', 'x0^2']
     """
+
+    settings = schema.Combined
 
     def __init__(self, libraries):
         if isinstance(libraries, (str, dict, Library)):

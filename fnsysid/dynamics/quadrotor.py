@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fnsysid.config import schema
 from fnsysid.dynamics.systems import System
 
 #: gains of the nominal PD controller (Alaimo et al. 2013 style), all required
@@ -61,6 +62,8 @@ class Quadrotor(System):
         Gains of the nominal controller, keys ``f0, z_ref, kp_z, kd_z, kp_q, kd_omega, c``
         (see :meth:`policy`).
     """
+
+    settings = schema.Quadrotor
 
     name = "quadrotor"
     n_x, n_u, n_w = 13, 4, 6

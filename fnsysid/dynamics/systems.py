@@ -14,6 +14,8 @@ import re
 
 import numpy as np
 
+from fnsysid.config import schema
+from fnsysid.config.registry import Registered
 from fnsysid.dynamics.features import Fourier, Identity, Library
 from fnsysid.dynamics.random import Noise, StreamBatch
 
@@ -26,7 +28,7 @@ def _put(dst: np.ndarray, src: np.ndarray) -> None:
         dst[..., c] = src[..., c]
 
 
-class System:
+class System(Registered):
     """Base class of a client family.
 
     Subclasses set ``name``, ``n_x``, ``n_u``, ``param_names``, ``nominal`` (p0,) and
@@ -34,6 +36,7 @@ class System:
     ``structure``. Arrays carry any leading batch axes (clients, trajectories).
     """
 
+    config_group = "system"
     name = "system"
     n_x = n_u = n_w = 0
     param_names: list[str] = []
@@ -248,12 +251,16 @@ def dense_structure(n_y: int, n_phi: int) -> np.ndarray:
 class Synthetic(DenseSystem):
     """The paper's synthetic family ``x_{t+1} = A_i sin(x_t) + B_i u_t + w_t`` (Sec. IV-A-1)."""
 
+    settings = schema.Dense
+
     name = "synthetic"
     state_library = Fourier("x", cos=False)
 
 
 class Linear(DenseSystem):
     """FedSysID's linear family ``x_{t+1} = A_i x_t + B_i u_t + w_t``."""
+
+    settings = schema.Dense
 
     name = "linear"
     state_library = Identity("x")
@@ -266,6 +273,8 @@ class Pendulum(System):
     ``B = 1/(m l^2)``; ``u = -gain * omega + eta``. The regression is written on the velocity:
     ``omega_{t+1} - omega_t = [A, B] . dt [-g sin(alpha_t), u_t] + dt w2_t``.
     """
+
+    settings = schema.Pendulum
 
     name = "pendulum"
     n_x, n_u, n_w = 2, 1, 2
@@ -341,6 +350,8 @@ class Generic(System):
     inputs : list of str
         Names of the input columns (may be empty).
     """
+
+    settings = schema.Generic
 
     name = "generic"
     generic_features = True

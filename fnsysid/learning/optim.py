@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fnsysid.config import schema
+from fnsysid.config.registry import Registered
 from fnsysid.dynamics import random as rnd
 from fnsysid.dynamics.model import centred_stats, for_slices
 
@@ -276,7 +278,7 @@ def _power_sum(A: np.ndarray, K: np.ndarray):
     return P, S
 
 
-class LocalSolver:
+class LocalSolver(Registered):
     """Base of the ``optimizer`` group: K local steps for a batch of clients.
 
     Parameters
@@ -292,6 +294,7 @@ class LocalSolver:
         minimizer only when the feature means are zero.
     """
 
+    config_group = "optimizer"
     needs_samples = False
 
     def __init__(self, schedule: str = "constant", reduction: str = "sum",
@@ -361,6 +364,8 @@ class GD(LocalSolver):
     (:meth:`local_map`); false: step by step (:meth:`local_steps`, the reference).
     """
 
+    settings = schema.GD
+
     def __init__(self, affine: bool = True, **kwargs):
         super().__init__(**kwargs)
         if not isinstance(affine, (bool, np.bool_)):
@@ -401,6 +406,8 @@ class SGD(LocalSolver):
     current epoch; a client reshuffles its samples whenever it starts an epoch. The epoch
     position carries over between rounds. The last batch of an epoch may be smaller.
     """
+
+    settings = schema.SGD
 
     needs_samples = True
     #: (S, 1, p) 0/1 mask of the coefficients the steps may move (``sparsity``), or None
