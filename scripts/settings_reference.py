@@ -232,9 +232,10 @@ def _head_comment(path: Path) -> str:
 def markdown() -> str:
     """The settings reference page."""
     lines = ["# Settings reference", "",
-             "Generated from `conf/` (keys, defaults and the comments beside them) and the typed "
-             "schema `fnsysid/config/schema.py` (what each key allows, in the words of the "
-             "one-line refusals). Set any key on the command line (`fnsysid output.plot=false`), "
+             "Generated from `conf/` (keys and defaults) and the typed schema "
+             "`fnsysid/config/schema.py`: what each key allows, in the words of the one-line "
+             "refusals, and its meaning (the field's description; for a key without one, the "
+             "comment beside it in its YAML). Set any key on the command line (`fnsysid output.plot=false`), "
              "in `FederatedSysID(config={...})` or in `fnsysid.run({...})`.", ""]
     lines += top_level() + [""]
     for name in schema.GROUPS:
