@@ -235,8 +235,9 @@ def markdown() -> str:
              "Generated from `conf/` (keys and defaults) and the typed schema "
              "`fnsysid/config/schema.py`: what each key allows, in the words of the one-line "
              "refusals, and its meaning (the field's description; for a key without one, the "
-             "comment beside it in its YAML). Set any key on the command line (`fnsysid output.plot=false`), "
-             "in `FederatedSysID(config={...})` or in `fnsysid.run({...})`.", ""]
+             "comment beside it in its YAML). Set any key on the command line "
+             "(`fnsysid output.plot=false`), in `FederatedSysID(config={...})` or in "
+             "`fnsysid.run({...})`.", ""]
     lines += top_level() + [""]
     for name in schema.GROUPS:
         if name == "experiment" or not (CONF / name).is_dir():

@@ -80,9 +80,11 @@ def test_the_tables_are_the_registered_classes_of_the_options():
             if "_target_" in node:
                 assert node["_target_"] in table, path
     assert schema.STRATEGIES["fnsysid.learning.strategies.FedProx"] is schema.FedProx
-    assert strategies.FedProx.settings is schema.FedProx
-    assert optim.GD.settings is schema.GD and features.Combined.settings is schema.Combined
-    assert systems.Pendulum.settings is schema.Pendulum
+    assert schema.STRATEGIES["fnsysid.learning.strategies.FedLin"] is schema.Federated
+    assert schema.SYSTEMS["fnsysid.dynamics.systems.Linear"] is schema.Dense
+    for cls in (strategies.FedProx, optim.GD, features.Combined, systems.Pendulum):
+        assert schema.tables()[cls.config_group][registry.target(cls)] is getattr(
+            schema, cls.settings)                    # a built-in names its model by name
     # the bases name no model: a class that names none is the user's, checked by itself
     assert "fnsysid.learning.strategies.Federated" not in schema.STRATEGIES
     assert "fnsysid.dynamics.systems.DenseSystem" not in schema.SYSTEMS

@@ -4,13 +4,15 @@ A system, feature map, local solver or strategy registers itself where it is def
 group's base class (:class:`~fnsysid.dynamics.systems.System`,
 :class:`~fnsysid.dynamics.features.Library`, :class:`~fnsysid.learning.optim.LocalSolver`,
 :class:`~fnsysid.learning.strategies.Strategy`) derives from :class:`Registered`, and a subclass
-that sets ``settings`` in its own body (a model from :mod:`fnsysid.config.schema`, or one of
-its own deriving from the group's base model there) is entered under its class path::
+that sets ``settings`` in its own body is entered under its class path. ``settings`` is a
+pydantic model deriving from the group's base model in :mod:`fnsysid.config.schema`, or the
+name of a model there (``settings = "Federated"``: what the built-in classes give, so that
+their modules import no pydantic)::
 
     class PooledLS(Strategy):
         class settings(schema.Strategy):
             model_config = ConfigDict(extra="forbid")
-            weighting: Literal["uniform", "samples"] = None
+            ridge: schema.NonNegReal = 0.0
 
 The schema's tables (``schema.SYSTEMS``, ``FEATURE_MAPS``, ``OPTIMIZERS``, ``STRATEGIES``)
 are read from here; a class that sets no ``settings`` is in no table, and its keys are checked
@@ -25,7 +27,7 @@ from typing import Any, ClassVar
 #: the config groups whose options name a class by ``_target_``
 GROUPS = ("system", "feature_map", "optimizer", "strategy")
 
-_TABLES: dict[str, dict[str, tuple[type, type]]] = {group: {} for group in GROUPS}
+_TABLES: dict[str, dict[str, tuple[type, Any]]] = {group: {} for group in GROUPS}
 _VERSION = [0]
 
 
@@ -42,9 +44,9 @@ def register(group: str, cls: type, settings: type) -> None:
     _VERSION[0] += 1
 
 
-def table(group: str) -> dict[str, type]:
-    """``_target_`` -> settings model of the classes registered under ``group``, in the order
-    they were defined."""
+def table(group: str) -> dict[str, Any]:
+    """``_target_`` -> settings model (or its name in :mod:`fnsysid.config.schema`) of the
+    classes registered under ``group``, in the order they were defined."""
     return {t: settings for t, (_, settings) in _TABLES[group].items()}
 
 
@@ -64,7 +66,8 @@ class Registered:
 
     #: the config group of this family (set by the family's base class)
     config_group: ClassVar[str] = ""
-    #: the pydantic model of the class's keys (None: not registered)
+    #: the pydantic model of the class's keys, or its name in fnsysid.config.schema (None: not
+    #: registered)
     settings: ClassVar[Any] = None
 
     def __init_subclass__(cls, **kwargs):

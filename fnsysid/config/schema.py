@@ -18,13 +18,13 @@ Where to add a setting
 - A new data source or runtime: one model with a ``Literal`` ``source`` (``name``) added to
   :data:`Data` (:data:`Runtime`).
 - A new class behind ``_target_`` (a system, feature map, optimizer or strategy): the class
-  names the model of its keys where it is defined (``settings = schema.Weighted``, or a model
-  of its own deriving from :class:`System`, :class:`FeatureMap`, :class:`Optimizer` or
-  :class:`Strategy`) and is registered (fnsysid/config/registry.py); the tables
-  (``SYSTEMS``, ``FEATURE_MAPS``, ``OPTIMIZERS``, ``STRATEGIES``, :func:`tables`) are read from
-  the registry, so nothing here changes. A class that names no model (a user's own, through
-  ``_target_`` or ``--config-dir``) has its own keys checked by its constructor only; the keys
-  every system shares (``knobs``, ``solver``, ``init``, noises) are still typed.
+  names the model of its keys where it is defined (``settings = "Weighted"``, a model of this
+  module by name, or a model of its own deriving from :class:`System`, :class:`FeatureMap`,
+  :class:`Optimizer` or :class:`Strategy`) and is registered (fnsysid/config/registry.py); the
+  tables (``SYSTEMS``, ``FEATURE_MAPS``, ``OPTIMIZERS``, ``STRATEGIES``, :func:`tables`) are
+  read from the registry, so nothing here changes. A class that names no model (a user's
+  own, through ``_target_`` or ``--config-dir``) has its own keys checked by its constructor
+  only; the keys every system shares (``knobs``, ``solver``, ``init``, noises) are still typed.
 """
 
 from __future__ import annotations
@@ -328,7 +328,7 @@ def _by_target(table: dict[str, type], other: type, empty: type | None = None):
 
 # The models of the classes a group names by ``_target_`` are looked up in the registry
 # (fnsysid/config/registry.py): each class names its model where it is defined
-# (``settings = schema.Weighted``), so the tables below are read from there (:func:`tables`).
+# (``settings = "Weighted"``), so the tables below are read from there (:func:`tables`).
 
 
 class Concat(FeatureMap):
@@ -443,11 +443,14 @@ def tables() -> dict[str, dict[str, type]]:
         importlib.import_module(module)
     out = {}
     for group, (base, _) in GROUP_MODELS.items():
-        out[group] = registry.table(group)
-        for target, model in out[group].items():
+        out[group] = {}
+        for target, model in registry.table(group).items():
+            if isinstance(model, str):          # a built-in class names its model here
+                model = globals().get(model)
             if not (isinstance(model, type) and issubclass(model, base)):
                 raise TypeError(f"{target}.settings must be a model deriving from "
-                                f"fnsysid.config.schema.{base.__name__}")
+                                f"fnsysid.config.schema.{base.__name__} (or the name of one)")
+            out[group][target] = model
     return out
 
 

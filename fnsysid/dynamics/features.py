@@ -20,7 +20,6 @@ from itertools import combinations_with_replacement
 
 import numpy as np
 
-from fnsysid.config import schema
 from fnsysid.config.registry import Registered
 
 _VARIABLES = ("x", "u", "xu")
@@ -72,7 +71,7 @@ class Identity(Library):
         Prepend the constant feature ``1``.
     """
 
-    settings = schema.Identity
+    settings = "Identity"
 
     def __init__(self, variables: str = "xu", bias: bool = False):
         self.variables = _check_variables(variables)
@@ -100,7 +99,7 @@ class Polynomial(Library):
         Include the constant monomial ``1``.
     """
 
-    settings = schema.Polynomial
+    settings = "Polynomial"
 
     def __init__(self, degree: int = 2, variables: str = "xu", bias: bool = True):
         if int(degree) < 1:
@@ -147,7 +146,7 @@ class Fourier(Library):
         Which of the two functions to include (at least one).
     """
 
-    settings = schema.Fourier
+    settings = "Fourier"
 
     def __init__(self, variables: str = "x", n_frequencies: int = 1, sin: bool = True,
                  cos: bool = True):
@@ -181,7 +180,7 @@ class Fourier(Library):
 class Concat(Library):
     """Features of several libraries side by side (what ``a + b`` builds)."""
 
-    settings = schema.Concat
+    settings = "Concat"
 
     def __init__(self, libraries):
         libs = []
@@ -244,7 +243,7 @@ class Combined(Concat):
     ['1', 'x0', 'x0^2']
     """
 
-    settings = schema.Combined
+    settings = "Combined"
 
     def __init__(self, libraries):
         if isinstance(libraries, (str, dict, Library)):

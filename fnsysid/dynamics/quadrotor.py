@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from fnsysid.config import schema
 from fnsysid.dynamics.systems import System
 
 #: gains of the nominal PD controller (Alaimo et al. 2013 style), all required
@@ -63,7 +62,7 @@ class Quadrotor(System):
         (see :meth:`policy`).
     """
 
-    settings = schema.Quadrotor
+    settings = "Quadrotor"
 
     name = "quadrotor"
     n_x, n_u, n_w = 13, 4, 6

@@ -14,7 +14,6 @@ import re
 
 import numpy as np
 
-from fnsysid.config import schema
 from fnsysid.config.registry import Registered
 from fnsysid.dynamics.features import Fourier, Identity, Library
 from fnsysid.dynamics.random import Noise, StreamBatch
@@ -251,7 +250,7 @@ def dense_structure(n_y: int, n_phi: int) -> np.ndarray:
 class Synthetic(DenseSystem):
     """The paper's synthetic family ``x_{t+1} = A_i sin(x_t) + B_i u_t + w_t`` (Sec. IV-A-1)."""
 
-    settings = schema.Dense
+    settings = "Dense"
 
     name = "synthetic"
     state_library = Fourier("x", cos=False)
@@ -260,7 +259,7 @@ class Synthetic(DenseSystem):
 class Linear(DenseSystem):
     """FedSysID's linear family ``x_{t+1} = A_i x_t + B_i u_t + w_t``."""
 
-    settings = schema.Dense
+    settings = "Dense"
 
     name = "linear"
     state_library = Identity("x")
@@ -274,7 +273,7 @@ class Pendulum(System):
     ``omega_{t+1} - omega_t = [A, B] . dt [-g sin(alpha_t), u_t] + dt w2_t``.
     """
 
-    settings = schema.Pendulum
+    settings = "Pendulum"
 
     name = "pendulum"
     n_x, n_u, n_w = 2, 1, 2
@@ -351,7 +350,7 @@ class Generic(System):
         Names of the input columns (may be empty).
     """
 
-    settings = schema.Generic
+    settings = "Generic"
 
     name = "generic"
     generic_features = True

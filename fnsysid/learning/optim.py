@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from fnsysid.config import schema
 from fnsysid.config.registry import Registered
 from fnsysid.dynamics import random as rnd
 from fnsysid.dynamics.model import centred_stats, for_slices
@@ -364,7 +363,7 @@ class GD(LocalSolver):
     (:meth:`local_map`); false: step by step (:meth:`local_steps`, the reference).
     """
 
-    settings = schema.GD
+    settings = "GD"
 
     def __init__(self, affine: bool = True, **kwargs):
         super().__init__(**kwargs)
@@ -407,7 +406,7 @@ class SGD(LocalSolver):
     position carries over between rounds. The last batch of an epoch may be smaller.
     """
 
-    settings = schema.SGD
+    settings = "SGD"
 
     needs_samples = True
     #: (S, 1, p) 0/1 mask of the coefficients the steps may move (``sparsity``), or None

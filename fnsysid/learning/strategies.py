@@ -36,7 +36,6 @@ import logging
 
 import numpy as np
 
-from fnsysid.config import schema
 from fnsysid.config.errors import ConfigError
 from fnsysid.config.registry import Registered
 from fnsysid.dynamics import random as rnd
@@ -296,7 +295,7 @@ class FedAvg(Federated):
     """FNSysId / FedAvg (paper Alg. 1): every client starts from the server model, runs K local
     steps on its own data, and the server averages the local models."""
 
-    settings = schema.Federated
+    settings = "Federated"
 
     #: proximal weight of the local steps (FedProx)
     mu = 0.0
@@ -354,7 +353,7 @@ def changed_rules(cls: type) -> list[str]:
 class FedProx(FedAvg):
     """FedAvg whose local gradient carries ``mu (theta_i - theta_s)`` (Li et al. 2020)."""
 
-    settings = schema.FedProx
+    settings = "FedProx"
 
     def __init__(self, mu: float = 0.1, **kwargs):
         super().__init__(**kwargs)
@@ -378,7 +377,7 @@ class FedLin(FedAvg):
     ``(Abar - A_i) theta_s - (cbar - c_i)`` (gradients ``A_i theta - c_i``) is affine in the
     server model and folds into ``P_i, q_i``."""
 
-    settings = schema.Federated
+    settings = "Federated"
 
     exchanges = ("gradient", "train")
 
@@ -493,7 +492,7 @@ class Scaffold(FedAvg):
     restricted statistics are zero outside the support, a client needs full rank on the kept
     terms only)."""
 
-    settings = schema.Federated
+    settings = "Federated"
 
     def setup(self, theta0, data, model, optimizer, K, lr, seed):
         if getattr(optimizer, "scale_features", "none") == "whiten":
@@ -579,7 +578,7 @@ class FedNova(FedAvg):
     In process with affine maps each client's normalized update is affine in the server model,
     so a round is again one averaged map."""
 
-    settings = schema.Federated
+    settings = "Federated"
 
     def client_maps(self):
         maps = self.optimizer.local_map(self.K, self.lr, correction=False)
@@ -652,7 +651,7 @@ class OneShot(Strategy):
     setup): a client then has to determine the kept terms only.
     """
 
-    settings = schema.Weighted
+    settings = "Weighted"
 
     #: (S, M) clients left out of the average (set by :meth:`setup`)
     left_out: np.ndarray | None = None
@@ -697,7 +696,7 @@ class Local(Strategy):
     """No federation: every client runs K local steps per round from its own previous model and
     is evaluated with its own estimate (the "individual client" of the abstract)."""
 
-    settings = schema.Weighted
+    settings = "Weighted"
 
     def setup(self, theta0, data, model, optimizer, K, lr, seed):
         super().setup(theta0, data, model, optimizer, K, lr, seed)
@@ -722,7 +721,7 @@ class Centralized(Strategy):
     """The non-private reference: all clients' data pooled in one place; K gradient steps of
     the optimizer per round (``exact=false``) or the pooled least-squares solution (flat)."""
 
-    settings = schema.Centralized
+    settings = "Centralized"
 
     client_matrices = 0         # one pooled map per repeat, nothing per client
 
@@ -767,7 +766,7 @@ class Cyclic(Strategy):
     client's model (M K sequential steps a round); what the published pendulum code runs.
     With affine maps the M clients' maps are composed into one once per run."""
 
-    settings = schema.Weighted
+    settings = "Weighted"
 
     def setup(self, theta0, data, model, optimizer, K, lr, seed):
         super().setup(theta0, data, model, optimizer, K, lr, seed)
