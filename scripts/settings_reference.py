@@ -12,7 +12,8 @@ from ``Knobs (`` to ``Exit status:``) are written from the same descriptions by
 :func:`help_yaml`; ``tests/test_settings_registry.py`` fails when the committed file differs.
 
 ``python scripts/settings_reference.py`` prints the page;
-``python scripts/settings_reference.py --write-help`` rewrites the help file.
+``python scripts/settings_reference.py --write-help`` (``make help-text``) rewrites the help
+file.
 """
 
 from __future__ import annotations
