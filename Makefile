@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-flower install-cluster install-docs run test test-flower test-slow test-docs docs lint bench figures clean flower-deploy fig-personalized fig-privacy wheel
+.PHONY: help install install-flower install-cluster install-docs run test test-flower test-slow test-docs docs lint help-text bench figures clean flower-deploy fig-personalized fig-privacy wheel
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -56,6 +56,9 @@ wheel: $(STAMP)  ## dist/fnsysid-<version>-py3-none-any.whl, with the Flower app
 
 lint: $(STAMP)  ## ruff
 	$(PY) -m ruff check fnsysid scripts tests examples run.py
+
+help-text: $(STAMP)  ## rewrite the knobs of --help (conf/hydra/help/fnsysid.yaml) from the schema's descriptions
+	$(PY) scripts/settings_reference.py --write-help
 
 bench: $(STAMP)  ## time and peak memory of the benchmark cases (docs/PERFORMANCE.md)
 	$(PY) scripts/bench.py

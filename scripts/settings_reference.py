@@ -1,21 +1,31 @@
-"""The settings reference, generated from the settings themselves.
+"""The settings reference and the settings part of ``--help``, generated from the settings.
 
-Every option file of ``conf/`` gives the keys, their defaults and their meaning (the comment
-beside or above each key); the typed schema (``fnsysid/config/schema.py``) gives what each key
-allows, in the words of the one-line refusals. Nothing here is a copy: a new key, default,
-range or comment shows up in the page the next time it is built (``make docs`` calls
+Every option file of ``conf/`` gives the keys and their defaults; the typed schema
+(``fnsysid/config/schema.py``) gives what each key allows, in the words of the one-line
+refusals, and its meaning (the field's ``description``; for a key without one, the comment
+beside or above the key in its YAML). Nothing here is a copy: a new key, default, range or
+description shows up in the page the next time it is built (``make docs`` calls
 :func:`markdown` from ``scripts/docs_hooks.py``).
 
-``python scripts/settings_reference.py`` prints the page.
+The knobs and settings that ``fnsysid --help`` lists (conf/hydra/help/fnsysid.yaml, the block
+from ``Knobs (`` to ``Exit status:``) are written from the same descriptions by
+:func:`help_yaml`; ``tests/test_settings_registry.py`` fails when the committed file differs.
+
+``python scripts/settings_reference.py`` prints the page;
+``python scripts/settings_reference.py --write-help`` (``make help-text``) rewrites the help
+file.
 """
 
 from __future__ import annotations
 
 import re
+import sys
+import textwrap
 import typing
 from pathlib import Path
 
 import yaml
+from pydantic import TypeAdapter
 
 from fnsysid.config import schema
 from fnsysid.config.messages import field_words
@@ -101,7 +111,7 @@ def _members(annotation) -> dict[str, type]:
 
 def model_of(group: str, node: dict):
     """The schema model that checks an option of ``group`` (None when no model knows it)."""
-    field = schema.Settings.model_fields.get(group)
+    field = schema.checked_model().model_fields.get(group)
     if field is None:
         return None
     members = _members(field.annotation)
@@ -124,6 +134,24 @@ def allowed(model, dotted: str) -> str:
         if isinstance(model, type) and issubclass(model, schema.Section):
             continue
     return field_words(info)
+
+
+def field_of(model, dotted: str):
+    """The FieldInfo of ``dotted`` (relative to ``model``, through plain sections), or None."""
+    info = None
+    for part in dotted.split("."):
+        fields = getattr(model, "model_fields", None)
+        if not fields or part not in fields:
+            return None
+        info = fields[part]
+        model = info.annotation
+    return info
+
+
+def description(model, dotted: str) -> str:
+    """The schema's meaning of ``dotted`` (its field's ``description``), or ``""``."""
+    info = field_of(model, dotted)
+    return (info.description or "") if info is not None else ""
 
 
 def _cell(value) -> str:
@@ -155,7 +183,7 @@ def top_level() -> list[str]:
             words = allowed(field.annotation, rest)
         else:
             words = field_words(field)
-        meaning = notes.get(key) or schema.KNOBS.get(key, "")
+        meaning = description(schema.Settings, key) or notes.get(key, "")
         lines.append(_row(key, value, words, meaning))
     return lines
 
@@ -182,7 +210,9 @@ def group(name: str) -> list[str]:
         lines += ["| key | default | allowed | meaning |", "|---|---|---|---|"]
         for key, value in rows.items():
             words = allowed(model, key) if model is not None else ""
-            lines.append(_row(f"{name}.{key}", value, words, notes.get(key, "")))
+            meaning = (description(model, key) if model is not None else "") \
+                or notes.get(key, "")
+            lines.append(_row(f"{name}.{key}", value, words, meaning))
         lines.append("")
     return lines
 
@@ -203,10 +233,12 @@ def _head_comment(path: Path) -> str:
 def markdown() -> str:
     """The settings reference page."""
     lines = ["# Settings reference", "",
-             "Generated from `conf/` (keys, defaults and the comments beside them) and the typed "
-             "schema `fnsysid/config/schema.py` (what each key allows, in the words of the "
-             "one-line refusals). Set any key on the command line (`fnsysid output.plot=false`), "
-             "in `FederatedSysID(config={...})` or in `fnsysid.run({...})`.", ""]
+             "Generated from `conf/` (keys and defaults) and the typed schema "
+             "`fnsysid/config/schema.py`: what each key allows, in the words of the one-line "
+             "refusals, and its meaning (the field's description; for a key without one, the "
+             "comment beside it in its YAML). Set any key on the command line "
+             "(`fnsysid output.plot=false`), in `FederatedSysID(config={...})` or in "
+             "`fnsysid.run({...})`.", ""]
     lines += top_level() + [""]
     for name in schema.GROUPS:
         if name == "experiment" or not (CONF / name).is_dir():
@@ -219,5 +251,92 @@ def markdown() -> str:
     return "\n".join(lines)
 
 
+# --- the settings part of --help -------------------------------------------------------------
+
+HELP = CONF / "hydra" / "help" / "fnsysid.yaml"
+#: the settings ``--help`` lists after the knobs, in its order (their meanings are the schema's)
+HELP_SETTINGS = ("data.shared_noise", "output.eval_every", "output.trajectories",
+                 "optimizer.schedule", "optimizer.reduction", "optimizer.scale_features",
+                 "optimizer.affine", "strategy.weighting", "strategy.fraction",
+                 "output.per_client", "output.overwrite", "output.resume", "theory.delta",
+                 "output.ci_level", "output.model_check", "progress")
+_TYPE_NAMES = {"integer": "int", "number": "float", "array": "list", "boolean": "bool",
+               "string": "str"}
+#: the help block's first line and the line after it
+_BLOCK = ("  Knobs (", "  Exit status:")
+_WIDTH = 96
+
+
+def _default_options() -> dict[str, dict]:
+    """Group -> the node of its default option (``conf/config.yaml``'s defaults list)."""
+    config = yaml.safe_load((CONF / "config.yaml").read_text())
+    out = {"": config}
+    for entry in config["defaults"]:
+        if isinstance(entry, dict) and len(entry) == 1:
+            (name, option), = entry.items()
+            path = CONF / str(name) / f"{option}.yaml"
+            if path.is_file():
+                raw = yaml.safe_load(path.read_text()) or {}
+                out[name] = raw.get(name, raw) if name == "data" else raw
+    return out
+
+
+def _shown(info, value) -> str:
+    """A default as ``--help`` shows it; one taken from elsewhere (``${...}``) as its
+    values (``sum|mean``) or type (``<int|list>``)."""
+    if not (isinstance(value, str) and value.startswith("${")):
+        return _cell(value).strip("`")
+    found = TypeAdapter(info.rebuild_annotation()).json_schema()
+    kinds, values = [], []
+    for s in found.get("anyOf", [found]):
+        values += [v for v in s.get("enum", []) if isinstance(v, str)]
+        kinds += [_TYPE_NAMES[s["type"]]] if s.get("type") in _TYPE_NAMES else []
+    if values:
+        return "|".join(values)
+    return "<" + "|".join(dict.fromkeys(kinds)) + ">"
+
+
+def _help_line(left: str, text: str, width: int) -> list[str]:
+    """``left`` (a key and its default) and ``text`` wrapped in a column ``width`` on."""
+    indent, head = " " * (4 + width), f"    {left}"
+    if len(head) > 4 + width - 2:           # no room: the text starts on the next line
+        return [head] + textwrap.wrap(text, _WIDTH, initial_indent=indent,
+                                      subsequent_indent=indent)
+    return textwrap.wrap(text, _WIDTH, initial_indent=head.ljust(4 + width),
+                         subsequent_indent=indent)
+
+
+def help_block() -> list[str]:
+    """The knobs and settings of ``--help``: each with its default and its meaning."""
+    options = _default_options()
+    knobs = ", ".join(schema.SYSTEM_KNOBS)
+    lines = [f"  Knobs (defaults of {knobs} come from the chosen system):"]
+    for key in schema.KNOBS:
+        info = schema.Settings.model_fields[key]
+        lines += _help_line(f"{key}={_shown(info, options[''][key])}", info.description, 16)
+    for key in HELP_SETTINGS:
+        head, _, rest = key.partition(".")
+        if head in options and rest:
+            model = model_of(head, options[head])
+            info, value = field_of(model, rest), options[head].get(rest)
+        else:
+            info, value = field_of(schema.Settings, key), flatten(options[""])[key]
+        if info is None or not info.description:
+            raise LookupError(f"{key}: no field with a description in the schema")
+        lines += _help_line(f"{key}={_shown(info, value)}", info.description, 31)
+    return lines + [""]
+
+
+def help_yaml() -> str:
+    """conf/hydra/help/fnsysid.yaml with its knobs block written from the schema."""
+    lines = HELP.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(_BLOCK[0]))
+    end = next(i for i, line in enumerate(lines) if line.startswith(_BLOCK[1]))
+    return "\n".join(lines[:start] + help_block() + lines[end:]) + "\n"
+
+
 if __name__ == "__main__":
-    print(markdown())
+    if sys.argv[1:] == ["--write-help"]:
+        HELP.write_text(help_yaml())
+    else:
+        print(markdown())

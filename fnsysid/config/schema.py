@@ -11,18 +11,25 @@ allowed; the words for "what is allowed" are read from the schema itself
 Where to add a setting
 ----------------------
 - A top-level knob or a key of a plain section (``output``, ``theory``, ...): one field in
-  :class:`Settings` or the section's model (a knob also gets its meaning in :data:`KNOBS`).
+  :class:`Settings` (a knob whose default comes from the system: in :class:`Knobs`) or the
+  section's model, with its meaning as the field's ``description``: the refusals
+  (:data:`KNOBS`), ``--help`` (``scripts/settings_reference.py --write-help``) and the settings
+  reference page read it from there.
 - A new data source or runtime: one model with a ``Literal`` ``source`` (``name``) added to
   :data:`Data` (:data:`Runtime`).
-- A new class behind ``_target_`` (a system, feature map, optimizer or strategy): one model in
-  the group's table (:data:`SYSTEMS`, :data:`FEATURE_MAPS`, :data:`OPTIMIZERS`,
-  :data:`STRATEGIES`). A class found in no table (a user's own, through ``_target_`` or
-  ``--config-dir``) has its own keys checked by its constructor only; the keys every system
-  shares (``knobs``, ``solver``, ``init``, noises) are still typed.
+- A new class behind ``_target_`` (a system, feature map, optimizer or strategy): the class
+  names the model of its keys where it is defined (``settings = "Weighted"``, a model of this
+  module by name, or a model of its own deriving from :class:`System`, :class:`FeatureMap`,
+  :class:`Optimizer` or :class:`Strategy`) and is registered (fnsysid/config/registry.py); the
+  tables (``SYSTEMS``, ``FEATURE_MAPS``, ``OPTIMIZERS``, ``STRATEGIES``, :func:`tables`) are
+  read from the registry, so nothing here changes. A class that names no model (a user's
+  own, through ``_target_`` or ``--config-dir``) has its own keys checked by its constructor
+  only; the keys every system shares (``knobs``, ``solver``, ``init``, noises) are still typed.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal, Union
 
@@ -35,9 +42,11 @@ from pydantic import (
     Tag,
     TypeAdapter,
     ValidationError,
+    create_model,
     model_validator,
 )
 
+from fnsysid.config import registry
 from fnsysid.config.errors import ConfigError
 from fnsysid.config.messages import field_words, message, not_allowed
 
@@ -103,33 +112,35 @@ class StepDistribution(Section):
 TrajectoryCount = Union[PosInt, Annotated[list[PosInt], Field(min_length=1)]]
 LocalSteps = Union[PosInt, Annotated[list[PosInt], Field(min_length=1)], StepDistribution]
 
-#: top-level knobs: name -> meaning (for messages and --help)
-KNOBS = {
-    "M": "number of clients",
-    "N": "trajectories per client",
-    "T": "trajectory length",
-    "eps": "heterogeneity",
-    "K": "local steps per round",
-    "lr": "learning rate",
-    "R": "communication rounds",
-    "repeats": "independent repetitions",
-    "seed": "root random seed",
-}
+
+# --- the knobs ----------------------------------------------------------------------------------
+
+class Knobs(Section):
+    """The knobs whose defaults come from the chosen system (its ``knobs`` node: its paper
+    figure's settings); :class:`Settings` has them at the top level.
+
+    A knob's ``description`` is its meaning wherever it is shown: the first clause (up to
+    ``"; "``) in the one-line refusals (:data:`KNOBS`), the whole text in ``--help``
+    (conf/hydra/help/fnsysid.yaml, written by ``scripts/settings_reference.py --write-help``)
+    and in the settings reference page."""
+
+    N: TrajectoryCount = Field(description="trajectories per client; a list of M ints gives "
+                                           "per-client N_i")
+    T: PosInt = Field(description="trajectory length; samples per trajectory")
+    eps: NonNegReal = Field(description="heterogeneity; theta_i = theta_0 + gamma_i * "
+                                        "direction, gamma_i ~ U(0, eps)")
+    K: LocalSteps = Field(description="local steps per round; a list of M ints gives "
+                                      "per-client K_i, 'K={kind:uniform_int,low:1,high:20}' "
+                                      "(quoted) draws K_i per client")
+    lr: PosReal = Field(description="learning rate")
+    R: PosInt = Field(description="communication rounds")
+
+
 #: knobs whose defaults come from the system's ``knobs`` node
-SYSTEM_KNOBS = ("N", "T", "eps", "K", "lr", "R")
+SYSTEM_KNOBS = tuple(Knobs.model_fields)
 
 
 # --- systems ------------------------------------------------------------------------------------
-
-class Knobs(Section):
-    """A system's defaults of the top-level knobs (its paper figure's settings)."""
-
-    N: TrajectoryCount
-    T: PosInt
-    eps: NonNegReal
-    K: LocalSteps
-    lr: PosReal
-    R: PosInt
 
 
 class Noise(Section):
@@ -255,17 +266,24 @@ class LocalSolver(Optimizer):
     """The keys of the project's local solvers."""
 
     model_config = ConfigDict(extra="forbid")
-    schedule: Literal["constant", "inverse_k"] = None
-    reduction: Reduction = None
-    scale_features: Scaling = None
+    schedule: Literal["constant", "inverse_k"] = Field(
+        None, description="step size within a round: constant lr, or inverse_k (lr/k at local "
+                          "step k, the published code)")
+    reduction: Reduction = Field(
+        None, description="the local gradient summed (paper eq. 10) or averaged over samples")
+    scale_features: Scaling = Field(
+        None, description="feature scaling of the local steps: none, diagonal, zscore "
+                          "(centred, the published pendulum code) or whiten; the estimates "
+                          "stay in physical units")
 
 
 class GD(LocalSolver):
-    affine: bool = None
+    affine: bool = Field(None, description="the K local steps as one precomputed affine map "
+                                           "(false: step by step)")
 
 
 class SGD(LocalSolver):
-    batch_size: PosInt = None
+    batch_size: PosInt = Field(None, description="samples per local step (mini-batch)")
 
 
 class Strategy(ByClass):
@@ -274,20 +292,23 @@ class Strategy(ByClass):
 
 class Weighted(Strategy):
     model_config = ConfigDict(extra="forbid")
-    weighting: Literal["uniform", "samples"] = None
+    weighting: Literal["uniform", "samples"] = Field(
+        None, description="the clients' weights: uniform (paper) or samples (weights N_i T)")
 
 
 class Federated(Weighted):
-    #: share of clients taking part in each round
-    fraction: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = None
+    fraction: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = Field(
+        None, description="share of clients taking part in each round (seeded sampling)")
 
 
 class FedProx(Federated):
-    mu: NonNegReal = None
+    mu: NonNegReal = Field(None, description="weight of the proximal term "
+                                             "mu (theta_i - theta_s); 0 is FedAvg")
 
 
 class Centralized(Weighted):
-    exact: bool = None
+    exact: bool = Field(None, description="the pooled least-squares solution (true) or K "
+                                          "optimizer steps per round on the pooled data")
 
 
 def _by_target(table: dict[str, type], other: type, empty: type | None = None):
@@ -305,36 +326,23 @@ def _by_target(table: dict[str, type], other: type, empty: type | None = None):
     return Annotated[Union[tuple(members)], Discriminator(tag)]
 
 
-SYSTEMS = {
-    "fnsysid.dynamics.systems.Generic": Generic,
-    "fnsysid.dynamics.systems.Synthetic": Dense,
-    "fnsysid.dynamics.systems.Linear": Dense,
-    "fnsysid.dynamics.systems.Pendulum": Pendulum,
-    "fnsysid.dynamics.quadrotor.Quadrotor": Quadrotor,
-}
-FEATURE_MAPS = {
-    "fnsysid.dynamics.features.Identity": Identity,
-    "fnsysid.dynamics.features.Polynomial": Polynomial,
-    "fnsysid.dynamics.features.Fourier": Fourier,
-}
-OPTIMIZERS = {"fnsysid.learning.optim.GD": GD, "fnsysid.learning.optim.SGD": SGD}
-STRATEGIES = {
-    **{f"fnsysid.learning.strategies.{name}": Federated
-       for name in ("FedAvg", "FedLin", "Scaffold", "FedNova")},
-    "fnsysid.learning.strategies.FedProx": FedProx,
-    **{f"fnsysid.learning.strategies.{name}": Weighted for name in ("OneShot", "Local", "Cyclic")},
-    "fnsysid.learning.strategies.Centralized": Centralized,
-}
-
-AnyFeatureMap = _by_target(FEATURE_MAPS, FeatureMap)
+# The models of the classes a group names by ``_target_`` are looked up in the registry
+# (fnsysid/config/registry.py): each class names its model where it is defined
+# (``settings = "Weighted"``), so the tables below are read from there (:func:`tables`).
 
 
 class Concat(FeatureMap):
+    """Feature maps side by side; each entry of ``libraries`` is checked by its own model."""
+
     model_config = ConfigDict(extra="forbid")
-    libraries: Annotated[list[AnyFeatureMap], Field(min_length=1)]
+    libraries: Annotated[list[FeatureMap], Field(min_length=1)]
 
-
-FEATURE_MAPS["fnsysid.dynamics.features.Concat"] = Concat
+    @classmethod
+    def nesting(cls, any_map) -> type:
+        """This model with the entries of ``libraries`` checked as ``any_map`` (a feature map
+        of any registered class)."""
+        return create_model(cls.__name__, __base__=cls, __module__=cls.__module__,
+                            libraries=(Annotated[list[any_map], Field(min_length=1)], ...))
 
 
 class IdentityKind(Section):
@@ -382,35 +390,74 @@ def _entry(value) -> str:
     return kind if kind in LIBRARY_KINDS else "other"
 
 
-LibraryEntry = Annotated[
-    Union[Annotated[LibraryKind, Tag("name")],
-          Annotated[IdentityKind, Tag("identity")],
-          Annotated[PolynomialKind, Tag("polynomial")],
-          Annotated[FourierKind, Tag("fourier")],
-          Annotated[SinKind, Tag("sin")],
-          Annotated[SinKind, Tag("cos")],
-          Annotated[AnyKind, Tag("other")],
-          Annotated[AnyFeatureMap, Tag("library")]],
-    Discriminator(_entry),
-    Field(json_schema_extra={"allowed": "a library kind (identity, polynomial, fourier, sin, "
-                                        "cos), {kind: ..., <its keys>} or {_target_: ...}"})]
+def library_entry(any_map):
+    """An entry of :class:`Combined`'s ``libraries``: a kind's name, a kind's mapping or a
+    feature map of any registered class (``any_map``)."""
+    return Annotated[
+        Union[Annotated[LibraryKind, Tag("name")],
+              Annotated[IdentityKind, Tag("identity")],
+              Annotated[PolynomialKind, Tag("polynomial")],
+              Annotated[FourierKind, Tag("fourier")],
+              Annotated[SinKind, Tag("sin")],
+              Annotated[SinKind, Tag("cos")],
+              Annotated[AnyKind, Tag("other")],
+              Annotated[any_map, Tag("library")]],
+        Discriminator(_entry),
+        Field(json_schema_extra={"allowed": "a library kind (identity, polynomial, fourier, "
+                                            "sin, cos), {kind: ..., <its keys>} or "
+                                            "{_target_: ...}"})]
 
 
-class Combined(FeatureMap):
-    model_config = ConfigDict(extra="forbid")
-    libraries: Annotated[list[LibraryEntry], Field(min_length=1)]
+class Combined(Concat):
+    """Libraries named by kind (or given by class), each feature once."""
+
+    libraries: Annotated[list[library_entry(FeatureMap)], Field(min_length=1)]
+
+    @classmethod
+    def nesting(cls, any_map) -> type:
+        return create_model(cls.__name__, __base__=cls, __module__=cls.__module__,
+                            libraries=(Annotated[list[library_entry(any_map)],
+                                                 Field(min_length=1)], ...))
 
 
-FEATURE_MAPS["fnsysid.dynamics.features.Combined"] = Combined
-SystemGroup = Annotated[_by_target(SYSTEMS, System),
-                        Field(json_schema_extra={"allowed": "a system option"})]
-FeatureMapGroup = Annotated[_by_target(FEATURE_MAPS, FeatureMap, OwnFeatures),
-                            Field(json_schema_extra={"allowed": "a feature_map option"})]
-OptimizerGroup = Annotated[_by_target(OPTIMIZERS, Optimizer),
-                           Field(json_schema_extra={"allowed": "an optimizer option"})]
-StrategyGroup = Annotated[_by_target(STRATEGIES, Strategy),
-                          Field(json_schema_extra={"allowed": "a strategy option"})]
+#: the base model of each group's class models, and the words of its refusals
+GROUP_MODELS = {
+    "system": (System, "a system option"),
+    "feature_map": (FeatureMap, "a feature_map option"),
+    "optimizer": (Optimizer, "an optimizer option"),
+    "strategy": (Strategy, "a strategy option"),
+}
+#: the modules whose classes are the built-in options (importing one registers its classes)
+BUILTIN_MODULES = ("fnsysid.dynamics.features", "fnsysid.dynamics.systems",
+                   "fnsysid.dynamics.quadrotor", "fnsysid.learning.optim",
+                   "fnsysid.learning.strategies")
+#: the names of :func:`tables` as module attributes (``schema.STRATEGIES``)
+_TABLE_NAMES = {"SYSTEMS": "system", "FEATURE_MAPS": "feature_map",
+                "OPTIMIZERS": "optimizer", "STRATEGIES": "strategy"}
 
+
+def tables() -> dict[str, dict[str, type]]:
+    """Group -> (``_target_`` -> model of the class's keys) of every registered class: the
+    built-in ones and any of the user's whose module has been imported."""
+    for module in BUILTIN_MODULES:
+        importlib.import_module(module)
+    out = {}
+    for group, (base, _) in GROUP_MODELS.items():
+        out[group] = {}
+        for target, model in registry.table(group).items():
+            if isinstance(model, str):          # a built-in class names its model here
+                model = globals().get(model)
+            if not (isinstance(model, type) and issubclass(model, base)):
+                raise TypeError(f"{target}.settings must be a model deriving from "
+                                f"fnsysid.config.schema.{base.__name__} (or the name of one)")
+            out[group][target] = model
+    return out
+
+
+def __getattr__(name: str):
+    if name in _TABLE_NAMES:
+        return tables()[_TABLE_NAMES[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # --- data, runtime and the plain sections --------------------------------------------------------
 
@@ -418,7 +465,8 @@ class Simulated(Section):
     """Trajectories simulated from the chosen system."""
 
     source: Literal["simulated"]
-    shared_noise: bool
+    shared_noise: bool = Field(description="the same noise on every client (the published "
+                                           "pendulum code)")
     val_N: NonNegInt
     states: Names
     inputs: Names
@@ -558,43 +606,67 @@ Privacy = _by_value("name", {"none": NoPrivacy, "central": CentralPrivacy,
                              "local": LocalPrivacy})
 
 
+Probability = Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
+
+
 class Theory(Section):
-    #: failure probability of Theorem 1's bound
-    delta: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
+    delta: Probability = Field(description="failure probability of the Theorem 1 bound "
+                                           "(theory.csv)")
 
 
 class Output(Section):
-    per_client: _either("auto")
-    per_client_max: NonNegInt
-    plot: bool
-    eval_every: PosInt
-    trajectories: bool
-    overwrite: bool
-    resume: bool
-    #: level of the confidence intervals (estimates.csv, client_estimates.csv)
-    ci_level: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)]
-    #: check the model class on the clients' held-out data (summary.json's model_check)
-    model_check: bool
+    per_client: _either("auto") = Field(
+        description="clients.csv: auto (when M <= output.per_client_max), true or false")
+    per_client_max: NonNegInt = Field(description="the largest M for which per_client=auto "
+                                                  "writes clients.csv")
+    plot: bool = Field(description="error.png of e_r against r, fit.png of the held-out fit")
+    eval_every: PosInt = Field(description="free-run NRMSE every this many rounds (and at "
+                                           "round 0 and R)")
+    trajectories: bool = Field(description="write trajectories.parquet and truth.csv "
+                                           "(simulated data)")
+    overwrite: bool = Field(description="true: replace an earlier run's result files in the "
+                                        "run folder")
+    resume: bool = Field(description="multirun: skip the jobs already ok with the same "
+                                     "settings, rerun the others")
+    ci_level: Probability = Field(description="level of the confidence intervals (se, ci_lo, "
+                                              "ci_hi; estimates.csv, client_estimates.csv)")
+    model_check: bool = Field(description="check the model class on the clients' held-out "
+                                          "data (summary.json: model_check; "
+                                          "docs/ALGORITHMS.md)")
 
 
-class Settings(Section):
-    """Every setting of a run, checked (the composed config without Hydra's own node)."""
+def _group(name: str, annotation):
+    return Annotated[annotation, Field(json_schema_extra={"allowed": GROUP_MODELS[name][1]})]
 
-    M: Annotated[PosInt | None, Field(json_schema_extra={
+
+class Fleet(Section):
+    """The number of clients: the first knob of :class:`Settings` (a base of its own so that
+    it comes before the knobs of :class:`Knobs` in the settings' order)."""
+
+    M: Annotated[PosInt | None, Field(description="number of clients", json_schema_extra={
         "allowed": "an integer >= 1 (null only with data=files, whose files give it)"})]
-    N: TrajectoryCount
-    T: PosInt
-    eps: NonNegReal
-    K: LocalSteps
-    lr: PosReal
-    R: PosInt
-    repeats: Annotated[PosInt | None, Field(json_schema_extra={
-        "allowed": "an integer >= 1 (null only with data=files, whose files give it)"})]
-    seed: NonNegInt
-    system: SystemGroup
-    feature_map: FeatureMapGroup
-    optimizer: OptimizerGroup
-    strategy: StrategyGroup
+
+
+class Settings(Knobs, Fleet):
+    """Every setting of a run, checked (the composed config without Hydra's own node): ``M``
+    (:class:`Fleet`), the knobs of :class:`Knobs` and those below, the groups and the plain
+    sections.
+
+    The groups chosen by class are typed here by their base models; :func:`settings_from`
+    checks a config against :func:`checked_model`, this model with each such group checked by
+    the model of its ``_target_`` (:func:`tables`)."""
+
+    repeats: Annotated[PosInt | None, Field(
+        description="independent repetitions; new systems and data each, averaged in one run "
+                    "(mean and band in the plot)",
+        json_schema_extra={
+            "allowed": "an integer >= 1 (null only with data=files, whose files give it)"})]
+    seed: NonNegInt = Field(description="root random seed; the per-client, trajectory and "
+                                        "repeat streams derive from it")
+    system: _group("system", System)
+    feature_map: _group("feature_map", Union[FeatureMap, OwnFeatures])
+    optimizer: _group("optimizer", Optimizer)
+    strategy: _group("strategy", Strategy)
     data: Data
     runtime: Runtime
     personalize: Personalize
@@ -602,7 +674,7 @@ class Settings(Section):
     privacy: Privacy = NoPrivacy(name="none")
     theory: Theory
     output: Output
-    progress: bool
+    progress: bool = Field(description="progress bar over the rounds (shown only on a terminal)")
 
     _resolved: dict = PrivateAttr(default_factory=dict)
 
@@ -628,6 +700,58 @@ GROUPS = ("data", "system", "feature_map", "optimizer", "strategy", "runtime", "
           "sparsity", "privacy", "experiment")
 #: the top-level keys of a run config
 TOP_LEVEL = tuple(f.alias or n for n, f in Settings.model_fields.items())
+#: the knobs (top-level settings of one value): name -> meaning, the first clause of the
+#: field's description (for the one-line refusals)
+KNOBS = {name: Settings.model_fields[name].description.split("; ")[0]
+         for name in ("M", *SYSTEM_KNOBS, "repeats", "seed")}
+
+
+def _group_union(name: str, table: dict[str, type]):
+    base = GROUP_MODELS[name][0]
+    return _group(name, _by_target(table, base, OwnFeatures if name == "feature_map" else None))
+
+
+_CHECKED: dict[str, Any] = {}
+
+
+def checked_model(plain: Mapping | None = None) -> type[Settings]:
+    """:class:`Settings` with each group chosen by class checked by the model its
+    ``_target_`` names (:func:`tables`). The class a ``_target_`` of ``plain`` names is
+    imported first (as Hydra would), so a class of the user's own that names its model is
+    checked by it. The model is rebuilt only when a class has been registered since."""
+    tabs = tables()
+    if plain is not None and _import_targets(plain, tabs):
+        tabs = tables()
+    if _CHECKED.get("version") != registry.version():
+        maps = tabs["feature_map"]
+        any_map = _by_target({t: m for t, m in maps.items() if not issubclass(m, Concat)},
+                             FeatureMap)
+        tabs = {**tabs, "feature_map": {t: m.nesting(any_map) if issubclass(m, Concat) else m
+                                        for t, m in maps.items()}}
+        fields = {name: (_group_union(name, tabs[name]), ...) for name in GROUP_MODELS}
+        _CHECKED["model"] = create_model("Settings", __base__=Settings,
+                                         __module__=__name__, **fields)
+        _CHECKED["version"] = registry.version()
+    return _CHECKED["model"]
+
+
+def _import_targets(plain: Mapping, tabs: dict) -> bool:
+    """Import the module of each group's ``_target_`` that no table lists (what Hydra's
+    ``instantiate`` does later); whether any was found. A target that does not import is left
+    to the run's own refusal."""
+    from hydra.utils import get_class
+
+    found = False
+    for name in GROUP_MODELS:
+        node = plain.get(name)
+        target = node.get("_target_") if isinstance(node, Mapping) else None
+        if isinstance(target, str) and target and target not in tabs[name]:
+            try:
+                get_class(target)
+            except Exception:       # noqa: BLE001 - any failure is reported by the run
+                continue
+            found = True
+    return found
 
 
 # --- checking and the one-line messages -----------------------------------------------------------
@@ -639,15 +763,16 @@ def settings_from(plain: Mapping) -> Settings:
     """
     plain = {k: v for k, v in plain.items() if k != "hydra"}
     _refuse_unset(plain, "")
+    model = checked_model(plain)
     try:
-        settings = Settings.model_validate(plain)
+        settings = model.model_validate(plain)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         error = errors[0]
         if error["loc"][0] in SYSTEM_KNOBS:     # a knob left at its system default: name that
             error = next((e for e in errors if e["loc"][0] == "system" and "knobs" in e["loc"]
                           and e["loc"][-1] == error["loc"][0]), error)
-        raise ConfigError(message(error, Settings, plain, KNOBS, System.RUN_KEYS,
+        raise ConfigError(message(error, model, plain, KNOBS, System.RUN_KEYS,
                                   {"data": "source", "runtime": "name",
                                    "personalize": "name", "sparsity": "name",
                                    "privacy": "name"})) from None
@@ -686,7 +811,7 @@ def _field_at(key: str):
                  if parts[1] in m.model_fields]
         same = len({repr(f.rebuild_annotation()) for f in found}) == 1
         return found[0] if found and same else None
-    model: Any = Settings
+    model: Any = checked_model() if parts[0] in GROUP_MODELS else Settings
     for part in parts[:-1]:
         fields = getattr(model, "model_fields", {})
         model = fields[part].annotation if part in fields else None

@@ -20,6 +20,8 @@ from itertools import combinations_with_replacement
 
 import numpy as np
 
+from fnsysid.config.registry import Registered
+
 _VARIABLES = ("x", "u", "xu")
 
 
@@ -40,8 +42,10 @@ def _names(variables: str, n_x: int, n_u: int) -> list[str]:
     return {"x": xs, "u": us, "xu": xs + us}[variables]
 
 
-class Library:
+class Library(Registered):
     """Base class: ``transform(x, u)`` and ``feature_names(n_x, n_u)``."""
+
+    config_group = "feature_map"
 
     def transform(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError
@@ -66,6 +70,8 @@ class Identity(Library):
     bias : bool, default=False
         Prepend the constant feature ``1``.
     """
+
+    settings = "Identity"
 
     def __init__(self, variables: str = "xu", bias: bool = False):
         self.variables = _check_variables(variables)
@@ -93,6 +99,8 @@ class Polynomial(Library):
     bias : bool, default=True
         Include the constant monomial ``1``.
     """
+
+    settings = "Polynomial"
 
     def __init__(self, degree: int = 2, variables: str = "xu", bias: bool = True):
         if int(degree) < 1:
@@ -140,6 +148,8 @@ class Fourier(Library):
         Which of the two functions to include (at least one).
     """
 
+    settings = "Fourier"
+
     def __init__(self, variables: str = "x", n_frequencies: int = 1, sin: bool = True,
                  cos: bool = True):
         if int(n_frequencies) < 1:
@@ -177,6 +187,8 @@ class Concat(Library):
     libraries : iterable of Library
         The libraries, in order (a Concat among them contributes its own).
     """
+
+    settings = "Concat"
 
     def __init__(self, libraries):
         libs = []
@@ -253,6 +265,8 @@ class Combined(Concat):
     >>> Combined([{"kind": "identity", "bias": True}, "polynomial"]).feature_names(1, 0)
     ['1', 'x0', 'x0^2']
     """
+
+    settings = "Combined"
 
     def __init__(self, libraries):
         if isinstance(libraries, (str, dict, Library)):

@@ -72,6 +72,8 @@ class Quadrotor(System):
         (see :meth:`policy`).
     """
 
+    settings = "Quadrotor"
+
     name = "quadrotor"
     n_x, n_u, n_w = 13, 4, 6
 

@@ -14,6 +14,7 @@ import re
 
 import numpy as np
 
+from fnsysid.config.registry import Registered
 from fnsysid.dynamics.features import Fourier, Identity, Library
 from fnsysid.dynamics.random import Noise, StreamBatch
 
@@ -26,7 +27,7 @@ def _put(dst: np.ndarray, src: np.ndarray) -> None:
         dst[..., c] = src[..., c]
 
 
-class System:
+class System(Registered):
     """Base class of a client family.
 
     Subclasses set ``name``, ``n_x``, ``n_u``, ``param_names``, ``nominal`` (p0,) and
@@ -42,6 +43,7 @@ class System:
         The sample time.
     """
 
+    config_group = "system"
     name = "system"
     n_x = n_u = n_w = 0
     param_names: list[str] = []
@@ -292,12 +294,16 @@ def dense_structure(n_y: int, n_phi: int) -> np.ndarray:
 class Synthetic(DenseSystem):
     """The paper's synthetic family ``x_{t+1} = A_i sin(x_t) + B_i u_t + w_t`` (Sec. IV-A-1)."""
 
+    settings = "Dense"
+
     name = "synthetic"
     state_library = Fourier("x", cos=False)
 
 
 class Linear(DenseSystem):
     """FedSysID's linear family ``x_{t+1} = A_i x_t + B_i u_t + w_t``."""
+
+    settings = "Dense"
 
     name = "linear"
     state_library = Identity("x")
@@ -326,6 +332,8 @@ class Pendulum(System):
         The distributions of the initial state, the exploration noise of the inputs and the
         disturbance (:meth:`fnsysid.dynamics.random.Noise.from_spec`).
     """
+
+    settings = "Pendulum"
 
     name = "pendulum"
     n_x, n_u, n_w = 2, 1, 2
@@ -401,6 +409,8 @@ class Generic(System):
     inputs : list of str, default=()
         Names of the input columns (may be empty).
     """
+
+    settings = "Generic"
 
     name = "generic"
     generic_features = True

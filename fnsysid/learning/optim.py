@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fnsysid.config.registry import Registered
 from fnsysid.dynamics import random as rnd
 from fnsysid.dynamics.model import centred_stats, for_slices
 
@@ -411,7 +412,7 @@ def _power_sum(A: np.ndarray, K: np.ndarray):
     return P, S
 
 
-class LocalSolver:
+class LocalSolver(Registered):
     """Base of the ``optimizer`` group: K local steps for a batch of clients.
 
     Parameters
@@ -430,6 +431,7 @@ class LocalSolver:
         minimizer only when the feature means are zero.
     """
 
+    config_group = "optimizer"
     needs_samples = False
 
     def __init__(self, schedule: str = "constant", reduction: str = "sum",
@@ -504,6 +506,8 @@ class GD(LocalSolver):
         :class:`LocalSolver`'s parameters.
     """
 
+    settings = "GD"
+
     def __init__(self, affine: bool = True, **kwargs):
         super().__init__(**kwargs)
         if not isinstance(affine, (bool, np.bool_)):
@@ -551,6 +555,8 @@ class SGD(LocalSolver):
     **kwargs
         :class:`LocalSolver`'s parameters.
     """
+
+    settings = "SGD"
 
     needs_samples = True
     #: (S, 1, p) 0/1 mask of the coefficients the steps may move (``sparsity``), or None

@@ -36,7 +36,8 @@ import logging
 
 import numpy as np
 
-from fnsysid.config.checks import ConfigError
+from fnsysid.config.errors import ConfigError
+from fnsysid.config.registry import Registered
 from fnsysid.dynamics import random as rnd
 from fnsysid.dynamics.model import least_squares, pooled
 from fnsysid.learning import communication as comm
@@ -145,7 +146,7 @@ class Clients:
         return self.solver.local_steps(start, self.K, self.lr, clients=sel, **extra)
 
 
-class Strategy:
+class Strategy(Registered):
     """Base class.
 
     Parameters
@@ -154,6 +155,7 @@ class Strategy:
         ``uniform``: the plain mean (paper Alg. 1); ``samples``: weights ``N_i T``.
     """
 
+    config_group = "strategy"
     #: the run's differential privacy (:class:`fnsysid.learning.privacy.Privacy`), set by
     #: :func:`fnsysid.app.build.build` with ``privacy=central`` or ``local``; None without
     privacy = None
@@ -318,6 +320,8 @@ class FedAvg(Federated):
     """FNSysId / FedAvg (paper Alg. 1): every client starts from the server model, runs K local
     steps on its own data, and the server averages the local models."""
 
+    settings = "Federated"
+
     #: proximal weight of the local steps (FedProx)
     mu = 0.0
 
@@ -394,6 +398,8 @@ class FedProx(FedAvg):
         :class:`Federated`'s parameters.
     """
 
+    settings = "FedProx"
+
     def __init__(self, mu: float = 0.1, **kwargs):
         super().__init__(**kwargs)
         if not mu >= 0:
@@ -415,6 +421,8 @@ class FedLin(FedAvg):
     with the averaged gradient. In process with affine maps the correction
     ``(Abar - A_i) theta_s - (cbar - c_i)`` (gradients ``A_i theta - c_i``) is affine in the
     server model and folds into ``P_i, q_i``."""
+
+    settings = "Federated"
 
     exchanges = ("gradient", "train")
 
@@ -575,6 +583,8 @@ class Scaffold(FedAvg):
     restricted statistics are zero outside the support, a client needs full rank on the kept
     terms only)."""
 
+    settings = "Federated"
+
     def setup(self, theta0, data, model, optimizer, K, lr, seed):
         if getattr(optimizer, "scale_features", "none") == "whiten":
             support = getattr(optimizer, "support", None)     # sparsity: restricted data
@@ -659,6 +669,8 @@ class FedNova(FedAvg):
     In process with affine maps each client's normalized update is affine in the server model,
     so a round is again one averaged map."""
 
+    settings = "Federated"
+
     def client_maps(self):
         maps = self.optimizer.local_map(self.K, self.lr, correction=False)
         if maps is None:
@@ -740,6 +752,8 @@ class OneShot(Strategy):
     setup): a client then has to determine the kept terms only.
     """
 
+    settings = "Weighted"
+
     #: (S, M) clients left out of the average (set by :meth:`setup`)
     left_out: np.ndarray | None = None
     #: the clients' own least squares the average is made of (set by :meth:`setup`;
@@ -783,6 +797,8 @@ class Local(Strategy):
     """No federation: every client runs K local steps per round from its own previous model and
     is evaluated with its own estimate (the "individual client" of the abstract)."""
 
+    settings = "Weighted"
+
     def setup(self, theta0, data, model, optimizer, K, lr, seed):
         super().setup(theta0, data, model, optimizer, K, lr, seed)
         self.models = np.array(self.broadcast())
@@ -813,6 +829,8 @@ class Centralized(Strategy):
     **kwargs
         :class:`Strategy`'s parameters.
     """
+
+    settings = "Centralized"
 
     client_matrices = 0         # one pooled map per repeat, nothing per client
 
@@ -856,6 +874,8 @@ class Cyclic(Strategy):
     """Clients updated one after another within a round, each starting from the previous
     client's model (M K sequential steps a round); what the published pendulum code runs.
     With affine maps the M clients' maps are composed into one once per run."""
+
+    settings = "Weighted"
 
     def setup(self, theta0, data, model, optimizer, K, lr, seed):
         super().setup(theta0, data, model, optimizer, K, lr, seed)
