@@ -24,8 +24,10 @@ from fnsysid.config.checks import check_run
 from fnsysid.config.groups import CONF_DIR
 
 #: ``make test-flower`` sets FNSYSID_TEST_FLOWER=1: a Flower test then runs (and fails where
-#: the extra is missing) instead of being skipped
+#: the extra is missing) instead of being skipped; ``make test`` sets FNSYSID_TEST_FLOWER=0:
+#: skipped even where the extra is installed (``make test-flower`` runs them)
 FLOWER_REQUIRED = os.environ.get("FNSYSID_TEST_FLOWER") == "1"
+FLOWER_REFUSED = os.environ.get("FNSYSID_TEST_FLOWER") == "0"
 
 
 def _flower_installed() -> bool:
@@ -36,8 +38,9 @@ def _flower_installed() -> bool:
 
 #: a test that needs the flower extra: skipped without it, except under ``make test-flower``
 needs_flower = pytest.mark.skipif(
-    not FLOWER_REQUIRED and not _flower_installed(),
-    reason="Flower is not installed (extra: pip install -e '.[flower]' or make install-flower)")
+    FLOWER_REFUSED or (not FLOWER_REQUIRED and not _flower_installed()),
+    reason="FNSYSID_TEST_FLOWER=0 (make test; make test-flower runs it)" if FLOWER_REFUSED
+    else "Flower is not installed (extra: pip install -e '.[flower]' or make install-flower)")
 
 
 try:

@@ -286,7 +286,7 @@ def test_private_change_clips_samples_and_adds_the_predicted_noise():
 def test_dp_participation_is_poisson_sampling():
     from tests.conftest import make
 
-    settings, model, optimizer, strategy = make(*SMALL, "strategy=fedavg",
+    settings, model, optimizer, strategy = make(*SMALL, "strategy=fedavg", "R=20",
                                                 "strategy.fraction=0.3", "privacy=central")
     strategy.server, strategy.n_clients, strategy.seed = np.zeros((2, 15)), 1000, 0
     masks = np.array([strategy.participants(r) for r in range(1, 21)])
