@@ -38,8 +38,8 @@ install-cluster: $(STAMP)  ## add the submitit launcher extra (hydra/launcher=su
 run: $(STAMP)  ## run the default experiment (pendulum, M=20); results in outputs/runs/
 	$(PY) run.py $(ARGS)
 
-test: $(STAMP)  ## fast test suite, spread over the cores (pytest-xdist)
-	$(PY) -m pytest -q -n auto
+test: $(STAMP)  ## fast test suite, spread over the cores (pytest-xdist), without the Flower tests
+	FNSYSID_TEST_FLOWER=0 $(PY) -m pytest -q -n auto --dist loadfile
 
 test-flower: install-flower  ## the Flower tests that are not slow (adds the flower extra first)
 	FNSYSID_TEST_FLOWER=1 $(PY) -m pytest -q -p no:xdist -m "flower and not slow"

@@ -18,14 +18,21 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import OverrideType
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from fnsysid.app.build import build
 from fnsysid.config.checks import check_run
 from fnsysid.config.groups import CONF_DIR
 
 #: ``make test-flower`` sets FNSYSID_TEST_FLOWER=1: a Flower test then runs (and fails where
-#: the extra is missing) instead of being skipped
+#: the extra is missing) instead of being skipped; ``make test`` sets FNSYSID_TEST_FLOWER=0:
+#: skipped even where the extra is installed (``make test-flower`` runs them)
 FLOWER_REQUIRED = os.environ.get("FNSYSID_TEST_FLOWER") == "1"
+FLOWER_REFUSED = os.environ.get("FNSYSID_TEST_FLOWER") == "0"
 
 
 def _flower_installed() -> bool:
@@ -36,8 +43,9 @@ def _flower_installed() -> bool:
 
 #: a test that needs the flower extra: skipped without it, except under ``make test-flower``
 needs_flower = pytest.mark.skipif(
-    not FLOWER_REQUIRED and not _flower_installed(),
-    reason="Flower is not installed (extra: pip install -e '.[flower]' or make install-flower)")
+    FLOWER_REFUSED or (not FLOWER_REQUIRED and not _flower_installed()),
+    reason="FNSYSID_TEST_FLOWER=0 (make test; make test-flower runs it)" if FLOWER_REFUSED
+    else "Flower is not installed (extra: pip install -e '.[flower]' or make install-flower)")
 
 
 try:
@@ -54,10 +62,25 @@ else:
 def compose_cfg(*overrides: str):
     """The composed run config for ``overrides`` (quiet, no plot unless asked).
 
-    Composed once per process for each tuple of overrides (conf/ does not change during the
-    tests); each call returns its own deep copy, which the test may change.
+    Hydra composes the config once per process for each choice of config groups (conf/ does
+    not change during the tests); the overrides of single values (``R=3``, ``data.path=...``)
+    are then applied to a deep copy as Hydra applies them after composing
+    (``OmegaConf.update(cfg, key, value, merge=True)`` with the value parsed by Hydra's
+    override parser). Any other override (a sweep, ``+``, ``~``, ``@``, a key the config does
+    not have) is left to Hydra's composition of the whole list. Each call returns its own
+    copy, which the test may change.
     """
-    return copy.deepcopy(_composed(overrides))
+    split = _split(overrides)
+    if split is None:
+        return copy.deepcopy(_composed(overrides))
+    groups, values = split
+    cfg = copy.deepcopy(_composed(groups))
+    try:
+        for key, value in values:
+            OmegaConf.update(cfg, key, value, merge=True)
+    except OmegaConfBaseException:     # e.g. an unknown key: Hydra's own error
+        return copy.deepcopy(_composed(overrides))
+    return cfg
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,6 +88,30 @@ def _composed(overrides: tuple[str, ...]):
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("config", overrides=["progress=false", *overrides])
+
+
+#: the config groups of conf/ (``system``, ``strategy``, ...): an override of one of them
+#: chooses a file, which only Hydra's composition does
+GROUP_NAMES = frozenset(p.name for p in CONF_DIR.iterdir() if p.is_dir())
+
+
+def _split(overrides: tuple[str, ...]):
+    """(group choices, [(key, value), ...] of single values), or None when an override is
+    neither (Hydra then composes the whole list)."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except (HydraException, OmegaConfBaseException):
+        return None
+    groups, values = [], []
+    for line, o in zip(overrides, parsed, strict=True):
+        if (o.type != OverrideType.CHANGE or o.package is not None or o.is_sweep_override()
+                or "/" in o.key_or_group or o.key_or_group.split(".")[0] == "hydra"):
+            return None
+        if o.key_or_group in GROUP_NAMES:
+            groups.append(line)
+        else:
+            values.append((o.key_or_group, o.value()))
+    return tuple(groups), values
 
 
 def make(*overrides: str):

@@ -173,7 +173,7 @@ def test_own_data_example_runs_and_fits(tmp_path, capsys, monkeypatch):
 
 
 def test_output_dir_is_checked_before_the_run_like_the_command_lines_folder(tmp_path):
-    small = {**SMALL, "R": 2}
+    small = {**SMALL, "R": 2, "output.plot": False}          # no figure read here
     fnsysid.run(small, output_dir=tmp_path / "out")
     first = (tmp_path / "out" / "errors.csv").read_text()
     with pytest.raises(fnsysid.ConfigError, match=r"output_dir=\S*out holds an earlier run"):

@@ -274,6 +274,12 @@ def test_job_folders_of_a_sweep_are_its_own_and_inside_it(tmp_path, subdir, says
     assert len(lines) == 1 and lines[0].startswith(
         f"fnsysid: error: hydra.sweep.subdir={subdir} {says}; allowed: "), res.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_job_folders_of_their_own_inside_the_sweep_are_accepted(tmp_path):
+    """The accepted form of the refusals above (one sweep for the four of them)."""
+    from tests.conftest import cli_in_process
+
     ok = cli_in_process("-m", "M=2", "R=2", "lr=0.1,0.2", "output.plot=false",
                         f"hydra.sweep.dir={tmp_path}/t", "hydra.sweep.subdir=job_${hydra.job.num}")
     assert ok.returncode == 0 and sorted(p.name for p in (tmp_path / "t").glob("job_*")) == [

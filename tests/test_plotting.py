@@ -194,9 +194,12 @@ def test_runs_in_threads_write_the_folders_a_sequential_run_writes(tmp_path):
             assert (folder / name).read_bytes() == (alone / name).read_bytes(), name
 
 
+@pytest.mark.slow
 def test_figures_drawn_in_threads_are_the_figures_drawn_alone(tmp_path):
     """plot_run (math text in the labels) from three threads, four figures each: the bytes of
-    the same figure drawn alone."""
+    the same figure drawn alone. (make test-slow: in make test, the runs of
+    test_runs_in_threads_write_the_folders_a_sequential_run_writes draw plot_run's figure,
+    with math text in its label, in three threads and compare its bytes too.)"""
     from fnsysid.results.plotting.run_plots import plot_run
 
     rounds = np.arange(30)

@@ -5,18 +5,29 @@ and the settings refused before a run."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 import numpy as np
 import pytest
 
-dpa = pytest.importorskip("dp_accounting")
+from fnsysid.app.experiment import execute
+from fnsysid.config.errors import ConfigError
+from fnsysid.dynamics.model import least_squares
+from fnsysid.learning import privacy as pv
+from tests.conftest import compose_cfg
 
-from fnsysid.app.experiment import execute  # noqa: E402
-from fnsysid.config.errors import ConfigError  # noqa: E402
-from fnsysid.dynamics.model import least_squares  # noqa: E402
-from fnsysid.learning import privacy as pv  # noqa: E402
-from tests.conftest import compose_cfg  # noqa: E402
+#: dp-accounting (the privacy extra, in the dev extra) is imported by the tests that run it,
+#: not when the tests are collected (it imports scipy: a second per test worker)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("dp_accounting") is None,
+                                reason="dp-accounting is not installed (the privacy extra)")
+
+
+@pytest.fixture(scope="module")
+def dpa():
+    import dp_accounting
+
+    return dp_accounting
 
 SMALL = ("system=synthetic", "eps=0", "M=40", "repeats=2", "data.val_N=0", "output.plot=false")
 
@@ -25,7 +36,7 @@ def run(*overrides):
     return execute(compose_cfg(*SMALL, *overrides), choices={})
 
 
-def test_reported_epsilon_is_the_accountants_for_the_reported_noise():
+def test_reported_epsilon_is_the_accountants_for_the_reported_noise(dpa):
     """epsilon=1, delta=1e-5 (one release): the noise multiplier solved for it spends at most
     epsilon by dp-accounting's PLD accountant run here from the reported numbers, and as
     much to 1e-3 (the smallest noise that meets it); the analytic Gaussian mechanism (Balle
@@ -45,7 +56,7 @@ def test_reported_epsilon_is_the_accountants_for_the_reported_noise():
     assert 3.6 < s["noise_multiplier"] < 3.9          # sigma of the Gaussian mechanism at (1, 1e-5)
 
 
-def test_given_noise_multiplier_reports_its_epsilon_by_rdp(caplog):
+def test_given_noise_multiplier_reports_its_epsilon_by_rdp(caplog, dpa):
     s = run("strategy=oneshot", "privacy=central", "privacy.delta=0.05").summary["privacy"]
     assert "is at least 1/M (M=40 clients)" in caplog.text and s["delta"] == 0.05
     s = run("strategy=oneshot", "privacy=central", "privacy.epsilon=null",
@@ -243,7 +254,7 @@ def test_dp_fedavg_without_noise_or_clipping_is_the_plain_round(strategy):
     assert np.allclose(priv.errors["e_max"], plain.errors["e_max"], rtol=0, atol=1e-10)
 
 
-def test_dp_fedavg_accounting_over_sampled_rounds():
+def test_dp_fedavg_accounting_over_sampled_rounds(dpa):
     """fraction 0.25 and 30 rounds: the reported epsilon is dp-accounting's PLD epsilon of
     30 Poisson-sampled Gaussian rounds with the reported noise multiplier (recomputed here),
     at most the target; errors.csv's epsilon_rdp grows round by round to RDP's epsilon of
@@ -286,7 +297,7 @@ def test_private_change_clips_samples_and_adds_the_predicted_noise():
 def test_dp_participation_is_poisson_sampling():
     from tests.conftest import make
 
-    settings, model, optimizer, strategy = make(*SMALL, "strategy=fedavg",
+    settings, model, optimizer, strategy = make(*SMALL, "strategy=fedavg", "R=20",
                                                 "strategy.fraction=0.3", "privacy=central")
     strategy.server, strategy.n_clients, strategy.seed = np.zeros((2, 15)), 1000, 0
     masks = np.array([strategy.participants(r) for r in range(1, 21)])
