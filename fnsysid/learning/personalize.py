@@ -274,9 +274,10 @@ class _Woodbury:
         S, M, p = J.shape[:3]
         k = L.shape[-1]
         self.L = L
-        Z = np.matmul(J.reshape(S, M * p, p), L).reshape(S, M, p, k)
-        self.Zt = np.ascontiguousarray(np.swapaxes(Z, -1, -2))             # (S, M, k, p)
-        K = np.matmul(self.Zt.reshape(S, M * k, p), L).reshape(S, M, k, k)
+        # Z_i' = L' J_i for all clients at once: (k, p) @ (p, M p), J_i symmetric
+        Zt = np.matmul(np.swapaxes(L, -1, -2), np.swapaxes(J.reshape(S, M * p, p), -1, -2))
+        self.Zt = np.ascontiguousarray(np.swapaxes(Zt.reshape(S, k, M, p), 1, 2))
+        K = np.einsum("smkp,spl->smkl", self.Zt, L, optimize=True)
         self.K = (K + np.swapaxes(K, -1, -2)) / 2
         self.F = np.linalg.solve(np.eye(k) + self.K, self.Zt)
 
