@@ -130,3 +130,25 @@ def test_fleet_and_client_posteriors_are_the_textbook_ones():
                                    rtol=0, atol=1e-7)
         np.testing.assert_allclose(Wd @ (fl.mu[s] * scale), rhs / scale, rtol=0,
                                    atol=1e-7 * abs(rhs / scale).max())
+
+
+def test_a_homogeneous_fleet_skips_the_low_rank_fits_and_changes_nothing():
+    """Where no repeat rejects homogeneity, fleet runs only the unrestricted REML: its
+    Sigma_ci is reml's, Sigma is 0, and mu is pooled generalized least squares."""
+    rng = np.random.default_rng(7)
+    S, M, p = 2, 12, 3
+    A = rng.normal(size=(S, M, p, p + 3))
+    J = A @ np.swapaxes(A, -1, -2)
+    own = np.ones((S, M), bool)
+    # estimates drawn around one mean with each client's own covariance J_i^-1
+    chol = np.linalg.cholesky(np.linalg.inv(J))
+    theta = np.array([1.0, -2.0, 0.5]) + np.einsum("smpq,smq->smp", chol,
+                                                   rng.normal(size=(S, M, p)))
+    msg = _message(J, theta, own)
+    fl = pers.fleet(msg, pers.pooled_blocks(1, p))
+    assert (fl.pvalue >= pers.HOMOGENEITY_LEVEL).all()
+    np.testing.assert_array_equal(fl.Sigma, 0.0)
+    own_theta = np.einsum("smpq,smq->smp", np.linalg.inv(J), msg.b)  # as fleet has them
+    np.testing.assert_array_equal(fl.Sigma_ci, pers.reml(own_theta, J, own)[1])
+    np.testing.assert_allclose(fl.mu, np.linalg.solve(J.sum(1), msg.b.sum(1)[..., None])[..., 0],
+                               rtol=1e-10)

@@ -141,6 +141,9 @@ EXACT = 1e-10
 #: level of the homogeneity test that decides whether ``auto`` personalizes
 HOMOGENEITY_LEVEL = 0.05
 
+#: the largest rank of the heterogeneity ``Sigma`` that :func:`reml` considers
+MAX_RANK = 4
+
 
 @dataclass
 class Message:
@@ -354,7 +357,8 @@ def _em(th, Jw, w, m, Sig, rank: int, iterations: int, tol: float, sJ=None, sJth
     return Sig, mu, ll
 
 
-def reml(theta, J, own, iterations: int = 200, tol: float = 1e-6, max_rank: int = 4):
+def reml(theta, J, own, iterations: int = 200, tol: float = 1e-6,
+         max_rank: int = MAX_RANK):
     """Restricted maximum likelihood of a low-rank heterogeneity covariance ``Sigma``
     (S, p, p), and of the unrestricted one (rank up to p, for the intervals), of the model
     ``theta_i ~ N(mu, Sigma + J_i^-1)`` over the clients ``own`` (S, M), vectorized over
@@ -426,7 +430,9 @@ def fleet(msg: Message, blocks) -> Fleet:
     theta = np.einsum("...pq,...q->...p", V, np.where(own[..., None], beta, 0.0))
     Q, pv = homogeneity(theta, J, own)
     hetero = pv < HOMOGENEITY_LEVEL
-    Sigma, Sigma_ci = reml(theta, J, own)
+    # the low-rank Sigma only where some repeat is heterogeneous (it is 0 elsewhere); the
+    # unrestricted Sigma_ci always
+    Sigma, Sigma_ci = reml(theta, J, own, max_rank=MAX_RANK if hetero.any() else 0)
     Sigma = np.where(hetero[:, None, None], Sigma, 0.0)
     # sum_i W_i and sum_i (I + J_i Sigma)^-1 beta_i, Sigma = L L' of rank k <= max_rank:
     # W_i = J_i - Z_i (I + K_i)^-1 Z_i' (:class:`_Woodbury`), O(M p^2 k)
