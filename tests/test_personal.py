@@ -195,6 +195,10 @@ def test_run_with_auto_writes_client_estimates_errors_and_summary():
     assert r.summary["final_e_pers_mean_mean"] == pytest.approx(err.mean(axis=1).mean())
     assert r.summary["personalize"] == "auto"
     assert r.summary["ci"]["estimates"] == "pooled least squares"
+    # its REML converged in both repeats, within the cap, and nothing is flagged
+    reml = r.summary["personalize_reml"]
+    assert reml["converged"] == [True, True] and all(0 < n <= 201 for n in reml["iterations"])
+    assert "client_estimates" not in r.summary["ci"]
     # pooled least squares intervals from the pooled statistics
     data = r.dataset.train
     p = pooled(data)
