@@ -24,8 +24,14 @@ from __future__ import annotations
 import numpy as np
 
 from fnsysid.learning import personalize as pers
-from fnsysid.results.personal import (Personal, own_intervals, per_parameter_dof, reml_summary,
-                                      reml_warning, target_stats)
+from fnsysid.results.personal import (
+    Personal,
+    own_intervals,
+    per_parameter_dof,
+    reml_summary,
+    reml_warning,
+    target_stats,
+)
 
 #: the exchanges of this module (a ClientApp's ``train`` message config ``exchange``)
 EXCHANGES = ("personalize_stats", "personalize")
