@@ -195,6 +195,10 @@ def test_run_with_auto_writes_client_estimates_errors_and_summary():
     assert r.summary["final_e_pers_mean_mean"] == pytest.approx(err.mean(axis=1).mean())
     assert r.summary["personalize"] == "auto"
     assert r.summary["ci"]["estimates"] == "pooled least squares"
+    # its REML converged in both repeats, within the cap, and nothing is flagged
+    reml = r.summary["personalize_reml"]
+    assert reml["converged"] == [True, True] and all(0 < n <= 201 for n in reml["iterations"])
+    assert "client_estimates" not in r.summary["ci"]
     # pooled least squares intervals from the pooled statistics
     data = r.dataset.train
     p = pooled(data)
@@ -302,9 +306,21 @@ def test_flower_clients_compute_the_personalized_models_of_the_inprocess_run(opt
     run_experiment(compose_cfg(*args, "runtime=flower"), tmp_path / "b")
     import pandas as pd
 
+    import json
+
     ca, cb = (pd.read_csv(tmp_path / d / "client_estimates.csv") for d in "ab")
+    sa, sb = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")
+    assert sa.get("personalize_reml") == sb.get("personalize_reml")
+    # a converged REML is determined to its tolerance, not to rounding (the two runs' equal
+    # statistics differ by rounding: 1e-9 in se here); the intervals of a repeat whose REML
+    # did not converge (flagged in the summary) are its last iterate, which those rounding
+    # differences move through SQUAREM's accept/reject choices (by 7e-4 here)
+    conv = np.asarray(sa["personalize_reml"]["converged"] if option == "auto" else [True] * 2)
+    ok = conv[ca["repeat"].to_numpy()]
     for col in ("estimate", "se", "ci_lo", "ci_hi", "local", "local_se"):
-        np.testing.assert_allclose(cb[col], ca[col], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(cb[col][ok], ca[col][ok], rtol=1e-7, atol=1e-12)
+        np.testing.assert_allclose(cb[col], ca[col], rtol=1e-2, atol=1e-12)
+    assert ok.any()
     assert cb["truth"].isna().all() and ca["truth"].notna().all()
     ea, eb = (pd.read_csv(tmp_path / d / "errors.csv") for d in "ab")
     np.testing.assert_allclose(eb["e_pers_mean"], ea["e_pers_mean"], rtol=1e-9)

@@ -58,8 +58,8 @@ def test_em_steps_and_likelihood_are_the_textbook_ones():
     Sig0 = _psd(np.random.default_rng(1), S, p, p) / 1e2
     w = own.astype(float)
     for iterations in (0, 1, 4):
-        Sig, mu, ll = pers._em(th, J * w[..., None, None], w, w.sum(axis=1), Sig0, p,
-                               iterations, 0.0)
+        Sig, mu, ll, _, _ = pers._em(th, J * w[..., None, None], w, w.sum(axis=1), Sig0, p,
+                                     iterations, 0.0, squarem=False)
         for s in range(S):
             ref = _em_reference(th[s], J[s], own[s], Sig0[s], iterations)
             np.testing.assert_allclose(Sig[s], ref[0], rtol=1e-10, atol=1e-10 * abs(ref[0]).max())
@@ -73,7 +73,8 @@ def test_low_rank_em_keeps_its_rank_and_is_the_truncated_textbook_step():
     S, M, p = th.shape
     start = pers._truncate(_psd(np.random.default_rng(3), S, p, p), 2)
     w = own.astype(float)
-    Sig, _, _ = pers._em(th, J * w[..., None, None], w, w.sum(axis=1), start, 2, 1, 0.0)
+    Sig, _, _, _, _ = pers._em(th, J * w[..., None, None], w, w.sum(axis=1), start, 2, 1, 0.0,
+                               squarem=False)
     for s in range(S):
         ref = pers._truncate(_em_reference(th[s], J[s], own[s], start[s], 1)[0][None], 2)[0]
         np.testing.assert_allclose(Sig[s], ref, rtol=1e-10, atol=1e-10 * abs(ref).max())

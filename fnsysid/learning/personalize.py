@@ -185,7 +185,9 @@ class Fleet:
     the heterogeneity covariance the intervals assume ``Sigma_ci`` (S, p, p) (the
     unrestricted REML estimate, see :func:`client_posterior`), and the homogeneity test:
     ``Q`` (S,) and its p-value ``pvalue`` (S,) (NaN with fewer than two clients of their
-    own)."""
+    own); ``reml_converged`` (S,) whether each repeat's REML converged and ``reml_iterations``
+    (S,) its passes over the clients (:class:`RemlReport`; None where the fleet was not
+    estimated here, e.g. a client's copy)."""
 
     mu: np.ndarray
     cov_mu: np.ndarray
@@ -194,6 +196,8 @@ class Fleet:
     Sigma_ci: np.ndarray
     Q: np.ndarray
     pvalue: np.ndarray
+    reml_converged: np.ndarray | None = None
+    reml_iterations: np.ndarray | None = None
 
 
 def _scaled(msg: Message, s2, blocks) -> tuple[np.ndarray, np.ndarray]:
@@ -312,54 +316,118 @@ def _low_rank(Sigma):
     return _factor(Sigma / (d[:, :, None] * d[:, None, :])) * d[:, :, None]
 
 
-def _em(th, Jw, w, m, Sig, rank: int, iterations: int, tol: float, sJ=None, sJth=None):
-    """The REML EM iteration of :func:`reml` at one rank, and its restricted log-likelihood
-    (up to a constant): ``(Sigma, mu, ll)``. ``sJ``, ``sJth``: ``sum_i Jw_i`` and
-    ``sum_i Jw_i th_i`` (computed here when not given).
+def _pass(th, Jw, w, m, Sig, lam, U, rank: int, sJ, sJth):
+    """One evaluation of the REML EM map at ``Sig`` (its eigenvalues ``lam`` and vectors
+    ``U``, as :func:`_truncate` gives them): one pass over the clients. Returns ``(new, lam,
+    U, ll, mu, step)``: the EM iterate truncated to rank ``rank`` with its eigen-pairs, the
+    restricted log-likelihood (up to a constant) and the fleet mean at ``Sig``, and the
+    relative step ``max |new - Sig| / max |Sig|`` (S,).
 
-    With ``Sigma = L L'`` each step is ``Sigma + Sigma D Sigma / m`` with ``D = sum_i (u_i
-    u_i' - W_i + W_i Cov(mu) W_i)``, ``u_i = W_i (theta_i - mu)`` (the update of :func:`reml`
-    written with ``P_i = Sigma - Sigma W_i Sigma`` and ``A_i = Sigma W_i``), and needs only
-    ``L' D L`` (k x k): every client enters through ``F_i = L' W_i`` (:class:`_Woodbury`)."""
+    With ``Sigma = L L'`` the EM iterate is ``Sigma + Sigma D Sigma / m`` with ``D = sum_i
+    (u_i u_i' - W_i + W_i Cov(mu) W_i)``, ``u_i = W_i (theta_i - mu)`` (the update of
+    :func:`reml` written with ``P_i = Sigma - Sigma W_i Sigma`` and ``A_i = Sigma W_i``), and
+    needs only ``L' D L`` (k x k): every client enters through ``F_i = L' W_i``
+    (:class:`_Woodbury`)."""
     S, M, p = th.shape
-    if sJ is None:
-        sJ, sJth = Jw.sum(axis=1), np.einsum("smpq,smq->sp", Jw, th)
-    L = _factor(Sig)
-    for _ in range(iterations):
-        wb = _Woodbury(Jw, L)
-        Wsum, Wth, Fth = wb.sums(sJ, sJth, th)
-        cov_mu = np.linalg.pinv(Wsum, hermitian=True)
-        mu = np.einsum("spq,sq->sp", cov_mu, Wth)
-        k = L.shape[-1]
-        Fr = Fth - np.matmul(wb.F.reshape(S, M * k, p), mu[..., None]).reshape(S, M, k)
-        FC = np.matmul(wb.F.reshape(S, M * k, p), cov_mu).reshape(S, M, k, p)
-        E = (np.swapaxes(Fr, -1, -2) @ Fr + _gram(FC, wb.F)
-             - wb.F.sum(axis=1) @ L)                # L' D L; L' W_i L = F_i L
-        inner = np.eye(k) + E / m[:, None, None]
-        new = L @ inner @ np.swapaxes(L, -1, -2)
-        new = (new + np.swapaxes(new, -1, -2)) / 2
-        new, lam, U = _truncate(new, rank, factors=True)
-        step = np.abs(new - Sig).max(axis=(1, 2)) / np.maximum(
-            np.abs(Sig).max(axis=(1, 2)), np.finfo(float).tiny)
-        Sig = new
-        L = _columns(lam, U)
-        if (step < tol).all():
-            break
+    L = _columns(lam, U)
+    k = L.shape[-1]
     wb = _Woodbury(Jw, L)
-    Wsum, Wth, _ = wb.sums(sJ, sJth, th)
+    Wsum, Wth, Fth = wb.sums(sJ, sJth, th)
     cov_mu = np.linalg.pinv(Wsum, hermitian=True)
     mu = np.einsum("spq,sq->sp", cov_mu, Wth)
+    Fr = Fth - np.matmul(wb.F.reshape(S, M * k, p), mu[..., None]).reshape(S, M, k)
+    FC = np.matmul(wb.F.reshape(S, M * k, p), cov_mu).reshape(S, M, k, p)
+    E = (np.swapaxes(Fr, -1, -2) @ Fr + _gram(FC, wb.F)
+         - wb.F.sum(axis=1) @ L)                # L' D L; L' W_i L = F_i L
+    inner = np.eye(k) + E / m[:, None, None]
+    new = L @ inner @ np.swapaxes(L, -1, -2)
+    new = (new + np.swapaxes(new, -1, -2)) / 2
+    new, nlam, nU = _truncate(new, rank, factors=True)
+    step = np.abs(new - Sig).max(axis=(1, 2)) / np.maximum(
+        np.abs(Sig).max(axis=(1, 2)), np.finfo(float).tiny)
+    # restricted log-likelihood at Sig: -(sum_i log|I + J_i Sigma| + sum_i r_i' W_i r_i
+    # + log|sum_i W_i|) / 2, r_i = theta_i - mu; r_i' W_i r_i = r_i' J_i r_i - (Z_i' r_i)' F_i r_i
     r = th - mu[:, None]
     Zr = np.einsum("smkp,smp->smk", wb.Zt, r)
     rWr = (np.einsum("smp,smpq,smq->s", r, Jw, r, optimize=True)
            - np.einsum("smk,smkp,smp->s", Zr, wb.F, r, optimize=True))
-    ld = np.linalg.slogdet(np.eye(L.shape[-1]) + wb.K)[1]    # log|I + J_i Sigma|
+    ld = np.linalg.slogdet(np.eye(k) + wb.K)[1]    # log|I + J_i Sigma|
     ll = -0.5 * (np.einsum("sm,sm->s", w, ld) + rWr + np.linalg.slogdet(Wsum)[1])
-    return Sig, mu, ll
+    return new, nlam, nU, ll, mu, step
+
+
+#: SQUAREM: halvings of the step length toward the plain EM step until the extrapolated
+#: point is positive semi-definite
+BACKTRACK = 8
+
+
+def _em(th, Jw, w, m, Sig, rank: int, iterations: int, tol: float, sJ=None, sJth=None,
+        squarem: bool = True):
+    """The REML of :func:`reml` at one rank: ``(Sigma, mu, ll, converged, passes)``, the
+    restricted log-likelihood ``ll`` (up to a constant) at ``Sigma``, whether the EM map moves
+    ``Sigma`` by less than ``tol`` (relative, ``max |F(Sigma) - Sigma| / max |Sigma|``: a
+    stationary point of the likelihood up to ``tol``; directions whose variance goes to 0,
+    where EM and SQUAREM approach the boundary slowly, may keep a variance far below the
+    largest, see docs/ALGORITHMS.md) and the passes over the clients (EM map evaluations:
+    at most ``iterations`` that move ``Sigma`` and the last one, the check). ``sJ``, ``sJth``:
+    ``sum_i Jw_i`` and ``sum_i Jw_i th_i`` (computed here when not given). ``squarem=False``:
+    the plain EM, ``iterations`` steps unless it converges first.
+
+    The EM map ``F`` (:func:`_pass`) is accelerated by SQUAREM (Varadhan & Roland 2008,
+    https://doi.org/10.1111/j.1467-9469.2007.00585.x, scheme S3): from ``Sigma_0``,
+    ``Sigma_1 = F(Sigma_0)``, ``Sigma_2 = F(Sigma_1)``, ``r = Sigma_1 - Sigma_0``,
+    ``v = Sigma_2 - 2 Sigma_1 + Sigma_0``, ``a = -min(-1, |r| / |v|)`` (Frobenius norms)
+    and the extrapolation ``Sigma_0 + 2 a r + a^2 v`` (``a = 1`` is ``Sigma_2``), whose ``a``
+    is halved toward 1 until the point is positive semi-definite; one EM step from it is the
+    next iterate if its likelihood is not below ``Sigma_0``'s, else ``Sigma_2`` (plain EM,
+    which never lowers it). Each repeat stops when it converges (its ``Sigma`` is then kept)."""
+    S, M, p = th.shape
+    if sJ is None:
+        sJ, sJth = Jw.sum(axis=1), np.einsum("smpq,smq->sp", Jw, th)
+    args = (th, Jw, w, m)
+    Sig, lam, U = _truncate(Sig, rank, factors=True)
+    conv = np.zeros(S, bool)
+    passes = np.zeros(S, int)
+    done = 0
+    while True:
+        S1, lam1, U1, ll, mu, step = _pass(*args, Sig, lam, U, rank, sJ, sJth)
+        done += 1
+        passes = np.where(conv, passes, done)
+        conv = conv | (step < tol)
+        if conv.all() or done > iterations:
+            break
+        keep = conv[:, None, None]
+        if not squarem or done + 2 > iterations:   # (no room for a SQUAREM cycle) EM step
+            Sig, lam, U = (np.where(keep, Sig, S1), np.where(conv[:, None], lam, lam1),
+                           np.where(keep, U, U1))
+            continue
+        S2, lam2, U2, _, _, _ = _pass(*args, S1, lam1, U1, rank, sJ, sJth)
+        done += 1
+        r, v = S1 - Sig, S2 - 2 * S1 + Sig
+        nv = np.linalg.norm(v, axis=(1, 2))
+        a = np.where(nv > 0, np.linalg.norm(r, axis=(1, 2)) / np.where(nv > 0, nv, 1.0), 1.0)
+        a = np.maximum(a, 1.0)
+        for _ in range(BACKTRACK + 1):
+            X = Sig + 2 * a[:, None, None] * r + (a ** 2)[:, None, None] * v
+            X = (X + np.swapaxes(X, -1, -2)) / 2
+            ev = np.linalg.eigvalsh(X)
+            bad = ev[:, 0] < -1e-12 * np.abs(ev).max(axis=-1)
+            if not bad.any():
+                break
+            a = np.where(bad, (a + 1) / 2, a)
+        X = np.where(bad[:, None, None], S2, X)
+        X, lamX, UX = _truncate(X, rank, factors=True)
+        S3, lam3, U3, llX, _, _ = _pass(*args, X, lamX, UX, rank, sJ, sJth)
+        done += 1
+        up = llX >= ll                              # not below the likelihood at Sigma_0
+        Sig = np.where(keep, Sig, np.where(up[:, None, None], S3, S2))
+        lam = np.where(conv[:, None], lam, np.where(up[:, None], lam3, lam2))
+        U = np.where(keep, U, np.where(up[:, None, None], U3, U2))
+    return Sig, mu, ll, conv, passes
 
 
 def reml(theta, J, own, iterations: int = 200, tol: float = 1e-6,
-         max_rank: int = MAX_RANK):
+         max_rank: int = MAX_RANK, report: bool = False):
     """Restricted maximum likelihood of a low-rank heterogeneity covariance ``Sigma``
     (S, p, p), and of the unrestricted one (rank up to p, for the intervals), of the model
     ``theta_i ~ N(mu, Sigma + J_i^-1)`` over the clients ``own`` (S, M), vectorized over
@@ -374,7 +442,10 @@ def reml(theta, J, own, iterations: int = 200, tol: float = 1e-6,
     ``r p - r (r - 1) / 2`` parameters and ``log m``. It works in coordinates scaled by the
     mean information's diagonal, so targets of very different noise levels keep their
     accuracy, and starts from the moment estimate ``C - mean V_i`` (PSD part) plus the mean
-    ``V_i``. Returns ``(Sigma, Sigma_full)``."""
+    ``V_i``. Each fit is the EM accelerated by SQUAREM (:func:`_em`), at most ``iterations``
+    passes over the clients, converged when the EM map moves it by less than ``tol``
+    (relative). Returns ``(Sigma, Sigma_full)``, and a :class:`RemlReport` third where
+    ``report``."""
     S, M, p = theta.shape
     w = own.astype(float)
     m = np.maximum(w.sum(axis=1), 1.0)
@@ -394,19 +465,36 @@ def reml(theta, J, own, iterations: int = 200, tol: float = 1e-6,
     zero = np.zeros((S, p, p))
     best, best_ic = zero, -2 * _em(th, Jw, w, m, zero, 0, 0, tol, *sums)[2]
     top = int(min(max_rank, p, max(w.sum(axis=1).min() - 1, 0)))
+    conv, its = np.ones(S, bool), np.zeros(S, int)
     for r in range(1, top + 1):
-        Sig, _, ll = _em(th, Jw, w, m, _truncate(start, r), r, iterations, tol, *sums)
+        Sig, _, ll, c, n = _em(th, Jw, w, m, _truncate(start, r), r, iterations, tol, *sums)
+        conv, its = conv & c, np.maximum(its, n)
         ic = -2 * ll + (r * p - r * (r - 1) / 2) * np.log(m)
         better = ic < best_ic
         best = np.where(better[:, None, None], Sig, best)
         best_ic = np.where(better, ic, best_ic)
-    full = _em(th, Jw, w, m, start, p, iterations, tol, *sums)[0]
+    full, _, _, c, n = _em(th, Jw, w, m, start, p, iterations, tol, *sums)
     ok = (w.sum(axis=1) >= 2)[:, None, None]
     back = dg[:, :, None] * dg[:, None, :]
-    return np.where(ok, best / back, 0.0), np.where(ok, full / back, 0.0)
+    out = np.where(ok, best / back, 0.0), np.where(ok, full / back, 0.0)
+    if report:
+        return out + (RemlReport(conv & c | ~ok[:, 0, 0], np.maximum(its, n), iterations),)
+    return out
 
 
-def fleet(msg: Message, blocks) -> Fleet:
+@dataclass
+class RemlReport:
+    """How :func:`reml`'s fits ended, per repeat (S,): ``converged`` (every rank's fit and
+    the unrestricted one: the EM map moves each by less than ``tol``; True where fewer than
+    two clients have their own model and ``Sigma`` is 0 by definition), ``iterations`` (the
+    most passes over the clients any one fit took) and the cap ``limit``."""
+
+    converged: np.ndarray
+    iterations: np.ndarray
+    limit: int
+
+
+def fleet(msg: Message, blocks, iterations: int = 200) -> Fleet:
     """The server's part of ``auto`` from the stacked messages (S, M, ...); ``blocks`` the
     model's :class:`NoiseBlocks` (or ``n_y``: one variance for all targets).
 
@@ -418,7 +506,8 @@ def fleet(msg: Message, blocks) -> Fleet:
     estimates ``theta_i = J_i^-1 beta_i``; where it does not, ``Sigma = 0``. ``mu``
     is the generalized least-squares mean of all clients, weights
     ``W_i = (Sigma + J_i^-1)^-1 = J_i (I + Sigma J_i)^-1`` (defined for singular ``J_i``:
-    a client weighs nothing in the directions its data do not determine).
+    a client weighs nothing in the directions its data do not determine). ``iterations``:
+    :func:`reml`'s cap on its passes over the clients.
     """
     own = msg.own
     S, M, p = msg.b.shape
@@ -433,7 +522,8 @@ def fleet(msg: Message, blocks) -> Fleet:
     hetero = pv < HOMOGENEITY_LEVEL
     # the low-rank Sigma only where some repeat is heterogeneous (it is 0 elsewhere); the
     # unrestricted Sigma_ci always
-    Sigma, Sigma_ci = reml(theta, J, own, max_rank=MAX_RANK if hetero.any() else 0)
+    Sigma, Sigma_ci, rep = reml(theta, J, own, iterations,
+                                max_rank=MAX_RANK if hetero.any() else 0, report=True)
     Sigma = np.where(hetero[:, None, None], Sigma, 0.0)
     # sum_i W_i and sum_i (I + J_i Sigma)^-1 beta_i, Sigma = L L' of rank k <= max_rank:
     # W_i = J_i - Z_i (I + K_i)^-1 Z_i' (:class:`_Woodbury`), O(M p^2 k)
@@ -444,7 +534,7 @@ def fleet(msg: Message, blocks) -> Fleet:
                                                        Lb[..., None])[..., 0])
     cov_mu = np.linalg.pinv(wb.wsum(J.sum(axis=1)), hermitian=True)
     mu = np.einsum("spq,sq->sp", cov_mu, rhs)
-    return Fleet(mu, cov_mu, Sigma, s2, Sigma_ci, Q, pv)
+    return Fleet(mu, cov_mu, Sigma, s2, Sigma_ci, Q, pv, rep.converged, rep.iterations)
 
 
 def client_posterior(msg: Message, fl: Fleet, blocks) -> tuple[np.ndarray, np.ndarray]:

@@ -58,6 +58,30 @@ class Personal:
     #: degrees of freedom of each local standard error (S, M, p): the residual variance's
     #: ``n n_k - p_k`` of the parameter's group (for Student's t)
     local_dof: np.ndarray | None = None
+    #: ``auto``: how its REML ended (:func:`reml_summary`), None for the other options
+    reml: dict | None = None
+
+
+def reml_summary(fl) -> dict | None:
+    """``summary.json: personalize_reml`` of a :class:`~fnsysid.learning.personalize.Fleet`:
+    per repeat whether its REML converged and its passes over the clients (None where the
+    fleet carries no such report)."""
+    if getattr(fl, "reml_converged", None) is None:
+        return None
+    return {"converged": [bool(c) for c in np.asarray(fl.reml_converged)],
+            "iterations": [int(n) for n in np.asarray(fl.reml_iterations)]}
+
+
+def reml_warning(reml: dict | None) -> str | None:
+    """The run's one warning line when some repeat's REML did not converge (None else)."""
+    if not reml or all(reml["converged"]):
+        return None
+    bad = [s for s, c in enumerate(reml["converged"]) if not c]
+    its = max(reml["iterations"][s] for s in bad)
+    return (f"personalize=auto: the REML heterogeneity did not converge in repeat(s) "
+            f"{', '.join(map(str, bad))} (stopped after {its} passes over the clients): its "
+            f"Sigma_ci is the last iterate, and the intervals of client_estimates.csv (se, "
+            f"ci_lo, ci_hi) rest on it")
 
 
 def n_targets(model) -> int:
@@ -112,10 +136,12 @@ def personalized(settings, model, strategy, data) -> Personal | None:
         return None
     local, local_se, _, dof = own_intervals(model, data)
     local_dof = per_parameter_dof(model, data, dof)
-    warning = None
+    warning, reml = None, None
     if option.name == "auto":
         yy, blocks = target_stats(model, data)
-        models, se, _ = pers.auto(data.H, data.b, yy, data.n, blocks)
+        models, se, fl = pers.auto(data.H, data.b, yy, data.n, blocks)
+        reml = reml_summary(fl)
+        warning = reml_warning(reml)
     else:
         with np.errstate(over="ignore", invalid="ignore"):    # judged by judge_models
             models = pers.finetune(strategy.optimizer, data, model, strategy.estimate(),
@@ -124,7 +150,7 @@ def personalized(settings, model, strategy, data) -> Personal | None:
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         errors = ParameterErrors(data.theta_true)(models)
     return Personal(option.name, models, se, local, local_se, errors, data.theta_true, warning,
-                    local_dof)
+                    local_dof, reml)
 
 
 def _judged(models, errors, start: float, absent_ok: bool) -> dict:
@@ -279,8 +305,11 @@ def personal_summary(settings, errors, ci_note: str | None, per: Personal | None
     ``e_pers`` values (mean and std over repeats of the last round's max and mean over
     clients; null without them) and ``ci`` (level, method, for ``estimates.csv`` what the
     intervals are or why they are empty, and ``client_estimates`` when the personalized
-    intervals are not right: :func:`target_variances`)."""
+    intervals are not right: :func:`target_variances`, or ``auto``'s REML did not converge:
+    :func:`reml_warning`) and, for ``auto``, ``personalize_reml`` (:func:`reml_summary`)."""
     out: dict = {"personalize": settings.personalize.name}
+    if per is not None and per.reml is not None:
+        out["personalize_reml"] = per.reml
     cols = getattr(errors, "columns", errors)
     for col in ("e_pers_max", "e_pers_mean"):
         v = None

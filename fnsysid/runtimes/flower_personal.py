@@ -24,7 +24,14 @@ from __future__ import annotations
 import numpy as np
 
 from fnsysid.learning import personalize as pers
-from fnsysid.results.personal import Personal, own_intervals, per_parameter_dof, target_stats
+from fnsysid.results.personal import (
+    Personal,
+    own_intervals,
+    per_parameter_dof,
+    reml_summary,
+    reml_warning,
+    target_stats,
+)
 
 #: the exchanges of this module (a ClientApp's ``train`` message config ``exchange``)
 EXCHANGES = ("personalize_stats", "personalize")
@@ -73,6 +80,7 @@ def serve_personalize(ask, settings, strategy, model):
                                   "s2": fl.s2, "Sigma_ci": fl.Sigma_ci})
     else:
         out = ask("personalize", {"theta": strategy.server})
+    reml = reml_summary(fl) if option == "auto" else None
     return Personal(option, out["theta"], out["se"], out["local"], out["local_se"],
                     out["_e"], np.full(out["theta"].shape, np.nan),
-                    local_dof=out["local_dof"])
+                    warning=reml_warning(reml), local_dof=out["local_dof"], reml=reml)
