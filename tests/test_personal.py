@@ -304,9 +304,9 @@ def test_flower_clients_compute_the_personalized_models_of_the_inprocess_run(opt
             "output.plot=false", f"personalize={option}"]
     run_experiment(compose_cfg(*args), tmp_path / "a")
     run_experiment(compose_cfg(*args, "runtime=flower"), tmp_path / "b")
-    import pandas as pd
-
     import json
+
+    import pandas as pd
 
     ca, cb = (pd.read_csv(tmp_path / d / "client_estimates.csv") for d in "ab")
     sa, sb = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")

@@ -39,14 +39,15 @@ def _em_reference(th, J, own, Sig, iterations):
     for it in range(iterations + 1):
         W = [np.linalg.inv(Sig + np.linalg.inv(J[i])) for i in idx]
         C = np.linalg.inv(sum(W))
-        mu = C @ sum(Wi @ th[i] for Wi, i in zip(W, idx))
+        mu = C @ sum(Wi @ th[i] for Wi, i in zip(W, idx, strict=True))
         if it == iterations:
             ll = -0.5 * (sum(np.linalg.slogdet(np.eye(len(mu)) + J[i] @ Sig)[1] for i in idx)
-                         + sum((th[i] - mu) @ Wi @ (th[i] - mu) for Wi, i in zip(W, idx))
+                         + sum((th[i] - mu) @ Wi @ (th[i] - mu)
+                               for Wi, i in zip(W, idx, strict=True))
                          + np.linalg.slogdet(sum(W))[1])
             return Sig, mu, ll
         new = np.zeros_like(Sig)
-        for Wi, i in zip(W, idx):
+        for Wi, i in zip(W, idx, strict=True):
             d = Sig @ Wi @ (th[i] - mu)
             new += np.outer(d, d) + Sig - Sig @ Wi @ Sig + Sig @ Wi @ C @ Wi @ Sig
         Sig = new / len(idx)
