@@ -291,15 +291,13 @@ def client_files(folder: Path, M: int) -> tuple[Path, Path]:
     from a simulated run's trajectories (as tests/test_flower.py makes them)."""
     import pandas as pd
 
+    from fnsysid.data.files import write_client_files
+
     sim = folder / "sim"
     measure([sys.executable, str(ROOT / "run.py"), *FLOWER_DATA, f"M={M}", "R=1",
              "output.trajectories=true", *COMMON, f"hydra.run.dir={sim}"])
-    traj = pd.read_parquet(sim / "trajectories.parquet")
     clients = folder / "clients"
-    clients.mkdir()
-    for client, part in traj.groupby("client"):
-        part.drop(columns="client").to_csv(clients / f"c{int(client):05d}.csv", index=False,
-                                           float_format="%.17g")
+    write_client_files(pd.read_parquet(sim / "trajectories.parquet"), clients, "c{client:05d}")
     truth = pd.read_csv(sim / "truth.csv")
     truth["client"] = "c" + truth["client"].astype(int).map("{:05d}".format)
     truth.to_csv(folder / "truth.csv", index=False, float_format="%.17g")

@@ -198,16 +198,14 @@ def ragged_client_folder(tmp_path: Path, system: str = "synthetic",
     import pandas as pd
 
     import fnsysid
+    from fnsysid.data.files import write_client_files
 
     sim = tmp_path / "sim"
     fnsysid.run([f"system={system}", "M=4", "N=[3,6,2,4]", "T=40", "repeats=1", f"eps={eps}",
                  "R=1", "output.trajectories=true", "output.plot=false"], sim)
     traj = pd.read_parquet(sim / "trajectories.parquet")
+    last = traj.index[traj["client"] == 1][-7:]                  # robot1's last 7 samples
     folder = tmp_path / "clients"
-    folder.mkdir()
-    for client, part in traj.groupby("client"):
-        part = part.drop(columns="client")
-        part = part.iloc[:-7] if client == 1 else part
-        part.to_csv(folder / f"robot{client}.csv", index=False, float_format="%.17g")
+    write_client_files(traj.drop(index=last), folder, "robot{client}")
     return folder, [f"system={system}", "data=files", f"data.path={folder}", "R=3",
                     "output.plot=false"]

@@ -527,3 +527,18 @@ def test_a_truth_file_without_rows_or_with_an_unknown_column_is_refused(tmp_path
         assert res.returncode == 2 and "Traceback" not in res.stderr
         assert res.stderr.strip() == f"fnsysid: error: {tmp_path / name}.csv: {msg}"
         assert not out.exists()
+
+
+def test_write_client_files_writes_one_exact_csv_per_client(tmp_path):
+    from fnsysid.data.files import write_client_files
+
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"client": np.repeat([3, 1, 2], 4), "t": np.tile(np.arange(4), 3),
+                       "x1": rng.normal(size=12) * 1e-7, "u": rng.normal(size=12)})
+    paths = write_client_files(df, tmp_path / "new" / "fleet", "robot{client:02d}")
+    assert [p.name for p in paths] == ["robot01.csv", "robot02.csv", "robot03.csv"]
+    for c, p in zip([1, 2, 3], paths, strict=True):
+        back = pd.read_csv(p)
+        want = df[df["client"] == c].drop(columns="client").reset_index(drop=True)
+        assert list(back.columns) == ["t", "x1", "u"]
+        assert back.equals(want)                      # %.17g: every float reads back exactly

@@ -288,16 +288,13 @@ def _client_folder(tmp_path, M: int = 3, sim=("eps=0.3",)):
     (README's layout), its truth file, and the overrides that read them; ``sim``: overrides
     of the simulation."""
     import fnsysid
+    from fnsysid.data.files import write_client_files
 
     fnsysid.run(["system=synthetic", f"M={M}", "repeats=2", "R=1", *sim,
                  "output.trajectories=true", "output.plot=false"], tmp_path / "sim")
     sim = tmp_path / "sim"
-    traj = pd.read_parquet(sim / "trajectories.parquet")
     folder = tmp_path / "clients"
-    folder.mkdir()
-    for client, part in traj.groupby("client"):
-        part.drop(columns="client").to_csv(folder / f"robot{client}.csv", index=False,
-                                           float_format="%.17g")
+    write_client_files(pd.read_parquet(sim / "trajectories.parquet"), folder, "robot{client}")
     truth = pd.read_csv(sim / "truth.csv")
     truth["client"] = "robot" + truth["client"].astype(str)
     truth.to_csv(tmp_path / "truth.csv", index=False, float_format="%.17g")

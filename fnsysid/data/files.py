@@ -240,6 +240,36 @@ def check_columns(df: pd.DataFrame, where, states, inputs=(), columns: ColumnMap
     return out.rename(columns={columns.trajectory: "trajectory", columns.time: "t"})
 
 
+def write_client_files(trajectories: pd.DataFrame, folder, name: str = "{client}") -> list[Path]:
+    """Write a table of trajectories as one CSV per client, without the ``client`` column
+    (the README's layout of a fleet's folder, e.g. a simulated run's
+    ``trajectories.parquet`` made into what ``data=files`` or each Flower node reads);
+    values as ``%.17g``, so they read back exactly.
+
+    Parameters
+    ----------
+    trajectories : pandas.DataFrame
+        Rows with a ``client`` column.
+    folder : str or pathlib.Path
+        Where the files go (created when missing).
+    name : str, default="{client}"
+        Each file's name without ``.csv``, ``{client}`` replaced by the client's id.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The files written, in the clients' order.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for client, part in trajectories.groupby("client", sort=True):
+        path = folder / f"{name.format(client=client)}.csv"
+        part.drop(columns="client").to_csv(path, index=False, float_format="%.17g")
+        paths.append(path)
+    return paths
+
+
 def read_trajectories(path, states, inputs=(), setting: str = "data.path",
                       client_file: bool = False, columns: ColumnMap | None = None
                       ) -> pd.DataFrame:
