@@ -19,7 +19,6 @@ file.
 from __future__ import annotations
 
 import re
-import sys
 import textwrap
 import typing
 from pathlib import Path
@@ -335,8 +334,22 @@ def help_yaml() -> str:
     return "\n".join(lines[:start] + help_block() + lines[end:]) + "\n"
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--write-help"]:
+def main(argv: list[str] | None = None) -> int:
+    """Print the page, or rewrite the help file with ``--write-help``; anything else is
+    refused in one line (exit 2)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="The settings reference (printed) or, with "
+                                 "--write-help, the knobs block of --help rewritten.")
+    ap.add_argument("--write-help", action="store_true",
+                    help="rewrite conf/hydra/help/fnsysid.yaml's knobs block from the schema")
+    args = ap.parse_args(argv)
+    if args.write_help:
         HELP.write_text(help_yaml())
     else:
         print(markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -199,3 +199,10 @@ def test_a_users_strategy_is_one_class_and_one_yaml(pooled_ridge, tmp_path):
     got = np.asarray(ridge.estimate).reshape(want.shape)
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12 * np.abs(want).max())
     assert np.abs(got - np.asarray(ours.estimate).reshape(want.shape)).max() > 1e-6
+
+
+def test_the_reference_script_refuses_an_unknown_flag(capsys):
+    with pytest.raises(SystemExit) as stop:
+        REFERENCE["main"](["--write-hlep"])
+    assert stop.value.code == 2
+    assert "unrecognized arguments: --write-hlep" in capsys.readouterr().err
