@@ -85,6 +85,11 @@ def main(argv=None) -> int:
     ap.add_argument("--T", type=int, default=50, help="samples a trajectory")
     ap.add_argument("--noise", type=float, default=0.5, help="velocity disturbance")
     a = ap.parse_args(argv)
+    for key, low in (("seeds", 1), ("M", 2), ("N", 1), ("T", 1)):
+        if getattr(a, key) < low:
+            ap.error(f"--{key}={getattr(a, key)} is not allowed: an integer >= {low}")
+    if not (np.isfinite(a.noise) and a.noise >= 0):
+        ap.error(f"--noise={a.noise} is not allowed: a finite number >= 0")
     print("seed      auto     local    pooled  auto/best")
     ratios = []
     for s in range(a.seeds):
