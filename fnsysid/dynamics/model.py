@@ -151,7 +151,11 @@ class ClientData:
     ``phi2max`` the largest squared feature norm ``max_t ||phi_t||^2`` of each client;
     ``phi_mean`` (S, M, n_phi) and ``y_mean`` (S, M, n_y) the sample means of features and
     targets (for centred feature scaling); ``yy_target`` (S, M, n_y) the sums of squares of
-    each target (``yy`` is their sum; the residual variance of each target needs them).
+    each target (``yy`` is their sum; the residual variance of each target needs them);
+    ``factor`` (S, M, terms) the QR factors of each client's training data, one per group of
+    targets with the same features (:func:`training_factor`), from which
+    :func:`residual_sums` gives sums of squared residuals without the cancellation of the
+    expanded ``yy - 2 theta'b + theta'H theta`` (None: not built, e.g. pooled data).
     """
 
     theta_true: np.ndarray
@@ -166,6 +170,7 @@ class ClientData:
     phi_mean: np.ndarray | None = None
     y_mean: np.ndarray | None = None
     yy_target: np.ndarray | None = None
+    factor: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -184,7 +189,8 @@ def pooled(data: ClientData) -> ClientData:
     -------
     ClientData
         One client per repeat, (S, 1, ...): statistics summed, samples concatenated, means
-        weighted by the clients' samples, true parameters averaged.
+        weighted by the clients' samples, true parameters averaged; no QR factor (a
+        pooled client's residuals are the sum of its clients', :func:`residual_sums`).
     """
     def cat(a):
         return None if a is None else a.reshape(a.shape[0], 1, -1, *a.shape[3:])
@@ -202,7 +208,7 @@ def pooled(data: ClientData) -> ClientData:
                       None if data.phi2max is None else data.phi2max.max(axis=1, keepdims=True),
                       mean(data.phi_mean), mean(data.y_mean),
                       None if data.yy_target is None else
-                      data.yy_target.sum(axis=1, keepdims=True))
+                      data.yy_target.sum(axis=1, keepdims=True), None)
 
 
 def centred_stats(data: ClientData, structure: np.ndarray):
@@ -317,6 +323,7 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
     n_y, n_phi = model.structure.shape[:2]
     phi_mean, y_mean = np.empty((S, M, n_phi)), np.empty((S, M, n_y))
     yy_target = np.empty((S, M, n_y))
+    factor = np.empty((S, M, factor_terms(model)))
     traj_mask = (np.arange(n_max)[None, :] < N[:, None]).astype(float)  # (M, n_max)
     if keep_samples:
         Phi = np.zeros((S, M, n_max * T, n_phi))
@@ -334,8 +341,8 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
         Y_b = Y_b.reshape(size, n_max * T, -1)
         wgt = np.repeat(traj_mask[lo:hi], T, axis=1)
         (H[s, lo:hi], b[s, lo:hi], yy[s, lo:hi], n[s, lo:hi], phi2max[s, lo:hi],
-         phi_mean[s, lo:hi], y_mean[s, lo:hi], yy_target[s, lo:hi]) = sample_stats(
-            model, Phi_b, Y_b, wgt)
+         phi_mean[s, lo:hi], y_mean[s, lo:hi], yy_target[s, lo:hi],
+         factor[s, lo:hi]) = sample_stats(model, Phi_b, Y_b, wgt)
         if keep_samples:
             Phi[s, lo:hi], Y[s, lo:hi] = Phi_b * wgt[..., None], Y_b * wgt[..., None]
 
@@ -343,7 +350,7 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
     if not keep_samples:
         Phi = Y = mask = None
     data = ClientData(theta_true, H, b, yy, n, Phi, Y, mask, phi2max, phi_mean, y_mean,
-                      yy_target)
+                      yy_target, factor)
     if keep is None:
         return data
     return ClientData(*(None if a is None else a[:, keep] for a in vars(data).values()))
@@ -493,7 +500,7 @@ def moments(Phi, Y, wgt):
 
 def sample_stats(model: Model, Phi, Y, wgt):
     """Per-client statistics of padded samples: ``H, b, yy, n`` (see :meth:`Model.stats`),
-    ``phi2max``, ``phi_mean``, ``y_mean`` and ``yy_target`` (the fields of
+    ``phi2max``, ``phi_mean``, ``y_mean``, ``yy_target`` and ``factor`` (the fields of
     :class:`ClientData`).
 
     Sums over samples run along a contiguous axis (features moved first).
@@ -519,6 +526,8 @@ def sample_stats(model: Model, Phi, Y, wgt):
     phi_mean : numpy.ndarray, shape (..., n_phi)
     y_mean : numpy.ndarray, shape (..., n_y)
     yy_target : numpy.ndarray, shape (..., n_y)
+    factor : numpy.ndarray, shape (..., terms)
+        :func:`training_factor`.
     """
     F, Z, Fw, Zw, gram, cross = moments(Phi, Y, wgt)
     full = Fw is F
@@ -532,7 +541,102 @@ def sample_stats(model: Model, Phi, Y, wgt):
     phi2max = (phi2 if full else phi2 * wgt).max(axis=-1)
     phi_mean = np.moveaxis(Fw.sum(axis=-1), 0, -1) / n[..., None]
     y_mean = np.moveaxis(Zw.sum(axis=-1), 0, -1) / n[..., None]
-    return H, b, yy, n, phi2max, phi_mean, y_mean, yy_target
+    factor = training_factor(model, Phi, Y, wgt)
+    return H, b, yy, n, phi2max, phi_mean, y_mean, yy_target, factor
+
+
+def factor_terms(model: Model) -> int:
+    """Values of a client's :func:`training_factor`: ``k (k + 1) / 2`` per group of targets
+    with the same features (``k`` = features + targets of the group)."""
+    from fnsysid.data.heldout import factor_starts
+
+    return factor_starts(model)[-1]
+
+
+def training_factor(model: Model, Phi, Y, wgt) -> np.ndarray:
+    """The QR factors of samples, one per group of targets with the same features.
+
+    For each group ``(F, J)`` of :func:`fnsysid.data.heldout.target_groups` in turn, the upper
+    triangle, row after row, of the ``(k, k)`` factor ``R`` (``k = len(F) + len(J)``,
+    diagonal made nonnegative, zero rows below when there are fewer than ``k`` samples) of
+    the QR decomposition of the weighted ``[Phi[:, F] | Y[:, J]]``: the layout of
+    :attr:`fnsysid.data.heldout.HeldOut.factor`, with the terms last. Then
+    ``||y_j - Phi[:, F] t||^2 = ||R[:, f + l] - R[:, :f] t||^2`` for the group's target
+    ``j = J[l]`` and every ``t`` (:func:`residual_sums`).
+
+    Parameters
+    ----------
+    model : Model
+        The model (its ``structure``).
+    Phi : numpy.ndarray, shape (..., n, n_phi)
+    Y : numpy.ndarray, shape (..., n, n_y)
+    wgt : numpy.ndarray, shape (..., n)
+        The 0/1 weights.
+
+    Returns
+    -------
+    numpy.ndarray, shape (..., terms)
+    """
+    from fnsysid.data.heldout import factor_starts, target_groups
+
+    starts = factor_starts(model)
+    w = np.asarray(wgt, float)[..., None]
+    out = np.zeros(np.shape(Phi)[:-2] + (starts[-1],))
+    for g, (F, J) in enumerate(target_groups(model)):
+        A = np.concatenate([Phi[..., F], Y[..., J]], axis=-1) * w
+        r = np.linalg.qr(A, mode="r")                           # (..., min(n, k), k)
+        d = np.diagonal(r, axis1=-2, axis2=-1)
+        r = r * np.where(d < 0, -1.0, 1.0)[..., None]           # unique: diagonal >= 0
+        i, c = np.triu_indices(A.shape[-1])
+        keep = i < r.shape[-2]                                  # rows below: zero
+        out[..., starts[g] + np.flatnonzero(keep)] = r[..., i[keep], c[keep]]
+    return out
+
+
+#: clients whose residual sums are made at once by :func:`residual_sums`
+RESIDUAL_CLIENTS = 1 << 12
+
+
+def residual_sums(model: Model, factor: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """Each target's sum of squared residuals ``||y_j - Phi Theta[j]'||^2`` of each client.
+
+    From the clients' QR factors (:func:`training_factor`): ``||R[:, f + l] - R[:, :f] t||^2``
+    with ``t = Theta[j, F]``, a sum of squares of residuals that are themselves small, so it
+    is exact to the rounding of the residuals (relative ~1e-16 times the ratio of the
+    targets' size to the residuals'), not to ~1e-16 of ``yy`` as the expanded
+    ``yy - 2 theta'b + theta'H theta`` is. A chunk of clients at a time.
+
+    Parameters
+    ----------
+    model : Model
+        The model (its ``structure``).
+    factor : numpy.ndarray, shape (S, M, terms)
+        The clients' factors (:attr:`ClientData.factor`).
+    theta : numpy.ndarray, shape (S, M or 1, p)
+        The parameters of each client, or one per repeat for all.
+
+    Returns
+    -------
+    numpy.ndarray, shape (S, M, n_y)
+    """
+    from fnsysid.data.heldout import factor_starts, target_groups
+
+    S, M = factor.shape[:2]
+    starts = factor_starts(model)
+    Th = model.theta_matrix(np.asarray(theta, float))          # (S, M or 1, n_y, n_phi)
+    out = np.empty((S, M, model.structure.shape[0]))
+    for lo in range(0, M, RESIDUAL_CLIENTS):
+        hi = min(M, lo + RESIDUAL_CLIENTS)
+        T = Th if Th.shape[1] == 1 else Th[:, lo:hi]
+        for g, (F, J) in enumerate(target_groups(model)):
+            f, k = len(F), len(F) + len(J)
+            i, c = np.triu_indices(k)
+            R = np.zeros((S, hi - lo, k, k))
+            R[..., i, c] = factor[:, lo:hi, starts[g]:starts[g + 1]]
+            t = T[:, :, J][..., F]                              # (S, m, q, f)
+            res = R[..., f:] - R[..., :f] @ np.swapaxes(t, -1, -2)    # (S, m, k, q)
+            out[:, lo:hi, J] = np.einsum("smiq,smiq->smq", res, res)
+    return out
 
 
 def length_classes(count: np.ndarray) -> np.ndarray:
@@ -618,6 +722,7 @@ def ragged_stats(model: Model, Phi: np.ndarray, Y: np.ndarray, count: np.ndarray
     phi_mean : numpy.ndarray, shape (k, n_phi)
     y_mean : numpy.ndarray, shape (k, n_y)
     yy_target : numpy.ndarray, shape (k, n_y)
+    factor : numpy.ndarray, shape (k, terms)
     """
     count = np.asarray(count, dtype=np.int64)
     n_seg = len(count)
@@ -628,6 +733,7 @@ def ragged_stats(model: Model, Phi: np.ndarray, Y: np.ndarray, count: np.ndarray
     yy, n, phi2max = np.empty(n_seg), np.empty(n_seg), np.empty(n_seg)
     phi_mean, y_mean = np.empty((n_seg, n_phi)), np.empty((n_seg, n_y))
     yy_target = np.empty((n_seg, n_y))
+    factor = np.empty((n_seg, factor_terms(model)))
     for ids in ragged_chunks(count, 3 * n_phi + 3 * n_y + 3):
         n_b = int(count[ids].max())
         pos = np.arange(n_b)
@@ -637,8 +743,9 @@ def ragged_stats(model: Model, Phi: np.ndarray, Y: np.ndarray, count: np.ndarray
         if not w.all():
             P[~w], Yb[~w] = 0.0, 0.0
         (H[ids], b[ids], yy[ids], n[ids], phi2max[ids], phi_mean[ids],
-         y_mean[ids], yy_target[ids]) = sample_stats(model, P, Yb, w.astype(float))
-    return H, b, yy, n, phi2max, phi_mean, y_mean, yy_target
+         y_mean[ids], yy_target[ids], factor[ids]) = sample_stats(model, P, Yb,
+                                                                  w.astype(float))
+    return H, b, yy, n, phi2max, phi_mean, y_mean, yy_target, factor
 
 
 def threads(n_jobs: int) -> int:

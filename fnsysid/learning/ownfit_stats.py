@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fnsysid.dynamics.model import masked_gram
+from fnsysid.dynamics.model import masked_gram, residual_sums
 from fnsysid.learning import ownfit
 
 
@@ -93,13 +93,21 @@ def own_fits(data, support=None) -> np.ndarray:
 def training_noise(model, data, theta) -> tuple[np.ndarray, np.ndarray]:
     """Each own fit's training residual variance per target and its degrees of freedom.
 
+    The residual sums of squares come from each client's QR factors of its own training data
+    (``data.factor``, :func:`fnsysid.dynamics.model.residual_sums`): sums of squared
+    residuals, exact to their own rounding. The expanded ``yy - 2 theta'b + theta'H theta``
+    (used only when ``data`` has no factors) is known to ~1e-16 of ``yy`` only: a client
+    whose targets are large against its residuals (an offset, a near-perfect fit) got a
+    noise variance off by that floor, or 0.
+
     Parameters
     ----------
     model : fnsysid.dynamics.model.Model
         The model (its ``structure`` (n_y, n_phi, p) tells which parameters enter which
         target).
     data : fnsysid.dynamics.model.ClientData
-        The clients' training statistics (``H``, ``b``, ``yy`` or ``yy_target``, ``n``).
+        The clients' training statistics (``factor``; without it ``H``, ``b``, ``yy`` or
+        ``yy_target``), and ``n``.
     theta : numpy.ndarray, shape (S, M, p)
         The own fits (:func:`own_fits`).
 
@@ -114,11 +122,14 @@ def training_noise(model, data, theta) -> tuple[np.ndarray, np.ndarray]:
     St = model.structure                                        # (n_y, n_phi, p)
     P = St.any(axis=1).astype(float)                            # (n_y, p) target of a param
     n_y = St.shape[0]
-    yy = (data.yy_target if data.yy_target is not None
-          else np.repeat(data.yy[..., None] / n_y, n_y, axis=-1))
     th = theta[..., None, :] * P                                # (S, M, n_y, p)
-    sse = yy - 2 * np.einsum("smyp,smp->smy", th, data.b) + \
-        np.einsum("smyp,smpq,smyq->smy", th, data.H, th)
+    if data.factor is not None:
+        sse = residual_sums(model, data.factor, theta)
+    else:
+        yy = (data.yy_target if data.yy_target is not None
+              else np.repeat(data.yy[..., None] / n_y, n_y, axis=-1))
+        sse = yy - 2 * np.einsum("smyp,smp->smy", th, data.b) + \
+            np.einsum("smyp,smpq,smyq->smy", th, data.H, th)
     dof = data.n[..., None] - (th != 0).sum(axis=-1)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(dof > 0, np.maximum(sse, 0) / np.maximum(dof, 1), np.nan), dof

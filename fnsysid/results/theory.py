@@ -5,7 +5,10 @@ Theorem 1: with probability >= 1 - 3 delta, for every client i,
 with ``C1 = 8 sigma_w / s_phi^2`` and ``C2 = b_phi / s_phi^2 + 1/2``. The constants that the data
 determine are estimated from the pooled data of each repeat:
 
-- ``sigma_w``: root mean square residual of the pooled least squares, per target coordinate;
+- ``sigma_w``: root mean square residual of the pooled least squares, per target coordinate
+  (the residuals' squares summed over the clients' QR factors,
+  :func:`fnsysid.dynamics.model.residual_sums`, without the ~1e-16 ``yy`` floor of the
+  expanded ``yy - 2 b'theta + theta'H theta``);
 - ``s_phi^2 = 2 lambda_min(G) / N_tot`` (Proposition 1's ``G >= 1/2 s_phi^2 N_tot I``), with
   ``G`` the pooled Gram matrix in parameter space;
 - ``b_phi = max_t ||phi_t||^2`` over all samples;
@@ -40,7 +43,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fnsysid.dynamics.model import ClientData, Model, least_squares, pooled
+from fnsysid.dynamics.model import ClientData, Model, least_squares, pooled, residual_sums
 from fnsysid.results.tables import Table
 
 if TYPE_CHECKING:
@@ -79,7 +82,11 @@ def theorem1_table(data: ClientData, model: Model, delta: float) -> Table:
     P = pooled(data)
     H, b, yy, n_tot = P.H[:, 0], P.b[:, 0], P.yy[:, 0], P.n[:, 0]
     theta = least_squares(H, b)
-    rss = yy - 2 * np.einsum("sp,sp->s", b, theta) + np.einsum("sp,spq,sq->s", theta, H, theta)
+    if data.factor is not None:                 # squared residuals, no cancellation
+        rss = residual_sums(model, data.factor, theta[:, None]).sum(axis=(1, 2))
+    else:
+        rss = yy - 2 * np.einsum("sp,sp->s", b, theta) + \
+            np.einsum("sp,spq,sq->s", theta, H, theta)
     n_y, n_phi = model.structure.shape[:2]
     sigma_w = np.sqrt(np.maximum(rss, 0.0) / (n_tot * n_y))
     s_phi2 = 2 * np.linalg.eigvalsh(H)[:, 0] / n_tot
