@@ -294,7 +294,8 @@ def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = Non
     else:
         failure = None
         dataset = load_data(settings, model, optimizer,
-                            _job_given() if given is None else given, file_budget(), tables)
+                            _job_given() if given is None else given, file_budget(), tables,
+                            strategy)
         data = dataset.train
         theta0 = initial_model(model, data, settings.system.init)
         t_data = time.perf_counter() - t0

@@ -3,10 +3,12 @@
 How memory grows (float64, 8 bytes a value; S = repeats, M = clients, p = parameters,
 n_phi/n_y = features/targets per regression row, N = trajectories per client, T = length):
 
-- per client and repeat, always: the loss statistics (``H`` p x p, ``b``, means), the true
-  parameters, the strategy's per-client models and affine maps (about ``3 p^2 + 10 p``; the
-  ``p^2`` count is ``1 + client_matrices`` of the strategy: 3 for the federated strategies, 1
-  for ``centralized``/``centralized_exact``, which keep no per-client maps) and
+- per client and repeat, always: the loss statistics (``H`` p x p, ``b``, means, the QR
+  factors of the training data), the true parameters, the strategy's per-client models and
+  affine maps (about ``3 p^2 + 10 p``; the ``p^2`` count is ``1 + client_matrices`` of the
+  strategy: 3 for the federated strategies, 1 for ``centralized``/``centralized_exact``, which
+  keep no per-client maps; :func:`fnsysid.data.memory.training_values`, the same count as
+  for file data) and
   the held-out data (``data.val_N`` trajectories of T + 1 states and T inputs);
 - mini-batch SGD also keeps every sample: ``N T (n_phi + n_y + 1)`` per client and repeat;
 - per-client history (``clients.csv``): ``(R + 1)`` values per client and repeat;
@@ -38,20 +40,19 @@ TEMPORARIES = 2.0
 def estimate_bytes(cfg, model, optimizer, keep_clients: bool, strategy=None) -> int:
     """Bytes a simulated run of ``cfg`` needs (see the module docstring); ``strategy``
     (class or instance; None: a federated one) sets the per-client ``p x p`` arrays."""
+    from fnsysid.data.memory import training_values
     from fnsysid.dynamics.model import CHUNK_VALUES, values_per_sample
     from fnsysid.dynamics.random import BLOCK, block_of, block_start
 
     S, M, T, R = cfg.repeats, cfg.M, cfg.T, cfg.R
     N = cfg.N
     n_max = max(N) if isinstance(N, list) else int(N)
-    p = model.p
     n_y, n_phi = model.structure.shape[:2]
     system = model.system
     n_x, n_u = system.n_x, system.n_u
     val_n = getattr(cfg.data, "val_N", 0)
 
-    matrices = 1 + getattr(strategy, "client_matrices", 2)
-    per_client = matrices * p * p + 10 * p + 10 + n_phi + n_y
+    per_client = training_values(model, strategy)       # as for file data
     per_client += val_n * ((T + 1) * (n_x + 1) + T * n_u)
     if getattr(optimizer, "needs_samples", False):
         per_client += n_max * T * (n_phi + n_y + 1)
@@ -152,7 +153,7 @@ def check_memory(cfg, model, optimizer, strategy=None) -> None:
     from fnsysid.results.history import keep_per_client
 
     if cfg.files:
-        need, rows = estimate_file_bytes(cfg, model)
+        need, rows = estimate_file_bytes(cfg, model, strategy)
         have, source = memory_limit()
         if need > have:
             raise ConfigError(
@@ -171,10 +172,11 @@ def check_memory(cfg, model, optimizer, strategy=None) -> None:
             "see README); lower M, N, T or repeats")
 
 
-def estimate_file_bytes(cfg, model) -> tuple[int, int]:
+def estimate_file_bytes(cfg, model, strategy=None) -> tuple[int, int]:
     """Bytes that reading the files of ``data.path`` (and ``data.val_path``) needs, from their
     rows and columns counted before they are read, and the rows (0 when a path cannot be
-    listed: the reader reports it)."""
+    listed: the reader reports it); ``strategy`` sets the per-client ``p x p`` arrays as for
+    simulated data (:func:`fnsysid.data.memory.matrix_values`)."""
     from fnsysid.config.checks import DataError
     from fnsysid.data.files import data_files
     from fnsysid.data.memory import TEMPORARIES, per_client_values, reading_bytes
@@ -192,7 +194,7 @@ def estimate_file_bytes(cfg, model) -> tuple[int, int]:
         rows, cols = rows + r, max(cols, c)
         clients = max(clients, len(files) if Path(path).is_dir() else 1)
     need = BASELINE_BYTES + reading_bytes(model, rows, cols) + \
-        TEMPORARIES * 8 * clients * per_client_values(model)
+        TEMPORARIES * 8 * clients * per_client_values(model, strategy)
     return int(need), rows
 
 

@@ -79,26 +79,49 @@ def reading_bytes(model, rows: int, columns: int) -> int:
     return int(rows * per_row)
 
 
-def per_client_values(model) -> int:
-    """Values held per client and repeat whatever its data: the loss statistics, the
-    held-out statistics, the strategy's models and affine maps."""
+def matrix_values(model, strategy=None) -> int:
+    """The ``p x p`` values held per client and repeat: the Gram matrix of its statistics and
+    the strategy's ``client_matrices`` (its affine maps, its own fits' factors: 2 for the
+    federated strategies, 0 for ``centralized``/``centralized_exact``; None: a federated
+    one). The same count for simulated data
+    (:func:`fnsysid.app.resources.estimate_bytes`) and file data (:func:`per_client_values`).
+    """
+    return (1 + getattr(strategy, "client_matrices", 2)) * model.p * model.p
+
+
+def training_values(model, strategy=None) -> int:
+    """Values held per client and repeat for its training data and the strategy, whatever the
+    data's source: the ``p x p`` arrays (:func:`matrix_values`), the vectors (``b``, the
+    models, ~10 p), the means and the QR factors of its training data
+    (:func:`fnsysid.dynamics.model.factor_terms`)."""
+    from fnsysid.dynamics.model import factor_terms
+
     n_y, n_phi = model.structure.shape[:2]
-    p = model.p
-    return 3 * p * p + 10 * p + 10 + 2 * n_phi * n_phi + 3 * n_y * n_phi
+    return (matrix_values(model, strategy) + 10 * model.p + 10 + n_phi + n_y
+            + factor_terms(model))
+
+
+def per_client_values(model, strategy=None) -> int:
+    """Values held per client and repeat of file data whatever its samples:
+    :func:`training_values` and the held-out statistics (Gram matrix, cross moments, QR
+    factors; the trajectories are counted by block in :func:`built_bytes`)."""
+    n_y, n_phi = model.structure.shape[:2]
+    return training_values(model, strategy) + 2 * n_phi * n_phi + 3 * n_y * n_phi
 
 
 def built_bytes(model, rows: int, columns: int, S: int, M: int, count: np.ndarray,
-                keep_samples: bool, blocks: list[tuple[int, int, int]]) -> int:
+                keep_samples: bool, blocks: list[tuple[int, int, int]], strategy=None) -> int:
     """Bytes a run of file data needs once its rows are read.
 
     ``rows``, ``columns``: the rows read and the files' columns; ``S`` repeats, ``M``
     clients; ``count`` (S M,) training transitions per repeat and client; ``keep_samples``:
     the optimizer keeps every sample (padded to the longest client); ``blocks``: (m, J, L) of
-    each held-out block (clients, most trajectories, longest).
+    each held-out block (clients, most trajectories, longest); ``strategy``: the run's
+    strategy (its per-client matrices, :func:`matrix_values`; None: a federated one).
     """
     n_y, n_phi = model.structure.shape[:2]
     n_x, n_u = model.system.n_x, model.system.n_u
-    values = S * M * per_client_values(model)
+    values = S * M * per_client_values(model, strategy)
     if keep_samples:
         values += S * M * int(np.max(count, initial=0)) * (n_phi + n_y + 1)
     values += sum(S * m * J * L * (n_x + n_u + 1) for m, J, L in blocks)

@@ -64,10 +64,12 @@ class Dataset:
 
 
 def load_data(settings: Settings, model: Model, optimizer,
-              given: frozenset[str] = frozenset(), budget=None, tables=None) -> Dataset:
+              given: frozenset[str] = frozenset(), budget=None, tables=None,
+              strategy=None) -> Dataset:
     """The clients' data for the run described by ``settings`` (``data.source``); ``given``: the
     settings given explicitly, ``budget``: the memory check of file data, ``tables``: the
-    trajectories of ``data=files`` already read (see :func:`from_files`)."""
+    trajectories of ``data=files`` already read, ``strategy``: the run's (its per-client
+    arrays in the memory check; see :func:`from_files`)."""
     source = settings.data.source
     if source == "simulated":
         if _REUSED is None:
@@ -80,7 +82,8 @@ def load_data(settings: Settings, model: Model, optimizer,
         _REUSED.move_to_end(key)
         return _REUSED[key]
     if source == "files":
-        return from_files(settings, model, optimizer, given, budget, tables=tables)
+        return from_files(settings, model, optimizer, given, budget, tables=tables,
+                          strategy=strategy)
     raise ConfigError(f"data.source={source} is not allowed; allowed: {', '.join(SOURCES)}")
 
 
@@ -283,7 +286,7 @@ def _generic_hint(exc: DataError, settings, model, given: frozenset[str]) -> Dat
 @np.errstate(over="ignore", invalid="ignore")    # statistics that overflow: refused, not warned
 def from_files(settings: Settings, model: Model, optimizer,
                given: frozenset[str] = frozenset(), budget=None,
-               client_file: bool = False, tables=None) -> Dataset:
+               client_file: bool = False, tables=None, strategy=None) -> Dataset:
     """Clients read from ``data.path`` (and ``data.val_path``), truth from ``data.truth``.
 
     The files give the clients and repeats; an ``M`` or ``repeats`` in ``given`` (the
@@ -294,6 +297,8 @@ def from_files(settings: Settings, model: Model, optimizer,
     folder (a Flower node's own file). ``tables``: the trajectories as ``(name, DataFrame)``
     pairs, one per client, read already (data held in memory; ``data.path`` then only names
     them in messages), checked as files are (:func:`~fnsysid.data.files.check_tables`).
+    ``strategy``: the run's, whose per-client arrays the memory check counts
+    (:func:`fnsysid.data.memory.matrix_values`; None: a federated strategy's).
     """
     import pandas as pd
 
@@ -356,7 +361,7 @@ def from_files(settings: Settings, model: Model, optimizer,
     val_rows = df[df["split"] == "val"] if val is None else val
     if budget is not None:
         _check_budget(budget, model, optimizer, train_rows, val_rows, S, M, len(states) +
-                      len(inputs), settings.data.path)
+                      len(inputs), settings.data.path, strategy)
     train = _client_data(model, train_rows, S, M, states, inputs, optimizer.needs_samples,
                          settings.data.path, clients, labels)
     if settings.data.truth:
@@ -390,7 +395,7 @@ def _labels(labels: list[int]) -> str:
 
 
 def _check_budget(budget, model: Model, optimizer, train_rows, val_rows, S: int, M: int,
-                  columns: int, path) -> None:
+                  columns: int, path, strategy=None) -> None:
     """Call ``budget`` with the memory the arrays of these rows need and what they are."""
     from fnsysid.data.memory import built_bytes
 
@@ -400,7 +405,7 @@ def _check_budget(budget, model: Model, optimizer, train_rows, val_rows, S: int,
         if len(val_rows) else []
     # the files' columns: states, inputs, repeat, client, trajectory, t, split
     need = built_bytes(model, len(train_rows) + len(val_rows), columns + 5,
-                       S, M, count, optimizer.needs_samples, blocks)
+                       S, M, count, optimizer.needs_samples, blocks, strategy)
     what = (f"data.path={path} ({len(train_rows) + len(val_rows)} rows, {M} clients"
             + (f" x {S} repeats" if S > 1 else "")
             + f", the longest client {int(count.max())} samples"
