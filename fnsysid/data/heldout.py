@@ -18,7 +18,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from fnsysid.dynamics import random as rnd
-from fnsysid.dynamics.model import Model, chunk_clients, for_chunks, moments
+from fnsysid.dynamics.model import (
+    Model,
+    chunk_clients,
+    factor_starts,
+    for_chunks,
+    moments,
+    target_groups,
+)
 
 
 @dataclass
@@ -122,34 +129,6 @@ class HeldOut:
 
 #: clients whose held-out data are reduced to QR factors at once (temporaries of a few MB)
 QR_CLIENTS = 1 << 12
-
-
-def target_features(model: Model) -> list[np.ndarray]:
-    """The features ``F_j`` (indices into ``phi``) each regression target's model can use: those
-    that some parameter maps onto for that target (``model.structure``). ``Theta[j]`` is zero
-    elsewhere, so target ``j``'s prediction is ``Theta[j, F_j] . phi[F_j]``."""
-    return [np.flatnonzero(row) for row in np.asarray(model.structure).any(axis=-1)]
-
-
-def target_groups(model: Model) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The targets grouped by the features they use: ``(F, J)`` pairs, the features ``F`` and
-    the targets ``J`` that use exactly them (:func:`target_features`), by first target. One
-    QR factor serves a group: one for every target of a linear model, one per target of the
-    quadrotor's."""
-    groups: dict[tuple, list[int]] = {}
-    for j, F in enumerate(target_features(model)):
-        groups.setdefault(tuple(int(k) for k in F), []).append(j)
-    return [(np.array(F, dtype=int), np.array(J)) for F, J in groups.items()]
-
-
-def factor_starts(model: Model) -> list[int]:
-    """Where each group's rows start in :attr:`HeldOut.factor`, and (last) their total: a
-    group of ``f`` features and ``q`` targets has ``k (k + 1) / 2`` of them, ``k = f + q``."""
-    out = [0]
-    for F, J in target_groups(model):
-        k = len(F) + len(J)
-        out.append(out[-1] + k * (k + 1) // 2)
-    return out
 
 
 def group_factor(model: Model, factor: np.ndarray, g: int) -> np.ndarray:

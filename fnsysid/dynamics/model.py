@@ -545,18 +545,44 @@ def sample_stats(model: Model, Phi, Y, wgt):
     return H, b, yy, n, phi2max, phi_mean, y_mean, yy_target, factor
 
 
+def target_features(model: Model) -> list[np.ndarray]:
+    """The features ``F_j`` (indices into ``phi``) each regression target's model can use: those
+    that some parameter maps onto for that target (``model.structure``). ``Theta[j]`` is zero
+    elsewhere, so target ``j``'s prediction is ``Theta[j, F_j] . phi[F_j]``."""
+    return [np.flatnonzero(row) for row in np.asarray(model.structure).any(axis=-1)]
+
+
+def target_groups(model: Model) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The targets grouped by the features they use: ``(F, J)`` pairs, the features ``F`` and
+    the targets ``J`` that use exactly them (:func:`target_features`), by first target. One
+    QR factor serves a group: one for every target of a linear model, one per target of the
+    quadrotor's."""
+    groups: dict[tuple, list[int]] = {}
+    for j, F in enumerate(target_features(model)):
+        groups.setdefault(tuple(int(k) for k in F), []).append(j)
+    return [(np.array(F, dtype=int), np.array(J)) for F, J in groups.items()]
+
+
+def factor_starts(model: Model) -> list[int]:
+    """Where each group's rows start in :attr:`HeldOut.factor`, and (last) their total: a
+    group of ``f`` features and ``q`` targets has ``k (k + 1) / 2`` of them, ``k = f + q``."""
+    out = [0]
+    for F, J in target_groups(model):
+        k = len(F) + len(J)
+        out.append(out[-1] + k * (k + 1) // 2)
+    return out
+
+
 def factor_terms(model: Model) -> int:
     """Values of a client's :func:`training_factor`: ``k (k + 1) / 2`` per group of targets
     with the same features (``k`` = features + targets of the group)."""
-    from fnsysid.data.heldout import factor_starts
-
     return factor_starts(model)[-1]
 
 
 def training_factor(model: Model, Phi, Y, wgt) -> np.ndarray:
     """The QR factors of samples, one per group of targets with the same features.
 
-    For each group ``(F, J)`` of :func:`fnsysid.data.heldout.target_groups` in turn, the upper
+    For each group ``(F, J)`` of :func:`target_groups` in turn, the upper
     triangle, row after row, of the ``(k, k)`` factor ``R`` (``k = len(F) + len(J)``,
     diagonal made nonnegative, zero rows below when there are fewer than ``k`` samples) of
     the QR decomposition of the weighted ``[Phi[:, F] | Y[:, J]]``: the layout of
@@ -577,8 +603,6 @@ def training_factor(model: Model, Phi, Y, wgt) -> np.ndarray:
     -------
     numpy.ndarray, shape (..., terms)
     """
-    from fnsysid.data.heldout import factor_starts, target_groups
-
     starts = factor_starts(model)
     w = np.asarray(wgt, float)[..., None]
     out = np.zeros(np.shape(Phi)[:-2] + (starts[-1],))
@@ -619,8 +643,6 @@ def residual_sums(model: Model, factor: np.ndarray, theta: np.ndarray) -> np.nda
     -------
     numpy.ndarray, shape (S, M, n_y)
     """
-    from fnsysid.data.heldout import factor_starts, target_groups
-
     S, M = factor.shape[:2]
     starts = factor_starts(model)
     Th = model.theta_matrix(np.asarray(theta, float))          # (S, M or 1, n_y, n_phi)
