@@ -298,6 +298,35 @@ def test_progress_bar_is_plain_tqdm_without_ipywidgets(monkeypatch):
         assert progress_bar() is tqdm.auto.tqdm
 
 
+def test_rounds_off_a_terminal_are_plain_without_the_text_bar(monkeypatch):
+    """Off a terminal the text bar (``disable=None``) shows nothing: the rounds are a plain
+    range and tqdm is not asked for; on a terminal they are tqdm's bar over the same rounds."""
+    import importlib.util
+    import io
+    import sys
+
+    import tqdm.std
+
+    from fnsysid.runtimes import inprocess
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "ipywidgets" else real(name, *a))
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    asked = []
+    monkeypatch.setattr(inprocess, "progress_bar", lambda: asked.append(1) or tqdm.std.tqdm)
+    assert inprocess._rounds(3, True) == range(1, 4) and asked == []
+    assert inprocess._rounds(3, False) == range(1, 4)
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    bar = inprocess._rounds(3, True)
+    assert isinstance(bar, tqdm.std.tqdm) and list(bar) == [1, 2, 3] and asked == [1]
+
+
 def test_fit_png_names_the_time_column(tmp_path):
     from fnsysid.results.files import time_label
 

@@ -80,7 +80,8 @@ class Section(BaseModel):
     keys, read-only once checked. A key with the default None may be absent (its class's
     constructor has the default), but not given as null unless its type says so."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, populate_by_name=True,
+                              defer_build=True)
 
 
 class ByClass(Section):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -29,6 +30,11 @@ def _rounds(R: int, progress: bool):
     """Rounds 1..R, with a progress bar if ``progress`` (tqdm is imported only then)."""
     if not progress:
         return range(1, R + 1)
+    import importlib.util
+
+    isatty = getattr(sys.stderr, "isatty", None)
+    if isatty is not None and not isatty() and importlib.util.find_spec("ipywidgets") is None:
+        return range(1, R + 1)    # the text bar (disable=None) shows nothing off a terminal
     return progress_bar()(range(1, R + 1), desc="rounds", unit="round", leave=False,
                           disable=None)
 
