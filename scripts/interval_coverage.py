@@ -1,7 +1,7 @@
 """Coverage of ``personalize=auto``'s intervals under other heterogeneity covariances.
 
 Usage: python scripts/interval_coverage.py [--seeds 3] [--repeats 40] [--eps 0,0.3,1]
-[--detail]
+[--detail] [--jackknife]
 
 On the synthetic fleet (M = 20, N = 10, ``repeats`` repeats per seed, seeds 0 ... seeds - 1)
 it computes ``auto``'s models once (:func:`fnsysid.learning.personalize.fleet` and
@@ -23,7 +23,12 @@ parameter), its range over seeds printed per eps. The candidates:
   prediction interval of Higgins, Thompson & Spiegelhalter 2009
   (https://doi.org/10.1111/j.1467-985X.2008.00552.x);
 - ``Sigma_ci if Sigma != 0 else diag REML``; ``Sigma + diag(tau^2 - Sigma_jj)+``: the models'
-  ``Sigma`` with each parameter's marginal variance it misses added on the diagonal.
+  ``Sigma`` with each parameter's marginal variance it misses added on the diagonal;
+- with ``--jackknife`` (about 20 times the CPU): ``Sigma_ci, jackknife``, the jackknife over
+  clients of Jiang, Lahiri & Wan 2002 (https://doi.org/10.1214/aos/1043351257) applied to
+  the default: the whole of ``fleet`` rerun without each client g, ``mse_i = max(0, b_i -
+  (M - 1)/M sum_g (b_i^(g) - b_i)) + (M - 1)/M sum_g (theta_i^(g) - theta_i)^2`` with
+  ``b_i`` the squared standard error with ``Sigma_ci`` and ``theta_i`` the models.
 """
 
 from __future__ import annotations
@@ -82,7 +87,32 @@ def marginal(theta, V, own, method: str = "reml", iterations: int = 2000, tol: f
     return np.where(pos, (lo + hi) / 2, 0.0), np.ones_like(pos)
 
 
-def measure(eps: float, seed: int, repeats: int, detail: bool = False) -> dict:
+def jackknife(msg, fl, blocks):
+    """``(mse, floored)`` (S, M, p): the jackknife mean squared error of the models over the
+    M fleets without one client each (stacked on the repeats' axis: one ``fleet`` call), and
+    where its bias-corrected part was negative (floored at 0)."""
+    S, M, p = msg.b.shape
+
+    def drop(a):
+        return np.concatenate([np.delete(a, g, axis=1) for g in range(M)], axis=0)
+
+    def rep(a):
+        return np.concatenate([a] * M, axis=0)
+
+    fields = [f.name for f in dataclasses.fields(msg)]
+    flg = pers.fleet(pers.Message(*(drop(getattr(msg, f)) for f in fields)), blocks)
+    theta, se = pers.client_posterior(msg, fl, blocks)
+    thg, seg = pers.client_posterior(pers.Message(*(rep(getattr(msg, f)) for f in fields)),
+                                     flg, blocks)
+    thg, seg = thg.reshape(M, S, M, p), seg.reshape(M, S, M, p)
+    b = se ** 2
+    corrected = b - (M - 1) / M * (seg ** 2 - b).sum(axis=0)
+    return (np.maximum(corrected, 0.0) + (M - 1) / M * ((thg - theta) ** 2).sum(axis=0),
+            corrected < 0)
+
+
+def measure(eps: float, seed: int, repeats: int, detail: bool = False,
+            jack: bool = False) -> dict:
     """Coverage of each candidate on one fleet (eps, seed); ``detail``: print, per
     parameter, the coverage of ``diag REML``, its share of ``tau_j^2 = 0``, the true spread
     over clients and the clients' mean own standard error."""
@@ -132,6 +162,12 @@ def measure(eps: float, seed: int, repeats: int, detail: bool = False) -> dict:
             miss = np.maximum(tau - np.diagonal(fl.Sigma, axis1=-2, axis2=-1), 0.0)
             cover(fl.Sigma + miss[:, :, None] * np.eye(p), "Sigma + diag(tau^2 - Sigma_jj)+")
             out["tau^2 = 0 (share)"] = float((tau == 0).mean())
+    if jack:
+        mse, floored = jackknife(msg, fl, blocks)
+        models, _ = pers.client_posterior(msg, fl, blocks)
+        out["Sigma_ci, jackknife"] = float((np.abs(models - d.theta_true)
+                                            <= z * np.sqrt(mse)).mean())
+        out["jackknife floored (share)"] = float(floored.mean())
     out["Sigma != 0 (share)"] = float(hetero.mean())
     return out
 
@@ -143,6 +179,8 @@ def main(argv=None) -> int:
     ap.add_argument("--eps", default="0,0.3,1")
     ap.add_argument("--detail", action="store_true",
                     help="per parameter: coverage of diag REML, tau^2 = 0, spreads")
+    ap.add_argument("--jackknife", action="store_true",
+                    help="also the jackknife of the default (about 20 times the CPU)")
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.repeats < 2:
         ap.error("--seeds must be >= 1 and --repeats >= 2")
@@ -152,7 +190,8 @@ def main(argv=None) -> int:
         ap.error(f"--eps must be numbers separated by commas, not {args.eps!r}")
     rows = [{"eps": eps, "seed": seed, "Sigma'": k, "coverage": v}
             for eps in eps_list for seed in range(args.seeds)
-            for k, v in measure(eps, seed, args.repeats, args.detail).items()]
+            for k, v in measure(eps, seed, args.repeats, args.detail,
+                                         args.jackknife).items()]
     g = pd.DataFrame(rows).groupby(["Sigma'", "eps"], sort=False)["coverage"]
     table = g.agg(lambda x: f"{x.min():.3f}-{x.max():.3f}").unstack("eps")
     print(f"coverage (range over seeds 0-{args.seeds - 1}, {args.repeats} repeats each):")
