@@ -1,0 +1,203 @@
+"""Coverage of ``personalize=auto``'s intervals under other heterogeneity covariances.
+
+Usage: python scripts/interval_coverage.py [--seeds 3] [--repeats 40] [--eps 0,0.3,1]
+[--detail] [--jackknife]
+
+On the synthetic fleet (M = 20, N = 10, ``repeats`` repeats per seed, seeds 0 ... seeds - 1)
+it computes ``auto``'s models once (:func:`fnsysid.learning.personalize.fleet` and
+:func:`~fnsysid.learning.personalize.client_posterior`) and changes only the ``Sigma'`` of
+the intervals (``Fleet.Sigma_ci``), as docs/ALGORITHMS.md's table of ``Sigma'`` choices was
+measured. Coverage of the clients' true parameters at level 0.95 over every (repeat, client,
+parameter), its range over seeds printed per eps. The candidates:
+
+- ``Sigma_ci``: the unrestricted REML (the default); ``0``: pooled's interval; ``Sigma``: the
+  models' own (test, BIC rank);
+- ``diag REML`` / ``diag PM``: ``Sigma' = diag(tau_j^2)``, each parameter's heterogeneity
+  variance from its own marginal random-effects model ``theta_hat_ij ~ N(mu_j, tau_j^2 +
+  V_i,jj)``: restricted maximum likelihood by the fixed-point iteration of Viechtbauer 2005
+  (https://doi.org/10.3102/10769986030003261, his eq. 11, truncated at 0), or Paule & Mandel
+  1982 (https://doi.org/10.6028/jres.087.022: ``sum_i w_i (theta_hat_ij - mu_j)^2 = m - 1``,
+  ``w_i = 1 / (tau_j^2 + V_i,jj)``; 0 where it is below m - 1 at 0); with equal ``V_i,jj = v``
+  both are ``max(0, s_j^2 - v)``;
+- ``diag REML, t(m-2)``: the same with Student's t on ``m - 2`` degrees of freedom, the
+  prediction interval of Higgins, Thompson & Spiegelhalter 2009
+  (https://doi.org/10.1111/j.1467-985X.2008.00552.x);
+- ``Sigma_ci if Sigma != 0 else diag REML``; ``Sigma + diag(tau^2 - Sigma_jj)+``: the models'
+  ``Sigma`` with each parameter's marginal variance it misses added on the diagonal;
+- with ``--jackknife`` (about 20 times the CPU): ``Sigma_ci, jackknife``, the jackknife over
+  clients of Jiang, Lahiri & Wan 2002 (https://doi.org/10.1214/aos/1043351257) applied to
+  the default: the whole of ``fleet`` rerun without each client g, ``mse_i = max(0, b_i -
+  (M - 1)/M sum_g (b_i^(g) - b_i)) + (M - 1)/M sum_g (theta_i^(g) - theta_i)^2`` with
+  ``b_i`` the squared standard error with ``Sigma_ci`` and ``theta_i`` the models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import numpy as np
+import pandas as pd
+from scipy.special import stdtrit
+
+import fnsysid
+from fnsysid.learning import personalize as pers
+from fnsysid.results.personal import target_stats
+
+BASE = {"system": "synthetic", "M": 20, "N": 10, "progress": False, "output.plot": False,
+        "strategy": "centralized_exact", "personalize": "none", "R": 1}
+LEVEL = 0.95
+
+
+def marginal(theta, V, own, method: str = "reml", iterations: int = 2000, tol: float = 1e-12):
+    """Heterogeneity variance ``tau_j^2`` (S, p) of each parameter from the clients' own
+    estimates ``theta`` (S, M, p) and variances ``V`` (S, M, p) over the clients ``own``
+    (S, M), and whether each converged (REML: the fixed point moved by less than ``tol``
+    relative; PM: bisection to the resolution of a float)."""
+    w0 = own.astype(float)[..., None]
+    v = np.where(own[..., None], V, 1.0)
+    m = w0.sum(axis=1)
+    mean = (w0 * theta).sum(axis=1) / m
+    s2 = (w0 * (theta - mean[:, None]) ** 2).sum(axis=1) / (m - 1)
+    if method == "reml":
+        tau = np.maximum(s2 - (w0 * v).sum(axis=1) / m, 0.0)
+        for _ in range(iterations):
+            w = w0 / (tau[:, None] + v)
+            mu = (w * theta).sum(axis=1) / w.sum(axis=1)
+            new = np.maximum((w ** 2 * ((theta - mu[:, None]) ** 2 + 1 / w.sum(axis=1)[:, None]
+                                        - v)).sum(axis=1) / (w ** 2).sum(axis=1), 0.0)
+            done = np.abs(new - tau) <= tol * np.maximum(s2, np.finfo(float).tiny)
+            tau = new
+            if done.all():
+                break
+        return tau, done
+
+    def q(t):
+        w = w0 / (t[:, None] + v)
+        mu = (w * theta).sum(axis=1) / w.sum(axis=1)
+        return (w * (theta - mu[:, None]) ** 2).sum(axis=1)
+
+    lo, hi = np.zeros_like(s2), np.maximum(s2 * (m - 1), np.finfo(float).tiny)  # q(hi) <= 1
+    pos = q(lo) > m - 1
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        big = q(mid) > m - 1
+        lo, hi = np.where(big, mid, lo), np.where(big, hi, mid)
+    return np.where(pos, (lo + hi) / 2, 0.0), np.ones_like(pos)
+
+
+def jackknife(msg, fl, blocks):
+    """``(mse, floored)`` (S, M, p): the jackknife mean squared error of the models over the
+    M fleets without one client each (stacked on the repeats' axis: one ``fleet`` call), and
+    where its bias-corrected part was negative (floored at 0)."""
+    S, M, p = msg.b.shape
+
+    def drop(a):
+        return np.concatenate([np.delete(a, g, axis=1) for g in range(M)], axis=0)
+
+    def rep(a):
+        return np.concatenate([a] * M, axis=0)
+
+    fields = [f.name for f in dataclasses.fields(msg)]
+    flg = pers.fleet(pers.Message(*(drop(getattr(msg, f)) for f in fields)), blocks)
+    theta, se = pers.client_posterior(msg, fl, blocks)
+    thg, seg = pers.client_posterior(pers.Message(*(rep(getattr(msg, f)) for f in fields)),
+                                     flg, blocks)
+    thg, seg = thg.reshape(M, S, M, p), seg.reshape(M, S, M, p)
+    b = se ** 2
+    corrected = b - (M - 1) / M * (seg ** 2 - b).sum(axis=0)
+    return (np.maximum(corrected, 0.0) + (M - 1) / M * ((thg - theta) ** 2).sum(axis=0),
+            corrected < 0)
+
+
+def measure(eps: float, seed: int, repeats: int, detail: bool = False,
+            jack: bool = False) -> dict:
+    """Coverage of each candidate on one fleet (eps, seed); ``detail``: print, per
+    parameter, the coverage of ``diag REML``, its share of ``tau_j^2 = 0``, the true spread
+    over clients and the clients' mean own standard error."""
+    r = fnsysid.run({**BASE, "eps": eps, "repeats": repeats, "seed": seed})
+    model, d = r.model, r.dataset.train
+    yy, blocks = target_stats(model, d)
+    msg = pers.client_message(d.H, d.b, yy, d.n, blocks)
+    fl = pers.fleet(msg, blocks)
+    J, beta = pers._scaled(msg, fl.s2, blocks)
+    own, p = msg.own, J.shape[-1]
+    V = np.linalg.inv(np.where(own[..., None, None], J, np.eye(p)))
+    th = np.einsum("...pq,...q->...p", V, np.where(own[..., None], beta, 0.0))
+    Vd = np.diagonal(V, axis1=-2, axis2=-1)
+    z = pers.z_value(LEVEL)
+    m = own.sum(axis=1)
+    t = stdtrit(np.maximum(m - 2, 1), 0.5 + LEVEL / 2)[:, None, None]
+    out = {}
+
+    def cover(Sci, name, q=z):
+        models, se = pers.client_posterior(msg, dataclasses.replace(fl, Sigma_ci=Sci), blocks)
+        inside = np.abs(models - d.theta_true) <= q * se
+        out[name] = float(inside.mean())
+        return inside
+
+    hetero = (np.abs(fl.Sigma).max(axis=(1, 2)) > 0)[:, None, None]
+    cover(fl.Sigma_ci, "Sigma_ci")
+    cover(np.zeros_like(fl.Sigma), "0")
+    cover(fl.Sigma, "Sigma")
+    for method in ("reml", "pm"):
+        tau, ok = marginal(th, Vd, own, method)
+        if not ok.all():
+            print(f"eps={eps} seed={seed}: the marginal {method} did not converge in "
+                  f"{(~ok).sum()} (repeat, parameter)", file=sys.stderr)
+        D = tau[:, :, None] * np.eye(p)
+        inside = cover(D, f"diag {method.upper()}")
+        if method == "reml" and detail:
+            print(pd.DataFrame({
+                "coverage": inside.mean(axis=(0, 1)), "tau^2 = 0": (tau == 0).mean(axis=0),
+                "true sd": d.theta_true.std(axis=1).mean(axis=0),
+                "own se": np.sqrt(np.where(own[..., None], Vd, np.nan)).mean(axis=(0, 1))},
+                index=model.param_names).round(3).to_string(
+                    header=[f"eps={eps:g} seed={seed}: coverage", "tau^2 = 0", "true sd",
+                            "own se"]))
+        if method == "reml":
+            cover(D, "diag REML, t(m-2)", t)
+            cover(np.where(hetero, fl.Sigma_ci, D), "Sigma_ci if Sigma != 0 else diag REML")
+            miss = np.maximum(tau - np.diagonal(fl.Sigma, axis1=-2, axis2=-1), 0.0)
+            cover(fl.Sigma + miss[:, :, None] * np.eye(p), "Sigma + diag(tau^2 - Sigma_jj)+")
+            out["tau^2 = 0 (share)"] = float((tau == 0).mean())
+    if jack:
+        mse, floored = jackknife(msg, fl, blocks)
+        models, _ = pers.client_posterior(msg, fl, blocks)
+        out["Sigma_ci, jackknife"] = float((np.abs(models - d.theta_true)
+                                            <= z * np.sqrt(mse)).mean())
+        out["jackknife floored (share)"] = float(floored.mean())
+    out["Sigma != 0 (share)"] = float(hetero.mean())
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=40)
+    ap.add_argument("--eps", default="0,0.3,1")
+    ap.add_argument("--detail", action="store_true",
+                    help="per parameter: coverage of diag REML, tau^2 = 0, spreads")
+    ap.add_argument("--jackknife", action="store_true",
+                    help="also the jackknife of the default (about 20 times the CPU)")
+    args = ap.parse_args(argv)
+    if args.seeds < 1 or args.repeats < 2:
+        ap.error("--seeds must be >= 1 and --repeats >= 2")
+    try:
+        eps_list = [float(e) for e in args.eps.split(",")]
+    except ValueError:
+        ap.error(f"--eps must be numbers separated by commas, not {args.eps!r}")
+    rows = [{"eps": eps, "seed": seed, "Sigma'": k, "coverage": v}
+            for eps in eps_list for seed in range(args.seeds)
+            for k, v in measure(eps, seed, args.repeats, args.detail,
+                                         args.jackknife).items()]
+    g = pd.DataFrame(rows).groupby(["Sigma'", "eps"], sort=False)["coverage"]
+    table = g.agg(lambda x: f"{x.min():.3f}-{x.max():.3f}").unstack("eps")
+    print(f"coverage (range over seeds 0-{args.seeds - 1}, {args.repeats} repeats each):")
+    print(table.to_string())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
