@@ -525,7 +525,16 @@ def fleet(msg: Message, blocks, iterations: int = 200) -> Fleet:
     Sigma, Sigma_ci, rep = reml(theta, J, own, iterations,
                                 max_rank=MAX_RANK if hetero.any() else 0, report=True)
     Sigma = np.where(hetero[:, None, None], Sigma, 0.0)
-    # sum_i W_i and sum_i (I + J_i Sigma)^-1 beta_i, Sigma = L L' of rank k <= max_rank:
+    mu, cov_mu = fleet_mean(J, beta, Sigma)
+    return Fleet(mu, cov_mu, Sigma, s2, Sigma_ci, Q, pv, rep.converged, rep.iterations)
+
+
+def fleet_mean(J, beta, Sigma) -> tuple[np.ndarray, np.ndarray]:
+    """The fleet mean ``mu`` (S, p) and its covariance ``Cov(mu)`` (S, p, p) of every client's
+    scaled information ``J`` (S, M, p, p) and ``beta`` (S, M, p) (:func:`_scaled`) given the
+    heterogeneity ``Sigma`` (S, p, p): ``mu = (sum W_i)^-1 sum (I + J_i Sigma)^-1 beta_i``,
+    ``Cov(mu) = (sum W_i)^-1``, ``W_i = (Sigma + J_i^-1)^-1``."""
+    # sum_i W_i and sum_i (I + J_i Sigma)^-1 beta_i, Sigma = L L' of rank k:
     # W_i = J_i - Z_i (I + K_i)^-1 Z_i' (:class:`_Woodbury`), O(M p^2 k)
     wb = _Woodbury(J, _low_rank(Sigma))
     Lb = np.einsum("spk,smp->smk", wb.L, beta)
@@ -534,7 +543,7 @@ def fleet(msg: Message, blocks, iterations: int = 200) -> Fleet:
                                                        Lb[..., None])[..., 0])
     cov_mu = np.linalg.pinv(wb.wsum(J.sum(axis=1)), hermitian=True)
     mu = np.einsum("spq,sq->sp", cov_mu, rhs)
-    return Fleet(mu, cov_mu, Sigma, s2, Sigma_ci, Q, pv, rep.converged, rep.iterations)
+    return mu, cov_mu
 
 
 def client_posterior(msg: Message, fl: Fleet, blocks) -> tuple[np.ndarray, np.ndarray]:
