@@ -1,6 +1,7 @@
 """The synthetic rows of docs/ALGORITHMS.md's table of ``personalize=auto`` against "best".
 
 Usage: python scripts/personalized_table.py [--seeds 3] [--rows all] [--oracle]
+[--structures identity,noise,diagonal] [--criterion bic]
 
 Each row draws synthetic fleets with ``fnsysid.dynamics.model.generate`` (the ``system=synthetic``
 model; its ``T`` = 5; ``N``, ``M``, ``eps``, repeats and system settings as in the row) on the
@@ -11,7 +12,10 @@ of the clients' own least squares (``local``) and pooled least squares (``pooled
 row prints the range over seeds of ``auto / best`` (and of the three errors). ``--oracle``
 adds the same ratio for the heterogeneity covariance known: the spread of the true
 ``theta_i*`` over every repeat and client of the seed (rank 2 in the synthetic family), used
-in the fleet mean and the clients' posterior means on the same data.
+in the fleet mean and the clients' posterior means on the same data. ``--structures`` and
+``--criterion``: the REML's candidate structures of the heterogeneity and the rule that
+chooses among them (``fnsysid.learning.personalize.reml``; ``--structures none`` is the
+low ranks alone).
 """
 
 from __future__ import annotations
@@ -77,12 +81,13 @@ def oracle(d, yy, blocks):
     return pers.client_posterior(msg, known, blocks)[0]
 
 
-def row(key: str, seed: int, with_oracle: bool) -> dict:
+def row(key: str, seed: int, with_oracle: bool, structures=pers.STRUCTURES,
+        criterion: str = "bic") -> dict:
     _, M, N, eps, repeats, extra = ROWS[key]
     d, yy, blocks = fleet_data(M, N, eps, repeats, seed, extra)
     truth = d.theta_true
     t = time.process_time()
-    theta = pers.auto(d.H, d.b, yy, d.n, blocks)[0]
+    theta = pers.auto(d.H, d.b, yy, d.n, blocks, structures, criterion)[0]
     cpu = time.process_time() - t
     local = np.linalg.solve(d.H, d.b[..., None])[..., 0]
     pooled = np.linalg.solve(d.H.sum(axis=1), d.b.sum(axis=1)[..., None])[:, None, :, 0]
@@ -95,6 +100,13 @@ def row(key: str, seed: int, with_oracle: bool) -> dict:
     return out
 
 
+def span(res: list[dict], q: str, f: str = "{:.2f}") -> str:
+    """The range over seeds of quantity ``q`` (one number where it rounds to one)."""
+    v = [r[q] for r in res]
+    lo, hi = f.format(min(v)), f.format(max(v))
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3, help="seeds 0 ... seeds-1")
@@ -102,27 +114,30 @@ def main(argv=None) -> int:
                     help=f"comma-separated rows of {', '.join(ROWS)}, or all")
     ap.add_argument("--oracle", action="store_true",
                     help="also the heterogeneity covariance known")
+    ap.add_argument("--structures", default=",".join(pers.STRUCTURES),
+                    help="the structures of Sigma besides 0 and the low ranks that the REML "
+                         f"compares: comma-separated of {', '.join(pers.STRUCTURES)}, or none")
+    ap.add_argument("--criterion", default="bic", choices=sorted(pers.CRITERIA),
+                    help="the information criterion that chooses among them")
     a = ap.parse_args(argv)
+    structures = () if a.structures == "none" else tuple(a.structures.split(","))
+    if any(x not in pers.STRUCTURES for x in structures):
+        ap.error(f"--structures={a.structures} is not allowed: comma-separated of "
+                 f"{', '.join(pers.STRUCTURES)}, or none")
     if a.seeds < 1:
         ap.error(f"--seeds={a.seeds} is not allowed: an integer >= 1")
     keys = list(ROWS) if a.rows == "all" else a.rows.split(",")
     bad = [k for k in keys if k not in ROWS]
     if bad:
         ap.error(f"--rows={a.rows} is not allowed: rows of {', '.join(ROWS)}, or all")
-    print(f"{'row':58s} {'repeats':>7s}  auto / best   " + ("oracle / best  " if a.oracle
-                                                            else "") + "auto, local, pooled", flush=True)
+    head = "auto / best   " + ("oracle / best  " if a.oracle else "")
+    print(f"{'row':58s} {'repeats':>7s}  {head}auto, local, pooled", flush=True)
     for k in keys:
-        res = [row(k, s, a.oracle) for s in range(a.seeds)]
+        res = [row(k, s, a.oracle, structures, a.criterion) for s in range(a.seeds)]
         name, reps = ROWS[k][0], ROWS[k][4]
-
-        def rng(q, f="{:.2f}"):
-            v = [r[q] for r in res]
-            lo, hi = f.format(min(v)), f.format(max(v))
-            return lo if lo == hi else f"{lo}-{hi}"
-
-        print(f"{name:58s} {reps:7d}  {rng('ratio'):12s}  "
-              + (f"{rng('oracle'):13s}  " if a.oracle else "")
-              + ", ".join(rng(q, "{:.3f}") for q in ("auto", "local", "pooled"))
+        print(f"{name:58s} {reps:7d}  {span(res, 'ratio'):12s}  "
+              + (f"{span(res, 'oracle'):13s}  " if a.oracle else "")
+              + ", ".join(span(res, q, "{:.3f}") for q in ("auto", "local", "pooled"))
               + f"  (auto {sum(r['cpu'] for r in res):.1f} s CPU)", flush=True)
     return 0
 
