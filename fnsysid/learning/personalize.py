@@ -564,7 +564,7 @@ def reml(theta, J, own, iterations: int = 200, tol: float = 1e-6,
     chooses among all of them, 0 included: the smallest information criterion
     ``-2 ll + k pen(m)`` on the restricted likelihood ``ll``, ``k`` the structure's
     parameters (rank r: ``r p - r (r - 1) / 2``), ``pen`` of :data:`CRITERIA`
-    (``criterion``; BIC: ``log m``). With ``max_rank = 0`` only ``Sigma = 0`` is considered.
+    (``criterion``; BIC: ``log m``); ``max_rank = 0`` and no ``structures``: ``Sigma = 0``.
     A full-rank choice makes every later use of ``Sigma`` through its factor cost
     O(M p^3) instead of O(M p^2 r). It works in coordinates scaled by the
     mean information's diagonal, so targets of very different noise levels keep their
@@ -612,7 +612,7 @@ def reml(theta, J, own, iterations: int = 200, tol: float = 1e-6,
         Sig, _, ll, c, n = _em(th, Jw, w, m, _truncate(start, r), r, iterations, tol, *sums)
         conv, its = conv & c, np.maximum(its, n)
         compare(Sig, ll, r * p - r * (r - 1) / 2)
-    if max_rank > 0:
+    if w.sum(axis=1).max() >= 2:
         for name in structures:
             if name == "diagonal":
                 Sig, ll, c, n = _diagonal(th, Jw, w, np.diagonal(start, axis1=-2, axis2=-1),
@@ -644,7 +644,7 @@ class RemlReport:
 
 
 def fleet(msg: Message, blocks, iterations: int = 200, structures=STRUCTURES,
-          criterion: str = "bic") -> Fleet:
+          criterion: str = "bic", max_rank: int = MAX_RANK) -> Fleet:
     """The server's part of ``auto`` from the stacked messages (S, M, ...); ``blocks`` the
     model's :class:`NoiseBlocks` (or ``n_y``: one variance for all targets).
 
@@ -673,8 +673,9 @@ def fleet(msg: Message, blocks, iterations: int = 200, structures=STRUCTURES,
     # the low-rank Sigma only where some repeat is heterogeneous (it is 0 elsewhere); the
     # unrestricted Sigma_ci always
     Sigma, Sigma_ci, rep = reml(theta, J, own, iterations,
-                                max_rank=MAX_RANK if hetero.any() else 0, report=True,
-                                structures=structures, criterion=criterion)
+                                max_rank=max_rank if hetero.any() else 0, report=True,
+                                structures=structures if hetero.any() else (),
+                                criterion=criterion)
     Sigma = np.where(hetero[:, None, None], Sigma, 0.0)
     mu, cov_mu = fleet_mean(J, beta, Sigma)
     return Fleet(mu, cov_mu, Sigma, s2, Sigma_ci, Q, pv, rep.converged, rep.iterations)
@@ -734,14 +735,14 @@ def client_posterior(msg: Message, fl: Fleet, blocks) -> tuple[np.ndarray, np.nd
     return theta, se
 
 
-def auto(H, b, yy, n, blocks, structures=STRUCTURES,
-         criterion: str = "bic") -> tuple[np.ndarray, np.ndarray, Fleet]:
+def auto(H, b, yy, n, blocks, structures=STRUCTURES, criterion: str = "bic",
+         max_rank: int = MAX_RANK) -> tuple[np.ndarray, np.ndarray, Fleet]:
     """``personalize=auto`` for all clients at once: (models, se, fleet); ``blocks`` and
-    ``yy`` as in :func:`least_squares_intervals`; ``structures`` and ``criterion``: the
-    heterogeneity's candidate structures and the rule that chooses among them
-    (:func:`reml`)."""
+    ``yy`` as in :func:`least_squares_intervals`; ``structures``, ``criterion`` and
+    ``max_rank``: the heterogeneity's candidate structures and the rule that chooses among
+    them (:func:`reml`)."""
     msg = client_message(H, b, yy, n, blocks)
-    fl = fleet(msg, blocks, structures=structures, criterion=criterion)
+    fl = fleet(msg, blocks, structures=structures, criterion=criterion, max_rank=max_rank)
     theta, se = client_posterior(msg, fl, blocks)
     return theta, se, fl
 
