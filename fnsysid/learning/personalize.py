@@ -10,7 +10,8 @@ intervals).
   ``s_k^2 = RSS_k / (n n_k - p_k)`` per group of targets (:func:`noise_blocks`), and the
   normal-quantile interval (:func:`z_value`).
 - :func:`auto`: the empirical-Bayes (random-effects) estimator of every client's own model
-  (a homogeneity test, :func:`homogeneity`, then a low-rank REML heterogeneity, :func:`reml`),
+  (a homogeneity test, :func:`homogeneity`, then a REML heterogeneity of a structure chosen
+  by an information criterion, :func:`reml`),
   split into what a client computes (:func:`client_message`, :func:`client_posterior`) and what
   the server computes from the clients' messages alone (:func:`fleet`), so that a federated
   runtime runs the same functions with one client per node.
@@ -143,6 +144,15 @@ HOMOGENEITY_LEVEL = 0.05
 
 #: the largest rank of the heterogeneity ``Sigma`` that :func:`reml` considers
 MAX_RANK = 4
+
+#: the structures of ``Sigma`` beyond 0 and the low ranks that :func:`reml` compares (in its
+#: scaled coordinates): ``tau^2 I`` ("identity"), ``tau^2 mean_i V_i`` ("noise":
+#: heterogeneity proportional to the clients' noise) and a diagonal ``Sigma`` ("diagonal")
+STRUCTURES = ("identity", "noise", "diagonal")
+
+#: information criteria :func:`reml` may choose the structure by: the penalty of one
+#: parameter as a function of the number of clients m
+CRITERIA = {"bic": np.log, "aic": lambda m: np.full(np.shape(m), 2.0)}
 
 
 @dataclass
@@ -426,8 +436,117 @@ def _em(th, Jw, w, m, Sig, rank: int, iterations: int, tol: float, sJ=None, sJth
     return Sig, mu, ll, conv, passes
 
 
+def _restricted(th, Jw, w, Sig, em: str | None = "full"):
+    """The restricted log-likelihood (S,) at a PSD ``Sig`` (S, p, p) of any rank, with the
+    constant of :func:`_em`'s, and the unrestricted EM map ``Sig + Sig D Sig / m`` (S, p, p)
+    there (``em="full"``), only its diagonal (S, p) for a diagonal ``Sig`` (``"diagonal"``)
+    or nothing (None), ``D = sum_i (u_i u_i' - W_i + W_i Cov(mu) W_i)``: dense, O(M p^3),
+    for the structures of :data:`STRUCTURES` (``Jw`` the clients' information, 0 for clients
+    without their own fit)."""
+    S, M, p = th.shape
+    A = np.eye(p) + Jw @ Sig[:, None]                       # I + J_i Sigma
+    W = np.linalg.solve(A, Jw)                              # (I + J_i Sigma)^-1 J_i
+    W = (W + np.swapaxes(W, -1, -2)) / 2
+    Wsum = W.sum(axis=1)
+    cov_mu = np.linalg.pinv(Wsum, hermitian=True)
+    mu = np.einsum("spq,sq->sp", cov_mu, np.einsum("smpq,smq->sp", W, th))
+    r = th - mu[:, None]
+    u = np.einsum("smpq,smq->smp", W, r)
+    ld = np.linalg.slogdet(A)[1]
+    ll = -0.5 * (np.einsum("sm,sm->s", w, ld) + np.einsum("smp,smp->s", r, u)
+                 + np.linalg.slogdet(Wsum)[1])
+    if em is None:
+        return ll, None
+    m = np.maximum(w.sum(axis=1), 1.0)
+    WC = np.matmul(W.reshape(S, M * p, p), cov_mu).reshape(S, M, p, p)
+    if em == "diagonal":                  # diag(D) only: (W_i C W_i)_jj = sum_k (W_i C)_jk W_ijk
+        Dd = (np.einsum("smp,smp->sp", u, u) - np.diagonal(Wsum, axis1=-2, axis2=-1)
+              + np.einsum("smjk,smjk->sj", WC, W))
+        sig = np.diagonal(Sig, axis1=-2, axis2=-1)
+        return ll, sig + sig ** 2 * Dd / m[:, None]
+    D = (np.einsum("smp,smq->spq", u, u) - Wsum
+         + _gram(WC, W))                  # sum_i W_i C W_i (W_i symmetric)
+    new = Sig + Sig @ D @ Sig / m[:, None, None]
+    return ll, (new + np.swapaxes(new, -1, -2)) / 2
+
+
+#: golden-section steps of the one-parameter structures' REML (after a grid of
+#: :data:`TAU_GRID` points on ``log tau^2`` in ``[-12, 8]``, scaled coordinates): the bracket
+#: ends 2 * 0.618^30 ~ 1e-6 wide in ``log tau^2``
+GOLDEN = 30
+TAU_GRID = 21
+
+
+def _one_parameter(th, Jw, w, D):
+    """REML of ``Sigma = tau^2 D`` (D (S, p, p) PSD): ``(Sigma, ll)``, the maximum over
+    ``tau^2 = 0`` and a golden-section search on ``log tau^2`` from the best point of a grid,
+    vectorized over repeats and clients."""
+    def at(t):
+        return _restricted(th, Jw, w, np.exp(t)[:, None, None] * D, None)[0]
+
+    S = th.shape[0]
+    grid = np.linspace(-12.0, 8.0, TAU_GRID)
+    k = np.stack([at(np.full(S, g)) for g in grid]).argmax(axis=0)
+    a, b = grid[np.maximum(k - 1, 0)], grid[np.minimum(k + 1, TAU_GRID - 1)]
+    g = (np.sqrt(5.0) - 1) / 2
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = at(c), at(d)
+    for _ in range(GOLDEN):
+        left = fc > fd                        # the maximum is in [a, d], else in [c, b]
+        a, b = np.where(left, a, c), np.where(left, d, b)
+        c, d = (np.where(left, b - g * (b - a), d), np.where(left, c, a + g * (b - a)))
+        f = at(np.where(left, c, d))          # the one new point
+        fc, fd = np.where(left, f, fd), np.where(left, fc, f)
+    t = (a + b) / 2
+    Sig = np.exp(t)[:, None, None] * D
+    ll = _restricted(th, Jw, w, Sig, None)[0]
+    ll0 = _restricted(th, Jw, w, np.zeros_like(D), None)[0]
+    zero = ll0 > ll
+    return np.where(zero[:, None, None], 0.0, Sig), np.maximum(ll, ll0)
+
+
+def _diagonal(th, Jw, w, x, iterations: int, tol: float):
+    """REML of a diagonal ``Sigma`` from the diagonal ``x`` (S, p): ``(Sigma, ll, converged,
+    passes)``. The EM iteration with the diagonal constraint keeps the diagonal of the
+    unrestricted EM map (:func:`_restricted`; the maximizer of the complete-data likelihood
+    over diagonal covariances is the diagonal of the mean second moment), accelerated by
+    SQUAREM as :func:`_em` (the extrapolated point clipped at 0 instead of halving toward the
+    EM step), converged when one EM step moves it by less than ``tol`` of its largest entry."""
+    S, p = x.shape
+
+    def F(x):
+        ll, new = _restricted(th, Jw, w, x[..., None] * np.eye(p), "diagonal")
+        return np.maximum(new, 0.0), ll
+
+    conv, passes, done = np.zeros(S, bool), np.zeros(S, int), 0
+    while True:
+        x1, ll = F(x)
+        done += 1
+        passes = np.where(conv, passes, done)
+        step = np.abs(x1 - x).max(axis=-1) / np.maximum(np.abs(x).max(axis=-1),
+                                                        np.finfo(float).tiny)
+        conv = conv | (step < tol)
+        if conv.all() or done > iterations:
+            break
+        keep = conv[:, None]
+        if done + 2 > iterations:
+            x = np.where(keep, x, x1)
+            continue
+        x2, _ = F(x1)
+        r, v = x1 - x, x2 - 2 * x1 + x
+        nv = np.linalg.norm(v, axis=-1)
+        a = np.maximum(np.where(nv > 0, np.linalg.norm(r, axis=-1) / np.where(nv > 0, nv, 1.0),
+                                1.0), 1.0)
+        X = np.maximum(x + 2 * a[:, None] * r + (a ** 2)[:, None] * v, 0.0)
+        x3, llX = F(X)
+        done += 2
+        x = np.where(keep, x, np.where((llX >= ll)[:, None], x3, x2))
+    return x[..., None] * np.eye(p), ll, conv, passes
+
+
 def reml(theta, J, own, iterations: int = 200, tol: float = 1e-6,
-         max_rank: int = MAX_RANK, report: bool = False):
+         max_rank: int = MAX_RANK, report: bool = False, structures=STRUCTURES,
+         criterion: str = "bic"):
     """Restricted maximum likelihood of a low-rank heterogeneity covariance ``Sigma``
     (S, p, p), and of the unrestricted one (rank up to p, for the intervals), of the model
     ``theta_i ~ N(mu, Sigma + J_i^-1)`` over the clients ``own`` (S, M), vectorized over
@@ -438,14 +557,28 @@ def reml(theta, J, own, iterations: int = 200, tol: float = 1e-6,
     ``delta_i = A_i (theta_i - mu)``, ``A_i = Sigma (I + J_i Sigma)^-1 J_i``, and ``Sigma =
     mean_i (delta_i delta_i' + P_i + A_i Cov(mu) A_i')`` with ``P_i = Sigma (I + J_i
     Sigma)^-1`` (the last term is what makes it REML), truncated to its top ``r``
-    eigen-directions. The rank (0 included) is chosen by BIC on the restricted likelihood,
-    ``r p - r (r - 1) / 2`` parameters and ``log m``. It works in coordinates scaled by the
+    eigen-directions. Beside them, the structures of ``structures`` (:data:`STRUCTURES`):
+    ``Sigma = tau^2 I`` and ``tau^2 mean_i V_i`` (one parameter each; the REML by a golden
+    section search on ``log tau^2``, :func:`_one_parameter`) and a diagonal ``Sigma``
+    (``p`` parameters; EM with the diagonal constraint, :func:`_diagonal`). One rule
+    chooses among all of them, 0 included: the smallest information criterion
+    ``-2 ll + k pen(m)`` on the restricted likelihood ``ll``, ``k`` the structure's
+    parameters (rank r: ``r p - r (r - 1) / 2``), ``pen`` of :data:`CRITERIA`
+    (``criterion``; BIC: ``log m``); ``max_rank = 0`` and no ``structures``: ``Sigma = 0``.
+    A full-rank choice makes every later use of ``Sigma`` through its factor cost
+    O(M p^3) instead of O(M p^2 r). It works in coordinates scaled by the
     mean information's diagonal, so targets of very different noise levels keep their
     accuracy, and starts from the moment estimate ``C - mean V_i`` (PSD part) plus the mean
     ``V_i``. Each fit is the EM accelerated by SQUAREM (:func:`_em`), at most ``iterations``
     passes over the clients, converged when the EM map moves it by less than ``tol``
     (relative). Returns ``(Sigma, Sigma_full)``, and a :class:`RemlReport` third where
     ``report``."""
+    if criterion not in CRITERIA:
+        raise ValueError(f"criterion={criterion} is not allowed; allowed: "
+                         f"{', '.join(CRITERIA)}")
+    if any(x not in STRUCTURES for x in structures):
+        raise ValueError(f"structures={list(structures)} is not allowed; allowed: any of "
+                         f"{', '.join(STRUCTURES)}")
     S, M, p = theta.shape
     w = own.astype(float)
     m = np.maximum(w.sum(axis=1), 1.0)
@@ -463,16 +596,32 @@ def reml(theta, J, own, iterations: int = 200, tol: float = 1e-6,
     Jw = Js * w[..., None, None]
     sums = Jw.sum(axis=1), np.einsum("smpq,smq->sp", Jw, th)     # once for every rank
     zero = np.zeros((S, p, p))
+    pen = CRITERIA[criterion](m)
     best, best_ic = zero, -2 * _em(th, Jw, w, m, zero, 0, 0, tol, *sums)[2]
     top = int(min(max_rank, p, max(w.sum(axis=1).min() - 1, 0)))
     conv, its = np.ones(S, bool), np.zeros(S, int)
-    for r in range(1, top + 1):
-        Sig, _, ll, c, n = _em(th, Jw, w, m, _truncate(start, r), r, iterations, tol, *sums)
-        conv, its = conv & c, np.maximum(its, n)
-        ic = -2 * ll + (r * p - r * (r - 1) / 2) * np.log(m)
+
+    def compare(Sig, ll, k):
+        nonlocal best, best_ic
+        ic = -2 * ll + k * pen
         better = ic < best_ic
         best = np.where(better[:, None, None], Sig, best)
         best_ic = np.where(better, ic, best_ic)
+
+    for r in range(1, top + 1):
+        Sig, _, ll, c, n = _em(th, Jw, w, m, _truncate(start, r), r, iterations, tol, *sums)
+        conv, its = conv & c, np.maximum(its, n)
+        compare(Sig, ll, r * p - r * (r - 1) / 2)
+    if w.sum(axis=1).max() >= 2:
+        for name in structures:
+            if name == "diagonal":
+                Sig, ll, c, n = _diagonal(th, Jw, w, np.diagonal(start, axis1=-2, axis2=-1),
+                                          iterations, tol)
+                conv, its = conv & c, np.maximum(its, n)
+                compare(Sig, ll, p)
+            else:
+                D = np.broadcast_to(eye, (S, p, p)) if name == "identity" else Vbar
+                compare(*_one_parameter(th, Jw, w, D), 1)
     full, _, _, c, n = _em(th, Jw, w, m, start, p, iterations, tol, *sums)
     ok = (w.sum(axis=1) >= 2)[:, None, None]
     back = dg[:, :, None] * dg[:, None, :]
@@ -494,7 +643,8 @@ class RemlReport:
     limit: int
 
 
-def fleet(msg: Message, blocks, iterations: int = 200) -> Fleet:
+def fleet(msg: Message, blocks, iterations: int = 200, structures=STRUCTURES,
+          criterion: str = "bic", max_rank: int = MAX_RANK) -> Fleet:
     """The server's part of ``auto`` from the stacked messages (S, M, ...); ``blocks`` the
     model's :class:`NoiseBlocks` (or ``n_y``: one variance for all targets).
 
@@ -523,9 +673,20 @@ def fleet(msg: Message, blocks, iterations: int = 200) -> Fleet:
     # the low-rank Sigma only where some repeat is heterogeneous (it is 0 elsewhere); the
     # unrestricted Sigma_ci always
     Sigma, Sigma_ci, rep = reml(theta, J, own, iterations,
-                                max_rank=MAX_RANK if hetero.any() else 0, report=True)
+                                max_rank=max_rank if hetero.any() else 0, report=True,
+                                structures=structures if hetero.any() else (),
+                                criterion=criterion)
     Sigma = np.where(hetero[:, None, None], Sigma, 0.0)
-    # sum_i W_i and sum_i (I + J_i Sigma)^-1 beta_i, Sigma = L L' of rank k <= max_rank:
+    mu, cov_mu = fleet_mean(J, beta, Sigma)
+    return Fleet(mu, cov_mu, Sigma, s2, Sigma_ci, Q, pv, rep.converged, rep.iterations)
+
+
+def fleet_mean(J, beta, Sigma) -> tuple[np.ndarray, np.ndarray]:
+    """The fleet mean ``mu`` (S, p) and its covariance ``Cov(mu)`` (S, p, p) of every client's
+    scaled information ``J`` (S, M, p, p) and ``beta`` (S, M, p) (:func:`_scaled`) given the
+    heterogeneity ``Sigma`` (S, p, p): ``mu = (sum W_i)^-1 sum (I + J_i Sigma)^-1 beta_i``,
+    ``Cov(mu) = (sum W_i)^-1``, ``W_i = (Sigma + J_i^-1)^-1``."""
+    # sum_i W_i and sum_i (I + J_i Sigma)^-1 beta_i, Sigma = L L' of rank k:
     # W_i = J_i - Z_i (I + K_i)^-1 Z_i' (:class:`_Woodbury`), O(M p^2 k)
     wb = _Woodbury(J, _low_rank(Sigma))
     Lb = np.einsum("spk,smp->smk", wb.L, beta)
@@ -534,7 +695,7 @@ def fleet(msg: Message, blocks, iterations: int = 200) -> Fleet:
                                                        Lb[..., None])[..., 0])
     cov_mu = np.linalg.pinv(wb.wsum(J.sum(axis=1)), hermitian=True)
     mu = np.einsum("spq,sq->sp", cov_mu, rhs)
-    return Fleet(mu, cov_mu, Sigma, s2, Sigma_ci, Q, pv, rep.converged, rep.iterations)
+    return mu, cov_mu
 
 
 def client_posterior(msg: Message, fl: Fleet, blocks) -> tuple[np.ndarray, np.ndarray]:
@@ -574,11 +735,14 @@ def client_posterior(msg: Message, fl: Fleet, blocks) -> tuple[np.ndarray, np.nd
     return theta, se
 
 
-def auto(H, b, yy, n, blocks) -> tuple[np.ndarray, np.ndarray, Fleet]:
+def auto(H, b, yy, n, blocks, structures=STRUCTURES, criterion: str = "bic",
+         max_rank: int = MAX_RANK) -> tuple[np.ndarray, np.ndarray, Fleet]:
     """``personalize=auto`` for all clients at once: (models, se, fleet); ``blocks`` and
-    ``yy`` as in :func:`least_squares_intervals`."""
+    ``yy`` as in :func:`least_squares_intervals`; ``structures``, ``criterion`` and
+    ``max_rank``: the heterogeneity's candidate structures and the rule that chooses among
+    them (:func:`reml`)."""
     msg = client_message(H, b, yy, n, blocks)
-    fl = fleet(msg, blocks)
+    fl = fleet(msg, blocks, structures=structures, criterion=criterion, max_rank=max_rank)
     theta, se = client_posterior(msg, fl, blocks)
     return theta, se, fl
 
