@@ -145,6 +145,7 @@ def test_the_fedavgm_example_runs_its_own_server_update(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.flower
 @pytest.mark.skipif(not runtime_check.flower_installed(), reason="Flower is not installed")
 def test_the_fedavgm_example_runs_on_flower_as_in_process(tmp_path):
     """Its server update runs in the ServerApp, FedAvg's client update in each ClientApp."""

@@ -291,6 +291,7 @@ def test_bad_personalize_settings_are_refused_in_one_line(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.flower
 @pytest.mark.skipif(not __import__("fnsysid.runtimes.check", fromlist=["x"]).flower_installed(),
                     reason="Flower is not installed (pip install -e '.[flower]')")
 @pytest.mark.parametrize("option", ["auto", "finetune"])

@@ -341,6 +341,7 @@ def test_sgd_keeps_pruned_terms_at_zero(fleet):
 
 
 @pytest.mark.slow
+@pytest.mark.flower
 @pytest.mark.parametrize("strategy", ["fedavg", "scaffold"])
 def test_flower_runtime_sends_the_support_and_matches_inprocess(strategy):
     from fnsysid.runtimes import check as runtime
