@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-flower install-cluster install-docs run test test-flower test-slow test-docs docs lint help-text bench figures clean flower-deploy fig-personalized fig-privacy wheel
+.PHONY: help install install-flower install-cluster install-docs run test test-flower test-slow test-slow-core test-docs docs lint help-text bench figures clean flower-deploy fig-personalized fig-privacy wheel
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -46,6 +46,9 @@ test-flower: install-flower  ## the Flower tests that are not slow (adds the flo
 
 test-slow: $(STAMP)  ## the slow tests too
 	$(PY) -m pytest -q -m "(slow or not slow) and not docs"
+
+test-slow-core: $(STAMP)  ## only the slow tests that are not Flower or documentation tests (CI: after make test)
+	FNSYSID_TEST_FLOWER=0 $(PY) -m pytest -q -n auto --dist loadfile -m "slow and not flower and not docs"
 
 flower-deploy: $(STAMP)  ## a Flower deployment on 127.0.0.1 (SuperLink + 3 SuperNodes) vs in process; ARGS=--netns: one host each
 	$(PY) scripts/flower_deploy.py $(ARGS)

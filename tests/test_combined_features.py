@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import fnsysid
 from fnsysid.dynamics.features import Combined, Fourier, Identity, Library, Polynomial
+from tests.conftest import engine
 
 
 class StatesAndSines(Library):
@@ -78,8 +78,8 @@ def test_combined_on_a_pendulum_fleet_equals_the_hand_written_map(tmp_path):
     base = ["system=generic", "data=files", f"data.path={tmp_path / 'logs'}",
             "data.states=[theta,omega]", "data.inputs=[u]", "R=30", "lr=0.1",
             "optimizer.reduction=mean", "progress=false"]
-    combined = fnsysid.run([*base, "feature_map=combined"])
-    own = fnsysid.run([*base, f"+feature_map._target_={__name__}.StatesAndSines"])
+    combined = engine(*base, "feature_map=combined")
+    own = engine(*base, f"+feature_map._target_={__name__}.StatesAndSines")
     assert combined.summary["status"] == own.summary["status"] == "ok"
     pd.testing.assert_frame_equal(combined.errors, own.errors, rtol=1e-12)
     pd.testing.assert_frame_equal(combined.estimates, own.estimates, rtol=1e-12)
@@ -145,11 +145,11 @@ def test_the_default_combined_map_fits_the_dense_systems():
 
 def test_generic_names_every_feature_by_its_columns(tmp_path):
     _pendulum_fleet(tmp_path / "logs", clients=2, trajectories=3, T=10)
-    res = fnsysid.run(["system=generic", "data=files", f"data.path={tmp_path / 'logs'}",
-                       "data.states=[theta,omega]", "data.inputs=[u]", "R=1", "progress=false",
-                       "feature_map=combined",
-                       "feature_map.libraries=[identity,{kind:sin,n_frequencies:2},"
-                       "{kind:polynomial,bias:false}]"])
+    res = engine("system=generic", "data=files", f"data.path={tmp_path / 'logs'}",
+                 "data.states=[theta,omega]", "data.inputs=[u]", "R=1", "progress=false",
+                 "feature_map=combined",
+                 "feature_map.libraries=[identity,{kind:sin,n_frequencies:2},"
+                 "{kind:polynomial,bias:false}]")
     names = [p.split(":", 1)[1] for p in res.summary["parameters"] if p.startswith("omega+:")]
     assert names == ["theta", "omega", "u", "sin(theta)", "sin(omega)", "sin(2theta)",
                      "sin(2omega)", "theta^2", "theta*omega", "theta*u", "omega^2", "omega*u",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import fnsysid
+from tests.conftest import engine
 
 NOISELESS = {"system.disturbance.kind": "zero", "eps": 0.0, "M": 3, "R": 2, "repeats": 1,
              "progress": False}
@@ -14,20 +14,20 @@ NOISELESS = {"system.disturbance.kind": "zero", "eps": 0.0, "M": 3, "R": 2, "rep
 
 @pytest.mark.parametrize("system", ["synthetic", "linear"])
 def test_a_perfect_model_scores_rounding_one_step_and_zero_free_run(system):
-    err = fnsysid.run({**NOISELESS, "system": system, "strategy": "centralized_exact"}).errors
+    err = engine({**NOISELESS, "system": system, "strategy": "centralized_exact"}).errors
     last = err.iloc[-1]
     assert last["e_max"] < 1e-13
     assert last["nrmse_1step_max"] < 1e-12               # residuals' rounding, ~1e-15
     assert last["nrmse_sim_max"] < 1e-12                 # states compared directly
-    start = fnsysid.run({**NOISELESS, "system": system}).errors.iloc[0]   # fedavg, round 0
+    start = engine({**NOISELESS, "system": system}).errors.iloc[0]   # fedavg, round 0
     assert start["nrmse_1step_max"] > 0.1 and start["nrmse_sim_max"] > 0.1
 
 
 @pytest.mark.parametrize("strategy", ["oneshot", "centralized_exact"])
 def test_round_0_of_the_closed_form_strategies_holds_their_solution(strategy):
     base = {"system": "synthetic", "M": 3, "R": 3, "repeats": 2, "progress": False}
-    res = fnsysid.run({**base, "strategy": strategy})
-    fedavg = fnsysid.run(base)
+    res = engine({**base, "strategy": strategy})
+    fedavg = engine(base)
     err = res.errors
     for col in ("e_max", "e_mean", "nrmse_1step_max", "nrmse_1step_mean"):
         per_repeat = err.groupby("repeat")[col]

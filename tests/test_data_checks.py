@@ -16,7 +16,7 @@ from fnsysid.app.build import build
 from fnsysid.app.experiment import run_experiment
 from fnsysid.data.files import DataError, data_files, load_truth
 from fnsysid.data.source import load_data
-from tests.conftest import cli_in_process, compose_cfg
+from tests.conftest import cli_in_process, compose_cfg, engine
 from tests.test_data_files import GENERIC, linear_fleet, write_per_client
 
 ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
@@ -455,7 +455,7 @@ def test_clients_and_estimates_of_file_data_name_the_clients_by_their_ids(tmp_pa
     assert e.index.tolist() == ["00", "01", "1"]
     assert e["1"] > 0.4 and e["00"] < 0.3 and e["01"] < 0.3
     # simulated clients keep their positions 0..M-1
-    res = fnsysid.run(["system=linear", "M=3", "R=1", "strategy=local", "output.plot=false"])
+    res = engine("system=linear", "M=3", "R=1", "strategy=local", "output.plot=false")
     assert res.clients["client"].tolist()[:3] == [0, 1, 2]
     assert res.estimates["client"].unique().tolist() == ["0", "1", "2"]
 
@@ -469,7 +469,7 @@ def test_fit_plot_shows_a_scored_client_not_one_of_all_zero_data(tmp_path, monke
     drawn = {}
     monkeypatch.setattr(plotting, "plot_fit", lambda measured, step, sim, names, title, **kw:
                         drawn.update(measured=measured, title=title) or drawn)
-    res = fnsysid.run([*GENERIC, f"data.path={folder}", "strategy=oneshot", "R=1"])
+    res = engine(*GENERIC, f"data.path={folder}", "strategy=oneshot", "R=1")
     assert res.summary["unscored_clients"] == ["robot0"]
     assert res.plot_fit() is drawn                                  # the figure drawn
     assert drawn["title"] == "client robot1, held-out trajectory 1"
@@ -484,8 +484,8 @@ def test_a_tiny_truth_is_not_taken_for_divergence(tmp_path, extra):
     _, folder, truth = zero_padded_fleet(tmp_path)
     truth.loc[6:11, "value"] = [1e-150, -1e-150, 0.0, 0.0, 0.0, 0.0]
     truth.to_csv(tmp_path / "truth.csv", index=False)
-    res = fnsysid.run([*GENERIC, f"data.path={folder}", f"data.truth={tmp_path / 'truth.csv'}",
-                       "R=20", *extra])
+    res = engine(*GENERIC, f"data.path={folder}", f"data.truth={tmp_path / 'truth.csv'}",
+                 "R=20", *extra)
     assert res.summary["status"] == "ok" and res.summary["diverged_round"] is None
     # the errors stay as defined (paper eq. 9): client 01's is enormous
     assert res.summary["final_e_max_mean"] > 1e140

@@ -288,10 +288,13 @@ def test_client0_start_without_truth_is_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_bad_data_on_the_command_line_exits_2_without_a_folder(tmp_path, bad_cases):
-    """In a fresh interpreter (``python run.py``): the data are refused inside the job."""
+@pytest.mark.parametrize("run", [cli_in_process, pytest.param(cli, marks=pytest.mark.slow)],
+                         ids=["in_process", "fresh_interpreter"])
+def test_bad_data_on_the_command_line_exits_2_without_a_folder(tmp_path, bad_cases, run):
+    """The data are refused inside the job: in this process; through a fresh interpreter
+    (``python run.py``) too in make test-slow."""
     args, message = bad_cases["nan"]
-    res = cli(*GENERIC, *args, f"hydra.run.dir={tmp_path}/run")
+    res = run(*GENERIC, *args, f"hydra.run.dir={tmp_path}/run")
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fnsysid: error: ") and message in lines[0]

@@ -15,6 +15,7 @@ import pytest
 
 import fnsysid
 from fnsysid.runtimes import check as runtime_check
+from tests.conftest import engine
 
 ROOT = Path(__file__).resolve().parent.parent
 DUFFING = ROOT / "examples" / "duffing"
@@ -133,7 +134,7 @@ def test_the_fedavgm_example_runs_its_own_server_update(tmp_path):
     sys.path.insert(0, str(FEDAVGM))
     try:
         base = {"M": 5, "R": 15, "repeats": 2, "progress": False}
-        fedavg = fnsysid.run(base).errors
+        fedavg = engine(base).errors
         zero = fnsysid.run({**base, "strategy": "fedavgm", "strategy.beta": 0.0},
                            config_dir=FEDAVGM / "conf").errors
     finally:
@@ -144,6 +145,7 @@ def test_the_fedavgm_example_runs_its_own_server_update(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.flower
 @pytest.mark.skipif(not runtime_check.flower_installed(), reason="Flower is not installed")
 def test_the_fedavgm_example_runs_on_flower_as_in_process(tmp_path):
     """Its server update runs in the ServerApp, FedAvg's client update in each ClientApp."""

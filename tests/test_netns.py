@@ -69,6 +69,7 @@ def test_namespaces_have_their_own_addresses_no_route_out_and_are_removed_on_err
     assert [n for n in netns.left_over() if n.startswith(mine)] == []
 
 
+@pytest.mark.flower
 @pytest.mark.slow
 @is_root
 @pytest.mark.skipif(not runtime.flower_installed() or shutil.which("nginx") is None,
@@ -116,6 +117,7 @@ def test_netns_deployment_refuses_a_rogue_device_survives_a_killed_node_and_matc
     assert summary["status"] == "ok" and summary["rounds_completed"] == 3
 
 
+@pytest.mark.flower
 @pytest.mark.slow
 @is_root
 @pytest.mark.skipif(not runtime.flower_installed() or shutil.which("nginx") is None,

@@ -291,6 +291,7 @@ def test_bad_personalize_settings_are_refused_in_one_line(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.flower
 @pytest.mark.skipif(not __import__("fnsysid.runtimes.check", fromlist=["x"]).flower_installed(),
                     reason="Flower is not installed (pip install -e '.[flower]')")
 @pytest.mark.parametrize("option", ["auto", "finetune"])
@@ -429,8 +430,8 @@ def test_duffing_script_recovers_the_truth_and_auto_is_pooled_on_an_identical_fl
     for m in range(2):
         own = np.linalg.lstsq(X[m], Y[m], rcond=None)[0].T
         np.testing.assert_allclose(own, true, atol=1e-9)
-    r = mod.one_seed(0, M=5, N=2, T=50, noise=0.5)
-    X, Y, names = mod.fleet(np.random.default_rng(0), 5, 2, 50, 0.5)
+    r = mod.one_seed(0, M=2, N=2, T=50, noise=0.5)     # auto's REML: ~0.3 s (M=5: ~7 s)
+    X, Y, names = mod.fleet(np.random.default_rng(0), 2, 2, 50, 0.5)
     pooled = np.linalg.lstsq(X.reshape(-1, X.shape[-1]), Y.reshape(-1, 2), rcond=None)[0].T
     assert r["pooled"] == pytest.approx(((pooled.ravel() - mod.truth(names)) ** 2).mean(),
                                         rel=1e-8)

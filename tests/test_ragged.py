@@ -74,7 +74,7 @@ def padded_heldout(model, rows, S, M, states, inputs):
 
 @pytest.mark.parametrize("count, bitwise", [
     (np.full(300, 37), True),                          # one length: one padded call, as before
-    (np.r_[np.full(200, 2), 20000], False),
+    (np.r_[np.full(200, 2), 2000], False),             # one segment 1000 times the others
     (np.random.default_rng(1).integers(1, 600, 400), False),
 ])
 def test_ragged_statistics_equal_the_padded_ones(count, bitwise):

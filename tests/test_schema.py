@@ -233,10 +233,13 @@ def test_summary_is_strict_json_with_null_and_reason(tmp_path):
     assert all(v is None or math.isfinite(v) for v in summary["theorem1"].values())
 
 
-def test_sweep_with_a_diverged_job_names_it_and_exits_3(tmp_path):
-    """In a fresh interpreter (``python run.py -m``): the exit status of a sweep. (No plots:
-    nothing here reads them, and a job's plots are checked in test_cli.py and test_api.py.)"""
-    res = cli("-m", "system=pendulum", "lr=10,0.01", "M=2", "R=20", "repeats=1",
+@pytest.mark.parametrize("run", [cli_in_process, pytest.param(cli, marks=pytest.mark.slow)],
+                         ids=["in_process", "fresh_interpreter"])
+def test_sweep_with_a_diverged_job_names_it_and_exits_3(tmp_path, run):
+    """The exit status of a sweep, in this process; through a fresh interpreter (``python
+    run.py -m``) too in make test-slow. (No plots: nothing here reads them, and a job's plots
+    are checked in test_cli.py and test_api.py.)"""
+    res = run("-m", "system=pendulum", "lr=10,0.01", "M=2", "R=20", "repeats=1",
               "output.plot=false", "hydra/launcher=basic", f"hydra.sweep.dir={tmp_path}")
     assert res.returncode == 3, res.stderr
     lines = res.stderr.strip().splitlines()

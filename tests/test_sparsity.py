@@ -10,6 +10,7 @@ import pytest
 import fnsysid
 from fnsysid.dynamics.features import Polynomial
 from fnsysid.learning.sparsity import stlsq
+from tests.conftest import engine
 
 DT, DELTA, B = 0.05, 0.3, 1.0
 #: the true support: x1+ = x1 + dt x2; x2+ = -dt alpha x1 + (1 - dt delta) x2 + dt b u
@@ -56,8 +57,8 @@ def run(file, *extra, degree=3, **kw):
     over = {"system": "generic", "data": "files", "data.path": str(file),
             "data.states": ["x1", "x2"], "data.inputs": ["u"], "feature_map": "polynomial",
             "feature_map.degree": degree, "output.plot": False, "progress": False, **kw}
-    return fnsysid.run([f"{k}={v}" if not isinstance(v, list) else f"{k}=[{','.join(v)}]"
-                        for k, v in over.items()] + list(extra))
+    return engine(*[f"{k}={v}" if not isinstance(v, list) else f"{k}=[{','.join(v)}]"
+                    for k, v in over.items()], *extra)
 
 
 def kept(res) -> set[str]:
@@ -340,6 +341,7 @@ def test_sgd_keeps_pruned_terms_at_zero(fleet):
 
 
 @pytest.mark.slow
+@pytest.mark.flower
 @pytest.mark.parametrize("strategy", ["fedavg", "scaffold"])
 def test_flower_runtime_sends_the_support_and_matches_inprocess(strategy):
     from fnsysid.runtimes import check as runtime
