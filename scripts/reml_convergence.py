@@ -1,4 +1,4 @@
-"""The REML of ``personalize=auto`` (Fisher scoring with an active set) against the plain EM run long.
+"""The REML of ``personalize=auto`` (Fisher scoring, active set) against the plain EM run long.
 
 Usage: python scripts/reml_convergence.py [--M 20] [--eps 1] [--seed 0] [--plain 20000]
 

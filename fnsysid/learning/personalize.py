@@ -428,7 +428,7 @@ def _newton(st, rank: int, release: bool = True, drop=None, safe=None):
     REML projection, over the clients ``sum_i tr(W_i A W_i B) - 2 tr(W_i A Q_i B)
     + tr(C G_A C G_B)``, ``G_A = sum_i W_i A W_i``; it needs the sums ``sum_i W_i (x) W_i``
     and ``sum_i W_i (x) Q_i`` (two products (p^2, M) x (M, p^2) over all clients)."""
-    W, Q, C, D, lam, U = st["W"], st["Q"], st["C"], st["D"], st["lam"], st["U"]
+    W, D, lam, U = st["W"], st["D"], st["lam"], st["U"]
     S, M, p = W.shape[:3]
     pos = lam > 0 if drop is None else (lam > 0) & ~drop
     npos = pos.sum(axis=-1)
@@ -450,7 +450,7 @@ def _newton(st, rank: int, release: bool = True, drop=None, safe=None):
     E = E + np.swapaxes(E, -1, -2)
     E[:, ia == ib] /= 2
     rng_ = ~null                                               # Sigma's range
-    lamb = np.einsum("spk,sp->sk", V ** 2, np.where(pos, lam, 0.0))                  # its eigenvalues there
+    lamb = np.einsum("spk,sp->sk", V ** 2, np.where(pos, lam, 0.0))    # its eigenvalues
     act = ~free
     # a pair of a range and an active direction turns the range (Sigma's rank stays); a
     # free direction of variance 0 with an active one is held (it would leave the cone)
@@ -568,7 +568,9 @@ def _em(th, Jw, w, m, Sig, rank: int, iterations: int, tol: float, sJ=None, sJth
     st["m"] = m
     done = 1
     passes[:] = 1
-    scale = lambda X: np.abs(X).max(axis=(1, 2))
+    def scale(X):
+        return np.abs(X).max(axis=(1, 2))
+
     while done <= iterations:
         # Fisher scoring on Sigma's face; where that has converged, the face with the null
         # directions of positive curvature released (a face left too early turns back)
@@ -582,7 +584,7 @@ def _em(th, Jw, w, m, Sig, rank: int, iterations: int, tol: float, sJ=None, sJth
         if face.any() and rank > 0:
             out = direction(st, True)
             base, Delta, Delta2, f = (np.where(face.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
-                                      for a, b in zip(out, (base, Delta, Delta2, f)))
+                                      for a, b in zip(out, (base, Delta, Delta2, f), strict=True))
             Sig1 = _truncate(base + Delta + Delta2, f)
             step = scale(Sig1 - st["Sig"]) / np.maximum(scale(st["Sig"]),
                                                          np.finfo(float).tiny)
@@ -592,7 +594,7 @@ def _em(th, Jw, w, m, Sig, rank: int, iterations: int, tol: float, sJ=None, sJth
         t = np.ones(S)
         ok = conv.copy()
         new = st
-        for h in range(HALVINGS + 1):
+        for _ in range(HALVINGS + 1):
             X, lx, Ux = _truncate(base + t[:, None, None] * Delta
                                   + (t ** 2)[:, None, None] * Delta2, f, factors=True)
             trial = _state(th, Jw, w, X, lx, Ux, sJ, sJth)
@@ -635,8 +637,8 @@ def reml(theta, J, own, iterations: int = 200, tol: float = 1e-6,
     accuracy, and starts from the moment estimate ``C - mean V_i`` (PSD part) plus the mean
     ``V_i``. Each fit is Fisher scoring with an active set of zero variances (:func:`_em`),
     at most ``iterations`` passes over the clients, converged when its projected step moves
-    it by less than ``tol`` (relative). Returns ``(Sigma, Sigma_full)``, and a :class:`RemlReport` third where
-    ``report``."""
+    it by less than ``tol`` (relative). Returns ``(Sigma, Sigma_full)``, and a
+    :class:`RemlReport` third where ``report``."""
     S, M, p = theta.shape
     w = own.astype(float)
     m = np.maximum(w.sum(axis=1), 1.0)
@@ -676,9 +678,10 @@ def reml(theta, J, own, iterations: int = 200, tol: float = 1e-6,
 @dataclass
 class RemlReport:
     """How :func:`reml`'s fits ended, per repeat (S,): ``converged`` (every rank's fit and
-    the unrestricted one: the Fisher-scoring step moves each by less than ``tol``; True where fewer than
-    two clients have their own model and ``Sigma`` is 0 by definition), ``iterations`` (the
-    most passes over the clients any one fit took) and the cap ``limit``."""
+    the unrestricted one: the Fisher-scoring step moves each by less than ``tol``; True
+    where fewer than two clients have their own model and ``Sigma`` is 0 by definition),
+    ``iterations`` (the most passes over the clients any one fit took) and the cap
+    ``limit``."""
 
     converged: np.ndarray
     iterations: np.ndarray
