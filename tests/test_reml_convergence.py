@@ -45,10 +45,10 @@ def test_reml_reaches_the_plain_em_fixed_point_and_it_is_stationary():
     np.testing.assert_allclose(np.diagonal(J.mean(axis=1), axis1=-2, axis2=-1), 1.0)
     # the plain EM to thousands of iterations, until its step is below 1e-13
     ref, _, ll_ref, conv, n = pers._em(*args, _start(th, J, own), p, 20000, 1e-13,
-                                       plain=True)
+                                       squarem=False)
     assert conv.all() and (n > 300).all()
     scale = np.abs(ref).max(axis=(1, 2))
-    cap = pers._em(*args, _start(th, J, own), p, 200, 0.0, plain=True)
+    cap = pers._em(*args, _start(th, J, own), p, 200, 0.0, squarem=False)
     assert (np.abs(cap[0] - ref).max(axis=(1, 2)) > 1e-4 * scale).any()
     for tol, close in ((1e-6, 1e-4), (1e-10, 1e-8)):
         _, Sig, rep = pers.reml(th, J, own, tol=tol, max_rank=0, report=True)
@@ -57,13 +57,13 @@ def test_reml_reaches_the_plain_em_fixed_point_and_it_is_stationary():
         ll = pers._em(*args, Sig, p, 0, 0.0)[2]
         assert (ll >= cap[2] - 1e-5).all() and (ll >= ll_ref - 1e-5).all()
         # one EM step from it moves it by less than tol
-        step = pers._em(*args, Sig, p, 1, 0.0, plain=True)[0]
+        step = pers._em(*args, Sig, p, 1, 0.0, squarem=False)[0]
         assert (np.abs(step - Sig).max(axis=(1, 2)) < tol * np.abs(Sig).max(axis=(1, 2))).all()
     assert (ll > cap[2] + 1e-3).any()          # where the cap had not converged
 
 
-def test_the_solver_never_lowers_the_likelihood_below_plain_em():
-    """At every cap the Fisher-scoring fit's likelihood is at least the plain EM's."""
+def test_squarem_never_lowers_the_likelihood_below_plain_em():
+    """At every cap the accelerated fit's likelihood is at least the plain EM's."""
     J, th, own = _interior_fleet(seed=1)
     S, M, p = th.shape
     w = own.astype(float)
@@ -71,7 +71,7 @@ def test_the_solver_never_lowers_the_likelihood_below_plain_em():
     start = _start(th, J, own)
     for cap in (5, 11, 30):
         ll_sq = pers._em(*args, start, p, cap, 0.0)[2]
-        ll_em = pers._em(*args, start, p, cap, 0.0, plain=True)[2]
+        ll_em = pers._em(*args, start, p, cap, 0.0, squarem=False)[2]
         assert (ll_sq >= ll_em - 1e-9 * np.abs(ll_em)).all()
 
 
@@ -97,50 +97,3 @@ def test_a_run_says_when_its_reml_did_not_converge():
     assert "did not converge in repeat(s) 0, 1" in line and "\n" not in line
     # the cap changes the heterogeneity the intervals assume
     assert np.abs(short.Sigma_ci - fl.Sigma_ci).max() > 1e-3 * np.abs(fl.Sigma_ci).max()
-
-
-def _boundary_fleet(seed=3, S=2, M=60, p=3):
-    """Clients of unit mean information whose true heterogeneity has rank 1 in p = 3, with
-    a spread small against the noise in the other directions: the unrestricted REML of
-    repeat 0 has a variance 0 (the boundary of the cone), repeat 1's is inside it."""
-    rng = np.random.default_rng(seed)
-    A = rng.normal(size=(S, M, p, p + 3))
-    J = A @ np.swapaxes(A, -1, -2)
-    d = np.sqrt(np.diagonal(J.mean(axis=1), axis1=-2, axis2=-1))
-    J = J / (d[:, None, :, None] * d[:, None, None, :])
-    v = rng.normal(size=(S, p))
-    theta = (np.einsum("sm,sp->smp", 2.0 * rng.normal(size=(S, M)), v)
-             + np.einsum("smpq,smq->smp", np.linalg.cholesky(np.linalg.inv(J)),
-                         rng.normal(size=(S, M, p))))
-    return J, theta, np.ones((S, M), bool)
-
-
-def test_a_boundary_reml_converges_with_exact_zeros_and_satisfies_kkt():
-    """Where the REML has variances 0 the solver reaches them exactly in few passes: it
-    reports converged, its restricted likelihood is at least the plain EM's after 20000
-    iterations (which approaches the boundary sublinearly), and the KKT conditions of
-    maximising over PSD matrices hold: the gradient D vanishes on Sigma's range (D Sigma = 0)
-    and is negative semi-definite on its null space."""
-    J, th, own = _boundary_fleet()
-    S, M, p = th.shape
-    w = own.astype(float)
-    args = (th, J, w, w.sum(axis=1))
-    _, Sig, rep = pers.reml(th, J, own, max_rank=0, report=True)
-    assert rep.converged.all() and (rep.iterations <= 40).all()
-    lam, U = np.linalg.eigh(Sig)
-    scale = lam[:, -1]
-    # repeat 0 on the boundary (a variance 0 to rounding), repeat 1 inside the cone
-    assert lam[0, 0] <= 1e-12 * scale[0] and lam[1, 0] > 5e-3 * scale[1]
-    plain = pers._em(*args, _start(th, J, own), p, 20000, 0.0, plain=True)
-    assert np.linalg.eigvalsh(plain[0][0])[0] > 1e-9 * scale[0]       # not yet 0
-    ll = pers._em(*args, Sig, p, 0, 0.0)[2]
-    assert (ll >= plain[2] - 1e-9 * np.abs(ll)).all()
-    Sig_t, lam_t, U_t = pers._truncate(Sig, p, factors=True)
-    st = pers._state(th, J * w[..., None, None], w, Sig_t, lam_t, U_t, J.sum(axis=1),
-                     np.einsum("smpq,smq->sp", J, th))
-    D = st["D"] / M                    # the gradient per client (a sum of M terms)
-    assert (np.abs(D @ Sig).max(axis=(1, 2)) < 1e-6 * scale).all()
-    null = lam_t <= 0
-    curv = np.einsum("spk,spq,sqk->sk", U_t, D, U_t)
-    assert (np.where(null, curv, -np.inf).max(axis=1) <= 1e-9).all()
-    assert (np.where(null, curv, 0.0) < -1e-3).any()           # an active bound

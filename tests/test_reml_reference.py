@@ -60,7 +60,7 @@ def test_em_steps_and_likelihood_are_the_textbook_ones():
     w = own.astype(float)
     for iterations in (0, 1, 4):
         Sig, mu, ll, _, _ = pers._em(th, J * w[..., None, None], w, w.sum(axis=1), Sig0, p,
-                                     iterations, 0.0, plain=True)
+                                     iterations, 0.0, squarem=False)
         for s in range(S):
             ref = _em_reference(th[s], J[s], own[s], Sig0[s], iterations)
             np.testing.assert_allclose(Sig[s], ref[0], rtol=1e-10, atol=1e-10 * abs(ref[0]).max())
@@ -75,7 +75,7 @@ def test_low_rank_em_keeps_its_rank_and_is_the_truncated_textbook_step():
     start = pers._truncate(_psd(np.random.default_rng(3), S, p, p), 2)
     w = own.astype(float)
     Sig, _, _, _, _ = pers._em(th, J * w[..., None, None], w, w.sum(axis=1), start, 2, 1, 0.0,
-                               plain=True)
+                               squarem=False)
     for s in range(S):
         ref = pers._truncate(_em_reference(th[s], J[s], own[s], start[s], 1)[0][None], 2)[0]
         np.testing.assert_allclose(Sig[s], ref, rtol=1e-10, atol=1e-10 * abs(ref).max())
@@ -124,14 +124,14 @@ def test_fleet_and_client_posteriors_are_the_textbook_ones():
         eye = np.eye(p)
         Ws = [J[s, i] @ np.linalg.inv(eye + fl.Sigma[s] @ J[s, i]) for i in range(M)]
         rhs = sum(np.linalg.solve(eye + J[s, i] @ fl.Sigma[s], msg.b[s, i]) for i in range(M))
-        # in the parameters' own scales (D = diag(scale)), as residuals (fleet inverts the
-        # sum of weights scaled to a unit diagonal: unscaled, its entries of scale 1e-2 had
-        # errors of 1e-7)
+        # in the parameters' own scales (D = diag(scale)), as residuals: with the fleet's
+        # REML Sigma the sum of weights is ill-conditioned (the reference's own inverses
+        # and the low-rank form round differently, by about 1e-8 here)
         Wd = sum(Ws) / np.outer(scale, scale)
         np.testing.assert_allclose(Wd @ (fl.cov_mu[s] * np.outer(scale, scale)), eye,
-                                   rtol=0, atol=1e-12)
+                                   rtol=0, atol=1e-7)
         np.testing.assert_allclose(Wd @ (fl.mu[s] * scale), rhs / scale, rtol=0,
-                                   atol=1e-12 * abs(rhs / scale).max())
+                                   atol=1e-7 * abs(rhs / scale).max())
 
 
 def test_a_homogeneous_fleet_skips_the_low_rank_fits_and_changes_nothing():

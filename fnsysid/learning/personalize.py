@@ -245,18 +245,13 @@ def homogeneity(theta, J, own):
 
 
 def _truncate(Sig, rank: int, factors: bool = False):
-    """The best rank-``rank`` PSD approximation of symmetric ``Sig`` (S, p, p) (``rank`` an
-    integer or one per repeat (S,); with its
+    """The best rank-``rank`` PSD approximation of symmetric ``Sig`` (S, p, p) (with its
     eigenvalues and eigenvectors ``(Sig, lam, U)`` where ``factors``)."""
     lam, U = np.linalg.eigh(Sig)
     # directions below 1e-12 of the largest are 0 (EM shrinks them geometrically to
     # subnormal numbers, which make every later product slow)
     lam = np.where(lam > 1e-12 * np.abs(lam).max(axis=-1, keepdims=True), lam, 0.0)
-    p = Sig.shape[-1]
-    if np.ndim(rank):                                # a rank per repeat (S,)
-        lam = np.where(np.arange(p) < p - np.asarray(rank)[:, None], 0.0, lam)
-    else:
-        lam[..., :p - rank] = 0.0
+    lam[..., :Sig.shape[-1] - rank] = 0.0
     out = np.einsum("spk,sk,sqk->spq", U, lam, U)
     return (out, lam, U) if factors else out
 
@@ -371,262 +366,74 @@ def _pass(th, Jw, w, m, Sig, lam, U, rank: int, sJ, sJth):
     return new, nlam, nU, ll, mu, step
 
 
-#: Fisher scoring: halvings of the step toward the current iterate before an EM step is
-#: taken instead
-HALVINGS = 4
-
-
-def _state(th, Jw, w, Sig, lam, U, sJ, sJth):
-    """Everything a Fisher-scoring step needs at ``Sig`` (its eigen-pairs ``lam``, ``U``): one
-    pass over the clients. Returns a dict with the restricted log-likelihood ``ll`` (S,), the
-    fleet mean ``mu`` (S, p), ``C = Cov(mu) = (sum_i W_i)^-1``, every client's ``W_i =
-    (Sigma + J_i^-1)^-1`` (S, M, p, p, through :class:`_Woodbury`), ``Q_i = W_i C W_i`` and the
-    gradient ``D = sum_i (u_i u_i' - W_i + Q_i)`` (twice the derivative of the restricted
-    log-likelihood in ``Sigma``), ``u_i = W_i (theta_i - mu)``."""
-    S, M, p = th.shape
-    L = _columns(lam, U)
-    wb = _Woodbury(Jw, L)
-    W = Jw - np.swapaxes(wb.Zt, -1, -2) @ wb.F
-    W = (W + np.swapaxes(W, -1, -2)) / 2
-    Wsum = sJ - _gram(np.swapaxes(wb.Zt, -1, -2), np.swapaxes(wb.F, -1, -2))
-    Wsum = (Wsum + np.swapaxes(Wsum, -1, -2)) / 2
-    C = np.linalg.pinv(Wsum, hermitian=True)
-    mu = np.einsum("spq,sq->sp", C, np.einsum("smpq,smq->sp", W, th))
-    r = th - mu[:, None]
-    u = np.einsum("smpq,smq->smp", W, r)
-    ld = np.linalg.slogdet(np.eye(L.shape[-1]) + wb.K)[1]      # log|I + J_i Sigma|
-    ll = -0.5 * (np.einsum("sm,sm->s", w, ld) + np.einsum("smp,smp->s", r, u)
-                 + np.linalg.slogdet(Wsum)[1])
-    WC = np.matmul(W.reshape(S, M * p, p), C).reshape(S, M, p, p)
-    Q = WC @ W
-    D = np.swapaxes(u, 1, 2) @ u - Wsum + Q.sum(axis=1)
-    return dict(ll=ll, mu=mu, C=C, W=W, Q=Q, D=(D + np.swapaxes(D, -1, -2)) / 2,
-                Sig=Sig, lam=lam, U=U)
-
-
-def _information(st, E):
-    """The information of the restricted likelihood at the state ``st`` (:func:`_state`) on
-    the symmetric directions ``E`` (S, n, p, p): (S, n, n) (see :func:`_newton`)."""
-    W, Q, C = st["W"], st["Q"], st["C"]
-    S, M, p = W.shape[:3]
-    X = W.reshape(S, M, p * p)
-    T1 = (np.swapaxes(X, 1, 2) @ X).reshape(S, p, p, p, p)      # sum_i W_ab W_cd
-    T2 = (np.swapaxes(X, 1, 2) @ Q.reshape(S, M, p * p)).reshape(S, p, p, p, p)
-    T = T1 - 2 * T2
-    # sum_i tr(W_i A W_i B) - 2 tr(W_i A Q_i B) = T[a, b, c, d] A_bc B_da
-    TE = np.einsum("sabcd,skbc->skda", T, E, optimize=True)
-    F = np.einsum("skda,slda->skl", TE, E, optimize=True)
-    G = np.einsum("sxbcy,skbc->skxy", T1, E, optimize=True)
-    CG = C[:, None] @ G
-    F = F + np.einsum("skab,slba->skl", CG, CG, optimize=True)
-    F = (F + np.swapaxes(F, -1, -2)) / 4
-    return F
-
-
-def _newton(st, rank: int, release: bool = True, drop=None, safe=None):
-    """The Fisher-scoring step ``Delta`` (S, p, p) of the restricted likelihood at the state
-    ``st`` (:func:`_state`) on the face of the cone of PSD matrices of rank <= ``rank`` that
-    ``Sigma`` lies on (an active set).
-
-    In an orthonormal basis ``u_1 ... u_p`` (``Sigma``'s eigenvectors of positive eigenvalue,
-    the rest of its null space ordered by the curvature ``u' D u`` of the likelihood there), a
-    direction is free where ``Sigma`` has a positive eigenvalue along it, or where the
-    gradient would raise its variance (``u' D u > 0``) and the rank allows; the step leaves
-    the block of the other (active) directions at 0 and solves the Fisher system on the
-    symmetric entries with a free row or column (``Sigma``'s range may turn). The expected
-    information of the restricted likelihood is ``I(A, B) = tr(P A P B) / 2`` with ``P`` the
-    REML projection, over the clients ``sum_i tr(W_i A W_i B) - 2 tr(W_i A Q_i B)
-    + tr(C G_A C G_B)``, ``G_A = sum_i W_i A W_i``; it needs the sums ``sum_i W_i (x) W_i``
-    and ``sum_i W_i (x) Q_i`` (two products (p^2, M) x (M, p^2) over all clients)."""
-    W, D, lam, U = st["W"], st["D"], st["lam"], st["U"]
-    S, M, p = W.shape[:3]
-    pos = lam > 0 if drop is None else (lam > 0) & ~drop
-    npos = pos.sum(axis=-1)
-    # D in Sigma's eigenbasis, its null-space block diagonalised (the range keeps its
-    # vectors: a large negative diagonal puts them first)
-    Du = np.swapaxes(U, -1, -2) @ D @ U
-    both = ~pos[:, :, None] & ~pos[:, None, :]
-    big = 1e6 * (1.0 + np.abs(Du).max(axis=(1, 2)))
-    X = np.where(both, Du, 0.0) - np.where(pos, big[:, None], 0.0)[:, :, None] * np.eye(p)
-    ev, V = np.linalg.eigh(X)
-    Ub = U @ V
-    null = ev > -big[:, None] / 2
-    # null directions by curvature, largest last: free where positive, within the rank
-    above = np.cumsum(null[:, ::-1], axis=-1)[:, ::-1]        # null directions from here up
-    free = ~null | (release & null & (ev > 0) & (above <= (rank - npos)[:, None]))
-    ia, ib = np.triu_indices(p)
-    ua, ub = Ub[:, :, ia], Ub[:, :, ib]                        # (S, p, n)
-    E = np.einsum("spk,sqk->skpq", ua, ub)
-    E = E + np.swapaxes(E, -1, -2)
-    E[:, ia == ib] /= 2
-    rng_ = ~null                                               # Sigma's range
-    lamb = np.einsum("spk,sp->sk", V ** 2, np.where(pos, lam, 0.0))    # its eigenvalues
-    act = ~free
-    # a pair of a range and an active direction turns the range (Sigma's rank stays); a
-    # free direction of variance 0 with an active one is held (it would leave the cone)
-    cross = (rng_[:, ia] & act[:, ib]) | (act[:, ia] & rng_[:, ib])
-    fk = (free[:, ia] & free[:, ib]) | cross                     # (S, n)
-    F = _information(st, E)
-    g = np.einsum("sab,skab->sk", D, E) / 2
-    # turning the range by X (active x range) moves Sigma by X S^-1 X' on the active block
-    # (to second order, to stay on the face): the likelihood's gradient there, -D_bb >= 0,
-    # adds -D_bb / lambda_a to the information of the pair (a range, b active)
-    lam_a = np.where(rng_[:, ia], lamb[:, ia], lamb[:, ib])
-    d_b = np.where(rng_[:, ia], ev[:, ib], ev[:, ia])
-    extra = np.where(cross, -d_b / np.where(cross, lam_a, 1.0), 0.0)
-    pair = fk[:, :, None] & fk[:, None, :]
-    n = len(ia)
-    F = np.where(pair, F, 0.0)
-    Fx = F + np.where(fk, extra, 1.0)[:, :, None] * np.eye(n)
-    # beyond the rank, a direction of positive curvature (D_bb > 0) lowers it: where that
-    # takes more than half the smallest eigenvalue of the information with only the
-    # (positive) active terms, those alone count (a nearly singular model oversteps)
-    Fs = F + np.where(fk, np.maximum(extra, 0.0), 1.0)[:, :, None] * np.eye(n)
-    bad = np.linalg.eigvalsh(Fx)[:, 0] < 0.5 * np.linalg.eigvalsh(Fs)[:, 0]
-    if safe is not None:                  # repeats where such a step failed before
-        bad = bad | safe
-    F = np.where(bad[:, None, None], Fs, Fx)
-    g = np.where(fk, g, 0.0)
-    step = np.einsum("spq,sq->sp", np.linalg.pinv(F, rcond=1e-12, hermitian=True), g)
-    Delta = np.einsum("sk,skpq->spq", step, E)
-    # its second-order term: Y Sigma^+ Y', Y = sum over the cross pairs of c u_b u_a'
-    c = np.where(cross, step, 0.0)
-    u_act = np.where(rng_[:, None, ia], ub, ua)
-    u_rng = np.where(rng_[:, None, ia], ua, ub)
-    Y = np.einsum("sk,spk,sqk->spq", c, u_act, u_rng)
-    inv = np.einsum("spk,sk,sqk->spq", U, np.where(pos, 1 / np.where(pos, lam, 1.0), 0.0), U)
-    return Delta, Y @ inv @ np.swapaxes(Y, -1, -2), free.sum(axis=-1)
-
-
-def _em_step(st, rank: int):
-    """The EM map (:func:`_pass`) at the state ``st``: ``Sigma + Sigma D Sigma / m``
-    truncated to rank ``rank``, with its eigen-pairs."""
-    Sig, D, m = st["Sig"], st["D"], st["m"]
-    new = Sig + Sig @ D @ Sig / m[:, None, None]
-    return _truncate((new + np.swapaxes(new, -1, -2)) / 2, rank, factors=True)
+#: SQUAREM: halvings of the step length toward the plain EM step until the extrapolated
+#: point is positive semi-definite
+BACKTRACK = 8
 
 
 def _em(th, Jw, w, m, Sig, rank: int, iterations: int, tol: float, sJ=None, sJth=None,
-        plain: bool = False):
+        squarem: bool = True):
     """The REML of :func:`reml` at one rank: ``(Sigma, mu, ll, converged, passes)``, the
-    restricted log-likelihood ``ll`` (up to a constant) at ``Sigma``, whether it converged and
-    the passes over the clients (evaluations of the likelihood: at most ``iterations`` + 1).
-    ``sJ``, ``sJth``: ``sum_i Jw_i`` and ``sum_i Jw_i th_i`` (computed here when not given).
+    restricted log-likelihood ``ll`` (up to a constant) at ``Sigma``, whether the EM map moves
+    ``Sigma`` by less than ``tol`` (relative, ``max |F(Sigma) - Sigma| / max |Sigma|``: a
+    stationary point of the likelihood up to ``tol``; directions whose variance goes to 0,
+    where EM and SQUAREM approach the boundary slowly, may keep a variance far below the
+    largest, see docs/ALGORITHMS.md) and the passes over the clients (EM map evaluations:
+    at most ``iterations`` that move ``Sigma`` and the last one, the check). ``sJ``, ``sJth``:
+    ``sum_i Jw_i`` and ``sum_i Jw_i th_i`` (computed here when not given). ``squarem=False``:
+    the plain EM, ``iterations`` steps unless it converges first.
 
-    By default Fisher scoring on the face of the PSD cone (rank <= ``rank``) that ``Sigma``
-    lies on (:func:`_newton`, an active set of zero variances): the step ``Delta``, the
-    next iterate the projection of ``Sigma + t Delta`` onto the PSD matrices of rank <=
-    ``rank`` (eigenvalues below 0 set to 0: where the step crosses the boundary it stops on
-    it, a variance exactly 0), ``t`` = 1, 1/2, ... (:data:`HALVINGS`) until the restricted
-    likelihood is not below the current one, else one EM step (which never lowers it).
-    Converged when the projected full step moves ``Sigma`` by less than ``tol`` (relative,
-    ``max |.| / max |Sigma|``): a stationary point on its face, and the active directions'
-    gradient points out of the cone (docs/ALGORITHMS.md, REML). Each repeat stops when it
-    converges.
-
-    ``plain``: the plain EM (:func:`_pass`), ``iterations`` steps unless one moves ``Sigma``
-    by less than ``tol`` first."""
+    The EM map ``F`` (:func:`_pass`) is accelerated by SQUAREM (Varadhan & Roland 2008,
+    https://doi.org/10.1111/j.1467-9469.2007.00585.x, scheme S3): from ``Sigma_0``,
+    ``Sigma_1 = F(Sigma_0)``, ``Sigma_2 = F(Sigma_1)``, ``r = Sigma_1 - Sigma_0``,
+    ``v = Sigma_2 - 2 Sigma_1 + Sigma_0``, ``a = -min(-1, |r| / |v|)`` (Frobenius norms)
+    and the extrapolation ``Sigma_0 + 2 a r + a^2 v`` (``a = 1`` is ``Sigma_2``), whose ``a``
+    is halved toward 1 until the point is positive semi-definite; one EM step from it is the
+    next iterate if its likelihood is not below ``Sigma_0``'s, else ``Sigma_2`` (plain EM,
+    which never lowers it). Each repeat stops when it converges (its ``Sigma`` is then kept)."""
     S, M, p = th.shape
     if sJ is None:
         sJ, sJth = Jw.sum(axis=1), np.einsum("smpq,smq->sp", Jw, th)
+    args = (th, Jw, w, m)
     Sig, lam, U = _truncate(Sig, rank, factors=True)
     conv = np.zeros(S, bool)
     passes = np.zeros(S, int)
     done = 0
-    if plain:
-        while True:
-            S1, lam1, U1, ll, mu, step = _pass(th, Jw, w, m, Sig, lam, U, rank, sJ, sJth)
-            done += 1
-            passes = np.where(conv, passes, done)
-            conv = conv | (step < tol)
-            if conv.all() or done > iterations:
-                break
-            keep = conv[:, None, None]
+    while True:
+        S1, lam1, U1, ll, mu, step = _pass(*args, Sig, lam, U, rank, sJ, sJth)
+        done += 1
+        passes = np.where(conv, passes, done)
+        conv = conv | (step < tol)
+        if conv.all() or done > iterations:
+            break
+        keep = conv[:, None, None]
+        if not squarem or done + 2 > iterations:   # (no room for a SQUAREM cycle) EM step
             Sig, lam, U = (np.where(keep, Sig, S1), np.where(conv[:, None], lam, lam1),
                            np.where(keep, U, U1))
-        return Sig, mu, ll, conv, passes
-
-    def pick(mask, a, b):
-        if mask.all() or not mask.any():
-            return a if mask.all() else b
-        out = {}
-        for key in a:
-            x, y = a[key], b[key]
-            out[key] = np.where(mask.reshape((-1,) + (1,) * (x.ndim - 1)), x, y)
-        return out
-
-    def direction(st, release):
-        """``(base, Delta, Delta2, f)``: the trial points are ``base + t Delta + t^2 Delta2``
-        truncated to rank ``f``; an eigen-direction of ``Sigma`` whose variance the step
-        takes below 0 is set to 0 (``base``) and the step solved again without it (the
-        projection alone would bend the step, slowly, around the nearly active bound)."""
-        D1, D2, f = _newton(st, rank, release, safe=safe)
-        lam, U = st["lam"], st["U"]
-        cut = (lam > 0) & (np.einsum("spk,spq,sqk->sk", U, D1, U) <= -lam)
-        base = st["Sig"]
-        if cut.any():
-            C1, C2, fc = _newton(st, rank, release, drop=cut, safe=safe)
-            c = cut.any(axis=1)
-            D1 = np.where(c[:, None, None], C1, D1)
-            D2 = np.where(c[:, None, None], C2, D2)
-            f = np.where(c, fc, f)
-            base = base - np.einsum("spk,sk,sqk->spq", U, np.where(cut, lam, 0.0), U)
-        return base, D1, D2, f
-
-    safe = np.zeros(S, bool)
-    st = _state(th, Jw, w, Sig, lam, U, sJ, sJth)
-    st["m"] = m
-    done = 1
-    passes[:] = 1
-    def scale(X):
-        return np.abs(X).max(axis=(1, 2))
-
-    while done <= iterations:
-        # Fisher scoring on Sigma's face; where that has converged, the face with the null
-        # directions of positive curvature released (a face left too early turns back)
-        if rank == 0:
-            base, Delta, Delta2, f = st["Sig"], 0.0, 0.0, np.zeros(S, int)
-        else:
-            base, Delta, Delta2, f = direction(st, False)
-        Sig1 = _truncate(base + Delta + Delta2, f)
-        step = scale(Sig1 - st["Sig"]) / np.maximum(scale(st["Sig"]), np.finfo(float).tiny)
-        face = step < tol
-        if face.any() and rank > 0:
-            out = direction(st, True)
-            base, Delta, Delta2, f = (np.where(face.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
-                                      for a, b in zip(out, (base, Delta, Delta2, f), strict=True))
-            Sig1 = _truncate(base + Delta + Delta2, f)
-            step = scale(Sig1 - st["Sig"]) / np.maximum(scale(st["Sig"]),
-                                                         np.finfo(float).tiny)
-        conv = conv | (step < tol)
-        if conv.all():
-            break
-        t = np.ones(S)
-        ok = conv.copy()
-        new = st
-        for _ in range(HALVINGS + 1):
-            X, lx, Ux = _truncate(base + t[:, None, None] * Delta
-                                  + (t ** 2)[:, None, None] * Delta2, f, factors=True)
-            trial = _state(th, Jw, w, X, lx, Ux, sJ, sJth)
-            trial["m"] = m
-            done += 1
-            passes = np.where(conv, passes, done)
-            up = ~ok & (trial["ll"] >= st["ll"])
-            new = pick(up, trial, new)
-            ok = ok | up
-            if ok.all() or done > iterations:
+            continue
+        S2, lam2, U2, _, _, _ = _pass(*args, S1, lam1, U1, rank, sJ, sJth)
+        done += 1
+        r, v = S1 - Sig, S2 - 2 * S1 + Sig
+        nv = np.linalg.norm(v, axis=(1, 2))
+        a = np.where(nv > 0, np.linalg.norm(r, axis=(1, 2)) / np.where(nv > 0, nv, 1.0), 1.0)
+        a = np.maximum(a, 1.0)
+        for _ in range(BACKTRACK + 1):
+            X = Sig + 2 * a[:, None, None] * r + (a ** 2)[:, None, None] * v
+            X = (X + np.swapaxes(X, -1, -2)) / 2
+            ev = np.linalg.eigvalsh(X)
+            bad = ev[:, 0] < -1e-12 * np.abs(ev).max(axis=-1)
+            if not bad.any():
                 break
-            t = np.where(ok, t, t / 2)
-        if not ok.all() and done <= iterations:            # EM step where no t raised it
-            X, lx, Ux = _em_step(st, rank)
-            trial = _state(th, Jw, w, X, lx, Ux, sJ, sJth)
-            trial["m"] = m
-            done += 1
-            passes = np.where(conv, passes, done)
-            new = pick(~ok, trial, new)
-            safe = safe | ~ok
-        st = pick(conv, st, new)
-    return st["Sig"], st["mu"], st["ll"], conv, passes
+            a = np.where(bad, (a + 1) / 2, a)
+        X = np.where(bad[:, None, None], S2, X)
+        X, lamX, UX = _truncate(X, rank, factors=True)
+        S3, lam3, U3, llX, _, _ = _pass(*args, X, lamX, UX, rank, sJ, sJth)
+        done += 1
+        up = llX >= ll                              # not below the likelihood at Sigma_0
+        Sig = np.where(keep, Sig, np.where(up[:, None, None], S3, S2))
+        lam = np.where(conv[:, None], lam, np.where(up[:, None], lam3, lam2))
+        U = np.where(keep, U, np.where(up[:, None, None], U3, U2))
+    return Sig, mu, ll, conv, passes
 
 
 def _restricted(th, Jw, w, Sig, em: str | None = "full"):
@@ -738,20 +545,19 @@ def _diagonal(th, Jw, w, x, iterations: int, tol: float):
 
 
 def reml(theta, J, own, iterations: int = 200, tol: float = 1e-6,
-         max_rank: int = MAX_RANK, report: bool = False, structures=(),
+         max_rank: int = MAX_RANK, report: bool = False, structures=STRUCTURES,
          criterion: str = "bic"):
     """Restricted maximum likelihood of a low-rank heterogeneity covariance ``Sigma``
     (S, p, p), and of the unrestricted one (rank up to p, for the intervals), of the model
     ``theta_i ~ N(mu, Sigma + J_i^-1)`` over the clients ``own`` (S, M), vectorized over
     repeats and clients.
 
-    For each rank ``r`` = 1 ... ``min(max_rank, m - 1, p)`` the REML of the linear mixed
-    model with ``mu`` integrated out, whose EM map (:func:`_pass`) is: every client's posterior
+    For each rank ``r`` = 1 ... ``min(max_rank, m - 1, p)`` the EM iteration of the linear
+    mixed model with ``mu`` integrated out: every client's posterior
     ``delta_i = A_i (theta_i - mu)``, ``A_i = Sigma (I + J_i Sigma)^-1 J_i``, and ``Sigma =
     mean_i (delta_i delta_i' + P_i + A_i Cov(mu) A_i')`` with ``P_i = Sigma (I + J_i
     Sigma)^-1`` (the last term is what makes it REML), truncated to its top ``r``
-    eigen-directions. Beside them, where asked, the structures of ``structures`` (default
-    none: the low ranks alone; any of :data:`STRUCTURES`):
+    eigen-directions. Beside them, the structures of ``structures`` (:data:`STRUCTURES`):
     ``Sigma = tau^2 I`` and ``tau^2 mean_i V_i`` (one parameter each; the REML by a golden
     section search on ``log tau^2``, :func:`_one_parameter`) and a diagonal ``Sigma``
     (``p`` parameters; EM with the diagonal constraint, :func:`_diagonal`). One rule
@@ -763,10 +569,10 @@ def reml(theta, J, own, iterations: int = 200, tol: float = 1e-6,
     O(M p^3) instead of O(M p^2 r). It works in coordinates scaled by the
     mean information's diagonal, so targets of very different noise levels keep their
     accuracy, and starts from the moment estimate ``C - mean V_i`` (PSD part) plus the mean
-    ``V_i``. Each fit is Fisher scoring with an active set of zero variances (:func:`_em`),
-    at most ``iterations`` passes over the clients, converged when its projected step moves
-    it by less than ``tol`` (relative). Returns ``(Sigma, Sigma_full)``, and a
-    :class:`RemlReport` third where ``report``."""
+    ``V_i``. Each fit is the EM accelerated by SQUAREM (:func:`_em`), at most ``iterations``
+    passes over the clients, converged when the EM map moves it by less than ``tol``
+    (relative). Returns ``(Sigma, Sigma_full)``, and a :class:`RemlReport` third where
+    ``report``."""
     if criterion not in CRITERIA:
         raise ValueError(f"criterion={criterion} is not allowed; allowed: "
                          f"{', '.join(CRITERIA)}")
@@ -828,17 +634,16 @@ def reml(theta, J, own, iterations: int = 200, tol: float = 1e-6,
 @dataclass
 class RemlReport:
     """How :func:`reml`'s fits ended, per repeat (S,): ``converged`` (every rank's fit and
-    the unrestricted one: the Fisher-scoring step moves each by less than ``tol``; True
-    where fewer than two clients have their own model and ``Sigma`` is 0 by definition),
-    ``iterations`` (the most passes over the clients any one fit took) and the cap
-    ``limit``."""
+    the unrestricted one: the EM map moves each by less than ``tol``; True where fewer than
+    two clients have their own model and ``Sigma`` is 0 by definition), ``iterations`` (the
+    most passes over the clients any one fit took) and the cap ``limit``."""
 
     converged: np.ndarray
     iterations: np.ndarray
     limit: int
 
 
-def fleet(msg: Message, blocks, iterations: int = 200, structures=(),
+def fleet(msg: Message, blocks, iterations: int = 200, structures=STRUCTURES,
           criterion: str = "bic", max_rank: int = MAX_RANK) -> Fleet:
     """The server's part of ``auto`` from the stacked messages (S, M, ...); ``blocks`` the
     model's :class:`NoiseBlocks` (or ``n_y``: one variance for all targets).
@@ -888,14 +693,7 @@ def fleet_mean(J, beta, Sigma) -> tuple[np.ndarray, np.ndarray]:
     rhs = beta.sum(axis=1) - np.einsum("smkp,smk->sp", wb.Zt,
                                        np.linalg.solve(np.eye(Lb.shape[-1]) + wb.K,
                                                        Lb[..., None])[..., 0])
-    # the pseudo-inverse of sum_i W_i scaled to a unit diagonal: parameters of very
-    # different scales keep their relative accuracy (unscaled, its small entries had errors
-    # of 1e-7)
-    Wsum = wb.wsum(J.sum(axis=1))
-    dw = np.diagonal(Wsum, axis1=-2, axis2=-1)
-    dw = np.sqrt(np.where(dw > 0, dw, 1.0))
-    out = dw[:, :, None] * dw[:, None, :]
-    cov_mu = np.linalg.pinv(Wsum / out, hermitian=True) / out
+    cov_mu = np.linalg.pinv(wb.wsum(J.sum(axis=1)), hermitian=True)
     mu = np.einsum("spq,sq->sp", cov_mu, rhs)
     return mu, cov_mu
 
@@ -937,7 +735,7 @@ def client_posterior(msg: Message, fl: Fleet, blocks) -> tuple[np.ndarray, np.nd
     return theta, se
 
 
-def auto(H, b, yy, n, blocks, structures=(), criterion: str = "bic",
+def auto(H, b, yy, n, blocks, structures=STRUCTURES, criterion: str = "bic",
          max_rank: int = MAX_RANK) -> tuple[np.ndarray, np.ndarray, Fleet]:
     """``personalize=auto`` for all clients at once: (models, se, fleet); ``blocks`` and
     ``yy`` as in :func:`least_squares_intervals`; ``structures``, ``criterion`` and
