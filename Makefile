@@ -47,7 +47,7 @@ test-flower: install-flower  ## the Flower tests that are not slow (adds the flo
 test-slow: $(STAMP)  ## the slow tests too
 	$(PY) -m pytest -q -m "(slow or not slow) and not docs"
 
-test-slow-core: $(STAMP)  ## only the slow tests that are not Flower or documentation tests (CI: after make test)
+test-slow-core: $(STAMP)  ## only the slow tests that are not Flower or documentation tests
 	FNSYSID_TEST_FLOWER=0 $(PY) -m pytest -q -n auto --dist loadfile -m "slow and not flower and not docs"
 
 flower-deploy: $(STAMP)  ## a Flower deployment on 127.0.0.1 (SuperLink + 3 SuperNodes) vs in process; ARGS=--netns: one host each

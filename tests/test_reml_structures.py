@@ -86,7 +86,7 @@ def test_the_selection_picks_the_structure_of_a_clear_case(truth):
     Sigma = {"identity": np.eye(p), "rank1": 4 * np.outer(u, u),
              "diagonal": np.diag([3.0, 0.1, 1.0, 0.0, 2.0, 0.5])}[truth]
     theta, J = _fleet(rng, S, M, p, Sigma, v)
-    Sig, _ = pers.reml(theta, J, np.ones((S, M), bool))
+    Sig, _ = pers.reml(theta, J, np.ones((S, M), bool), structures=pers.STRUCTURES)
     ev = np.linalg.eigvalsh(Sig)
     if truth == "identity":
         assert (Sig == Sig[:, :1, :1] * np.eye(p)).all()        # tau^2 I, exactly

@@ -545,7 +545,7 @@ def _diagonal(th, Jw, w, x, iterations: int, tol: float):
 
 
 def reml(theta, J, own, iterations: int = 200, tol: float = 1e-6,
-         max_rank: int = MAX_RANK, report: bool = False, structures=STRUCTURES,
+         max_rank: int = MAX_RANK, report: bool = False, structures=(),
          criterion: str = "bic"):
     """Restricted maximum likelihood of a low-rank heterogeneity covariance ``Sigma``
     (S, p, p), and of the unrestricted one (rank up to p, for the intervals), of the model
@@ -557,7 +557,8 @@ def reml(theta, J, own, iterations: int = 200, tol: float = 1e-6,
     ``delta_i = A_i (theta_i - mu)``, ``A_i = Sigma (I + J_i Sigma)^-1 J_i``, and ``Sigma =
     mean_i (delta_i delta_i' + P_i + A_i Cov(mu) A_i')`` with ``P_i = Sigma (I + J_i
     Sigma)^-1`` (the last term is what makes it REML), truncated to its top ``r``
-    eigen-directions. Beside them, the structures of ``structures`` (:data:`STRUCTURES`):
+    eigen-directions. Beside them, where asked, the structures of ``structures`` (default
+    none: the low ranks alone; any of :data:`STRUCTURES`):
     ``Sigma = tau^2 I`` and ``tau^2 mean_i V_i`` (one parameter each; the REML by a golden
     section search on ``log tau^2``, :func:`_one_parameter`) and a diagonal ``Sigma``
     (``p`` parameters; EM with the diagonal constraint, :func:`_diagonal`). One rule
@@ -643,7 +644,7 @@ class RemlReport:
     limit: int
 
 
-def fleet(msg: Message, blocks, iterations: int = 200, structures=STRUCTURES,
+def fleet(msg: Message, blocks, iterations: int = 200, structures=(),
           criterion: str = "bic", max_rank: int = MAX_RANK) -> Fleet:
     """The server's part of ``auto`` from the stacked messages (S, M, ...); ``blocks`` the
     model's :class:`NoiseBlocks` (or ``n_y``: one variance for all targets).
@@ -735,7 +736,7 @@ def client_posterior(msg: Message, fl: Fleet, blocks) -> tuple[np.ndarray, np.nd
     return theta, se
 
 
-def auto(H, b, yy, n, blocks, structures=STRUCTURES, criterion: str = "bic",
+def auto(H, b, yy, n, blocks, structures=(), criterion: str = "bic",
          max_rank: int = MAX_RANK) -> tuple[np.ndarray, np.ndarray, Fleet]:
     """``personalize=auto`` for all clients at once: (models, se, fleet); ``blocks`` and
     ``yy`` as in :func:`least_squares_intervals`; ``structures``, ``criterion`` and
