@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from fnsysid.data.heldout import group_factor, heldout_from_trajectories, target_groups
+from fnsysid.data.heldout import heldout_from_trajectories
 from fnsysid.dynamics import random as rnd
-from fnsysid.dynamics.model import simulate_blocks
+from fnsysid.dynamics.model import group_factor, simulate_blocks, target_groups
 from fnsysid.results.metrics import HeldOutScores, ParameterErrors, free_run, one_step
 from tests.conftest import make
 
@@ -171,7 +171,7 @@ def test_heldout_statistics_do_not_depend_on_chunks_or_threads(monkeypatch):
     groups = target_groups(model)
     assert len(groups) == 6                     # the quadrotor's targets use 2 features each
     for g, (F, Js) in enumerate(groups):
-        R = group_factor(model, one.factor, g)[0, 7]
+        R = group_factor(model, np.moveaxis(one.factor, 1, -1), g)[0, 7]
         A = np.column_stack([Phi[keep][:, F], Y[keep][:, Js]])
         assert R.shape == (len(F) + len(Js),) * 2 and not np.tril(R, -1).any()
         np.testing.assert_allclose(R.T @ R, A.T @ A, rtol=1e-12, atol=1e-12 * (A * A).sum())

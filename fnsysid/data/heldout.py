@@ -24,7 +24,7 @@ from fnsysid.dynamics.model import (
     factor_starts,
     for_chunks,
     moments,
-    target_groups,
+    training_factor,
 )
 
 
@@ -57,9 +57,11 @@ class HeldOut:
     factor : (S, terms, M) for each group of targets ``J`` that use the same features ``F``
         (:func:`target_groups`) in turn, the upper triangle, row after row
         (``R[0, 0:], R[1, 1:], ...``), of the ``(k, k)`` factor ``R`` (``k = f + q``, ``f``
-        features, ``q`` targets) of the QR decomposition of the client's held-out
+        features, ``q`` targets, diagonal nonnegative) of the QR decomposition of the client's
+        held-out
         ``[Phi[:, F] | Y[:, J]]`` (rows of absent transitions zero; zero rows below when the
-        client has fewer than ``k`` transitions; :func:`group_factor` unpacks one). Then
+        client has fewer than ``k`` transitions): :func:`training_factor`'s, terms first;
+        :func:`fnsysid.dynamics.model.residual_sums` scores it (clients moved last). Then
         ``||y_j - Phi[:, F] t||^2 = ||R[:, f + l] - R[:, :f] t||^2`` for the group's target
         ``j = J[l]`` and every ``t``: a sum of squared residuals, without cancellation (see
         the module's docstring). Clients last: a model shared by all clients scores them
@@ -131,19 +133,6 @@ class HeldOut:
 QR_CLIENTS = 1 << 12
 
 
-def group_factor(model: Model, factor: np.ndarray, g: int) -> np.ndarray:
-    """Group ``g``'s factors ``R`` (S, M, k, k) unpacked from ``factor`` (S, terms, M)
-    (:attr:`HeldOut.factor`; groups of :func:`target_groups`)."""
-    F, J = target_groups(model)[g]
-    k = len(F) + len(J)
-    a = factor_starts(model)[g]
-    S, _, M = factor.shape
-    R = np.zeros((S, M, k, k))
-    i, c = np.triu_indices(k)
-    R[:, :, i, c] = np.moveaxis(factor[:, a:a + len(i)], 1, -1)
-    return R
-
-
 def empty_heldout(model: Model, S: int, M: int) -> HeldOut:
     """Held-out statistics of no data yet (filled by :func:`add_block`)."""
     n_y, n_phi = model.structure.shape[:2]
@@ -181,7 +170,6 @@ def add_block(model: Model, ho: HeldOut, clients: np.ndarray, x: np.ndarray, u: 
     clients = np.asarray(clients)
     S, M, J, L = mask.shape
     n_y, n_phi = model.structure.shape[:2]
-    groups = target_groups(model)
     starts = factor_starts(model)
     every = M == ho.n.shape[1] and np.array_equal(clients, np.arange(M))
     if every:                                   # written in place
@@ -202,21 +190,13 @@ def add_block(model: Model, ho: HeldOut, clients: np.ndarray, x: np.ndarray, u: 
             Phi.reshape(m, -1, n_phi), Y.reshape(m, -1, n_y), w)
         yy[s, lo:hi] = np.einsum("y...n,y...n->y...", Zw, Z).T
         n[s, lo:hi] = w.sum(axis=-1)
-        # each target's [Phi_F | y], absent transitions zeroed, reduced to its QR factor R
-        # (LAPACK, one client after another: the same numbers in any chunk), QR_CLIENTS
-        # clients at a time (small temporaries)
+        # each group's [Phi_F | y], absent transitions zeroed, reduced to its QR factor R
+        # (:func:`training_factor`; LAPACK, one client after another: the same numbers in
+        # any chunk), QR_CLIENTS clients at a time (small temporaries)
         P, Yc = Phi.reshape(m, -1, n_phi), Y.reshape(m, -1, n_y)
         for a in range(0, m, QR_CLIENTS):
             b = min(a + QR_CLIENTS, m)
-            for g, (F, Js) in enumerate(groups):
-                A = np.concatenate([P[a:b][..., F], Yc[a:b][..., Js]], axis=-1)
-                A *= w[a:b, :, None]
-                r = np.linalg.qr(A, mode="r")                   # (b - a, min(n, k), k)
-                i, k = np.triu_indices(A.shape[-1])
-                keep = i < r.shape[1]                           # rows below: zero
-                rows = factor[s, starts[g]:starts[g + 1], lo + a:lo + b]
-                rows[keep] = r[:, i[keep], k[keep]].T
-                rows[~keep] = 0.0
+            factor[s, :, lo + a:lo + b] = training_factor(model, P[a:b], Yc[a:b], w[a:b]).T
         # per-state spread over the client's samples, states first (contiguous sums)
         xt = np.ascontiguousarray(np.moveaxis(xs.reshape(m, -1, xs.shape[-1]), -1, 0))
         mf = ms.reshape(m, -1).astype(float)

@@ -617,6 +617,18 @@ def training_factor(model: Model, Phi, Y, wgt) -> np.ndarray:
     return out
 
 
+def group_factor(model: Model, factor: np.ndarray, g: int) -> np.ndarray:
+    """Group ``g``'s factors ``R`` (..., k, k) unpacked from ``factor`` (..., terms), the
+    layout of :func:`training_factor` (groups of :func:`target_groups`)."""
+    F, J = target_groups(model)[g]
+    k = len(F) + len(J)
+    a = factor_starts(model)[g]
+    i, c = np.triu_indices(k)
+    R = np.zeros(factor.shape[:-1] + (k, k))
+    R[..., i, c] = factor[..., a:a + len(i)]
+    return R
+
+
 #: clients whose residual sums are made at once by :func:`residual_sums`
 RESIDUAL_CLIENTS = 1 << 12
 
@@ -644,17 +656,13 @@ def residual_sums(model: Model, factor: np.ndarray, theta: np.ndarray) -> np.nda
     numpy.ndarray, shape (S, M, n_y)
     """
     S, M = factor.shape[:2]
-    starts = factor_starts(model)
     Th = model.theta_matrix(np.asarray(theta, float))          # (S, M or 1, n_y, n_phi)
     out = np.empty((S, M, model.structure.shape[0]))
     for lo in range(0, M, RESIDUAL_CLIENTS):
         hi = min(M, lo + RESIDUAL_CLIENTS)
         T = Th if Th.shape[1] == 1 else Th[:, lo:hi]
         for g, (F, J) in enumerate(target_groups(model)):
-            f, k = len(F), len(F) + len(J)
-            i, c = np.triu_indices(k)
-            R = np.zeros((S, hi - lo, k, k))
-            R[..., i, c] = factor[:, lo:hi, starts[g]:starts[g + 1]]
+            f, R = len(F), group_factor(model, factor[:, lo:hi], g)
             t = T[:, :, J][..., F]                              # (S, m, q, f)
             res = R[..., f:] - R[..., :f] @ np.swapaxes(t, -1, -2)    # (S, m, k, q)
             out[:, lo:hi, J] = np.einsum("smiq,smiq->smq", res, res)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fnsysid.data.heldout import factor_starts, group_factor, target_groups
+from fnsysid.dynamics.model import factor_starts, residual_sums, target_groups
 
 
 class ParameterErrors:
@@ -146,13 +146,9 @@ class HeldOutScores:
         """One-step NRMSE (S, M) of estimates ``theta`` (S, 1 or M, p)."""
         Th = self.model.theta_matrix(np.asarray(theta, float))           # (S, m, n_y, n_phi)
         if Th.shape[1] != 1:
-            Th = np.broadcast_to(Th, self.ho.cross.shape)
-            sse = np.empty((self.n_y,) + self.valid.shape)               # (n_y, S, M)
-            for g, (F, J) in enumerate(self.groups):
-                f, R = len(F), group_factor(self.model, self.stats, g)   # (S, M, k, k)
-                res = R[..., :, f:] - np.einsum("smik,smlk->smil", R[..., :, :f],
-                                                Th[:, :, J][..., F])
-                sse[J] = np.einsum("smil,smil->lsm", res, res)
+            # each client's own model: the residuals of its factor (clients moved first)
+            sse = np.moveaxis(residual_sums(self.model, np.moveaxis(self.stats, 1, -1),
+                                            theta), -1, 0)               # (n_y, S, M)
         else:
             coefs = self._shared_coefs(Th)
             out = np.empty(self.valid.shape)
