@@ -384,11 +384,19 @@ def _excess(st: dict, level: float):
     return k_small, p_fleet, unexplained, overfit
 
 
+#: statistics the server only sums over the checked clients: :func:`_only` keeps just the
+#: checked clients' rows of these (the largest, (S, M, n_y, tests)), not a masked copy of all
+SUMMED = ("num", "var")
+
+
 def _only(st: dict, chosen: np.ndarray) -> dict:
-    """The statistics of the ``chosen`` clients (M,), the others' as not checked."""
+    """The statistics of the ``chosen`` clients (M,), the others' as not checked; of
+    :data:`SUMMED` only the chosen clients' rows (S, chosen, ...), whose sums over the clients
+    are the same."""
     S, M = st["n_ho"].shape
     empty = {k: v[:, :1] for k, v in empty_statistics_like(st).items()}
     return {k: (v if k in ("n_ho", "one") else
+                (v if chosen.all() else v[:, chosen]) if k in SUMMED else
                 np.where(chosen.reshape((1, M) + (1,) * (v.ndim - 2)), v, empty[k]))
             for k, v in st.items()}
 
