@@ -225,6 +225,44 @@ def test_the_verdict_line_of_a_free_run_that_blew_up_names_it_without_numbers():
     assert "3 of 4 clients in repeat 0" in line and "median free-run NRMSE n/a against n/a" in line
 
 
+def _own_and_whole(tmp_path):
+    """The ragged four-client fleet's check in process (``whole``) and each client's own
+    statistics stacked as the server receives them (``stats``)."""
+    from fnsysid.data.source import from_files
+    from fnsysid.results import modelcheck as mc
+    from fnsysid.runtimes.check import node_settings
+    from tests.conftest import make, ragged_client_folder
+
+    folder, _ = ragged_client_folder(tmp_path)
+    settings, model, optimizer, _ = make("system=generic", "data=files", f"data.path={folder}",
+                                         "data.states=[x0,x1,x2]", "data.inputs=[u0,u1]")
+    fleet = from_files(settings, model, optimizer)
+    whole = mc.model_check(model, fleet.train, fleet.heldout, keys=fleet.clients)
+    own = []
+    for c in fleet.clients:
+        one = from_files(node_settings(settings, folder / f"{c}.csv"), model, optimizer,
+                         client_file=True)
+        own.append(mc.client_statistics(model, one.train, one.heldout, c))
+    return model, whole, {k: np.concatenate([s[k] for s in own], axis=1) for k in own[0]}
+
+
+def test_the_server_counts_only_the_checked_clients(tmp_path, monkeypatch):
+    """With fewer clients checked than hold enough held-out data (``CHECK_CLIENTS`` 3 of 4),
+    the server's sums leave out the statistics the fourth client sent (nonzero), and equal the
+    in-process check, which computes only the first three: every number to 1e-10."""
+    from fnsysid.results import modelcheck as mc
+
+    monkeypatch.setattr(mc, "CHECK_CLIENTS", 3)
+    model, whole, stats = _own_and_whole(tmp_path)
+    assert np.abs(stats["num"][:, 3]).max() > 0 and stats["var"][:, 3].max() > 0
+    assert whole["clients_checked"] == 3 and whole["tests"] > 0
+    _same(mc.combine(model, stats), whole)
+    # the fourth client's sums would change the tests: they are not counted by accident
+    with_fourth = {k: v.sum(axis=1) for k, v in stats.items() if k in mc.SUMMED}
+    first_three = {k: v[:, :3].sum(axis=1) for k, v in stats.items() if k in mc.SUMMED}
+    assert not np.allclose(with_fourth["num"], first_three["num"])
+
+
 def test_the_clients_own_statistics_combine_to_the_fleet_check(tmp_path):
     """What each client computes on its own data alone (a Flower client: its own held-out
     trajectories, unpadded, and its own random stream), stacked and combined as the server
