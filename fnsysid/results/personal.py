@@ -121,12 +121,15 @@ def per_parameter_dof(model, data, dof) -> np.ndarray:
 def t_value(level: float, dof) -> np.ndarray:
     """Two-sided Student's t quantile of a confidence level on ``dof`` degrees of freedom (NaN
     where ``dof`` <= 0); ``scipy.special.stdtrit``, the inverse of Student's t distribution
-    function (the same values as ``scipy.stats.t.ppf`` without importing ``scipy.stats``)."""
+    function (the same values as ``scipy.stats.t.ppf`` without importing ``scipy.stats``),
+    evaluated once per distinct ``dof`` (a fleet has few: its clients' sample counts)."""
     from scipy.special import stdtrit
 
     dof = np.asarray(dof, float)
+    values, where = np.unique(dof, return_inverse=True)
     with np.errstate(invalid="ignore"):
-        return np.where(dof > 0, stdtrit(np.maximum(dof, 1.0), 0.5 + level / 2), np.nan)
+        t = np.where(values > 0, stdtrit(np.maximum(values, 1.0), 0.5 + level / 2), np.nan)
+    return t[where].reshape(dof.shape)
 
 
 def personalized(settings, model, strategy, data) -> Personal | None:
