@@ -150,6 +150,9 @@ MAX_RANK = 4
 #: heterogeneity proportional to the clients' noise) and a diagonal ``Sigma`` ("diagonal")
 STRUCTURES = ("identity", "noise", "diagonal")
 
+#: most clients whose own estimates enter the REML of the heterogeneity (:func:`fleet`)
+REML_CLIENTS = 2000
+
 #: information criteria :func:`reml` may choose the structure by: the penalty of one
 #: parameter as a function of the number of clients m
 CRITERIA = {"bic": np.log, "aic": lambda m: np.full(np.shape(m), 2.0)}
@@ -644,8 +647,18 @@ class RemlReport:
     limit: int
 
 
+def reml_clients(M: int, most: int | None = REML_CLIENTS) -> np.ndarray | slice:
+    """The clients whose own estimates enter :func:`reml` (of M): all of them up to ``most``
+    (None: no limit), else ``most`` of them drawn without replacement by a fixed seed, in
+    their order (the same clients in every repeat and every run of the same M)."""
+    if most is None or M <= most:
+        return slice(None)
+    return np.sort(np.random.default_rng(M).choice(M, size=most, replace=False))
+
+
 def fleet(msg: Message, blocks, iterations: int = 200, structures=(),
-          criterion: str = "bic", max_rank: int = MAX_RANK) -> Fleet:
+          criterion: str = "bic", max_rank: int = MAX_RANK,
+          most: int | None = REML_CLIENTS) -> Fleet:
     """The server's part of ``auto`` from the stacked messages (S, M, ...); ``blocks`` the
     model's :class:`NoiseBlocks` (or ``n_y``: one variance for all targets).
 
@@ -658,7 +671,9 @@ def fleet(msg: Message, blocks, iterations: int = 200, structures=(),
     is the generalized least-squares mean of all clients, weights
     ``W_i = (Sigma + J_i^-1)^-1 = J_i (I + Sigma J_i)^-1`` (defined for singular ``J_i``:
     a client weighs nothing in the directions its data do not determine). ``iterations``:
-    :func:`reml`'s cap on its passes over the clients.
+    :func:`reml`'s cap on its passes over the clients. ``most``: the most clients whose
+    estimates enter the REML of ``Sigma`` (:func:`reml_clients`; a fixed random subset
+    above it, :data:`REML_CLIENTS`); the test, ``mu`` and every client's posterior use all.
     """
     own = msg.own
     S, M, p = msg.b.shape
@@ -673,7 +688,8 @@ def fleet(msg: Message, blocks, iterations: int = 200, structures=(),
     hetero = pv < HOMOGENEITY_LEVEL
     # the low-rank Sigma only where some repeat is heterogeneous (it is 0 elsewhere); the
     # unrestricted Sigma_ci always
-    Sigma, Sigma_ci, rep = reml(theta, J, own, iterations,
+    sub = reml_clients(M, most)
+    Sigma, Sigma_ci, rep = reml(theta[:, sub], J[:, sub], own[:, sub], iterations,
                                 max_rank=max_rank if hetero.any() else 0, report=True,
                                 structures=structures if hetero.any() else (),
                                 criterion=criterion)
