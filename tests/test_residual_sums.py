@@ -111,3 +111,31 @@ def test_factor_reproduces_the_gram_and_any_residual():
     r = Y[:2] - Phi[:2] @ model.theta_matrix(t)[0].T
     np.testing.assert_allclose(residual_sums(model, few[None], t[None])[0, 0], (r * r).sum(0),
                                rtol=1e-12)
+
+
+def test_local_intervals_and_the_personalize_message_use_the_factors():
+    """The residual variances of the clients' own intervals (``own_intervals``) and of their
+    ``personalize=auto`` message equal the residuals of the samples in extended precision to
+    1e-9 on targets at 1e4 with residuals of 0.1, where the expanded sums are off by more."""
+    from fnsysid.learning import personalize as pers
+    from fnsysid.results.personal import own_intervals, own_sse, target_stats
+
+    model = generic_model()
+    data, Phi, Y = offset_data(model, 0.1)
+    blocks = pers.noise_blocks(model.structure)
+    _, _, s2, dof = own_intervals(model, data)
+    Th = model.theta_matrix(own_fits(data)[0])                         # (M, n_y, n_phi)
+    want = blocks.per_block(exact_rss(Phi, Y, Th)) / dof[0]
+    assert np.abs(s2[0] / want - 1).max() <= 1e-9
+    yy, _ = target_stats(model, data)
+    msg = pers.client_message(data.H, data.b, yy, data.n, blocks, own_sse(model, data))
+    assert msg.own.all()
+    # the message floors a variance below EXACT of the target's mean square (a target
+    # updated exactly): at 1e4 with residuals of 0.1 the first target sits below it
+    ms = blocks.per_block(yy) / (data.n[..., None] * blocks.n_targets)
+    floor = pers.EXACT * ms[0]
+    assert ((want > floor).sum(axis=0) >= 3).any()                  # some values not floored
+    np.testing.assert_allclose(msg.rss[0] / msg.dof[0], np.maximum(want, floor), rtol=1e-9)
+    # without the factors: the expanded sums, off by more than the bound
+    old = pers.least_squares_intervals(data.H, data.b, yy, data.n, blocks)[2]
+    assert np.abs(old[0] / want - 1).max() > 1e-7

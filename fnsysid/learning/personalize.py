@@ -88,7 +88,7 @@ def pooled_blocks(n_y: int, p: int) -> NoiseBlocks:
     return NoiseBlocks(np.zeros(p, int), np.array([n_y]), np.zeros(n_y, int))
 
 
-def least_squares_intervals(H, b, yy, n, blocks, support=None):
+def least_squares_intervals(H, b, yy, n, blocks, support=None, sse=None):
     """Least-squares solution, standard errors and residual variances of statistics (...).
 
     ``blocks``: the model's :class:`NoiseBlocks` with ``yy`` the sums of squares of each
@@ -98,14 +98,20 @@ def least_squares_intervals(H, b, yy, n, blocks, support=None):
     ``se_j = sqrt(s_k^2 (H^-1)_jj)`` for a parameter ``j`` of group ``k`` (``H`` has no entry
     between groups). ``support`` (..., p) bool: the fit on the kept parameters only (a sparse
     model's refit), NaN for the others. NaN where ``H`` (on the support) is singular or a
-    group has no more observations than parameters. Returns ``(theta, se, s2, dof)`` with
-    ``s2`` and ``dof`` per group (..., g).
+    group has no more observations than parameters. ``sse`` (..., n_y): the fit's residual
+    sum of squares of each target where the caller has it from the samples' QR factors
+    (:func:`fnsysid.dynamics.model.residual_sums`), exact to the residuals' rounding; None:
+    ``RSS_k`` from the expanded ``yy - 2 theta'b + theta'H theta``, known to about a machine
+    epsilon of ``yy`` only. Returns ``(theta, se, s2, dof)`` with ``s2`` and ``dof`` per
+    group (..., g).
     """
     p = H.shape[-1]
     if isinstance(blocks, (int, np.integer)):
         blocks, yy = pooled_blocks(int(blocks), p), np.asarray(yy, float)[..., None]
+        sse = None if sse is None else np.asarray(sse, float).sum(axis=-1, keepdims=True)
     else:
         yy = blocks.per_block(yy)
+        sse = None if sse is None else blocks.per_block(sse)
     keep = np.ones(np.shape(b), bool) if support is None else np.broadcast_to(
         np.asarray(support, bool), np.shape(b))
     m = keep.astype(float)
@@ -114,11 +120,13 @@ def least_squares_intervals(H, b, yy, n, blocks, support=None):
     onehot = blocks.param_block[:, None] == np.arange(blocks.g)          # (p, g)
     p_k = np.einsum("...p,pg->...g", m, onehot.astype(float))
     dof = np.asarray(n, float)[..., None] * blocks.n_targets - p_k
-    Ht = np.einsum("...pq,...q->...p", H, theta)
+    if sse is None:
+        Ht = np.einsum("...pq,...q->...p", H, theta)
+        sse = yy - np.einsum("...p,pg->...g", (2 * b - Ht) * theta, onehot.astype(float))
     # the difference of sums as large as yy is known to about a machine epsilon of yy: an
-    # exactly updated target gets intervals at that resolution, not of width 0
-    rss = np.maximum(yy - np.einsum("...p,pg->...g", (2 * b - Ht) * theta,
-                                    onehot.astype(float)), RESOLUTION * yy)
+    # exactly updated target gets intervals at that resolution, not of width 0 (kept with
+    # the factors' exact sums, so that both give the same widths there)
+    rss = np.maximum(sse, RESOLUTION * yy)
     with np.errstate(divide="ignore", invalid="ignore"):
         s2 = np.where(dof > 0, rss / dof, np.nan)
     var = s2[..., blocks.param_block] * fits.inv_diag   # NaN where H (kept) is singular
@@ -174,12 +182,12 @@ class Message:
     own: np.ndarray
 
 
-def client_message(H, b, yy, n, blocks) -> Message:
-    """A client's message (:class:`Message`) from its own statistics; ``blocks`` and ``yy`` as
-    in :func:`least_squares_intervals`. A group whose residual variance is below
+def client_message(H, b, yy, n, blocks, sse=None) -> Message:
+    """A client's message (:class:`Message`) from its own statistics; ``blocks``, ``yy`` and
+    ``sse`` as in :func:`least_squares_intervals`. A group whose residual variance is below
     :data:`EXACT` of its mean square counts as that fraction (a target updated exactly)."""
     p = H.shape[-1]
-    _, _, s2, dof = least_squares_intervals(H, b, yy, n, blocks)
+    _, _, s2, dof = least_squares_intervals(H, b, yy, n, blocks, sse=sse)
     blocks, yyg = _blocks_yy(blocks, yy, p)
     ms = yyg / np.maximum(np.asarray(n, float)[..., None] * blocks.n_targets, 1.0)
     s2 = np.maximum(s2, EXACT * ms)
@@ -753,12 +761,12 @@ def client_posterior(msg: Message, fl: Fleet, blocks) -> tuple[np.ndarray, np.nd
 
 
 def auto(H, b, yy, n, blocks, structures=(), criterion: str = "bic",
-         max_rank: int = MAX_RANK) -> tuple[np.ndarray, np.ndarray, Fleet]:
-    """``personalize=auto`` for all clients at once: (models, se, fleet); ``blocks`` and
-    ``yy`` as in :func:`least_squares_intervals`; ``structures``, ``criterion`` and
+         max_rank: int = MAX_RANK, sse=None) -> tuple[np.ndarray, np.ndarray, Fleet]:
+    """``personalize=auto`` for all clients at once: (models, se, fleet); ``blocks``, ``yy``
+    and ``sse`` as in :func:`least_squares_intervals`; ``structures``, ``criterion`` and
     ``max_rank``: the heterogeneity's candidate structures and the rule that chooses among
     them (:func:`reml`)."""
-    msg = client_message(H, b, yy, n, blocks)
+    msg = client_message(H, b, yy, n, blocks, sse)
     fl = fleet(msg, blocks, structures=structures, criterion=criterion, max_rank=max_rank)
     theta, se = client_posterior(msg, fl, blocks)
     return theta, se, fl

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fnsysid.dynamics.model import pooled
+from fnsysid.dynamics.model import pooled, residual_sums
 from fnsysid.learning import personalize as pers
 from fnsysid.learning.ownfit import own_fits
 from fnsysid.learning.strategies import Centralized, OneShot
@@ -99,15 +99,28 @@ def target_stats(model, data):
     return data.yy_target, pers.noise_blocks(model.structure)
 
 
+def own_sse(model, data, support=None) -> np.ndarray | None:
+    """Each client's own least squares' residual sum of squares per target (S, M, n_y), from
+    its training QR factors (``data.factor``, :func:`fnsysid.dynamics.model.residual_sums`);
+    None where the data carry no factors."""
+    if data.factor is None:
+        return None
+    theta = own_fits(data.H, data.b, support).theta     # support as own_intervals takes it
+    with np.errstate(invalid="ignore"):
+        return residual_sums(model, data.factor, theta)
+
+
 def own_intervals(model, data, support=None):
     """Least squares of the statistics ``data`` with their standard errors, one residual
     variance per target (:func:`fnsysid.learning.personalize.least_squares_intervals`); one
-    for all targets where the data carry no per-target sums of squares."""
+    for all targets where the data carry no per-target sums of squares. The residual sums
+    come from the clients' QR factors where the data carry them (:func:`own_sse`)."""
+    sse = own_sse(model, data, support)
     if data.yy_target is None:
         return pers.least_squares_intervals(data.H, data.b, data.yy, data.n, n_targets(model),
-                                            support)
+                                            support, sse)
     return pers.least_squares_intervals(data.H, data.b, data.yy_target, data.n,
-                                        pers.noise_blocks(model.structure), support)
+                                        pers.noise_blocks(model.structure), support, sse)
 
 
 def per_parameter_dof(model, data, dof) -> np.ndarray:
@@ -142,7 +155,8 @@ def personalized(settings, model, strategy, data) -> Personal | None:
     warning, reml = None, None
     if option.name == "auto":
         yy, blocks = target_stats(model, data)
-        models, se, fl = pers.auto(data.H, data.b, yy, data.n, blocks)
+        models, se, fl = pers.auto(data.H, data.b, yy, data.n, blocks,
+                                   sse=own_sse(model, data))
         reml = reml_summary(fl)
         warning = reml_warning(reml)
     else:

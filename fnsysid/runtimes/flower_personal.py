@@ -27,6 +27,7 @@ from fnsysid.learning import personalize as pers
 from fnsysid.results.personal import (
     Personal,
     own_intervals,
+    own_sse,
     per_parameter_dof,
     reml_summary,
     reml_warning,
@@ -42,7 +43,7 @@ def client_reply(node, exchange: str, arrays: dict) -> dict:
     (``node.data``) and the server's message ``arrays``."""
     d = node.data
     yy, blocks = target_stats(node.model, d)
-    msg = pers.client_message(d.H, d.b, yy, d.n, blocks)
+    msg = pers.client_message(d.H, d.b, yy, d.n, blocks, own_sse(node.model, d))
     if exchange == "personalize_stats":
         return {"H": msg.H, "b": msg.b, "rss": msg.rss, "dof": msg.dof,
                 "own": msg.own.astype(float)}
