@@ -58,6 +58,11 @@ def test_heldout_scores_equal_the_predictions(system):
         np.testing.assert_allclose(scores.one_step(theta), ref[0], rtol=1e-12)
         np.testing.assert_allclose(scores.free_run(theta), ref[1], rtol=1e-10)
         assert np.isnan(scores.one_step(theta)[1, 2]) and np.isfinite(ref[0, 0]).all()
+        # rolled out for some clients only: theirs as above, NaN for the others
+        some = np.arange(ho.x.shape[1]) % 2 == 1
+        part = scores.free_run(theta, some)
+        np.testing.assert_allclose(part[:, some], ref[1][:, some], rtol=1e-10)
+        assert np.isnan(part[:, ~some]).all()
 
 
 def _residual_nrmse(model, theta, ho):

@@ -197,27 +197,36 @@ class HeldOutScores:
         _finish(sse, self.w_step[:, :, sl].transpose(1, 0, 2))
         return sse[:, 0] if self.n_y == 1 else sse.sum(axis=1)
 
-    def free_run(self, theta: np.ndarray) -> np.ndarray:
+    def free_run(self, theta: np.ndarray, clients: np.ndarray | None = None) -> np.ndarray:
         """Free-run NRMSE (S, M) of estimates ``theta`` (S, 1 or M, p); ``inf`` for a rollout
         that blows up. Rolled out for a chunk of clients of one block at a time (temporaries
-        in cache)."""
+        in cache); ``clients`` (M,) bool: only those (NaN for the others; None: all)."""
         Th = self.model.theta_matrix(np.asarray(theta, float))             # (S, m, n_y, n_phi)
         sse = np.zeros(self.ho.std.shape)                                  # (S, M, n_x)
+        if clients is not None:
+            sse[:, ~np.asarray(clients, bool)] = np.nan
         with np.errstate(all="ignore"):
             for b, block in enumerate(self.ho.blocks):
                 S, M, J = block.x.shape[:3]
                 every = M == sse.shape[1]          # one block of every client, in order
                 step = max(1, CHUNK // (4 * J))
-                for lo in range(0, M, step):
-                    sl = slice(lo, min(lo + step, M))
+                if clients is None:
+                    parts = [slice(lo, min(lo + step, M)) for lo in range(0, M, step)]
+                else:                              # positions in the block of those asked
+                    pos = np.flatnonzero(np.asarray(clients, bool)[block.clients])
+                    parts = [pos[lo:lo + step] for lo in range(0, len(pos), step)]
+                for sl in parts:
                     at = sl if every else block.clients[sl]
                     sse[:, at] = self._rollout(Th if Th.shape[1] == 1 else Th[:, at], b, sl)
             out = (np.sqrt(sse) * self.w_run).sum(axis=-1)
-        return np.where(np.isnan(out) & self.valid, np.inf, out)
+        blown = np.isnan(out) & self.valid
+        if clients is not None:
+            blown &= np.asarray(clients, bool)
+        return np.where(blown, np.inf, out)
 
-    def _rollout(self, Th: np.ndarray, b: int, sl: slice) -> np.ndarray:
-        """Squared free-run errors of the clients ``sl`` of block ``b`` summed over their
-        samples, (S, m, n_x)."""
+    def _rollout(self, Th: np.ndarray, b: int, sl) -> np.ndarray:
+        """Squared free-run errors of the clients ``sl`` (a slice or positions) of block ``b``
+        summed over their samples, (S, m, n_x)."""
         model = self.model
         block = self.ho.blocks[b]
         x, u = block.x[:, sl], block.u[:, sl]

@@ -571,7 +571,7 @@ def free_run_statistics(model, heldout, fits, use, keys, seed: int = 0) -> dict:
         return out
     scores = HeldOutScores(model, heldout)
     with np.errstate(all="ignore"):
-        obs = scores.free_run(theta)
+        obs = scores.free_run(theta, use.any(axis=0))      # only the clients it counts
     out["sim"] = np.where(use, obs, np.nan)
     P = model.structure.any(axis=1).astype(float)                  # (n_y, p)
     B = REPLICATES
