@@ -48,9 +48,11 @@ does, None when nothing could be checked (short held-out trajectories). ``verdic
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from fnsysid.learning.ownfit_stats import own_fit_statistics
+from fnsysid.learning.ownfit_stats import PseudoInverses, own_fit_statistics
 from fnsysid.results.metrics import HeldOutScores, over_clients
 
 #: family-wise level of each of the three tests
@@ -424,11 +426,32 @@ def model_check(model, data, heldout, support=None, level: float = LEVEL,
     S, M = heldout.n.shape
     keys = [str(m) for m in range(M)] if keys is None else [str(k) for k in keys]
     chosen = checked_clients(heldout.n)
-    fits = own_fit_statistics(model, data, support)
+    fits = _checked_fits(model, data, support, chosen)
     st = correlation_statistics(model, data, heldout, fits, support, chosen)
     use = _free_run_use(st, chosen, level)
     st.update(free_run_statistics(model, heldout, fits, use, keys, seed))
     return combine(model, st, support, level)
+
+
+def _checked_fits(model, data, support, chosen: np.ndarray):
+    """:func:`~fnsysid.learning.ownfit_stats.own_fit_statistics` of the ``chosen`` clients
+    (M,) only, in the clients' order (S, M, ...): NaN parameters and noise for the others,
+    whose statistics the check does not count. The pseudo-inverses stay those of all clients,
+    made for the clients asked."""
+    if chosen.all():
+        return own_fit_statistics(model, data, support)
+    idx = np.flatnonzero(chosen)
+    sub = dataclasses.replace(data, **{
+        f.name: getattr(data, f.name)[:, idx] for f in dataclasses.fields(data)
+        if getattr(data, f.name) is not None})
+    _, theta, s2, dof = own_fit_statistics(model, sub, support)
+    S, M = data.n.shape
+    out = []
+    for a in (theta, s2, dof):
+        full = np.full((S, M) + a.shape[2:], np.nan)
+        full[:, idx] = a
+        out.append(full)
+    return (PseudoInverses(data, support), *out)
 
 
 def _nothing() -> dict:
@@ -529,7 +552,8 @@ def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
             "nrmse_sim_max": [_num(v) for v in over_clients(sim, use)[0]],
             "nrmse_sim_median": [_num(v) for v in sim_med],
             "nrmse_sim_noisy_median": [_num(v) for v in ref_med],
-            "nrmse_1step_max": [_num(v) for v in over_clients(st["one"], valid)[0]],
+            "nrmse_1step_max": [_num(v) for v in over_clients(st["one"],
+                                                              valid & chosen)[0]],
             "clients_checked": int(chosen.sum()),
             "fit": "each client's own least squares"}
 
