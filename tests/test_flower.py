@@ -852,6 +852,22 @@ def test_a_reply_timeout_in_the_simulation_writes_the_finished_rounds_as_interru
 
 
 @needs_flower
+def test_flower_personalizes_from_the_clients_messages_as_in_process(tmp_path):
+    """personalize=auto under runtime=flower: each ClientApp sends its own statistics and
+    residual sums (from its own QR factors), the server the fleet's mean and heterogeneity,
+    each client its posterior: client_estimates.csv equals the in-process one to 1e-10."""
+    folder, args = _client_folder(tmp_path, M=4, sim=("eps=1",))
+    args = [*args, "personalize=auto"]
+    a = run_experiment(compose_cfg(*args), tmp_path / "a")
+    b = run_experiment(compose_cfg(*args, "runtime=flower"), tmp_path / "b")
+    assert a["status"] == b["status"] == "ok"
+    ca, cb = (pd.read_csv(tmp_path / d / "client_estimates.csv") for d in "ab")
+    assert len(cb) == len(ca) > 0 and ca["se"].notna().all()
+    for col in ("estimate", "se", "local", "local_se", "local_lo", "local_hi"):
+        np.testing.assert_allclose(cb[col], ca[col], rtol=0, atol=1e-10, err_msg=col)
+
+
+@needs_flower
 def test_flower_runs_the_model_check_from_the_clients_statistics_as_in_process(tmp_path,
                                                                               caplog):
     """output.model_check under runtime=flower: after the last round each ClientApp sends
