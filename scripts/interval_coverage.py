@@ -1,7 +1,7 @@
 """Coverage of ``personalize=auto``'s intervals under other heterogeneity covariances.
 
 Usage: python scripts/interval_coverage.py [--seeds 3] [--repeats 40] [--eps 0,0.3,1]
-[--detail] [--jackknife]
+[--detail] [--jackknife] [--bootstrap B [--rounds 0,1]]
 
 On the synthetic fleet (M = 20, N = 10, ``repeats`` repeats per seed, seeds 0 ... seeds - 1)
 it computes ``auto``'s models once (:func:`fnsysid.learning.personalize.fleet` and
@@ -28,7 +28,12 @@ parameter), its range over seeds printed per eps. The candidates:
   clients of Jiang, Lahiri & Wan 2002 (https://doi.org/10.1214/aos/1043351257) applied to
   the default: the whole of ``fleet`` rerun without each client g, ``mse_i = max(0, b_i -
   (M - 1)/M sum_g (b_i^(g) - b_i)) + (M - 1)/M sum_g (theta_i^(g) - theta_i)^2`` with
-  ``b_i`` the squared standard error with ``Sigma_ci`` and ``theta_i`` the models.
+  ``b_i`` the squared standard error with ``Sigma_ci`` and ``theta_i`` the models;
+- with ``--bootstrap B``: the default's standard errors times a parametric-bootstrap
+  multiplier (:func:`bootstrap_multiplier`: B fleets drawn from the fitted model and
+  estimated as the data were), drawn from ``Sigma_ci`` after each of ``--rounds`` rounds of
+  bias correction, and from the models' ``Sigma``; one multiplier per repeat, or per
+  (repeat, parameter).
 """
 
 from __future__ import annotations
@@ -87,6 +92,95 @@ def marginal(theta, V, own, method: str = "reml", iterations: int = 2000, tol: f
     return np.where(pos, (lo + hi) / 2, 0.0), np.ones_like(pos)
 
 
+def _replicates(msg, fl, blocks, Sigma, level: float, B: int, rng,
+                **options) -> tuple[np.ndarray, np.ndarray]:
+    """B fleets per repeat drawn from ``(fl.mu, Sigma)`` and the clients' ``H_i`` (see
+    :func:`bootstrap_multiplier`), estimated as the data were: the studentized errors
+    ``|theta_hat_i* - theta_i*| / (z se_i*)`` (S, B, M, p) and the replicates' ``Sigma_ci``
+    (S, B, p, p)."""
+    S, M, p = msg.b.shape
+    lam, U = np.linalg.eigh(Sigma)
+    Lc = U * np.sqrt(np.maximum(lam, 0.0))[:, None, :]                        # (S, p, p)
+    truth = fl.mu[:, None, None] + np.einsum("spq,sbmq->sbmp", Lc,
+                                             rng.standard_normal((S, B, M, p)))
+    r = np.sqrt(np.asarray(fl.s2, float).reshape(S, -1)[:, None, blocks.param_block])
+    lh, Uh = np.linalg.eigh(msg.H * r[..., :, None] * r[..., None, :])      # Cov(b_i)
+    Lh = Uh * np.sqrt(np.maximum(lh, 0.0))[..., None, :]                       # (S, M, p, p)
+    b = (np.einsum("smpq,sbmq->sbmp", msg.H, truth)
+         + np.einsum("smpq,sbmq->sbmp", Lh, rng.standard_normal((S, B, M, p))))
+    g = np.asarray(fl.s2).reshape(S, -1).shape[-1]
+    dof = msg.dof.reshape(S, M, g)
+    s2 = np.asarray(fl.s2, float).reshape(S, 1, 1, g)
+    rss = np.where(dof[:, None] > 0, s2 * rng.chisquare(np.maximum(dof[:, None], 1.0),
+                                                        (S, B, M, g)), 0.0)
+
+    def rep(a):
+        return np.repeat(a, B, axis=0)
+
+    star = pers.Message(rep(msg.H), b.reshape(S * B, M, p), rss.reshape(S * B, M, g),
+                   rep(dof), rep(msg.own))
+    fls = pers.fleet(star, blocks, **options)
+    th, se = pers.client_posterior(star, fls, blocks)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = (np.abs(th.reshape(S, B, M, p) - truth)
+             / (pers.z_value(level) * se.reshape(S, B, M, p)))
+    return np.where(np.isnan(t), 0.0, t), fls.Sigma_ci.reshape(S, B, p, p)  # 0/0: exact
+
+
+def bootstrap_multiplier(msg, fl, blocks, level: float = 0.95, B: int = 20,
+                         seed: int = 0, structures=(), criterion: str = "bic",
+                         max_rank: int = pers.MAX_RANK, per_parameter: bool = False,
+                         corrected: int = 1, source: str = "Sigma_ci",
+                         errors: bool = False):
+    """Parametric-bootstrap calibration of ``auto``'s intervals (Hall & Maiti 2006,
+    https://doi.org/10.1111/j.1467-9868.2006.00541.x; Chatterjee, Lahiri & Li 2008,
+    https://doi.org/10.1214/07-AOS512): the multiplier ``c`` (S,) (or (S, p) with
+    ``per_parameter``) of the standard errors such that ``theta_i -/+ c z se_i`` covers
+    ``level`` of the clients' parameters in B fleets drawn from the fitted model.
+
+    Each replicate keeps every client's ``H_i`` and ``own`` and draws its truth
+    ``theta_i* ~ N(mu, Sigma*)``, its moments ``b_i* ~ N(H_i theta_i*, S^1/2 H_i S^1/2)``
+    (the least-squares noise with the fleet's residual variances ``S``, also where ``H_i`` is
+    singular) and its residual sums ``rss_i* ~ s2 chi2(dof_i)``; the whole estimation
+    (``fleet``, with the same ``structures``, ``criterion`` and ``max_rank``, then
+    ``client_posterior``) runs on the B replicates of every repeat stacked on the repeats'
+    axis (one call), and ``c`` is the ``level`` quantile of ``|theta_hat_i* -
+    theta_i*| / (z se_i*)`` over (replicate, client, parameter) of each repeat.
+
+    ``Sigma*`` is the fleet's ``Sigma_ci`` (``source``; or the models' ``Sigma``, the test's
+    and the rank's) after ``corrected`` rounds of bootstrap bias correction, each of B
+    replicates drawn from the current ``Sigma*``: ``Sigma* <- (Sigma* + Sigma_ci - mean_b
+    Sigma_ci*_b)+`` (the positive part; the unrestricted REML is positive semi-definite,
+    biased upward in the directions without heterogeneity, so a truth drawn from it is more
+    heterogeneous than the fleet; the rounds seek the ``Sigma*`` whose replicates' mean
+    ``Sigma_ci`` is the fleet's). ``errors``: return the studentized errors (S, B, M, p) of
+    the calibrating replicates instead of ``c``."""
+    rng = np.random.default_rng(seed)
+    S, M, p = msg.b.shape
+    if isinstance(blocks, (int, np.integer)):
+        blocks = pers.pooled_blocks(int(blocks), p)
+    options = {"structures": structures, "criterion": criterion, "max_rank": max_rank}
+    if source not in ("Sigma_ci", "Sigma"):
+        raise ValueError(f"bootstrap source must be 'Sigma_ci' or 'Sigma', not {source!r}")
+    Sig = fl.Sigma_ci if source == "Sigma_ci" else fl.Sigma
+    for _ in range(int(corrected)):
+        _, Sci = _replicates(msg, fl, blocks, Sig, level, B, rng, **options)
+        lam, U = np.linalg.eigh(Sig + fl.Sigma_ci - Sci.mean(axis=1))
+        Sig = (U * np.maximum(lam, 0.0)[:, None, :]) @ np.swapaxes(U, -1, -2)
+    t, _ = _replicates(msg, fl, blocks, Sig, level, B, rng, **options)
+    if errors:
+        return t
+    return multiplier(t, level, per_parameter)
+
+def multiplier(t, level: float = 0.95, per_parameter: bool = False) -> np.ndarray:
+    """The ``level`` quantile of the studentized errors ``t`` (S, B, M, p) of each repeat
+    (S,), or of each (repeat, parameter) (S, p)."""
+    S, B, M, p = t.shape
+    if per_parameter:
+        return np.quantile(t.transpose(0, 3, 1, 2).reshape(S, p, B * M), level, axis=-1)
+    return np.quantile(t.reshape(S, -1), level, axis=-1)
+
+
 def jackknife(msg, fl, blocks):
     """``(mse, floored)`` (S, M, p): the jackknife mean squared error of the models over the
     M fleets without one client each (stacked on the repeats' axis: one ``fleet`` call), and
@@ -112,7 +206,7 @@ def jackknife(msg, fl, blocks):
 
 
 def measure(eps: float, seed: int, repeats: int, detail: bool = False,
-            jack: bool = False) -> dict:
+            jack: bool = False, boot: int = 0, rounds=(0,)) -> dict:
     """Coverage of each candidate on one fleet (eps, seed); ``detail``: print, per
     parameter, the coverage of ``diag REML``, its share of ``tau_j^2 = 0``, the true spread
     over clients and the clients' mean own standard error."""
@@ -162,6 +256,17 @@ def measure(eps: float, seed: int, repeats: int, detail: bool = False,
             miss = np.maximum(tau - np.diagonal(fl.Sigma, axis1=-2, axis2=-1), 0.0)
             cover(fl.Sigma + miss[:, :, None] * np.eye(p), "Sigma + diag(tau^2 - Sigma_jj)+")
             out["tau^2 = 0 (share)"] = float((tau == 0).mean())
+    if boot:
+        for src, corr, base in ([(f"Sigma_ci bias-corrected {k}x", k, "Sigma_ci")
+                                  for k in rounds] + [("the models' Sigma", 0, "Sigma")]):
+            tb = bootstrap_multiplier(msg, fl, blocks, LEVEL, boot, seed,
+                                           corrected=corr, source=base, errors=True)
+            c = multiplier(tb, LEVEL)
+            cover(fl.Sigma_ci, f"Sigma_ci, bootstrap from {src} (B={boot})", z * c[:, None, None])
+            cp = multiplier(tb, LEVEL, per_parameter=True)
+            cover(fl.Sigma_ci, f"Sigma_ci, bootstrap from {src} per parameter (B={boot})",
+                  z * cp[:, None, :])
+            out[f"bootstrap from {src}: multiplier (median)"] = float(np.median(c))
     if jack:
         mse, floored = jackknife(msg, fl, blocks)
         models, _ = pers.client_posterior(msg, fl, blocks)
@@ -179,19 +284,28 @@ def main(argv=None) -> int:
     ap.add_argument("--eps", default="0,0.3,1")
     ap.add_argument("--detail", action="store_true",
                     help="per parameter: coverage of diag REML, tau^2 = 0, spreads")
+    ap.add_argument("--bootstrap", type=int, default=0, metavar="B",
+                    help="also the parametric-bootstrap calibration with B replicates")
+    ap.add_argument("--rounds", default="0,1",
+                    help="the bootstrap's rounds of bias correction of Sigma_ci, e.g. 0,1,3")
     ap.add_argument("--jackknife", action="store_true",
                     help="also the jackknife of the default (about 20 times the CPU)")
     args = ap.parse_args(argv)
-    if args.seeds < 1 or args.repeats < 2:
-        ap.error("--seeds must be >= 1 and --repeats >= 2")
+    if args.seeds < 1 or args.repeats < 2 or args.bootstrap < 0:
+        ap.error("--seeds must be >= 1, --repeats >= 2 and --bootstrap >= 0")
     try:
         eps_list = [float(e) for e in args.eps.split(",")]
     except ValueError:
         ap.error(f"--eps must be numbers separated by commas, not {args.eps!r}")
+    try:
+        rounds = [int(k) for k in args.rounds.split(",")]
+    except ValueError:
+        ap.error(f"--rounds must be integers separated by commas, not {args.rounds!r}")
     rows = [{"eps": eps, "seed": seed, "Sigma'": k, "coverage": v}
             for eps in eps_list for seed in range(args.seeds)
             for k, v in measure(eps, seed, args.repeats, args.detail,
-                                         args.jackknife).items()]
+                                         args.jackknife, args.bootstrap,
+                                         rounds).items()]
     g = pd.DataFrame(rows).groupby(["Sigma'", "eps"], sort=False)["coverage"]
     table = g.agg(lambda x: f"{x.min():.3f}-{x.max():.3f}").unstack("eps")
     print(f"coverage (range over seeds 0-{args.seeds - 1}, {args.repeats} repeats each):")
