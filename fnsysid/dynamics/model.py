@@ -172,6 +172,10 @@ class ClientData:
     yy_target: np.ndarray | None = None
     factor: np.ndarray | None = None
 
+    def take(self, clients) -> ClientData:
+        """The same data of the ``clients`` only (an index array, mask or slice along M)."""
+        return ClientData(*(None if a is None else a[:, clients] for a in vars(self).values()))
+
     @property
     def shape(self) -> tuple[int, int]:
         return self.theta_true.shape[:2]
@@ -353,7 +357,7 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
                       yy_target, factor)
     if keep is None:
         return data
-    return ClientData(*(None if a is None else a[:, keep] for a in vars(data).values()))
+    return data.take(keep)
 
 
 def _prefix_blocks(ids: np.ndarray):

@@ -48,8 +48,6 @@ does, None when nothing could be checked (short held-out trajectories). ``verdic
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from fnsysid.learning.ownfit_stats import PseudoInverses, own_fit_statistics
@@ -441,10 +439,7 @@ def _checked_fits(model, data, support, chosen: np.ndarray):
     if chosen.all():
         return own_fit_statistics(model, data, support)
     idx = np.flatnonzero(chosen)
-    sub = dataclasses.replace(data, **{
-        f.name: getattr(data, f.name)[:, idx] for f in dataclasses.fields(data)
-        if getattr(data, f.name) is not None})
-    _, theta, s2, dof = own_fit_statistics(model, sub, support)
+    _, theta, s2, dof = own_fit_statistics(model, data.take(idx), support)
     S, M = data.n.shape
     out = []
     for a in (theta, s2, dof):
