@@ -110,12 +110,14 @@ def own_sse(model, data, support=None) -> np.ndarray | None:
         return residual_sums(model, data.factor, theta)
 
 
-def own_intervals(model, data, support=None):
+def own_intervals(model, data, support=None, sse=None):
     """Least squares of the statistics ``data`` with their standard errors, one residual
     variance per target (:func:`fnsysid.learning.personalize.least_squares_intervals`); one
     for all targets where the data carry no per-target sums of squares. The residual sums
-    come from the clients' QR factors where the data carry them (:func:`own_sse`)."""
-    sse = own_sse(model, data, support)
+    come from the clients' QR factors where the data carry them (``sse``, default
+    :func:`own_sse` of ``data`` and ``support``)."""
+    if sse is None:
+        sse = own_sse(model, data, support)
     if data.yy_target is None:
         return pers.least_squares_intervals(data.H, data.b, data.yy, data.n, n_targets(model),
                                             support, sse)
@@ -150,13 +152,13 @@ def personalized(settings, model, strategy, data) -> Personal | None:
     option = settings.personalize
     if option.name == "none":
         return None
-    local, local_se, _, dof = own_intervals(model, data)
+    sse = own_sse(model, data)
+    local, local_se, _, dof = own_intervals(model, data, sse=sse)
     local_dof = per_parameter_dof(model, data, dof)
     warning, reml = None, None
     if option.name == "auto":
         yy, blocks = target_stats(model, data)
-        models, se, fl = pers.auto(data.H, data.b, yy, data.n, blocks,
-                                   sse=own_sse(model, data))
+        models, se, fl = pers.auto(data.H, data.b, yy, data.n, blocks, sse=sse)
         reml = reml_summary(fl)
         warning = reml_warning(reml)
     else:

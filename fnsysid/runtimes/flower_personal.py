@@ -43,7 +43,8 @@ def client_reply(node, exchange: str, arrays: dict) -> dict:
     (``node.data``) and the server's message ``arrays``."""
     d = node.data
     yy, blocks = target_stats(node.model, d)
-    msg = pers.client_message(d.H, d.b, yy, d.n, blocks, own_sse(node.model, d))
+    sse = own_sse(node.model, d)
+    msg = pers.client_message(d.H, d.b, yy, d.n, blocks, sse)
     if exchange == "personalize_stats":
         return {"H": msg.H, "b": msg.b, "rss": msg.rss, "dof": msg.dof,
                 "own": msg.own.astype(float)}
@@ -58,7 +59,7 @@ def client_reply(node, exchange: str, arrays: dict) -> dict:
         start = np.array(arrays["theta"][:, None, :])
         theta = solver.local_steps(start, option.K, option.lr)
         se = np.full(theta.shape, np.nan)
-    local, local_se, _, dof = own_intervals(node.model, d)
+    local, local_se, _, dof = own_intervals(node.model, d, sse=sse)
     return {"theta": theta, "se": se, "local": local, "local_se": local_se,
             "local_dof": per_parameter_dof(node.model, d, dof),
             "_e": node.errors(theta[:, 0])}
