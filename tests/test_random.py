@@ -151,6 +151,30 @@ def test_thread_count_is_checked(monkeypatch):
         threads(4)
 
 
+def test_map_on_threads_keeps_the_order_and_a_job_that_maps_again_runs_inline(monkeypatch):
+    """map_on_threads returns each job's result in the order of the jobs on two threads; a
+    job that maps again (on a pool thread) runs its own jobs in its thread instead of waiting
+    for the pool's threads, which are busy with the outer jobs (it would never return)."""
+    import threading
+
+    from fnsysid.dynamics.model import POOL_PREFIX, map_on_threads
+
+    monkeypatch.setenv("FNSYSID_THREADS", "2")
+    names = []
+
+    def inner(i: int, j: int) -> int:
+        names.append(threading.current_thread().name)
+        return 10 * i + j
+
+    def outer(i: int) -> list:
+        return map_on_threads(inner, [(i, j) for j in range(3)])
+
+    assert map_on_threads(outer, [(i,) for i in range(4)]) == [
+        [10 * i + j for j in range(3)] for i in range(4)]
+    assert len(names) == 12 and all(n.startswith(POOL_PREFIX) for n in names)
+    assert map_on_threads(lambda x: x * x, [(x,) for x in range(7)]) == [x * x for x in range(7)]
+
+
 def test_a_stream_made_again_is_the_generator_its_seed_sequence_makes(monkeypatch):
     """stream() keeps each stream's PCG64 state: made again (or after the store was
     cleared), it is still PCG64(SeedSequence(seed, spawn_key=(purpose, *key))): the same

@@ -91,6 +91,28 @@ def test_a_large_table_written_by_pyarrow_reads_back_as_the_csv_module_one(tmp_p
     assert (tmp_path / "mixed.csv").read_text() == "client,x\n1,0.5\na,1.5\n"
 
 
+def test_pyarrow_slices_formatted_on_threads_write_the_file_of_one_slice(tmp_path,
+                                                                          monkeypatch):
+    """A large table is formatted by pyarrow in slices of Table.ARROW_CHUNK rows on threads:
+    the file is byte for byte the one written as one slice (one header, rows in order), for
+    slices that divide the rows and slices that do not, more slices than one batch of
+    threads, and one thread or two."""
+    n = 23
+    table = Table({"row": np.arange(n), "x": np.linspace(-1, 1, n) ** 3,
+                   "name": np.array([f"c{i % 4}" for i in range(n)], dtype=object)})
+    monkeypatch.setattr(Table, "ARROW_ROWS", 0)
+    whole = tmp_path / "whole.csv"
+    table.to_csv(whole)
+    assert whole.read_text().count("row") == 1 and len(whole.read_text().splitlines()) == n + 1
+    for chunk in (1, 5, 23, 100):
+        for threads in ("1", "2"):
+            monkeypatch.setattr(Table, "ARROW_CHUNK", chunk)
+            monkeypatch.setenv("FNSYSID_THREADS", threads)
+            part = tmp_path / f"chunk{chunk}_{threads}.csv"
+            table.to_csv(part)
+            assert part.read_bytes() == whole.read_bytes(), (chunk, threads)
+
+
 def test_rows_and_unequal_columns():
     t = Table({"round": [0, 1, 2, 2], "e": [1.0, 0.5, 0.2, 0.3]})
     last = t[t["round"] == t["round"].max()]

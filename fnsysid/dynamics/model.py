@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -841,28 +842,50 @@ def for_slices(m: int, size: int, work) -> None:
     _on_threads(work, [(slice(lo, min(lo + size, m)),) for lo in range(0, m, size)])
 
 
+#: the name of every thread of :func:`_pool`'s pools begins with it
+POOL_PREFIX = "fnsysid-pool"
+
+
 @functools.lru_cache(maxsize=None)
 def _pool(n: int) -> ThreadPoolExecutor:
     """A pool of ``n`` threads kept for the process (every call of :func:`_on_threads`)."""
-    return ThreadPoolExecutor(n, thread_name_prefix="fnsysid")
+    return ThreadPoolExecutor(n, thread_name_prefix=POOL_PREFIX)
 
 
 def _on_threads(work, jobs: list[tuple]) -> None:
     """``work(*job)`` for every job, on :func:`threads` threads when there are several (with
     the caller's floating-point error handling), else in order in this thread."""
+    map_on_threads(work, jobs)
+
+
+def map_on_threads(work, jobs: list[tuple]) -> list:
+    """``[work(*job) for job in jobs]``, the jobs run on :func:`threads` threads when there are
+    several (with the caller's floating-point error handling), else in order in this thread;
+    also in order in this thread when it is itself one of the pool's threads (a job that
+    maps again would otherwise wait for threads that wait for it).
+
+    Parameters
+    ----------
+    work : callable
+        ``work(*job)``; jobs must not write to the same arrays.
+    jobs : list of tuple
+        The arguments of each call.
+
+    Returns
+    -------
+    list
+        Each call's result, in the order of ``jobs``.
+    """
     n = threads(len(jobs))
-    if n == 1:
-        for job in jobs:
-            work(*job)
-        return
+    if n == 1 or threading.current_thread().name.startswith(POOL_PREFIX):
+        return [work(*job) for job in jobs]
     errors = np.geterr()
 
-    def call(job: tuple) -> None:
+    def call(job: tuple):
         with np.errstate(**errors):
-            work(*job)
+            return work(*job)
 
-    for f in [_pool(n).submit(call, job) for job in jobs]:
-        f.result()
+    return [f.result() for f in [_pool(n).submit(call, job) for job in jobs]]
 
 
 #: about how many float64 values one chunk of simulated clients may hold (memory bound)

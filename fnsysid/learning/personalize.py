@@ -244,11 +244,12 @@ def homogeneity(theta, J, own):
 
     p = theta.shape[-1]
     w = own.astype(float)
-    Jw = J * w[..., None, None]
-    mu = np.einsum("spq,sq->sp", np.linalg.pinv(Jw.sum(axis=1), hermitian=True),
-                   np.einsum("smpq,smq->sp", Jw, theta))
+    Jth = np.matmul(J, theta[..., None])[..., 0]
+    mu = np.einsum("spq,sq->sp", np.linalg.pinv(np.einsum("sm,smpq->spq", w, J),
+                                                hermitian=True),
+                   np.einsum("sm,smp->sp", w, Jth))
     d = theta - mu[:, None]
-    Q = np.einsum("sm,smp,smpq,smq->s", w, d, J, d)
+    Q = np.einsum("sm,smp,smp->s", w, d, np.matmul(J, d[..., None])[..., 0])
     m = w.sum(axis=1)
     k = (m - 1) * p
     pv = np.where(m >= 2, chdtrc(np.maximum(k, 1), Q), np.nan)
@@ -689,9 +690,9 @@ def fleet(msg: Message, blocks, iterations: int = 200, structures=(),
     with np.errstate(divide="ignore", invalid="ignore"):
         s2 = np.where(dof.sum(axis=1) > 0, rss.sum(axis=1) / dof.sum(axis=1), 1.0)   # (S, g)
     J, beta = _scaled(msg, s2, blocks)
-    eye = np.eye(p)
-    V = np.linalg.inv(np.where(own[..., None, None], J, eye))   # determined clients only
-    theta = np.einsum("...pq,...q->...p", V, np.where(own[..., None], beta, 0.0))
+    # each determined client's own estimate J_i^-1 beta_i (0 for the others)
+    theta = np.linalg.solve(np.where(own[..., None, None], J, np.eye(p)),
+                            np.where(own[..., None], beta, 0.0)[..., None])[..., 0]
     Q, pv = homogeneity(theta, J, own)
     hetero = pv < HOMOGENEITY_LEVEL
     # the low-rank Sigma only where some repeat is heterogeneous (it is 0 elsewhere); the
