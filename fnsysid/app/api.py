@@ -35,20 +35,25 @@ def run(overrides=(), output_dir=None, config_dir=None) -> Result:
 
     Parameters
     ----------
-    overrides : list of ``"key=value"`` strings (exactly the command line's) or a dict
+    overrides : sequence of str or dict, default=()
+        ``"key=value"`` strings (exactly the command line's), or a dict
         ``{"system": "pendulum", "M": 5, "data.states": ["x1", "x2"]}`` (string keys; values
         str, int, float, bool, None or numpy scalars, and lists and dicts of them).
-    output_dir : folder to write the run's files into (as the command line does); None
-        writes nothing. Checked before the run: a file, a folder that cannot be written, one
+    output_dir : str, path or None, default=None
+        A folder to write the run's files into (as the command line does); None writes
+        nothing. Checked before the run: a file, a folder that cannot be written, one
         holding an earlier run (unless ``output.overwrite=true``, which removes it once the
         run is done) or one in use by another run (its lock, held by this call until it
         returns; a folder inside or around a folder in use is in use too) is refused.
-    config_dir : a folder of your own config groups (like ``--config-dir``).
+    config_dir : str, path or None, default=None
+        A folder of your own config groups (like ``--config-dir``).
 
     Returns
     -------
-    :class:`~fnsysid.app.experiment.Result` with the DataFrames ``errors``, ``clients``,
-    ``estimates``, ``theory`` and the ``summary`` dict (which names the chosen group options).
+    Result
+        The run's :class:`~fnsysid.app.experiment.Result`: the DataFrames ``errors``,
+        ``clients``, ``estimates``, ``theory`` and the ``summary`` dict (which names the
+        chosen group options).
 
     Raises
     ------
@@ -150,15 +155,35 @@ def load_trajectories(path, states, inputs=(), *, trajectory: str = "trajectory"
                       time: str = "t", ignore=()) -> pd.DataFrame:
     """Read and check trajectory files (the ``data=files`` layout) into one DataFrame.
 
-    ``trajectory``, ``time``, ``ignore``: as ``data.trajectory``, ``data.time`` and
-    ``data.ignore`` (the columns of the trajectory ids and of the times; columns not used;
-    any other column that is not a state, an input, ``client``, ``repeat`` or ``split`` is
-    refused). Columns ``repeat, client, trajectory, t, split`` (the mapped columns under these
-    names; ``split`` only when the files have it, so that fitting the DataFrame holds out
-    ``data.holdout`` of each client's trajectories as fitting the files does), the states
-    and the inputs (``repeat`` the files' labels, 0 without the column); raises
-    :class:`~fnsysid.data.files.DataError` (a :class:`ConfigError`) naming the file and
-    row or column of the first problem.
+    Parameters
+    ----------
+    path : str or path
+        A folder of one file per client, or one file with a ``client`` column
+        (``data.path``).
+    states : str or list of str
+        The state columns (``data.states``).
+    inputs : str or list of str, default=()
+        The input columns (``data.inputs``).
+    trajectory : str, default="trajectory"
+        The column of the trajectory ids (``data.trajectory``).
+    time : str, default="t"
+        The column of the times (``data.time``).
+    ignore : str or list of str, default=()
+        Columns not used (``data.ignore``); any other column that is not a state, an
+        input, ``client``, ``repeat`` or ``split`` is refused.
+
+    Returns
+    -------
+    DataFrame
+        Columns ``repeat, client, trajectory, t, split`` (the mapped columns under these
+        names; ``split`` only when the files have it, so that fitting the DataFrame holds out
+        ``data.holdout`` of each client's trajectories as fitting the files does), the states
+        and the inputs (``repeat`` the files' labels, 0 without the column).
+
+    Raises
+    ------
+    DataError
+        (a :class:`ConfigError`) naming the file and row or column of the first problem.
     """
     ignore = [ignore] if isinstance(ignore, str) else list(ignore or ())
     df = read_trajectories(path, states, inputs,

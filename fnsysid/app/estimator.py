@@ -254,12 +254,36 @@ class FederatedSysID:
         return [*GROUP_PARAMS, *KNOB_PARAMS, *OTHER_PARAMS]
 
     def get_params(self, deep: bool = True) -> dict:
-        """The constructor's parameters as stored (``deep`` has nothing to descend into)."""
+        """The constructor's parameters as stored.
+
+        Parameters
+        ----------
+        deep : bool, default=True
+            scikit-learn's flag for nested estimators; there are none to descend into.
+
+        Returns
+        -------
+        dict
+            Each constructor parameter and its value (None: the config's default)."""
         return {k: getattr(self, k) for k in self._get_param_names()}
 
     def set_params(self, **params) -> FederatedSysID:
-        """Set constructor parameters (``set_params(R=60)``); returns ``self``. A name that is
-        not a parameter raises ``ValueError`` naming the allowed ones."""
+        """Set constructor parameters (``set_params(R=60)``).
+
+        Parameters
+        ----------
+        **params : str, int, float, list, dict or None
+            Constructor parameters by name, as :class:`FederatedSysID` takes them.
+
+        Returns
+        -------
+        FederatedSysID
+            ``self``.
+
+        Raises
+        ------
+        ValueError
+            A name that is not a parameter (the message names the allowed ones)."""
         names = self._get_param_names()
         for key, value in params.items():
             if key not in names:
@@ -327,21 +351,41 @@ class FederatedSysID:
 
     def fit(self, data=None, states=None, inputs=None, *, trajectory=None, time=None,
             ignore=None) -> FederatedSysID:
-        """Identify the fleet's model; returns ``self``.
-
-        ``data``: a DataFrame in the layout of trajectory files (columns ``client``,
-        optional ``trajectory``, ``t``, ``split``, ``repeat``, the states and the inputs), a
-        mapping client -> DataFrame (without the ``client`` column), or a path to trajectory
-        files (as ``data=files data.path=...``); None: the settings' data (a simulation by
-        default). With data and no ``system`` setting, ``system=generic``. ``states``,
-        ``inputs``: the column names (``data.states``, ``data.inputs``); ``trajectory``,
-        ``time``, ``ignore``: the columns of the trajectory ids and of the times, and columns
-        not used (``data.trajectory``, ``data.time``, ``data.ignore``; the names of
-        :func:`fnsysid.load_trajectories` and of the command line).
+        """Identify the fleet's model.
 
         Held-out rows (``split=val``, else ``data.holdout`` of each client's trajectories) give
         the NRMSE of :attr:`history_` and :attr:`summary_`. A fit that does not end ``ok``
         warns with its status.
+
+        Parameters
+        ----------
+        data : DataFrame, mapping of str to DataFrame, str, path or None, default=None
+            A DataFrame in the layout of trajectory files (columns ``client``, optional
+            ``trajectory``, ``t``, ``split``, ``repeat``, the states and the inputs), a
+            mapping client -> DataFrame (without the ``client`` column), or a path to
+            trajectory files (as ``data=files data.path=...``); None: the settings' data (a
+            simulation by default). With data and no ``system`` setting, ``system=generic``.
+        states : list of str or None, default=None
+            The state columns (``data.states``).
+        inputs : list of str or None, default=None
+            The input columns (``data.inputs``).
+        trajectory : str or None, default=None
+            The column of the trajectory ids (``data.trajectory``; None: ``trajectory``).
+        time : str or None, default=None
+            The column of the times (``data.time``; None: ``t``).
+        ignore : str, list of str or None, default=None
+            Columns not used (``data.ignore``).
+
+        Returns
+        -------
+        FederatedSysID
+            ``self``, fitted (:attr:`result_`, :attr:`summary_`, :attr:`history_`).
+
+        Raises
+        ------
+        ConfigError
+            A setting that is not allowed, or data that cannot be used (:class:`DataError`),
+            with the command line's one-line message; nothing is fitted then.
         """
         tables = None
         if data is not None and not _is_path(data):
@@ -363,14 +407,30 @@ class FederatedSysID:
 
     @classmethod
     def load(cls, run_dir) -> FederatedSysID:
-        """A fitted estimator of the finished run in folder ``run_dir`` (of the command line,
-        :func:`fnsysid.run` or ``fit`` with ``output_dir``): the model built from its
-        ``config.yaml``, the final estimates read from ``estimates.csv`` (and the clients'
-        own models from ``client_estimates.csv``) bit for bit, ``summary_`` and ``history_``
-        from ``summary.json`` and ``errors.csv``. It predicts, simulates, scores and prints
-        equations as the estimator that ran; it holds no training data (``result_.dataset``
-        has only the client labels) and the repeats are labelled 0..S-1. A folder that is not
-        a finished run raises :class:`ConfigError` naming it."""
+        """A fitted estimator of a finished run's folder.
+
+        The model is built from the folder's ``config.yaml``, the final estimates read from
+        ``estimates.csv`` (and the clients' own models from ``client_estimates.csv``) bit for
+        bit, ``summary_`` and ``history_`` from ``summary.json`` and ``errors.csv``. It
+        predicts, simulates, scores and prints equations as the estimator that ran; it holds
+        no training data (``result_.dataset`` has only the client labels) and the repeats are
+        labelled 0..S-1.
+
+        Parameters
+        ----------
+        run_dir : str or path
+            The folder of a finished run of the command line, :func:`fnsysid.run` or
+            :meth:`fit` with ``output_dir``.
+
+        Returns
+        -------
+        FederatedSysID
+            A fitted estimator.
+
+        Raises
+        ------
+        ConfigError
+            A folder that is not a finished run (the message names it)."""
         from fnsysid.app.build import build
         from fnsysid.data.source import Dataset
         from fnsysid.results.equations import read_run
@@ -465,10 +525,20 @@ class FederatedSysID:
         return est[0]
 
     def coefficients(self, client=None) -> pd.DataFrame:
-        """The identified parameters: columns ``parameter``, ``value`` (and ``se``, ``ci_lo``,
-        ``ci_hi`` where the run's estimates give them); with several repeats a ``repeat``
-        column (the data's repeat labels), with a model per client a ``client`` column
-        (``client=``: one client's)."""
+        """The identified parameters.
+
+        Parameters
+        ----------
+        client : str or None, default=None
+            A client's own model (personalized, or of a per-client strategy); None: the
+            server's model (each client's, for a per-client strategy).
+
+        Returns
+        -------
+        DataFrame
+            Columns ``parameter``, ``value`` (and ``se``, ``ci_lo``, ``ci_hi`` where the run's
+            estimates give them); with several repeats a ``repeat`` column (the data's repeat
+            labels), with a model per client a ``client`` column."""
         res = self._result()
         table = res.estimates
         if client is None:
@@ -495,13 +565,26 @@ class FederatedSysID:
         return out[keep + ["parameter", "value", *extra]]
 
     def equations(self, client=None, precision: int = 4, repeat=None) -> list[str]:
-        """The identified model as text, one string per regression target (for
-        ``system=generic`` and the feature-map systems one per state): ``"x1+ = 1 x1 +
-        0.05 x2"``; coefficients with ``precision`` significant digits (a small one reads
-        ``1.2e-05``, not 0), terms whose coefficient is exactly 0 left out, a feature whose
-        name starts with a sign or holds a ``+``/``-`` in parentheses
-        (:func:`fnsysid.results.equations.equations`, as in a run's ``equations.txt``). With
-        several repeats ``repeat=`` (the data's label) says whose model."""
+        """The identified model as text, as in a run's ``equations.txt``.
+
+        Terms whose coefficient is exactly 0 are left out; a feature whose name starts with
+        a sign or holds a ``+``/``-`` is written in parentheses
+        (:func:`fnsysid.results.equations.equations`).
+
+        Parameters
+        ----------
+        client : str or None, default=None
+            A client's own model (as in :meth:`coefficients`); None: the server's.
+        precision : int, default=4
+            Significant digits of each coefficient (a small one reads ``1.2e-05``, not 0).
+        repeat : int or None, default=None
+            With several repeats, whose model (the data's repeat label); None with one.
+
+        Returns
+        -------
+        list of str
+            One equation per regression target (for ``system=generic`` and the feature-map
+            systems one per state): ``"x1+ = 1 x1 + 0.05 x2"``."""
         return equations(self._result().model, self._theta(client, repeat), precision)
 
     # --- prediction -------------------------------------------------------------------------
@@ -631,16 +714,49 @@ class FederatedSysID:
         return how(data, client, repeat)
 
     def predict(self, data, client=None, repeat=None, *, u=None):
-        """One-step predictions (see :meth:`_predict`): of a DataFrame or files a DataFrame;
-        of one client's arrays (``data`` the states (T, n_x), or (n, T, n_x) for n
-        trajectories of one length, ``u`` the inputs alike) an array of the same shape (NaN
-        at each trajectory's first step). ``client=``: whose model, with a model per client."""
+        """One-step predictions: each row's states predicted from the trajectory's previous
+        row (states and inputs).
+
+        Parameters
+        ----------
+        data : DataFrame, str, path or array_like
+            A DataFrame or files in :meth:`fit`'s layout, or one client's states as an array
+            (T, n_x), or (n, T, n_x) for n trajectories of one length.
+        client : str or None, default=None
+            Whose model, with a model per client (as in :meth:`coefficients`); None: the
+            server's, or each row's client's with a per-client strategy.
+        repeat : int or None, default=None
+            With several repeats and data without a ``repeat`` column, whose model (the
+            fit's repeat label).
+        u : array_like or None, default=None
+            With an array ``data``: the inputs beside each state, (T, n_u) or (n, T, n_u).
+
+        Returns
+        -------
+        DataFrame or numpy.ndarray
+            Of a DataFrame or files, one row per row of ``data`` in its order (its layout
+            columns under the data's own names); of arrays, an array of the shape of
+            ``data``. NaN at each trajectory's first step."""
         return self._evaluate(self._predict, data, client, repeat, u)
 
     def simulate(self, data, client=None, repeat=None, *, u=None):
-        """Free run (see :meth:`_simulate`), of a DataFrame, files or one client's arrays as
-        in :meth:`predict` (then an array of the states' shape, its first step the measured
-        state)."""
+        """Free run: each trajectory simulated from its first state with its recorded inputs.
+
+        Parameters
+        ----------
+        data : DataFrame, str, path or array_like
+            As in :meth:`predict`.
+        client : str or None, default=None
+            As in :meth:`predict`.
+        repeat : int or None, default=None
+            As in :meth:`predict`.
+        u : array_like or None, default=None
+            As in :meth:`predict`.
+
+        Returns
+        -------
+        DataFrame or numpy.ndarray
+            As in :meth:`predict`; each trajectory's first step is its measured state."""
         return self._evaluate(self._simulate, data, client, repeat, u)
 
     def _predict(self, data, client=None, repeat=None) -> pd.DataFrame:
@@ -685,19 +801,57 @@ class FederatedSysID:
         return self._out(frame, pos, sim[0, traj, 0, t], self.states_)
 
     def score(self, data, y=None, kind: str = "one_step", client=None, repeat=None) -> float:
-        """Higher is better (scikit-learn's convention, what ``GridSearchCV`` maximizes):
-        minus the held-out NRMSE of ``data`` (:meth:`nrmse`), so 0 is a perfect prediction.
-        ``y`` is not used (the targets are the data's next states)."""
+        """Minus the held-out NRMSE of ``data`` (:meth:`nrmse`): higher is better
+        (scikit-learn's convention, what ``GridSearchCV`` maximizes), 0 a perfect prediction.
+
+        Parameters
+        ----------
+        data : DataFrame, str or path
+            As in :meth:`nrmse`.
+        y : None, default=None
+            Not used (the targets are the data's next states); scikit-learn's signature.
+        kind : {"one_step", "free_run"}, default="one_step"
+            As in :meth:`nrmse`.
+        client : str or None, default=None
+            As in :meth:`predict`.
+        repeat : int or None, default=None
+            As in :meth:`predict`.
+
+        Returns
+        -------
+        float
+            ``-nrmse(data, kind, client, repeat)``."""
         return -self.nrmse(data, kind=kind, client=client, repeat=repeat)
 
     def nrmse(self, data, kind: str = "one_step", client=None, repeat=None) -> float:
-        """The held-out NRMSE of ``data`` (lower is better): every row given is scored, or
-        with a ``split`` column that marks rows ``val`` only those (as the run scores its
-        held-out rows). Per
-        client, each predicted state's RMSE over its standard deviation, averaged over the
-        states; then the mean over the clients (and over repeats) -- the run's
-        ``nrmse_1step_mean`` (``kind="one_step"``) or ``nrmse_sim_mean``
-        (``kind="free_run"``) on the same data. ``repeat`` as in :meth:`predict`."""
+        """The held-out NRMSE of ``data`` (lower is better).
+
+        Every row given is scored, or with a ``split`` column that marks rows ``val`` only
+        those (as the run scores its held-out rows). Per client, each predicted state's RMSE
+        over its standard deviation, averaged over the states; then the mean over the
+        clients (and over repeats): the run's ``nrmse_1step_mean`` or ``nrmse_sim_mean`` on
+        the same data.
+
+        Parameters
+        ----------
+        data : DataFrame, str or path
+            A DataFrame or files in :meth:`fit`'s layout.
+        kind : {"one_step", "free_run"}, default="one_step"
+            One-step predictions (:meth:`predict`) or free runs (:meth:`simulate`).
+        client : str or None, default=None
+            As in :meth:`predict`.
+        repeat : int or None, default=None
+            As in :meth:`predict`.
+
+        Returns
+        -------
+        float
+            The mean NRMSE.
+
+        Raises
+        ------
+        ConfigError
+            ``kind`` not allowed (the message names the allowed ones)."""
         if kind not in KINDS:
             raise ConfigError(f"kind={kind} is not allowed; allowed: {', '.join(KINDS)}")
         res = self._result()
@@ -724,8 +878,21 @@ class FederatedSysID:
 
     def plot_fit(self, data=None, ax=None, repeat: int = 0):
         """The fit of one trajectory as a matplotlib Figure (inline in a notebook):
-        :meth:`fnsysid.app.experiment.Result.plot_fit` of the fit's result (``data`` None:
-        its held-out trajectory; a DataFrame: its first client's first trajectory)."""
+        :meth:`fnsysid.app.experiment.Result.plot_fit` of the fit's result.
+
+        Parameters
+        ----------
+        data : DataFrame or None, default=None
+            None: the fit's held-out trajectory; a DataFrame in :meth:`fit`'s layout: its
+            first client's first trajectory.
+        ax : matplotlib Axes, sequence of Axes or None, default=None
+            One Axes per state, or one for all; None: a new figure.
+        repeat : int, default=0
+            The repeat whose model and data are drawn.
+
+        Returns
+        -------
+        matplotlib.figure.Figure"""
         return self._result().plot_fit(data, ax=ax, repeat=repeat)
 
     # --- display ----------------------------------------------------------------------------

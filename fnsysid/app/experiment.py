@@ -136,12 +136,29 @@ class Result:
         """The fit of one trajectory as a matplotlib Figure (shown inline in a notebook):
         measured states, one-step predictions and the free run from the first state.
 
-        ``df``: None, the first scored client's held-out trajectory (what ``fit.png``
-        shows); or a DataFrame in the layout of trajectory files (a ``client`` column, the
-        trajectory and time columns under their own or the run's ``data.trajectory`` /
-        ``data.time`` names, the states and inputs): its first client's first trajectory,
-        drawn against its times. ``ax``: one Axes per state, or one Axes for all; None: a new
-        figure. ``path``: also save it there (``.png``, ``.pdf``, ``.svg``)."""
+        Parameters
+        ----------
+        df : DataFrame, str, path or None, default=None
+            None: the first scored client's held-out trajectory (what ``fit.png`` shows);
+            a DataFrame in the layout of trajectory files (a ``client`` column, the
+            trajectory and time columns under their own or the run's ``data.trajectory`` /
+            ``data.time`` names, the states and inputs): its first client's first
+            trajectory, drawn against its times; a path: as None, saved there.
+        ax : matplotlib Axes, sequence of Axes or None, default=None
+            One Axes per state, or one Axes for all; None: a new figure.
+        repeat : int, default=0
+            The repeat whose model and data are drawn.
+        path : str, path or None, default=None
+            Also save the figure there (``.png``, ``.pdf``, ``.svg``).
+
+        Returns
+        -------
+        matplotlib.figure.Figure
+
+        Raises
+        ------
+        ValueError
+            ``df`` None and the run has no held-out trajectory to draw."""
         from fnsysid.results.files import fit_figure
         from fnsysid.results.plotting.style import save
 
@@ -204,7 +221,18 @@ class Result:
 
     def plot_errors(self, ax=None, path=None):
         """The error curve of ``error.png`` (e_r against r, or the held-out NRMSE without a
-        truth) as a matplotlib Figure; into ``ax`` if given, saved to ``path`` if given."""
+        truth) as a matplotlib Figure.
+
+        Parameters
+        ----------
+        ax : matplotlib Axes or None, default=None
+            Draw into it; None: a new figure.
+        path : str, path or None, default=None
+            Also save the figure there.
+
+        Returns
+        -------
+        matplotlib.figure.Figure"""
         from fnsysid.results.plotting.run_plots import method_of, plot_run
         from fnsysid.results.plotting.style import save
 
