@@ -446,9 +446,11 @@ def test_a_killed_runs_processes_end_with_it_and_no_other():
     a, b = map(int, proc.stdout.readline().split())
     mine = [a, b]
     try:
-        time.sleep(0.5)                               # b's shell has started its sleep
-        grandchildren = [int(p) for p in Path(f"/proc/{b}/task/{b}/children").read_text()
-                         .split()]
+        t0, grandchildren = time.monotonic(), []
+        while not grandchildren and time.monotonic() - t0 < 10:  # b's shell starts its sleep
+            grandchildren = [int(p) for p in Path(f"/proc/{b}/task/{b}/children").read_text()
+                             .split()]
+            time.sleep(0.02)
         assert len(grandchildren) == 1
         mine += grandchildren
         assert all(_pid_alive(p) for p in [*mine, other.pid])
