@@ -245,6 +245,36 @@ def test_a_dataframe_of_load_trajectories_keeps_the_hold_out_of_its_files(tmp_pa
         assert from_df.summary_[key] == from_files.summary_[key]
         assert np.isfinite(from_df.summary_[key])
     np.testing.assert_array_equal(from_df.result_.estimate, from_files.result_.estimate)
+    # a model fitted on the files (their own names run_id, timestamp) scores, predicts and
+    # simulates the DataFrame load_trajectories gives (renamed to trajectory, t) as it does
+    # the files themselves, and its layout columns keep the DataFrame's names
+    for kind in ("one_step", "free_run"):
+        assert from_files.nrmse(df, kind=kind) == from_files.nrmse(logs, kind=kind)
+    for how in ("predict", "simulate"):
+        got = getattr(from_files, how)(df)
+        assert list(got.columns[:4]) == ["repeat", "client", "trajectory", "t"]
+        np.testing.assert_array_equal(got[STATES].to_numpy(),
+                                      getattr(from_files, how)(logs)[STATES].to_numpy())
+    with pytest.raises(fnsysid.DataError, match="column 'run_id' .* is missing"):
+        from_files.nrmse(df.drop(columns="trajectory"))   # neither its names nor the layout's
+
+
+def test_bad_arguments_of_equations_and_load_trajectories_are_one_line(tmp_path):
+    """precision must be an integer >= 1; load_trajectories' column names must be strings:
+    each refused with a ConfigError that names the argument and what is allowed."""
+    logs = pendulum_logs(tmp_path / "logs", clients=2, runs=2, length=10)
+    m = FederatedSysID(strategy="centralized_exact", progress=False).fit(
+        logs, STATES, INPUTS, trajectory="run_id", time="timestamp")
+    assert m.equations(precision=1)[0].startswith("theta+ = 1 theta + 0.01 omega")
+    assert m.equations(precision=np.int64(3)) == m.equations(precision=3)
+    for bad in (0, -1, 2.5, "x", True, None):
+        with pytest.raises(fnsysid.ConfigError,
+                           match=r"^precision=.* is not allowed; allowed: an integer >= 1"):
+            m.equations(precision=bad)
+    for kw, name in ((dict(time=5), "time"), (dict(trajectory=None), "trajectory"),
+                     (dict(time=" "), "time"), (dict(ignore=[1]), "ignore")):
+        with pytest.raises(fnsysid.ConfigError, match=f"^{name}=.* is not allowed; allowed: "):
+            fnsysid.load_trajectories(logs, STATES, INPUTS, **kw)
 
 
 def test_plots_return_figures_that_render_without_a_path():

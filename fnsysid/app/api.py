@@ -185,7 +185,13 @@ def load_trajectories(path, states, inputs=(), *, trajectory: str = "trajectory"
     DataError
         (a :class:`ConfigError`) naming the file and row or column of the first problem.
     """
+    for name, value in (("trajectory", trajectory), ("time", time)):
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"{name}={value!r} is not allowed; allowed: a column name (str)")
     ignore = [ignore] if isinstance(ignore, str) else list(ignore or ())
+    if not all(isinstance(c, str) for c in ignore):
+        raise ConfigError(f"ignore={ignore!r} is not allowed; allowed: a column name or a list "
+                          "of column names (str)")
     df = read_trajectories(path, states, inputs,
                            columns=ColumnMap(trajectory, time, tuple(ignore)))
     names = [c for c in df.columns if c not in PUBLIC_COLUMNS and not c.startswith("_")]

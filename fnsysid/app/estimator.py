@@ -19,7 +19,7 @@ import re
 import warnings
 from collections.abc import Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -585,13 +585,27 @@ class FederatedSysID:
         list of str
             One equation per regression target (for ``system=generic`` and the feature-map
             systems one per state): ``"x1+ = 1 x1 + 0.05 x2"``."""
-        return equations(self._result().model, self._theta(client, repeat), precision)
+        if isinstance(precision, (bool, np.bool_)) or not isinstance(
+                precision, (int, np.integer)) or precision < 1:
+            raise ConfigError(f"precision={precision!r} is not allowed; allowed: an integer "
+                              ">= 1 (significant digits)")
+        return equations(self._result().model, self._theta(client, repeat), int(precision))
 
     # --- prediction -------------------------------------------------------------------------
 
     def _columns(self) -> ColumnMap:
         """The fit's column mapping (``data.trajectory``, ``data.time``, ``data.ignore``)."""
         return ColumnMap.of(self._result().settings.data)
+
+    def _columns_of(self, frame: pd.DataFrame) -> ColumnMap:
+        """The fit's column mapping for the rows ``frame``; where they lack the fit's
+        trajectory or time column but have the layout's own ``trajectory`` or ``t`` (what
+        :func:`fnsysid.load_trajectories` gives), that one."""
+        cm = self._columns()
+        cols = set(frame.columns)
+        return replace(cm, trajectory=cm.trajectory if cm.trajectory in cols
+                       or "trajectory" not in cols else "trajectory",
+                       time=cm.time if cm.time in cols or "t" not in cols else "t")
 
     def _rows(self, data, what: str):
         """Checked rows of ``data`` (the fit's states and inputs), the data's rows as given
@@ -606,7 +620,8 @@ class FederatedSysID:
             return rows, frame.reset_index(drop=True), np.arange(len(rows))
         tables, frame, where = _tables(data, what, rows=True)
         with _row_index(tables):
-            rows = check_tables(tables, self.states_, self.inputs_, columns=self._columns())
+            rows = check_tables(tables, self.states_, self.inputs_,
+                                columns=self._columns_of(frame))
         codes = rows["_file"].cat.codes.to_numpy()
         pos = np.empty(len(rows), int)
         for k, w in enumerate(where):
@@ -660,7 +675,7 @@ class FederatedSysID:
         """The data's own columns of the layout (by the data's names: ``data.trajectory``,
         ``data.time``) and ``values`` (checked rows' order) as columns, one row per row of the
         data, in its order."""
-        cm = self._columns()
+        cm = self._columns_of(frame)
         names = {"trajectory": cm.trajectory, "t": cm.time}
         layout = [names.get(c, c) for c in PUBLIC_COLUMNS]
         out = frame[[c for c in layout if c in frame.columns and c not in cm.ignore]].copy()
