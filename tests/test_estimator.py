@@ -181,7 +181,8 @@ def test_a_bad_row_names_the_client_and_the_row_and_writes_nothing(tmp_path, mon
     bad["x2"] = bad["x2"].astype(object)
     bad.loc[13, "x2"] = "abc"                  # client r1, its 4th row
     with pytest.raises(fnsysid.DataError, match=r"^data, client 'r1': row 4 \(index 13\), "
-                                                r"column 'x2': 'abc' is not a number$"):
+                                                r"column 'x2': 'abc' is not a number; allowed: "
+                                                r"finite numbers$"):
         m.fit(bad, STATES, INPUTS)
     with pytest.raises(fnsysid.DataError, match=r"^data: row 3 \(index 2\), column 'client' "
                                                 "is empty"):

@@ -198,6 +198,17 @@ def test_run_with_auto_writes_client_estimates_errors_and_summary():
     # its REML converged in both repeats, within the cap, and nothing is flagged
     reml = r.summary["personalize_reml"]
     assert reml["converged"] == [True, True] and all(0 < n <= 201 for n in reml["iterations"])
+    # the homogeneity test of each repeat as the fleet computed it, and the rank it led to
+    from fnsysid.results.personal import own_sse, target_stats
+
+    d = r.dataset.train
+    yy, blocks = target_stats(r.model, d)
+    fl = pers.fleet(pers.client_message(d.H, d.b, yy, d.n, blocks, own_sse(r.model, d)), blocks)
+    np.testing.assert_allclose(reml["Q"], fl.Q, rtol=1e-9)
+    np.testing.assert_allclose(reml["pvalue"], fl.pvalue, rtol=1e-6)
+    assert reml["rejected"] == [bool(v < 0.05) for v in fl.pvalue] and reml["level"] == 0.05
+    assert reml["rank"] == [int(np.linalg.matrix_rank(S)) if np.any(S) else 0 for S in fl.Sigma]
+    assert all(k == 0 for k, rej in zip(reml["rank"], reml["rejected"], strict=True) if not rej)
     assert "client_estimates" not in r.summary["ci"]
     # pooled least squares intervals from the pooled statistics
     data = r.dataset.train
@@ -276,6 +287,8 @@ def test_finetune_takes_k_local_steps_from_the_server_model():
         theta = theta - settings.lr * (np.einsum("smpq,smq->smp", d.H, theta) - d.b)
     np.testing.assert_allclose(r.client_models, theta, rtol=1e-10)
     assert np.isnan(r.client_se).all()
+    assert r.summary["personalize_finetune"] == {"K": 3, "lr": settings.lr}   # what it took
+    assert "personalize_reml" not in r.summary
 
 
 def test_bad_personalize_settings_are_refused_in_one_line(tmp_path):
@@ -311,7 +324,13 @@ def test_flower_clients_compute_the_personalized_models_of_the_inprocess_run(opt
 
     ca, cb = (pd.read_csv(tmp_path / d / "client_estimates.csv") for d in "ab")
     sa, sb = (json.loads((tmp_path / d / "summary.json").read_text()) for d in "ab")
-    assert sa.get("personalize_reml") == sb.get("personalize_reml")
+    ra, rb = sa.get("personalize_reml"), sb.get("personalize_reml")
+    assert (ra is None) == (rb is None)
+    if ra is not None:          # the test's statistics agree to rounding, the rest exactly
+        for k in ("Q", "pvalue"):
+            np.testing.assert_allclose(np.array(rb.pop(k), float), np.array(ra.pop(k), float),
+                                       rtol=1e-7)
+        assert ra == rb
     # a converged REML is determined to its tolerance, not to rounding (the two runs' equal
     # statistics differ by rounding: 1e-9 in se here); the intervals of a repeat whose REML
     # did not converge (flagged in the summary) are its last iterate, which those rounding

@@ -91,6 +91,12 @@ def test_show_and_load_refuse_a_folder_that_is_not_a_run_in_one_line(tmp_path, c
     assert err == (f"fnsysid: error: RUN_DIR={tmp_path} holds no finished run (no "
                    "summary.json); allowed: the folder of a finished run or sweep")
     assert show([]) == 2 and "usage: fnsysid show RUN_DIR" in capsys.readouterr().err
+    for flag in ("--help", "-h"):                 # as compare and fnsysid-plot: exit 0
+        assert show([flag]) == 0
+        out = capsys.readouterr()
+        assert out.out.startswith("usage: fnsysid show RUN_DIR") and "Exit status" in out.out
+        assert out.err == ""
+    assert show(["--verbose"]) == 2 and "given: --verbose" in capsys.readouterr().err
     with pytest.raises(fnsysid.ConfigError, match=r"^run_dir=.* is not a folder"):
         FederatedSysID.load(tmp_path / "none")
 

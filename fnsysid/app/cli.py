@@ -91,6 +91,7 @@ def run_task(cfg: DictConfig) -> float | None:
     from hydra.types import RunMode
 
     from fnsysid.app.experiment import run_experiment
+    from fnsysid.results.personal import reml_line
 
     hc = HydraConfig.get()
     out = Path(hc.runtime.output_dir)
@@ -146,9 +147,14 @@ def run_task(cfg: DictConfig) -> float | None:
                  "%.4f | mean over clients: %.4f; client_estimates.csv",
                  summary["personalize"], summary["final_e_pers_max_mean"],
                  summary["final_e_pers_mean_mean"])
+    line = reml_line(summary.get("personalize_reml"))
+    if line:
+        log.info(line)
     if summary["final_nrmse_1step_max"] is not None:
-        log.info("final held-out NRMSE (max | mean over clients, mean over repeats): one-step "
-                 "%.4f | %.4f, free run %.4f | %.4f", summary["final_nrmse_1step_max"],
+        whose = ("" if summary.get("personalize", "none") == "none" else
+                 " of the run's estimate, not of the personalized models")
+        log.info("final held-out NRMSE%s (max | mean over clients, mean over repeats): one-step "
+                 "%.4f | %.4f, free run %.4f | %.4f", whose, summary["final_nrmse_1step_max"],
                  summary["final_nrmse_1step_mean"], summary["final_nrmse_sim_max"],
                  summary["final_nrmse_sim_mean"])
     _print_model(out)
@@ -255,12 +261,25 @@ def run_once(cfg: DictConfig) -> float | None:
     return ret.return_value
 
 
+#: ``fnsysid show --help``
+SHOW_USAGE = """usage: fnsysid show RUN_DIR
+
+Print the status, held-out scores and identified equations of a finished run, or of each
+job of a sweep (RUN_DIR a sweep folder), from the files the run wrote.
+
+Exit status: 0 every run shown is ok; 3 one is not (diverged, growing, interrupted,
+refused); 2 RUN_DIR is not a finished run or sweep."""
+
+
 def show(args: list[str]) -> int:
     """``fnsysid show RUN_DIR``: print the status, scores and equations of a finished run (or
     of each job of a sweep). Exit code 0 when every run shown is ``ok``, 3 when one is not
     (diverged, growing, interrupted, refused), 2 for a folder that is not a run or a sweep."""
     from fnsysid.results.equations import show_text, statuses
 
+    if args in (["--help"], ["-h"]):
+        print(SHOW_USAGE)
+        return 0
     if len(args) != 1 or args[0].startswith("-"):
         print("fnsysid: error: usage: fnsysid show RUN_DIR (the folder of a finished run or "
               f"sweep); given: {' '.join(args) or 'nothing'}", file=sys.stderr)

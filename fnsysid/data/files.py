@@ -446,7 +446,8 @@ def _numeric(df: pd.DataFrame, col: str, f: Path) -> np.ndarray:
         bad = (num.isna() & s.notna() & (s.astype(str).str.strip() != "")).to_numpy()
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise DataError(f"{f}: row {i + 1}, column '{col}': '{s.iloc[i]}' is not a number")
+            raise DataError(f"{f}: row {i + 1}, column '{col}': '{s.iloc[i]}' is not a number; "
+                            "allowed: finite numbers")
         s = num
     return s.to_numpy(dtype=float, na_value=np.nan)
 

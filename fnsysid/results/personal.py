@@ -63,13 +63,36 @@ class Personal:
 
 
 def reml_summary(fl) -> dict | None:
-    """``summary.json: personalize_reml`` of a :class:`~fnsysid.learning.personalize.Fleet`:
-    per repeat whether its REML converged and its passes over the clients (None where the
-    fleet carries no such report)."""
+    """``summary.json: personalize_reml`` of a :class:`~fnsysid.learning.personalize.Fleet`,
+    per repeat: the homogeneity test's statistic ``Q``, its ``pvalue`` (None with fewer than
+    two clients of their own fit) and whether it ``rejected`` at ``level`` (the clients then
+    get personalized models; else each gets the fleet's pooled model), the ``rank`` of the
+    heterogeneity ``Sigma`` chosen (0 where not rejected), and whether its REML
+    ``converged`` with its passes over the clients (``iterations``). None where the fleet
+    carries no such report."""
     if getattr(fl, "reml_converged", None) is None:
         return None
-    return {"converged": [bool(c) for c in np.asarray(fl.reml_converged)],
+    pv = np.asarray(fl.pvalue, float)
+    return {"test": "Cochran's Q", "level": pers.HOMOGENEITY_LEVEL,
+            "Q": [float(q) for q in np.asarray(fl.Q, float)],
+            "pvalue": [float(v) if np.isfinite(v) else None for v in pv],
+            "rejected": [bool(v < pers.HOMOGENEITY_LEVEL) for v in pv],
+            "rank": [int(np.linalg.matrix_rank(S, hermitian=True)) if np.any(S) else 0
+                     for S in np.asarray(fl.Sigma, float)],
+            "converged": [bool(c) for c in np.asarray(fl.reml_converged)],
             "iterations": [int(n) for n in np.asarray(fl.reml_iterations)]}
+
+
+def reml_line(reml: dict | None) -> str | None:
+    """The run's log line of ``auto``'s choice (None without a report): in how many repeats
+    the homogeneity test found heterogeneity, and the rank chosen in each."""
+    if not reml or "rejected" not in reml:
+        return None
+    k, S = sum(reml["rejected"]), len(reml["rejected"])
+    return (f"personalize=auto: heterogeneity found in {k} of {S} repeat(s) ({reml['test']} "
+            f"at level {reml['level']:g}; rank of Sigma per repeat: "
+            f"{', '.join(map(str, reml['rank']))}); where it is not, every client's model is "
+            "the fleet's pooled model")
 
 
 def reml_warning(reml: dict | None) -> str | None:
@@ -325,8 +348,12 @@ def personal_summary(settings, errors, ci_note: str | None, per: Personal | None
     clients; null without them) and ``ci`` (level, method, for ``estimates.csv`` what the
     intervals are or why they are empty, and ``client_estimates`` when the personalized
     intervals are not right: :func:`target_variances`, or ``auto``'s REML did not converge:
-    :func:`reml_warning`) and, for ``auto``, ``personalize_reml`` (:func:`reml_summary`)."""
+    :func:`reml_warning`); for ``auto``, ``personalize_reml`` (:func:`reml_summary`), for
+    ``finetune``, ``personalize_finetune`` (its local steps ``K`` and step size ``lr``)."""
     out: dict = {"personalize": settings.personalize.name}
+    if settings.personalize.name == "finetune":          # its steps from the server model
+        out["personalize_finetune"] = {"K": int(settings.personalize.K),
+                                       "lr": float(settings.personalize.lr)}
     if per is not None and per.reml is not None:
         out["personalize_reml"] = per.reml
     cols = getattr(errors, "columns", errors)
