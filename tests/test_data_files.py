@@ -354,8 +354,15 @@ def test_bad_truth_and_unreadable_parquet_are_one_line(tmp_path):
         run_experiment(cfg, tmp_path / "out")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "robot0.parquet").write_bytes(b"not a parquet file")
-    with pytest.raises(DataError, match="robot0.parquet: cannot be read as parquet"):
+    with pytest.raises(DataError, match="robot0.parquet: cannot be read as parquet: .*; "
+                                        "allowed: a parquet file with a header row"):
         load_trajectories(tmp_path / "bad", ["x1", "x2"], ["u"])
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "robot0.csv").write_text("")
+    with pytest.raises(DataError, match=r"robot0.csv: cannot be read as csv: No columns to "
+                                        r"parse from file; allowed: a csv file with a header "
+                                        r"row of column names and one row per sample$"):
+        load_trajectories(tmp_path / "empty", ["x1", "x2"], ["u"])
     assert not (tmp_path / "out").exists()
 
 

@@ -62,7 +62,9 @@ def read_table(path: Path, text: tuple[str, ...] = ("client",)) -> pd.DataFrame:
         raise
     except Exception as exc:  # pandas and pyarrow raise many kinds; report the first line
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DataError(f"{path}: cannot be read as {path.suffix[1:]}: {msg}") from exc
+        fmt = path.suffix[1:]
+        raise DataError(f"{path}: cannot be read as {fmt}: {msg}; allowed: a {fmt} file with a "
+                        "header row of column names and one row per sample") from exc
 
 
 def _not_regular(path: Path) -> str | None:
