@@ -301,6 +301,39 @@ def test_bad_data_on_the_command_line_exits_2_without_a_folder(tmp_path, bad_cas
     assert not (tmp_path / "run").exists()
 
 
+def test_a_sweep_over_bad_data_is_refused_before_any_job_in_one_line(tmp_path, bad_cases,
+                                                                      monkeypatch):
+    """A multirun whose jobs all read a bad file is refused by the pre-run check (the job's
+    own message), exit 2, no sweep folder; good files are read once by the check for its two
+    jobs (then once by each job)."""
+    import fnsysid.data.files as files
+
+    args, message = bad_cases["nan"]
+    res = cli_in_process("-m", *GENERIC, *args, "strategy=centralized_exact,oneshot",
+                         "hydra/launcher=basic", f"hydra.sweep.dir={tmp_path}/sweep")
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fnsysid: error: ") and message in lines[0]
+    assert not (tmp_path / "sweep").exists()
+    folder = tmp_path / "good"
+    write_per_client(linear_fleet(n_clients=2, n_traj=3, length=10, noise=0.1, seed=1)[0],
+                     folder)
+    calls = []
+    read = files.read_trajectories
+
+    def counted(*a, **k):
+        calls.append(a[0])
+        return read(*a, **k)
+
+    monkeypatch.setattr(files, "read_trajectories", counted)   # imported where it is used
+    good = [a for a in args if not a.startswith("data.path=")]
+    res = cli_in_process("-m", *GENERIC, *good, f"data.path={folder}", "R=2",
+                         "strategy=centralized_exact,oneshot", "hydra/launcher=basic",
+                         f"hydra.sweep.dir={tmp_path}/ok")
+    assert res.returncode == 0, res.stderr
+    assert len(calls) == 1 + 2 and all(str(c) == str(folder) for c in calls)
+
+
 def test_split_column_val_path_and_holdout_choose_the_same_held_out_data(tmp_path, caplog):
     from fnsysid.app.build import build
     from fnsysid.data.source import load_data

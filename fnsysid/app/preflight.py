@@ -500,6 +500,7 @@ def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base
     values = [k for k in dims if not is_group(k) and not k.startswith("hydra")]
     checked = disk = 0
     seen = set()                       # data paths checked (once per sweep)
+    read = set()                       # data files read (a sweep's, once per way of reading)
     for gcombo in itertools.product(*(dims[k] for k in swept)):
         ovr = fixed + [f"{k}={encode(v)}" for k, v in zip(swept, gcombo, strict=True)]
         ovr += [f"{k}={encode(dims[k][0])}" for k in values]
@@ -533,7 +534,19 @@ def _check_combinations(config_name: str, fixed: list, dims: dict, compose, base
                 _check_path_names(data)
                 check_paths(data)
                 seen.add(paths)
-            check_memory(settings, *build(settings))
+            built = build(settings)
+            if dims and settings.files and not DATA_IN_MEMORY.get():
+                # a sweep: the files' contents read once per reading of them, before any job
+                # starts (each job would refuse a bad file alike and leave its folder)
+                d = settings.data
+                key = (paths, *(str(getattr(d, k, None)) for k in (
+                    "states", "inputs", "trajectory", "time", "ignore")))
+                if key not in read:
+                    from fnsysid.data.source import check_trajectory_files
+
+                    check_trajectory_files(settings, built[0])
+                    read.add(key)
+            check_memory(settings, *built)
             disk = max(disk, estimate_disk_bytes(settings, keep_per_client(settings)))
             checked += 1
             if checked >= MAX_CHECKED:

@@ -284,6 +284,24 @@ def _generic_hint(exc: DataError, settings, model, given: frozenset[str]) -> Dat
 
 
 @np.errstate(over="ignore", invalid="ignore")    # statistics that overflow: refused, not warned
+def check_trajectory_files(settings: Settings, model: Model) -> None:
+    """Read the trajectory files of ``data.path`` and ``data.val_path`` as
+    :func:`from_files` reads them, for their contents' errors only (the check of a sweep
+    before its jobs start: each job would refuse the same file in the same words)."""
+    from fnsysid.data.files import ColumnMap, read_trajectories
+
+    states, inputs = column_names(settings, model)
+    columns = ColumnMap.of(settings.data)
+    for key in ("path", "val_path"):
+        path = getattr(settings.data, key)
+        if not path:
+            continue
+        try:
+            read_trajectories(path, states, inputs, setting=f"data.{key}", columns=columns)
+        except DataError as exc:
+            raise _generic_hint(exc, settings, model, frozenset()) from None
+
+
 def from_files(settings: Settings, model: Model, optimizer,
                given: frozenset[str] = frozenset(), budget=None,
                client_file: bool = False, tables=None, strategy=None) -> Dataset:
