@@ -283,7 +283,6 @@ def _generic_hint(exc: DataError, settings, model, given: frozenset[str]) -> Dat
                      "data.inputs=[...]")
 
 
-@np.errstate(over="ignore", invalid="ignore")    # statistics that overflow: refused, not warned
 def check_trajectory_files(settings: Settings, model: Model) -> None:
     """Read the trajectory files of ``data.path`` and ``data.val_path`` as
     :func:`from_files` reads them, for their contents' errors only (the check of a sweep
@@ -302,6 +301,7 @@ def check_trajectory_files(settings: Settings, model: Model) -> None:
             raise _generic_hint(exc, settings, model, frozenset()) from None
 
 
+@np.errstate(over="ignore", invalid="ignore")    # statistics that overflow: refused, not warned
 def from_files(settings: Settings, model: Model, optimizer,
                given: frozenset[str] = frozenset(), budget=None,
                client_file: bool = False, tables=None, strategy=None) -> Dataset:
