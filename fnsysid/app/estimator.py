@@ -19,7 +19,7 @@ import re
 import warnings
 from collections.abc import Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -598,14 +598,9 @@ class FederatedSysID:
         return ColumnMap.of(self._result().settings.data)
 
     def _columns_of(self, frame: pd.DataFrame) -> ColumnMap:
-        """The fit's column mapping for the rows ``frame``; where they lack the fit's
-        trajectory or time column but have the layout's own ``trajectory`` or ``t`` (what
-        :func:`fnsysid.load_trajectories` gives), that one."""
-        cm = self._columns()
-        cols = set(frame.columns)
-        return replace(cm, trajectory=cm.trajectory if cm.trajectory in cols
-                       or "trajectory" not in cols else "trajectory",
-                       time=cm.time if cm.time in cols or "t" not in cols else "t")
+        """The fit's column mapping for the rows ``frame`` (:meth:`ColumnMap.for_columns`:
+        the layout's own ``trajectory``, ``t`` where the fit's are absent)."""
+        return self._columns().for_columns(frame.columns)
 
     def _rows(self, data, what: str):
         """Checked rows of ``data`` (the fit's states and inputs), the data's rows as given

@@ -186,7 +186,7 @@ class Result:
         from fnsysid.results.plotting.run_plots import plot_fit
 
         states, inputs = column_names(self.settings, self.model)
-        cm = ColumnMap.of(self.settings.data)
+        cm = ColumnMap.of(self.settings.data).for_columns(df.columns)
         miss = [c for c in states + inputs if c not in df.columns]
         if miss:
             raise ValueError(f"df: column '{miss[0]}' is missing; the model's states and "
@@ -196,10 +196,10 @@ class Result:
         if "client" in df.columns:
             client = str(df["client"].iloc[0])
             rows = rows[rows["client"].astype(str) == client]
-        traj = next((c for c in (cm.trajectory, "trajectory") if c in rows.columns), None)
+        traj = cm.trajectory if cm.trajectory in rows.columns else None
         if traj is not None:
             rows = rows[rows[traj] == rows[traj].iloc[0]]
-        time = next((c for c in (cm.time, "t") if c in rows.columns), None)
+        time = cm.time if cm.time in rows.columns else None
         est = np.asarray(self.estimate)[repeat:repeat + 1]
         if est.shape[1] > 1:
             if client not in self.dataset.clients:

@@ -24,7 +24,7 @@ import difflib
 import errno
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -167,6 +167,15 @@ class ColumnMap:
         return cls(getattr(data, "trajectory", None) or "trajectory",
                    getattr(data, "time", None) or "t",
                    tuple(getattr(data, "ignore", None) or ()))
+
+    def for_columns(self, columns) -> ColumnMap:
+        """This mapping for a table of ``columns``; where it lacks the mapped trajectory or
+        time column but has the layout's own ``trajectory`` or ``t`` (a table of
+        :func:`fnsysid.load_trajectories`, which renames them), that one."""
+        cols = set(columns)
+        return replace(self, trajectory=self.trajectory if self.trajectory in cols
+                       or "trajectory" not in cols else "trajectory",
+                       time=self.time if self.time in cols or "t" not in cols else "t")
 
 
 #: what each column the reader may use is, for messages

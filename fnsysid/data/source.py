@@ -283,22 +283,33 @@ def _generic_hint(exc: DataError, settings, model, given: frozenset[str]) -> Dat
                      "data.inputs=[...]")
 
 
-def check_trajectory_files(settings: Settings, model: Model) -> None:
-    """Read the trajectory files of ``data.path`` and ``data.val_path`` as
-    :func:`from_files` reads them, for their contents' errors only (the check of a sweep
-    before its jobs start: each job would refuse the same file in the same words)."""
+def read_files(settings: Settings, model: Model, key: str = "path",
+               given: frozenset[str] = frozenset(), client_file: bool = False):
+    """The checked trajectories of ``data.<key>`` (``path`` or ``val_path``) as the run reads
+    them: the model's state and input columns, the settings' column mapping; an error of
+    ``data.path`` carries the generic system's hint (:func:`_generic_hint`)."""
     from fnsysid.data.files import ColumnMap, read_trajectories
 
     states, inputs = column_names(settings, model)
     columns = ColumnMap.of(settings.data)
+    if key != "path":
+        return read_trajectories(getattr(settings.data, key), states, inputs,
+                                 setting=f"data.{key}", columns=columns)
+    try:
+        return read_trajectories(settings.data.path, states, inputs, client_file=client_file,
+                                 columns=columns)
+    except DataError as exc:
+        raise _generic_hint(exc, settings, model, given) from None
+
+
+def check_trajectory_files(settings: Settings, model: Model) -> None:
+    """Read the trajectory files of ``data.path`` and ``data.val_path`` as
+    :func:`from_files` reads them (:func:`read_files`), for their contents' errors only (the
+    check of a sweep before its jobs start: each job would refuse the same file in the same
+    words)."""
     for key in ("path", "val_path"):
-        path = getattr(settings.data, key)
-        if not path:
-            continue
-        try:
-            read_trajectories(path, states, inputs, setting=f"data.{key}", columns=columns)
-        except DataError as exc:
-            raise _generic_hint(exc, settings, model, frozenset()) from None
+        if getattr(settings.data, key):
+            read_files(settings, model, key)
 
 
 @np.errstate(over="ignore", invalid="ignore")    # statistics that overflow: refused, not warned
@@ -325,18 +336,18 @@ def from_files(settings: Settings, model: Model, optimizer,
         check_finite,
         check_tables,
         load_truth,
-        read_trajectories,
         truth_parameters,
     )
 
     states, inputs = column_names(settings, model)
     columns = ColumnMap.of(settings.data)
-    try:
-        df = (read_trajectories(settings.data.path, states, inputs, client_file=client_file,
-                                columns=columns)
-              if tables is None else check_tables(tables, states, inputs, columns=columns))
-    except DataError as exc:
-        raise _generic_hint(exc, settings, model, given) from None
+    if tables is None:
+        df = read_files(settings, model, "path", given, client_file)
+    else:
+        try:
+            df = check_tables(tables, states, inputs, columns=columns)
+        except DataError as exc:
+            raise _generic_hint(exc, settings, model, given) from None
     clients = [str(c) for c in df.drop_duplicates("_client").sort_values("_client")["client"]]
     labels = df.attrs["repeats"]                         # the files' repeat labels
     S, M = len(labels), len(clients)
@@ -349,8 +360,7 @@ def from_files(settings: Settings, model: Model, optimizer,
         if (df["split"] == "val").any():
             raise DataError(f"data.path={settings.data.path} marks held-out rows (split=val) and "
                             f"data.val_path={settings.data.val_path} gives held-out files: use one")
-        val = read_trajectories(settings.data.val_path, states, inputs, setting="data.val_path",
-                                columns=columns)
+        val = read_files(settings, model, "val_path")
         val_clients = pd.Index(clients).get_indexer(val["client"])
         if (val_clients < 0).any():
             bad = val["client"].to_numpy()[val_clients < 0][0]
