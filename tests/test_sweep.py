@@ -171,3 +171,27 @@ def test_results_of_all_jobs_at_once_are_those_of_one_job_at_a_time(tmp_path, mo
     if jobs["b"][0] == 1:
         assert b["e_max_se"].isna().all() and at_once.loc[at_once["job"] == "a",
                                                           "e_max_se"].notna().all()
+
+
+def test_each_view_has_its_own_default_file_and_overwrite_removes_them(two_key_sweep,
+                                                                         tmp_path, capsys):
+    import shutil
+
+    from fnsysid.results.folder import earlier_items
+
+    sweep = tmp_path / "copy"
+    shutil.copytree(two_key_sweep, sweep)
+    views = {"sweep": [], "sweep_heatmap": ["--heatmap"], "sweep_panels-eps": ["--panels", "eps"],
+             "sweep_e_mean": ["--metric", "e_mean"]}
+    for args in views.values():
+        assert plot_main([str(sweep), *args]) == 0
+    written = {p.name for p in sweep.iterdir() if p.is_file() and p.name.startswith("sweep")}
+    assert written == {f"{v}{s}" for v in views for s in (".png", ".pdf", ".csv")}
+    grid = pd.read_csv(sweep / "sweep.csv")                 # the first view, not overwritten
+    assert grid["panel"].tolist() == ["M=1", "M=1", "M=4", "M=4"]
+    assert pd.read_csv(sweep / "sweep_panels-eps.csv")["panel"].tolist() == [
+        "eps=0", "eps=0", "eps=0.1", "eps=0.1"]
+    assert "final_e_mean_mean" in pd.read_csv(sweep / "sweep_e_mean.csv").columns
+    assert "wrote " + str(sweep / "sweep_e_mean.png") in capsys.readouterr().out
+    removed = {p.name for p in earlier_items(sweep)}       # output.overwrite=true clears all
+    assert written <= removed

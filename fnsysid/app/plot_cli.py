@@ -7,7 +7,9 @@ One swept key: one panel with one curve per value. Two or more: one panel per va
 first swept key (or ``--panels KEY``), one curve per value of the others, one legend for the
 figure. ``--heatmap`` draws the final error of a two-key sweep as a heat map instead. Labels show
 only the keys the sweep varies. Writes the figure (PNG and PDF) and a CSV of the final error of
-every curve. SWEEP_DIR may also be a stored experiment's folder (``outputs/sweeps/<name>``): its
+every curve; by default ``sweep.png`` in the sweep's folder for the default view, and a name
+that says the view for the others (``sweep_heatmap.png``, ``sweep_panels-eps.png``,
+``sweep_e_mean.png``), so one view never overwrites another. SWEEP_DIR may also be a stored experiment's folder (``outputs/sweeps/<name>``): its
 newest sweep is drawn.
 """
 
@@ -28,7 +30,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="fnsysid-plot", description=__doc__.splitlines()[0])
     ap.add_argument("sweep_dir", type=Path, help="a Hydra multirun folder")
     ap.add_argument("--out", type=str, default=None,
-                    help="figure path (default: <sweep>/sweep.png); a .pdf is written too")
+                    help="figure path (default: <sweep>/sweep.png, or a name for the view: "
+                         "sweep_heatmap.png, sweep_panels-KEY.png, sweep_e_mean.png); a .pdf "
+                         "and a .csv are written too")
     ap.add_argument("--metric", choices=sorted(METRICS), default="e_max",
                     help="e_max: max over clients (the paper's e_r); e_mean: mean over clients")
     ap.add_argument("--title", default=None)
@@ -53,7 +57,8 @@ def main(argv=None) -> int:
               + ", ".join(some(bad, 5)), file=sys.stderr)
         return 3
     keys = swept_keys(jobs, declared_keys(sweep))
-    out = Path(args.out) if args.out is not None else sweep / "sweep.png"
+    out = Path(args.out) if args.out is not None else sweep / default_name(
+        args.metric, args.panels, args.heatmap)
     outs = [out.with_suffix(".png"), out.with_suffix(".pdf")]
     existed = {p for p in [*outs, out.with_suffix(".csv")] if p.exists()}
     try:
@@ -73,6 +78,18 @@ def main(argv=None) -> int:
     print(table.to_string(index=False))
     print(f"wrote {outs[0]}, .pdf and .csv")
     return 0
+
+
+def default_name(metric: str, panels: str | None, heatmap: bool) -> str:
+    """The figure's file name when ``--out`` is not given: ``sweep.png`` for the default
+    view (``e_max``, the first key's panels, no heat map), else ``sweep_`` and the view's
+    parts (``sweep_e_mean_heatmap.png``, ``sweep_panels-eps.png``)."""
+    parts = [metric] if metric != "e_max" else []
+    if heatmap:
+        parts.append("heatmap")
+    elif panels is not None:
+        parts.append("panels-" + panels.replace(os.sep, "_"))
+    return "_".join(["sweep", *parts]) + ".png"
 
 
 #: the longest name of a file (bytes) on the file systems fnsysid writes to

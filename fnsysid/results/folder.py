@@ -33,6 +33,8 @@ RESULT_FILES = ("config.yaml", "summary.json", "errors.csv", "clients.csv", "est
                 "results.csv", "sweep.png", "sweep.pdf", "sweep.csv")
 RESULT_FILES += ("parameters.csv", "k_clients.csv", "client_estimates.csv", "equations.txt",
                  "sparsity_path.csv")
+#: the other views fnsysid-plot draws of a sweep (``sweep_heatmap.png``, ...), by pattern
+RESULT_PATTERNS = ("sweep_*.png", "sweep_*.pdf", "sweep_*.csv")
 #: settings that do not change what a run computes (ignored when comparing configs)
 IGNORED = {"output": ("resume", "overwrite", "plot"), "progress": None}
 
@@ -314,11 +316,20 @@ def clear_results(folder: Path, keep=()) -> list[str]:
     return sorted(_remove_result_files(folder, [Path(os.path.abspath(k)) for k in keep]))
 
 
+def _result_paths(folder: Path) -> list[Path]:
+    """The paths in ``folder`` that a run or fnsysid-plot may have written at its top
+    (:data:`RESULT_FILES`, :data:`RESULT_PATTERNS`) and the temporaries of a write."""
+    paths = [folder / name for name in RESULT_FILES]
+    for pattern in (*RESULT_PATTERNS, ".*.tmp*"):
+        paths += sorted(folder.glob(pattern))
+    return paths
+
+
 def _remove_result_files(folder: Path, keep: list[Path]) -> list[str]:
     """Remove :data:`RESULT_FILES` and temporaries from ``folder`` (not links, not a path of
     ``keep``: absolute); their names."""
     removed = []
-    for p in [folder / name for name in RESULT_FILES] + list(folder.glob(".*.tmp*")):
+    for p in _result_paths(folder):
         if p.is_file() and not p.is_symlink() and not _kept(p, keep):
             p.unlink()
             removed.append(p.name)
@@ -343,7 +354,7 @@ def earlier_items(folder: Path, keep=()) -> list[Path]:
         return []
     keep = [Path(os.path.abspath(k)) for k in keep]
     sweep = (folder / MULTIRUN).is_file() or _has_jobs(folder)
-    items = [p for p in [folder / name for name in RESULT_FILES] + list(folder.glob(".*.tmp*"))
+    items = [p for p in _result_paths(folder)
              if p.is_file() and not p.is_symlink() and not _kept(p, keep)]
     items += [folder / name for name in RUN_RECORDS
               if ((folder / name).is_file() or (folder / name).is_symlink())
