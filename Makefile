@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-flower install-cluster install-docs run test test-flower test-slow test-slow-core test-docs docs lint help-text bench figures clean flower-deploy fig-personalized fig-privacy wheel
+.PHONY: help install install-flower install-cluster install-docs run test test-flower test-flower-slow test-slow test-slow-core test-docs docs lint help-text bench figures clean flower-deploy fig-personalized fig-privacy wheel
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -43,6 +43,9 @@ test: $(STAMP)  ## fast test suite, spread over the cores (pytest-xdist), withou
 
 test-flower: install-flower  ## the Flower tests that are not slow (adds the flower extra first)
 	FNSYSID_TEST_FLOWER=1 $(PY) -m pytest -q -p no:xdist -m "flower and not slow"
+
+test-flower-slow: install-flower  ## the slow Flower tests: deployments on loopback and in network namespaces, the deployment guide as written, node failures (needs root for ip netns)
+	FNSYSID_TEST_FLOWER=1 $(PY) -m pytest -q -p no:xdist -m "flower and slow"
 
 test-slow: $(STAMP)  ## the slow tests too
 	$(PY) -m pytest -q -m "(slow or not slow) and not docs"
