@@ -493,3 +493,54 @@ def test_a_tiny_truth_is_not_taken_for_divergence(tmp_path, extra):
     est = res.estimates.pivot(index="repeat", columns="parameter",
                               values="estimate").to_numpy()
     assert np.isfinite(est).all() and np.abs(est).max() < 10
+
+
+def _spaced(df: pd.DataFrame, client: str, factor: float) -> pd.DataFrame:
+    """``df`` with ``client``'s time steps ``factor`` times the others' (0.1)."""
+    df = df.copy()
+    mask = df["client"] == client
+    df.loc[mask, "t"] = df.loc[mask, "t"] * factor
+    return df
+
+
+def test_a_dropped_row_or_a_client_at_another_rate_is_refused_jitter_is_not(tmp_path):
+    """The model maps a sample to the next: a gap (a dropped row) or a client logged at
+    another rate gives a model right for no client, so the reader refuses them in one line
+    naming the row, the step and the client's or fleet's step; timing jitter passes."""
+    df, _ = linear_fleet(n_clients=4, n_traj=2, length=20)
+    gap = df.drop(index=25).reset_index(drop=True)          # robot0, trajectory 1, t=0.5
+    gap.to_csv(tmp_path / "gap.csv", index=False)
+    with pytest.raises(DataError, match=r"gap.csv: row 26: t steps by 0.2 from 0.4 to 0.6 in "
+                       r"client 'robot0', trajectory 1, where the client's step is 0.1 \(a gap, "
+                       r"or another sample rate\); allowed: uniformly sampled trajectories"):
+        load_trajectories(tmp_path / "gap.csv", ["x1", "x2"], ["u"])
+    _spaced(df, "robot2", 2.0).to_csv(tmp_path / "rate.csv", index=False)
+    with pytest.raises(DataError, match=r"rate.csv: row 81: client 'robot2' is sampled every "
+                       r"0.2 \(t, its mean step\), the fleet every 0.1; allowed: one sample "
+                       r"rate, each client's within 2% of the fleet's"):
+        load_trajectories(tmp_path / "rate.csv", ["x1", "x2"], ["u"])
+    _spaced(df, "robot1", 1.05).to_csv(tmp_path / "five.csv", index=False)     # 5 % off
+    with pytest.raises(DataError, match="client 'robot1' is sampled every 0.105"):
+        load_trajectories(tmp_path / "five.csv", ["x1", "x2"], ["u"])
+    one, _ = linear_fleet(n_clients=4, n_traj=3, length=20)  # robot3's trajectory 1 at 1.1x
+    sel = (one["client"] == "robot3") & (one["trajectory"] == 1)
+    one.loc[sel, "t"] = one.loc[sel, "t"] * 1.1
+    one.to_csv(tmp_path / "traj.csv", index=False)
+    with pytest.raises(DataError, match=r"client 'robot3', trajectory 1 is sampled every 0.11 "
+                       r"\(t, its mean step\), the client every 0.10333"):
+        load_trajectories(tmp_path / "traj.csv", ["x1", "x2"], ["u"])
+    rng = np.random.default_rng(1)      # jitter of up to 30 % of a step, rates equal
+    jit = df.copy()
+    jit["t"] = jit["t"] + rng.uniform(-0.015, 0.015, len(jit))
+    jit.to_csv(tmp_path / "jitter.csv", index=False)
+    assert len(load_trajectories(tmp_path / "jitter.csv", ["x1", "x2"], ["u"])) == len(df)
+    # the command line: one line, exit 2, no folder; the time named in data.ignore instead
+    out = tmp_path / "run"
+    res = cli_in_process(*GENERIC, f"data.path={tmp_path / 'rate.csv'}", "R=2",
+                         f"hydra.run.dir={out}")
+    assert res.returncode == 2 and not out.exists()
+    err = res.stderr.strip().splitlines()
+    assert len(err) == 1 and "client 'robot2' is sampled every 0.2" in err[0], err
+    assert "data.ignore instead of data.time" in err[0]
+    res = engine(*GENERIC, f"data.path={tmp_path / 'rate.csv'}", "data.ignore=[t]", "R=2")
+    assert res.summary["status"] == "ok" and res.summary["M"] == 4

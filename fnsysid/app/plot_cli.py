@@ -9,8 +9,8 @@ figure. ``--heatmap`` draws the final error of a two-key sweep as a heat map ins
 only the keys the sweep varies. Writes the figure (PNG and PDF) and a CSV of the final error of
 every curve; by default ``sweep.png`` in the sweep's folder for the default view, and a name
 that says the view for the others (``sweep_heatmap.png``, ``sweep_panels-eps.png``,
-``sweep_e_mean.png``), so one view never overwrites another. SWEEP_DIR may also be a stored experiment's folder (``outputs/sweeps/<name>``): its
-newest sweep is drawn.
+``sweep_e_mean.png``), so one view never overwrites another. SWEEP_DIR may also be a stored
+experiment's folder (``outputs/sweeps/<name>``): its newest sweep is drawn.
 """
 
 from __future__ import annotations

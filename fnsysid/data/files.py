@@ -530,6 +530,7 @@ def _combine(parts, files, one_file, states, inputs, columns: ColumnMap) -> pd.D
             for a in times):                      # files of integers and of floats: ints exact
         df["t"] = np.concatenate([a.astype(object) for a in times])
     df["_file"] = np.repeat(np.arange(len(parts)), sizes)
+    df["_whole"] = np.concatenate([_whole_times(a) for a in times])   # integer stamps
 
     def where(i: int) -> str:
         return f"{files[df['_file'].iat[i]]}: row {df['_row'].iat[i]}"
@@ -563,6 +564,8 @@ def _combine(parts, files, one_file, states, inputs, columns: ColumnMap) -> pd.D
                         f"(previous {time}={_show(t[i - 1])})")
     starts = np.flatnonzero(np.append(True, ~same_next))
     lengths = np.diff(np.append(starts, len(df)))
+    _check_spacing(t, same_next, starts, df["_client"].to_numpy(), df["_whole"].to_numpy(),
+                   lambda i: (where(i), df["client"].iat[i], df["trajectory"].iat[i]), columns)
     if (lengths < 2).any():
         i = int(starts[np.flatnonzero(lengths < 2)[0]])
         raise DataError(f"{where(i)}: client '{df['client'].iat[i]}', trajectory "
@@ -585,6 +588,96 @@ def _combine(parts, files, one_file, states, inputs, columns: ColumnMap) -> pd.D
     out.attrs["files"] = [str(f) for f in files]
     out.attrs["repeats"] = [int(r) for r in labels]     # the files' labels of repeats 0..S-1
     return out
+
+
+#: uniform sampling: each trajectory's mean time step within this fraction of its client's,
+#: and each client's within it of the fleet's (among clients whose times are of one kind),
+#: beyond what the jitter that :data:`STEP_TOLERANCE` lets pass can explain
+RATE_TOLERANCE = 0.02
+#: each step within this fraction of its client's median step (jitter; a dropped sample is 1)
+STEP_TOLERANCE = 0.5
+
+
+def _whole_times(a: np.ndarray) -> np.ndarray:
+    """Which of a time column's values are integers (stamps, sample numbers) rather than
+    numbers with a fraction (seconds): (len(a),) bool."""
+    if a.dtype.kind in "iu":
+        return np.ones(len(a), bool)
+    if a.dtype.kind == "O":
+        return np.array([isinstance(v, (int, np.integer)) for v in a], bool)
+    return np.zeros(len(a), bool)
+
+
+def _check_spacing(t: np.ndarray, same_next: np.ndarray, starts: np.ndarray,
+                   client: np.ndarray, whole: np.ndarray, at, columns: ColumnMap) -> None:
+    """Refuse trajectories that are not sampled as the rest of their client and the fleet:
+    the model maps one sample to the next, so a dropped row (a step twice the others) or a
+    client logged at another rate gives a model that is right for no one.
+
+    Each step must be within :data:`STEP_TOLERANCE` of its client's median step (timing
+    jitter passes, a dropped row does not). A trajectory's rate is its mean step (its time
+    span over its steps), a client's the mean over all its trajectories: each trajectory's
+    within ``RATE_TOLERANCE + STEP_TOLERANCE / n`` of its client's (``n`` its steps: what
+    jitter that passes the step rule can move a mean by), and each client's within the same
+    bound of the median of the clients whose times are of the same kind (``whole``: integer
+    stamps; else numbers with a fraction: one client's nanosecond stamps beside another's
+    seconds are two units, not two rates). ``t`` the sorted time column, ``same_next`` (row
+    i and i + 1 in one trajectory), ``starts`` each trajectory's first row, ``client`` each
+    row's client rank, ``at(i)`` the row's ``(where, client, trajectory)``. Without a time
+    column (the row order) every step is 1."""
+    idx = np.flatnonzero(same_next)
+    if not idx.size:
+        return
+    step = np.asarray(t[idx + 1] - t[idx]).astype(float)
+    keys, owner = np.unique(client[idx], return_inverse=True)      # each step's client
+    order = np.argsort(owner, kind="stable")
+    first = np.searchsorted(owner[order], np.arange(len(keys)))
+    median = np.array([np.median(v) for v in np.split(step[order], first[1:])])
+    time, traj = columns.time, columns.trajectory
+    escape = ("or name the column in data.ignore instead of data.time, to take the rows' "
+              "order as the time")
+    h = median[owner]
+    off = (np.abs(step - h) > STEP_TOLERANCE * h) & (h > 0)
+    if off.any():
+        j = int(np.flatnonzero(off)[0])
+        i = int(idx[j]) + 1
+        place, name, trajectory = at(i)
+        raise DataError(
+            f"{place}: {time} steps by {step[j]:g} from {_show(t[i - 1])} to {_show(t[i])} in "
+            f"client '{name}', trajectory {trajectory}, where the client's step is {h[j]:g} "
+            f"(a gap, or another sample rate); allowed: uniformly sampled trajectories, each "
+            f"step within {STEP_TOLERANCE:.0%} of the client's: split the trajectory at a gap "
+            f"(a new {traj} id) or resample it, {escape}")
+    n_c = np.bincount(owner, minlength=len(keys))
+    rate_c = np.bincount(owner, weights=step, minlength=len(keys)) / n_c
+    trajs, tr = np.unique(np.searchsorted(starts, idx, side="right") - 1, return_inverse=True)
+    n_t = np.bincount(tr)
+    rate_t = np.bincount(tr, weights=step) / n_t
+    ref = rate_c[owner[np.searchsorted(tr, np.arange(len(trajs)))]]    # (tr is sorted)
+    bad = np.abs(rate_t - ref) > (RATE_TOLERANCE + STEP_TOLERANCE / n_t) * ref
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        place, name, trajectory = at(int(starts[trajs[k]]))
+        raise DataError(
+            f"{place}: client '{name}', trajectory {trajectory} is sampled every "
+            f"{rate_t[k]:g} ({time}, its mean step), the client every {ref[k]:g}; allowed: "
+            f"one sample rate, each trajectory's within {RATE_TOLERANCE:.0%} of its "
+            f"client's (and its timing jitter): resample it, {escape}")
+    kind = np.array([whole[idx[owner == c]].all() for c in range(len(keys))])
+    for w in (True, False):
+        sel = np.flatnonzero(kind == w)
+        if not sel.size:
+            continue
+        fleet = float(np.median(rate_c[sel]))
+        bad = np.abs(rate_c[sel] - fleet) > (RATE_TOLERANCE + STEP_TOLERANCE / n_c[sel]) * fleet
+        if bad.any():
+            c = int(sel[np.flatnonzero(bad)[0]])
+            place, name, _ = at(int(idx[np.flatnonzero(owner == c)[0]]))
+            raise DataError(
+                f"{place}: client '{name}' is sampled every {rate_c[c]:g} ({time}, its mean "
+                f"step), the fleet every {fleet:g}; allowed: one sample rate, each client's "
+                f"within {RATE_TOLERANCE:.0%} of the fleet's (and its timing jitter): "
+                f"resample it, {escape}")
 
 
 def _largest(rows: pd.DataFrame, states: list[str], inputs: list[str]) -> tuple[int, str]:
