@@ -520,6 +520,11 @@ def _show(v) -> str:
     return str(int(v)) if isinstance(v, (int, np.integer)) else f"{v:g}"
 
 
+def _exact(v) -> str:
+    """A time for messages: integers in full, floats to the digits that name them."""
+    return str(int(v)) if isinstance(v, (int, np.integer)) else repr(float(v))
+
+
 def _combine(parts, files, one_file, states, inputs, columns: ColumnMap) -> pd.DataFrame:
     time = columns.time                  # the time column's name in the files, for messages
     sizes = [len(p) for p in parts]
@@ -643,8 +648,8 @@ def _check_spacing(t: np.ndarray, same_next: np.ndarray, starts: np.ndarray,
         i = int(idx[j]) + 1
         place, name, trajectory = at(i)
         raise DataError(
-            f"{place}: {time} steps by {step[j]:g} from {_show(t[i - 1])} to {_show(t[i])} in "
-            f"client '{name}', trajectory {trajectory}, where the client's step is {h[j]:g} "
+            f"{place}: {time} steps by {step[j]:.4g} from {_exact(t[i - 1])} to {_exact(t[i])} in "
+            f"client '{name}', trajectory {trajectory}, where the client's step is {h[j]:.4g} "
             f"(a gap, or another sample rate); allowed: uniformly sampled trajectories, each "
             f"step within {STEP_TOLERANCE:.0%} of the client's: split the trajectory at a gap "
             f"(a new {traj} id) or resample it, {escape}")
@@ -660,7 +665,7 @@ def _check_spacing(t: np.ndarray, same_next: np.ndarray, starts: np.ndarray,
         place, name, trajectory = at(int(starts[trajs[k]]))
         raise DataError(
             f"{place}: client '{name}', trajectory {trajectory} is sampled every "
-            f"{rate_t[k]:g} ({time}, its mean step), the client every {ref[k]:g}; allowed: "
+            f"{rate_t[k]:.4g} ({time}, its mean step), the client every {ref[k]:.4g}; allowed: "
             f"one sample rate, each trajectory's within {RATE_TOLERANCE:.0%} of its "
             f"client's (and its timing jitter): resample it, {escape}")
     kind = np.array([whole[idx[owner == c]].all() for c in range(len(keys))])
@@ -674,8 +679,8 @@ def _check_spacing(t: np.ndarray, same_next: np.ndarray, starts: np.ndarray,
             c = int(sel[np.flatnonzero(bad)[0]])
             place, name, _ = at(int(idx[np.flatnonzero(owner == c)[0]]))
             raise DataError(
-                f"{place}: client '{name}' is sampled every {rate_c[c]:g} ({time}, its mean "
-                f"step), the fleet every {fleet:g}; allowed: one sample rate, each client's "
+                f"{place}: client '{name}' is sampled every {rate_c[c]:.4g} ({time}, its mean "
+                f"step), the fleet every {fleet:.4g}; allowed: one sample rate, each client's "
                 f"within {RATE_TOLERANCE:.0%} of the fleet's (and its timing jitter): "
                 f"resample it, {escape}")
 
