@@ -527,7 +527,7 @@ def test_a_dropped_row_or_a_client_at_another_rate_is_refused_jitter_is_not(tmp_
     one.loc[sel, "t"] = one.loc[sel, "t"] * 1.1
     one.to_csv(tmp_path / "traj.csv", index=False)
     with pytest.raises(DataError, match=r"client 'robot3', trajectory 1 is sampled every 0.11 "
-                       r"\(t, its mean step\), the client every 0.10333"):
+                       r"\(t, its mean step\), the client every 0.1033;"):
         load_trajectories(tmp_path / "traj.csv", ["x1", "x2"], ["u"])
     rng = np.random.default_rng(1)      # jitter of up to 30 % of a step, rates equal
     jit = df.copy()
