@@ -510,9 +510,10 @@ def test_a_dropped_row_or_a_client_at_another_rate_is_refused_jitter_is_not(tmp_
     df, _ = linear_fleet(n_clients=4, n_traj=2, length=20)
     gap = df.drop(index=25).reset_index(drop=True)          # robot0, trajectory 1, t=0.5
     gap.to_csv(tmp_path / "gap.csv", index=False)
-    with pytest.raises(DataError, match=r"gap.csv: row 26: t steps by 0.2 from 0.4 to 0.6000000000000001 in "
-                       r"client 'robot0', trajectory 1, where the client's step is 0.1 \(a gap, "
-                       r"or another sample rate\); allowed: uniformly sampled trajectories"):
+    with pytest.raises(DataError, match=r"gap.csv: row 26: t steps by 0.2 from 0.4 to "
+                       r"0.6000000000000001 in client 'robot0', trajectory 1, where the "
+                       r"client's step is 0.1 \(a gap, or another sample rate\); allowed: "
+                       r"uniformly sampled trajectories"):
         load_trajectories(tmp_path / "gap.csv", ["x1", "x2"], ["u"])
     _spaced(df, "robot2", 2.0).to_csv(tmp_path / "rate.csv", index=False)
     with pytest.raises(DataError, match=r"rate.csv: row 81: client 'robot2' is sampled every "

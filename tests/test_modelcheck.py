@@ -329,3 +329,33 @@ def test_padding_a_trajectory_changes_no_correlation_sum():
     assert names2 == names
     np.testing.assert_allclose(num2, num, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(var2, var, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["measurement", "process"])
+def test_noise_on_the_measured_states_is_named_not_taken_for_a_missing_term(tmp_path, kind,
+                                                                             caplog):
+    """A linear fleet whose library holds the truth: with noise on the measured states
+    (x observed as x + v) the one-step residuals are a moving average, correlated about
+    -0.5 at lag 1 and nowhere else; the check names it (measurement_noise, a warning line)
+    and does not call the class wrong. With process noise the residuals are white."""
+    from tests.conftest import engine
+    from tests.test_data_files import GENERIC, linear_fleet, write_per_client
+
+    df, _ = linear_fleet(n_clients=6, n_traj=5, length=80,
+                         noise=0.05 if kind == "process" else 0.0, seed=3,
+                         A=np.array([[0.99, 0.05], [-0.05, 0.99]]))
+    if kind == "measurement":
+        rng = np.random.default_rng(4)
+        df[["x1", "x2"]] += 0.05 * rng.standard_normal((len(df), 2))
+    folder = write_per_client(df, tmp_path / kind)
+    with caplog.at_level("WARNING"):
+        res = engine(*GENERIC, f"data.path={folder}", "R=50", "strategy=centralized_exact")
+    check = res.summary["model_check"]
+    if kind == "measurement":
+        assert check["measurement_noise"] == ["x1+", "x2+"]
+        assert all(-0.6 < c < -0.4 for c in check["measurement_noise_correlation"])
+        assert check["white"] is True and check["verdict"] == "ok", check
+        assert "as noise on the measured states makes them" in caplog.text
+    else:
+        assert check["measurement_noise"] == [] and check["verdict"] == "ok", check
+        assert "noise on the measured states" not in caplog.text

@@ -32,7 +32,7 @@ from fnsysid.learning.start import initial_model
 from fnsysid.results.files import check_output, write_outputs
 from fnsysid.results.history import keep_per_client
 from fnsysid.results.metrics import scored
-from fnsysid.results.modelcheck import model_check, verdict
+from fnsysid.results.modelcheck import model_check, noise_note, verdict
 from fnsysid.results.personal import (
     add_personal_errors,
     client_estimates_table,
@@ -444,9 +444,9 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
                 check["excess_rejected"] = [[s, str(dataset.clients[m]), j]
                                             for s, m, j in check["excess_rejected"]]
             summary["model_check"] = check
-            line = verdict(check)
-            if line:
-                log.warning(line)
+            for line in (noise_note(check), verdict(check)):
+                if line:
+                    log.warning(line)
     if data is not None and diverged is None and failure is None \
             and type(strategy).__name__ != "Local":
         conditioning(summary, data, None if sparsity is None else sparsity.support)

@@ -17,7 +17,12 @@ statistics of the tests and the verdict), so that differences between clients
   per repeat, target, variable and lag (Billings and Voon's band ``+-z / sqrt(N)`` on a
   pooled correlation of ``N`` samples), with a Bonferroni correction over every test of the
   run. A rejection counts where the pooled correlation ``Z / sqrt(N)`` is at least
-  :data:`MATERIAL` too.
+  :data:`MATERIAL` too. A target whose only rejected test is a negative ``phi_ee`` at lag
+  1 is not counted: that is the moving average that noise on the measured states leaves in
+  the one-step residuals (``v_{t+1} - a v_t``, correlation ``-a / (1 + a^2)``, -0.5 for
+  states that change little per step), not a missing term; ``measurement_noise`` names
+  those targets and the run says so (least squares is then biased by the noise on its
+  regressors, errors in variables; the free run judges the model).
 - **held-out excess**: under the right class, a client's held-out sum of squared errors over
   its training noise variance is ``sum_t chi^2_1 + sum_k mu_k chi^2_1`` (held-out noise plus
   the estimation error along each direction, ``mu_k`` the eigenvalues of ``H^+ H_ho``),
@@ -483,6 +488,12 @@ def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
         pz = np.where(den_sum > 0, _tail_normal(Zp), np.nan)
     tests = int(np.isfinite(pz).sum())
     rejected = np.isfinite(pz) & (pz * max(tests, 1) < level) & (np.abs(r) >= MATERIAL)
+    # noise on the measured states: a target whose only rejected test is a negative phi_ee
+    # at lag 1 (an MA(1) residual) is not counted as a missing term
+    lag1 = labels.index(("ee", None, 1))
+    noisy = (rejected[..., lag1] & (r[..., lag1] < 0)
+             & (rejected.sum(axis=-1) == 1))                                # (S, n_y)
+    rejected[..., lag1] &= ~noisy
     white = None if not tests else bool(not rejected.any())
     p_min = float(np.nanmin(pz)) if tests else None
     variables = list(model.system.state_names) + list(model.system.input_names)
@@ -533,6 +544,10 @@ def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
             "p_adjusted": None if p_min is None else min(1.0, p_min * tests),
             "p_min_by_target": by_target, "worst": worst,
             "rejected": int(rejected.sum()),
+            "measurement_noise": [names[j] for j in range(n_y) if noisy[:, j].any()],
+            "measurement_noise_correlation": [
+                _num(r[s, j, lag1]) for j in range(n_y) if noisy[:, j].any()
+                for s in [int(np.argmin(np.where(noisy[:, j], r[:, j, lag1], np.inf)))]],
             "excess_tests": int(np.isfinite(p_excess).sum()), "excess_level": EXCESS_LEVEL,
             "excess_below": [int(v) for v in k_small], "excess_p": [_num(v) for v in p_fleet],
             "excess_rejected": [[int(s), int(m), names[j]] for s, m, j in
@@ -695,6 +710,21 @@ def _num(v) -> float | None:
 def _fmt(v, spec: str) -> str:
     """A number for the verdict's line; ``n/a`` where the check has none (None or NaN)."""
     return "n/a" if v is None or v != v else format(v, spec)
+
+
+def noise_note(check: dict | None) -> str | None:
+    """The log line when the one-step residuals look like noise on the measured states
+    (``measurement_noise``), else None."""
+    if not check or not check.get("measurement_noise"):
+        return None
+    pairs = ", ".join(f"{t} {_fmt(c, '.2f')}" for t, c in
+                      zip(check["measurement_noise"], check["measurement_noise_correlation"],
+                          strict=True))
+    return ("model check: the one-step residuals are correlated at lag 1 and at no other lag "
+            f"or variable ({pairs}), as noise on the measured states makes them, not a missing "
+            "term: not counted against the model class; least squares is biased by noise on "
+            "its regressors (errors in variables), more so the larger the noise's share of "
+            "the states' variation; the free run judges the model")
 
 
 def verdict(check: dict | None) -> str | None:
