@@ -82,6 +82,27 @@ def test_a_run_prints_and_writes_its_equations_which_load_and_show_give_back(pen
     assert out[1].startswith("status ok, 50 rounds; system=generic, feature_map=combined")
     assert f"nrmse_1step_mean {m.summary_['final_nrmse_1step_mean']:.4g}" in out[2]
     assert out[-2:] == [f"  {ln}" for ln in text]
+    check = m.summary_["model_check"]
+    assert [ln for ln in out if ln.startswith("model check:")] == [
+        f"model check: {check['verdict']}" if check["verdict"] == "ok" else
+        f"model check: {check['verdict']} (median free-run NRMSE of the clients' own fits "
+        f"{check['nrmse_sim_median'][0]:.3g}; summary.json: model_check)"]
+
+
+def test_show_prints_the_model_checks_verdict():
+    """``fnsysid show`` prints the verdict beside the status, which the check does not
+    change: a run can end ok with a model whose class the check rejects."""
+    from fnsysid.results.equations import _check_line
+
+    assert _check_line(None) is None
+    assert _check_line({"verdict": None, "reason": "no client has 20 held-out transitions"}) \
+        == "model check: none (no client has 20 held-out transitions)"
+    assert _check_line({"verdict": "free run fails", "nrmse_sim_median": [1.758]}) == (
+        "model check: free run fails (median free-run NRMSE of the clients' own fits 1.76; "
+        "summary.json: model_check)")
+    assert _check_line({"verdict": "ok", "nrmse_sim_median": [0.004],
+                        "measurement_noise": ["angle+", "rate+"]}) == (
+        "model check: ok; residuals as noise on the measured states makes them: angle+, rate+")
 
 
 def test_show_and_load_refuse_a_folder_that_is_not_a_run_in_one_line(tmp_path, capsys):

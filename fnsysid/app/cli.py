@@ -264,11 +264,13 @@ def run_once(cfg: DictConfig) -> float | None:
 #: ``fnsysid show --help``
 SHOW_USAGE = """usage: fnsysid show RUN_DIR
 
-Print the status, held-out scores and identified equations of a finished run, or of each
-job of a sweep (RUN_DIR a sweep folder), from the files the run wrote.
+Print the status, held-out scores, the model check's verdict and the identified equations
+of a finished run, or of each job of a sweep (RUN_DIR a sweep folder), from the files the
+run wrote.
 
 Exit status: 0 every run shown is ok; 3 one is not (diverged, growing, interrupted,
-refused); 2 RUN_DIR is not a finished run or sweep."""
+refused); 2 RUN_DIR is not a finished run or sweep. The model check's verdict (missing
+terms, free run fails, ...) is a diagnosis beside the status: it does not change it."""
 
 
 def show(args: list[str]) -> int:

@@ -184,11 +184,31 @@ def _scores(summary: dict) -> str:
     return ", ".join(shown) if shown else "no scores"
 
 
+def _check_line(check: dict | None) -> str | None:
+    """The model check's verdict for ``show`` (None where the run has no check)."""
+    if not check:
+        return None
+    if check.get("verdict") is None:
+        return f"model check: none ({check.get('reason') or 'nothing could be checked'})"
+    line = f"model check: {check['verdict']}"
+    med = check.get("nrmse_sim_median") or []
+    if check["verdict"] != "ok" and med and med[0] is not None:
+        line += (f" (median free-run NRMSE of the clients' own fits {med[0]:.3g}; "
+                 "summary.json: model_check)")
+    if check.get("measurement_noise"):
+        line += ("; residuals as noise on the measured states makes them: "
+                 + ", ".join(check["measurement_noise"]))
+    return line
+
+
 def _run_lines(folder: Path, summary: dict, full: bool) -> list[str]:
     head = (f"status {summary.get('status')}, {summary.get('rounds_completed')} rounds; "
             f"system={summary.get('system')}, feature_map={summary.get('feature_map')}, "
             f"strategy={summary.get('strategy')}, M={summary.get('M')}")
     lines = [head, f"scores: {_scores(summary)}"]
+    check = _check_line(summary.get("model_check"))
+    if check:
+        lines.append(check)
     if summary.get("error"):
         lines.append(f"error: {summary['error']}")
     eq = folder / "equations.txt"
