@@ -545,3 +545,13 @@ def test_a_dropped_row_or_a_client_at_another_rate_is_refused_jitter_is_not(tmp_
     assert "data.ignore instead of data.time" in err[0]
     res = engine(*GENERIC, f"data.path={tmp_path / 'rate.csv'}", "data.ignore=[t]", "R=2")
     assert res.summary["status"] == "ok" and res.summary["M"] == 4
+
+
+def test_a_semicolon_separated_file_is_refused_naming_the_separator(tmp_path):
+    df, _ = linear_fleet(n_clients=1, n_traj=1, length=5)
+    df.drop(columns="client").to_csv(tmp_path / "semi.csv", sep=";", decimal=",",
+                                     index=False)
+    with pytest.raises(DataError, match=r"semi.csv: column 'x1' \(data.states\) is missing; "
+                       r"columns: trajectory;t;x1;x2;u; the header is one column holding "
+                       r"';': allowed: comma-separated files"):
+        load_trajectories(tmp_path / "semi.csv", ["x1", "x2"], ["u"])

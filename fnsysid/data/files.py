@@ -232,6 +232,11 @@ def check_columns(df: pd.DataFrame, where, states, inputs=(), columns: ColumnMap
             near = [k for k in cols if k.lower() == c.lower()] or \
                 difflib.get_close_matches(c, cols, n=1)
             hint = f"; did you mean '{near[0]}'?" if near else ""
+            sep = next((x for x in (";", "\t", "|") if len(cols) == 1 and x in cols[0]), None)
+            if sep is not None:
+                hint = (f"; the header is one column holding {sep!r}: allowed: "
+                        "comma-separated files (save with ',' as the separator and '.' as "
+                        "the decimal point)")
             raise DataError(f"{where}: column '{c}' ({why}) is missing; columns: "
                             f"{', '.join(cols)}{hint}")
     unknown = [c for c in cols if c not in uses and c not in KNOWN]
