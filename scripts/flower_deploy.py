@@ -509,9 +509,35 @@ def main_netns(out: Path, files: list[Path], overrides: list[str], on_flower: li
     return report
 
 
+def deploy_folder(given: str | None) -> Path:
+    """The results folder of one call, made here: ``given`` if it is new or empty (else one
+    line, exit 2: the runs inside would refuse an earlier run's folder halfway), or a new
+    ``outputs/flower-deploy/<date>_<time>`` (a suffix ``-1``, ``-2``, ... within a second)."""
+    if given is not None:
+        out = Path(given).resolve()
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            print(f"flower_deploy: error: --out {given} is not an empty folder; allowed: a new "
+                  "or empty folder (default: a new outputs/flower-deploy/<date>_<time>)",
+                  file=sys.stderr)
+            raise SystemExit(2)
+        out.mkdir(parents=True, exist_ok=True)
+        return out
+    base = Path("outputs/flower-deploy").resolve() / time.strftime("%Y-%m-%d_%H-%M-%S")
+    for k in range(1000):
+        out = base.with_name(base.name + (f"-{k}" if k else ""))
+        try:
+            out.mkdir(parents=True)
+            return out
+        except FileExistsError:
+            continue
+    raise SystemExit(f"flower_deploy: error: no new folder next to {base}")
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="outputs/flower-deploy", help="results folder")
+    ap.add_argument("--out", default=None,
+                    help="results folder, new or empty (default: a new "
+                         "outputs/flower-deploy/<date>_<time> at each call)")
     ap.add_argument("--clients", type=int, default=3, help="SuperNodes (one client each)")
     ap.add_argument("--timeout", type=float, default=1200, help="seconds for the flwr run")
     ap.add_argument("--tls", action="store_true",
@@ -531,8 +557,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     if not flower_installed():
         raise SystemExit(f"flower_deploy: Flower is not installed: {INSTALL_FLOWER}")
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = deploy_folder(args.out)
     from fnsysid.config.checks import override_key
 
     given = args.overrides or DEFAULT

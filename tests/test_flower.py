@@ -964,3 +964,54 @@ def test_node_sources_cross_to_a_node_as_a_small_equal_copy():
         sizes.append(len(wire))
     assert sizes[1] < 500 and sizes[1] - sizes[0] < 10, sizes
     assert client_node.cache_info().maxsize >= 1000         # one ClientNode per client
+
+
+@needs_flower
+def test_the_server_uses_exactly_m_supernodes_and_names_them_when_it_cannot():
+    """A deployment's server waits for M SuperNodes: more connected than M is refused in one
+    line naming them (each connected node is one client; it crashed on an array of the wrong
+    shape), fewer after runtime.node_timeout names those connected."""
+    from fnsysid.runtimes.flower import FlowerError, wait_for_nodes
+
+    class Grid:
+        def __init__(self, ids):
+            self.ids = ids
+
+        def get_node_ids(self):
+            return list(self.ids)
+
+    assert wait_for_nodes(Grid([9, 4, 7]), 3, timeout=1) == [4, 7, 9]
+    with pytest.raises(FlowerError, match=r"^3 SuperNodes are connected \(4, 7, 9\) but M=2; "
+                       r"allowed: M equal to the number of connected SuperNodes"):
+        wait_for_nodes(Grid([9, 4, 7]), 2, timeout=1)
+    with pytest.raises(FlowerError, match=r"^only 2 of M=3 SuperNodes connected after 0.3 s "
+                       r"\(runtime.node_timeout\): 4, 9$"):
+        wait_for_nodes(Grid([9, 4]), 3, timeout=0.3)
+
+
+def test_each_flower_deploy_call_gets_a_new_folder_and_a_used_one_is_refused(
+        tmp_path, monkeypatch, capsys):
+    """make flower-deploy ran once per clone: its second call stopped with a traceback, as
+    its runs refused the first call's folders. Each call now gets a new
+    outputs/flower-deploy/<date>_<time>; an --out that holds anything is refused in one
+    line, exit 2."""
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "flower_deploy.py"
+    spec = importlib.util.spec_from_file_location("flower_deploy", script)
+    deploy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(deploy)
+    monkeypatch.chdir(tmp_path)
+    first, second = deploy.deploy_folder(None), deploy.deploy_folder(None)
+    assert first != second and first.is_dir() and second.is_dir()
+    assert first.parent == second.parent == tmp_path / "outputs" / "flower-deploy"
+    assert second.name.startswith(first.name[:19])
+    (first / "comparison.json").write_text("{}")
+    with pytest.raises(SystemExit) as stop:
+        deploy.deploy_folder(str(first))
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"flower_deploy: error: --out {first} is not an empty folder; allowed: a "
+                   "new or empty folder (default: a new outputs/flower-deploy/<date>_<time>)"]
+    assert deploy.deploy_folder(str(tmp_path / "new" / "dir")).is_dir()

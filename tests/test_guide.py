@@ -1,8 +1,9 @@
 """docs/FEDERATED.md as a test: the deployment's commands run as the guide gives them.
 
 The bash blocks between the guide's two ``tests/test_guide.py`` comments run in order, each in
-``bash -eu`` in one folder, on 127.0.0.1: the first block (the shell variables) is replaced by
-this test's values (loopback addresses, free ports, folders of the test); every other block
+``bash -eu`` in one folder, on this machine: the first block (the shell variables) is replaced
+by this test's values (the server reached at 127.0.0.2, its SuperLink listening on all of
+the machine's addresses, free ports, folders of the test); every other block
 runs as written, with ``I=<i>`` for the device block, once per device. The SuperLink and the
 SuperNodes run in the background (each in a session of its own, stopped at the end with the
 helper processes Flower starts for them).
@@ -91,7 +92,7 @@ def _wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 12
 @pytest.mark.flower
 @pytest.mark.slow
 def test_the_deployment_guide_runs_as_written(tmp_path):
-    """Steps 1 to 5 of docs/FEDERATED.md on 127.0.0.1: TLS, node authentication, three
+    """Steps 1 to 5 of docs/FEDERATED.md on this machine (server at 127.0.0.2): TLS, node authentication, three
     SuperNodes on one host (one port each), a server without data.path; the run exits 0
     and its errors equal the in-process run on the same files; a run the ServerApp refuses
     exits 1 with one line; no process of the deployment is left."""
@@ -107,7 +108,10 @@ def test_the_deployment_guide_runs_as_written(tmp_path):
     for folder in ("scripts", "examples"):          # "in a clone of the repository"
         (work / folder).symlink_to(ROOT / folder)
     port, node_port = _free_port(), _free_port(3)
-    values = {"SERVER": "127.0.0.1", "LISTEN": "127.0.0.1", "PORT": str(port),
+    # the devices and the workstation reach the server at another address than the
+    # 127.0.0.1 of the SuperLink's own flower-superexec, as on real machines (all of 127/8
+    # is this machine's loopback), so a certificate without 127.0.0.1 fails here too
+    values = {"SERVER": "127.0.0.2", "LISTEN": "0.0.0.0", "PORT": str(port),
               "NODE_PORT": str(node_port), "OUTDIR": str(tmp_path / "results"),
               "FLWR_HOME": str(tmp_path / "flwr-home")}
     prelude = "".join(f"export {k}={v}\n" for k, v in values.items())
@@ -184,7 +188,8 @@ def test_the_deployment_guide_runs_as_written(tmp_path):
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        marks = [f"127.0.0.1:{p}" for p in (port, node_port, node_port + 1, node_port + 2)]
+        marks = [f"127.0.0.{h}:{p}" for p in (port, node_port, node_port + 1, node_port + 2)
+                 for h in (1, 2)]
         marks += [f"--parent-pid {p}" for p in pids]
         left = deploy.leftover(marks)
         for p in left:

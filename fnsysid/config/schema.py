@@ -513,6 +513,8 @@ class Flower(Section):
     client_cpus: PosReal
     #: seconds the server waits for the replies of one exchange before it stops the run
     reply_timeout: PosReal = 600.0
+    #: seconds a deployment's server waits for its M SuperNodes to connect before it stops
+    node_timeout: PosReal = 300.0
     #: train exchanges through Flower's SecAgg+: the server sees only the sum of the replies
     secure_aggregation: bool = False
     secagg: SecAgg = SecAgg()

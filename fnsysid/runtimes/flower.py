@@ -447,12 +447,22 @@ def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
 
 
 def wait_for_nodes(grid: Grid, n: int, timeout: float = 300.0) -> list[int]:
-    """Node ids once ``n`` nodes are connected."""
+    """The ids of the ``n`` connected nodes, once ``n`` are connected (each connected node is
+    one client: more than ``n`` is refused, since which of them would be the clients is not
+    said); after ``timeout`` seconds (``runtime.node_timeout``) with fewer, the run stops
+    naming those connected."""
     t0 = time.monotonic()
     while len(nodes := sorted(grid.get_node_ids())) < n:
         if time.monotonic() - t0 > timeout:
-            raise FlowerError(f"only {len(nodes)} of {n} nodes connected after {timeout:g} s")
+            raise FlowerError(f"only {len(nodes)} of M={n} SuperNodes connected after "
+                              f"{timeout:g} s (runtime.node_timeout)"
+                              + (f": {', '.join(map(str, nodes))}" if nodes else ""))
         time.sleep(0.2)
+    if len(nodes) > n:
+        raise FlowerError(f"{len(nodes)} SuperNodes are connected ({', '.join(map(str, nodes))})"
+                          f" but M={n}; allowed: M equal to the number of connected SuperNodes "
+                          f"(each is one client), or stop the SuperNodes that are not clients "
+                          f"of this run")
     return nodes
 
 
@@ -561,7 +571,7 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
 )
     from fnsysid.results.metrics import over_clients
 
-    nodes = wait_for_nodes(grid, M)
+    nodes = wait_for_nodes(grid, M, float(getattr(settings.runtime, "node_timeout", 300.0)))
     traffic.start()                         # communication.measured
     wait = float(getattr(settings.runtime, "reply_timeout", 600.0))
     info = exchange(grid, [(n, "query", None, None) for n in nodes], timeout=wait)
