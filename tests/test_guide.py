@@ -92,10 +92,11 @@ def _wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 12
 @pytest.mark.flower
 @pytest.mark.slow
 def test_the_deployment_guide_runs_as_written(tmp_path):
-    """Steps 1 to 5 of docs/FEDERATED.md on this machine (server at 127.0.0.2): TLS, node authentication, three
-    SuperNodes on one host (one port each), a server without data.path; the run exits 0
-    and its errors equal the in-process run on the same files; a run the ServerApp refuses
-    exits 1 with one line; no process of the deployment is left."""
+    """Steps 1 to 5 of docs/FEDERATED.md on this machine (server at 127.0.0.2): TLS, node
+    authentication, three SuperNodes on one host (one port each), a server without
+    data.path; the run exits 0 and its errors equal the in-process run on the same files; a
+    run the ServerApp refuses exits 1 with one line; no process of the deployment is
+    left."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("flower_deploy",
