@@ -359,3 +359,27 @@ def test_noise_on_the_measured_states_is_named_not_taken_for_a_missing_term(tmp_
     else:
         assert check["measurement_noise"] == [] and check["verdict"] == "ok", check
         assert "noise on the measured states" not in caplog.text
+
+
+def test_a_model_whose_free_run_is_worse_than_the_mean_is_said_to_be_poor():
+    """A run whose rounds converged (status ok) but whose model, run freely on the held-out
+    trajectories, predicts worse than each state's held-out mean gets a warning naming the
+    NRMSE; fnsysid show marks its scores."""
+    from fnsysid.results.equations import _run_lines
+    from fnsysid.results.modelcheck import free_run_warning
+
+    poor = {"status": "ok", "final_nrmse_sim_mean": 1.828, "final_nrmse_sim_max": 2.107}
+    assert free_run_warning(poor) == (
+        "the identified model runs freely on the held-out trajectories with NRMSE 1.83 (mean "
+        "over clients; max 2.11), worse than each state's held-out mean (NRMSE 1): it does not "
+        "describe the dynamics, though the rounds converged (status ok); see the model check "
+        "and fnsysid compare (another library, or sparsity)")
+    assert free_run_warning({**poor, "final_nrmse_sim_mean": 0.9}) is None
+    assert free_run_warning({**poor, "final_nrmse_sim_mean": None}) is None
+    assert free_run_warning({**poor, "status": "diverged"}) is None     # said otherwise
+    from pathlib import Path
+
+    lines = _run_lines(Path("/nonexistent"), poor, True)
+    assert lines[1].endswith("(free run worse than the held-out mean: NRMSE above 1)")
+    lines = _run_lines(Path("/nonexistent"), {**poor, "final_nrmse_sim_mean": 0.5}, True)
+    assert "worse than the held-out mean" not in lines[1]

@@ -32,7 +32,7 @@ from fnsysid.learning.start import initial_model
 from fnsysid.results.files import check_output, write_outputs
 from fnsysid.results.history import keep_per_client
 from fnsysid.results.metrics import scored
-from fnsysid.results.modelcheck import model_check, noise_note, verdict
+from fnsysid.results.modelcheck import free_run_warning, model_check, noise_note, verdict
 from fnsysid.results.personal import (
     add_personal_errors,
     client_estimates_table,
@@ -383,6 +383,9 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
                            settings=dataset.settings, choices=choices,
                            fleet=getattr(hist, "fleet", None))
     summary.update(personal_summary(settings, tables["errors"], ci_note, per))
+    line = free_run_warning(summary)
+    if line:
+        log.warning(line)
     if per is not None and getattr(per, "warning", None):
         log.warning(per.warning)
     if per is not None:            # judged like the server's model, each with its line

@@ -712,6 +712,24 @@ def _fmt(v, spec: str) -> str:
     return "n/a" if v is None or v != v else format(v, spec)
 
 
+def free_run_warning(summary: dict) -> str | None:
+    """The log line when the run's own model, run freely from each held-out trajectory's
+    first state, predicts worse than each state's held-out mean (``final_nrmse_sim_mean``,
+    the mean over clients, above :data:`CONSTANT`), else None. The status is about the
+    rounds (they converged), so it stays; this line and ``fnsysid show`` say the model is
+    poor."""
+    if summary.get("status") != "ok":
+        return None
+    mean, top = summary.get("final_nrmse_sim_mean"), summary.get("final_nrmse_sim_max")
+    if mean is None or not mean > CONSTANT:
+        return None
+    return (f"the identified model runs freely on the held-out trajectories with NRMSE "
+            f"{mean:.3g} (mean over clients; max {_fmt(top, '.3g')}), worse than each "
+            f"state's held-out mean (NRMSE {CONSTANT:g}): it does not describe the dynamics, "
+            "though the rounds converged (status ok); see the model check and fnsysid "
+            "compare (another library, or sparsity)")
+
+
 def noise_note(check: dict | None) -> str | None:
     """The log line when the one-step residuals look like noise on the measured states
     (``measurement_noise``), else None."""
