@@ -131,6 +131,16 @@ def test_show_of_a_sweep_gives_each_job_and_a_diverged_one_exits_3(tmp_path, cap
     assert code == 3                                       # one job diverged
     assert out.startswith(f"sweep {tmp_path}: 2 job(s)")
     assert "status ok" in out and "status diverged" in out
+    # the jobs in the sweep's order (lr=0.01 first), not by folder name ('lr=0.01' > 'lr=1e4'
+    # would hold by name too: the job numbers are swapped to tell the two apart)
+    jobs = sorted(p for p in tmp_path.iterdir() if (p / ".hydra").is_dir())
+    assert out.index(f"{jobs[0].name}:") < out.index(f"{jobs[1].name}:")
+    for job, num in zip(jobs, (1, 0), strict=True):
+        conf = job / ".hydra" / "hydra.yaml"
+        conf.write_text(conf.read_text().replace(f"num: {1 - num}", f"num: {num}", 1))
+    assert show([str(tmp_path)]) == 3
+    out = capsys.readouterr().out
+    assert out.index(f"{jobs[1].name}:") < out.index(f"{jobs[0].name}:")
     assert out.count("d_omega = ") == 1                    # the diverged job has no model
     with pytest.raises(fnsysid.ConfigError, match="is a sweep; allowed: one of its job"):
         FederatedSysID.load(tmp_path)

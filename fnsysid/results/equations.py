@@ -116,8 +116,22 @@ def is_sweep(folder: Path) -> bool:
 
 
 def sweep_jobs(folder: Path) -> list[Path]:
-    """The job folders of a sweep (those holding ``summary.json``), sorted by name."""
-    return sorted(p for p in Path(folder).iterdir() if (p / "summary.json").is_file())
+    """The job folders of a sweep (those holding ``summary.json``) in the sweep's order
+    (Hydra's job number, ``hydra.job.num`` of each job's ``.hydra/hydra.yaml``), by name
+    where a job has none."""
+    jobs = [p for p in Path(folder).iterdir() if (p / "summary.json").is_file()]
+    return sorted(jobs, key=lambda p: (_job_number(p), p.name))
+
+
+def _job_number(job: Path) -> float:
+    """Hydra's number of a sweep's job (its ``.hydra/hydra.yaml``), or inf."""
+    import yaml
+
+    try:
+        num = yaml.safe_load((job / ".hydra" / "hydra.yaml").read_text())["hydra"]["job"]["num"]
+        return float(num)
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError):
+        return float("inf")
 
 
 #: columns of labels, kept as text (client 01 is not client 1)
