@@ -194,3 +194,27 @@ def test_parameter_errors_over_the_known_coordinates():
     np.testing.assert_allclose(err, [[1.0, 1.0]])
     err = ParameterErrors(truth)(np.array([[[3.0, -7.0, 0.0]]]))
     np.testing.assert_allclose(err, [[4.0 / 5.0, np.sqrt(9 + 4) / 2]])
+
+
+def test_a_column_name_with_brackets_unquoted_is_refused_saying_how_to_quote(tmp_path):
+    """A header with units (`pos [m]`) given unquoted breaks Hydra's override grammar: the
+    refusal names the override and shows the quoting, in one line, exit 2, nothing
+    written; quoted, the name is read."""
+    rows = [{"pos [m]": 0.1 * k, "vel [m/s]": 0.01 * k * k, "u": 1.0} for k in range(30)]
+    (tmp_path / "logs").mkdir()
+    pd.DataFrame(rows).to_csv(tmp_path / "logs" / "a.csv", index=False)
+    out = tmp_path / "run"
+    res = cli_in_process("system=generic", "data=files", f"data.path={tmp_path / 'logs'}",
+                         "data.states=[pos [m],vel [m/s]]", "data.inputs=[u]",
+                         f"hydra.run.dir={out}")
+    err = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and not out.exists()
+    assert len(err) == 1 and err[0].startswith(
+        "fnsysid: error: data.states=[pos [m],vel [m/s]]: no viable alternative at input"), err
+    assert err[0].endswith("""e.g. 'data.states=["pos [m]","vel [m/s]"]' (the single quotes """
+                           "for the shell)")
+    res = cli_in_process("system=generic", "data=files", f"data.path={tmp_path / 'logs'}",
+                         'data.states=["pos [m]","vel [m/s]"]', "data.inputs=[u]", "R=2",
+                         "output.plot=false", f"hydra.run.dir={out}")
+    assert res.returncode == 0, res.stderr
+    assert "pos [m]+ = " in (out / "equations.txt").read_text()

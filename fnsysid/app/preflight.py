@@ -19,6 +19,7 @@ from fnsysid.config.argv import (
     check_args,
     encode,
     flag_value,
+    grammar_error,
     is_multirun,
     override_args,
     sweep_values,
@@ -154,7 +155,7 @@ def _preflight(argv, config_dir: Path, config_name: str, folders: bool):
     try:
         parsed = parser.parse_overrides(args)
     except HydraException as exc:
-        raise ConfigError(one_line(exc)) from exc
+        raise grammar_error(exc, args) from exc
     if not (config_dir / f"{config_name}.yaml").is_file():
         found = sorted(p.stem for p in config_dir.glob("*.yaml") if not p.stem.startswith("_"))
         raise ConfigError(f"--config-name {config_name}: no such primary config; allowed: "

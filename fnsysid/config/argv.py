@@ -81,7 +81,7 @@ def check_commands(argv: list[str]) -> None:
         try:
             parsed = OverridesParser.create().parse_overrides(override_args(argv))
         except HydraException as exc:
-            raise ConfigError(one_line(exc)) from exc
+            raise grammar_error(exc, override_args(argv)) from exc
         for o in parsed:
             if o.is_sweep_override():
                 first = sweep_values(o, o.key_or_group)[0]
@@ -91,6 +91,30 @@ def check_commands(argv: list[str]) -> None:
     if "--resolve" in names and not {"--cfg", "-c", "--help", "-h"} & set(names):
         raise ConfigError("--resolve works only with --cfg or --help (it resolves the config "
                           "they print), e.g. --cfg job --resolve")
+
+
+def grammar_error(exc: BaseException, args: list[str]) -> ConfigError:
+    """The one-line refusal of overrides Hydra's grammar cannot parse (``exc``), naming the
+    override that fails and how to quote a value that holds spaces, brackets or commas (a
+    column name such as ``pos [m]``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    bad = None
+    for a in args:
+        try:
+            parser.parse_overrides([a])
+        except HydraException:
+            bad = a
+            break
+    if bad is None:
+        return ConfigError(one_line(exc))
+    return ConfigError(
+        f"{bad}: {one_line(exc).split('; See ')[0]}; allowed: Hydra's override grammar "
+        "(https://hydra.cc/docs/advanced/override_grammar/basic/): a value with spaces, "
+        "brackets, commas or '=' goes in quotes, in a list each such name, e.g. "
+        "'data.states=[\"pos [m]\",\"vel [m/s]\"]' (the single quotes for the shell)")
 
 
 def sweep_values(override, key: str) -> list:
