@@ -638,11 +638,15 @@ def _check_spacing(t: np.ndarray, same_next: np.ndarray, starts: np.ndarray,
     idx = np.flatnonzero(same_next)
     if not idx.size:
         return
-    step = np.asarray(t[idx + 1] - t[idx]).astype(float)
-    keys, owner = np.unique(client[idx], return_inverse=True)      # each step's client
-    order = np.argsort(owner, kind="stable")
-    first = np.searchsorted(owner[order], np.arange(len(keys)))
-    median = np.array([np.median(v) for v in np.split(step[order], first[1:])])
+    step = np.asarray(np.diff(t)[idx]).astype(float)
+    owner = np.asarray(client)[idx]                                # each step's client rank
+    n_c = np.bincount(owner)
+    has = np.flatnonzero(n_c)                                       # clients with a step
+    ordered = step[np.lexsort((step, owner))]                       # by client, then size
+    first = np.concatenate(([0], np.cumsum(n_c)[:-1]))
+    median = np.zeros(len(n_c))
+    median[has] = (ordered[first[has] + (n_c[has] - 1) // 2]
+                   + ordered[first[has] + n_c[has] // 2]) / 2
     time, traj = columns.time, columns.trajectory
     escape = ("or name the column in data.ignore instead of data.time, to take the rows' "
               "order as the time")
@@ -658,24 +662,27 @@ def _check_spacing(t: np.ndarray, same_next: np.ndarray, starts: np.ndarray,
             f"(a gap, or another sample rate); allowed: uniformly sampled trajectories, each "
             f"step within {STEP_TOLERANCE:.0%} of the client's: split the trajectory at a gap "
             f"(a new {traj} id) or resample it, {escape}")
-    n_c = np.bincount(owner, minlength=len(keys))
-    rate_c = np.bincount(owner, weights=step, minlength=len(keys)) / n_c
-    trajs, tr = np.unique(np.searchsorted(starts, idx, side="right") - 1, return_inverse=True)
-    n_t = np.bincount(tr)
-    rate_t = np.bincount(tr, weights=step) / n_t
-    ref = rate_c[owner[np.searchsorted(tr, np.arange(len(trajs)))]]    # (tr is sorted)
-    bad = np.abs(rate_t - ref) > (RATE_TOLERANCE + STEP_TOLERANCE / n_t) * ref
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate_c = np.bincount(owner, weights=step, minlength=len(n_c)) / n_c
+    tr = np.concatenate(([0], np.cumsum(~same_next)))[idx]         # each step's trajectory
+    n_t = np.bincount(tr, minlength=len(starts))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate_t = np.bincount(tr, weights=step, minlength=len(starts)) / n_t
+    ref = np.zeros(len(starts))
+    ref[tr] = rate_c[owner]                                        # its client's rate
+    bad = (n_t > 0) & (np.abs(rate_t - ref) > (RATE_TOLERANCE + STEP_TOLERANCE / np.maximum(
+        n_t, 1)) * ref)
     if bad.any():
         k = int(np.flatnonzero(bad)[0])
-        place, name, trajectory = at(int(starts[trajs[k]]))
+        place, name, trajectory = at(int(starts[k]))
         raise DataError(
             f"{place}: client '{name}', trajectory {trajectory} is sampled every "
             f"{rate_t[k]:.4g} ({time}, its mean step), the client every {ref[k]:.4g}; allowed: "
             f"one sample rate, each trajectory's within {RATE_TOLERANCE:.0%} of its "
             f"client's (and its timing jitter): resample it, {escape}")
-    kind = np.array([whole[idx[owner == c]].all() for c in range(len(keys))])
+    kind = np.bincount(owner, weights=whole[idx], minlength=len(n_c)) == n_c   # all stamps
     for w in (True, False):
-        sel = np.flatnonzero(kind == w)
+        sel = has[kind[has] == w]
         if not sel.size:
             continue
         fleet = float(np.median(rate_c[sel]))
