@@ -521,13 +521,12 @@ def _client_rank(labels: pd.Series) -> np.ndarray:
 
 
 def _show(v) -> str:
-    """A number for messages: integers in full, floats short."""
-    return str(int(v)) if isinstance(v, (int, np.integer)) else f"{v:g}"
-
-
-def _exact(v) -> str:
-    """A time for messages: integers in full, floats to the digits that name them."""
-    return str(int(v)) if isinstance(v, (int, np.integer)) else repr(float(v))
+    """A time for messages: integers in full, floats short where that names them exactly,
+    else in full (an epoch time 1700065598.780763, not 1.70007e+09)."""
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    short = f"{v:g}"
+    return short if float(short) == float(v) else repr(float(v))
 
 
 def _combine(parts, files, one_file, states, inputs, columns: ColumnMap) -> pd.DataFrame:
@@ -657,7 +656,7 @@ def _check_spacing(t: np.ndarray, same_next: np.ndarray, starts: np.ndarray,
         i = int(idx[j]) + 1
         place, name, trajectory = at(i)
         raise DataError(
-            f"{place}: {time} steps by {step[j]:.4g} from {_exact(t[i - 1])} to {_exact(t[i])} in "
+            f"{place}: {time} steps by {step[j]:.4g} from {_show(t[i - 1])} to {_show(t[i])} in "
             f"client '{name}', trajectory {trajectory}, where the client's step is {h[j]:.4g} "
             f"(a gap, or another sample rate); allowed: uniformly sampled trajectories, each "
             f"step within {STEP_TOLERANCE:.0%} of the client's: split the trajectory at a gap "

@@ -220,9 +220,11 @@ def _run_lines(folder: Path, summary: dict, full: bool) -> list[str]:
             f"system={summary.get('system')}, feature_map={summary.get('feature_map')}, "
             f"strategy={summary.get('strategy')}, M={summary.get('M')}")
     lines = [head, f"scores: {_scores(summary)}"]
+    from fnsysid.results.modelcheck import CONSTANT
+
     sim = summary.get("final_nrmse_sim_mean")
-    if isinstance(sim, (int, float)) and sim > 1:
-        lines[-1] += " (free run worse than the held-out mean: NRMSE above 1)"
+    if isinstance(sim, (int, float)) and sim > CONSTANT:
+        lines[-1] += f" (free run worse than the held-out mean: NRMSE above {CONSTANT:g})"
     check = _check_line(summary.get("model_check"))
     if check:
         lines.append(check)
