@@ -3,11 +3,14 @@ with any data.val_N, truth files that give a subset of the parameters, parameter
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from fnsysid import load_trajectories
+from fnsysid.app.estimator import FederatedSysID
 from fnsysid.app.experiment import run_experiment
 from fnsysid.data.files import DataError, check_columns, load_truth
 from fnsysid.results.metrics import ParameterErrors
@@ -109,6 +112,40 @@ def test_check_columns_works_on_a_dataframe():
                                             r"allowed: other columns, and split \(then "
                                             r"data.holdout applies\)$"):
             check_columns(df, "frame", ["x"], [], ColumnMap("run", "stamp", ("note", label)))
+
+
+def test_an_ignored_name_no_file_has_is_refused_where_a_model_is_fitted(tmp_path):
+    renamed_fleet(tmp_path)
+    own = ["x1", "x2"], ["u"]
+    msg = ("data.ignore: column 'batery' is in no file of the data; allowed: its columns "
+           "(run_id, time, x1, x2, u, battery); did you mean 'battery'?")
+    with pytest.raises(DataError, match=f"^{re.escape(msg)}$"):
+        load_trajectories(tmp_path / "own", *own, trajectory="run_id", time="time",
+                          ignore=["battery", "batery"])
+    out = tmp_path / "out"
+    res = cli_in_process(*GENERIC, f"data.path={tmp_path / 'own'}", "data.trajectory=run_id",
+                         "data.time=time", "data.ignore=[battery,batery]",
+                         f"hydra.run.dir={out}")
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [f"fnsysid: error: {msg}"]
+    assert not out.exists()
+    # in memory: the estimator's fit refuses it too; a validation file or new data to score
+    # may lack a column of the training files
+    df = load_trajectories(tmp_path / "own", *own, trajectory="run_id", time="time",
+                           ignore=["battery"])
+    with pytest.raises(DataError, match="^data.ignore: column 'battery' is in no file"):
+        FederatedSysID(R=2, progress=False).fit(df, *own, ignore=["battery"])
+    m = FederatedSysID(R=2, progress=False).fit(pd.read_csv(tmp_path / "own" / "robot0.csv")
+                                                 .assign(client="robot0"), *own,
+                                                 trajectory="run_id", time="time",
+                                                 ignore=["battery"])
+    assert len(m.predict(df)) == len(df)
+    (tmp_path / "val").mkdir()
+    for f in (tmp_path / "own").glob("*.csv"):
+        pd.read_csv(f).drop(columns="battery").to_csv(tmp_path / "val" / f.name, index=False)
+    res = cli_in_process(*GENERIC, f"data.path={tmp_path / 'own'}", "data.trajectory=run_id",
+                         "data.time=time", "data.ignore=[battery]", "R=2",
+                         f"data.val_path={tmp_path / 'val'}", f"hydra.run.dir={out}")
+    assert res.returncode == 0, res.stderr
 
 
 def test_ignore_and_mapping_are_typed_settings(tmp_path):

@@ -193,7 +193,8 @@ def load_trajectories(path, states, inputs=(), *, trajectory: str = "trajectory"
         raise ConfigError(f"ignore={ignore!r} is not allowed; allowed: a column name or a list "
                           "of column names (str)")
     df = read_trajectories(path, states, inputs,
-                           columns=ColumnMap(trajectory, time, tuple(ignore)))
+                           columns=ColumnMap(trajectory, time, tuple(ignore)),
+                           every_ignored=True)
     names = [c for c in df.columns if c not in PUBLIC_COLUMNS and not c.startswith("_")]
     public = [c for c in PUBLIC_COLUMNS if c != "split" or df.attrs.get("split_column")]
     out = df[public + names].reset_index(drop=True)

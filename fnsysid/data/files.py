@@ -229,9 +229,7 @@ def check_columns(df: pd.DataFrame, where, states, inputs=(), columns: ColumnMap
             need.append((name, f"{setting}={name}"))
     for c, why in need:
         if c not in cols:
-            near = [k for k in cols if k.lower() == c.lower()] or \
-                difflib.get_close_matches(c, cols, n=1)
-            hint = f"; did you mean '{near[0]}'?" if near else ""
+            hint = _near(c, cols)
             sep = next((x for x in (";", "\t", "|") if len(cols) == 1 and x in cols[0]), None)
             if sep is not None:
                 hint = (f"; the header is one column holding {sep!r}: allowed: "
@@ -254,6 +252,14 @@ def check_columns(df: pd.DataFrame, where, states, inputs=(), columns: ColumnMap
     if not rename:
         return out
     return out.rename(columns={columns.trajectory: "trajectory", columns.time: "t"})
+
+
+def _near(name: str, cols) -> str:
+    """``; did you mean 'x'?`` for the column of ``cols`` nearest ``name`` (the same name in
+    another case first), or nothing."""
+    near = [k for k in cols if k.lower() == name.lower()] or \
+        difflib.get_close_matches(name, list(cols), n=1)
+    return f"; did you mean '{near[0]}'?" if near else ""
 
 
 def write_client_files(trajectories: pd.DataFrame, folder, name: str = "{client}") -> list[Path]:
@@ -287,8 +293,8 @@ def write_client_files(trajectories: pd.DataFrame, folder, name: str = "{client}
 
 
 def read_trajectories(path, states, inputs=(), setting: str = "data.path",
-                      client_file: bool = False, columns: ColumnMap | None = None
-                      ) -> pd.DataFrame:
+                      client_file: bool = False, columns: ColumnMap | None = None,
+                      every_ignored: bool = False) -> pd.DataFrame:
     """Read and check trajectories: the validated samples as one DataFrame.
 
     Parameters
@@ -300,6 +306,7 @@ def read_trajectories(path, states, inputs=(), setting: str = "data.path",
         read as in the folder: the file name gives the client.
     columns : the trajectory and time columns and the ignored ones (:class:`ColumnMap`;
         default: ``trajectory``, ``t``, none); see :func:`check_columns`.
+    every_ignored : refuse an ignored name that no file has (see :func:`check_tables`).
 
     Returns
     -------
@@ -321,25 +328,35 @@ def read_trajectories(path, states, inputs=(), setting: str = "data.path",
     # t as text: integers stay exact; trajectory ids as text like client ids (01 is not 1)
     tables = ((f, read_table(f, text=("client", columns.time, columns.trajectory)))
               for f in files)
-    return check_tables(tables, states, inputs, one_file, columns)
+    return check_tables(tables, states, inputs, one_file, columns, every_ignored)
 
 
 def check_tables(tables, states, inputs=(), one_file: bool = False,
-                 columns: ColumnMap | None = None) -> pd.DataFrame:
+                 columns: ColumnMap | None = None, every_ignored: bool = False
+                 ) -> pd.DataFrame:
     """The checks and the result of :func:`read_trajectories` for tables already read:
     ``tables`` is a sequence of ``(name, DataFrame)``, one per file (``name`` a path, or any
     object with ``str()`` for messages and a ``stem`` naming the client); ``one_file``: a
     single table whose ``client`` column gives the clients; ``columns``: the column mapping
-    (:class:`ColumnMap`). Data held in memory take the same checks as files this way."""
+    (:class:`ColumnMap`); ``every_ignored``: a name in ``data.ignore`` that no table has is
+    refused (the data a model is fitted to; not new data scored with the fit's mapping, nor
+    one Flower node's file or a validation file, which may lack a column the others hold).
+    Data held in memory take the same checks as files this way."""
     states = [states] if isinstance(states, str) else list(states)
     inputs = [inputs] if isinstance(inputs, str) else list(inputs or [])
     columns = columns or ColumnMap()
     names, parts, split, repeat = [], [], False, False
+    seen: dict[str, None] = {}                 # every table's columns, in order
     for f, df in tables:
         names.append(f)
+        seen.update(dict.fromkeys(str(c) for c in df.columns))
         split |= "split" in [str(c) for c in df.columns] and "split" not in columns.ignore
         repeat |= "repeat" in [str(c) for c in df.columns]
         parts.append(_check_file(df, f, states, inputs, one_file, columns))
+    absent = [c for c in columns.ignore if c not in seen] if every_ignored else []
+    if absent:
+        raise DataError(f"data.ignore: column '{absent[0]}' is in no file of the data; "
+                        f"allowed: its columns ({', '.join(seen)}){_near(absent[0], seen)}")
     out = _combine(parts, names, one_file, states, inputs, columns)
     out.attrs["split_column"] = split      # a table has a split column: the tables decide
     out.attrs["repeat_column"] = repeat    # a table labels its repeats

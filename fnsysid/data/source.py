@@ -297,7 +297,7 @@ def read_files(settings: Settings, model: Model, key: str = "path",
                                  setting=f"data.{key}", columns=columns)
     try:
         return read_trajectories(settings.data.path, states, inputs, client_file=client_file,
-                                 columns=columns)
+                                 columns=columns, every_ignored=not client_file)
     except DataError as exc:
         raise _generic_hint(exc, settings, model, given) from None
 
@@ -345,7 +345,7 @@ def from_files(settings: Settings, model: Model, optimizer,
         df = read_files(settings, model, "path", given, client_file)
     else:
         try:
-            df = check_tables(tables, states, inputs, columns=columns)
+            df = check_tables(tables, states, inputs, columns=columns, every_ignored=True)
         except DataError as exc:
             raise _generic_hint(exc, settings, model, given) from None
     clients = [str(c) for c in df.drop_duplicates("_client").sort_values("_client")["client"]]
