@@ -369,9 +369,10 @@ PEND_TRUE = {"theta+:theta", "theta+:omega", "omega+:omega", "omega+:torque",
              "omega+:sin(theta)"}
 
 
-def pendulum_fleet(path, dt=0.01, M=5, N=4, T=200, noise=1e-4, seed=0):
+def pendulum_fleet(path, dt=0.01, M=5, N=4, T=200, noise=1e-4, seed=0, spread=0.0, x0=2.0):
     """M files (one per client) of N runs of T samples each, columns ``run, timestamp, theta,
-    omega, torque`` (forward Euler, velocity disturbance ``noise``); returns the folder and
+    omega, torque`` (forward Euler from uniform states in ``[-x0, x0]``, velocity disturbance
+    ``noise``; client c's gravity term times ``1 + spread (c + 1)``); returns the folder and
     the pooled samples (Phi of identity + sine: theta, omega, torque, sin of each; Y)."""
     rng = np.random.default_rng(seed)
     path.mkdir(parents=True, exist_ok=True)
@@ -380,12 +381,13 @@ def pendulum_fleet(path, dt=0.01, M=5, N=4, T=200, noise=1e-4, seed=0):
         rows = []
         for j in range(N):
             x = np.empty((T, 2))
-            x[0] = rng.uniform(-2, 2, 2)
+            x[0] = rng.uniform(-x0, x0, 2)
             u = rng.normal(size=T)
             for t in range(T - 1):
                 th, om = x[t]
                 x[t + 1] = (th + dt * om,
-                            om + dt * (-PEND_GL * np.sin(th) + u[t]) + noise * rng.normal())
+                            om + dt * (-PEND_GL * (1 + spread * (c + 1)) * np.sin(th) + u[t])
+                            + noise * rng.normal())
             rows.append(pd.DataFrame({"run": j, "timestamp": np.arange(T) * dt,
                                       "theta": x[:, 0], "omega": x[:, 1], "torque": u}))
             z = np.column_stack([x[:-1], u[:-1]])
@@ -411,10 +413,47 @@ def test_pendulum_at_100_hz_keeps_the_five_true_terms_at_the_default_threshold(t
         assert abs(est["theta+:omega"] - 0.01) < 1e-6
         assert abs(est["omega+:sin(theta)"] + 0.01 * PEND_GL) < 1e-3
         assert res.summary["sparsity"]["scale"] == "unit"
+        assert "below_threshold" not in res.summary["sparsity"]
     # the same threshold in the data's units cuts theta+:omega = dt (|0.01| ~ 0.01) and the
     # torque (dt): the default before the scaled threshold
     data = run_pendulum(folder, "strategy=centralized_exact", "sparsity.scale=data")
     assert "theta+:omega" not in kept(data) and kept(data) < PEND_TRUE
+
+
+def test_a_kept_term_the_strategys_model_drives_below_the_threshold_is_reported(tmp_path,
+                                                                                caplog):
+    # noise-free pendulums whose gravity terms are 1 % apart (docs/guide/sparsity.md): the
+    # pooled fit leans on theta in omega+ (kept), the mean of the clients' own fits, which
+    # whitened FedAvg reaches, has none (round-off)
+    folder, _, _ = pendulum_fleet(tmp_path / "het", M=5, N=10, T=100, noise=0.0, spread=0.01,
+                                  x0=0.5)
+    caplog.set_level("WARNING", logger="fnsysid")
+    res = run_pendulum(folder, "strategy=fedavg")
+    (faded,) = res.summary["sparsity"]["below_threshold"]
+    assert faded["parameter"] == "omega+:theta" and faded["repeats"] == [0]
+    assert abs(faded["estimate"]) < 1e-9 and "omega+:theta" in kept(res)
+    said = [r.getMessage() for r in caplog.records if "name only" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(
+        "sparsity: 1 kept term is below sparsity.threshold=0.05 in the final model "
+        "(omega+:theta ") and "strategy=fedavg's model does not equal" in said[0]
+    assert res.summary["status"] == "ok"
+    # the pooled model itself: its coefficient is the one the term was kept for
+    pooled = run_pendulum(folder, "strategy=centralized_exact")
+    assert "below_threshold" not in pooled.summary["sparsity"]
+    assert abs(pooled.estimates.set_index("parameter")["estimate"]["omega+:theta"]) > 1e-3
+
+
+def test_faded_compares_each_repeats_threshold_on_the_choices_scale():
+    from fnsysid.learning.sparsity import STLSQ
+
+    sp = STLSQ(threshold=0.1, scale="data")
+    H, b = np.eye(3)[None].repeat(2, axis=0), np.array([[1.0, 0.5, 0.2], [1.0, 0.5, 0.05]])
+    sp.choose(H, b, np.ones((2, 1)), model=None)
+    np.testing.assert_array_equal(sp.support, [[1, 1, 1], [1, 1, 0]])
+    theta = np.array([[1.0, 0.05, 0.2], [1.0, 0.09, 0.0]])
+    np.testing.assert_array_equal(sp.faded(theta), [[0, 1, 0], [0, 1, 0]])
+    sp.auto, sp.chosen = True, np.array([0.01, 0.1])       # per repeat, as auto chooses
+    np.testing.assert_array_equal(sp.faded(theta), [[0, 0, 0], [0, 1, 0]])
 
 
 def test_unit_scales_are_the_regressor_rms_over_the_target_beyond_its_largest_term(tmp_path):

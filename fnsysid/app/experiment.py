@@ -27,7 +27,13 @@ from fnsysid.config.schema import Settings
 from fnsysid.data.source import Dataset, load_data
 from fnsysid.dynamics.model import Model
 from fnsysid.learning.personalize import z_value
-from fnsysid.learning.sparsity import auto_line, disagreement_warning, empty_warning
+from fnsysid.learning.sparsity import (
+    auto_line,
+    disagreement_warning,
+    empty_warning,
+    faded_summary,
+    faded_warning,
+)
 from fnsysid.learning.start import initial_model
 from fnsysid.results.files import check_output, write_outputs
 from fnsysid.results.history import keep_per_client
@@ -419,6 +425,12 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     sparsity = getattr(strategy, "sparsity", None)
     if sparsity is not None and sparsity.support is not None:
         summary["sparsity"] = sparsity.summary(model)
+        final = np.asarray(strategy.estimate()) if "estimates" in tables else None
+        if final is not None and final.shape[1] == 1:     # a finished run's one model
+            final = final[:, 0, :]
+            faded = faded_summary(sparsity.faded(final), final, model)
+            if faded:
+                summary["sparsity"]["below_threshold"] = faded
         path = sparsity.path_table()
         if path is not None:
             from fnsysid.results.tables import Table
@@ -427,7 +439,8 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
             line, warn = auto_line(summary["sparsity"])
             (log.warning if warn else log.info)(line)
         for line in (empty_warning(summary["sparsity"], sparsity.support.shape[0]),
-                     disagreement_warning(summary["sparsity"])):
+                     disagreement_warning(summary["sparsity"]),
+                     faded_warning(summary["sparsity"], summary.get("strategy"))):
             if line:
                 log.warning(line)
     if diverged is None and failure is None and settings.output.model_check:

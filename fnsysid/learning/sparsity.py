@@ -401,6 +401,7 @@ class STLSQ:
         self.chosen = None                   # threshold=auto: the chosen threshold (S,)
         self.rule = None                     # threshold=auto: "heldout" or "bic"
         self.path = None                     # threshold=auto: rows of the threshold path
+        self._scale = None                   # the scale function of the choice (scale=unit)
 
     # --- in process ---------------------------------------------------------------------------
     def start(self, strategy, theta0, data: ClientData, model, optimizer, K, lr, seed,
@@ -427,6 +428,7 @@ class STLSQ:
         the pooled sample count ``n`` (S,) and the held-out statistics summed over the
         clients ``heldout`` (:func:`pooled_heldout`, or None)."""
         weights = self._weights(H, b, yy, model)
+        self._scale = weights                        # for :meth:`faded`
         if self.auto:
             self.choose_auto(H, b, yy, model, n, heldout, weights)
             return
@@ -587,6 +589,20 @@ class STLSQ:
                                                  strict=True)]
         return out
 
+    def faded(self, theta: np.ndarray) -> np.ndarray:
+        """Kept terms whose coefficient in the final model ``theta`` (S, p) is below the
+        threshold they were kept at (each repeat's, scaled as the choice scaled them): the
+        support was chosen on the pooled least squares, which a federated strategy's model
+        need not equal (clients that differ, too few samples for a client's own fit, rounds
+        stopped early), so the term can be in the model in name only
+        (docs/guide/sparsity.md). Returns (S, p) bool."""
+        theta = np.asarray(theta, float)
+        w = 1.0 if self._scale is None else self._scale(theta, self.support)
+        t = np.asarray(self.chosen if self.auto else self.threshold, float)
+        t = t[:, None] if t.ndim else t
+        with np.errstate(invalid="ignore"):
+            return self.support & np.isfinite(theta) & (np.abs(theta * w) < t)
+
     def path_table(self) -> dict | None:
         """The threshold path of ``threshold=auto`` as columns (``sparsity_path.csv``):
         repeat, threshold, n_terms, score, chosen (the candidate kept); None otherwise."""
@@ -649,6 +665,37 @@ def disagreement_warning(summary: dict) -> str | None:
             "others): the data of one repeat do not determine which terms the model has "
             "(more clients or samples, or a fixed sparsity.threshold checked on "
             "sparsity_path.csv / each repeat's equations)")
+
+
+def faded_summary(faded: np.ndarray, theta: np.ndarray, model) -> list[dict]:
+    """``summary.json: sparsity.below_threshold``: each parameter that :meth:`STLSQ.faded`
+    marks in some repeat, with those repeats and its coefficient in the first of them."""
+    theta = np.asarray(theta, float)
+    return [{"parameter": model.param_names[k], "repeats": [int(r) for r in
+                                                             np.flatnonzero(faded[:, k])],
+             "estimate": float(theta[np.flatnonzero(faded[:, k])[0], k])}
+            for k in np.flatnonzero(faded.any(axis=0))]
+
+
+def faded_warning(summary: dict, strategy: str) -> str | None:
+    """The log line when kept terms are below the threshold in the final model
+    (``summary``: :meth:`STLSQ.summary` with ``below_threshold``); None when there are
+    none."""
+    faded = summary.get("below_threshold")
+    if not faded:
+        return None
+    t = summary["threshold"]
+    shown = f"{t:g}" if not isinstance(t, list) else "/".join(f"{v:g}" for v in t)
+    terms = ", ".join(f"{f['parameter']} {f['estimate']:.4g}" for f in faded[:4])
+    more = f" and {len(faded) - 4} more" if len(faded) > 4 else ""
+    return (f"sparsity: {len(faded)} kept term{'s are' if len(faded) > 1 else ' is'} below "
+            f"sparsity.threshold={shown} in the final model ({terms}{more}): the terms were "
+            f"chosen on the clients' pooled least squares, which strategy={strategy}'s model "
+            "does not equal here (clients that differ, too few samples for a client's own "
+            "fit, or rounds that stopped early), so "
+            f"{'these are' if len(faded) > 1 else 'it is'} in the model in name only "
+            "(strategy=centralized_exact fits the pooled model they were chosen on; "
+            "docs/guide/sparsity.md, heterogeneous clients)")
 
 
 def auto_line(summary: dict) -> tuple[str, bool] | None:
