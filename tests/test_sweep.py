@@ -105,7 +105,13 @@ def test_heat_map_of_the_final_error(two_key_sweep, tmp_path, capsys):
     table = pd.read_csv(out.with_suffix(".csv"))
     assert len(table) == 4 and out.exists()
     assert plot_main([str(two_key_sweep), "--panels", "K"]) == 2
-    assert "panel key K is not swept; swept: M, eps" in capsys.readouterr().err
+    assert capsys.readouterr().err.strip() == ("fnsysid-plot: error: --panels K: not a swept "
+                                               "key; allowed: M, eps")
+    from fnsysid.results.plotting.sweep_plots import sweep_heatmap
+
+    with pytest.raises(ValueError, match=r"^--heatmap needs exactly two swept keys; this "
+                                         r"folder sweeps 1 \(M\); allowed: a sweep of two"):
+        sweep_heatmap([], ["M"], [out])
 
 
 def test_stored_sweep_holds_only_its_own_jobs(tmp_path):

@@ -303,7 +303,8 @@ def sweep_figure(jobs: list[dict], keys: list[str], outs, metric: str = "e_max",
         If ``panel_key`` is not one of ``keys``.
     """
     if panel_key is not None and panel_key not in keys:
-        raise ValueError(f"panel key {panel_key} is not swept; swept: {', '.join(keys)}")
+        raise ValueError(f"--panels {panel_key}: not a swept key; allowed: "
+                         f"{', '.join(keys) or 'none (this folder sweeps no key)'}")
     if panel_key is None and len(keys) > 1:
         panel_key = keys[0]
     curve_keys = [k for k in keys if k != panel_key]
@@ -366,8 +367,9 @@ def sweep_heatmap(jobs: list[dict], keys: list[str], outs, metric: str = "e_max"
         If ``keys`` are not two.
     """
     if len(keys) != 2:
-        raise ValueError(f"a heat map needs exactly two swept keys; this sweep has "
-                         f"{len(keys)}: {', '.join(keys) or 'none'}")
+        raise ValueError(f"--heatmap needs exactly two swept keys; this folder sweeps "
+                         f"{len(keys)} ({', '.join(keys) or 'none'}); allowed: a sweep of two "
+                         "keys (fnsysid -m M=5,20 eps=0,1)")
     x, y = keys
     df = final_errors(jobs, metric).reindex(columns=[x, y, "final_mean", "final_min",
                                                      "final_max"])
