@@ -3,6 +3,8 @@ status that is not ``ok`` (with a warning) when it leaves the estimate no correc
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -10,17 +12,24 @@ import fnsysid
 from fnsysid.results.metrics import COND_LIMIT, gram_condition
 
 
-def test_gram_condition_equals_numpy_on_the_kept_terms():
+def test_gram_condition_equals_numpy_on_the_kept_terms_scaled_to_unit_size():
     rng = np.random.default_rng(3)
-    X = rng.normal(size=(2, 3, 50, 4)) * np.array([1.0, 1e3, 1e-3, 0.0])   # one zero column
-    H = np.einsum("smti,smtj->smij", X, X)
+    X = rng.normal(size=(2, 3, 50, 4)) + np.array([0.0, 0.0, 1.0, 0.0])     # correlated
+    X[..., 1] += 2 * X[..., 0]
+    units = np.array([1.0, 1e3, 1e-3, 0.0])                                 # one zero column
     keep = np.array([[True, True, True, True], [True, False, True, True]])
-    cond = gram_condition(H, keep)
+    cond = gram_condition(np.einsum("smti,smtj->smij", X * units, X * units), keep)
     for s in range(2):
         use = keep[s] & (np.arange(4) < 3)
         Z = X[s].reshape(-1, 4)[:, use]
+        Z = Z / np.linalg.norm(Z, axis=0)
         np.testing.assert_allclose(cond[s], np.linalg.cond(Z) ** 2, rtol=1e-6)
-    assert cond[0] > 1e11 and cond[1] < 1e7       # (1e3 / 1e-3)^2 with the third column
+    # the data's units do not enter: the raw Gram's condition number is above 1e11
+    Y = X * np.array([1.0, 1.0, 1.0, 0.0])
+    same = gram_condition(np.einsum("smti,smtj->smij", Y, Y), keep)
+    np.testing.assert_allclose(cond, same, rtol=1e-9)
+    raw = np.linalg.cond(np.einsum("ti,tj->ij", *(2 * [(X * units)[0].reshape(-1, 4)[:, :3]])))
+    assert raw > 1e11 and cond[0] < 100 and cond[1] < 100
 
 
 def fleet(path, escape: bool):
@@ -46,19 +55,42 @@ def fleet(path, escape: bool):
     return file
 
 
-def run(file):
+def run(file, inputs="[u]", degree=3):
     return fnsysid.run(["system=generic", "data=files", f"data.path={file}", "data.states=[x]",
-                        "data.inputs=[u]", "feature_map=polynomial", "feature_map.degree=3",
-                        "strategy=centralized_exact", "output.plot=false", "progress=false"])
+                        f"data.inputs={inputs}", "feature_map=polynomial",
+                        f"feature_map.degree={degree}", "strategy=centralized_exact",
+                        "output.plot=false", "progress=false"])
 
 
-def test_an_escaping_trajectory_makes_the_status_ill_conditioned(tmp_path, caplog):
+def test_units_do_not_make_a_fit_ill_conditioned(tmp_path):
+    # the same fleet with the input in units 1e6 times smaller: the raw Gram's condition
+    # number grows by 1e12 per degree, the equilibrated one (what the solve inverts) not at all
+    file = fleet(tmp_path, escape=False)
+    small = tmp_path / "small.csv"
+    pd.read_csv(file).assign(u=lambda d: d["u"] * 1e6).to_csv(small, index=False)
+    a, b = run(file), run(small)
+    assert a.summary["status"] == b.summary["status"] == "ok"
+    np.testing.assert_allclose(b.summary["conditioning"]["cond"], a.summary["conditioning"]
+                               ["cond"], rtol=1e-6)
+    ea = a.estimates.set_index("parameter")["estimate"]
+    eb = b.estimates.set_index("parameter")["estimate"]
+    power = np.array([sum(int(k or 1) for k in re.findall(r"u(?:\^(\d))?", name))
+                      for name in ea.index])                 # u's degree in each feature
+    assert power.tolist() == [0, 0, 1, 0, 1, 2, 0, 1, 2, 3]
+    np.testing.assert_allclose(eb.to_numpy() * 1e6 ** power, ea.to_numpy(), rtol=1e-6,
+                               atol=1e-9)
+
+
+def test_an_input_logged_twice_makes_the_status_ill_conditioned(tmp_path, caplog):
     caplog.set_level("WARNING", logger="fnsysid")
-    good = run(fleet(tmp_path, escape=False))
+    file = fleet(tmp_path, escape=False)
+    good = run(file, degree=1)
     assert good.summary["status"] == "ok"
-    assert good.summary["conditioning"]["cond"][0] < 1e6
+    assert good.summary["conditioning"]["cond"][0] < 1e3
     assert not [r for r in caplog.records if "condition number" in r.getMessage()]
-    bad = run(fleet(tmp_path, escape=True))
+    twice = tmp_path / "twice.csv"
+    pd.read_csv(file).assign(u_mv=lambda d: 1000 * d["u"]).to_csv(twice, index=False)
+    bad = run(twice, inputs="[u,u_mv]", degree=1)
     c = bad.summary["conditioning"]
     assert bad.summary["status"] == "ill_conditioned" and c["repeats"] == [0]
     assert c["cond"][0] >= COND_LIMIT and c["limit"] == COND_LIMIT
@@ -66,19 +98,37 @@ def test_an_escaping_trajectory_makes_the_status_ill_conditioned(tmp_path, caplo
     assert len(said) == 1 and "status: ill_conditioned" in said[0]
 
 
+def test_an_escaping_trajectory_is_solved_and_its_model_is_flagged(tmp_path, caplog):
+    # one trajectory at 1e14: the equilibrated Gram is well conditioned (the regressors
+    # x, x^2, x^3 of a geometric sequence are distinct), so the solve is accurate for the
+    # fleet's data as a whole and the status is ok; the model (2 x + u, the escaping
+    # trajectory's) is flagged by its free run and the model check
+    caplog.set_level("WARNING", logger="fnsysid")
+    bad = run(fleet(tmp_path, escape=True))
+    assert bad.summary["status"] == "ok"
+    assert 1e3 < bad.summary["conditioning"]["cond"][0] < 1e9
+    assert abs(bad.estimates.set_index("parameter")["estimate"]["x+:x"] - 2) < 1e-9
+    assert bad.summary["final_nrmse_sim_mean"] > 1e10
+    said = [r.getMessage() for r in caplog.records]
+    assert any("does not describe the dynamics" in m for m in said)
+    assert bad.summary["model_check"]["verdict"] != "ok"
+
+
 def test_the_command_line_exits_3_on_an_ill_conditioned_pooled_fit(tmp_path):
-    """The issue's case from the command line: a pooled fit whose Gram is singular to working
-    precision (one trajectory escaped to ~1e14) is not printed as ok: exit code 3, the
-    summary's status and an error line naming it."""
+    """A pooled fit whose Gram is singular to working precision (an input logged twice, in
+    two units) is not printed as ok: exit code 3, the summary's status and an error line
+    naming it."""
     import json
 
     from tests.conftest import cli_in_process
 
-    file = fleet(tmp_path, escape=True)
+    file = fleet(tmp_path, escape=False)
+    twice = tmp_path / "twice.csv"
+    pd.read_csv(file).assign(u_mv=lambda d: 1000 * d["u"]).to_csv(twice, index=False)
     out = tmp_path / "run"
-    res = cli_in_process("system=generic", "data=files", f"data.path={file}",
-                         "data.states=[x]", "data.inputs=[u]", "feature_map=polynomial",
-                         "feature_map.degree=3", "strategy=centralized_exact",
+    res = cli_in_process("system=generic", "data=files", f"data.path={twice}",
+                         "data.states=[x]", "data.inputs=[u,u_mv]", "feature_map=polynomial",
+                         "feature_map.degree=1", "strategy=centralized_exact",
                          "output.plot=false", "progress=false", f"hydra.run.dir={out}")
     assert res.returncode == 3
     assert "status: ill_conditioned" in res.stdout + res.stderr

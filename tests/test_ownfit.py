@@ -40,8 +40,9 @@ def _fleet(block_diagonal: bool):
 
 
 def _reference(H, b, support):
-    """Per client with numpy.linalg: rank rule on the kept terms, the pseudo-inverse solution,
-    the diagonal of the inverse where the rank is full."""
+    """Per client with numpy.linalg on the kept terms' equilibrated Gram matrix ``D A D``
+    (each regressor scaled to unit size): its rank rule, the pseudo-inverse solution (mapped
+    back by ``D``); the diagonal of the inverse of ``A`` where the rank is full."""
     S, M, p = b.shape
     keep = np.broadcast_to(np.asarray(support, bool), (S, M, p))
     theta, full, dg = np.zeros((S, M, p)), np.zeros((S, M), bool), np.full((S, M, p), np.nan)
@@ -49,9 +50,12 @@ def _reference(H, b, support):
         for m in range(M):
             k = np.flatnonzero(keep[s, m])
             A = H[s, m][np.ix_(k, k)]
-            full[s, m] = np.linalg.matrix_rank(A, hermitian=True) == len(k) if len(k) else True
+            d = np.diag(A)
+            D = np.diag(1 / np.sqrt(np.where(d > 0, d, 1.0)))
+            full[s, m] = np.linalg.matrix_rank(D @ A @ D, hermitian=True) == len(k) \
+                if len(k) else True
             if len(k):
-                theta[s, m, k] = np.linalg.pinv(A, hermitian=True) @ b[s, m, k]
+                theta[s, m, k] = D @ np.linalg.pinv(D @ A @ D, hermitian=True) @ D @ b[s, m, k]
                 if full[s, m]:
                     dg[s, m, k] = np.diag(np.linalg.inv(A))
     return theta, full, dg

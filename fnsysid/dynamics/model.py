@@ -262,8 +262,48 @@ def masked_gram(H: np.ndarray, mask) -> np.ndarray:
     return H * m[..., :, None] * m[..., None, :]
 
 
+def equilibrated_pinv(H: np.ndarray) -> np.ndarray:
+    """Pseudo-inverses of Gram matrices computed on their equilibrated form,
+    ``D (D H D)^+ D`` with ``D = diag(H)^(-1/2)`` (0 where a regressor is identically 0),
+    batched.
+
+    Equal to ``H^+`` where ``H`` is invertible, but the cut of small singular values applies to
+    the regressors scaled to unit size, so the result does not depend on the data's units: a
+    position in millimetres beside a force in newtons gives a Gram matrix whose raw condition
+    number reaches 1e16 while the scaled one is small, and ``numpy.linalg.pinv`` of the raw
+    matrix drops directions the data determine. Where ``H`` is singular the solution is the
+    minimum norm one in the scaled coordinates.
+
+    Parameters
+    ----------
+    H : numpy.ndarray, shape (..., p, p)
+        Gram matrices (symmetric, positive semi-definite).
+
+    Returns
+    -------
+    numpy.ndarray, shape (..., p, p)
+
+    Examples
+    --------
+    Two regressors with correlation 0.5, the second in units 1e9 times smaller:
+
+    >>> H = np.array([[1.0, 0.5e9], [0.5e9, 1e18]]); theta = np.array([2.0, 3e-9])
+    >>> equilibrated_pinv(H) @ (H @ theta)
+    array([2.e+00, 3.e-09])
+    >>> np.linalg.pinv(H, hermitian=True) @ (H @ theta)        # the first coefficient lost
+    array([2.e-18, 4.e-09])
+    """
+    d = np.diagonal(H, axis1=-2, axis2=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = np.where((d > 0) & np.isfinite(d), 1.0 / np.sqrt(d), 0.0)
+    scaled = H * s[..., :, None] * s[..., None, :]
+    return np.linalg.pinv(scaled, hermitian=True) * s[..., :, None] * s[..., None, :]
+
+
 def least_squares(H: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Exact least-squares solutions ``H^+ b``, batched; minimum norm if singular.
+    """Exact least-squares solutions ``H^+ b``, batched, from the equilibrated Gram matrices
+    (:func:`equilibrated_pinv`: independent of the data's units); minimum norm in the scaled
+    coordinates if singular.
 
     Parameters
     ----------
@@ -276,7 +316,7 @@ def least_squares(H: np.ndarray, b: np.ndarray) -> np.ndarray:
     -------
     numpy.ndarray, shape (..., p)
     """
-    return np.einsum("...pq,...q->...p", np.linalg.pinv(H, hermitian=True), b)
+    return np.einsum("...pq,...q->...p", equilibrated_pinv(H), b)
 
 
 def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: int,

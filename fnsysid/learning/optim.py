@@ -22,7 +22,7 @@ import numpy as np
 
 from fnsysid.config.registry import Registered
 from fnsysid.dynamics import random as rnd
-from fnsysid.dynamics.model import centred_stats, for_slices
+from fnsysid.dynamics.model import centred_stats, equilibrated_pinv, for_slices
 
 SCHEDULES = ("constant", "inverse_k")
 REDUCTIONS = ("sum", "mean")
@@ -69,9 +69,11 @@ def preconditioner(H: np.ndarray, n: np.ndarray, kind: str = "diagonal") -> np.n
     preconditioner on centred statistics; the solver then also optimizes the centred loss (see
     :class:`LocalSolver`).
 
-    ``whiten``: ``n H^+``. GD on whitened features ``(H / n)^(-1/2) phi`` mapped back to
-    physical units; it removes the correlation between features that diagonal scaling leaves
-    (large transients when uncentred features are strongly correlated, as in the quadrotor).
+    ``whiten``: ``n H^+`` (:func:`~fnsysid.dynamics.model.equilibrated_pinv`, whose cut of
+    small singular values does not depend on the data's units). GD on whitened features
+    ``(H / n)^(-1/2) phi`` mapped back to physical units; it removes the correlation between
+    features that diagonal scaling leaves (large transients when uncentred features are
+    strongly correlated, as in the quadrotor).
 
     Parameters
     ----------
@@ -89,7 +91,7 @@ def preconditioner(H: np.ndarray, n: np.ndarray, kind: str = "diagonal") -> np.n
     """
     nn = np.asarray(n, float)
     if kind == "whiten":
-        return nn[..., None, None] * np.linalg.pinv(H, hermitian=True)
+        return nn[..., None, None] * equilibrated_pinv(H)
     d = np.diagonal(H, axis1=-2, axis2=-1)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(d > 0, nn[..., None] / d, 1.0)

@@ -12,13 +12,15 @@ solving again.
 
 The fits are the numbers of the pseudo-inverse ``H_i^+ b_i`` (on a sparse model's kept terms)
 and of the rank rule of :func:`numpy.linalg.matrix_rank` (``|eigenvalues| > p eps
-max|eigenvalue|``), at a fraction of their cost: a block of :data:`CHUNK` clients is split
-into the blocks its Gram matrices are block diagonal in (the groups of targets of a model
-whose parameters enter one target each), each block inverted by LU; a client whose
-``||H_i||_F ||H_i^-1||_F`` (an upper bound of its condition number, up to a factor ``p``) is
-below :data:`MARGIN` ``/ (p eps)`` has full rank by that rule beyond doubt. The others (a
-client without data, a singular or nearly singular Gram matrix) take the rule's own path:
-their eigenvalues (:func:`numpy.linalg.eigvalsh`) and the pseudo-inverse.
+max|eigenvalue|``), both applied to the equilibrated Gram matrix ``D H_i D`` (``D`` scales
+each regressor to unit size, as :func:`fnsysid.dynamics.model.equilibrated_pinv`: the
+result does not depend on the data's units), at a fraction of their cost: a block of
+:data:`CHUNK` clients is split into the blocks its Gram matrices are block diagonal in (the
+groups of targets of a model whose parameters enter one target each), each block inverted
+by LU; a client whose ``||H_i||_F ||H_i^-1||_F`` (an upper bound of its condition number, up
+to a factor ``p``) is below :data:`MARGIN` ``/ (p eps)`` has full rank by that rule beyond
+doubt. The others (a client without data, a singular or nearly singular Gram matrix) take
+the rule's own path: their eigenvalues (:func:`numpy.linalg.eigvalsh`) and the pseudo-inverse.
 """
 
 from __future__ import annotations
@@ -68,8 +70,10 @@ class OwnFits:
 
 
 def ranks(H: np.ndarray, chunk: int = CHUNK) -> np.ndarray:
-    """Ranks of stacks of symmetric matrices by the rule of :func:`numpy.linalg.matrix_rank`
-    (``hermitian=True``).
+    """Ranks of stacks of symmetric positive semi-definite matrices by the rule of
+    :func:`numpy.linalg.matrix_rank` (``hermitian=True``) applied to their equilibrated form
+    ``D H D`` (``D = diag(H)^(-1/2)``, 1 where the diagonal is 0): as the data determine a
+    least-squares problem whatever the regressors' units.
 
     Parameters
     ----------
@@ -86,7 +90,11 @@ def ranks(H: np.ndarray, chunk: int = CHUNK) -> np.ndarray:
     rank = np.empty(H.shape[:-2], dtype=int)
     flat, out = H.reshape(-1, *H.shape[-2:]), rank.reshape(-1)
     for i in range(0, len(flat), chunk):
-        w = np.abs(np.linalg.eigvalsh(flat[i:i + chunk]))
+        A = flat[i:i + chunk]
+        d = np.diagonal(A, axis1=-2, axis2=-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sc = np.where((d > 0) & np.isfinite(d), 1.0 / np.sqrt(d), 1.0)
+        w = np.abs(np.linalg.eigvalsh(A * sc[:, :, None] * sc[:, None, :]))
         tol = w.max(axis=-1, keepdims=True) * H.shape[-1] * np.finfo(H.dtype).eps
         out[i:i + chunk] = (w > tol).sum(axis=-1)
     return rank
@@ -174,8 +182,13 @@ def _solve(H: np.ndarray, b: np.ndarray, support) -> OwnFits:
         if support is not None:
             m = keep.astype(float)
             A = A * m[:, :, None] * m[:, None, :]
-        bm = bf[sl] * keep
-        theta[sl], full[sl], dg[sl] = _chunk(A, bm, keep)
+        # equilibrated: each regressor scaled to unit size, so that neither the rank rule
+        # nor the solve depends on the data's units (a regressor identically 0 keeps 1)
+        d = np.diagonal(A, axis1=-2, axis2=-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s = np.where((d > 0) & np.isfinite(d), 1.0 / np.sqrt(d), 1.0)
+        t, full[sl], g = _chunk(A * s[:, :, None] * s[:, None, :], bf[sl] * keep * s, keep)
+        theta[sl], dg[sl] = t * s, g * s * s
 
     for_slices(len(bf), CHUNK, work)
     return OwnFits(theta.reshape(lead + (p,)), full.reshape(lead), dg.reshape(lead + (p,)))

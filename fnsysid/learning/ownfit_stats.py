@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fnsysid.dynamics.model import masked_gram, residual_sums
+from fnsysid.dynamics.model import equilibrated_pinv, masked_gram, residual_sums
 from fnsysid.learning import ownfit
 
 
@@ -45,7 +45,7 @@ def pseudo_inverses(data, support, clients) -> np.ndarray:
     H = data.H[:, clients]
     if support is not None:
         H = masked_gram(H, _support(support))
-    return np.linalg.pinv(H, hermitian=True)
+    return equilibrated_pinv(H)
 
 
 class PseudoInverses:

@@ -387,10 +387,12 @@ COND_LIMIT = 1.0 / np.finfo(float).eps
 
 def gram_condition(H: np.ndarray, support: np.ndarray | None = None) -> np.ndarray:
     """The condition number (S,) of each repeat's pooled Gram matrix ``H`` (S, M, p, p) summed
-    over the clients, on the coefficients of ``support`` (S, p) (all by default) whose
-    regressor is not identically 0: the matrix the closed-form solves invert (``pinv``, which
-    drops the directions below ``1e-15`` of the largest eigenvalue). ``inf`` when singular or
-    not finite, NaN when no coefficient is left."""
+    over the clients, equilibrated (each regressor scaled to unit size, as the closed-form
+    solves invert it: :func:`fnsysid.dynamics.model.equilibrated_pinv`, whose ``pinv`` drops
+    the directions below ``1e-15`` of the largest eigenvalue), on the coefficients of
+    ``support`` (S, p) (all by default) whose regressor is not identically 0. It does not
+    depend on the data's units. ``inf`` when singular or not finite, NaN when no coefficient
+    is left."""
     G = np.asarray(H, float).sum(axis=1)                               # (S, p, p)
     S, p = G.shape[:2]
     keep = np.ones((S, p), bool) if support is None else np.asarray(support, bool)
@@ -404,6 +406,7 @@ def gram_condition(H: np.ndarray, support: np.ndarray | None = None) -> np.ndarr
         if not np.isfinite(g).all():
             out[s] = np.inf
             continue
-        ev = np.linalg.eigvalsh(g)
+        scale = 1.0 / np.sqrt(d[s][use])
+        ev = np.linalg.eigvalsh(g * scale[:, None] * scale[None, :])
         out[s] = ev[-1] / ev[0] if ev[0] > 0 else np.inf
     return out
