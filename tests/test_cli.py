@@ -170,6 +170,8 @@ BAD = [
     (["data.holdout=0.3"], "unknown setting 'data.holdout' with data=simulated; data=simulated "
      "has: source, shared_noise, val_N, states, inputs; it is a setting of data=files"),
     (["strategy.mu=1"], "it is a setting of strategy=fedprox"),
+    (["data=files", "data.path=nowhere.csv", "data.val_N=3"], "unknown setting 'data.val_N' "
+     "with data=files; data=files has: source, path,"),     # the group's other settings given
     (["system=null"], "system=null is not an option; allowed: generic, linear, pendulum"),
     (["-m", "system=pendulum,null"], "system=null is not an option"),
     (["hydra/launcher=null"], "hydra/launcher=null is not an option"),

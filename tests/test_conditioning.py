@@ -135,3 +135,19 @@ def test_the_command_line_exits_3_on_an_ill_conditioned_pooled_fit(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "ill_conditioned"
     assert summary["conditioning"]["repeats"] == [0]
+
+
+def test_an_ill_conditioned_run_does_not_also_say_status_ok(tmp_path, caplog):
+    # the escaping fleet's free run is far worse than the held-out mean; with its input
+    # logged twice the fit is ill-conditioned: the free-run line, which says "status ok",
+    # is left out (it was logged before the status was judged)
+    caplog.set_level("WARNING", logger="fnsysid")
+    file = fleet(tmp_path, escape=True)
+    twice = tmp_path / "twice.csv"
+    pd.read_csv(file).assign(u_mv=lambda d: 1000 * d["u"]).to_csv(twice, index=False)
+    res = run(twice, inputs="[u,u_mv]")
+    assert res.summary["status"] == "ill_conditioned"
+    assert res.summary["final_nrmse_sim_mean"] > 1
+    said = [r.getMessage() for r in caplog.records]
+    assert any("status: ill_conditioned" in m for m in said)
+    assert not [m for m in said if "status ok" in m]

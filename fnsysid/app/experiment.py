@@ -389,9 +389,6 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
                            settings=dataset.settings, choices=choices,
                            fleet=getattr(hist, "fleet", None))
     summary.update(personal_summary(settings, tables["errors"], ci_note, per))
-    line = free_run_warning(summary)
-    if line:
-        log.warning(line)
     if per is not None and getattr(per, "warning", None):
         log.warning(per.warning)
     if per is not None:            # judged like the server's model, each with its line
@@ -474,6 +471,9 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
         summary.pop("growth", None)          # judged on the rows of a run that did not end
         summary["status"] = "interrupted"
         summary["interrupted_by"] = signal.Signals(signum).name
+    line = free_run_warning(summary)       # after every status (it names it: ok)
+    if line:
+        log.warning(line)
     return Result(tables, summary, model, strategy.estimate(), dataset, diverged, settings,
                   None if per is None else per.models, None if per is None else per.se)
 

@@ -329,7 +329,8 @@ def _not_in_option(exc, first: list[str], config_name: str, compose, groups) -> 
     try:
         cfg = compose(config_name, overrides=others, return_hydra_config=True)
         chosen = cfg.hydra.runtime.choices[group]
-        base = [o for o in others if override_key(o) != group]
+        # the group's other settings (data.path=...) may not exist in its other options
+        base = [o for o in others if override_key(o).split(".")[0] != group]
         have = [name for name in groups[group] if name != chosen and rest.split(".")[0] in
                 compose(config_name, overrides=[*base, f"{group}={name}"])[group]]
     except Exception:          # another bad override: Hydra's own message
