@@ -209,3 +209,29 @@ def test_overwrite_removes_every_file_an_earlier_run_wrote(tmp_path):
     fnsysid.run({**SMALL, "R": 2, "output.overwrite": True}, output_dir=out)
     assert not (out / "client_estimates.csv").exists()
     assert (out / "estimates.csv").exists()
+
+
+@pytest.mark.parametrize("extra, unused, words", [
+    ({"strategy": "centralized_exact", "K": 7, "lr": 0.5}, ["K", "lr"],
+     "K, lr: strategy=centralized_exact is solved in closed form, without local steps"),
+    ({"strategy": "oneshot", "optimizer.scale_features": "none"},
+     ["optimizer.scale_features"], "strategy=oneshot is solved in closed form"),
+    ({"sparsity": "stlsq", "sparsity.unbias": False}, ["sparsity.unbias"],
+     "sparsity.unbias: sparsity.alpha=0 fits the kept terms without a ridge"),
+    ({"strategy": "fedavg", "K": 7, "sparsity": "stlsq", "sparsity.alpha": 0.1,
+      "sparsity.unbias": False}, None, None),
+])
+def test_settings_that_do_nothing_are_named(extra, unused, words, caplog):
+    caplog.set_level("WARNING", logger="fnsysid")
+    res = fnsysid.run({**SMALL, "R": 3, "repeats": 1, **extra})
+    assert res.summary.get("unused_settings") == unused
+    said = [r.getMessage() for r in caplog.records if "have no effect" in r.getMessage()]
+    assert len(said) == (0 if words is None else 1)
+    if words:
+        assert said[0].startswith("settings given that have no effect on this run "
+                                  "(summary.json: unused_settings): ") and words in said[0]
+    # named or not, as they change the run or not
+    plain = {k: v for k, v in extra.items() if k not in (unused or ["K"])}
+    other = fnsysid.run({**SMALL, "R": 3, "repeats": 1, **plain})
+    same = np.array_equal(other.estimates["estimate"], res.estimates["estimate"])
+    assert same == (unused is not None)

@@ -21,7 +21,7 @@ import numpy as np
 
 from fnsysid.app.build import build
 from fnsysid.app.resources import check_memory, file_budget
-from fnsysid.config.checks import check_run, override_key
+from fnsysid.config.checks import check_run, override_key, unused_line, unused_settings
 from fnsysid.config.errors import some
 from fnsysid.config.schema import Settings
 from fnsysid.data.source import Dataset, load_data
@@ -298,6 +298,10 @@ def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = Non
     check_output(settings)
     check_memory(settings, model, optimizer, strategy)
     check_runtime(settings, optimizer, strategy)
+    choices = _job_choices() if choices is None else choices
+    unused = unused_settings(settings, _job_given() if given is None else given)
+    if unused:
+        log.warning(unused_line(unused, choices.get("strategy")))
 
     t0 = time.perf_counter()
     if settings.runtime.name == "flower":
@@ -341,10 +345,13 @@ def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = Non
         with np.errstate(divide="ignore", invalid="ignore"):   # undefined bounds become null
             theory = theorem1_table(data, model, settings.theory.delta)
     t_train = time.perf_counter() - t0
-    return make_result(settings, model, strategy, dataset, hist, diverged, theta0, data, theory,
-                       keep_clients, dict(data_s=t_data, train_s=t_train,
-                                          total_s=time.perf_counter() - t_start),
-                       _job_choices() if choices is None else choices, failure)
+    result = make_result(settings, model, strategy, dataset, hist, diverged, theta0, data,
+                         theory, keep_clients, dict(data_s=t_data, train_s=t_train,
+                                                    total_s=time.perf_counter() - t_start),
+                         choices, failure)
+    if unused:
+        result.summary["unused_settings"] = unused
+    return result
 
 
 def make_result(settings: Settings, model, strategy, dataset, hist, diverged, theta0, data,

@@ -258,6 +258,38 @@ def check_secure_aggregation(s: Settings) -> None:
                           "(2^32 / M)")
 
 
+def unused_settings(s: Settings, given) -> list[str]:
+    """The settings in ``given`` (those given explicitly) that the run does not use: ``K``,
+    ``lr`` and the optimizer's with a closed-form strategy (``oneshot``,
+    ``centralized_exact``: no local steps), ``sparsity.unbias`` without a ridge
+    (``sparsity.alpha=0``: nothing to unbias). Not refused: a sweep over strategies gives
+    every job the same ``K`` and ``lr``."""
+    strategy = s.resolved.get("strategy") or {}
+    target = str(strategy.get("_target_", ""))
+    out = []
+    if target.endswith(".OneShot") or strategy.get("exact") is True:
+        out += [k for k in sorted(given) if k in ("K", "lr") or k == "optimizer"
+                or k.startswith("optimizer.")]
+    if s.sparsity.name != "none" and not s.sparsity.alpha and "sparsity.unbias" in given:
+        out.append("sparsity.unbias")
+    return out
+
+
+def unused_line(unused: list[str], strategy: str | None) -> str:
+    """The log line naming :func:`unused_settings`' result (``strategy``: the strategy's
+    option name) and why each does nothing."""
+    why = []
+    steps = [k for k in unused if k != "sparsity.unbias"]
+    if steps:
+        why.append(f"{', '.join(steps)}: strategy={strategy} is solved in closed form, "
+                   "without local steps")
+    if "sparsity.unbias" in unused:
+        why.append("sparsity.unbias: sparsity.alpha=0 fits the kept terms without a ridge, "
+                   "so there is nothing to unbias")
+    return ("settings given that have no effect on this run (summary.json: unused_settings): "
+            + "; ".join(why))
+
+
 def check_file_knobs(raw: Mapping) -> None:
     """With ``data=files``, refuse a value given for N, T or eps: the trajectories, their
     length and the clients' systems come from the files, so the value would be ignored.
