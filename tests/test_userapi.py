@@ -105,6 +105,23 @@ def test_show_prints_the_model_checks_verdict():
         "model check: ok; residuals as noise on the measured states makes them: angle+, rate+")
 
 
+def test_show_names_faded_terms_and_settings_without_effect(tmp_path):
+    import json
+
+    from fnsysid.results.equations import show_text
+
+    summary = {"status": "ok", "rounds_completed": 50, "unused_settings": ["K", "lr"],
+               "sparsity": {"below_threshold": [{"parameter": "omega+:theta", "repeats": [0],
+                                                 "estimate": 5e-13}]}}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    lines = show_text(tmp_path)
+    assert "sparsity: kept but below the threshold in the final model: omega+:theta" in lines
+    assert "settings without effect: K, lr" in lines
+    del summary["sparsity"], summary["unused_settings"]
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    assert not [ln for ln in show_text(tmp_path) if "threshold" in ln or "effect" in ln]
+
+
 def test_show_and_load_refuse_a_folder_that_is_not_a_run_in_one_line(tmp_path, capsys):
     (tmp_path / "own.txt").write_text("x")
     assert show([str(tmp_path)]) == 2

@@ -228,6 +228,12 @@ def _run_lines(folder: Path, summary: dict, full: bool) -> list[str]:
     check = _check_line(summary.get("model_check"))
     if check:
         lines.append(check)
+    faded = (summary.get("sparsity") or {}).get("below_threshold")
+    if faded:
+        lines.append(f"sparsity: kept but below the threshold in the final model: "
+                     f"{', '.join(f['parameter'] for f in faded)}")
+    if summary.get("unused_settings"):
+        lines.append(f"settings without effect: {', '.join(summary['unused_settings'])}")
     if summary.get("error"):
         lines.append(f"error: {summary['error']}")
     eq = folder / "equations.txt"
