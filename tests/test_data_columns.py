@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import fnsysid
 from fnsysid import load_trajectories
 from fnsysid.app.estimator import FederatedSysID
 from fnsysid.app.experiment import run_experiment
@@ -255,3 +256,22 @@ def test_a_column_name_with_brackets_unquoted_is_refused_saying_how_to_quote(tmp
                          "output.plot=false", f"hydra.run.dir={out}")
     assert res.returncode == 0, res.stderr
     assert "pos [m]+ = " in (out / "equations.txt").read_text()
+
+
+def test_an_empty_input_list_means_no_inputs(tmp_path):
+    renamed_fleet(tmp_path)
+    (tmp_path / "free").mkdir()
+    for f in (tmp_path / "own").glob("*.csv"):
+        pd.read_csv(f).drop(columns=["u", "battery"]).to_csv(tmp_path / "free" / f.name,
+                                                             index=False)
+    res = fnsysid.run(["system=generic", "data=files", f"data.path={tmp_path / 'free'}",
+                       "data.states=[x1,x2]", "data.inputs=[]", "data.trajectory=run_id",
+                       "data.time=time", "R=2", "progress=false"])
+    assert res.summary["status"] == "ok"
+    assert list(res.estimates["parameter"].unique()) == ["x1+:x1", "x1+:x2", "x2+:x1",
+                                                         "x2+:x2"]
+    with pytest.raises(fnsysid.ConfigError, match=r"data.inputs=\[\]: system=pendulum has 2 "
+                                                  r"states \(alpha, omega\) and 1 inputs"):
+        fnsysid.run(["system=pendulum", "data=files", f"data.path={tmp_path / 'free'}",
+                     "data.states=[x1,x2]", "data.inputs=[]", "data.trajectory=run_id",
+                     "data.time=time", "R=2", "progress=false"])

@@ -63,6 +63,8 @@ NonNegVec = Union[NonNegReal, Annotated[list[NonNegReal], Field(min_length=1)]]
 Matrix = Annotated[list[Annotated[list[Finite], Field(min_length=1)]], Field(min_length=1)]
 #: column names, or null for the system's own
 Names = Union[None, Annotated[list[Text], Field(min_length=1)]]
+#: input column names ([]: none), or null for the system's own
+InputNames = Union[None, list[Text]]
 
 
 def _either(*words: str):
@@ -188,7 +190,7 @@ class KnownSystem(System):
 
 class Generic(KnownSystem):
     states: Names = None
-    inputs: Names = None
+    inputs: InputNames = None
 
 
 class Dense(KnownSystem):
@@ -470,7 +472,7 @@ class Simulated(Section):
                                            "pendulum code)")
     val_N: NonNegInt
     states: Names
-    inputs: Names
+    inputs: InputNames
 
 
 class Files(Section):
@@ -479,7 +481,7 @@ class Files(Section):
     source: Literal["files"]
     path: Text
     states: Names
-    inputs: Names
+    inputs: InputNames
     truth: Text | None
     holdout: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
     val_path: Text | None
