@@ -98,20 +98,28 @@ def test_an_input_logged_twice_makes_the_status_ill_conditioned(tmp_path, caplog
     assert len(said) == 1 and "status: ill_conditioned" in said[0]
 
 
-def test_an_escaping_trajectory_is_solved_and_its_model_is_flagged(tmp_path, caplog):
-    # one trajectory at 1e14: the equilibrated Gram is well conditioned (the regressors
-    # x, x^2, x^3 of a geometric sequence are distinct), so the solve is accurate for the
-    # fleet's data as a whole and the status is ok; the model (2 x + u, the escaping
-    # trajectory's) is flagged by its free run and the model check
+def test_an_escaping_trajectory_leaves_the_other_clients_no_digit(tmp_path, caplog):
+    # one trajectory at 1e14: the equilibrated Gram is well conditioned (x, x^2, x^3 of a
+    # geometric sequence are distinct regressors), but the estimate's round-off, of the
+    # escaping data's size, is thousands of times the other clients' data: ill_conditioned
     caplog.set_level("WARNING", logger="fnsysid")
     bad = run(fleet(tmp_path, escape=True))
-    assert bad.summary["status"] == "ok"
-    assert 1e3 < bad.summary["conditioning"]["cond"][0] < 1e9
-    assert abs(bad.estimates.set_index("parameter")["estimate"]["x+:x"] - 2) < 1e-9
-    assert bad.summary["final_nrmse_sim_mean"] > 1e10
-    said = [r.getMessage() for r in caplog.records]
-    assert any("does not describe the dynamics" in m for m in said)
-    assert bad.summary["model_check"]["verdict"] != "ok"
+    c = bad.summary["conditioning"]
+    assert 1e3 < c["cond"][0] < 1e9 and "repeats" not in c
+    assert bad.summary["status"] == "ill_conditioned"
+    assert c["roundoff"]["clients"] == ["c1", "c2", "c3"] and c["roundoff"]["repeats"] == [0]
+    assert c["roundoff"]["worst_ratio"] > 100
+    said = [r.getMessage() for r in caplog.records if "round-off" in r.getMessage()]
+    assert len(said) == 1 and "clients c1, c2, c3" in said[0] and \
+        "status: ill_conditioned" in said[0]
+    assert not [r for r in caplog.records if "status ok" in r.getMessage()]
+    # without it, or with the same fleet in other units, nothing is flagged
+    for file in (fleet(tmp_path, escape=False), tmp_path / "small.csv"):
+        if file.name == "small.csv":
+            pd.read_csv(fleet(tmp_path, escape=False)).assign(
+                x=lambda d: d["x"] * 1e-6).to_csv(file, index=False)
+        good = run(file)
+        assert good.summary["status"] == "ok" and "roundoff" not in good.summary["conditioning"]
 
 
 def test_the_command_line_exits_3_on_an_ill_conditioned_pooled_fit(tmp_path):

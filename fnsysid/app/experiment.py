@@ -469,7 +469,8 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
                     log.warning(line)
     if data is not None and diverged is None and failure is None \
             and type(strategy).__name__ != "Local":
-        conditioning(summary, data, None if sparsity is None else sparsity.support)
+        conditioning(summary, data, None if sparsity is None else sparsity.support,
+                     np.asarray(strategy.estimate())[:, 0, :], dataset.clients)
     signum = interrupt.requested()
     if failure is not None and diverged is None:
         summary.pop("growth", None)          # judged on the rows of a run that did not end
@@ -522,25 +523,47 @@ def communication(summary: dict, settings, model, strategy, errors, M: int,
     return Table({**errors.columns, "bytes_per_client": column})
 
 
-def conditioning(summary: dict, data, support) -> None:
+def conditioning(summary: dict, data, support, theta=None, clients=None) -> None:
     """The pooled Gram's condition number in ``summary["conditioning"]`` (per repeat, on the
     kept terms; :func:`fnsysid.results.metrics.gram_condition`). When some repeat's reaches
     1 / machine epsilon its estimate keeps no correct digit: a warning, and the status
-    ``ill_conditioned`` instead of ``ok`` (exit code 3 from the command line)."""
-    from fnsysid.results.metrics import COND_LIMIT, gram_condition
+    ``ill_conditioned`` instead of ``ok`` (exit code 3 from the command line). The same when
+    the estimate ``theta`` (S, p) has a round-off that may be as large as some client's data
+    (:func:`fnsysid.results.metrics.roundoff_ratio` >= 1; ``conditioning.roundoff`` names
+    those ``clients``, labels of axis 1)."""
+    from fnsysid.results.metrics import COND_LIMIT, gram_condition, roundoff_ratio
 
     cond = gram_condition(data.H, support)
     bad = [s for s, c in enumerate(cond) if not c < COND_LIMIT and not np.isnan(c)]
     summary["conditioning"] = {"cond": [float(c) for c in cond], "limit": COND_LIMIT}
-    if not bad:
+    if bad:
+        summary["conditioning"]["repeats"] = bad
+        worst = float(np.nanmax(cond))
+        log.warning("the pooled Gram matrix has condition number %.3g (repeat%s %s), at or "
+                    "above 1/eps = %.3g: the estimate keeps no correct digit (status: "
+                    "ill_conditioned); check the data for trajectories that escape or "
+                    "features that repeat each other", worst, "s" if len(bad) > 1 else "",
+                    ", ".join(map(str, bad[:10])), COND_LIMIT)
+    elif theta is not None:
+        ratio = roundoff_ratio(data.H, data.yy, theta, cond, support)
+        lost = np.nan_to_num(ratio, nan=0.0) >= 1.0                           # (S, M)
+        if not lost.any():
+            return
+        names = _labels(lost, clients if clients is not None else range(lost.shape[1]))
+        s, m = np.unravel_index(int(np.nanargmax(np.where(lost, ratio, -np.inf))), lost.shape)
+        summary["conditioning"]["roundoff"] = {
+            "clients": names, "repeats": [int(r) for r in np.flatnonzero(lost.any(axis=1))],
+            "worst_ratio": float(ratio[s, m])}
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5
+                                        else "")
+        log.warning("the pooled solve's round-off may reach %.3g times the data of client%s "
+                    "%s (condition number %.3g times the estimate's size, which the fleet's "
+                    "largest data set): their part of the estimate keeps no correct digit "
+                    "(status: ill_conditioned); check the data for trajectories that escape "
+                    "or clients whose data are many orders of magnitude apart",
+                    float(ratio[s, m]), "s" if len(names) > 1 else "", shown, float(cond[s]))
+    else:
         return
-    summary["conditioning"]["repeats"] = bad
-    worst = float(np.nanmax(cond))
-    log.warning("the pooled Gram matrix has condition number %.3g (repeat%s %s), at or above "
-                "1/eps = %.3g: the estimate keeps no correct digit (status: ill_conditioned); "
-                "check the data for trajectories that escape or features that repeat each "
-                "other", worst, "s" if len(bad) > 1 else "", ", ".join(map(str, bad[:10])),
-                COND_LIMIT)
     if summary["status"] == "ok":
         summary["status"] = "ill_conditioned"
 

@@ -385,6 +385,36 @@ def over_clients(v: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarr
 COND_LIMIT = 1.0 / np.finfo(float).eps
 
 
+def roundoff_ratio(H: np.ndarray, yy: np.ndarray, theta: np.ndarray, cond: np.ndarray,
+                   support: np.ndarray | None = None) -> np.ndarray:
+    """A bound, relative to each client's data, of the round-off in its predictions by the
+    pooled solve's estimate ``theta`` (S, p): (S, M).
+
+    In the coordinates of the equilibrated solve (``z_k = theta_k sqrt(h_k)``, ``h`` the
+    pooled Gram diagonal; :func:`fnsysid.dynamics.model.equilibrated_pinv`) the statistics
+    carry relative errors of order eps and the solution an error up to ``cond eps ||z||``
+    (``cond`` (S,) from :func:`gram_condition`). Mapped to client i's predictions
+    ``X_i delta theta`` its norm is at most that times ``sqrt(sum_k H_i,kk / h_k)`` (the
+    client's share of each regressor); divided by the norm of its targets ``sqrt(yy_i)``
+    (``yy`` (S, M)). A ratio of 1 or more: the solve's round-off may be as large as the
+    client's data (one trajectory escaped by many orders of magnitude: the others are below
+    the precision of the pooled sums), so its part of the estimate carries no digit. NaN for
+    a client without targets' variation or a repeat without a finite estimate."""
+    H, theta = np.asarray(H, float), np.asarray(theta, float)
+    S, M, p = H.shape[:3]
+    keep = np.ones((S, p), bool) if support is None else np.asarray(support, bool)
+    h = np.diagonal(H.sum(axis=1), axis1=-2, axis2=-1)                   # (S, p)
+    use = keep & (h > 0) & np.isfinite(h)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        z = np.where(use, theta * np.sqrt(np.where(use, h, 1.0)), 0.0)
+        share = np.where(use[:, None, :], np.diagonal(H, axis1=-2, axis2=-1)
+                         / np.where(use, h, 1.0)[:, None, :], 0.0).sum(axis=-1)   # (S, M)
+        bound = (np.asarray(cond, float) * np.finfo(float).eps
+                 * np.linalg.norm(z, axis=-1))[:, None] * np.sqrt(share)
+        ratio = bound / np.sqrt(np.asarray(yy, float))
+    return np.where(np.asarray(yy) > 0, ratio, np.nan)
+
+
 def gram_condition(H: np.ndarray, support: np.ndarray | None = None) -> np.ndarray:
     """The condition number (S,) of each repeat's pooled Gram matrix ``H`` (S, M, p, p) summed
     over the clients, equilibrated (each regressor scaled to unit size, as the closed-form
