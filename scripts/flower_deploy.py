@@ -6,6 +6,11 @@ same files are then run in process; the per-round errors must agree to 1e-10.
 
     python scripts/flower_deploy.py [--out DIR] [--clients 3] [run.py overrides ...]
     make flower-deploy ARGS="strategy=scaffold R=10"
+    python scripts/flower_deploy.py --compare RUN_A RUN_B
+
+``--compare`` only compares two finished runs (a manual deployment's ``outdir`` and the same
+settings run in process, docs/FEDERATED.md): it prints the largest difference of their
+per-round errors and held-out NRMSE and of their estimates, and exits 1 above 1e-10.
 
 With ``--netns`` (root): every machine on a host of its own (a network namespace with its
 own address), TLS and node authentication, a rogue device refused, a SuperNode killed and
@@ -245,6 +250,27 @@ def compare(a: Path, b: Path) -> float:
         if both.any():
             diff = max(diff, float(np.abs(x[both] - y[both]).max()))
     return diff
+
+
+def compare_runs(a: Path, b: Path) -> dict:
+    """``--compare``: :func:`compare` of two run folders and the largest difference of their
+    estimates (rows matched by repeat, client and parameter); prints both, exits 1 above
+    1e-10."""
+    for run in (a, b):
+        if not (run / "errors.csv").is_file() or not (run / "estimates.csv").is_file():
+            raise SystemExit(f"flower_deploy: {run} is not a finished run (no errors.csv and "
+                             "estimates.csv)")
+    errors = compare(a, b)
+    keys = ["repeat", "client", "parameter"]
+    ea, eb = (pd.read_csv(r / "estimates.csv", dtype={"client": str}) for r in (a, b))
+    both = ea[keys + ["estimate"]].merge(eb[keys + ["estimate"]], on=keys, how="outer")
+    est = float(np.abs(both["estimate_x"] - both["estimate_y"]).max()) \
+        if not both[["estimate_x", "estimate_y"]].isna().any().any() else float("inf")
+    print(f"max |difference| of the errors and held-out NRMSE per round: {errors:.2e}; of "
+          f"the estimates: {est:.2e}")
+    if not max(errors, est) <= 1e-10:
+        raise SystemExit(f"the runs {a} and {b} differ by more than 1e-10")
+    return {"max_abs_diff": errors, "max_abs_diff_estimates": est}
 
 
 def _script(name: str):
@@ -549,8 +575,14 @@ def main(argv: list[str] | None = None) -> dict:
                          "network namespaces of their own (root only; TLS and node "
                          "authentication; a SuperNode killed and restarted; "
                          "scripts/flower_netns.py)")
+    ap.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"),
+                    help="only compare two finished runs (no deployment): the largest "
+                         "difference of their errors.csv and estimates.csv; exit 1 above "
+                         "1e-10")
     ap.add_argument("overrides", nargs="*", help="run.py overrides (default: a small run)")
     args = ap.parse_args(argv)
+    if args.compare:
+        return compare_runs(*map(Path, args.compare))
     if args.netns:
         _script("flower_netns").refuse_unless_root()
     from fnsysid.runtimes.check import INSTALL_FLOWER, flower_installed
