@@ -275,3 +275,48 @@ def test_an_empty_input_list_means_no_inputs(tmp_path):
         fnsysid.run(["system=pendulum", "data=files", f"data.path={tmp_path / 'free'}",
                      "data.states=[x1,x2]", "data.inputs=[]", "data.trajectory=run_id",
                      "data.time=time", "R=2", "progress=false"])
+
+
+def test_missing_split_leaves_the_rows_out_and_splits_their_trajectories(tmp_path, caplog):
+    df, _ = linear_fleet(n_clients=3, n_traj=4, length=12, noise=0.05, seed=5)
+    write_per_client(df, tmp_path / "full")
+    holes = df.copy()
+    c0 = holes["client"] == holes["client"].iloc[0]
+    rows = holes.index[c0 & (holes["trajectory"] == 1)]
+    holes.loc[rows[5], "x2"] = np.nan              # trajectory 1: parts of 5 and 6 rows
+    holes.loc[rows[7], "u"] = np.nan               #   and of 1 (left out) and 4 rows
+    holes.loc[rows[-1], "u"] = np.nan              # a last row's input is not used: kept
+    first = holes.index[c0 & (holes["trajectory"] == 2)]
+    holes.loc[first[0], "x1"] = np.nan             # trajectory 2: its first row only
+    write_per_client(holes, tmp_path / "holes")
+    with pytest.raises(DataError, match=r"column 'x1' is empty or NaN; allowed: finite numbers "
+                                        r"\(data.missing=split leaves such rows out"):
+        load_trajectories(tmp_path / "holes", ["x1", "x2"], ["u"])
+    got = load_trajectories(tmp_path / "holes", ["x1", "x2"], ["u"], missing="split")
+    # the same rows written by hand as trajectories of their own
+    by_hand = holes.drop(index=[rows[5], rows[6], rows[7], first[0]]).astype({"trajectory": str})
+    by_hand.loc[rows[:5], "trajectory"] = "1#1"
+    by_hand.loc[rows[8:], "trajectory"] = "1#2"
+    by_hand.loc[first[1:], "trajectory"] = "2#1"
+    write_per_client(by_hand, tmp_path / "by_hand")
+    want = load_trajectories(tmp_path / "by_hand", ["x1", "x2"], ["u"])
+    pd.testing.assert_frame_equal(got, want)
+    assert len(got) == len(df) - 4 and np.isnan(got["u"]).sum() == 0
+    # a run on the holes equals the run on the hand-split files, and says what it left out
+    caplog.set_level("WARNING", logger="fnsysid")
+    run = [*GENERIC, "R=3", "strategy=centralized_exact", "progress=false"]
+    a = fnsysid.run([*run, f"data.path={tmp_path / 'holes'}", "data.missing=split"])
+    b = fnsysid.run([*run, f"data.path={tmp_path / 'by_hand'}"])
+    pd.testing.assert_frame_equal(a.estimates, b.estimates)
+    said = [r.getMessage() for r in caplog.records if "data.missing=split" in r.getMessage()]
+    assert said == ["data.missing=split: data.path: 3 row(s) with an empty value left out; 2 "
+                    "trajectories split there into 3 parts, and 1 row(s) left alone between "
+                    "them (a part of one row has no transition)"]
+    # the estimator's fit takes it as the settings do; predict refuses such rows
+    holes_df = load_trajectories(tmp_path / "holes", ["x1", "x2"], ["u"], missing="split")
+    m = FederatedSysID(R=3, strategy="centralized_exact", progress=False).fit(
+        holes.astype({"trajectory": str}), ["x1", "x2"], ["u"], missing="split")
+    np.testing.assert_array_equal(m.result_.estimates["estimate"], a.estimates["estimate"])
+    assert len(m.predict(holes_df)) == len(holes_df)
+    with pytest.raises(DataError, match="is empty or NaN"):
+        m.predict(holes.astype({"trajectory": str}))

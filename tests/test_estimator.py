@@ -176,7 +176,8 @@ def test_a_bad_row_names_the_client_and_the_row_and_writes_nothing(tmp_path, mon
     with pytest.raises(fnsysid.ConfigError) as exc:
         m.fit(df, STATES, INPUTS)
     assert str(exc.value) == ("data, client 'r0': row 8 (index 7), column 'x2' is empty or NaN; "
-                              "allowed: finite numbers")
+                              "allowed: finite numbers (data.missing=split leaves such rows "
+                              "out of a fit and splits their trajectory there)")
     bad = df.copy()
     bad["x2"] = bad["x2"].astype(object)
     bad.loc[13, "x2"] = "abc"                  # client r1, its 4th row

@@ -152,7 +152,7 @@ def compose(overrides, config_dir=None, data_in_memory: bool = False):
 
 
 def load_trajectories(path, states, inputs=(), *, trajectory: str = "trajectory",
-                      time: str = "t", ignore=()) -> pd.DataFrame:
+                      time: str = "t", ignore=(), missing: str = "refuse") -> pd.DataFrame:
     """Read and check trajectory files (the ``data=files`` layout) into one DataFrame.
 
     Parameters
@@ -171,6 +171,9 @@ def load_trajectories(path, states, inputs=(), *, trajectory: str = "trajectory"
     ignore : str or list of str, default=()
         Columns not used (``data.ignore``); any other column that is not a state, an
         input, ``client``, ``repeat`` or ``split`` is refused.
+    missing : {"refuse", "split"}, default="refuse"
+        A row with an empty time, state or input (``data.missing``): refused, or left out
+        with its trajectory split there into parts ``<id>#1``, ``<id>#2``, ...
 
     Returns
     -------
@@ -188,12 +191,14 @@ def load_trajectories(path, states, inputs=(), *, trajectory: str = "trajectory"
     for name, value in (("trajectory", trajectory), ("time", time)):
         if not isinstance(value, str) or not value.strip():
             raise ConfigError(f"{name}={value!r} is not allowed; allowed: a column name (str)")
+    if missing not in ("refuse", "split"):
+        raise ConfigError(f"missing={missing!r} is not allowed; allowed: 'refuse', 'split'")
     ignore = [ignore] if isinstance(ignore, str) else list(ignore or ())
     if not all(isinstance(c, str) for c in ignore):
         raise ConfigError(f"ignore={ignore!r} is not allowed; allowed: a column name or a list "
                           "of column names (str)")
     df = read_trajectories(path, states, inputs,
-                           columns=ColumnMap(trajectory, time, tuple(ignore)),
+                           columns=ColumnMap(trajectory, time, tuple(ignore), missing),
                            every_ignored=True)
     names = [c for c in df.columns if c not in PUBLIC_COLUMNS and not c.startswith("_")]
     public = [c for c in PUBLIC_COLUMNS if c != "split" or df.attrs.get("split_column")]

@@ -19,7 +19,7 @@ import re
 import warnings
 from collections.abc import Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -339,7 +339,7 @@ class FederatedSysID:
                 raise ConfigError(f"{key}: given to fit() and in the settings; give it once")
             overrides += as_overrides({key: [value] if isinstance(value, str) else
                                        list(value)})
-        for name in ("trajectory", "time"):
+        for name in ("trajectory", "time", "missing"):
             value = (columns or {}).get(name)
             if value is None:
                 continue
@@ -350,7 +350,7 @@ class FederatedSysID:
         return overrides
 
     def fit(self, data=None, states=None, inputs=None, *, trajectory=None, time=None,
-            ignore=None) -> FederatedSysID:
+            ignore=None, missing=None) -> FederatedSysID:
         """Identify the fleet's model.
 
         Held-out rows (``split=val``, else ``data.holdout`` of each client's trajectories) give
@@ -375,6 +375,10 @@ class FederatedSysID:
             The column of the times (``data.time``; None: ``t``).
         ignore : str, list of str or None, default=None
             Columns not used (``data.ignore``).
+        missing : {"refuse", "split"} or None, default=None
+            A row with an empty time, state or input (``data.missing``; None: ``refuse``):
+            refused, or left out with its trajectory split there. ``predict``, ``simulate``
+            and ``score`` refuse such rows (one result per row).
 
         Returns
         -------
@@ -392,7 +396,8 @@ class FederatedSysID:
             tables = _tables(data, "data")[0]
         with _row_index(tables):
             res = run_job(self._overrides(data, states, inputs, {
-                "trajectory": trajectory, "time": time, "ignore": ignore}), self.output_dir,
+                "trajectory": trajectory, "time": time, "ignore": ignore,
+                "missing": missing}), self.output_dir,
                 self.config_dir, tables)
         self.result_ = res
         self.summary_ = res.summary
@@ -594,8 +599,10 @@ class FederatedSysID:
     # --- prediction -------------------------------------------------------------------------
 
     def _columns(self) -> ColumnMap:
-        """The fit's column mapping (``data.trajectory``, ``data.time``, ``data.ignore``)."""
-        return ColumnMap.of(self._result().settings.data)
+        """The fit's column mapping (``data.trajectory``, ``data.time``, ``data.ignore``) for
+        data to predict or score: one result per row, so a row with an empty value is refused
+        whatever ``data.missing``."""
+        return replace(ColumnMap.of(self._result().settings.data), missing="refuse")
 
     def _columns_of(self, frame: pd.DataFrame) -> ColumnMap:
         """The fit's column mapping for the rows ``frame`` (:meth:`ColumnMap.for_columns`:

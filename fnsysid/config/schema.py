@@ -489,6 +489,9 @@ class Files(Section):
     time: Text = "t"
     ignore: Annotated[list[Text], Field(json_schema_extra={
         "allowed": "a list of column names, e.g. [battery, note]"})] = []
+    missing: Literal["refuse", "split"] = Field(
+        "refuse", description="a row with an empty time, state or input: refuse (one line "
+                              "naming it) or split (left out, its trajectory split there)")
 
 
 class InProcess(Section):

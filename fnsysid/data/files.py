@@ -160,13 +160,17 @@ class ColumnMap:
     trajectory: str = "trajectory"
     time: str = "t"
     ignore: tuple[str, ...] = ()
+    #: a row with an empty value (``data.missing``): ``refuse`` it in one line, or ``split``
+    #: (leave it out and split its trajectory there; :func:`_split_at_missing`)
+    missing: str = "refuse"
 
     @classmethod
     def of(cls, data) -> ColumnMap:
         """The mapping of a ``data`` section (defaults for the settings it lacks)."""
         return cls(getattr(data, "trajectory", None) or "trajectory",
                    getattr(data, "time", None) or "t",
-                   tuple(getattr(data, "ignore", None) or ()))
+                   tuple(getattr(data, "ignore", None) or ()),
+                   getattr(data, "missing", None) or "refuse")
 
     def for_columns(self, columns) -> ColumnMap:
         """This mapping for a table of ``columns``; where it lacks the mapped trajectory or
@@ -567,6 +571,9 @@ def _combine(parts, files, one_file, states, inputs, columns: ColumnMap) -> pd.D
     df["_trajectory"] = _client_rank(df["trajectory"])         # ids as text, like clients
     df = df.sort_values(["repeat", "_client", "_trajectory"], kind="stable",
                         ignore_index=True)
+    missing = None
+    if columns.missing == "split":
+        df, missing = _split_at_missing(df, states, inputs)
     group = df[["repeat", "_client", "_trajectory"]].to_numpy()
     same_next = (group[1:] == group[:-1]).all(axis=1)          # row i and i+1: one trajectory
     last = np.append(~same_next, True)                         # last sample of a trajectory
@@ -581,7 +588,8 @@ def _combine(parts, files, one_file, states, inputs, columns: ColumnMap) -> pd.D
             i = int(np.flatnonzero(bad)[0])
             what = "empty or NaN" if np.isnan(v[i]) else f"{v[i]}"
             raise DataError(f"{where(i)}, column '{time if c == 't' else c}' is {what}; "
-                            "allowed: finite numbers")
+                            "allowed: finite numbers (data.missing=split leaves such rows out "
+                            "of a fit and splits their trajectory there)")
     bad = same_next & ~(t[1:] > t[:-1])
     if bad.any():
         i = int(np.flatnonzero(bad)[0]) + 1
@@ -613,7 +621,51 @@ def _combine(parts, files, one_file, states, inputs, columns: ColumnMap) -> pd.D
     out["_file"] = pd.Categorical.from_codes(df["_file"], [str(f) for f in files])
     out.attrs["files"] = [str(f) for f in files]
     out.attrs["repeats"] = [int(r) for r in labels]     # the files' labels of repeats 0..S-1
+    if missing is not None:
+        out.attrs["missing"] = missing
     return out
+
+
+def _split_at_missing(df: pd.DataFrame, states: list[str], inputs: list[str]
+                      ) -> tuple[pd.DataFrame, dict]:
+    """``data.missing=split``: the rows of ``df`` (sorted by repeat, client, trajectory) with
+    an empty or non-finite time, state or input (an input only where it is used: not on a
+    trajectory's last row) are left out, and each trajectory that had one is split there
+    into parts labelled ``<id>#1``, ``<id>#2``, ... in their order (each part is a
+    trajectory: no transition spans a left-out row); parts of a single row (no transition)
+    are left out too. Returns the rows kept and ``{rows, single_rows, trajectories,
+    parts}``: the rows left out for a missing value and as single rows, the trajectories
+    split and the parts they became."""
+    group = df[["repeat", "_client", "_trajectory"]].to_numpy()
+    first = np.append(True, (group[1:] != group[:-1]).any(axis=1))
+    last = np.append(first[1:], True)
+    with np.errstate(invalid="ignore"):
+        miss = ~np.isfinite(df[["t", *states]].to_numpy(dtype=float)).all(axis=1)
+        if inputs:
+            miss |= ~np.isfinite(df[inputs].to_numpy(dtype=float)).all(axis=1) & ~last
+    info = {"rows": int(miss.sum()), "single_rows": 0, "trajectories": 0, "parts": 0}
+    if not miss.any():
+        return df, info
+    tid = np.cumsum(first) - 1                                     # trajectory of each row
+    cs = np.cumsum(miss)
+    before = (cs - miss)[first][tid]                               # missing before it starts
+    part = cs - before                                             # missing rows before a row
+    split = np.bincount(tid, weights=miss, minlength=tid[-1] + 1)[tid] > 0
+    keep = ~miss
+    size = pd.Series(keep).groupby([tid, part]).transform("sum").to_numpy()
+    single = keep & (size < 2)
+    keep &= ~single
+    out = df[keep].copy()
+    k = pd.Series(part[keep]).groupby(tid[keep]).rank(method="dense").to_numpy(int)
+    sp = split[keep]
+    out["trajectory"] = np.where(sp, out["trajectory"].astype(str) + "#" + k.astype(str),
+                                 out["trajectory"].astype(str))
+    width = int(part.max()) + 2
+    out["_trajectory"] = out["_trajectory"].to_numpy() * width + np.where(sp, k, 0)
+    kept_parts = np.column_stack([tid, part])[keep & split]
+    info.update(single_rows=int(single.sum()), trajectories=int(len(np.unique(tid[split]))),
+                parts=int(len(np.unique(kept_parts, axis=0))))
+    return out.reset_index(drop=True), info
 
 
 #: uniform sampling: each trajectory's mean time step within this fraction of its client's,

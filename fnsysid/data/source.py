@@ -302,6 +302,19 @@ def read_files(settings: Settings, model: Model, key: str = "path",
         raise _generic_hint(exc, settings, model, given) from None
 
 
+def _missing_line(df, setting: str) -> None:
+    """The log line of ``data.missing=split`` when rows were left out (the reader's counts in
+    ``df.attrs["missing"]``)."""
+    info = df.attrs.get("missing")
+    if not info or not info["rows"]:
+        return
+    single = (f", and {info['single_rows']} row(s) left alone between them (a part of one "
+              "row has no transition)") if info["single_rows"] else ""
+    log.warning("data.missing=split: %s: %d row(s) with an empty value left out; %d "
+                "trajectories split there into %d parts%s", setting, info["rows"],
+                info["trajectories"], info["parts"], single)
+
+
 def check_trajectory_files(settings: Settings, model: Model) -> None:
     """Read the trajectory files of ``data.path`` and ``data.val_path`` as
     :func:`from_files` reads them (:func:`read_files`), for their contents' errors only (the
@@ -348,6 +361,7 @@ def from_files(settings: Settings, model: Model, optimizer,
             df = check_tables(tables, states, inputs, columns=columns, every_ignored=True)
         except DataError as exc:
             raise _generic_hint(exc, settings, model, given) from None
+    _missing_line(df, "data.path")
     clients = [str(c) for c in df.drop_duplicates("_client").sort_values("_client")["client"]]
     labels = df.attrs["repeats"]                         # the files' repeat labels
     S, M = len(labels), len(clients)
@@ -361,6 +375,7 @@ def from_files(settings: Settings, model: Model, optimizer,
             raise DataError(f"data.path={settings.data.path} marks held-out rows (split=val) and "
                             f"data.val_path={settings.data.val_path} gives held-out files: use one")
         val = read_files(settings, model, "val_path")
+        _missing_line(val, "data.val_path")
         val_clients = pd.Index(clients).get_indexer(val["client"])
         if (val_clients < 0).any():
             bad = val["client"].to_numpy()[val_clients < 0][0]
