@@ -86,8 +86,8 @@ def test_personalize_auto_adds_its_two_exchanges_after_the_rounds():
     c = res.summary["communication"]
     g = 3                               # synthetic: each state its own noise group
     assert c["up_bytes_per_client_once"] == 8 * (P * P + P + 2 * g + 1)
-    assert c["down_bytes_per_client_once"] == 8 * (P + 3 * P * P + g)
-    assert c["per_client_total"] == R * 2 * 8 * P + 8 * (2 * P + 4 * P * P + 3 * g + 1)
+    assert c["down_bytes_per_client_once"] == 8 * (P + 3 * P * P + g + P)     # + its scale
+    assert c["per_client_total"] == R * 2 * 8 * P + 8 * (3 * P + 4 * P * P + 3 * g + 1)
     # errors.csv stops at the last round: the personalization comes after it
     assert res.tables["errors"]["bytes_per_client"].max() == R * 2 * 8 * P
 

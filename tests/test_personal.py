@@ -68,6 +68,30 @@ def test_auto_without_heterogeneity_is_the_pooled_solution():
     np.testing.assert_allclose(se[calm, 0] ** 2, ref[calm], rtol=1e-8)
 
 
+def test_auto_gives_the_same_models_whatever_the_regressors_units():
+    """Regressors in other units (features times 1e-4..1e4: H -> D H D, b -> D b) make the
+    parameters theta / D; auto works on unit-scaled parameters, so its models, standard
+    errors, test and rank are those of the original units mapped back (before, the raw
+    parameters' scales entered its eigenvalue cuts and the models broke: an error of 0.99
+    where the shared model's was 1e-4)."""
+    model, d = _fleet(1.0, repeats=3)
+    blocks = pers.noise_blocks(model.structure)
+    sse = None
+    theta, se, fl = pers.auto(d.H, d.b, d.yy_target, d.n, blocks, sse=sse)
+    D = 10.0 ** np.random.default_rng(1).uniform(-4, 4, size=d.b.shape[-1])
+    H2, b2 = d.H * np.outer(D, D), d.b * D
+    theta2, se2, fl2 = pers.auto(H2, b2, d.yy_target, d.n, blocks, sse=sse)
+    np.testing.assert_allclose(fl2.pvalue, fl.pvalue, rtol=1e-9)
+    np.testing.assert_allclose(theta2 * D, theta, rtol=0, atol=1e-6 * se.max())
+    assert np.abs(theta2 * D - theta).max() <= 1e-3 * se.min()
+    np.testing.assert_allclose(se2 * D, se, rtol=1e-4)
+    ranks = [np.linalg.matrix_rank(S / np.outer(c, c), hermitian=True)
+             for S, c in zip(fl.Sigma, fl.scale, strict=True)]
+    ranks2 = [np.linalg.matrix_rank(S / np.outer(c, c), hermitian=True)
+              for S, c in zip(fl2.Sigma, fl2.scale, strict=True)]
+    assert ranks == ranks2 and max(ranks) > 0
+
+
 def test_homogeneity_is_cochrans_q_over_the_clients():
     """Q = sum_i (theta_i - mu_F)' J_i (theta_i - mu_F), mu_F the fixed-effect mean, against
     chi-square with (m - 1) p degrees of freedom; computed here client by client."""

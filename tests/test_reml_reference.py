@@ -150,7 +150,13 @@ def test_a_homogeneous_fleet_skips_the_low_rank_fits_and_changes_nothing():
     fl = pers.fleet(msg, pers.pooled_blocks(1, p))
     assert (fl.pvalue >= pers.HOMOGENEITY_LEVEL).all()
     np.testing.assert_array_equal(fl.Sigma, 0.0)
-    own_theta = np.linalg.solve(J, msg.b[..., None])[..., 0]         # as fleet has them
-    np.testing.assert_array_equal(fl.Sigma_ci, pers.reml(own_theta, J, own)[1])
+    # as fleet has them: in the parameters scaled to unit-size regressors, mapped back
+    c = pers.parameter_scale(msg.H)
+    cc = c[:, :, None] * c[:, None, :]
+    Jc = J * cc[:, None]
+    own_theta = np.linalg.solve(Jc, (msg.b * c[:, None])[..., None])[..., 0]
+    np.testing.assert_allclose(fl.Sigma_ci, pers.reml(own_theta, Jc, own)[1] * cc,
+                               rtol=1e-12, atol=0)
+    np.testing.assert_array_equal(fl.scale, c)
     np.testing.assert_allclose(fl.mu, np.linalg.solve(J.sum(1), msg.b.sum(1)[..., None])[..., 0],
                                rtol=1e-10)

@@ -173,7 +173,8 @@ def plan_of(strategy, p: int, model=None, sparsity=None, personalize: str = "non
     - ``personalize=auto``: after the last round each client sends its statistics ``H``,
       ``b``, residual sums of squares and degrees of freedom (one each per group of targets,
       g) and whether its data determine its own model (1), and receives the fleet's ``mu``
-      (p), ``cov_mu``, ``Sigma``, ``Sigma_ci`` (p x p each) and ``s2`` (g);
+      (p), ``cov_mu``, ``Sigma``, ``Sigma_ci`` (p x p each), ``s2`` (g) and the parameter
+      scale it was estimated in (p);
       ``personalize=finetune``: each client receives the final server model (p).
 
     Parameters
@@ -215,7 +216,7 @@ def plan_of(strategy, p: int, model=None, sparsity=None, personalize: str = "non
         end = end + Payload((("H", (p, p)), ("b", (p,)), ("rss", (g,)), ("dof", (g,)),
                              ("own", (1,))),
                             (("mu", (p,)), ("cov_mu", (p, p)), ("Sigma", (p, p)),
-                             ("s2", (g,)), ("Sigma_ci", (p, p))), 1, 1)
+                             ("s2", (g,)), ("Sigma_ci", (p, p)), ("scale", (p,))), 1, 1)
     elif personalize == "finetune":
         end = end + Payload((), (("theta", (p,)),), 0, 1)
     return Plan(rnd, start, end)

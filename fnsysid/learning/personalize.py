@@ -21,7 +21,7 @@ intervals).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 import numpy as np
@@ -219,6 +219,25 @@ class Fleet:
     pvalue: np.ndarray
     reml_converged: np.ndarray | None = None
     reml_iterations: np.ndarray | None = None
+    scale: np.ndarray | None = None
+
+
+def parameter_scale(H: np.ndarray) -> np.ndarray:
+    """The factors ``c`` (S, p) that scale each parameter's regressor to unit norm in the
+    fleet's pooled statistics (``H`` (S, M, p, p) summed over the clients): ``c_k = 1 /
+    sqrt(h_k)``, ``h`` the pooled Gram diagonal (1 where it is 0). ``auto`` works on the
+    parameters ``theta_k / c_k`` (:func:`fleet`, :func:`client_posterior`), which are the
+    same numbers in any units of the data, so that its eigenvalue cuts, low-rank factors and
+    stopping rules do not depend on them; the results are mapped back."""
+    h = np.diagonal(np.asarray(H, float).sum(axis=1), axis1=-2, axis2=-1)       # (S, p)
+    good = (h > 0) & np.isfinite(h)
+    return np.where(good, 1.0 / np.sqrt(np.where(good, h, 1.0)), 1.0)
+
+
+def _rescale_message(msg: Message, c: np.ndarray) -> Message:
+    """``msg`` for the parameters ``theta / c`` (regressors times ``c`` (S, p))."""
+    cc = c[:, None, :, None] * c[:, None, None, :]
+    return Message(msg.H * cc, msg.b * c[:, None, :], msg.rss, msg.dof, msg.own)
 
 
 def _scaled(msg: Message, s2, blocks) -> tuple[np.ndarray, np.ndarray]:
@@ -683,7 +702,11 @@ def fleet(msg: Message, blocks, iterations: int = 200, structures=(),
     :func:`reml`'s cap on its passes over the clients. ``most``: the most clients whose
     estimates enter the REML of ``Sigma`` (:func:`reml_clients`; a fixed random subset
     above it, :data:`REML_CLIENTS`); the test, ``mu`` and every client's posterior use all.
+    All of it runs on the parameters scaled to unit-size regressors (:func:`parameter_scale`,
+    returned as ``scale``); the fleet's arrays are mapped back to the data's units.
     """
+    c = parameter_scale(msg.H)                  # the work in unit-scaled parameters
+    msg = _rescale_message(msg, c)
     own = msg.own
     S, M, p = msg.b.shape
     rss, dof = msg.rss.reshape(S, M, -1), msg.dof.reshape(S, M, -1)
@@ -704,7 +727,9 @@ def fleet(msg: Message, blocks, iterations: int = 200, structures=(),
                                 criterion=criterion)
     Sigma = np.where(hetero[:, None, None], Sigma, 0.0)
     mu, cov_mu = fleet_mean(J, beta, Sigma)
-    return Fleet(mu, cov_mu, Sigma, s2, Sigma_ci, Q, pv, rep.converged, rep.iterations)
+    cc = c[:, :, None] * c[:, None, :]
+    return Fleet(mu * c, cov_mu * cc, Sigma * cc, s2, Sigma_ci * cc, Q, pv, rep.converged,
+                 rep.iterations, c)
 
 
 def fleet_mean(J, beta, Sigma) -> tuple[np.ndarray, np.ndarray]:
@@ -738,8 +763,24 @@ def client_posterior(msg: Message, fl: Fleet, blocks) -> tuple[np.ndarray, np.nd
     REML ``Sigma_ci`` (:class:`Fleet`), which keeps the directions the rank and the test
     left out. Computed with a factor ``Sigma = L L'`` of its rank (:class:`_Woodbury`), so a
     client costs O(p^2 rank), and its k x k systems ``I + L' J_i L`` do not depend on the
-    scales of the parameters.
+    scales of the parameters; the whole in the unit-scaled parameters of ``fl.scale``
+    (:func:`parameter_scale`; none where it is None).
     """
+    S, _, p = msg.b.shape
+    c = np.ones((S, p)) if fl.scale is None else np.asarray(fl.scale, float)
+    theta, se = _posterior(_rescale_message(msg, c), _unscaled_fleet(fl, c), blocks)
+    return theta * c[:, None, :], se * c[:, None, :]
+
+
+def _unscaled_fleet(fl: Fleet, c: np.ndarray) -> Fleet:
+    """``fl`` for the parameters ``theta / c`` (:func:`parameter_scale`)."""
+    cc = c[:, :, None] * c[:, None, :]
+    return replace(fl, mu=fl.mu / c, cov_mu=fl.cov_mu / cc, Sigma=fl.Sigma / cc,
+                   Sigma_ci=fl.Sigma_ci / cc, scale=None)
+
+
+def _posterior(msg: Message, fl: Fleet, blocks) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`client_posterior` in the coordinates of ``msg`` and ``fl``."""
     J, beta = _scaled(msg, fl.s2, blocks)
     S, M, p = beta.shape
     # with Sigma = L L' (rank k): A_i = L (I + K_i)^-1 L' J_i and B_i = I - L F_i,

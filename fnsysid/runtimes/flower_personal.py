@@ -52,7 +52,7 @@ def client_reply(node, exchange: str, arrays: dict) -> dict:
     if option.name == "auto":
         nan = np.full(len(arrays["mu"]), np.nan)
         fl = pers.Fleet(arrays["mu"], arrays["cov_mu"], arrays["Sigma"], arrays["s2"],
-                        arrays["Sigma_ci"], nan, nan)
+                        arrays["Sigma_ci"], nan, nan, scale=arrays["scale"])
         theta, se = pers.client_posterior(msg, fl, blocks)
     else:
         solver = node.clients.solver
@@ -79,7 +79,7 @@ def serve_personalize(ask, settings, strategy, model):
         fl = pers.fleet(pers.Message(got["H"], got["b"], got["rss"], got["dof"],
                                      got["own"] > 0.5), blocks)
         out = ask("personalize", {"mu": fl.mu, "cov_mu": fl.cov_mu, "Sigma": fl.Sigma,
-                                  "s2": fl.s2, "Sigma_ci": fl.Sigma_ci})
+                                  "s2": fl.s2, "Sigma_ci": fl.Sigma_ci, "scale": fl.scale})
     else:
         out = ask("personalize", {"theta": strategy.server})
     reml = reml_summary(fl) if option == "auto" else None
