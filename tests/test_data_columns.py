@@ -320,3 +320,20 @@ def test_missing_split_leaves_the_rows_out_and_splits_their_trajectories(tmp_pat
     assert len(m.predict(holes_df)) == len(holes_df)
     with pytest.raises(DataError, match="is empty or NaN"):
         m.predict(holes.astype({"trajectory": str}))
+
+
+def test_a_split_column_in_some_files_names_the_clients_left_without_held_out_data(
+        tmp_path, caplog):
+    df, _ = linear_fleet(n_clients=3, n_traj=4, length=12, noise=0.05, seed=6)
+    write_per_client(df, tmp_path / "fleet")
+    first = sorted((tmp_path / "fleet").glob("*.csv"))[0]
+    one = pd.read_csv(first)
+    one["split"] = np.where(one["trajectory"] == one["trajectory"].max(), "val", "train")
+    one.to_csv(first, index=False)
+    caplog.set_level("WARNING", logger="fnsysid")
+    res = fnsysid.run([*GENERIC, f"data.path={tmp_path / 'fleet'}", "R=2", "progress=false"])
+    said = [r.getMessage() for r in caplog.records if "split column" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(
+        f"data.path={tmp_path / 'fleet'}: the split column marks no row val for 2 of 3 clients "
+        "(robot1, robot2): the held-out NRMSE")
+    assert res.summary["status"] == "ok"

@@ -269,6 +269,11 @@ def test_model_check_advice_follows_the_sparsity_setting():
     assert "try a smaller sparsity.threshold (the check fits the kept terms) or a richer " \
         "library" in verdict(mc("missing terms", "sparsity"))
     assert verdict(mc("ok", "all terms")) is None
+    # with personalized models sparsity is refused: the advice does not offer it as a step
+    personal = verdict(mc("overfit", "all terms", [[0, "c1"]]), personalized=True)
+    assert personal.endswith("try a smaller library (feature_map.degree, fewer features) or "
+                             "more data per client (sparsity=stlsq prunes terms with "
+                             "personalize=none)")
 
 
 def test_a_threshold_that_prunes_every_term_of_a_state_says_so(fleet, caplog):

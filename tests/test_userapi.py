@@ -122,6 +122,29 @@ def test_show_names_faded_terms_and_settings_without_effect(tmp_path):
     assert not [ln for ln in show_text(tmp_path) if "threshold" in ln or "effect" in ln]
 
 
+def test_a_free_run_that_blew_up_is_shown_and_ranked_last(tmp_path):
+    """A free-run NRMSE of inf is written null (JSON has no Infinity) and named in
+    null_values: show prints it and marks it, compare ranks the run last, not unranked."""
+    import json
+
+    from fnsysid.app.compare import compare
+    from fnsysid.results.atomic import write_json
+    from fnsysid.results.equations import show_text
+
+    for name, sim in (("blown", float("inf")), ("fine", 0.2)):
+        (tmp_path / name).mkdir()
+        write_json(tmp_path / name / "summary.json",
+                   {"status": "ok", "rounds_completed": 5, "final_nrmse_1step_mean": 0.01,
+                    "final_nrmse_sim_mean": sim, "final_nrmse_sim_max": sim})
+    assert json.loads((tmp_path / "blown" / "summary.json").read_text())[
+        "final_nrmse_sim_mean"] is None
+    scores = [ln for ln in show_text(tmp_path / "blown") if ln.startswith("scores:")]
+    assert scores == ["scores: nrmse_1step_mean 0.01, nrmse_sim_mean inf, nrmse_sim_max inf "
+                      "(free run worse than the held-out mean: NRMSE above 1)"]
+    rows = compare([str(tmp_path / "blown"), str(tmp_path / "fine")])
+    assert [(r["rank"], r["free_run"]) for r in rows] == [(1, 0.2), (2, float("inf"))]
+
+
 def test_show_and_load_refuse_a_folder_that_is_not_a_run_in_one_line(tmp_path, capsys):
     (tmp_path / "own.txt").write_text("x")
     assert show([str(tmp_path)]) == 2

@@ -57,16 +57,18 @@ def read_run(folder: Path) -> dict:
         raise CompareError(f"{folder / 'summary.json'}: cannot be read ({exc})") from None
     if not isinstance(summary, dict) or "status" not in summary:
         raise CompareError(f"{folder / 'summary.json'}: not a summary of fnsysid (no status)")
+    from fnsysid.results.atomic import restored
+
     check = summary.get("model_check") or {}
-    sim = summary.get("final_nrmse_sim_mean")
-    if not isinstance(sim, (int, float)) or math.isnan(sim):   # inf (blown up) ranks last
+    sim = restored(summary, "final_nrmse_sim_mean")        # inf (written null): blown up
+    if not isinstance(sim, (int, float)) or math.isnan(sim):   # inf ranks last
         sim = None
     verdict = check.get("verdict") if check else None
     if check and verdict is None and check.get("ok") is not None:  # older summaries
         verdict = "ok" if check["ok"] else "model class looks wrong"
     return {"folder": str(folder), "label": _label(folder), "status": summary["status"],
             "feature_map": summary.get("feature_map"), "free_run": sim,
-            "free_run_max": summary.get("final_nrmse_sim_max"),
+            "free_run_max": restored(summary, "final_nrmse_sim_max"),
             "one_step": summary.get("final_nrmse_1step_mean"),
             "verdict": verdict or ("not checked" if not check else "nothing to check"),
             "ok": check.get("ok")}

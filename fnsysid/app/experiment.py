@@ -464,7 +464,8 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
                 check["excess_rejected"] = [[s, str(dataset.clients[m]), j]
                                             for s, m, j in check["excess_rejected"]]
             summary["model_check"] = check
-            for line in (noise_note(check), verdict(check)):
+            for line in (noise_note(check),
+                         verdict(check, settings.personalize.name != "none")):
                 if line:
                     log.warning(line)
     if data is not None and diverged is None and failure is None \

@@ -302,6 +302,23 @@ def read_files(settings: Settings, model: Model, key: str = "path",
         raise _generic_hint(exc, settings, model, given) from None
 
 
+def _split_gaps(df, path) -> None:
+    """The log line when a ``split`` column leaves some clients without held-out rows while
+    others have them (a column in some files only): the held-out NRMSE and the model check
+    then leave those clients out, and ``data.holdout`` does not apply to them."""
+    val = df["split"] == "val"
+    have = set(df.loc[val, "_client"])
+    names = df.drop_duplicates("_client").set_index("_client")["client"]
+    none = [str(names[c]) for c in sorted(set(df["_client"]) - have)]
+    if none:
+        log.warning("data.path=%s: the split column marks no row val for %d of %d clients "
+                    "(%s%s): the held-out NRMSE (max and mean over clients) and the model "
+                    "check leave them out, and data.holdout does not apply to them (it "
+                    "applies only where no file has a split column); mark their held-out rows "
+                    "split=val, or drop the column", path, len(none), len(names),
+                    ", ".join(none[:10]), ", ..." if len(none) > 10 else "")
+
+
 def _missing_line(df, setting: str) -> None:
     """The log line of ``data.missing=split`` when rows were left out (the reader's counts in
     ``df.attrs["missing"]``)."""
@@ -400,6 +417,8 @@ def from_files(settings: Settings, model: Model, optimizer,
                    "no client has two trajectories")
             log.warning("data.path=%s: no held-out trajectories (%s): the held-out NRMSE "
                         "columns are empty", settings.data.path, why)
+        elif split_column:
+            _split_gaps(df, settings.data.path)
     train_rows = df[df["split"] == "train"]
     val_rows = df[df["split"] == "val"] if val is None else val
     if budget is not None:

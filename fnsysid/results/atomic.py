@@ -137,6 +137,20 @@ def json_safe(obj, prefix: str = "") -> tuple[object, dict]:
     return obj, notes
 
 
+def restored(summary: dict, key: str):
+    """``summary[key]`` as it was before :func:`write_json` wrote it: a number written as
+    ``null`` (NaN, inf) is read back from ``null_values``; None where the key is absent or
+    null for no such reason."""
+    value = summary.get(key)
+    if value is not None:
+        return value
+    note = (summary.get("null_values") or {}).get(key)
+    if not isinstance(note, str):
+        return None
+    word = note.split(" ", 1)[0]
+    return float(word) if word in ("inf", "-inf", "nan") else None
+
+
 def write_json(path: str | Path, data: dict) -> Path:
     """Write a dict as strict JSON atomically.
 

@@ -193,8 +193,11 @@ def read_run(folder, name: str = "run_dir") -> dict:
 
 
 def _scores(summary: dict) -> str:
-    shown = [f"{k.removeprefix('final_')} {summary[k]:.4g}" for k in SCORES
-             if isinstance(summary.get(k), (int, float))]
+    from fnsysid.results.atomic import restored
+
+    values = {k: restored(summary, k) for k in SCORES}
+    shown = [f"{k.removeprefix('final_')} {v:.4g}" for k, v in values.items()
+             if isinstance(v, (int, float))]
     return ", ".join(shown) if shown else "no scores"
 
 
@@ -220,9 +223,10 @@ def _run_lines(folder: Path, summary: dict, full: bool) -> list[str]:
             f"system={summary.get('system')}, feature_map={summary.get('feature_map')}, "
             f"strategy={summary.get('strategy')}, M={summary.get('M')}")
     lines = [head, f"scores: {_scores(summary)}"]
+    from fnsysid.results.atomic import restored
     from fnsysid.results.modelcheck import CONSTANT
 
-    sim = summary.get("final_nrmse_sim_mean")
+    sim = restored(summary, "final_nrmse_sim_mean")     # inf (a rollout blew up): written null
     if isinstance(sim, (int, float)) and sim > CONSTANT:
         lines[-1] += f" (free run worse than the held-out mean: NRMSE above {CONSTANT:g})"
     check = _check_line(summary.get("model_check"))

@@ -342,7 +342,10 @@ def correlation_statistics(model, data, heldout, fits, support=None,
                 else np.asarray(support, bool)[s])
         if not keep.any():                 # no term kept: no Gram matrix to condition
             continue
-        ev = np.linalg.eigvalsh(H[np.ix_(keep, keep)])
+        g = H[np.ix_(keep, keep)]
+        d = np.diagonal(g)
+        sc = np.where(d > 0, 1.0 / np.sqrt(np.where(d > 0, d, 1.0)), 1.0)   # equilibrated
+        ev = np.linalg.eigvalsh(g * sc[:, None] * sc[None, :])
         st["cond"][s, m] = ev[-1] / ev[0] if ev[0] > 0 else np.inf
     return st
 
@@ -745,13 +748,18 @@ def noise_note(check: dict | None) -> str | None:
             "the states' variation; the free run judges the model")
 
 
-def verdict(check: dict | None) -> str | None:
-    """The log line when the check finds something (None when it does not)."""
+def verdict(check: dict | None, personalized: bool = False) -> str | None:
+    """The log line when the check finds something (None when it does not); its advice
+    leaves out ``sparsity=stlsq`` where the run has personalized models (``personalized``),
+    with which sparsity is refused."""
     if not check or check.get("verdict") in (None, "ok"):
         return None
     sparse = check.get("support") == "sparsity"
     if check["verdict"] == "overfit":
         advice = ("a larger sparsity.threshold (fewer terms) or more data per client" if sparse
+                  else "a smaller library (feature_map.degree, fewer features) or more data "
+                  "per client (sparsity=stlsq prunes terms with personalize=none)"
+                  if personalized
                   else "fewer terms (sparsity=stlsq, a smaller library) or more data per client")
         detail = check.get("overfit_detail") or []
         worst = max(detail, key=lambda d: d["ratio"] or 0, default=None)
