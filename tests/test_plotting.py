@@ -421,3 +421,22 @@ def test_sweep_table_keeps_the_repeats_that_did_not_diverge_and_the_distance_to_
     assert avg["dist_to_pooled"] == pytest.approx(np.mean([0.1, 0.1, 0.0]))   # 0.5/5, 0.1/1
     assert avg["dist_to_pooled_max"] == pytest.approx(0.1) and rows[
         "centralized_exact"]["dist_to_pooled"] == 0.0
+
+
+def test_a_curve_of_a_metric_evaluated_at_some_rounds_is_drawn_at_those_with_markers():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fnsysid.results.plotting.style import draw_curve
+
+    rounds = np.arange(51)
+    errors = pd.DataFrame({"repeat": 0, "round": rounds,
+                           "nrmse_sim_mean": np.where(rounds % 25 == 0, 1.0 / (1 + rounds),
+                                                      np.nan)})
+    fig, ax = plt.subplots()
+    line = draw_curve(ax, errors, "run", "nrmse_sim_mean")
+    np.testing.assert_array_equal(line.get_xdata(), [0, 25, 50])
+    assert line.get_marker() == "o"
+    plt.close(fig)

@@ -201,3 +201,28 @@ def test_each_view_has_its_own_default_file_and_overwrite_removes_them(two_key_s
     assert "wrote " + str(sweep / "sweep_e_mean.png") in capsys.readouterr().out
     removed = {p.name for p in earlier_items(sweep)}       # output.overwrite=true clears all
     assert written <= removed
+
+
+def test_a_sweep_without_ground_truth_draws_the_held_out_nrmse(two_key_sweep, tmp_path,
+                                                                capsys):
+    import shutil
+
+    sweep = tmp_path / "no_truth"
+    shutil.copytree(two_key_sweep, sweep)
+    for f in sweep.glob("*/errors.csv"):                   # as data without a truth file
+        pd.read_csv(f).assign(e_max=np.nan, e_mean=np.nan).to_csv(f, index=False)
+    assert plot_main([str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("fnsysid-plot: no e_max (no ground truth): drawing nrmse_1step_mean "
+                          "(--metric chooses)")
+    table = pd.read_csv(sweep / "sweep.csv")
+    assert table["final_nrmse_1step_mean_mean"].notna().all()
+    assert plot_main([str(sweep), "--metric", "e_max"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "fnsysid-plot: error: --metric e_max: no values in the sweep's errors.csv (e_* need "
+        "ground truth: data.truth or simulated data); allowed: nrmse_1step_max, "
+        "nrmse_1step_mean, nrmse_sim_max, nrmse_sim_mean")
+    # the free run is evaluated at some rounds only: drawn at those, each marked
+    assert plot_main([str(sweep), "--metric", "nrmse_sim_mean"]) == 0
+    assert pd.read_csv(sweep / "sweep_nrmse_sim_mean.csv")[
+        "final_nrmse_sim_mean_mean"].notna().all()

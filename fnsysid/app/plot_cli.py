@@ -33,8 +33,11 @@ def main(argv=None) -> int:
                     help="figure path (default: <sweep>/sweep.png, or a name for the view: "
                          "sweep_heatmap.png, sweep_panels-KEY.png, sweep_e_mean.png); a .pdf "
                          "and a .csv are written too")
-    ap.add_argument("--metric", choices=sorted(METRICS), default="e_max",
-                    help="e_max: max over clients (the paper's e_r); e_mean: mean over clients")
+    ap.add_argument("--metric", choices=sorted(METRICS), default=None,
+                    help="e_max: max over clients (the paper's e_r; the default where the "
+                         "sweep has ground truth, else nrmse_1step_mean); e_mean: mean over "
+                         "clients; nrmse_*: held-out one-step or free-run NRMSE, max or "
+                         "mean over clients")
     ap.add_argument("--title", default=None)
     ap.add_argument("--panels", default=None, metavar="KEY",
                     help="swept key drawn as one panel per value (default: the first)")
@@ -56,16 +59,27 @@ def main(argv=None) -> int:
         print(f"fnsysid-plot: error: nothing to draw under {sweep}: no job ended ok: "
               + ", ".join(some(bad, 5)), file=sys.stderr)
         return 3
+    ok = [j for j in jobs if j["summary"].get("status") == "ok"]
+    have = [m for m in sorted(METRICS) if any(
+        m in j["errors"] and j["errors"][m].notna().any() for j in ok)]
+    metric = args.metric or ("e_max" if "e_max" in have or not have else "nrmse_1step_mean")
+    if metric not in have:
+        return _error(f"--metric {metric}: no values in the sweep's errors.csv"
+                      + (" (e_* need ground truth: data.truth or simulated data)"
+                         if metric.startswith("e_") else "")
+                      + f"; allowed: {', '.join(have) or 'none (no metric has values)'}")
+    if args.metric is None and metric != "e_max":
+        print(f"fnsysid-plot: no e_max (no ground truth): drawing {metric} (--metric chooses)")
     keys = swept_keys(jobs, declared_keys(sweep))
     out = Path(args.out) if args.out is not None else sweep / default_name(
-        args.metric, args.panels, args.heatmap)
+        args.metric or "e_max", args.panels, args.heatmap)
     outs = [out.with_suffix(".png"), out.with_suffix(".pdf")]
     existed = {p for p in [*outs, out.with_suffix(".csv")] if p.exists()}
     try:
         if args.heatmap:
-            table = sweep_heatmap(jobs, keys, outs, args.metric, args.title)
+            table = sweep_heatmap(jobs, keys, outs, metric, args.title)
         else:
-            table = sweep_figure(jobs, keys, outs, args.metric, args.title, args.panels)
+            table = sweep_figure(jobs, keys, outs, metric, args.title, args.panels)
         table.to_csv(out.with_suffix(".csv"), index=False)
     except ValueError as exc:
         return _error(str(exc))

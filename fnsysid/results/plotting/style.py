@@ -213,8 +213,10 @@ def new_figure(**kwargs) -> Figure:
 
 
 METRICS = {"e_max": r"$e_r = \max_i e_r^{(i)}$", "e_mean": r"mean$_i\, e_r^{(i)}$",
-           "nrmse_1step_max": "one-step NRMSE (held-out), max over clients",
-           "nrmse_sim_max": "free-run NRMSE (held-out), max over clients"}
+           "nrmse_1step_max": "held-out one-step NRMSE\n(max over clients)",
+           "nrmse_1step_mean": "held-out one-step NRMSE\n(mean over clients)",
+           "nrmse_sim_max": "held-out free-run NRMSE\n(max over clients)",
+           "nrmse_sim_mean": "held-out free-run NRMSE\n(mean over clients)"}
 
 
 def band(errors: pd.DataFrame, metric: str = "e_max") -> pd.DataFrame:
@@ -264,8 +266,11 @@ def draw_curve(ax, errors: pd.DataFrame, label: str, metric: str = "e_max",
         The mean's line.
     """
     b = band(errors, metric)
+    b = b[b["mean"].notna()]           # rounds without the metric (free run: evaluated ones)
     x = b.index if against == "round" else \
         errors.groupby("round")[against].mean().reindex(b.index).to_numpy()
+    if len(b) <= 20 and "marker" not in kw:          # a few points: each one visible
+        kw = {**kw, "marker": "o", "ms": 3.5}
     (line,) = ax.plot(x, b["mean"], label=label, **kw)
     ax.fill_between(x, b["lo"], b["hi"], color=line.get_color(), alpha=0.2, lw=0)
     if median:

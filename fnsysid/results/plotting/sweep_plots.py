@@ -326,8 +326,10 @@ def sweep_figure(jobs: list[dict], keys: list[str], outs, metric: str = "e_max",
     for ax in axes.flat[n:]:
         ax.set_visible(False)
     handles, labels = legend_entries(axes.flat[:n])
-    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6),
-               fontsize=7, frameon=False)
+    longest = max((len(str(lb)) for lb in labels), default=1)
+    fig.legend(handles, labels, loc="outside lower center",
+               ncol=max(1, min(len(labels), 6, 80 // (longest + 6))), fontsize=7,
+               frameon=False)                    # columns that fit the figure's width
     n_rep = jobs[0]["errors"]["repeat"].nunique()
     head = f"{title}\n" if title and panel_key else ""
     fig.suptitle(f"{head}mean over {n_rep} repeats, band = min..max", fontsize=9)
