@@ -1,6 +1,6 @@
 """``fnsysid-plot``: draw a multirun folder (one curve per swept value, or a grid, or a heat map).
 
-Usage: fnsysid-plot SWEEP_DIR [--out fig.png] [--metric e_max|e_mean] [--title TEXT]
+Usage: fnsysid-plot SWEEP_DIR [--out fig.png] [--metric e_max|e_mean|nrmse_*] [--title TEXT]
        [--panels KEY] [--heatmap]
 
 One swept key: one panel with one curve per value. Two or more: one panel per value of the
