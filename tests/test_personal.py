@@ -92,6 +92,43 @@ def test_auto_gives_the_same_models_whatever_the_regressors_units():
     assert ranks == ranks2 and max(ranks) > 0
 
 
+def test_homogeneity_from_the_messages_equals_the_fleets_test():
+    model, d = _fleet(0.3, repeats=3)
+    blocks = pers.noise_blocks(model.structure)
+    msg = pers.client_message(d.H, d.b, d.yy_target, d.n, blocks)
+    _, _, J, _, theta = pers.own_estimates(msg, blocks)
+    Q, pv = pers.homogeneity(theta, J, msg.own)
+    from fnsysid.learning.ownfit import own_fits
+
+    Q2, pv2 = pers.homogeneity_from(msg, blocks, own_fits(d.H, d.b).theta)
+    np.testing.assert_allclose(Q2, Q, rtol=1e-9)
+    np.testing.assert_allclose(pv2, pv, rtol=1e-6, atol=1e-300)
+
+
+def test_pooled_intervals_say_when_the_clients_differ(caplog):
+    """The intervals of estimates.csv treat the clients as one system: where Cochran's Q
+    rejects that (family-wise over the repeats) the run says so and the summary records
+    it; a homogeneous fleet is not flagged."""
+    from fnsysid.app.api import run
+
+    caplog.set_level("WARNING", logger="fnsysid")
+    base = ["system=synthetic", "strategy=centralized_exact", "R=2", "progress=false"]
+    same = run([*base, "eps=0"])
+    d = same.summary["ci"]["clients_differ"]
+    assert d["test"] == "Cochran's Q" and not any(d["rejected"])
+    assert len(d["pvalue"]) == 5 and min(d["pvalue"]) > 0.01
+    assert not [r for r in caplog.records if "treat the clients" in r.getMessage()]
+    apart = run([*base, "eps=1"])
+    assert all(apart.summary["ci"]["clients_differ"]["rejected"])
+    said = [r.getMessage() for r in caplog.records if "treat the clients" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(
+        "the intervals of estimates.csv (pooled least squares) treat the clients as one "
+        "system, but their own fits differ by more than their noise (Cochran's Q, p = ")
+    assert "in 5 of 5 repeats" in said[0]
+    # an iterate has no intervals: nothing to test
+    assert "clients_differ" not in run([*base, "eps=1", "strategy=fedavg"]).summary["ci"]
+
+
 def test_homogeneity_is_cochrans_q_over_the_clients():
     """Q = sum_i (theta_i - mu_F)' J_i (theta_i - mu_F), mu_F the fixed-effect mean, against
     chi-square with (m - 1) p degrees of freedom; computed here client by client."""

@@ -42,6 +42,8 @@ from fnsysid.results.modelcheck import free_run_warning, model_check, noise_note
 from fnsysid.results.personal import (
     add_personal_errors,
     client_estimates_table,
+    clients_differ,
+    differ_line,
     judge_models,
     judgment_line,
     personal_summary,
@@ -369,7 +371,7 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     labels = dataset.clients if settings.files else None     # file data: the clients' ids
     if keep_clients:
         tables["clients"] = clients_table(hist, labels)
-    per, ci_note = None, None
+    per, ci_note, se = None, None, None
     if diverged is None and failure is None:
         se, ci_note, dof = server_intervals(strategy, data, model)
         level = settings.output.ci_level
@@ -396,6 +398,12 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
                            settings=dataset.settings, choices=choices,
                            fleet=getattr(hist, "fleet", None))
     summary.update(personal_summary(settings, tables["errors"], ci_note, per))
+    if se is not None and getattr(getattr(strategy, "sparsity", None), "support", None) is None:
+        differ = clients_differ(model, data)       # the intervals treat them as one system
+        summary["ci"]["clients_differ"] = differ
+        line = differ_line(differ, ci_note)
+        if line:
+            log.warning(line)
     if per is not None and getattr(per, "warning", None):
         log.warning(per.warning)
     if per is not None:            # judged like the server's model, each with its line

@@ -26,6 +26,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from fnsysid.dynamics.model import equilibrated_pinv
 from fnsysid.learning.ownfit import own_fits
 
 #: personalize options (the ``personalize`` config group)
@@ -273,6 +274,33 @@ def homogeneity(theta, J, own):
     k = (m - 1) * p
     pv = np.where(m >= 2, chdtrc(np.maximum(k, 1), Q), np.nan)
     return Q, pv
+
+
+def homogeneity_from(msg: Message, blocks, theta):
+    """:func:`homogeneity` of the clients' messages with their own estimates ``theta``
+    (S, M, p) in the data's units, without the scaled copies of every client's information
+    that :func:`fleet` makes (three passes of O(M p^2) over ``msg.H``): the information of
+    client i is ``J_i = W H_i W``, ``W`` the diagonal of ``1 / sqrt(s2)`` of each parameter's
+    group (the fleet's residual variances, :func:`own_estimates`). Returns ``(Q, pvalue)``
+    (S,)."""
+    from scipy.special import chdtrc
+
+    S, M, p = msg.b.shape
+    rss, dof = msg.rss.reshape(S, M, -1), msg.dof.reshape(S, M, -1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s2 = np.where(dof.sum(axis=1) > 0, rss.sum(axis=1) / dof.sum(axis=1), 1.0)   # (S, g)
+    if isinstance(blocks, (int, np.integer)):
+        blocks = pooled_blocks(int(blocks), p)
+    w = 1.0 / np.sqrt(s2[:, blocks.param_block])                                  # (S, p)
+    m = msg.own.astype(float)
+    theta = np.where(msg.own[..., None], theta, 0.0)
+    Hv = np.einsum("smpq,smq->smp", msg.H, theta * w[:, None])
+    A = np.einsum("sm,smpq->spq", m, msg.H) * w[:, :, None] * w[:, None, :]
+    mu = np.einsum("spq,sq->sp", equilibrated_pinv(A), w * np.einsum("sm,smp->sp", m, Hv))
+    e = (theta - mu[:, None]) * w[:, None]
+    Q = np.einsum("sm,smp,smp->s", m, e, np.einsum("smpq,smq->smp", msg.H, e))
+    k = (m.sum(axis=1) - 1) * p
+    return Q, np.where(m.sum(axis=1) >= 2, chdtrc(np.maximum(k, 1), Q), np.nan)
 
 
 def _truncate(Sig, rank: int, factors: bool = False):
@@ -684,6 +712,24 @@ def reml_clients(M: int, most: int | None = REML_CLIENTS) -> np.ndarray | slice:
     return np.sort(np.random.default_rng(M).choice(M, size=most, replace=False))
 
 
+def own_estimates(msg: Message, blocks):
+    """The first step of :func:`fleet`, in the unit-scaled parameters: ``(c, s2, J, beta,
+    theta)``, the parameter scale (:func:`parameter_scale`), the fleet's residual variance of
+    each group of targets ``sum rss / sum dof`` (S, g) over the clients with their own fit,
+    every client's information and moments scaled by it (:func:`_scaled`) and each
+    determined client's own estimate ``J_i^-1 beta_i`` (0 for the others)."""
+    c = parameter_scale(msg.H)
+    msg = _rescale_message(msg, c)
+    S, M, p = msg.b.shape
+    rss, dof = msg.rss.reshape(S, M, -1), msg.dof.reshape(S, M, -1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s2 = np.where(dof.sum(axis=1) > 0, rss.sum(axis=1) / dof.sum(axis=1), 1.0)   # (S, g)
+    J, beta = _scaled(msg, s2, blocks)
+    theta = np.linalg.solve(np.where(msg.own[..., None, None], J, np.eye(p)),
+                            np.where(msg.own[..., None], beta, 0.0)[..., None])[..., 0]
+    return c, s2, J, beta, theta
+
+
 def fleet(msg: Message, blocks, iterations: int = 200, structures=(),
           criterion: str = "bic", max_rank: int = MAX_RANK,
           most: int | None = REML_CLIENTS) -> Fleet:
@@ -705,17 +751,9 @@ def fleet(msg: Message, blocks, iterations: int = 200, structures=(),
     All of it runs on the parameters scaled to unit-size regressors (:func:`parameter_scale`,
     returned as ``scale``); the fleet's arrays are mapped back to the data's units.
     """
-    c = parameter_scale(msg.H)                  # the work in unit-scaled parameters
-    msg = _rescale_message(msg, c)
+    c, s2, J, beta, theta = own_estimates(msg, blocks)
     own = msg.own
-    S, M, p = msg.b.shape
-    rss, dof = msg.rss.reshape(S, M, -1), msg.dof.reshape(S, M, -1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        s2 = np.where(dof.sum(axis=1) > 0, rss.sum(axis=1) / dof.sum(axis=1), 1.0)   # (S, g)
-    J, beta = _scaled(msg, s2, blocks)
-    # each determined client's own estimate J_i^-1 beta_i (0 for the others)
-    theta = np.linalg.solve(np.where(own[..., None, None], J, np.eye(p)),
-                            np.where(own[..., None], beta, 0.0)[..., None])[..., 0]
+    M = msg.b.shape[1]
     Q, pv = homogeneity(theta, J, own)
     hetero = pv < HOMOGENEITY_LEVEL
     # the low-rank Sigma only where some repeat is heterogeneous (it is 0 elsewhere); the

@@ -251,6 +251,40 @@ def judgment_line(kind: str, option: str, j: dict) -> str | None:
     return f"{what} {j['status']}: {why}, not a result (status: {j['status']}){advice}"
 
 
+def clients_differ(model, data) -> dict:
+    """Whether the clients' own fits differ by more than their noise: Cochran's Q over the
+    clients with their own fit (:func:`fnsysid.learning.personalize.homogeneity`, as
+    ``personalize=auto`` tests it), per repeat: ``{test, level, pvalue, rejected}``, rejected
+    at the family-wise ``level`` over the S repeats (Bonferroni: p < level / S), so that a
+    run of many homogeneous repeats is not flagged for the test's own 5 % per repeat. The
+    server's intervals (:func:`server_intervals`) treat the clients as one system; where the
+    test rejects they cover the pooled value, not the clients' mean truth."""
+    yy, blocks = target_stats(model, data)
+    msg = pers.client_message(data.H, data.b, yy, data.n, blocks, own_sse(model, data))
+    _, pv = pers.homogeneity_from(msg, blocks, own_fits(data.H, data.b).theta)
+    pv = np.asarray(pv, float)
+    level = pers.HOMOGENEITY_LEVEL
+    return {"test": "Cochran's Q", "level": level, "family": "Bonferroni over the repeats",
+            "pvalue": [float(v) if np.isfinite(v) else None for v in pv],
+            "rejected": [bool(v < level / len(pv)) for v in pv]}
+
+
+def differ_line(differ: dict | None, note: str) -> str | None:
+    """The log line when :func:`clients_differ` rejects in some repeat (``note``: how the
+    server's intervals were made), else None."""
+    if not differ or not any(differ["rejected"]):
+        return None
+    reps = [s for s, r in enumerate(differ["rejected"]) if r]
+    low = min(differ["pvalue"][s] for s in reps)
+    where = "" if len(differ["rejected"]) == 1 else \
+        f" in {len(reps)} of {len(differ['rejected'])} repeats"
+    return (f"the intervals of estimates.csv ({note}) treat the clients as one system, but "
+            f"their own fits differ by more than their noise (Cochran's Q, p = {low:.2g}"
+            f"{where}): the intervals cover the pooled value, not the clients' mean truth or "
+            "any one client's (personalize=auto models the spread and gives each client an "
+            "interval)")
+
+
 def server_intervals(strategy, data, model) -> tuple[np.ndarray | None, str, np.ndarray | None]:
     """Standard errors (S, 1, p) of the strategy's final estimate, how they were made and
     their degrees of freedom (S, 1, p) for Student's t; or None, the reason why it has none
