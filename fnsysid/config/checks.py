@@ -262,16 +262,20 @@ def unused_settings(s: Settings, given) -> list[str]:
     """The settings in ``given`` (those given explicitly) that the run does not use: ``K``,
     ``lr`` and the optimizer's with a closed-form strategy (``oneshot``,
     ``centralized_exact``: no local steps), ``sparsity.unbias`` without a ridge
-    (``sparsity.alpha=0``: nothing to unbias). Not refused: a sweep over strategies gives
-    every job the same ``K`` and ``lr``."""
+    (``sparsity.alpha=0``: nothing to unbias), ``output.ci_level`` where nothing has
+    intervals (an iterative strategy without ``personalize=auto``). Not refused: a sweep
+    over strategies gives every job the same ``K`` and ``lr``."""
     strategy = s.resolved.get("strategy") or {}
     target = str(strategy.get("_target_", ""))
+    closed = target.endswith(".OneShot") or strategy.get("exact") is True
     out = []
-    if target.endswith(".OneShot") or strategy.get("exact") is True:
+    if closed:
         out += [k for k in sorted(given) if k in ("K", "lr") or k == "optimizer"
                 or k.startswith("optimizer.")]
     if s.sparsity.name != "none" and not s.sparsity.alpha and "sparsity.unbias" in given:
         out.append("sparsity.unbias")
+    if "output.ci_level" in given and not closed and s.personalize.name != "auto":
+        out.append("output.ci_level")
     return out
 
 
@@ -286,6 +290,10 @@ def unused_line(unused: list[str], strategy: str | None) -> str:
     if "sparsity.unbias" in unused:
         why.append("sparsity.unbias: sparsity.alpha=0 fits the kept terms without a ridge, "
                    "so there is nothing to unbias")
+    if "output.ci_level" in unused:
+        why.append(f"output.ci_level: strategy={strategy} gives no intervals (an iterate of "
+                   "gradient steps; oneshot, centralized_exact and personalize=auto have "
+                   "them)")
     return ("settings given that have no effect on this run (summary.json: unused_settings): "
             + "; ".join(why))
 
