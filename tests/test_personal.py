@@ -69,9 +69,10 @@ def test_auto_without_heterogeneity_is_the_pooled_solution():
 
 
 def test_auto_gives_the_same_models_whatever_the_regressors_units():
-    """Regressors in other units (features times 1e-4..1e4: H -> D H D, b -> D b) make the
-    parameters theta / D; auto works on unit-scaled parameters, so its models, standard
-    errors, test and rank are those of the original units mapped back (before, the raw
+    """Regressors in other units (features times 1e-4..1e4: H -> D H D, b -> D b) and a
+    target in other units make the parameters theta / D (times the target's unit); auto
+    works on unit-scaled parameters of unit information, so its models, standard errors,
+    test and rank are those of the original units mapped back (before, the raw
     parameters' scales entered its eigenvalue cuts and the models broke: an error of 0.99
     where the shared model's was 1e-4)."""
     model, d = _fleet(1.0, repeats=3)
@@ -79,8 +80,14 @@ def test_auto_gives_the_same_models_whatever_the_regressors_units():
     sse = None
     theta, se, fl = pers.auto(d.H, d.b, d.yy_target, d.n, blocks, sse=sse)
     D = 10.0 ** np.random.default_rng(1).uniform(-4, 4, size=d.b.shape[-1])
-    H2, b2 = d.H * np.outer(D, D), d.b * D
-    theta2, se2, fl2 = pers.auto(H2, b2, d.yy_target, d.n, blocks, sse=sse)
+    # and the first target in units 1e-8 smaller: its moments and sums of squares with it,
+    # its parameters 1e-8 smaller (groups whose noise variances differ by 1e16, as a target
+    # updated exactly beside a noisy one in other units)
+    k = np.where(blocks.param_block == blocks.param_block[0], 1e-8, 1.0)
+    ky = np.where(np.arange(d.yy_target.shape[-1]) == 0, 1e-8, 1.0)
+    H2, b2 = d.H * np.outer(D, D), d.b * D * k
+    theta2, se2, fl2 = pers.auto(H2, b2, d.yy_target * ky ** 2, d.n, blocks, sse=sse)
+    D = D / k
     np.testing.assert_allclose(fl2.pvalue, fl.pvalue, rtol=1e-9)
     np.testing.assert_allclose(theta2 * D, theta, rtol=0, atol=1e-6 * se.max())
     assert np.abs(theta2 * D - theta).max() <= 1e-3 * se.min()

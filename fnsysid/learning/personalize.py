@@ -714,16 +714,22 @@ def reml_clients(M: int, most: int | None = REML_CLIENTS) -> np.ndarray | slice:
 
 def own_estimates(msg: Message, blocks):
     """The first step of :func:`fleet`, in the unit-scaled parameters: ``(c, s2, J, beta,
-    theta)``, the parameter scale (:func:`parameter_scale`), the fleet's residual variance of
+    theta)``, the parameter scale (:func:`parameter_scale` times the square root of each
+    parameter's group variance, so that the pooled information has a unit diagonal), the
+    fleet's residual variance of
     each group of targets ``sum rss / sum dof`` (S, g) over the clients with their own fit,
     every client's information and moments scaled by it (:func:`_scaled`) and each
     determined client's own estimate ``J_i^-1 beta_i`` (0 for the others)."""
-    c = parameter_scale(msg.H)
-    msg = _rescale_message(msg, c)
     S, M, p = msg.b.shape
     rss, dof = msg.rss.reshape(S, M, -1), msg.dof.reshape(S, M, -1)
     with np.errstate(divide="ignore", invalid="ignore"):
         s2 = np.where(dof.sum(axis=1) > 0, rss.sum(axis=1) / dof.sum(axis=1), 1.0)   # (S, g)
+    groups = pooled_blocks(int(blocks), p) if isinstance(blocks, (int, np.integer)) else blocks
+    # unit-norm regressors and, through sqrt(s2), unit information per parameter in the
+    # pooled J: groups whose noise differs by many orders (a target updated exactly beside a
+    # noisy one, whatever its units) do not leave one group below the others' round-off
+    c = parameter_scale(msg.H) * np.sqrt(s2[:, groups.param_block])
+    msg = _rescale_message(msg, c)
     J, beta = _scaled(msg, s2, blocks)
     theta = np.linalg.solve(np.where(msg.own[..., None, None], J, np.eye(p)),
                             np.where(msg.own[..., None], beta, 0.0)[..., None])[..., 0]
