@@ -479,7 +479,7 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     if data is not None and diverged is None and failure is None \
             and type(strategy).__name__ != "Local":
         conditioning(summary, data, None if sparsity is None else sparsity.support,
-                     np.asarray(strategy.estimate())[:, 0, :], dataset.clients)
+                     dataset.clients)
     signum = interrupt.requested()
     if failure is not None and diverged is None:
         summary.pop("growth", None)          # judged on the rows of a run that did not end
@@ -532,14 +532,19 @@ def communication(summary: dict, settings, model, strategy, errors, M: int,
     return Table({**errors.columns, "bytes_per_client": column})
 
 
-def conditioning(summary: dict, data, support, theta=None, clients=None) -> None:
+#: a client whose predictions the round-off of the pooled sums moves by this fraction of
+#: its data keeps fewer than two correct digits of them (:func:`conditioning`)
+ROUNDOFF_LIMIT = 0.01
+
+
+def conditioning(summary: dict, data, support, clients=None) -> None:
     """The pooled Gram's condition number in ``summary["conditioning"]`` (per repeat, on the
     kept terms; :func:`fnsysid.results.metrics.gram_condition`). When some repeat's reaches
     1 / machine epsilon its estimate keeps no correct digit: a warning, and the status
     ``ill_conditioned`` instead of ``ok`` (exit code 3 from the command line). The same when
-    the estimate ``theta`` (S, p) has a round-off that may be as large as some client's data
-    (:func:`fnsysid.results.metrics.roundoff_ratio` >= 1; ``conditioning.roundoff`` names
-    those ``clients``, labels of axis 1)."""
+    the round-off of the pooled sums moves some client's predictions by
+    :data:`ROUNDOFF_LIMIT` of its data or more (:func:`fnsysid.results.metrics.roundoff_ratio`;
+    ``conditioning.roundoff`` names those ``clients``, labels of axis 1)."""
     from fnsysid.results.metrics import COND_LIMIT, gram_condition, roundoff_ratio
 
     cond = gram_condition(data.H, support)
@@ -553,9 +558,9 @@ def conditioning(summary: dict, data, support, theta=None, clients=None) -> None
                     "ill_conditioned); check the data for trajectories that escape or "
                     "features that repeat each other", worst, "s" if len(bad) > 1 else "",
                     ", ".join(map(str, bad[:10])), COND_LIMIT)
-    elif theta is not None:
-        ratio = roundoff_ratio(data.H, data.yy, theta, cond, support)
-        lost = np.nan_to_num(ratio, nan=0.0) >= 1.0                           # (S, M)
+    else:
+        ratio = roundoff_ratio(data.H, data.b, data.yy, support)
+        lost = np.nan_to_num(ratio, nan=0.0) >= ROUNDOFF_LIMIT                # (S, M)
         if not lost.any():
             return
         names = _labels(lost, clients if clients is not None else range(lost.shape[1]))
@@ -565,14 +570,13 @@ def conditioning(summary: dict, data, support, theta=None, clients=None) -> None
             "worst_ratio": float(ratio[s, m])}
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5
                                         else "")
-        log.warning("the pooled solve's round-off may reach %.3g times the data of client%s "
-                    "%s (condition number %.3g times the estimate's size, which the fleet's "
-                    "largest data set): their part of the estimate keeps no correct digit "
-                    "(status: ill_conditioned); check the data for trajectories that escape "
-                    "or clients whose data are many orders of magnitude apart",
-                    float(ratio[s, m]), "s" if len(names) > 1 else "", shown, float(cond[s]))
-    else:
-        return
+        log.warning("the round-off of the pooled sums moves the predictions of client%s %s "
+                    "by up to %.3g times their data (the sums hold a far larger client's "
+                    "data at the same precision): their predictions keep fewer than two "
+                    "correct digits (status: ill_conditioned); check the data for "
+                    "trajectories that escape or clients whose data are many orders of "
+                    "magnitude apart",
+                    "s" if len(names) > 1 else "", shown, float(ratio[s, m]))
     if summary["status"] == "ok":
         summary["status"] = "ill_conditioned"
 

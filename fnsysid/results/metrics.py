@@ -385,33 +385,46 @@ def over_clients(v: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, np.ndarr
 COND_LIMIT = 1.0 / np.finfo(float).eps
 
 
-def roundoff_ratio(H: np.ndarray, yy: np.ndarray, theta: np.ndarray, cond: np.ndarray,
-                   support: np.ndarray | None = None) -> np.ndarray:
-    """A bound, relative to each client's data, of the round-off in its predictions by the
-    pooled solve's estimate ``theta`` (S, p): (S, M).
+def roundoff_ratio(H: np.ndarray, b: np.ndarray, yy: np.ndarray,
+                   support: np.ndarray | None = None, trials: int = 4,
+                   seed: int = 0) -> np.ndarray:
+    """How far the round-off of the pooled sums moves each client's predictions, relative
+    to its data: (S, M).
 
-    In the coordinates of the equilibrated solve (``z_k = theta_k sqrt(h_k)``, ``h`` the
-    pooled Gram diagonal; :func:`fnsysid.dynamics.model.equilibrated_pinv`) the statistics
-    carry relative errors of order eps and the solution an error up to ``cond eps ||z||``
-    (``cond`` (S,) from :func:`gram_condition`). Mapped to client i's predictions
-    ``X_i delta theta`` its norm is at most that times ``sqrt(sum_k H_i,kk / h_k)`` (the
-    client's share of each regressor); divided by the norm of its targets ``sqrt(yy_i)``
-    (``yy`` (S, M)). A ratio of 1 or more: the solve's round-off may be as large as the
-    client's data (one trajectory escaped by many orders of magnitude: the others are below
-    the precision of the pooled sums), so its part of the estimate carries no digit. NaN for
-    a client without targets' variation or a repeat without a finite estimate."""
-    H, theta = np.asarray(H, float), np.asarray(theta, float)
+    The pooled statistics ``sum_i H_i``, ``sum_i b_i`` carry a rounding error of about one
+    unit in the last place of their largest terms: ``eps sqrt(h_k h_l)`` in entry (k, l)
+    (``h`` the pooled Gram diagonal) and ``eps sqrt(h_k yy)`` in moment k. The pooled
+    least squares (on ``support``) is solved again ``trials`` times with the sums perturbed
+    by such errors of random signs (a fixed ``seed``), and the largest change ``dtheta`` of
+    the solution is mapped to client i's predictions, ``sqrt(dtheta' H_i dtheta)``, divided
+    by the norm of its targets ``sqrt(yy_i)`` (``yy`` (S, M)). Where one trajectory is many
+    orders of magnitude larger than the others, the other clients' data lie below the
+    precision of the sums and the ratio approaches or passes 1: their part of the estimate
+    keeps no correct digit. NaN for a client without targets' variation."""
+    from fnsysid.dynamics.model import least_squares, masked_gram
+
+    H = np.asarray(H, float)
     S, M, p = H.shape[:3]
-    keep = np.ones((S, p), bool) if support is None else np.asarray(support, bool)
-    h = np.diagonal(H.sum(axis=1), axis1=-2, axis2=-1)                   # (S, p)
-    use = keep & (h > 0) & np.isfinite(h)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        z = np.where(use, theta * np.sqrt(np.where(use, h, 1.0)), 0.0)
-        share = np.where(use[:, None, :], np.diagonal(H, axis1=-2, axis2=-1)
-                         / np.where(use, h, 1.0)[:, None, :], 0.0).sum(axis=-1)   # (S, M)
-        bound = (np.asarray(cond, float) * np.finfo(float).eps
-                 * np.linalg.norm(z, axis=-1))[:, None] * np.sqrt(share)
-        ratio = bound / np.sqrt(np.asarray(yy, float))
+    keep = np.ones((S, p)) if support is None else np.asarray(support, float)
+    G = masked_gram(H.sum(axis=1), keep)
+    bs = np.asarray(b, float).sum(axis=1) * keep
+    yt = np.asarray(yy, float).sum(axis=1)                                        # (S,)
+    h = np.sqrt(np.maximum(np.diagonal(G, axis1=-2, axis2=-1), 0.0))              # (S, p)
+    eps = np.finfo(float).eps
+    rng = np.random.default_rng(seed)
+    with np.errstate(invalid="ignore", over="ignore"):
+        base = least_squares(G, bs) * keep
+        worst = np.zeros((S, M))
+        for _ in range(trials):
+            E = rng.choice([-1.0, 1.0], size=G.shape)
+            E = np.triu(E) + np.swapaxes(np.triu(E, 1), -1, -2)                  # symmetric
+            dG = eps * E * h[:, :, None] * h[:, None, :]
+            db = eps * rng.choice([-1.0, 1.0], size=bs.shape) * h * np.sqrt(yt)[:, None]
+            d = least_squares(G + dG, bs + db) * keep - base                      # (S, p)
+            move = np.einsum("smp,smpq,smq->sm", np.broadcast_to(d[:, None], (S, M, p)), H,
+                             np.broadcast_to(d[:, None], (S, M, p)))
+            worst = np.maximum(worst, np.sqrt(np.maximum(move, 0.0)))
+        ratio = worst / np.sqrt(np.asarray(yy, float))
     return np.where(np.asarray(yy) > 0, ratio, np.nan)
 
 
