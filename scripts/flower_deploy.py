@@ -257,15 +257,21 @@ def compare_runs(a: Path, b: Path) -> dict:
     estimates (rows matched by repeat, client and parameter); prints both, exits 1 above
     1e-10."""
     for run in (a, b):
-        if not (run / "errors.csv").is_file() or not (run / "estimates.csv").is_file():
-            raise SystemExit(f"flower_deploy: {run} is not a finished run (no errors.csv and "
-                             "estimates.csv)")
-    errors = compare(a, b)
-    keys = ["repeat", "client", "parameter"]
-    ea, eb = (pd.read_csv(r / "estimates.csv", dtype={"client": str}) for r in (a, b))
-    both = ea[keys + ["estimate"]].merge(eb[keys + ["estimate"]], on=keys, how="outer")
-    est = float(np.abs(both["estimate_x"] - both["estimate_y"]).max()) \
-        if not both[["estimate_x", "estimate_y"]].isna().any().any() else float("inf")
+        if not (run / "errors.csv").is_file():
+            raise SystemExit(f"flower_deploy: {run} is not a run folder (no errors.csv)")
+    with np.errstate(invalid="ignore"):             # inf - inf: the same blown-up free run
+        errors = compare(a, b)
+    have = [(r / "estimates.csv").is_file() for r in (a, b)]
+    if not any(have):                   # neither ended ok: no estimates to compare
+        est = 0.0
+    elif not all(have):
+        est = float("inf")
+    else:
+        keys = ["repeat", "client", "parameter"]
+        ea, eb = (pd.read_csv(r / "estimates.csv", dtype={"client": str}) for r in (a, b))
+        both = ea[keys + ["estimate"]].merge(eb[keys + ["estimate"]], on=keys, how="outer")
+        est = float(np.abs(both["estimate_x"] - both["estimate_y"]).max()) \
+            if not both[["estimate_x", "estimate_y"]].isna().any().any() else float("inf")
     print(f"max |difference| of the errors and held-out NRMSE per round: {errors:.2e}; of "
           f"the estimates: {est:.2e}")
     if not max(errors, est) <= 1e-10:

@@ -221,7 +221,8 @@ def test_overwrite_removes_every_file_an_earlier_run_wrote(tmp_path):
     ({"strategy": "fedavg", "K": 7, "sparsity": "stlsq", "sparsity.alpha": 0.1,
       "sparsity.unbias": False}, None, None),
     ({"strategy": "fedavg", "output.ci_level": 0.5}, ["output.ci_level"],
-     "output.ci_level: strategy=fedavg gives no intervals"),
+     "effect on this run (summary.json: unused_settings): output.ci_level: strategy=fedavg "
+     "gives no intervals"),
 ])
 def test_settings_that_do_nothing_are_named(extra, unused, words, caplog):
     caplog.set_level("WARNING", logger="fnsysid")

@@ -147,6 +147,15 @@ def test_an_ignored_name_no_file_has_is_refused_where_a_model_is_fitted(tmp_path
                          "data.time=time", "data.ignore=[battery]", "R=2",
                          f"data.val_path={tmp_path / 'val'}", f"hydra.run.dir={out}")
     assert res.returncode == 0, res.stderr
+    # the other way round: only the validation files hold it
+    res = cli_in_process(*GENERIC, f"data.path={tmp_path / 'val'}", "data.trajectory=run_id",
+                         "data.time=time", "data.ignore=[battery]", "R=2",
+                         f"data.val_path={tmp_path / 'own'}", f"hydra.run.dir={out}_2")
+    assert res.returncode == 0, res.stderr
+    res = cli_in_process(*GENERIC, f"data.path={tmp_path / 'val'}", "data.trajectory=run_id",
+                         "data.time=time", "data.ignore=[battery,batery]", "R=2",
+                         f"data.val_path={tmp_path / 'own'}", f"hydra.run.dir={out}_3")
+    assert res.returncode == 2 and "column 'batery' is in no file of the data" in res.stderr
 
 
 def test_ignore_and_mapping_are_typed_settings(tmp_path):
@@ -309,9 +318,16 @@ def test_missing_split_leaves_the_rows_out_and_splits_their_trajectories(tmp_pat
     b = fnsysid.run([*run, f"data.path={tmp_path / 'by_hand'}"])
     pd.testing.assert_frame_equal(a.estimates, b.estimates)
     said = [r.getMessage() for r in caplog.records if "data.missing=split" in r.getMessage()]
-    assert said == ["data.missing=split: data.path: 3 row(s) with an empty value left out; 2 "
-                    "trajectories split there into 3 parts, and 1 row(s) left alone between "
-                    "them (a part of one row has no transition)"]
+    assert said == ["data.missing=split: data.path: 3 row(s) with an empty value left out; "
+                    "the 2 trajectories that had them are now 3 trajectories, and 1 row(s) "
+                    "left alone between them (a part of one row has no transition)"]
+    # a client left without a transition is refused, not dropped
+    empty = holes.copy()
+    empty.loc[empty["client"] == empty["client"].iloc[-1], "x1"] = np.nan
+    write_per_client(empty, tmp_path / "empty")
+    with pytest.raises(DataError, match=r"robot2.csv: data.missing=split leaves client "
+                                        r"'robot2' no two consecutive rows"):
+        load_trajectories(tmp_path / "empty", ["x1", "x2"], ["u"], missing="split")
     # the estimator's fit takes it as the settings do; predict refuses such rows
     holes_df = load_trajectories(tmp_path / "holes", ["x1", "x2"], ["u"], missing="split")
     m = FederatedSysID(R=3, strategy="centralized_exact", progress=False).fit(

@@ -33,5 +33,5 @@ def test_compare_two_runs_passes_equal_ones_and_refuses_others(tmp_path, capsys)
         "estimates: 0.00e+00")
     with pytest.raises(SystemExit, match="differ by more than 1e-10"):
         deploy.main(["--compare", str(tmp_path / "a"), str(tmp_path / "c")])
-    with pytest.raises(SystemExit, match="is not a finished run"):
+    with pytest.raises(SystemExit, match="is not a run folder"):
         deploy.main(["--compare", str(tmp_path / "a"), str(tmp_path)])

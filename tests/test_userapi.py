@@ -143,6 +143,12 @@ def test_a_free_run_that_blew_up_is_shown_and_ranked_last(tmp_path):
                       "(free run worse than the held-out mean: NRMSE above 1)"]
     rows = compare([str(tmp_path / "blown"), str(tmp_path / "fine")])
     assert [(r["rank"], r["free_run"]) for r in rows] == [(1, 0.2), (2, float("inf"))]
+    # a run that diverged: its scores are of the last round kept, and say so
+    (tmp_path / "gone").mkdir()
+    write_json(tmp_path / "gone" / "summary.json",
+               {"status": "diverged", "rounds_completed": 0, "final_nrmse_1step_mean": 3.5})
+    assert [ln for ln in show_text(tmp_path / "gone") if ln.startswith("scores")] == [
+        "scores (of round 0, the last kept: not a finished model's): nrmse_1step_mean 3.5"]
 
 
 def test_show_and_load_refuse_a_folder_that_is_not_a_run_in_one_line(tmp_path, capsys):

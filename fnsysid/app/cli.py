@@ -323,12 +323,17 @@ def main() -> None:
     # with the other jobs of a sweep for the cores. One thread per process unless the
     # environment says otherwise; numpy is not imported yet, so this takes effect.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    if sys.argv[1:2] == ["compare"]:             # fnsysid compare RUN_DIR...: no Hydra job
+    if sys.argv[1:2] in (["compare"], ["show"]):  # no Hydra job: a printed report
         from fnsysid.app.compare import main as compare
 
-        sys.exit(compare(sys.argv[2:]))
-    if sys.argv[1:2] == ["show"]:
-        sys.exit(show(sys.argv[2:]))
+        report = compare if sys.argv[1] == "compare" else show
+        try:
+            code = report(sys.argv[2:])
+            sys.stdout.flush()
+        except BrokenPipeError:           # `fnsysid show RUN | head`: the reader stopped
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            code = 0
+        sys.exit(code)
     if "--version" in sys.argv[1:]:     # fnsysid's version (Hydra's own flag would print its)
         from fnsysid import __version__
 

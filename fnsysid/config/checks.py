@@ -283,7 +283,7 @@ def unused_line(unused: list[str], strategy: str | None) -> str:
     """The log line naming :func:`unused_settings`' result (``strategy``: the strategy's
     option name) and why each does nothing."""
     why = []
-    steps = [k for k in unused if k != "sparsity.unbias"]
+    steps = [k for k in unused if k not in ("sparsity.unbias", "output.ci_level")]
     if steps:
         why.append(f"{', '.join(steps)}: strategy={strategy} is solved in closed form, "
                    "without local steps")

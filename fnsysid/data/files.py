@@ -357,14 +357,24 @@ def check_tables(tables, states, inputs=(), one_file: bool = False,
         split |= "split" in [str(c) for c in df.columns] and "split" not in columns.ignore
         repeat |= "repeat" in [str(c) for c in df.columns]
         parts.append(_check_file(df, f, states, inputs, one_file, columns))
-    absent = [c for c in columns.ignore if c not in seen] if every_ignored else []
-    if absent:
-        raise DataError(f"data.ignore: column '{absent[0]}' is in no file of the data; "
-                        f"allowed: its columns ({', '.join(seen)}){_near(absent[0], seen)}")
+    if every_ignored:
+        check_ignored(columns, seen)
     out = _combine(parts, names, one_file, states, inputs, columns)
+    out.attrs["columns"] = list(seen)      # every table's columns (check_ignored)
     out.attrs["split_column"] = split      # a table has a split column: the tables decide
     out.attrs["repeat_column"] = repeat    # a table labels its repeats
     return out
+
+
+def check_ignored(columns: ColumnMap, seen) -> None:
+    """Refuse a name of ``data.ignore`` that none of the columns ``seen`` (of every file the
+    run reads: :func:`check_tables`' ``attrs["columns"]``) is: a typo, or a setting left
+    over, would otherwise do nothing. Raises :class:`DataError`."""
+    seen = list(dict.fromkeys(seen))
+    absent = [c for c in columns.ignore if c not in seen]
+    if absent:
+        raise DataError(f"data.ignore: column '{absent[0]}' is in no file of the data; "
+                        f"allowed: its columns ({', '.join(seen)}){_near(absent[0], seen)}")
 
 
 def _check_file(df: pd.DataFrame, f: Path, states, inputs, one_file: bool,
@@ -573,7 +583,7 @@ def _combine(parts, files, one_file, states, inputs, columns: ColumnMap) -> pd.D
                         ignore_index=True)
     missing = None
     if columns.missing == "split":
-        df, missing = _split_at_missing(df, states, inputs)
+        df, missing = _split_at_missing(df, states, inputs, files)
     group = df[["repeat", "_client", "_trajectory"]].to_numpy()
     same_next = (group[1:] == group[:-1]).all(axis=1)          # row i and i+1: one trajectory
     last = np.append(~same_next, True)                         # last sample of a trajectory
@@ -626,7 +636,7 @@ def _combine(parts, files, one_file, states, inputs, columns: ColumnMap) -> pd.D
     return out
 
 
-def _split_at_missing(df: pd.DataFrame, states: list[str], inputs: list[str]
+def _split_at_missing(df: pd.DataFrame, states: list[str], inputs: list[str], files=()
                       ) -> tuple[pd.DataFrame, dict]:
     """``data.missing=split``: the rows of ``df`` (sorted by repeat, client, trajectory) with
     an empty or non-finite time, state or input (an input only where it is used: not on a
@@ -635,7 +645,9 @@ def _split_at_missing(df: pd.DataFrame, states: list[str], inputs: list[str]
     trajectory: no transition spans a left-out row); parts of a single row (no transition)
     are left out too. Returns the rows kept and ``{rows, single_rows, trajectories,
     parts}``: the rows left out for a missing value and as single rows, the trajectories
-    split and the parts they became."""
+    that lost rows and the trajectories (parts) they became. A client left without a
+    transition is refused (:class:`DataError` naming it and its file, ``files`` by the
+    ``_file`` column): a fleet does not lose a client silently."""
     group = df[["repeat", "_client", "_trajectory"]].to_numpy()
     first = np.append(True, (group[1:] != group[:-1]).any(axis=1))
     last = np.append(first[1:], True)
@@ -655,6 +667,15 @@ def _split_at_missing(df: pd.DataFrame, states: list[str], inputs: list[str]
     size = pd.Series(keep).groupby([tid, part]).transform("sum").to_numpy()
     single = keep & (size < 2)
     keep &= ~single
+    lost = pd.unique(df.loc[~pd.Series(keep).groupby(df["_client"].to_numpy())
+                            .transform("any").to_numpy(), "_client"])
+    if len(lost):
+        i = int(np.flatnonzero(df["_client"].to_numpy() == lost[0])[0])
+        f = files[int(df["_file"].iat[i])] if len(files) else "the data"
+        raise DataError(f"{f}: data.missing=split leaves client '{df['client'].iat[i]}' no "
+                        "two consecutive rows without an empty time, state or input; allowed: "
+                        "a client with at least one transition (fill its values, or leave its "
+                        "file out)")
     out = df[keep].copy()
     k = pd.Series(part[keep]).groupby(tid[keep]).rank(method="dense").to_numpy(int)
     sp = split[keep]

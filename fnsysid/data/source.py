@@ -296,8 +296,10 @@ def read_files(settings: Settings, model: Model, key: str = "path",
         return read_trajectories(getattr(settings.data, key), states, inputs,
                                  setting=f"data.{key}", columns=columns)
     try:
+        # with data.val_path the ignored names are checked on both (check_ignored)
         return read_trajectories(settings.data.path, states, inputs, client_file=client_file,
-                                 columns=columns, every_ignored=not client_file)
+                                 columns=columns, every_ignored=not client_file
+                                 and not settings.data.val_path)
     except DataError as exc:
         raise _generic_hint(exc, settings, model, given) from None
 
@@ -327,8 +329,8 @@ def _missing_line(df, setting: str) -> None:
         return
     single = (f", and {info['single_rows']} row(s) left alone between them (a part of one "
               "row has no transition)") if info["single_rows"] else ""
-    log.warning("data.missing=split: %s: %d row(s) with an empty value left out; %d "
-                "trajectories split there into %d parts%s", setting, info["rows"],
+    log.warning("data.missing=split: %s: %d row(s) with an empty value left out; the %d "
+                "trajectories that had them are now %d trajectories%s", setting, info["rows"],
                 info["trajectories"], info["parts"], single)
 
 
@@ -337,9 +339,14 @@ def check_trajectory_files(settings: Settings, model: Model) -> None:
     :func:`from_files` reads them (:func:`read_files`), for their contents' errors only (the
     check of a sweep before its jobs start: each job would refuse the same file in the same
     words)."""
+    from fnsysid.data.files import ColumnMap, check_ignored
+
+    seen = []
     for key in ("path", "val_path"):
         if getattr(settings.data, key):
-            read_files(settings, model, key)
+            seen += read_files(settings, model, key).attrs["columns"]
+    if settings.data.val_path:
+        check_ignored(ColumnMap.of(settings.data), seen)
 
 
 @np.errstate(over="ignore", invalid="ignore")    # statistics that overflow: refused, not warned
@@ -364,6 +371,7 @@ def from_files(settings: Settings, model: Model, optimizer,
     from fnsysid.data.files import (
         ColumnMap,
         check_finite,
+        check_ignored,
         check_tables,
         load_truth,
         truth_parameters,
@@ -378,7 +386,7 @@ def from_files(settings: Settings, model: Model, optimizer,
             df = check_tables(tables, states, inputs, columns=columns, every_ignored=True)
         except DataError as exc:
             raise _generic_hint(exc, settings, model, given) from None
-    _missing_line(df, "data.path")
+    _missing_line(df, "data.path" if tables is None else "the data")
     clients = [str(c) for c in df.drop_duplicates("_client").sort_values("_client")["client"]]
     labels = df.attrs["repeats"]                         # the files' repeat labels
     S, M = len(labels), len(clients)
@@ -393,6 +401,8 @@ def from_files(settings: Settings, model: Model, optimizer,
                             f"data.val_path={settings.data.val_path} gives held-out files: use one")
         val = read_files(settings, model, "val_path")
         _missing_line(val, "data.val_path")
+        if not client_file:
+            check_ignored(columns, df.attrs["columns"] + val.attrs["columns"])
         val_clients = pd.Index(clients).get_indexer(val["client"])
         if (val_clients < 0).any():
             bad = val["client"].to_numpy()[val_clients < 0][0]

@@ -222,7 +222,9 @@ def _run_lines(folder: Path, summary: dict, full: bool) -> list[str]:
     head = (f"status {summary.get('status')}, {summary.get('rounds_completed')} rounds; "
             f"system={summary.get('system')}, feature_map={summary.get('feature_map')}, "
             f"strategy={summary.get('strategy')}, M={summary.get('M')}")
-    lines = [head, f"scores: {_scores(summary)}"]
+    kept = "" if summary.get("status") == "ok" else \
+        f" (of round {summary.get('rounds_completed')}, the last kept: not a finished model's)"
+    lines = [head, f"scores{kept}: {_scores(summary)}"]
     from fnsysid.results.atomic import restored
     from fnsysid.results.modelcheck import CONSTANT
 
