@@ -414,16 +414,15 @@ def roundoff_ratio(H: np.ndarray, b: np.ndarray, yy: np.ndarray,
     rng = np.random.default_rng(seed)
     with np.errstate(invalid="ignore", over="ignore"):
         base = least_squares(G, bs) * keep
-        worst = np.zeros((S, M))
-        for _ in range(trials):
-            E = rng.choice([-1.0, 1.0], size=G.shape)
-            E = np.triu(E) + np.swapaxes(np.triu(E, 1), -1, -2)                  # symmetric
-            dG = eps * E * h[:, :, None] * h[:, None, :]
-            db = eps * rng.choice([-1.0, 1.0], size=bs.shape) * h * np.sqrt(yt)[:, None]
-            d = least_squares(G + dG, bs + db) * keep - base                      # (S, p)
-            move = np.einsum("smp,smpq,smq->sm", np.broadcast_to(d[:, None], (S, M, p)), H,
-                             np.broadcast_to(d[:, None], (S, M, p)))
-            worst = np.maximum(worst, np.sqrt(np.maximum(move, 0.0)))
+        E = rng.choice([-1.0, 1.0], size=(trials, *G.shape))
+        E = np.triu(E) + np.swapaxes(np.triu(E, 1), -1, -2)                      # symmetric
+        dG = eps * E * h[:, :, None] * h[:, None, :]
+        db = eps * rng.choice([-1.0, 1.0], size=(trials, *bs.shape)) * h * np.sqrt(yt)[:, None]
+        d = np.swapaxes(least_squares(G + dG, bs + db) * keep - base, 0, 1)      # (S, T, p)
+        # every client's H_i read once for all the trials: (S, M, T)
+        move = np.einsum("smpq,stq->smtp", H, d, optimize=True)
+        move = np.einsum("smtp,stp->smt", move, d)
+        worst = np.sqrt(np.maximum(move, 0.0)).max(axis=-1)
         ratio = worst / np.sqrt(np.asarray(yy, float))
     return np.where(np.asarray(yy) > 0, ratio, np.nan)
 
