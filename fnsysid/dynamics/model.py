@@ -262,6 +262,18 @@ def masked_gram(H: np.ndarray, mask) -> np.ndarray:
     return H * m[..., :, None] * m[..., None, :]
 
 
+def equilibration(diagonal, fill: float = 1.0) -> np.ndarray:
+    """The factors ``1 / sqrt(d)`` that scale regressors whose Gram diagonal is ``d`` to unit
+    norm, ``fill`` where ``d`` is not positive and finite (a regressor identically 0).
+
+    >>> equilibration(np.array([4.0, 0.0, 1e-6]))
+    array([5.e-01, 1.e+00, 1.e+03])
+    """
+    d = np.asarray(diagonal, float)
+    good = (d > 0) & np.isfinite(d)
+    return np.where(good, 1.0 / np.sqrt(np.where(good, d, 1.0)), fill)
+
+
 def equilibrated_pinv(H: np.ndarray) -> np.ndarray:
     """Pseudo-inverses of Gram matrices computed on their equilibrated form,
     ``D (D H D)^+ D`` with ``D = diag(H)^(-1/2)`` (0 where a regressor is identically 0),
@@ -293,9 +305,7 @@ def equilibrated_pinv(H: np.ndarray) -> np.ndarray:
     >>> np.linalg.pinv(H, hermitian=True) @ (H @ theta)        # the first coefficient lost
     array([2.e-18, 4.e-09])
     """
-    d = np.diagonal(H, axis1=-2, axis2=-1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        s = np.where((d > 0) & np.isfinite(d), 1.0 / np.sqrt(d), 0.0)
+    s = equilibration(np.diagonal(H, axis1=-2, axis2=-1), fill=0.0)
     scaled = H * s[..., :, None] * s[..., None, :]
     return np.linalg.pinv(scaled, hermitian=True) * s[..., :, None] * s[..., None, :]
 

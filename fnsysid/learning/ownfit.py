@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fnsysid.dynamics.model import for_slices
+from fnsysid.dynamics.model import equilibration, for_slices
 
 #: clients whose Gram matrices one block decomposes at a time (bounds the temporaries:
 #: a few times CHUNK x p^2 numbers)
@@ -91,9 +91,7 @@ def ranks(H: np.ndarray, chunk: int = CHUNK) -> np.ndarray:
     flat, out = H.reshape(-1, *H.shape[-2:]), rank.reshape(-1)
     for i in range(0, len(flat), chunk):
         A = flat[i:i + chunk]
-        d = np.diagonal(A, axis1=-2, axis2=-1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            sc = np.where((d > 0) & np.isfinite(d), 1.0 / np.sqrt(d), 1.0)
+        sc = equilibration(np.diagonal(A, axis1=-2, axis2=-1))
         w = np.abs(np.linalg.eigvalsh(A * sc[:, :, None] * sc[:, None, :]))
         tol = w.max(axis=-1, keepdims=True) * H.shape[-1] * np.finfo(H.dtype).eps
         out[i:i + chunk] = (w > tol).sum(axis=-1)
@@ -184,9 +182,7 @@ def _solve(H: np.ndarray, b: np.ndarray, support) -> OwnFits:
             A = A * m[:, :, None] * m[:, None, :]
         # equilibrated: each regressor scaled to unit size, so that neither the rank rule
         # nor the solve depends on the data's units (a regressor identically 0 keeps 1)
-        d = np.diagonal(A, axis1=-2, axis2=-1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            s = np.where((d > 0) & np.isfinite(d), 1.0 / np.sqrt(d), 1.0)
+        s = equilibration(np.diagonal(A, axis1=-2, axis2=-1))
         t, full[sl], g = _chunk(A * s[:, :, None] * s[:, None, :], bf[sl] * keep * s, keep)
         theta[sl], dg[sl] = t * s, g * s * s
 

@@ -26,7 +26,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from fnsysid.dynamics.model import equilibrated_pinv
+from fnsysid.dynamics.model import equilibrated_pinv, equilibration
 from fnsysid.learning.ownfit import own_fits
 
 #: personalize options (the ``personalize`` config group)
@@ -230,9 +230,7 @@ def parameter_scale(H: np.ndarray) -> np.ndarray:
     parameters ``theta_k / c_k`` (:func:`fleet`, :func:`client_posterior`), which are the
     same numbers in any units of the data, so that its eigenvalue cuts, low-rank factors and
     stopping rules do not depend on them; the results are mapped back."""
-    h = np.diagonal(np.asarray(H, float).sum(axis=1), axis1=-2, axis2=-1)       # (S, p)
-    good = (h > 0) & np.isfinite(h)
-    return np.where(good, 1.0 / np.sqrt(np.where(good, h, 1.0)), 1.0)
+    return equilibration(np.diagonal(np.asarray(H, float).sum(axis=1), axis1=-2, axis2=-1))
 
 
 def _rescale_message(msg: Message, c: np.ndarray) -> Message:

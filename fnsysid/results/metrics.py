@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from fnsysid.dynamics.model import factor_starts, residual_sums, target_groups
+from fnsysid.dynamics.model import (
+    equilibration,
+    factor_starts,
+    least_squares,
+    masked_gram,
+    residual_sums,
+    target_groups,
+)
 
 
 class ParameterErrors:
@@ -401,8 +408,6 @@ def roundoff_ratio(H: np.ndarray, b: np.ndarray, yy: np.ndarray,
     orders of magnitude larger than the others, the other clients' data lie below the
     precision of the sums and the ratio approaches or passes 1: their part of the estimate
     keeps no correct digit. NaN for a client without targets' variation."""
-    from fnsysid.dynamics.model import least_squares, masked_gram
-
     H = np.asarray(H, float)
     S, M, p = H.shape[:3]
     keep = np.ones((S, p)) if support is None else np.asarray(support, float)
@@ -448,7 +453,7 @@ def gram_condition(H: np.ndarray, support: np.ndarray | None = None) -> np.ndarr
         if not np.isfinite(g).all():
             out[s] = np.inf
             continue
-        scale = 1.0 / np.sqrt(d[s][use])
+        scale = equilibration(d[s][use])
         ev = np.linalg.eigvalsh(g * scale[:, None] * scale[None, :])
         out[s] = ev[-1] / ev[0] if ev[0] > 0 else np.inf
     return out

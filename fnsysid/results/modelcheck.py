@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fnsysid.dynamics.model import equilibration
 from fnsysid.learning.ownfit_stats import PseudoInverses, own_fit_statistics
 from fnsysid.results.metrics import HeldOutScores, over_clients
 
@@ -343,8 +344,7 @@ def correlation_statistics(model, data, heldout, fits, support=None,
         if not keep.any():                 # no term kept: no Gram matrix to condition
             continue
         g = H[np.ix_(keep, keep)]
-        d = np.diagonal(g)
-        sc = np.where(d > 0, 1.0 / np.sqrt(np.where(d > 0, d, 1.0)), 1.0)   # equilibrated
+        sc = equilibration(np.diagonal(g))                   # independent of the units
         ev = np.linalg.eigvalsh(g * sc[:, None] * sc[None, :])
         st["cond"][s, m] = ev[-1] / ev[0] if ev[0] > 0 else np.inf
     return st
