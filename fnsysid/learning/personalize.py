@@ -239,6 +239,23 @@ def _rescale_message(msg: Message, c: np.ndarray) -> Message:
     return Message(msg.H * cc, msg.b * c[:, None, :], msg.rss, msg.dof, msg.own)
 
 
+def _fleet_variances(msg: Message) -> np.ndarray:
+    """The fleet's residual variance of each group of targets ``sum rss / sum dof`` (S, g)
+    over the clients with their own fit (1 where none has a degree of freedom)."""
+    S, M = msg.b.shape[:2]
+    rss, dof = msg.rss.reshape(S, M, -1), msg.dof.reshape(S, M, -1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(dof.sum(axis=1) > 0, rss.sum(axis=1) / dof.sum(axis=1), 1.0)
+
+
+def _q_pvalue(Q, m, p: int) -> np.ndarray:
+    """The chi-square tail of Cochran's ``Q`` (S,) over ``m`` (S,) clients of ``p``
+    parameters, ``(m - 1) p`` degrees of freedom (NaN with fewer than two clients)."""
+    from scipy.special import chdtrc
+
+    return np.where(m >= 2, chdtrc(np.maximum((m - 1) * p, 1), Q), np.nan)
+
+
 def _scaled(msg: Message, s2, blocks) -> tuple[np.ndarray, np.ndarray]:
     """``J = S^-1/2 H S^-1/2`` and ``beta = S^-1 b`` of every client, ``S`` the diagonal of the
     fleet's residual variances ``s2`` (S, g) of each parameter's group."""
@@ -258,8 +275,6 @@ def homogeneity(theta, J, own):
     degrees of freedom (the variances in ``J_i`` are the fleet's, on many degrees of freedom,
     and taken as known). The tail is ``scipy.special.chdtrc`` (as ``scipy.stats.chi2.sf``,
     without importing ``scipy.stats``)."""
-    from scipy.special import chdtrc
-
     p = theta.shape[-1]
     w = own.astype(float)
     Jth = np.matmul(J, theta[..., None])[..., 0]
@@ -268,10 +283,7 @@ def homogeneity(theta, J, own):
                    np.einsum("sm,smp->sp", w, Jth))
     d = theta - mu[:, None]
     Q = np.einsum("sm,smp,smp->s", w, d, np.matmul(J, d[..., None])[..., 0])
-    m = w.sum(axis=1)
-    k = (m - 1) * p
-    pv = np.where(m >= 2, chdtrc(np.maximum(k, 1), Q), np.nan)
-    return Q, pv
+    return Q, _q_pvalue(Q, w.sum(axis=1), p)
 
 
 def homogeneity_from(msg: Message, blocks, theta):
@@ -281,15 +293,10 @@ def homogeneity_from(msg: Message, blocks, theta):
     client i is ``J_i = W H_i W``, ``W`` the diagonal of ``1 / sqrt(s2)`` of each parameter's
     group (the fleet's residual variances, :func:`own_estimates`). Returns ``(Q, pvalue)``
     (S,)."""
-    from scipy.special import chdtrc
-
-    S, M, p = msg.b.shape
-    rss, dof = msg.rss.reshape(S, M, -1), msg.dof.reshape(S, M, -1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        s2 = np.where(dof.sum(axis=1) > 0, rss.sum(axis=1) / dof.sum(axis=1), 1.0)   # (S, g)
+    p = msg.b.shape[-1]
     if isinstance(blocks, (int, np.integer)):
         blocks = pooled_blocks(int(blocks), p)
-    w = 1.0 / np.sqrt(s2[:, blocks.param_block])                                  # (S, p)
+    w = 1.0 / np.sqrt(_fleet_variances(msg)[:, blocks.param_block])               # (S, p)
     m = msg.own.astype(float)
     theta = np.where(msg.own[..., None], theta, 0.0)
     Hv = np.einsum("smpq,smq->smp", msg.H, theta * w[:, None])
@@ -297,8 +304,7 @@ def homogeneity_from(msg: Message, blocks, theta):
     mu = np.einsum("spq,sq->sp", equilibrated_pinv(A), w * np.einsum("sm,smp->sp", m, Hv))
     e = (theta - mu[:, None]) * w[:, None]
     Q = np.einsum("sm,smp,smp->s", m, e, np.einsum("smpq,smq->smp", msg.H, e))
-    k = (m.sum(axis=1) - 1) * p
-    return Q, np.where(m.sum(axis=1) >= 2, chdtrc(np.maximum(k, 1), Q), np.nan)
+    return Q, _q_pvalue(Q, m.sum(axis=1), p)
 
 
 def _truncate(Sig, rank: int, factors: bool = False):
@@ -714,14 +720,11 @@ def own_estimates(msg: Message, blocks):
     """The first step of :func:`fleet`, in the unit-scaled parameters: ``(c, s2, J, beta,
     theta)``, the parameter scale (:func:`parameter_scale` times the square root of each
     parameter's group variance, so that the pooled information has a unit diagonal), the
-    fleet's residual variance of
-    each group of targets ``sum rss / sum dof`` (S, g) over the clients with their own fit,
-    every client's information and moments scaled by it (:func:`_scaled`) and each
-    determined client's own estimate ``J_i^-1 beta_i`` (0 for the others)."""
-    S, M, p = msg.b.shape
-    rss, dof = msg.rss.reshape(S, M, -1), msg.dof.reshape(S, M, -1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        s2 = np.where(dof.sum(axis=1) > 0, rss.sum(axis=1) / dof.sum(axis=1), 1.0)   # (S, g)
+    fleet's residual variances (:func:`_fleet_variances`), every client's information and
+    moments scaled by them (:func:`_scaled`) and each determined client's own estimate
+    ``J_i^-1 beta_i`` (0 for the others)."""
+    p = msg.b.shape[-1]
+    s2 = _fleet_variances(msg)                                                    # (S, g)
     groups = pooled_blocks(int(blocks), p) if isinstance(blocks, (int, np.integer)) else blocks
     # unit-norm regressors and, through sqrt(s2), unit information per parameter in the
     # pooled J: groups whose noise differs by many orders (a target updated exactly beside a

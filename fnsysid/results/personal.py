@@ -75,13 +75,13 @@ def reml_summary(fl) -> dict | None:
     pv = np.asarray(fl.pvalue, float)
     Sig = np.asarray(fl.Sigma, float)
     scale = np.ones(Sig.shape[:2]) if fl.scale is None else np.asarray(fl.scale, float)
+    # the rank in the parameters the fleet was estimated in (its eigenvalue cut is relative)
     return {"test": "Cochran's Q", "level": pers.HOMOGENEITY_LEVEL,
             "Q": [float(q) for q in np.asarray(fl.Q, float)],
             "pvalue": [float(v) if np.isfinite(v) else None for v in pv],
             "rejected": [bool(v < pers.HOMOGENEITY_LEVEL) for v in pv],
             "rank": [int(np.linalg.matrix_rank(S / np.outer(c, c), hermitian=True))
-                     if np.any(S) else 0 for S, c in zip(np.asarray(fl.Sigma, float), scale,
-                                                         strict=True)],
+                     if np.any(S) else 0 for S, c in zip(Sig, scale, strict=True)],
             "converged": [bool(c) for c in np.asarray(fl.reml_converged)],
             "iterations": [int(n) for n in np.asarray(fl.reml_iterations)]}
 
