@@ -36,6 +36,7 @@ def test_flower_runtime_matches_inprocess_round_by_round(strategy, fraction, tmp
     a = run_experiment(compose_cfg(*SMALL, *extra), tmp_path / "a")
     b = run_experiment(compose_cfg(*SMALL, *extra, "runtime=flower"), tmp_path / "b")
     assert (a["runtime"], b["runtime"]) == ("inprocess", "flower")
+    assert a["heldout"] == b["heldout"]     # the nodes' marks: the same held-out data
     ea, eb = (pd.read_csv(tmp_path / d / "errors.csv") for d in "ab")
     assert len(ea) == len(eb) == 2 * 6
     np.testing.assert_allclose(eb["e_max"], ea["e_max"], rtol=0, atol=1e-10)
@@ -367,6 +368,8 @@ def test_flower_scores_a_perfect_model_on_client_files_as_in_process(tmp_path):
     a = run_experiment(compose_cfg(*args), tmp_path / "a")
     b = run_experiment(compose_cfg(*args, "runtime=flower"), tmp_path / "b")
     assert a["status"] == b["status"] == "ok"
+    # the same held-out data in both runtimes: fnsysid compare ranks them together
+    assert a["heldout"] == b["heldout"] and len(a["heldout"]["fingerprint"]) == 16
     ea, eb = (pd.read_csv(tmp_path / d / "errors.csv") for d in "ab")
     assert len(ea) == len(eb) == 2 * 3
     for c in NRMSE:

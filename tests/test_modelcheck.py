@@ -144,6 +144,41 @@ def test_compare_lists_a_run_that_did_not_finish_unranked(duffing_runs, tmp_path
     assert rows[1].startswith("1 ") and rows[2].startswith("- ") and "diverged" in rows[2]
 
 
+def test_compare_ranks_runs_on_different_held_out_data_apart(duffing_runs, tmp_path, capsys):
+    """Errors on different held-out data do not rank models: a run of the same library on
+    another fleet (other clients, so other held-out data) gets its own set B and its own rank
+    1, and a note on stderr says so; the two runs of set A keep their order."""
+    from test_sparsity import duffing_fleet
+
+    root, runs = duffing_runs
+    assert runs[1][1]["heldout"] == runs[3][1]["heldout"]     # one fleet, two libraries
+    file, _, _ = duffing_fleet(tmp_path, M=3)
+    other = tmp_path / "other"
+    res = fnsysid.run({"system": "generic", "data": "files", "data.path": str(file),
+                       "data.states": ["x1", "x2"], "data.inputs": ["u"],
+                       "feature_map": "polynomial", "feature_map.degree": 1,
+                       "strategy": "centralized_exact", "output.plot": False,
+                       "progress": False}, output_dir=other)
+    assert res.summary["heldout"]["fingerprint"] != runs[1][1]["heldout"]["fingerprint"]
+    assert compare([str(root / "sweep"), str(other)]) == 0
+    out, err = capsys.readouterr()
+    rows = [ln.split() for ln in out.splitlines()]
+    assert rows[0][:2] == ["rank", "data"]
+    assert [r[:2] for r in rows[1:]] == [["1", "A"], ["2", "A"], ["1", "B"]]
+    assert rows[1][-1].endswith("degree=3") and rows[3][-1] == str(other)
+    assert "2 different held-out data sets" in err and err.count("\n") == 1
+    # an older summary without the digest is a set of its own, "?"
+    old = tmp_path / "old"
+    old.mkdir()
+    summary = dict(runs[1][1])
+    del summary["heldout"]
+    (old / "summary.json").write_text(json.dumps(summary))
+    assert compare([str(runs[3][0]), str(old)]) == 0
+    out, err = capsys.readouterr()
+    assert [ln.split()[:2] for ln in out.splitlines()[1:]] == [["1", "A"], ["1", "?"]]
+    assert "older version" in err
+
+
 @pytest.mark.parametrize("make, words", [
     (lambda p: p / "missing", "no such folder"),
     (lambda p: (p / "f.txt").write_text("x") and p / "f.txt", "not a folder"),

@@ -6,6 +6,12 @@ each job folder below it that holds ``summary.json``). Runs are ranked by the me
 clients of the free-run NRMSE of the run's model on the held-out data
 (``final_nrmse_sim_mean``, averaged over repeats); runs that did not finish ``ok`` or have no
 held-out data are listed after the ranked ones, unranked.
+
+Errors on different held-out data do not rank models: runs are ranked only among runs scored
+on the same held-out data (``summary.json: heldout.fingerprint``, a digest of the clients'
+held-out sample counts and state spreads). When the runs given were scored on more than one
+held-out data set, the column ``data`` names each set (A, B, ...), each set is ranked on its
+own, and a note says so; a summary written before the digest existed is its own set, ``?``.
 """
 
 from __future__ import annotations
@@ -71,7 +77,8 @@ def read_run(folder: Path) -> dict:
             "free_run_max": restored(summary, "final_nrmse_sim_max"),
             "one_step": summary.get("final_nrmse_1step_mean"),
             "verdict": verdict or ("not checked" if not check else "nothing to check"),
-            "ok": check.get("ok")}
+            "ok": check.get("ok"),
+            "heldout": (summary.get("heldout") or {}).get("fingerprint")}
 
 
 def compare(paths: list[str]) -> list[dict]:
@@ -82,14 +89,29 @@ def compare(paths: list[str]) -> list[dict]:
             if folder.resolve() not in seen:
                 seen.add(folder.resolve())
                 rows.append(read_run(folder))
+    sets: dict = {}               # held-out digest -> "A", "B", ... in order of appearance
+    for r in rows:
+        if r["free_run"] is not None and r["heldout"] not in sets:
+            sets[r["heldout"]] = None
+    names = iter("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    for key in sets:
+        sets[key] = "?" if key is None else next(names, key[:6])
+    for r in rows:
+        r["data"] = sets.get(r["heldout"]) if r["free_run"] is not None else None
     ranked = [r for r in rows if r["status"] == "ok" and r["free_run"] is not None]
-    ranked.sort(key=lambda r: r["free_run"])
-    for i, r in enumerate(ranked, 1):
-        r["rank"] = i
+    ranked.sort(key=lambda r: (list(sets).index(r["heldout"]), r["free_run"]))
+    for key in sets:
+        for i, r in enumerate((r for r in ranked if r["heldout"] == key), 1):
+            r["rank"] = i
     rest = [r for r in rows if r not in ranked]
     for r in rest:
         r["rank"] = None
     return ranked + rest
+
+
+def data_sets(rows: list[dict]) -> list[str]:
+    """The names of the held-out data sets the rows were scored on, in order."""
+    return list(dict.fromkeys(r["data"] for r in rows if r["data"] is not None))
 
 
 def _fmt(v) -> str:
@@ -106,12 +128,22 @@ def main(argv: list[str]) -> int:
     except CompareError as exc:
         print(f"fnsysid compare: error: {exc}", file=sys.stderr)
         return 2
-    head = ("rank", "free-run NRMSE", "max", "one-step", "status", "model check", "run")
-    table = [head] + [(_fmt(r["rank"]) if r["rank"] else "-", _fmt(r["free_run"]),
-                       _fmt(r["free_run_max"]), _fmt(r["one_step"]), r["status"],
-                       r["verdict"], r["label"]) for r in rows]
+    sets = data_sets(rows)
+    several = len(sets) > 1
+    head = ("rank",) + (("data",) if several else ()) + (
+        "free-run NRMSE", "max", "one-step", "status", "model check", "run")
+    table = [head] + [(_fmt(r["rank"]) if r["rank"] else "-",) +
+                      ((r["data"] or "-",) if several else ()) +
+                      (_fmt(r["free_run"]), _fmt(r["free_run_max"]), _fmt(r["one_step"]),
+                       r["status"], r["verdict"], r["label"]) for r in rows]
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head) - 1)]
     for row in table:
         print("  ".join(str(v).ljust(w) for v, w in zip(row[:-1], widths, strict=True)) +
               "  " + str(row[-1]))
+    if several:
+        unknown = " (?: a summary without the held-out digest, written by an older version)" \
+            if "?" in sets else ""
+        print(f"note: these runs were scored on {len(sets)} different held-out data sets "
+              f"(column data: {', '.join(sets)}){unknown}; each set is ranked on its own, "
+              "since errors on different data do not rank models", file=sys.stderr)
     return 0 if all(r["status"] == "ok" for r in rows) else 3

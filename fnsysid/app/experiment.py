@@ -24,6 +24,7 @@ from fnsysid.app.resources import check_memory, file_budget
 from fnsysid.config.checks import check_run, override_key, unused_line, unused_settings
 from fnsysid.config.errors import some
 from fnsysid.config.schema import Settings
+from fnsysid.data.heldout import heldout_fingerprint
 from fnsysid.data.source import Dataset, load_data
 from fnsysid.dynamics.model import Model
 from fnsysid.learning.personalize import z_value
@@ -434,6 +435,10 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     unscored = unscored_clients(model, dataset)
     if unscored:
         summary["unscored_clients"] = unscored
+    ho = getattr(dataset, "heldout", None)      # which data the held-out scores are on
+    marks = ho.marks() if ho is not None else getattr(hist, "heldout_marks", None)
+    if marks is not None and heldout_fingerprint(marks) is not None:
+        summary["heldout"] = {"fingerprint": heldout_fingerprint(marks)}
     sparsity = getattr(strategy, "sparsity", None)
     if sparsity is not None and sparsity.support is not None:
         summary["sparsity"] = sparsity.summary(model)

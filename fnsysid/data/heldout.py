@@ -113,6 +113,10 @@ class HeldOut:
             mask[:, b.clients, :j, :t] = b.mask
         return x, u, mask
 
+    def marks(self) -> np.ndarray:
+        """(S, M) each client's mark of its held-out data (:func:`heldout_marks`)."""
+        return heldout_marks(self.n, self.std)
+
     @property
     def x(self) -> np.ndarray:
         """States of every client, padded (see :meth:`padded`)."""
@@ -127,6 +131,59 @@ class HeldOut:
     def mask(self) -> np.ndarray:
         """Where the padded samples exist (see :meth:`padded`)."""
         return self.padded()[2]
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer (Steele, Lea & Flood 2014, https://doi.org/10.1145/2714064.2660195),
+    elementwise on uint64: every input bit changes about half of the output bits."""
+    with np.errstate(over="ignore"):
+        z = z + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def heldout_marks(n: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """Each client's mark of its held-out data, per repeat: a 52-bit hash (a float, exact) of
+    its number of held-out transitions and of its states' standard deviations, each rounded
+    to 30 bits of its mantissa (so the same samples summed in another order give the same
+    mark); 0 for a client without held-out data. It depends on the held-out samples alone,
+    not on the model, the library or the strategy: ``summary.json: heldout.fingerprint``
+    (:func:`heldout_fingerprint`), with which ``fnsysid compare`` ranks only runs scored on
+    the same data. A Flower node sends its own marks with its scores; a mark tells only
+    whether two data sets are the same.
+
+    Parameters
+    ----------
+    n : numpy.ndarray of int, shape (S, M)
+        Held-out transitions.
+    std : numpy.ndarray, shape (S, M, n_x)
+        The states' standard deviations over the held-out samples.
+
+    Returns
+    -------
+    numpy.ndarray of float, shape (S, M)
+    """
+    n = np.asarray(n)
+    mant, expo = np.frexp(np.asarray(std, float))
+    parts = [n.astype(np.int64)[..., None], np.round(mant * 2.0 ** 30).astype(np.int64),
+             expo.astype(np.int64)]
+    h = np.zeros(n.shape, np.uint64)
+    for col in np.concatenate(parts, axis=-1).astype(np.uint64).transpose(2, 0, 1):
+        h = _mix(h ^ col)
+    h = (h & np.uint64((1 << 52) - 1)).astype(float)
+    return np.where(n > 0, h, 0.0)
+
+
+def heldout_fingerprint(marks: np.ndarray) -> str | None:
+    """A short hex digest of the fleet's held-out data (SHA-256 of every client's mark in
+    client order, :func:`heldout_marks`); None when no client has held-out data."""
+    import hashlib
+
+    marks = np.asarray(marks, float)
+    if not (marks > 0).any():
+        return None
+    return hashlib.sha256(np.ascontiguousarray(marks.astype(np.int64)).tobytes()).hexdigest()[:16]
 
 
 #: clients whose held-out data are reduced to QR factors at once (temporaries of a few MB)

@@ -252,16 +252,18 @@ class ClientNode:
         the in-process functions (:class:`~fnsysid.results.metrics.HeldOutScores`): ``_n1``
         the one-step NRMSE, ``_ns`` the free-run NRMSE (NaN unless ``free_run``), ``_v`` 1
         where the client is scored (held-out data in which a predicted state varies), else 0
-        (then both are NaN)."""
+        (then both are NaN), ``_h`` the mark of its held-out data
+        (:func:`~fnsysid.data.heldout.heldout_marks`, 0 without any)."""
         S = theta.shape[0]
         if self.scores is None:
             nan = np.full((S, 1), np.nan)
-            return {"_n1": nan, "_ns": nan, "_v": np.zeros((S, 1))}
+            return {"_n1": nan, "_ns": nan, "_v": np.zeros((S, 1)), "_h": np.zeros((S, 1))}
         est = theta[:, None, :]
         with np.errstate(all="ignore"):
             n1 = self.scores.one_step(est)
             ns = self.scores.free_run(est) if free_run else np.full((S, 1), np.nan)
-        return {"_n1": n1, "_ns": ns, "_v": self.scores.valid.astype(float)}
+        return {"_n1": n1, "_ns": ns, "_v": self.scores.valid.astype(float),
+                "_h": self.heldout.marks()}
 
 
 class NodeSources:
@@ -532,7 +534,8 @@ def exchange(grid: Grid, sends: list[tuple], names: dict | None = None,
 #: what a client sends of a model it scores: its parameter error, held-out one-step and
 #: free-run NRMSE, whether it is scored (:meth:`ClientNode.nrmse`), and the norm of its true
 #: parameters (the scale of the divergence rule, :func:`~fnsysid.results.history.errors_diverged`)
-SCORES = ("_e", "_n1", "_ns", "_v", "_t")
+#: and the mark of its held-out data (``_h``, ``summary.json: heldout``)
+SCORES = ("_e", "_n1", "_ns", "_v", "_t", "_h")
 
 
 def stacked(replies: list[RecordDict]) -> dict[str, np.ndarray]:
@@ -627,6 +630,7 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
             if judge(r, bad):
                 return False
         hist.record(blank(e), blank(n1), blank(a["_ns"]) if free_run_due(r) else None, valid)
+        hist.heldout_marks = a["_h"]
         if has_truth:                   # the growth rule's errors, round 0 and the last
             scaled = blank(fleet_errors(e, a["_t"]))
             hist.fleet = {"start": scaled if r == 0 else hist.fleet["start"], "final": scaled}
