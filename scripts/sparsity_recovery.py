@@ -55,6 +55,8 @@ def main(argv=None) -> pd.DataFrame:
     ap.add_argument("--eps", type=float, default=0.2,
                     help="spread of the clients' parameters (eps; 0: identical clients)")
     ap.add_argument("--seed", type=int, default=0, help="root seed of the simulated fleets")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="more overrides of the identification runs, e.g. sparsity.margin=2")
     ap.add_argument("--out", default="outputs/sparsity_recovery.csv")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "examples" / "duffing"))           # the Duffing class
@@ -80,7 +82,7 @@ def main(argv=None) -> pd.DataFrame:
                             df[df["split"] == "train"].to_parquet(path, index=False)
                     try:
                         res = fnsysid.run([*GENERIC, f"data.path={path}", f"strategy={strategy}",
-                                           "R=50", "sparsity.threshold="
+                                           "R=50", *args.set, "sparsity.threshold="
                                            + ("auto" if threshold == "auto-bic" else threshold)])
                     except fnsysid.ConfigError:         # refused before the run
                         row[f"{name}_exact"], row[f"{name}_terms"] = 0.0, float("nan")

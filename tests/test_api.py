@@ -220,6 +220,8 @@ def test_overwrite_removes_every_file_an_earlier_run_wrote(tmp_path):
      "sparsity.unbias: sparsity.alpha=0 fits the kept terms without a ridge"),
     ({"strategy": "fedavg", "K": 7, "sparsity": "stlsq", "sparsity.alpha": 0.1,
       "sparsity.unbias": False}, None, None),
+    ({"sparsity": "stlsq", "sparsity.margin": 0.0}, ["sparsity.margin"],
+     "sparsity.margin: only sparsity.threshold=auto chooses between candidates"),
     ({"strategy": "fedavg", "output.ci_level": 0.5}, ["output.ci_level"],
      "effect on this run (summary.json: unused_settings): output.ci_level: strategy=fedavg "
      "gives no intervals"),

@@ -42,12 +42,12 @@ def stlsq_unit(X, y, t):
     return coef, keep
 
 
-def direct_rule(X, Y, Xv=None, Yv=None):
+def direct_rule(X, Y, Xv=None, Yv=None, margin=0.0):
     """The rule from the samples: per grid threshold the support and pooled fit of each
     target; the score ``sum_j n log(RSS_j / n)`` on the held-out samples, or on the training
     samples plus ``log(n)`` per kept term (BIC), ``RSS_j`` at least ``1e-12`` of the target's
-    sum of squares (``x1+ = x1 + dt x2`` has no noise: its residuals are round-off); the
-    smallest score, fewer terms on a tie;
+    sum of squares (``x1+ = x1 + dt x2`` has no noise: its residuals are round-off); among
+    the scores within ``margin`` of the smallest the fewest terms, then the smallest score;
     the threshold reported is the middle of the grid's thresholds with that support."""
     supports, scores = [], []
     for t in AUTO_GRID:
@@ -66,19 +66,20 @@ def direct_rule(X, Y, Xv=None, Yv=None):
         supports.append(keep)
         scores.append(score)
     scores, terms = np.array(scores), np.array([s.sum() for s in supports])
-    best = min(range(len(AUTO_GRID)), key=lambda i: (scores[i], terms[i], -i))
+    near = scores <= scores.min() + margin
+    best = min(range(len(AUTO_GRID)), key=lambda i: (not near[i], terms[i], scores[i], -i))
     same = [i for i, s in enumerate(supports) if (s == supports[best]).all()]
     return supports[best], AUTO_GRID[same[(len(same) - 1) // 2]], terms, scores
 
 
-@pytest.mark.parametrize("val", [1, 0])
-def test_auto_equals_a_direct_computation_of_the_rule(tmp_path, val):
+@pytest.mark.parametrize("val, margin", [(1, 0.0), (0, 0.0), (1, 2.0), (0, 2.0)])
+def test_auto_equals_a_direct_computation_of_the_rule(tmp_path, val, margin):
     # a small noisy fleet: the smallest thresholds keep spurious terms, so the choice matters
     file, X, Y = duffing_fleet(tmp_path, M=3, N=2, T=40, val=val, noise=2.0, seed=3)
     res = run(file, strategy="centralized_exact", sparsity="stlsq",
-              **{"sparsity.threshold": "auto"})
+              **{"sparsity.threshold": "auto", "sparsity.margin": margin})
     Xv, Yv = samples(file, "val") if val else (None, None)
-    support, threshold, terms, scores = direct_rule(X, Y, Xv, Yv)
+    support, threshold, terms, scores = direct_rule(X, Y, Xv, Yv, margin)
     sp = res.summary["sparsity"]
     assert sp["rule"] == ("heldout" if val else "bic") and sp["auto"] is True
     assert kept(res) == set(res.estimates["parameter"].to_numpy()[support])
@@ -191,3 +192,17 @@ def test_repeats_that_agree_log_nothing(tmp_path, caplog):
     assert res.summary["sparsity"]["repeats_agree"] is True
     assert "terms_disputed" not in res.summary["sparsity"]
     assert not any("repeats keep different" in r.getMessage() for r in caplog.records)
+
+
+def test_the_margin_takes_the_fewest_terms_among_scores_within_it():
+    """sparsity.margin: candidates whose score is within the margin of the smallest count as
+    equally good, and the one with the fewest terms is kept (then the smaller score, then the
+    larger threshold); margin 0 is the smallest score, fewer terms on a tie."""
+    from fnsysid.learning.sparsity import choose_on_path
+
+    scores = np.array([[10.0, 9.0, 8.5, 8.0, 8.0], [5.0, 3.0, 3.0, 7.0, 2.5]])
+    terms = np.array([[3, 5, 8, 21, 23], [9, 6, 6, 4, 7]])
+    assert choose_on_path(scores, terms).tolist() == [3, 4]
+    assert choose_on_path(scores, terms, 1.5).tolist() == [1, 2]   # row 2: a tie, larger t
+    assert choose_on_path(scores, terms, 2.0).tolist() == [0, 2]   # 10 = 8 + 2 is within
+    assert choose_on_path(scores, terms, 5.0).tolist() == [0, 3]

@@ -262,7 +262,8 @@ def unused_settings(s: Settings, given) -> list[str]:
     """The settings in ``given`` (those given explicitly) that the run does not use: ``K``,
     ``lr`` and the optimizer's with a closed-form strategy (``oneshot``,
     ``centralized_exact``: no local steps), ``sparsity.unbias`` without a ridge
-    (``sparsity.alpha=0``: nothing to unbias), ``output.ci_level`` where nothing has
+    (``sparsity.alpha=0``: nothing to unbias), ``sparsity.margin`` with a fixed threshold
+    (nothing is chosen), ``output.ci_level`` where nothing has
     intervals (an iterative strategy without ``personalize=auto``). Not refused: a sweep
     over strategies gives every job the same ``K`` and ``lr``."""
     strategy = s.resolved.get("strategy") or {}
@@ -274,6 +275,9 @@ def unused_settings(s: Settings, given) -> list[str]:
                 or k.startswith("optimizer.")]
     if s.sparsity.name != "none" and not s.sparsity.alpha and "sparsity.unbias" in given:
         out.append("sparsity.unbias")
+    if (s.sparsity.name != "none" and s.sparsity.threshold != "auto"
+            and "sparsity.margin" in given):
+        out.append("sparsity.margin")
     if "output.ci_level" in given and not closed and s.personalize.name != "auto":
         out.append("output.ci_level")
     return out
@@ -283,13 +287,16 @@ def unused_line(unused: list[str], strategy: str | None) -> str:
     """The log line naming :func:`unused_settings`' result (``strategy``: the strategy's
     option name) and why each does nothing."""
     why = []
-    steps = [k for k in unused if k not in ("sparsity.unbias", "output.ci_level")]
+    steps = [k for k in unused
+             if k not in ("sparsity.unbias", "sparsity.margin", "output.ci_level")]
     if steps:
         why.append(f"{', '.join(steps)}: strategy={strategy} is solved in closed form, "
                    "without local steps")
     if "sparsity.unbias" in unused:
         why.append("sparsity.unbias: sparsity.alpha=0 fits the kept terms without a ridge, "
                    "so there is nothing to unbias")
+    if "sparsity.margin" in unused:
+        why.append("sparsity.margin: only sparsity.threshold=auto chooses between candidates")
     if "output.ci_level" in unused:
         why.append(f"output.ci_level: strategy={strategy} gives no intervals (an iterate of "
                    "gradient steps; oneshot, centralized_exact and personalize=auto have "

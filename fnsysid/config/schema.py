@@ -580,6 +580,9 @@ class Stlsq(Section):
     #: fit the kept terms without the ridge once the support is chosen (PySINDy's unbias)
     unbias: bool
     max_iter: PosInt
+    #: ``threshold=auto``: the fewest terms whose score (-2 log-likelihood, held-out or BIC)
+    #: is within this of the smallest
+    margin: NonNegReal
 
 
 Sparsity = _by_value("name", {"none": NoSparsity, "stlsq": Stlsq})

@@ -28,7 +28,8 @@ the mean of the clients' own fits, whatever K (docs/ALGORITHMS.md, "Sparse model
 :data:`AUTO_GRID`: each threshold's STLSQ support on the pooled statistics is a candidate,
 scored by the held-out residual sums of squares of its pooled fit, which come from the
 clients' held-out statistics summed (each client's held-out error is a quadratic in the
-coefficients), or by BIC on the pooled training residuals when there are no held-out data
+coefficients), or by BIC on the pooled training residuals when there are no held-out data;
+the fewest terms whose score is within ``margin`` (default 2) of the smallest is kept
 (docs/ALGORITHMS.md, "Choosing the threshold").
 
 Restricting a client's problem to the support: ``H -> D (H + a_i I) D`` and ``b -> D b`` with
@@ -297,9 +298,10 @@ def path_scores(rss: np.ndarray, count: np.ndarray, yy: np.ndarray, terms: np.nd
     return ll.sum(axis=-1) + penalty * terms
 
 
-def choose_on_path(scores: np.ndarray, terms: np.ndarray) -> np.ndarray:
-    """Index of the candidate with the smallest score, the one with fewer terms (then the
-    larger threshold) on a tie.
+def choose_on_path(scores: np.ndarray, terms: np.ndarray, margin: float = 0.0) -> np.ndarray:
+    """Index of the chosen candidate: among those whose score is within ``margin`` of the
+    smallest, the one with the fewest terms, then the smallest score, then the larger
+    threshold (``margin=0``: the smallest score, fewer terms on a tie).
 
     Parameters
     ----------
@@ -307,6 +309,8 @@ def choose_on_path(scores: np.ndarray, terms: np.ndarray) -> np.ndarray:
         The candidates' scores (:func:`path_scores`).
     terms : numpy.ndarray of int, shape (..., L)
         Their kept terms.
+    margin : float, default=0.0
+        Scores within this of the smallest count as equal (>= 0).
 
     Returns
     -------
@@ -316,7 +320,8 @@ def choose_on_path(scores: np.ndarray, terms: np.ndarray) -> np.ndarray:
     best = np.empty(scores.shape[:-1], int)
     for idx in np.ndindex(*scores.shape[:-1]):
         s, k = scores[idx], terms[idx]
-        order = np.lexsort((-np.arange(L), k, s))       # score, then terms, then threshold
+        near = s <= np.min(s) + margin
+        order = np.lexsort((-np.arange(L), s, k, ~near))   # near, terms, score, threshold
         best[idx] = order[0]
     return best
 
@@ -386,15 +391,19 @@ class STLSQ:
         ``unbias=True``); else with the ridge.
     max_iter : int, default=20
         The most refits of the STLSQ loop.
+    margin : float, default=2.0
+        ``threshold=auto``: the candidate with the fewest terms among those whose score
+        (-2 log-likelihood) is within ``margin`` of the smallest (:func:`choose_on_path`).
     """
 
     name = "stlsq"
 
     def __init__(self, threshold: float | str = 0.05, scale: str = "unit", alpha: float = 0.0,
-                 unbias: bool = True, max_iter: int = 20):
+                 unbias: bool = True, max_iter: int = 20, margin: float = 2.0):
         self.auto = threshold == "auto"
         self.threshold = threshold if self.auto else float(threshold)
         self.alpha, self.max_iter = float(alpha), int(max_iter)
+        self.margin = float(margin)
         self.scale, self.unbias = str(scale), bool(unbias)
         self.support: np.ndarray | None = None
         self.refits = 0                      # least-squares fits of the STLSQ loop
@@ -453,8 +462,9 @@ class STLSQ:
         residual sums of squares per target: on the held-out data summed over the clients
         (``heldout``: gram, cross, yy, n) without a penalty (rule ``heldout``), or, when some
         repeat has no held-out transition, on the training data with BIC's ``log n`` per
-        kept term (rule ``bic``). The candidate with the smallest score is kept (fewer terms on
-        a tie); the reported threshold is the middle of the grid's thresholds that give its
+        kept term (rule ``bic``). Among the candidates whose score is within ``margin`` of
+        the smallest, the one with the fewest terms is kept (:func:`choose_on_path`); the
+        reported threshold is the middle of the grid's thresholds that give its
         support. ``self.path`` holds (repeat, threshold, n_terms, score, chosen)."""
         enters = np.abs(model.structure).sum(axis=1) > 0                     # (n_y, p)
         groups = target_groups(enters)
@@ -476,7 +486,7 @@ class STLSQ:
             scores = path_scores(rss, count, yy @ groups.T.astype(float), terms,
                                  penalty=np.log(n)[:, None])
             self.rule = "bic"
-        best = choose_on_path(scores, terms)
+        best = choose_on_path(scores, terms, self.margin)
         S = thetas.shape[0]
         self.support = supports[np.arange(S), best]
         same = (supports == self.support[:, None, :]).all(axis=-1)              # (S, L)
