@@ -168,9 +168,10 @@ def main():
                     (mc.get("white") is False, bool(mc.get("excess_rejected")),
                      mc.get("free_run_ok") is False))
                 if seed == 0:
-                    print(f"  {lib:18s} held-out free-run NRMSE {ho:.3g} (own fits' median "
-                          f"{mc.get('nrmse_sim_median')[0]:.3g})  ok={mc.get('ok')}  "
-                          f"verdict={verdict}\n    {verdict_line(mc)}")
+                    med = (mc.get("nrmse_sim_median") or [None])[0]
+                    print(f"  {lib:18s} held-out free-run NRMSE {_g(ho)} (own fits' median "
+                          f"{_g(med)})  ok={mc.get('ok')}  verdict={verdict}"
+                          f"{_outside(mc)}\n    {verdict_line(mc)}")
             folder.cleanup()
         if name in TRUTH:
             v = counts[TRUTH[name]]
@@ -181,6 +182,17 @@ def main():
                   f"{sum(w[0] for w in why[TRUTH[name]])}, the held-out excess "
                   f"{sum(w[1] for w in why[TRUTH[name]])}, the free run "
                   f"{sum(w[2] for w in why[TRUTH[name]])}")
+
+
+def _g(v) -> str:
+    """A number of the summary, ``n/a`` where it has none (no client's free run counted)."""
+    return "n/a" if v is None else f"{v:.3g}"
+
+
+def _outside(mc: dict) -> str:
+    """The clients whose held-out data go beyond their training data, if any."""
+    n = len(mc.get("extrapolating") or [])
+    return f"  extrapolating={n}" if n else ""
 
 
 if __name__ == "__main__":

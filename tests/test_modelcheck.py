@@ -418,3 +418,69 @@ def test_a_model_whose_free_run_is_worse_than_the_mean_is_said_to_be_poor():
     assert lines[1].endswith("(free run worse than the held-out mean: NRMSE above 1)")
     lines = _run_lines(Path("/nonexistent"), {**poor, "final_nrmse_sim_mean": 0.5}, True)
     assert "worse than the held-out mean" not in lines[1]
+
+
+def spring_fleet(path, held_out_scale=1.0, copy_training=False, seed=0):
+    """Six mass-spring-damper clients at 100 Hz (``pos+ = pos + 0.01 vel`` exactly, noise
+    0.01 on ``vel+``), five runs of 200 samples each, the last held out. Client c0's held-out
+    run starts ``held_out_scale`` times farther out; with ``copy_training`` every held-out
+    run repeats the client's first training run."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for c in range(6):
+        k = 4.0 * (1 + 0.02 * c)
+        runs = []
+        for j in range(5):
+            x, u = np.empty((201, 2)), rng.normal(size=201)
+            x[0] = rng.normal(size=2) * (held_out_scale if (c == 0 and j == 4) else 1.0)
+            for t in range(200):
+                x[t + 1, 0] = x[t, 0] + 0.01 * x[t, 1]
+                x[t + 1, 1] = (x[t, 1] + 0.01 * (-k * x[t, 0] - 0.5 * x[t, 1] + u[t])
+                               + 0.01 * rng.normal())
+            runs.append((x, u))
+        if copy_training:
+            runs[4] = runs[0]
+        for j, (x, u) in enumerate(runs):
+            rows += [{"client": f"c{c}", "run": j, "time": t * 0.01, "pos": x[t, 0],
+                      "vel": x[t, 1], "force": u[t]} for t in range(201)]
+    file = path / "fleet.csv"
+    pd.DataFrame(rows).to_csv(file, index=False)
+    return file
+
+
+def _spring_check(file):
+    res = fnsysid.run({"system": "generic", "data": "files", "data.path": str(file),
+                       "data.states": ["pos", "vel"], "data.inputs": ["force"],
+                       "data.trajectory": "run", "data.time": "time",
+                       "feature_map": "affine", "strategy": "centralized_exact",
+                       "output.plot": False, "progress": False})
+    return res.summary["model_check"]
+
+
+def test_a_client_whose_held_out_data_leave_its_training_range_is_not_called_overfit(
+        tmp_path, caplog):
+    """The affine library holds the truth. Client c0's held-out run starts 100 times farther
+    out than its training runs: its own fit predicts it 9 times worse than its training
+    noise, as its estimation error explains, which the check called overfit ("too many terms,
+    try fewer terms") on a 3-term model whose Gram condition is 2. Some held-out feature then
+    exceeds the largest value it takes in training (reach > 1): the client is named as
+    extrapolating, the verdict stays ok, and a line says why. Held-out runs that repeat
+    training runs have reach <= 1 (no feature can exceed its own training maximum)."""
+    caplog.set_level("WARNING", logger="fnsysid")
+    far = _spring_check(spring_fleet(tmp_path, held_out_scale=100.0))
+    assert far["verdict"] == "ok" and far["overfit"] == []
+    assert far["extrapolating"] == [[0, "c0"]]
+    (d,) = far["extrapolating_detail"]
+    assert d["client"] == "c0" and d["ratio"] > 1.5 and d["reach"] > 100
+    assert far["reach_max"][0] == pytest.approx(d["reach"])
+    said = [r.getMessage() for r in caplog.records if "extrapolation" in r.getMessage()]
+    assert len(said) == 1 and "client c0 in repeat 0" in said[0]
+    assert not [r for r in caplog.records if "too many terms" in r.getMessage()]
+    from fnsysid.results.equations import _check_line       # fnsysid show's line
+
+    assert _check_line(far).endswith("(extrapolating, not counted): c0")
+    (tmp_path / "same").mkdir()
+    same = _spring_check(spring_fleet(tmp_path / "same", copy_training=True))
+    assert same["extrapolating"] == [] and 0 < same["reach_max"][0] <= 1.0

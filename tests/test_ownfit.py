@@ -169,3 +169,33 @@ def test_a_run_solves_the_clients_own_least_squares_once(monkeypatch):
     assert r.summary["model_check"]["verdict"] is not None           # the check ran
     assert r.client_estimates is not None and r.summary["ci"]["estimates"]
     assert calls == [((2, 6, 15, 15), True)]
+
+
+def test_the_clients_residual_sums_are_computed_once_per_run(monkeypatch):
+    """personalize=auto with centralized_exact: the personalized models, the pooled
+    intervals' homogeneity test (ci.clients_differ) and the model check each need every
+    client's own residual sums; they are made once (own_residual_sums, kept with the own
+    fits) and equal a fresh computation."""
+    import fnsysid
+    from fnsysid.dynamics import model as dm
+    from fnsysid.learning import ownfit_stats
+
+    seen = []
+
+    def counted(model, factor, theta):
+        seen.append(theta.shape)
+        return dm.residual_sums(model, factor, theta)
+
+    from fnsysid.results import personal
+
+    for module in (ownfit_stats, personal):                # wherever it is called from
+        monkeypatch.setattr(module, "residual_sums", counted)
+    res = fnsysid.run({"system": "synthetic", "M": 6, "N": 4, "T": 30, "R": 2, "repeats": 2,
+                       "strategy": "centralized_exact", "personalize": "auto",
+                       "output.plot": False, "progress": False})
+    assert res.summary["model_check"]["verdict"] is not None
+    assert "clients_differ" in res.summary["ci"]
+    assert seen == [(2, 6, res.model.p)]
+    data = res.dataset.train
+    again = dm.residual_sums(res.model, data.factor, ownfit_stats.own_fits(data))
+    np.testing.assert_array_equal(ownfit_stats.own_residual_sums(res.model, data), again)

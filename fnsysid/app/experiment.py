@@ -39,7 +39,13 @@ from fnsysid.learning.start import initial_model
 from fnsysid.results.files import check_output, write_outputs
 from fnsysid.results.history import keep_per_client
 from fnsysid.results.metrics import scored
-from fnsysid.results.modelcheck import free_run_warning, model_check, noise_note, verdict
+from fnsysid.results.modelcheck import (
+    extrapolation_note,
+    free_run_warning,
+    model_check,
+    noise_note,
+    verdict,
+)
 from fnsysid.results.personal import (
     add_personal_errors,
     client_estimates_table,
@@ -471,13 +477,17 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
                 check["worst"]["client"] = str(dataset.clients[check["worst"]["client"]])
             if check.get("overfit"):
                 check["overfit"] = [[s, str(dataset.clients[m])] for s, m in check["overfit"]]
-            for d in check.get("overfit_detail") or []:
+            if check.get("extrapolating"):
+                check["extrapolating"] = [[s, str(dataset.clients[m])]
+                                          for s, m in check["extrapolating"]]
+            for d in (check.get("overfit_detail") or []) + (
+                    check.get("extrapolating_detail") or []):
                 d["client"] = str(dataset.clients[d["client"]])
             if check.get("excess_rejected"):
                 check["excess_rejected"] = [[s, str(dataset.clients[m]), j]
                                             for s, m, j in check["excess_rejected"]]
             summary["model_check"] = check
-            for line in (noise_note(check),
+            for line in (noise_note(check), extrapolation_note(check),
                          verdict(check, settings.personalize.name != "none")):
                 if line:
                     log.warning(line)

@@ -13,6 +13,8 @@ The statistics computed from these fits, and the verdict, stay with the check.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from fnsysid.dynamics.model import equilibrated_pinv, masked_gram, residual_sums
@@ -90,7 +92,40 @@ def own_fits(data, support=None) -> np.ndarray:
     return ownfit.own_fits(data.H, data.b, _support(support)).theta
 
 
-def training_noise(model, data, theta) -> tuple[np.ndarray, np.ndarray]:
+def own_residual_sums(model, data, support=None) -> np.ndarray | None:
+    """Each client's own least squares' residual sum of squares per target (S, M, n_y), from
+    its training QR factors (``data.factor``, :func:`fnsysid.dynamics.model.residual_sums`);
+    None where the data carry no factors.
+
+    Computed once per run: kept with the own fits (:func:`fnsysid.learning.ownfit.own_fits`,
+    itself made once for the same statistics and support) for the same ``data.factor`` and
+    ``model`` while they live, so the personalized models, the pooled intervals' homogeneity
+    test and the model check share one computation.
+
+    Parameters
+    ----------
+    model : fnsysid.dynamics.model.Model
+        The model (its targets' groups of features).
+    data : fnsysid.dynamics.model.ClientData
+        The clients' training statistics (``H``, ``b``, ``factor``).
+    support : numpy.ndarray of bool, shape (S, p), or None, default=None
+        The terms each repeat's model keeps; None: every term.
+    """
+    if data.factor is None:
+        return None
+    fits = ownfit.own_fits(data.H, data.b, _support(support))
+    memo = fits.__dict__.setdefault("_sse", {})     # a frozen dataclass's own dict
+    key = (id(data.factor), id(model))
+    hit = memo.get(key)
+    if hit is not None and hit[0]() is data.factor and hit[1]() is model:
+        return hit[2]
+    with np.errstate(invalid="ignore"):
+        sse = residual_sums(model, data.factor, fits.theta)
+    memo[key] = (weakref.ref(data.factor), weakref.ref(model), sse)
+    return sse
+
+
+def training_noise(model, data, theta, sse=None) -> tuple[np.ndarray, np.ndarray]:
     """Each own fit's training residual variance per target and its degrees of freedom.
 
     The residual sums of squares come from each client's QR factors of its own training data
@@ -110,6 +145,8 @@ def training_noise(model, data, theta) -> tuple[np.ndarray, np.ndarray]:
         ``yy_target``), and ``n``.
     theta : numpy.ndarray, shape (S, M, p)
         The own fits (:func:`own_fits`).
+    sse : numpy.ndarray, shape (S, M, n_y), or None, default=None
+        Their residual sums of squares, when known (:func:`own_residual_sums`).
 
     Returns
     -------
@@ -123,7 +160,9 @@ def training_noise(model, data, theta) -> tuple[np.ndarray, np.ndarray]:
     P = St.any(axis=1).astype(float)                            # (n_y, p) target of a param
     n_y = St.shape[0]
     th = theta[..., None, :] * P                                # (S, M, n_y, p)
-    if data.factor is not None:
+    if sse is not None:
+        pass
+    elif data.factor is not None:
         sse = residual_sums(model, data.factor, theta)
     else:
         yy = (data.yy_target if data.yy_target is not None
@@ -161,5 +200,5 @@ def own_fit_statistics(model, data, support=None):
     """
     Hplus = PseudoInverses(data, support)
     theta = own_fits(data, support)
-    s2_tr, dof_tr = training_noise(model, data, theta)
+    s2_tr, dof_tr = training_noise(model, data, theta, own_residual_sums(model, data, support))
     return Hplus, theta, s2_tr, dof_tr

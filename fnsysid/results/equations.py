@@ -215,6 +215,10 @@ def _check_line(check: dict | None) -> str | None:
     if check.get("measurement_noise"):
         line += ("; residuals as noise on the measured states makes them: "
                  + ", ".join(check["measurement_noise"]))
+    if check.get("extrapolating"):
+        names = sorted({str(c) for _, c in check["extrapolating"]})
+        line += ("; held-out data beyond the training data (extrapolating, not counted): "
+                 + ", ".join(names[:10]) + (" ..." if len(names) > 10 else ""))
     return line
 
 

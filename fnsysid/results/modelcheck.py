@@ -243,7 +243,8 @@ def empty_statistics(model, S: int, M: int) -> dict[str, np.ndarray]:
             "mu_top": np.full((S, M, n_y), np.nan), "exact": np.zeros((S, M, n_y)),
             "num": np.zeros((S, M, n_y, n_t)), "var": np.zeros((S, M, n_y, n_t)),
             "n_pool": np.zeros((S, M, n_y)), "client_z": np.zeros((S, M)),
-            "high": np.zeros((S, M)), "cond": nan.copy(), "sim": nan.copy(), "ref": nan.copy(),
+            "high": np.zeros((S, M)), "cond": nan.copy(), "reach": nan.copy(),
+            "sim": nan.copy(), "ref": nan.copy(),
             "exceed": np.zeros((S, M)), "tried": np.zeros((S, M))}
 
 
@@ -295,9 +296,14 @@ def correlation_statistics(model, data, heldout, fits, support=None,
             Xs = bx[..., :-1, :]
             Zv = np.concatenate([Xs, bu[..., :Xs.shape[-2], :]], axis=-1)
             Hp = Hplus[:, c]
+            st["reach"][:, c] = _reach(Phi, w, data, c)
             per_target = []
+            diag = np.diagonal(data.H[:, c], axis1=-2, axis2=-1)[:, :, None, None, :]
             for j in range(n_y):
                 G = Phi @ St[j]                                       # (S, m, J, T, p)
+                with np.errstate(divide="ignore", invalid="ignore"):   # a term with H_kk = 0
+                    over = np.where((diag > 0) & (w[..., None] > 0), G * G / diag, 0.0)
+                st["reach"][:, c] = np.fmax(st["reach"][:, c], over.max(axis=(-3, -2, -1)))
                 A = G @ Hp[:, :, None]                                # G H^+
                 h = (G * A).sum(axis=-1)                              # held-out leverage
                 e = E[..., j]
@@ -350,6 +356,21 @@ def correlation_statistics(model, data, heldout, fits, support=None,
     return st
 
 
+def _reach(Phi: np.ndarray, w: np.ndarray, data, c: np.ndarray) -> np.ndarray:
+    """How far the held-out features of the clients ``c`` go beyond their training data, by
+    the squared-norm bound (S, m): the largest ``||phi_t||^2 / (n_phi max_s ||phi_s||^2)`` over
+    the held-out samples ``t`` (``w`` > 0), ``s`` over the training samples (``phi2max``);
+    NaN without ``phi2max``. Above 1, some feature of a held-out sample exceeds the largest
+    value it takes in training (:func:`correlation_statistics` adds the bound of each
+    coefficient, ``g_tk^2 / H_kk``)."""
+    if data.phi2max is None:
+        return np.full(w.shape[:2], np.nan)
+    top = data.phi2max[:, c] * Phi.shape[-1]
+    norm = np.where(w > 0, (Phi * Phi).sum(axis=-1), 0.0).max(axis=(-2, -1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(top > 0, norm / top, np.nan)
+
+
 def client_statistics(model, data, heldout, key, support=None,
                       seed: int = 0) -> dict[str, np.ndarray]:
     """What one client computes for the check on its own data and sends (a Flower client
@@ -368,7 +389,7 @@ def client_statistics(model, data, heldout, key, support=None,
 
 def _free_run_use(st: dict, chosen: np.ndarray, level: float) -> np.ndarray:
     """The clients whose free runs the test counts (S, M): checked, with enough held-out
-    data and a training noise, not overfit."""
+    data and a training noise, neither overfit nor extrapolating."""
     overfit = _excess(st, level)[-1]
     return (st["n_ho"] >= MIN_SAMPLES) & chosen & ~overfit & (st["s2_ok"] > 0.5)
 
@@ -392,6 +413,13 @@ def _excess(st: dict, level: float):
     return k_small, p_fleet, unexplained, overfit
 
 
+def _extrapolating(st: dict, overfit: np.ndarray) -> np.ndarray:
+    """The clients of ``overfit`` (S, M) whose held-out data go beyond their training data
+    (``reach`` above 1: some held-out feature exceeds the largest value it takes in
+    training): their excess measures extrapolation, not too many terms."""
+    return overfit & (np.nan_to_num(st["reach"], nan=0.0) > 1.0)
+
+
 #: statistics the server only sums over the checked clients: :func:`_only` keeps just the
 #: checked clients' rows of these (the largest, (S, M, n_y, tests)), not a masked copy of all
 SUMMED = ("num", "var")
@@ -413,7 +441,8 @@ def empty_statistics_like(st: dict) -> dict:
     """One client's values of not being checked, shaped as the statistics ``st``."""
     out = {}
     for k, v in st.items():
-        fill = np.nan if k in ("one", "ratio", "p_excess", "mu_top", "cond", "sim", "ref") \
+        fill = np.nan if k in ("one", "ratio", "p_excess", "mu_top", "cond", "reach", "sim",
+                               "ref") \
             else 0.0
         out[k] = np.full((v.shape[0], 1) + v.shape[2:], fill)
     return out
@@ -516,9 +545,13 @@ def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
     # below EXCESS_LEVEL than the binomial law allows is a term missing (those are listed);
     # else the clients with a large excess are overfit
     k_small, p_fleet, unexplained, overfit = _excess(st, level)
+    # a large excess on held-out data beyond the training data's range is extrapolation
+    outside = _extrapolating(st, overfit)
+    use_free = ~overfit                     # neither kind's free run is counted
+    overfit = overfit & ~outside
     # free run against noisy runs of the own fit itself, of the clients it counts
     valid = n_ho > 0
-    use = (n_ho >= MIN_SAMPLES) & chosen & ~overfit & (st["s2_ok"] > 0.5)
+    use = (n_ho >= MIN_SAMPLES) & chosen & use_free & (st["s2_ok"] > 0.5)
     tried = (st["tried"] > 0.5) & use
     exceed = st["exceed"] > 0.5
     sim, ref = np.where(use, st["sim"], np.nan), np.where(tried, st["ref"], np.nan)
@@ -557,6 +590,14 @@ def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
                                 zip(*np.nonzero(unexplained), strict=True)][:50],
             "overfit": over_list, "overfit_limit": OVERFIT,
             "overfit_detail": _overfit_detail(st["cond"], overfit, ratio, mu_top),
+            "reach_max": [_num(np.nanmax(v)) if np.isfinite(v).any() else None
+                          for v in np.where(chosen, st["reach"], np.nan)],
+            "extrapolating": [[int(s), int(m)] for s, m in
+                              zip(*np.nonzero(outside), strict=True)][:50],
+            "extrapolating_detail": [
+                {"repeat": int(s), "client": int(m),
+                 "ratio": _num(np.nanmax(ratio[s, m])), "reach": _num(st["reach"][s, m])}
+                for s, m in list(zip(*np.nonzero(outside), strict=True))[:20]],
             "support": "all terms" if support is None else "sparsity",
             "free_run_ok": free_ok, "free_run_test": "monte carlo",
             "free_run_replicates": REPLICATES,
@@ -746,6 +787,24 @@ def noise_note(check: dict | None) -> str | None:
             "term: not counted against the model class; least squares is biased by noise on "
             "its regressors (errors in variables), more so the larger the noise's share of "
             "the states' variation; the free run judges the model")
+
+
+def extrapolation_note(check: dict | None) -> str | None:
+    """The log line when some clients' held-out data go beyond their training data and
+    their held-out error is large (``extrapolating``), else None: that error measures
+    extrapolation, so they are not counted as overfit (nor their free runs tested)."""
+    if not check or not check.get("extrapolating"):
+        return None
+    detail = check.get("extrapolating_detail") or []
+    worst = max(detail, key=lambda d: d["ratio"] or 0, default=None)
+    where = ("" if worst is None else
+             f"; worst: client {worst['client']} in repeat {worst['repeat']}, held-out error "
+             f"{_fmt(worst['ratio'], '.3g')} times its training noise")
+    return (f"model check: {len(check['extrapolating'])} client(s)' held-out data go beyond "
+            "the range of their training data (a held-out feature exceeds the largest value "
+            f"it takes in training){where}: their held-out error measures extrapolation, not "
+            "the library, so they are not counted as overfit; a model is only checked where "
+            "its training data reach (train on data that cover the held-out range)")
 
 
 def verdict(check: dict | None, personalized: bool = False) -> str | None:

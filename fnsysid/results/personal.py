@@ -19,6 +19,7 @@ import numpy as np
 from fnsysid.dynamics.model import pooled, residual_sums
 from fnsysid.learning import personalize as pers
 from fnsysid.learning.ownfit import own_fits
+from fnsysid.learning.ownfit_stats import own_residual_sums
 from fnsysid.learning.strategies import Centralized, OneShot
 from fnsysid.results.history import DIVERGENCE_FACTOR, GROWTH_FACTOR
 from fnsysid.results.metrics import ParameterErrors
@@ -129,11 +130,13 @@ def own_sse(model, data, support=None) -> np.ndarray | None:
     """Each client's own least squares' residual sum of squares per target (S, M, n_y), from
     its training QR factors (``data.factor``, :func:`fnsysid.dynamics.model.residual_sums`);
     None where the data carry no factors."""
-    if data.factor is None:
-        return None
-    theta = own_fits(data.H, data.b, support).theta     # support as own_intervals takes it
-    with np.errstate(invalid="ignore"):
-        return residual_sums(model, data.factor, theta)
+    if support is not None:                              # as own_intervals takes it
+        if data.factor is None:
+            return None
+        theta = own_fits(data.H, data.b, support).theta
+        with np.errstate(invalid="ignore"):
+            return residual_sums(model, data.factor, theta)
+    return own_residual_sums(model, data)           # made once, shared with the check
 
 
 def own_intervals(model, data, support=None, sse=None):
