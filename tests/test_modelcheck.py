@@ -410,6 +410,9 @@ def test_a_model_whose_free_run_is_worse_than_the_mean_is_said_to_be_poor():
         "describe the dynamics, though the rounds converged (status ok); see the model check "
         "and fnsysid compare (another library, or sparsity)")
     assert free_run_warning({**poor, "final_nrmse_sim_mean": 0.9}) is None
+    # just above the limit: shown with the digits that make it so, not as "NRMSE 1"
+    assert "with NRMSE 1.0004 (mean" in free_run_warning({**poor, "final_nrmse_sim_mean":
+                                                            1.000412})
     assert free_run_warning({**poor, "final_nrmse_sim_mean": None}) is None
     assert free_run_warning({**poor, "status": "diverged"}) is None     # said otherwise
     from pathlib import Path
@@ -478,7 +481,7 @@ def test_a_client_whose_held_out_data_leave_its_training_range_is_not_called_ove
     said = [r.getMessage() for r in caplog.records if "extrapolation" in r.getMessage()]
     assert len(said) == 1 and "client c0 in repeat 0" in said[0]
     assert not [r for r in caplog.records if "too many terms" in r.getMessage()]
-    from fnsysid.results.equations import _check_line       # fnsysid show's line
+    from fnsysid.results.equations import _check_line  # fnsysid show's line
 
     assert _check_line(far).endswith("(extrapolating, not counted): c0")
     (tmp_path / "same").mkdir()

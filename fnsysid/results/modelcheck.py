@@ -767,8 +767,10 @@ def free_run_warning(summary: dict) -> str | None:
     mean, top = summary.get("final_nrmse_sim_mean"), summary.get("final_nrmse_sim_max")
     if mean is None or not mean > CONSTANT:
         return None
+    shown = next(f"{mean:.{d}g}" for d in range(3, 18)         # visibly above the limit
+                 if d == 17 or float(f"{mean:.{d}g}") > CONSTANT)
     return (f"the identified model runs freely on the held-out trajectories with NRMSE "
-            f"{mean:.3g} (mean over clients; max {_fmt(top, '.3g')}), worse than each "
+            f"{shown} (mean over clients; max {_fmt(top, '.3g')}), worse than each "
             f"state's held-out mean (NRMSE {CONSTANT:g}): it does not describe the dynamics, "
             "though the rounds converged (status ok); see the model check and fnsysid "
             "compare (another library, or sparsity)")
