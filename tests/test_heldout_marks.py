@@ -6,34 +6,52 @@ import numpy as np
 from fnsysid.data.heldout import heldout_fingerprint, heldout_marks
 
 
-def _data(seed=0, S=2, M=4, n_x=3):
+def _data(seed=0, S=2, m=4, J=2, L=6, n_x=2, n_u=1):
     rng = np.random.default_rng(seed)
-    return rng.integers(5, 50, size=(S, M)), rng.uniform(0.1, 10.0, size=(S, M, n_x))
+    x = rng.normal(size=(S, m, J, L, n_x))
+    u = rng.normal(size=(S, m, J, L - 1, n_u))
+    mask = np.ones((S, m, J, L), bool)
+    mask[:, 1, 1, 4:] = False                        # client 1's second run is shorter
+    return x, u, mask
 
 
-def test_a_mark_is_a_52_bit_integer_and_0_without_held_out_data():
-    n, std = _data()
-    n[1, 2] = 0
-    h = heldout_marks(n, std)
-    assert h.shape == n.shape and h[1, 2] == 0.0 and (np.delete(h.ravel(), 6) > 0).all()
-    assert (h == np.floor(h)).all() and h.max() < 2.0 ** 52
-    assert len(np.unique(h)) == h.size                       # every client its own mark
+def test_a_mark_is_a_52_bit_integer_of_the_samples_alone():
+    x, u, mask = _data()
+    h = heldout_marks(x, u, mask)
+    assert h.shape == (2, 4) and (h > 0).all() and (h == np.floor(h)).all()
+    assert h.max() < 2.0 ** 52 and len(np.unique(h)) == h.size
+    # padding: values where no sample exists do not count, nor does a longer padding
+    x2 = x.copy()
+    x2[:, 1, 1, 4:] = 99.0
+    u2 = np.concatenate([u, np.full(u.shape[:3] + (3, 1), 7.0)], axis=3)
+    x3 = np.concatenate([x2, np.zeros(x.shape[:3] + (3, 2))], axis=3)
+    m3 = np.concatenate([mask, np.zeros(mask.shape[:3] + (3,), bool)], axis=3)
+    np.testing.assert_array_equal(heldout_marks(x3, u2, m3), h)
+    # a few ulps (the same sample computed in another order) give the same mark
+    np.testing.assert_array_equal(heldout_marks(x * (1 + 4e-16), u, mask), h)
+
+
+def test_any_change_of_the_held_out_samples_changes_the_fingerprint():
+    x, u, mask = _data()
+    base = heldout_fingerprint(heldout_marks(x, u, mask))
+    shifted = x.copy()
+    shifted[..., 0] += 1.0                           # another operating point, same spread
+    flipped = -x                                     # mirrored states
+    reordered = x[:, :, :, ::-1]                     # the samples in another order
+    one = x.copy()
+    one[1, 2, 0, 3, 1] *= 1 + 1e-6                   # one value of one client
+    others = {heldout_fingerprint(heldout_marks(a, u, mask))
+              for a in (shifted, flipped, reordered, one)}
+    others.add(heldout_fingerprint(heldout_marks(x, 2 * u, mask)))     # other inputs
+    others.add(heldout_fingerprint(heldout_marks(x[:1], u[:1], mask[:1])))   # fewer repeats
+    assert base not in others and len(others) == 6
+
+
+def test_the_fingerprint_ignores_the_clients_order_and_those_without_held_out_data():
+    x, u, mask = _data()
+    h = heldout_marks(x, u, mask)
+    base = heldout_fingerprint(h)
+    assert heldout_fingerprint(h[:, ::-1]) == base                   # clients renamed
+    assert heldout_fingerprint(np.concatenate([h, np.zeros((2, 3))], axis=1)) == base
+    assert heldout_fingerprint(h[:, 1:]) != base                     # a client fewer
     assert heldout_fingerprint(np.zeros((2, 3))) is None
-
-
-def test_the_fingerprint_sees_any_change_of_the_samples_but_not_round_off():
-    n, std = _data()
-    base = heldout_fingerprint(heldout_marks(n, std))
-    assert len(base) == 16 and base == heldout_fingerprint(heldout_marks(n, std.copy()))
-    # the same spreads summed in another order differ by a few ulps: the same data
-    assert heldout_fingerprint(heldout_marks(n, std * (1 + 4e-16))) == base
-    changed = std.copy()
-    changed[0, 1, 2] *= 1 + 1e-6                             # one state of one client
-    fewer = n.copy()
-    fewer[1, 3] -= 1                                         # one transition fewer
-    swapped = std[:, [1, 0, 2, 3]]                           # two clients' data exchanged
-    others = {heldout_fingerprint(heldout_marks(n, changed)),
-              heldout_fingerprint(heldout_marks(fewer, std)),
-              heldout_fingerprint(heldout_marks(n, swapped)),
-              heldout_fingerprint(heldout_marks(n[:1], std[:1]))}     # fewer repeats
-    assert base not in others and len(others) == 4

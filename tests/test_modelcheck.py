@@ -166,7 +166,8 @@ def test_compare_ranks_runs_on_different_held_out_data_apart(duffing_runs, tmp_p
     assert rows[0][:2] == ["rank", "data"]
     assert [r[:2] for r in rows[1:]] == [["1", "A"], ["2", "A"], ["1", "B"]]
     assert rows[1][-1].endswith("degree=3") and rows[3][-1] == str(other)
-    assert "2 different held-out data sets" in err and err.count("\n") == 1
+    assert "2 held-out data sets that are not known to be the same" in err
+    assert err.count("\n") == 1
     # an older summary without the digest is a set of its own, "?"
     old = tmp_path / "old"
     old.mkdir()
@@ -175,8 +176,14 @@ def test_compare_ranks_runs_on_different_held_out_data_apart(duffing_runs, tmp_p
     (old / "summary.json").write_text(json.dumps(summary))
     assert compare([str(runs[3][0]), str(old)]) == 0
     out, err = capsys.readouterr()
-    assert [ln.split()[:2] for ln in out.splitlines()[1:]] == [["1", "A"], ["1", "?"]]
+    assert [ln.split()[:2] for ln in out.splitlines()[1:]] == [["1", "A"], ["1", "?1"]]
     assert "older version" in err
+    # two such summaries are not ranked against each other
+    (tmp_path / "old2").mkdir()
+    (tmp_path / "old2" / "summary.json").write_text(json.dumps(summary))
+    assert compare([str(old), str(tmp_path / "old2")]) == 0
+    out, err = capsys.readouterr()
+    assert [ln.split()[:2] for ln in out.splitlines()[1:]] == [["1", "?1"], ["1", "?2"]]
 
 
 @pytest.mark.parametrize("make, words", [
@@ -462,28 +469,50 @@ def _spring_check(file):
     return res.summary["model_check"]
 
 
-def test_a_client_whose_held_out_data_leave_its_training_range_is_not_called_overfit(
+def test_held_out_transitions_beyond_the_training_range_are_left_out_of_the_tests(
         tmp_path, caplog):
     """The affine library holds the truth. Client c0's held-out run starts 100 times farther
-    out than its training runs: its own fit predicts it 9 times worse than its training
-    noise, as its estimation error explains, which the check called overfit ("too many terms,
-    try fewer terms") on a 3-term model whose Gram condition is 2. Some held-out feature then
-    exceeds the largest value it takes in training (reach > 1): the client is named as
-    extrapolating, the verdict stays ok, and a line says why. Held-out runs that repeat
-    training runs have reach <= 1 (no feature can exceed its own training maximum)."""
+    out than its training runs: its own fit predicted it 9 times worse than its training
+    noise, as its estimation error explains, which the check called overfit ("too many
+    terms, try fewer terms") on a 3-term model whose Gram condition is 2. Every one of those
+    transitions has a feature above the largest value it takes in training (reach > 1), so
+    the check tests c0 only within its training range (none of it): c0 is named, the verdict
+    is ok, and a line says why. Held-out runs that repeat training runs have reach <= 1 (no
+    feature can exceed its own training maximum)."""
     caplog.set_level("WARNING", logger="fnsysid")
     far = _spring_check(spring_fleet(tmp_path, held_out_scale=100.0))
     assert far["verdict"] == "ok" and far["overfit"] == []
-    assert far["extrapolating"] == [[0, "c0"]]
-    (d,) = far["extrapolating_detail"]
-    assert d["client"] == "c0" and d["ratio"] > 1.5 and d["reach"] > 100
-    assert far["reach_max"][0] == pytest.approx(d["reach"])
-    said = [r.getMessage() for r in caplog.records if "extrapolation" in r.getMessage()]
-    assert len(said) == 1 and "client c0 in repeat 0" in said[0]
+    assert far["extrapolating"] == [[0, "c0"]] and far["extrapolating_clients"] == [1]
+    w = far["extrapolating_worst"]
+    assert w["client"] == "c0" and w["share"] == 1.0 and w["reach"] > 100
+    assert far["reach_max"][0] == pytest.approx(w["reach"])
+    assert far["free_run_clients"] == [5]                   # c0's free run is not counted
+    assert far["extrapolating_untested"] == [1]
+    said = [r.getMessage() for r in caplog.records if "left untested" in r.getMessage()]
+    assert len(said) == 1 and "client c0 in repeat 0, 100% of its held-out" in said[0]
     assert not [r for r in caplog.records if "too many terms" in r.getMessage()]
     from fnsysid.results.equations import _check_line  # fnsysid show's line
 
-    assert _check_line(far).endswith("(extrapolating, not counted): c0")
+    assert _check_line(far).endswith("beyond the training data's range, not tested: c0")
     (tmp_path / "same").mkdir()
     same = _spring_check(spring_fleet(tmp_path / "same", copy_training=True))
     assert same["extrapolating"] == [] and 0 < same["reach_max"][0] <= 1.0
+    assert same["extrapolating_worst"] is None
+
+
+def test_a_term_never_excited_in_training_is_not_taken_for_a_missing_term(tmp_path):
+    """Training runs without input (force 0) and held-out runs with one: the force's
+    coefficient was never excited, so every held-out transition lies beyond the training
+    data (reach infinite). The check said "missing terms, try a richer library" of an affine
+    library that holds the truth; now nothing is left to test, and it says so."""
+    import pandas as pd
+
+    file = spring_fleet(tmp_path)
+    df = pd.read_csv(file)
+    df.loc[df["run"] < 4, "force"] = 0.0                      # the training runs
+    df.to_csv(file, index=False)
+    check = _spring_check(file)
+    assert check["verdict"] is None and check["ok"] is None
+    assert check["reason"] == ("no client has 20 held-out transitions within the range of "
+                               "its training data")
+    assert check["extrapolating_clients"] == [6] and check["reach_max"] == [float("inf")]

@@ -116,7 +116,9 @@ def test_auto_writes_the_path_and_logs_the_fallback(tmp_path, caplog):
         res.summary["sparsity"]["threshold"])
     assert table.loc[table["chosen"], "n_terms"].item() == res.summary["sparsity"]["terms"]
     assert any("by BIC" in r.getMessage() and "no held-out data" in r.getMessage()
-               for r in caplog.records)
+               and "the fewest terms within sparsity.margin=2 of the best score"
+               in r.getMessage() for r in caplog.records)
+    assert res.summary["sparsity"]["margin"] == 2.0
 
 
 def test_pendulum_at_100_hz_auto_keeps_the_five_true_terms(tmp_path):
@@ -206,3 +208,7 @@ def test_the_margin_takes_the_fewest_terms_among_scores_within_it():
     assert choose_on_path(scores, terms, 1.5).tolist() == [1, 2]   # row 2: a tie, larger t
     assert choose_on_path(scores, terms, 2.0).tolist() == [0, 2]   # 10 = 8 + 2 is within
     assert choose_on_path(scores, terms, 5.0).tolist() == [0, 3]
+    # a NaN score is never chosen over a scored candidate, whatever its terms
+    nan = np.array([[-100.0, -99.0, -50.0, np.nan]])
+    assert choose_on_path(nan, np.array([[10, 6, 3, 0]]), 0.0).tolist() == [0]
+    assert choose_on_path(nan, np.array([[10, 6, 3, 0]]), 2.0).tolist() == [1]

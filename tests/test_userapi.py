@@ -135,7 +135,8 @@ def test_a_free_run_that_blew_up_is_shown_and_ranked_last(tmp_path):
         (tmp_path / name).mkdir()
         write_json(tmp_path / name / "summary.json",
                    {"status": "ok", "rounds_completed": 5, "final_nrmse_1step_mean": 0.01,
-                    "final_nrmse_sim_mean": sim, "final_nrmse_sim_max": sim})
+                    "final_nrmse_sim_mean": sim, "final_nrmse_sim_max": sim,
+                    "heldout": {"fingerprint": "0123456789abcdef"}})     # the same data
     assert json.loads((tmp_path / "blown" / "summary.json").read_text())[
         "final_nrmse_sim_mean"] is None
     scores = [ln for ln in show_text(tmp_path / "blown") if ln.startswith("scores:")]

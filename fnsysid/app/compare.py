@@ -11,7 +11,8 @@ Errors on different held-out data do not rank models: runs are ranked only among
 on the same held-out data (``summary.json: heldout.fingerprint``, a digest of the clients'
 held-out sample counts and state spreads). When the runs given were scored on more than one
 held-out data set, the column ``data`` names each set (A, B, ...), each set is ranked on its
-own, and a note says so; a summary written before the digest existed is its own set, ``?``.
+own, and a note says so; a summary written before the digest existed is a set of its own
+(``?1``, ``?2``, ...).
 """
 
 from __future__ import annotations
@@ -89,19 +90,28 @@ def compare(paths: list[str]) -> list[dict]:
             if folder.resolve() not in seen:
                 seen.add(folder.resolve())
                 rows.append(read_run(folder))
-    sets: dict = {}               # held-out digest -> "A", "B", ... in order of appearance
-    for r in rows:
-        if r["free_run"] is not None and r["heldout"] not in sets:
-            sets[r["heldout"]] = None
-    names = iter("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
-    for key in sets:
-        sets[key] = "?" if key is None else next(names, key[:6])
-    for r in rows:
-        r["data"] = sets.get(r["heldout"]) if r["free_run"] is not None else None
     ranked = [r for r in rows if r["status"] == "ok" and r["free_run"] is not None]
-    ranked.sort(key=lambda r: (list(sets).index(r["heldout"]), r["free_run"]))
+    scored = ranked + [r for r in rows if r not in ranked and r["free_run"] is not None]
+    # held-out digest -> "A", "B", ... (ranked runs first); a summary without the digest
+    # (an older version's) is a set of its own, "?1", "?2", ...
+    sets: dict = {}
+    names, unknown = iter("ABCDEFGHIJKLMNOPQRSTUVWXYZ"), 0
+    for r in scored:
+        key = r["heldout"]
+        if key is None:
+            unknown += 1
+            r["set"] = ("?", unknown)
+            sets[r["set"]] = f"?{unknown}"
+        else:
+            r["set"] = key
+            if key not in sets:
+                sets[key] = next(names, key[:6])
+    for r in rows:
+        r["data"] = sets[r["set"]] if "set" in r else None
+    order = list(sets)
+    ranked.sort(key=lambda r: (order.index(r["set"]), r["free_run"]))
     for key in sets:
-        for i, r in enumerate((r for r in ranked if r["heldout"] == key), 1):
+        for i, r in enumerate((r for r in ranked if r["set"] == key), 1):
             r["rank"] = i
     rest = [r for r in rows if r not in ranked]
     for r in rest:
@@ -141,9 +151,11 @@ def main(argv: list[str]) -> int:
         print("  ".join(str(v).ljust(w) for v, w in zip(row[:-1], widths, strict=True)) +
               "  " + str(row[-1]))
     if several:
-        unknown = " (?: a summary without the held-out digest, written by an older version)" \
-            if "?" in sets else ""
-        print(f"note: these runs were scored on {len(sets)} different held-out data sets "
-              f"(column data: {', '.join(sets)}){unknown}; each set is ranked on its own, "
-              "since errors on different data do not rank models", file=sys.stderr)
+        unknown = [n for n in sets if n.startswith("?")]
+        why = (f" ({', '.join(unknown)}: a summary without the held-out digest, written by an "
+               "older version, each its own set)" if unknown else "")
+        print(f"note: these runs were scored on {len(sets)} held-out data sets that are not "
+              f"known to be the same (column data: {', '.join(sets)}){why}; each set is "
+              "ranked on its own, since errors on different data do not rank models",
+              file=sys.stderr)
     return 0 if all(r["status"] == "ok" for r in rows) else 3

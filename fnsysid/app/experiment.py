@@ -481,7 +481,7 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
                 check["extrapolating"] = [[s, str(dataset.clients[m])]
                                           for s, m in check["extrapolating"]]
             for d in (check.get("overfit_detail") or []) + (
-                    check.get("extrapolating_detail") or []):
+                    [check["extrapolating_worst"]] if check.get("extrapolating_worst") else []):
                 d["client"] = str(dataset.clients[d["client"]])
             if check.get("excess_rejected"):
                 check["excess_rejected"] = [[s, str(dataset.clients[m]), j]

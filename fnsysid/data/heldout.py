@@ -114,8 +114,12 @@ class HeldOut:
         return x, u, mask
 
     def marks(self) -> np.ndarray:
-        """(S, M) each client's mark of its held-out data (:func:`heldout_marks`)."""
-        return heldout_marks(self.n, self.std)
+        """(S, M) each client's mark of its held-out samples (:func:`heldout_marks`); 0 for
+        a client without held-out data."""
+        out = np.zeros(self.n.shape)
+        for block in self.blocks:
+            out[:, block.clients] = heldout_marks(block.x, block.u, block.mask)
+        return np.where(self.n > 0, out, 0.0)
 
     @property
     def x(self) -> np.ndarray:
@@ -143,47 +147,69 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def heldout_marks(n: np.ndarray, std: np.ndarray) -> np.ndarray:
-    """Each client's mark of its held-out data, per repeat: a 52-bit hash (a float, exact) of
-    its number of held-out transitions and of its states' standard deviations, each rounded
-    to 30 bits of its mantissa (so the same samples summed in another order give the same
-    mark); 0 for a client without held-out data. It depends on the held-out samples alone,
-    not on the model, the library or the strategy: ``summary.json: heldout.fingerprint``
-    (:func:`heldout_fingerprint`), with which ``fnsysid compare`` ranks only runs scored on
-    the same data. A Flower node sends its own marks with its scores; a mark tells only
-    whether two data sets are the same.
+def _quantized(v: np.ndarray) -> np.ndarray:
+    """Each value as a uint64 of its exponent and its mantissa rounded to 30 bits, so that
+    values that differ by a few ulps (the same sample computed in another order) agree."""
+    mant, expo = np.frexp(np.asarray(v, float))
+    q = np.round(mant * 2.0 ** 30).astype(np.int64).astype(np.uint64)
+    return (q << np.uint64(16)) ^ (expo.astype(np.int64).astype(np.uint64) & np.uint64(0xFFFF))
+
+
+def heldout_marks(x: np.ndarray, u: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Each client's mark of its held-out samples, per repeat: a 52-bit hash (a float, exact)
+    of every state and input value it holds, each at its place (trajectory, time, variable)
+    and rounded to 30 bits of its mantissa, so that the same samples give the same mark
+    wherever they are padded and however they were summed. It depends on the held-out
+    samples alone, not on the model, the library or the strategy: ``summary.json:
+    heldout.fingerprint`` (:func:`heldout_fingerprint`), with which ``fnsysid compare``
+    ranks only runs scored on the same data. A Flower node sends its own marks with its
+    scores; a mark tells only whether two data sets are the same.
 
     Parameters
     ----------
-    n : numpy.ndarray of int, shape (S, M)
-        Held-out transitions.
-    std : numpy.ndarray, shape (S, M, n_x)
-        The states' standard deviations over the held-out samples.
+    x : numpy.ndarray, shape (S, m, J, L, n_x)
+        The held-out states (padded).
+    u : numpy.ndarray, shape (S, m, J, L - 1, n_u)
+        The held-out inputs.
+    mask : numpy.ndarray of bool, shape (S, m, J, L)
+        Where a state sample exists (an input counts where the transition it drives does).
 
     Returns
     -------
-    numpy.ndarray of float, shape (S, M)
+    numpy.ndarray of float, shape (S, m)
     """
-    n = np.asarray(n)
-    mant, expo = np.frexp(np.asarray(std, float))
-    parts = [n.astype(np.int64)[..., None], np.round(mant * 2.0 ** 30).astype(np.int64),
-             expo.astype(np.int64)]
-    h = np.zeros(n.shape, np.uint64)
-    for col in np.concatenate(parts, axis=-1).astype(np.uint64).transpose(2, 0, 1):
-        h = _mix(h ^ col)
-    h = (h & np.uint64((1 << 52) - 1)).astype(float)
-    return np.where(n > 0, h, 0.0)
+    S, m, J, L, n_x = x.shape
+    step = mask[..., 1:] & mask[..., :-1]
+    total = np.zeros((S, m), np.uint64)
+    for values, where, first in ((x, mask, 0), (u, step, n_x)):
+        k = values.shape[-1]
+        if not k:
+            continue
+        j, t, v = np.meshgrid(np.arange(J), np.arange(values.shape[3]), np.arange(k),
+                              indexing="ij")
+        place = ((j.astype(np.uint64) << np.uint64(40)) ^ (t.astype(np.uint64) << np.uint64(8))
+                 ^ (v + first).astype(np.uint64))                          # (J, T, k)
+        h = _mix(_quantized(values) ^ _mix(place))
+        with np.errstate(over="ignore"):
+            total = total + np.where(where[..., None], h, np.uint64(0)).sum(
+                axis=(2, 3, 4), dtype=np.uint64)
+    return (_mix(total) & np.uint64((1 << 52) - 1)).astype(float)
 
 
 def heldout_fingerprint(marks: np.ndarray) -> str | None:
-    """A short hex digest of the fleet's held-out data (SHA-256 of every client's mark in
-    client order, :func:`heldout_marks`); None when no client has held-out data."""
+    """A short hex digest of the fleet's held-out data: SHA-256 of each repeat's marks
+    (:func:`heldout_marks`) sorted, the clients without held-out data (mark 0) left out, so
+    that the order and the names of the clients and clients that hold only training data do
+    not change it; None when no client has held-out data."""
     import hashlib
 
     marks = np.asarray(marks, float)
     if not (marks > 0).any():
         return None
-    return hashlib.sha256(np.ascontiguousarray(marks.astype(np.int64)).tobytes()).hexdigest()[:16]
+    digest = hashlib.sha256()
+    for row in marks:
+        digest.update(np.sort(row[row > 0]).astype(np.int64).tobytes() + b"|")
+    return digest.hexdigest()[:16]
 
 
 #: clients whose held-out data are reduced to QR factors at once (temporaries of a few MB)

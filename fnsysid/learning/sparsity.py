@@ -320,7 +320,10 @@ def choose_on_path(scores: np.ndarray, terms: np.ndarray, margin: float = 0.0) -
     best = np.empty(scores.shape[:-1], int)
     for idx in np.ndindex(*scores.shape[:-1]):
         s, k = scores[idx], terms[idx]
-        near = s <= np.min(s) + margin
+        if np.isnan(s).all():
+            near = np.ones(L, bool)
+        else:                                   # a NaN score is never near the best
+            near = s <= np.nanmin(s) + margin
         order = np.lexsort((-np.arange(L), s, k, ~near))   # near, terms, score, threshold
         best[idx] = order[0]
     return best
@@ -592,6 +595,7 @@ class STLSQ:
         if self.auto:
             out["auto"] = True
             out["rule"] = self.rule
+            out["margin"] = self.margin
             out["path"] = [{"repeat": int(r), "threshold": float(t), "n_terms": int(k),
                             "score": float(v)}
                            for r, t, k, v in zip(self.path["repeat"], self.path["threshold"],
@@ -727,12 +731,16 @@ def auto_line(summary: dict) -> tuple[str, bool] | None:
     t = summary["threshold"]
     shown = f"{t:g}" if not isinstance(t, list) else ", ".join(f"{v:g}" for v in t)
     terms = summary["terms"]
+    margin = summary.get("margin") or 0.0
+    fewest = (f", the fewest terms within sparsity.margin={margin:g} of the best score"
+              if margin else "")
     if summary["rule"] == "heldout":
         return (f"sparsity: sparsity.threshold=auto chose {shown} ({terms} terms) by the "
-                "held-out error of the pooled fits (sparsity_path.csv)"), False
+                f"held-out error of the pooled fits{fewest} (sparsity_path.csv)"), False
     return (f"sparsity: sparsity.threshold=auto chose {shown} ({terms} terms) by BIC on the "
-            "training data: no held-out data to score the candidates on (data.val_N=0, "
-            "data.holdout=0 or no val rows in the files; sparsity_path.csv)"), True
+            f"training data{fewest}: no held-out data to score the candidates on "
+            "(data.val_N=0, data.holdout=0 or no val rows in the files; sparsity_path.csv)"), \
+        True
 
 
 def support_sizes(model, support: np.ndarray) -> dict[str, list[int]]:

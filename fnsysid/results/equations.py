@@ -217,7 +217,7 @@ def _check_line(check: dict | None) -> str | None:
                  + ", ".join(check["measurement_noise"]))
     if check.get("extrapolating"):
         names = sorted({str(c) for _, c in check["extrapolating"]})
-        line += ("; held-out data beyond the training data (extrapolating, not counted): "
+        line += ("; held-out transitions beyond the training data's range, not tested: "
                  + ", ".join(names[:10]) + (" ..." if len(names) > 10 else ""))
     return line
 

@@ -46,6 +46,10 @@ statistics of the tests and the verdict), so that differences between clients
   :data:`CONSTANT`) while the noisy runs' median is not. At most :data:`CHECK_CLIENTS`
   clients are checked.
 
+Held-out transitions beyond the range of a client's training data (a feature above the
+largest value it takes in training, :func:`sample_reach`) are left out of its tests: a
+model is checked where its training data reach (``extrapolating``).
+
 ``ok`` is True when no test rejects (overfit clients do not make it False), False when one
 does, None when nothing could be checked (short held-out trajectories). ``verdict``: ``ok``,
 ``overfit``, ``missing terms`` (correlation tests or held-out excess) or ``free run fails``.
@@ -244,6 +248,7 @@ def empty_statistics(model, S: int, M: int) -> dict[str, np.ndarray]:
             "num": np.zeros((S, M, n_y, n_t)), "var": np.zeros((S, M, n_y, n_t)),
             "n_pool": np.zeros((S, M, n_y)), "client_z": np.zeros((S, M)),
             "high": np.zeros((S, M)), "cond": nan.copy(), "reach": nan.copy(),
+            "n_in": np.zeros((S, M)),
             "sim": nan.copy(), "ref": nan.copy(),
             "exceed": np.zeros((S, M)), "tried": np.zeros((S, M))}
 
@@ -291,19 +296,19 @@ def correlation_statistics(model, data, heldout, fits, support=None,
             Phi, Y = model.regression(bx, bu)                          # (S, m, J, T, .)
             Th = model.theta_matrix(theta[:, c])                     # (S, m, n_y, n_phi)
             E = Y - np.einsum("smyk,smjtk->smjty", Th, Phi)
-            w = (bmask[..., 1:] & bmask[..., :-1]).astype(float)
-            n = w.sum(axis=(-2, -1))
+            w_all = (bmask[..., 1:] & bmask[..., :-1]).astype(float)
+            # only the transitions within the range of the client's training data are
+            # tested: a model is checked where its training data reach (:func:`sample_reach`)
+            r = sample_reach(Phi, w_all, data, c, St, support)
+            st["reach"][:, c] = np.where(w_all > 0, r, 0.0).max(axis=(-2, -1))
+            w = w_all * (r <= 1.0)
+            st["n_in"][:, c] = n = w.sum(axis=(-2, -1))
             Xs = bx[..., :-1, :]
             Zv = np.concatenate([Xs, bu[..., :Xs.shape[-2], :]], axis=-1)
             Hp = Hplus[:, c]
-            st["reach"][:, c] = _reach(Phi, w, data, c)
             per_target = []
-            diag = np.diagonal(data.H[:, c], axis1=-2, axis2=-1)[:, :, None, None, :]
             for j in range(n_y):
                 G = Phi @ St[j]                                       # (S, m, J, T, p)
-                with np.errstate(divide="ignore", invalid="ignore"):   # a term with H_kk = 0
-                    over = np.where((diag > 0) & (w[..., None] > 0), G * G / diag, 0.0)
-                st["reach"][:, c] = np.fmax(st["reach"][:, c], over.max(axis=(-3, -2, -1)))
                 A = G @ Hp[:, :, None]                                # G H^+
                 h = (G * A).sum(axis=-1)                              # held-out leverage
                 e = E[..., j]
@@ -356,19 +361,32 @@ def correlation_statistics(model, data, heldout, fits, support=None,
     return st
 
 
-def _reach(Phi: np.ndarray, w: np.ndarray, data, c: np.ndarray) -> np.ndarray:
-    """How far the held-out features of the clients ``c`` go beyond their training data, by
-    the squared-norm bound (S, m): the largest ``||phi_t||^2 / (n_phi max_s ||phi_s||^2)`` over
-    the held-out samples ``t`` (``w`` > 0), ``s`` over the training samples (``phi2max``);
-    NaN without ``phi2max``. Above 1, some feature of a held-out sample exceeds the largest
-    value it takes in training (:func:`correlation_statistics` adds the bound of each
-    coefficient, ``g_tk^2 / H_kk``)."""
-    if data.phi2max is None:
-        return np.full(w.shape[:2], np.nan)
-    top = data.phi2max[:, c] * Phi.shape[-1]
-    norm = np.where(w > 0, (Phi * Phi).sum(axis=-1), 0.0).max(axis=(-2, -1))
+def sample_reach(Phi: np.ndarray, w: np.ndarray, data, c: np.ndarray, St: np.ndarray,
+                 support=None) -> np.ndarray:
+    """How far each held-out transition of the clients ``c`` goes beyond their training data
+    (S, m, J, T): the larger of ``max_k g_tk^2 / H_kk`` over the coefficients ``k`` the model
+    keeps (``g_tk`` the regressor of coefficient ``k``, ``H_kk`` the diagonal of the client's
+    training Gram matrix; infinite where ``H_kk = 0`` and ``g_tk != 0``: a term never excited
+    in training) and, without ``support``, ``||phi_t||^2 / (n_phi max_s ||phi_s||^2)`` (``s``
+    over the training samples, ``phi2max``). Each is at most 1 for every training sample, so
+    above 1 some feature of the transition exceeds the largest value it takes in training
+    (docs/ALGORITHMS.md, "Model check")."""
+    H = data.H[:, c]
+    diag = np.diagonal(H, axis1=-2, axis2=-1)[:, :, None, None, :]        # (S, m, 1, 1, p)
+    keep = (np.ones(diag.shape[-1], bool) if support is None
+            else np.asarray(support, bool)[:, None, None, None, :])
+    r = np.zeros(w.shape)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(top > 0, norm / top, np.nan)
+        for j in range(St.shape[0]):
+            G = Phi @ St[j]                                               # (S, m, J, T, p)
+            g2 = G * G
+            over = np.where(diag > 0, g2 / diag, np.where(g2 > 0, np.inf, 0.0))
+            r = np.fmax(r, np.where(keep, over, 0.0).max(axis=-1))
+        if support is None and data.phi2max is not None:
+            top = (data.phi2max[:, c] * Phi.shape[-1])[:, :, None, None]
+            norm = (Phi * Phi).sum(axis=-1)
+            r = np.fmax(r, np.where(top > 0, norm / top, np.where(norm > 0, np.inf, 0.0)))
+    return np.where(w > 0, r, 0.0)
 
 
 def client_statistics(model, data, heldout, key, support=None,
@@ -382,16 +400,17 @@ def client_statistics(model, data, heldout, key, support=None,
     st = correlation_statistics(model, data, heldout, fits, support)
     # every client the server may count: whether an overfit one is left out depends on the
     # fleet's excess test (:func:`_excess`)
-    use = (heldout.n >= MIN_SAMPLES) & (st["s2_ok"] > 0.5)
+    use = (st["n_in"] >= MIN_SAMPLES) & (st["s2_ok"] > 0.5)
     st.update(free_run_statistics(model, heldout, fits, use, [key], seed))
     return st
 
 
 def _free_run_use(st: dict, chosen: np.ndarray, level: float) -> np.ndarray:
     """The clients whose free runs the test counts (S, M): checked, with enough held-out
-    data and a training noise, neither overfit nor extrapolating."""
+    transitions within the range of their training data and a training noise, not
+    overfit."""
     overfit = _excess(st, level)[-1]
-    return (st["n_ho"] >= MIN_SAMPLES) & chosen & ~overfit & (st["s2_ok"] > 0.5)
+    return (st["n_in"] >= MIN_SAMPLES) & chosen & ~overfit & (st["s2_ok"] > 0.5)
 
 
 def _excess(st: dict, level: float):
@@ -411,13 +430,6 @@ def _excess(st: dict, level: float):
     unexplained = small & ((p_fleet * S < level) & (share >= EXCESS_SHARE))[:, None, None]
     overfit = (st["high"] > 0.5) & ~unexplained.any(-1)
     return k_small, p_fleet, unexplained, overfit
-
-
-def _extrapolating(st: dict, overfit: np.ndarray) -> np.ndarray:
-    """The clients of ``overfit`` (S, M) whose held-out data go beyond their training data
-    (``reach`` above 1: some held-out feature exceeds the largest value it takes in
-    training): their excess measures extrapolation, not too many terms."""
-    return overfit & (np.nan_to_num(st["reach"], nan=0.0) > 1.0)
 
 
 #: statistics the server only sums over the checked clients: :func:`_only` keeps just the
@@ -545,13 +557,12 @@ def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
     # below EXCESS_LEVEL than the binomial law allows is a term missing (those are listed);
     # else the clients with a large excess are overfit
     k_small, p_fleet, unexplained, overfit = _excess(st, level)
-    # a large excess on held-out data beyond the training data's range is extrapolation
-    outside = _extrapolating(st, overfit)
-    use_free = ~overfit                     # neither kind's free run is counted
-    overfit = overfit & ~outside
+    # held-out transitions beyond the range of the client's training data were left out
+    outside = chosen & (n_ho > 0) & (np.nan_to_num(st["reach"], nan=0.0) > 1.0)
+    beyond = np.where(outside, 1.0 - st["n_in"] / np.maximum(n_ho, 1), np.nan)
     # free run against noisy runs of the own fit itself, of the clients it counts
     valid = n_ho > 0
-    use = (n_ho >= MIN_SAMPLES) & chosen & use_free & (st["s2_ok"] > 0.5)
+    use = (st["n_in"] >= MIN_SAMPLES) & chosen & ~overfit & (st["s2_ok"] > 0.5)
     tried = (st["tried"] > 0.5) & use
     exceed = st["exceed"] > 0.5
     sim, ref = np.where(use, st["sim"], np.nan), np.where(tried, st["ref"], np.nan)
@@ -565,8 +576,8 @@ def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
                             for s in range(S)])
     # worse than the held-out mean (NRMSE 1, the best constant predictor) by more than noisy
     # runs of the fit itself are: the free run does not describe the dynamics
-    beyond = (sim_med > CONSTANT) & ~(sim_med <= ref_med)
-    free_ok = bool(np.all(p_free * S >= level) and not beyond.any())
+    worse = (sim_med > CONSTANT) & ~(sim_med <= ref_med)
+    free_ok = bool(np.all(p_free * S >= level) and not worse.any())
     missing = white is False or bool(unexplained.any())
     p_excess = st["p_excess"]
     judged = tests > 0 or n_mc.sum() > 0 or np.isfinite(p_excess).any()
@@ -574,7 +585,9 @@ def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
                 "missing terms" if missing else "overfit" if overfit.any() else "ok")
     ok = None if verdict_ is None else verdict_ in ("ok", "overfit")
     over_list = [[int(s), int(m)] for s, m in zip(*np.nonzero(overfit), strict=True)]
-    return {"ok": ok, "verdict": verdict_, "white": white, "test": "billings-voon",
+    reason = ({"reason": f"no client has {MIN_SAMPLES} held-out transitions within the range "
+               "of its training data"} if verdict_ is None and outside.any() else {})
+    return {**reason, "ok": ok, "verdict": verdict_, "white": white, "test": "billings-voon",
             "lags": LAGS, "level": level, "correction": "bonferroni", "tests": tests,
             "material": MATERIAL, "exact": int(exact.sum()), "p_min": p_min,
             "p_adjusted": None if p_min is None else min(1.0, p_min * tests),
@@ -590,14 +603,14 @@ def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
                                 zip(*np.nonzero(unexplained), strict=True)][:50],
             "overfit": over_list, "overfit_limit": OVERFIT,
             "overfit_detail": _overfit_detail(st["cond"], overfit, ratio, mu_top),
-            "reach_max": [_num(np.nanmax(v)) if np.isfinite(v).any() else None
-                          for v in np.where(chosen, st["reach"], np.nan)],
+            "reach_max": [_num(np.nanmax(v)) if (~np.isnan(v)).any() else None
+                          for v in np.where(chosen & (n_ho > 0), st["reach"], np.nan)],
             "extrapolating": [[int(s), int(m)] for s, m in
                               zip(*np.nonzero(outside), strict=True)][:50],
-            "extrapolating_detail": [
-                {"repeat": int(s), "client": int(m),
-                 "ratio": _num(np.nanmax(ratio[s, m])), "reach": _num(st["reach"][s, m])}
-                for s, m in list(zip(*np.nonzero(outside), strict=True))[:20]],
+            "extrapolating_clients": [int(v) for v in outside.sum(axis=1)],
+            "extrapolating_untested": [int(v) for v in (
+                outside & (n_ho >= MIN_SAMPLES) & (st["n_in"] < MIN_SAMPLES)).sum(axis=1)],
+            "extrapolating_worst": _worst_outside(outside, beyond, st["reach"]),
             "support": "all terms" if support is None else "sparsity",
             "free_run_ok": free_ok, "free_run_test": "monte carlo",
             "free_run_replicates": REPLICATES,
@@ -610,6 +623,17 @@ def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
                                                               valid & chosen)[0]],
             "clients_checked": int(chosen.sum()),
             "fit": "each client's own least squares"}
+
+
+def _worst_outside(outside: np.ndarray, beyond: np.ndarray, reach: np.ndarray):
+    """The client with the largest share of held-out transitions beyond its training data
+    (then the largest reach), or None."""
+    found = list(zip(*np.nonzero(outside), strict=True))
+    if not found:
+        return None
+    s, m = max(found, key=lambda sm: (beyond[sm], reach[sm]))
+    return {"repeat": int(s), "client": int(m), "share": _num(beyond[s, m]),
+            "reach": _num(reach[s, m])}
 
 
 def client_key(label) -> int:
@@ -792,21 +816,22 @@ def noise_note(check: dict | None) -> str | None:
 
 
 def extrapolation_note(check: dict | None) -> str | None:
-    """The log line when some clients' held-out data go beyond their training data and
-    their held-out error is large (``extrapolating``), else None: that error measures
-    extrapolation, so they are not counted as overfit (nor their free runs tested)."""
-    if not check or not check.get("extrapolating"):
+    """The log line when some clients are left untested because their held-out transitions
+    lie beyond the range of their training data (``extrapolating_untested``), else None
+    (clients that keep enough transitions within it are tested on those, and only listed in
+    ``extrapolating``)."""
+    untested = (check or {}).get("extrapolating_untested") or [0]
+    if max(untested) == 0 or not check.get("extrapolating_worst"):
         return None
-    detail = check.get("extrapolating_detail") or []
-    worst = max(detail, key=lambda d: d["ratio"] or 0, default=None)
-    where = ("" if worst is None else
-             f"; worst: client {worst['client']} in repeat {worst['repeat']}, held-out error "
-             f"{_fmt(worst['ratio'], '.3g')} times its training noise")
-    return (f"model check: {len(check['extrapolating'])} client(s)' held-out data go beyond "
-            "the range of their training data (a held-out feature exceeds the largest value "
-            f"it takes in training){where}: their held-out error measures extrapolation, not "
-            "the library, so they are not counted as overfit; a model is only checked where "
-            "its training data reach (train on data that cover the held-out range)")
+    w = check["extrapolating_worst"]
+    where = " in a repeat" if len(untested) > 1 else ""
+    return (f"model check: {max(untested)} client(s){where} left untested: fewer than "
+            f"{MIN_SAMPLES} of their held-out transitions lie within the range of their "
+            "training data (the others have a feature above the largest value it takes in "
+            "training), and a model is only checked where its training data reach (worst: "
+            f"client {w['client']} in repeat {w['repeat']}, {_fmt(w['share'], '.0%')} of its "
+            "held-out transitions beyond); train on data that cover the range where the "
+            "model will be used")
 
 
 def verdict(check: dict | None, personalized: bool = False) -> str | None:
