@@ -516,3 +516,21 @@ def test_a_term_never_excited_in_training_is_not_taken_for_a_missing_term(tmp_pa
     assert check["reason"] == ("no client has 20 held-out transitions within the range of "
                                "its training data")
     assert check["extrapolating_clients"] == [6] and check["reach_max"] == [float("inf")]
+
+
+def test_a_target_updated_exactly_with_a_large_offset_is_exact_not_a_missing_term(tmp_path):
+    """pos+ = pos + 0.01 vel exactly, with the position logged at an offset of 273.15 (a
+    temperature in kelvin, a coordinate far from the origin): the own fits' normal-equation
+    solve (equilibrated Gram condition ~3e6) leaves residuals of ~1e-8, far above 1e-9 of
+    the target's spread, and the correlation tests read that rounding as a missing term
+    (p ~ 1e-90). Residuals below the solve's own rounding (eps times the condition number
+    times the target's size) are exact: pos+ is not tested, the verdict is ok."""
+    import pandas as pd
+
+    file = spring_fleet(tmp_path)
+    df = pd.read_csv(file)
+    df["pos"] += 273.15
+    df.to_csv(file, index=False)
+    check = _spring_check(file)
+    assert check["verdict"] == "ok" and check["p_min_by_target"]["pos+"] is None
+    assert check["exact"] == 6                           # pos+ of every client
