@@ -119,6 +119,13 @@ def test_auto_writes_the_path_and_logs_the_fallback(tmp_path, caplog):
                and "the fewest terms within sparsity.margin=2 of the best score"
                in r.getMessage() for r in caplog.records)
     assert res.summary["sparsity"]["margin"] == 2.0
+    from fnsysid.results.equations import show_text
+
+    said = [ln for ln in show_text(out) if ln.startswith("sparsity: sparsity.threshold=auto")]
+    sp = res.summary["sparsity"]
+    assert said == [f"sparsity: sparsity.threshold=auto chose {sp['threshold']:g} "
+                    f"({sp['terms']} terms) by BIC on the training data, the fewest terms "
+                    "within sparsity.margin=2 of the best score"]
 
 
 def test_pendulum_at_100_hz_auto_keeps_the_five_true_terms(tmp_path):

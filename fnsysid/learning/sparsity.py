@@ -712,6 +712,32 @@ def faded_warning(summary: dict, strategy: str) -> str | None:
             "docs/guide/sparsity.md, heterogeneous clients)")
 
 
+def auto_choice(summary: dict) -> str | None:
+    """What ``threshold=auto`` chose and by which rule, in words (``fnsysid show`` and
+    :func:`auto_line`); None for a fixed threshold.
+
+    Parameters
+    ----------
+    summary : dict
+        :meth:`STLSQ.summary`.
+
+    Returns
+    -------
+    str or None
+    """
+    if not summary.get("auto"):
+        return None
+    t = summary["threshold"]
+    shown = f"{t:g}" if not isinstance(t, list) else ", ".join(f"{v:g}" for v in t)
+    margin = summary.get("margin") or 0.0
+    fewest = (f", the fewest terms within sparsity.margin={margin:g} of the best score"
+              if margin else "")
+    rule = ("the held-out error of the pooled fits" if summary["rule"] == "heldout"
+            else "BIC on the training data")
+    return (f"sparsity: sparsity.threshold=auto chose {shown} ({summary['terms']} terms) by "
+            f"{rule}{fewest}")
+
+
 def auto_line(summary: dict) -> tuple[str, bool] | None:
     """The log line of ``threshold=auto``.
 
@@ -726,21 +752,13 @@ def auto_line(summary: dict) -> tuple[str, bool] | None:
         The line and whether it is a warning (the held-out data were missing and BIC chose);
         None for a fixed threshold.
     """
-    if not summary.get("auto"):
+    said = auto_choice(summary)
+    if said is None:
         return None
-    t = summary["threshold"]
-    shown = f"{t:g}" if not isinstance(t, list) else ", ".join(f"{v:g}" for v in t)
-    terms = summary["terms"]
-    margin = summary.get("margin") or 0.0
-    fewest = (f", the fewest terms within sparsity.margin={margin:g} of the best score"
-              if margin else "")
     if summary["rule"] == "heldout":
-        return (f"sparsity: sparsity.threshold=auto chose {shown} ({terms} terms) by the "
-                f"held-out error of the pooled fits{fewest} (sparsity_path.csv)"), False
-    return (f"sparsity: sparsity.threshold=auto chose {shown} ({terms} terms) by BIC on the "
-            f"training data{fewest}: no held-out data to score the candidates on "
-            "(data.val_N=0, data.holdout=0 or no val rows in the files; sparsity_path.csv)"), \
-        True
+        return f"{said} (sparsity_path.csv)", False
+    return (f"{said}: no held-out data to score the candidates on (data.val_N=0, "
+            "data.holdout=0 or no val rows in the files; sparsity_path.csv)"), True
 
 
 def support_sizes(model, support: np.ndarray) -> dict[str, list[int]]:

@@ -238,7 +238,12 @@ def _run_lines(folder: Path, summary: dict, full: bool) -> list[str]:
     check = _check_line(summary.get("model_check"))
     if check:
         lines.append(check)
-    faded = (summary.get("sparsity") or {}).get("below_threshold")
+    sp = summary.get("sparsity") or {}
+    if sp.get("auto") and sp.get("rule"):
+        from fnsysid.learning.sparsity import auto_choice
+
+        lines.append(auto_choice(sp))
+    faded = sp.get("below_threshold")
     if faded:
         lines.append(f"sparsity: kept but below the threshold in the final model: "
                      f"{', '.join(f['parameter'] for f in faded)}")
