@@ -523,3 +523,79 @@ def test_duffing_script_recovers_the_truth_and_auto_is_pooled_on_an_identical_fl
     assert r["pooled"] == pytest.approx(((pooled.ravel() - mod.truth(names)) ** 2).mean(),
                                         rel=1e-8)
     assert r["auto"] == pytest.approx(r["pooled"], rel=1e-8) and r["local"] > 10 * r["pooled"]
+
+
+def test_auto_on_a_shared_support_is_auto_on_the_kept_terms_alone():
+    """personalize=auto with sparsity (group sparsity: the server's support shared, each
+    client's own values): for each set of repeats with one support, auto on the statistics of
+    the kept terms alone, the pruned terms exactly 0 with no standard error; on a support of
+    every term, auto itself; repeats with other supports get their own fleets."""
+    import fnsysid
+    from fnsysid.results.personal import auto_on_support, own_sse, target_stats
+
+    res = fnsysid.run({"system": "synthetic", "M": 8, "N": 6, "T": 10, "eps": 1.0, "R": 1,
+                       "repeats": 3, "strategy": "centralized_exact", "output.plot": False,
+                       "progress": False})
+    model, data = res.model, res.dataset.train
+    S, M, p = data.b.shape
+    yy, blocks = target_stats(model, data)
+    every = np.ones((S, p), bool)
+    models, se, reml = auto_on_support(model, data, every)
+    ref_m, ref_se, fl = pers.auto(data.H, data.b, yy, data.n, blocks, sse=own_sse(model, data))
+    # the own fits on a support of every term round differently; the REML's iterations
+    # carry that to ~1e-8 of the standard errors
+    np.testing.assert_allclose(models, ref_m, rtol=1e-8, atol=1e-12)
+    np.testing.assert_allclose(se, ref_se, rtol=1e-6)
+    assert reml["rejected"] == [bool(v < pers.HOMOGENEITY_LEVEL) for v in fl.pvalue]
+    rng = np.random.default_rng(0)
+    support = rng.random((S, p)) < 0.7
+    support[1] = support[0]                       # repeats 0 and 1 share one support
+    support[2, :] = True
+    support[2, :3] = False
+    models, se, reml = auto_on_support(model, data, support)
+    assert (models[~np.broadcast_to(support[:, None], models.shape)] == 0).all()
+    assert np.isnan(se[~np.broadcast_to(support[:, None], se.shape)]).all()
+    for rows in ([0, 1], [2]):
+        idx = np.flatnonzero(support[rows[0]])
+        sub = pers.NoiseBlocks(blocks.param_block[idx], blocks.n_targets, blocks.targets)
+        sse = own_sse(model, data, support[:, None, :])[rows]
+        m, e, fl = pers.auto(data.H[rows][..., idx[:, None], idx], data.b[rows][..., idx],
+                             yy[rows], data.n[rows], sub, sse=sse)
+        np.testing.assert_allclose(models[rows][..., idx], m, rtol=1e-10, atol=1e-13)
+        np.testing.assert_allclose(se[rows][..., idx], e, rtol=1e-10)
+        assert [reml["Q"][r] for r in rows] == pytest.approx(list(fl.Q))
+    assert len(reml["converged"]) == S and reml["test"] == "Cochran's Q"
+
+
+def test_a_sparse_run_personalizes_on_its_support(tmp_path):
+    """A run with sparsity=stlsq and personalize=auto: client_estimates.csv has 0 and no
+    interval for the pruned terms, each client's own values on the kept ones, and the local
+    fits on the support too; under runtime=flower it is refused in one line."""
+    import fnsysid
+
+    args = {"system": "synthetic", "M": 8, "N": 6, "T": 10, "eps": 1.0, "R": 1, "repeats": 2,
+            "strategy": "centralized_exact", "sparsity": "stlsq", "personalize": "auto",
+            "output.plot": False, "progress": False}
+    res = fnsysid.run(args)
+    ce = res.tables["client_estimates"]
+    pruned = ce["parameter"].isin(
+        res.estimates.loc[res.estimates["estimate"] == 0, "parameter"].unique())
+    assert pruned.any() and (~pruned).any()
+    assert (ce.loc[pruned, "estimate"] == 0).all() and ce.loc[pruned, "se"].isna().all()
+    assert (ce.loc[pruned, "local"] == 0).all() and ce.loc[pruned, "local_se"].isna().all()
+    assert ce.loc[~pruned, "se"].notna().all()
+    assert res.summary["status"] == "ok" and res.summary["final_e_pers_mean_mean"] > 0
+
+
+
+def test_sparse_auto_personalization_is_refused_under_flower(monkeypatch):
+    import fnsysid
+    from fnsysid.runtimes import check as runtime
+
+    monkeypatch.setattr(runtime, "flower_installed", lambda: True)
+    with pytest.raises(ConfigError) as err:
+        fnsysid.run({"system": "synthetic", "sparsity": "stlsq", "personalize": "auto",
+                     "runtime": "flower", "output.plot": False})
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("sparsity=stlsq with personalize=auto is not "
+                                               "built for runtime=flower")

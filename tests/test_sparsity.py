@@ -274,11 +274,11 @@ def test_model_check_advice_follows_the_sparsity_setting():
     assert "try a smaller sparsity.threshold (the check fits the kept terms) or a richer " \
         "library" in verdict(mc("missing terms", "sparsity"))
     assert verdict(mc("ok", "all terms")) is None
-    # with personalized models sparsity is refused: the advice does not offer it as a step
+    # with finetune models sparsity is refused: the advice does not offer it as a step
     personal = verdict(mc("overfit", "all terms", [[0, "c1"]]), personalized=True)
     assert personal.endswith("try a smaller library (feature_map.degree, fewer features) or "
                              "more data per client (sparsity=stlsq prunes terms with "
-                             "personalize=none)")
+                             "personalize=none or auto)")
 
 
 def test_a_threshold_that_prunes_every_term_of_a_state_says_so(fleet, caplog):
@@ -322,8 +322,8 @@ def test_summary_counts_the_kept_terms_of_each_repeat():
     (["sparsity.threshold=0"], "sparsity.threshold=0 is not allowed: sparsity.threshold must "
                                "be a finite number > 0"),
     (["optimizer.scale_features=zscore"], "sparsity=stlsq with optimizer.scale_features=zscore"),
-    (["personalize=auto"], "sparsity=stlsq with personalize=auto: the personalized models are "
-                           "fitted on every term"),
+    (["personalize=finetune"], "sparsity=stlsq with personalize=finetune: its local steps "
+                               "would fit every term"),
     (["sparsity.scale=raw"], "sparsity.scale"),
 ])
 def test_settings_that_cannot_prune_are_refused_in_one_line(extra, words):

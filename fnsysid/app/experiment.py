@@ -488,7 +488,7 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
                                             for s, m, j in check["excess_rejected"]]
             summary["model_check"] = check
             for line in (noise_note(check), extrapolation_note(check),
-                         verdict(check, settings.personalize.name != "none")):
+                         verdict(check, settings.personalize.name == "finetune")):
                 if line:
                     log.warning(line)
     if data is not None and diverged is None and failure is None \

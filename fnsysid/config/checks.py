@@ -107,8 +107,9 @@ def _check_together(s: Settings, raw: Mapping | None) -> None:
 
 
 def check_sparsity(s: Settings) -> None:
-    """``sparsity=stlsq`` needs a server model (not ``strategy=local``), no personalized
-    models (they would be fitted on every term) and, with a strategy that iterates, local
+    """``sparsity=stlsq`` needs a server model (not ``strategy=local``), no ``finetune``
+    (its local steps would fit every term; ``auto`` personalizes on the support, in process
+    only) and, with a strategy that iterates, local
     steps on the coefficients themselves (not ``scale_features=zscore``). The closed-form
     strategies (``oneshot``,
     ``centralized_exact``) take no local steps, so the optimizer's settings do not matter
@@ -123,11 +124,15 @@ def check_sparsity(s: Settings) -> None:
                           "model, there is no server model to prune; allowed: a strategy with "
                           "a server model (fedavg, fedprox, fedlin, scaffold, fednova, oneshot, "
                           "centralized, centralized_exact, cyclic) or sparsity=none")
-    if s.personalize.name != "none":
-        raise ConfigError(f"sparsity=stlsq with personalize={s.personalize.name}: the "
-                          "personalized models are fitted on every term, not on the pruned "
-                          "support; allowed: personalize=none with sparsity=stlsq, or "
-                          "sparsity=none")
+    if s.personalize.name == "finetune":
+        raise ConfigError("sparsity=stlsq with personalize=finetune: its local steps would "
+                          "fit every term, not the pruned support; allowed with "
+                          "sparsity=stlsq: personalize=none or auto (each client's own values "
+                          "on the shared support)")
+    if s.personalize.name == "auto" and s.runtime.name == "flower":
+        raise ConfigError("sparsity=stlsq with personalize=auto is not built for "
+                          "runtime=flower: the clients would send statistics of every term; "
+                          "allowed: runtime=inprocess, or personalize=none with sparsity")
     closed = target.endswith(".OneShot") or strategy.get("exact") is True
     if (s.resolved.get("optimizer") or {}).get("scale_features") == "zscore" and not closed:
         raise ConfigError("sparsity=stlsq with optimizer.scale_features=zscore: the centred "

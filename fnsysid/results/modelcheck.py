@@ -860,7 +860,7 @@ def extrapolation_note(check: dict | None) -> str | None:
 
 def verdict(check: dict | None, personalized: bool = False) -> str | None:
     """The log line when the check finds something (None when it does not); its advice
-    leaves out ``sparsity=stlsq`` where the run has personalized models (``personalized``),
+    leaves out ``sparsity=stlsq`` where the run has ``finetune`` models (``personalized``),
     with which sparsity is refused."""
     if not check or check.get("verdict") in (None, "ok"):
         return None
@@ -868,7 +868,7 @@ def verdict(check: dict | None, personalized: bool = False) -> str | None:
     if check["verdict"] == "overfit":
         advice = ("a larger sparsity.threshold (fewer terms) or more data per client" if sparse
                   else "a smaller library (feature_map.degree, fewer features) or more data "
-                  "per client (sparsity=stlsq prunes terms with personalize=none)"
+                  "per client (sparsity=stlsq prunes terms with personalize=none or auto)"
                   if personalized
                   else "fewer terms (sparsity=stlsq, a smaller library) or more data per client")
         detail = check.get("overfit_detail") or []

@@ -176,11 +176,56 @@ def t_value(level: float, dof) -> np.ndarray:
     return t[where].reshape(dof.shape)
 
 
+def auto_on_support(model, data, support) -> tuple[np.ndarray, np.ndarray, dict | None]:
+    """``personalize=auto`` on a sparse model's shared support (group sparsity: the terms
+    the server kept, each client's own values): for each set of repeats with the same
+    support (S, p), :func:`fnsysid.learning.personalize.auto` on the statistics of the kept
+    terms alone (each client's own least squares, its residual sums and the heterogeneity
+    on them); the pruned terms are 0 in every client's model, with no standard error (NaN).
+    Returns (models, se) (S, M, p) and the REML report per repeat (:func:`reml_summary`)."""
+    S, M, p = data.b.shape
+    support = np.asarray(support, bool)
+    yy, blocks = target_stats(model, data)
+    sse = own_sse(model, data, support[:, None, :])        # the own fits on the kept terms
+    models, se = np.zeros((S, M, p)), np.full((S, M, p), np.nan)
+    reports: list = [None] * S
+    per_repeat: set = set()                 # the report's entries that are lists over repeats
+    for key in dict.fromkeys(map(bytes, np.packbits(support, axis=-1))):
+        rows = [s for s in range(S) if bytes(np.packbits(support[s])) == key]
+        idx = np.flatnonzero(support[rows[0]])
+        sub = (blocks if isinstance(blocks, int) else
+               pers.NoiseBlocks(blocks.param_block[idx], blocks.n_targets, blocks.targets))
+        m_s, se_s, fl = pers.auto(data.H[rows][..., idx[:, None], idx], data.b[rows][..., idx],
+                                  yy[rows], data.n[rows], sub,
+                                  sse=None if sse is None else sse[rows])
+        models[np.ix_(rows, range(M), idx)], se[np.ix_(rows, range(M), idx)] = m_s, se_s
+        rep = reml_summary(fl)
+        per_repeat |= {k for k, v in (rep or {}).items() if isinstance(v, list)}
+        for i, s in enumerate(rows):
+            reports[s] = None if rep is None else {
+                k: (v[i] if isinstance(v, list) else v) for k, v in rep.items()}
+    if any(r is None for r in reports):
+        return models, se, None
+    return models, se, {k: ([r[k] for r in reports] if k in per_repeat else v)
+                        for k, v in reports[0].items()}
+
+
 def personalized(settings, model, strategy, data) -> Personal | None:
-    """The ``personalize`` option's client models (None for ``none``)."""
+    """The ``personalize`` option's client models (None for ``none``); with ``sparsity``'s
+    support, ``auto`` on the kept terms (:func:`auto_on_support`)."""
     option = settings.personalize
     if option.name == "none":
         return None
+    support = getattr(getattr(strategy, "sparsity", None), "support", None)
+    if support is not None and option.name == "auto":
+        sup = np.asarray(support, bool)[:, None, :]
+        sse = own_sse(model, data, sup)
+        local, local_se, _, dof = own_intervals(model, data, sup, sse=sse)
+        models, se, reml = auto_on_support(model, data, support)
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            errors = ParameterErrors(data.theta_true)(models)
+        return Personal(option.name, models, se, local, local_se, errors, data.theta_true,
+                        reml_warning(reml), per_parameter_dof(model, data, dof), reml)
     sse = own_sse(model, data)
     local, local_se, _, dof = own_intervals(model, data, sse=sse)
     local_dof = per_parameter_dof(model, data, dof)
