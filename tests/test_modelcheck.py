@@ -430,7 +430,7 @@ def test_a_model_whose_free_run_is_worse_than_the_mean_is_said_to_be_poor():
     assert "worse than the held-out mean" not in lines[1]
 
 
-def spring_fleet(path, held_out_scale=1.0, copy_training=False, seed=0):
+def spring_fleet(path, held_out_scale=1.0, copy_training=False, seed=0, cubic=0.0):
     """Six mass-spring-damper clients at 100 Hz (``pos+ = pos + 0.01 vel`` exactly, noise
     0.01 on ``vel+``), five runs of 200 samples each, the last held out. Client c0's held-out
     run starts ``held_out_scale`` times farther out; with ``copy_training`` every held-out
@@ -447,7 +447,8 @@ def spring_fleet(path, held_out_scale=1.0, copy_training=False, seed=0):
             x[0] = rng.normal(size=2) * (held_out_scale if (c == 0 and j == 4) else 1.0)
             for t in range(200):
                 x[t + 1, 0] = x[t, 0] + 0.01 * x[t, 1]
-                x[t + 1, 1] = (x[t, 1] + 0.01 * (-k * x[t, 0] - 0.5 * x[t, 1] + u[t])
+                x[t + 1, 1] = (x[t, 1] + 0.01 * (-k * x[t, 0] - 0.5 * x[t, 1]
+                                                 - cubic * x[t, 0] ** 3 + u[t])
                                + 0.01 * rng.normal())
             runs.append((x, u))
         if copy_training:
@@ -534,3 +535,24 @@ def test_a_target_updated_exactly_with_a_large_offset_is_exact_not_a_missing_ter
     check = _spring_check(file)
     assert check["verdict"] == "ok" and check["p_min_by_target"]["pos+"] is None
     assert check["exact"] == 6                           # pos+ of every client
+
+
+def test_fits_at_their_solves_rounding_are_not_judged_ok(tmp_path):
+    """A Duffing-like fleet (a cubic term the affine library lacks) logged at offsets of 1e6
+    and 100: the own fits' Gram matrices are so ill-conditioned that their residuals are at
+    the solve's rounding, yet as large as the targets' spread. Counted exact by the rounding
+    floor alone they left nothing to test, and the check said ok of a wrong library; now
+    such targets are unresolved, and with nothing left the verdict is null with a reason.
+    A target at its rounding and tiny against its spread (an exact update logged at 273.15,
+    above) stays exact."""
+    import pandas as pd
+
+    file = spring_fleet(tmp_path, cubic=5.0)
+    df = pd.read_csv(file)
+    df["pos"] += 1e6
+    df["vel"] += 100.0
+    df.to_csv(file, index=False)
+    check = _spring_check(file)
+    assert check["verdict"] is None and check["ok"] is None
+    assert check["unresolved"] == 12 and check["exact"] == 0 and check["tests"] == 0
+    assert check["reason"].startswith("the clients' own fits are at their solve's rounding")

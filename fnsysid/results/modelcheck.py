@@ -96,6 +96,9 @@ CONSTANT = 1.0
 CHECK_CLIENTS = 2000
 #: residuals below this share of the target's spread are exact (round-off)
 EXACT = 1e-9
+#: residuals below the own fit's solve rounding count as exact only below this share of the
+#: target's spread; above it the target is ``unresolved`` (the fit is its rounding)
+RESOLVED = 1e-6
 #: kinds of correlation test, with the lags they take
 KINDS = ("ee", "ze", "z2e", "z2e2", "e(ez)")
 
@@ -222,7 +225,7 @@ def _tail_normal(z: np.ndarray) -> np.ndarray:
 
 #: the per-client statistics of the check whose values are 0/1 (floats, as a Flower client
 #: sends them)
-FLAGS = ("exact", "high", "s2_ok", "exceed", "tried")
+FLAGS = ("exact", "high", "s2_ok", "exceed", "tried", "unresolved")
 
 
 def test_names(n_z: int, lags: int = LAGS) -> list[tuple]:
@@ -248,7 +251,7 @@ def empty_statistics(model, S: int, M: int) -> dict[str, np.ndarray]:
             "num": np.zeros((S, M, n_y, n_t)), "var": np.zeros((S, M, n_y, n_t)),
             "n_pool": np.zeros((S, M, n_y)), "client_z": np.zeros((S, M)),
             "high": np.zeros((S, M)), "cond": nan.copy(), "reach": nan.copy(),
-            "n_in": np.zeros((S, M)),
+            "n_in": np.zeros((S, M)), "unresolved": np.zeros((S, M, n_y)),
             "sim": nan.copy(), "ref": nan.copy(),
             "exceed": np.zeros((S, M)), "tried": np.zeros((S, M))}
 
@@ -319,8 +322,13 @@ def correlation_statistics(model, data, heldout, fits, support=None,
                 # itself (its relative error up to eps times the equilibrated condition
                 # number of the Gram matrix, times the target's size)
                 size = np.sqrt((Y[..., j] ** 2 * w).sum(axis=(-2, -1)) / np.maximum(n, 1))
-                ex = np.sqrt(sse / np.maximum(n, 1)) <= np.maximum(
-                    EXACT * np.maximum(spread, np.finfo(float).tiny), floor * size)
+                rms = np.sqrt(sse / np.maximum(n, 1))
+                tiny = np.maximum(spread, np.finfo(float).tiny)
+                ex = rms <= np.maximum(EXACT * tiny, np.minimum(floor * size, RESOLVED * tiny))
+                # residuals at the solve's rounding but not small against the spread: the
+                # fit cannot be told from its rounding; not tested, and said so
+                st["unresolved"][:, c, j] = (~ex & (rms <= floor * size) & (n > 0))
+                ex = ex | st["unresolved"][:, c, j].astype(bool)
                 exact[:, c, j] = ex & (n > 0)
                 # held-out excess: sse / s2 ~ chi^2_n + sum_k mu_k chi^2_1 (Satterthwaite)
                 Gho = np.einsum("smjtp,smjt,smjtq->smpq", G, w, G)
@@ -434,7 +442,8 @@ def _free_run_use(st: dict, chosen: np.ndarray, level: float) -> np.ndarray:
     transitions within the range of their training data and a training noise, not
     overfit."""
     overfit = _excess(st, level)[-1]
-    return (st["n_in"] >= MIN_SAMPLES) & chosen & ~overfit & (st["s2_ok"] > 0.5)
+    return ((st["n_in"] >= MIN_SAMPLES) & chosen & ~overfit & (st["s2_ok"] > 0.5)
+            & ~(st["unresolved"] > 0.5).any(axis=-1))
 
 
 def _excess(st: dict, level: float):
@@ -546,7 +555,8 @@ def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
     n_z = model.system.n_x + model.system.n_u
     labels = test_names(n_z)
     ratio, mu_top = st["ratio"].copy(), st["mu_top"]
-    exact = st["exact"] > 0.5
+    unresolved = st["unresolved"] > 0.5
+    exact = (st["exact"] > 0.5) & ~unresolved
     client_z = st["client_z"]
     with np.errstate(all="ignore"):
         num_sum, den_sum = st["num"].sum(axis=1), st["var"].sum(axis=1)    # (S, n_y, tests)
@@ -576,7 +586,7 @@ def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
                  "client": int(np.argmax(client_z[s]))}
     by_target = {names[j]: _num(np.nanmin(pz[:, j]) if np.isfinite(pz[:, j]).any()
                                 else np.nan) for j in range(n_y)}
-    ratio[exact] = np.nan                  # a target updated exactly has no noise to exceed
+    ratio[exact | unresolved] = np.nan     # a target updated exactly has no noise to exceed
     # held-out excess beyond what the own fits' estimation error explains: more client-targets
     # below EXCESS_LEVEL than the binomial law allows is a term missing (those are listed);
     # else the clients with a large excess are overfit
@@ -586,7 +596,8 @@ def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
     beyond = np.where(outside, 1.0 - st["n_in"] / np.maximum(n_ho, 1), np.nan)
     # free run against noisy runs of the own fit itself, of the clients it counts
     valid = n_ho > 0
-    use = (st["n_in"] >= MIN_SAMPLES) & chosen & ~overfit & (st["s2_ok"] > 0.5)
+    use = ((st["n_in"] >= MIN_SAMPLES) & chosen & ~overfit & (st["s2_ok"] > 0.5)
+           & ~unresolved.any(axis=-1))           # a fit at its rounding: no free run either
     tried = (st["tried"] > 0.5) & use
     exceed = st["exceed"] > 0.5
     sim, ref = np.where(use, st["sim"], np.nan), np.where(tried, st["ref"], np.nan)
@@ -610,10 +621,14 @@ def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
     ok = None if verdict_ is None else verdict_ in ("ok", "overfit")
     over_list = [[int(s), int(m)] for s, m in zip(*np.nonzero(overfit), strict=True)]
     reason = ({"reason": f"no client has {MIN_SAMPLES} held-out transitions within the range "
-               "of its training data"} if verdict_ is None and outside.any() else {})
+               "of its training data"} if verdict_ is None and outside.any() else
+              {"reason": "the clients' own fits are at their solve's rounding (ill-conditioned "
+               "Gram matrices): their residuals cannot be told from it"}
+              if verdict_ is None and unresolved.any() else {})
     return {**reason, "ok": ok, "verdict": verdict_, "white": white, "test": "billings-voon",
             "lags": LAGS, "level": level, "correction": "bonferroni", "tests": tests,
-            "material": MATERIAL, "exact": int(exact.sum()), "p_min": p_min,
+            "material": MATERIAL, "exact": int(exact.sum()),
+            "unresolved": int(unresolved.sum()), "p_min": p_min,
             "p_adjusted": None if p_min is None else min(1.0, p_min * tests),
             "p_min_by_target": by_target, "worst": worst,
             "rejected": int(rejected.sum()),
