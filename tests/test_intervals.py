@@ -205,9 +205,9 @@ def _generic_data(noise_x1: float):
     Phi = rng.normal(size=(300, 3))
     Y = Phi @ rng.normal(size=(3, 2)) + [noise_x1, 0.1] * rng.normal(size=(300, 2))
     stats = ragged_stats(model, Phi, Y, np.full(3, 100))
-    H, b, yy, n, phi2max, phi_mean, y_mean, yy_t, factor = (a[None] for a in stats)
+    H, b, yy, n, phi2max, phi_mean, y_mean, yy_t, factor, phimax = (a[None] for a in stats)
     return model, ClientData(np.full((1, 3, model.p), np.nan), H, b, yy, n, None, None, None,
-                             phi2max, phi_mean, y_mean, yy_t, factor)
+                             phi2max, phi_mean, y_mean, yy_t, factor, phimax)
 
 
 def test_auto_has_one_residual_variance_per_target():

@@ -88,7 +88,7 @@ def test_factor_reproduces_the_gram_and_any_residual():
     model = generic_model()
     rng = np.random.default_rng(8)
     Phi, Y = rng.normal(size=(M * N, 3)), rng.normal(size=(M * N, 2))
-    factor = ragged_stats(model, Phi, Y, np.full(M, N))[-1][None]
+    factor = ragged_stats(model, Phi, Y, np.full(M, N))[8][None]
     R = np.zeros((M, 5, 5))
     iu = np.triu_indices(5)
     R[:, iu[0], iu[1]] = factor[0]
@@ -103,7 +103,7 @@ def test_factor_reproduces_the_gram_and_any_residual():
     np.testing.assert_allclose(residual_sums(model, factor, shared)[0],
                                exact_rss(Phi, Y, model.theta_matrix(shared)[0]), rtol=1e-12)
     # two samples, five columns: rows 2.. of R are zero, residuals still exact
-    few = sample_stats(model, Phi[None, :2], Y[None, :2], np.ones((1, 2)))[-1]
+    few = sample_stats(model, Phi[None, :2], Y[None, :2], np.ones((1, 2)))[8]
     R2 = np.zeros((5, 5))
     R2[np.triu_indices(5)] = few[0]
     assert not R2[2:].any()

@@ -83,10 +83,13 @@ def test_a_run_prints_and_writes_its_equations_which_load_and_show_give_back(pen
     assert f"nrmse_1step_mean {m.summary_['final_nrmse_1step_mean']:.4g}" in out[2]
     assert out[-2:] == [f"  {ln}" for ln in text]
     check = m.summary_["model_check"]
+    untested = max(check["extrapolating_untested"])
     assert [ln for ln in out if ln.startswith("model check:")] == [
-        f"model check: {check['verdict']}" if check["verdict"] == "ok" else
-        f"model check: {check['verdict']} (median free-run NRMSE of the clients' own fits "
-        f"{check['nrmse_sim_median'][0]:.3g}; summary.json: model_check)"]
+        (f"model check: {check['verdict']}" if check["verdict"] == "ok" else
+         f"model check: {check['verdict']} (median free-run NRMSE of the clients' own fits "
+         f"{check['nrmse_sim_median'][0]:.3g}; summary.json: model_check)")
+        + (f"; {untested} client(s) untested: their held-out data lie beyond their training "
+           "data's range" if untested else "")]
 
 
 def test_show_prints_the_model_checks_verdict():

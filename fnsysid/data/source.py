@@ -538,12 +538,12 @@ def _client_data(model: Model, rows: pd.DataFrame, S: int, M: int, states, input
         raise DataError(f"data.path={path}: client '{clients[k % M]}' (repeat {rep}) has no "
                         "training trajectory (all are held out)")
     stats = ragged_stats(model, Phi, Y, count)           # segments in order: no padding
-    H, b, yy, n, phi2max, phi_mean, y_mean, yy_t, factor = (a.reshape((S, M) + a.shape[1:])
-                                                            for a in stats)
+    H, b, yy, n, phi2max, phi_mean, y_mean, yy_t, factor, phimax = (
+        a.reshape((S, M) + a.shape[1:]) for a in stats)
     theta_true = np.full((S, M, model.p), np.nan)
     if not keep_samples:
         return ClientData(theta_true, H, b, yy, n, None, None, None, phi2max, phi_mean, y_mean,
-                          yy_t, factor)
+                          yy_t, factor, phimax)
     # mini-batch SGD draws from every client's samples at once: padded to the longest
     starts = np.concatenate([[0], np.cumsum(count)[:-1]])
     pos = np.arange(len(seg)) - starts[seg]
@@ -555,7 +555,7 @@ def _client_data(model: Model, rows: pd.DataFrame, S: int, M: int, states, input
     P[seg, pos], Yp[seg, pos], W[seg, pos] = Phi, Y, 1.0
     return ClientData(theta_true, H, b, yy, n, P.reshape(S, M, n_max, n_phi),
                       Yp.reshape(S, M, n_max, n_y), W.reshape(S, M, n_max), phi2max,
-                      phi_mean, y_mean, yy_t, factor)
+                      phi_mean, y_mean, yy_t, factor, phimax)
 
 
 def _heldout_layout(rows: pd.DataFrame, M: int):

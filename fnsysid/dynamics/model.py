@@ -172,6 +172,9 @@ class ClientData:
     y_mean: np.ndarray | None = None
     yy_target: np.ndarray | None = None
     factor: np.ndarray | None = None
+    #: (S, M, n_phi) the largest magnitude of each feature over the client's samples (the
+    #: model check's range of the training data)
+    phimax: np.ndarray | None = None
 
     def take(self, clients) -> ClientData:
         """The same data of the ``clients`` only (an index array, mask or slice along M)."""
@@ -213,7 +216,8 @@ def pooled(data: ClientData) -> ClientData:
                       None if data.phi2max is None else data.phi2max.max(axis=1, keepdims=True),
                       mean(data.phi_mean), mean(data.y_mean),
                       None if data.yy_target is None else
-                      data.yy_target.sum(axis=1, keepdims=True), None)
+                      data.yy_target.sum(axis=1, keepdims=True), None,
+                      None if data.phimax is None else data.phimax.max(axis=1, keepdims=True))
 
 
 def centred_stats(data: ClientData, structure: np.ndarray):
@@ -379,6 +383,7 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
     phi_mean, y_mean = np.empty((S, M, n_phi)), np.empty((S, M, n_y))
     yy_target = np.empty((S, M, n_y))
     factor = np.empty((S, M, factor_terms(model)))
+    phimax = np.empty((S, M, n_phi))
     traj_mask = (np.arange(n_max)[None, :] < N[:, None]).astype(float)  # (M, n_max)
     if keep_samples:
         Phi = np.zeros((S, M, n_max * T, n_phi))
@@ -397,7 +402,7 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
         wgt = np.repeat(traj_mask[lo:hi], T, axis=1)
         (H[s, lo:hi], b[s, lo:hi], yy[s, lo:hi], n[s, lo:hi], phi2max[s, lo:hi],
          phi_mean[s, lo:hi], y_mean[s, lo:hi], yy_target[s, lo:hi],
-         factor[s, lo:hi]) = sample_stats(model, Phi_b, Y_b, wgt)
+         factor[s, lo:hi], phimax[s, lo:hi]) = sample_stats(model, Phi_b, Y_b, wgt)
         if keep_samples:
             Phi[s, lo:hi], Y[s, lo:hi] = Phi_b * wgt[..., None], Y_b * wgt[..., None]
 
@@ -405,7 +410,7 @@ def generate(model: Model, M: int, N, T: int, eps: float, repeats: int, seed: in
     if not keep_samples:
         Phi = Y = mask = None
     data = ClientData(theta_true, H, b, yy, n, Phi, Y, mask, phi2max, phi_mean, y_mean,
-                      yy_target, factor)
+                      yy_target, factor, phimax)
     if keep is None:
         return data
     return data.take(keep)
@@ -583,6 +588,8 @@ def sample_stats(model: Model, Phi, Y, wgt):
     yy_target : numpy.ndarray, shape (..., n_y)
     factor : numpy.ndarray, shape (..., terms)
         :func:`training_factor`.
+    phimax : numpy.ndarray, shape (..., n_phi)
+        The largest magnitude of each feature over the samples.
     """
     F, Z, Fw, Zw, gram, cross = moments(Phi, Y, wgt)
     full = Fw is F
@@ -597,7 +604,8 @@ def sample_stats(model: Model, Phi, Y, wgt):
     phi_mean = np.moveaxis(Fw.sum(axis=-1), 0, -1) / n[..., None]
     y_mean = np.moveaxis(Zw.sum(axis=-1), 0, -1) / n[..., None]
     factor = training_factor(model, Phi, Y, wgt)
-    return H, b, yy, n, phi2max, phi_mean, y_mean, yy_target, factor
+    phimax = np.moveaxis(np.abs(Fw).max(axis=-1), 0, -1)
+    return H, b, yy, n, phi2max, phi_mean, y_mean, yy_target, factor, phimax
 
 
 def target_features(model: Model) -> list[np.ndarray]:
@@ -808,6 +816,7 @@ def ragged_stats(model: Model, Phi: np.ndarray, Y: np.ndarray, count: np.ndarray
     y_mean : numpy.ndarray, shape (k, n_y)
     yy_target : numpy.ndarray, shape (k, n_y)
     factor : numpy.ndarray, shape (k, terms)
+    phimax : numpy.ndarray, shape (k, n_phi)
     """
     count = np.asarray(count, dtype=np.int64)
     n_seg = len(count)
@@ -819,6 +828,7 @@ def ragged_stats(model: Model, Phi: np.ndarray, Y: np.ndarray, count: np.ndarray
     phi_mean, y_mean = np.empty((n_seg, n_phi)), np.empty((n_seg, n_y))
     yy_target = np.empty((n_seg, n_y))
     factor = np.empty((n_seg, factor_terms(model)))
+    phimax = np.empty((n_seg, n_phi))
     for ids in ragged_chunks(count, 3 * n_phi + 3 * n_y + 3):
         n_b = int(count[ids].max())
         pos = np.arange(n_b)
@@ -828,9 +838,9 @@ def ragged_stats(model: Model, Phi: np.ndarray, Y: np.ndarray, count: np.ndarray
         if not w.all():
             P[~w], Yb[~w] = 0.0, 0.0
         (H[ids], b[ids], yy[ids], n[ids], phi2max[ids], phi_mean[ids],
-         y_mean[ids], yy_target[ids], factor[ids]) = sample_stats(model, P, Yb,
-                                                                  w.astype(float))
-    return H, b, yy, n, phi2max, phi_mean, y_mean, yy_target, factor
+         y_mean[ids], yy_target[ids], factor[ids], phimax[ids]) = sample_stats(
+            model, P, Yb, w.astype(float))
+    return H, b, yy, n, phi2max, phi_mean, y_mean, yy_target, factor, phimax
 
 
 def threads(n_jobs: int) -> int:

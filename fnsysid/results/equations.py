@@ -215,10 +215,10 @@ def _check_line(check: dict | None) -> str | None:
     if check.get("measurement_noise"):
         line += ("; residuals as noise on the measured states makes them: "
                  + ", ".join(check["measurement_noise"]))
-    if check.get("extrapolating"):
-        names = sorted({str(c) for _, c in check["extrapolating"]})
-        line += ("; held-out transitions beyond the training data's range, not tested: "
-                 + ", ".join(names[:10]) + (" ..." if len(names) > 10 else ""))
+    untested = max(check.get("extrapolating_untested") or [0])
+    if untested:
+        line += (f"; {untested} client(s) untested: their held-out data lie beyond their "
+                 "training data's range")
     return line
 
 

@@ -46,9 +46,10 @@ statistics of the tests and the verdict), so that differences between clients
   :data:`CONSTANT`) while the noisy runs' median is not. At most :data:`CHECK_CLIENTS`
   clients are checked.
 
-Held-out transitions beyond the range of a client's training data (a feature above the
-largest value it takes in training, :func:`sample_reach`) are left out of its tests: a
-model is checked where its training data reach (``extrapolating``).
+Held-out transitions beyond the range of a client's training data (a feature above
+:data:`RANGE` times the largest magnitude it takes in training, :func:`sample_reach`) are
+left out of its tests: a model is checked where its training data reach
+(``extrapolating``).
 
 ``ok`` is True when no test rejects (overfit clients do not make it False), False when one
 does, None when nothing could be checked (short held-out trajectories). ``verdict``: ``ok``,
@@ -96,6 +97,10 @@ CONSTANT = 1.0
 CHECK_CLIENTS = 2000
 #: residuals below this share of the target's spread are exact (round-off)
 EXACT = 1e-9
+#: a held-out transition with a feature beyond this many times its largest training magnitude
+#: is left out of the client's tests (the fit extrapolates there); within it, as held-out
+#: runs from random starts go a little beyond the training runs, it is tested
+RANGE = 2.0
 #: residuals below the own fit's solve rounding count as exact only below this share of the
 #: target's spread; above it the target is ``unresolved`` (the fit is its rounding)
 RESOLVED = 1e-6
@@ -304,7 +309,7 @@ def correlation_statistics(model, data, heldout, fits, support=None,
             # tested: a model is checked where its training data reach (:func:`sample_reach`)
             r = sample_reach(Phi, w_all, data, c, St, support)
             st["reach"][:, c] = np.where(w_all > 0, r, 0.0).max(axis=(-2, -1))
-            w = w_all * (r <= 1.0)
+            w = w_all * (r <= RANGE)
             st["n_in"][:, c] = n = w.sum(axis=(-2, -1))
             Xs = bx[..., :-1, :]
             Zv = np.concatenate([Xs, bu[..., :Xs.shape[-2], :]], axis=-1)
@@ -390,34 +395,43 @@ def _solve_floor(H: np.ndarray, support=None) -> np.ndarray:
     top = ev[..., -1]
     low = np.where(ev > top[..., None] * 1e-15, ev, np.inf).min(axis=-1)   # as pinv keeps them
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(np.isfinite(low) & (low > 0), np.finfo(float).eps * top / low, np.inf)
+        return np.where(top <= 0, 0.0,              # no kept term: nothing solved, no rounding
+                        np.where(np.isfinite(low) & (low > 0), np.finfo(float).eps * top / low,
+                                 np.inf))
 
 
 def sample_reach(Phi: np.ndarray, w: np.ndarray, data, c: np.ndarray, St: np.ndarray,
                  support=None) -> np.ndarray:
     """How far each held-out transition of the clients ``c`` goes beyond their training data
-    (S, m, J, T): the larger of ``max_k g_tk^2 / H_kk`` over the coefficients ``k`` the model
-    keeps (``g_tk`` the regressor of coefficient ``k``, ``H_kk`` the diagonal of the client's
-    training Gram matrix; infinite where ``H_kk = 0`` and ``g_tk != 0``: a term never excited
-    in training) and, without ``support``, ``||phi_t||^2 / (n_phi max_s ||phi_s||^2)`` (``s``
-    over the training samples, ``phi2max``). Each is at most 1 for every training sample, so
-    above 1 some feature of the transition exceeds the largest value it takes in training
-    (docs/ALGORITHMS.md, "Model check")."""
-    H = data.H[:, c]
-    diag = np.diagonal(H, axis1=-2, axis2=-1)[:, :, None, None, :]        # (S, m, 1, 1, p)
-    keep = (np.ones(diag.shape[-1], bool) if support is None
-            else np.asarray(support, bool)[:, None, None, None, :])
-    r = np.zeros(w.shape)
+    (S, m, J, T): the largest ``|phi_tk| / max_s |phi_sk|`` over the features ``k`` that the
+    model's kept coefficients use (``s`` over the client's training samples,
+    ``data.phimax``; infinite where a feature is 0 in every training sample and not in the
+    transition). Above 1, the transition has a feature beyond the largest value it takes in
+    training; above :data:`RANGE` it is left out of the tests (docs/ALGORITHMS.md, "Model
+    check"). Without ``phimax`` (statistics that do not
+    carry it), the weaker bound ``max_k g_tk^2 / H_kk`` over the kept coefficients (``H_kk``
+    sums the training ``g_sk^2``, so it is at most 1 in training too)."""
     with np.errstate(divide="ignore", invalid="ignore"):
+        if data.phimax is not None:
+            used = np.abs(St).sum(axis=0)                                      # (n_phi, p)
+            if support is None:
+                use = np.broadcast_to(used.sum(axis=-1) > 0, (Phi.shape[0], Phi.shape[-1]))
+            else:
+                use = (used @ np.asarray(support, float).T).T > 0              # (S, n_phi)
+            top = data.phimax[:, c][:, :, None, None, :]                       # (S, m, 1, 1, k)
+            a = np.abs(Phi)
+            over = np.where(top > 0, a / top, np.where(a > 0, np.inf, 0.0))
+            r = np.where(use[:, None, None, None, :], over, 0.0).max(axis=-1)
+            return np.where(w > 0, r, 0.0)
+        H = data.H[:, c]
+        diag = np.diagonal(H, axis1=-2, axis2=-1)[:, :, None, None, :]
+        keep = (np.ones(diag.shape[-1], bool) if support is None
+                else np.asarray(support, bool)[:, None, None, None, :])
+        r = np.zeros(w.shape)
         for j in range(St.shape[0]):
-            G = Phi @ St[j]                                               # (S, m, J, T, p)
-            g2 = G * G
+            g2 = (Phi @ St[j]) ** 2                                            # (S, m, J, T, p)
             over = np.where(diag > 0, g2 / diag, np.where(g2 > 0, np.inf, 0.0))
             r = np.fmax(r, np.where(keep, over, 0.0).max(axis=-1))
-        if support is None and data.phi2max is not None:
-            top = (data.phi2max[:, c] * Phi.shape[-1])[:, :, None, None]
-            norm = (Phi * Phi).sum(axis=-1)
-            r = np.fmax(r, np.where(top > 0, norm / top, np.where(norm > 0, np.inf, 0.0)))
     return np.where(w > 0, r, 0.0)
 
 
@@ -592,7 +606,7 @@ def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
     # else the clients with a large excess are overfit
     k_small, p_fleet, unexplained, overfit = _excess(st, level)
     # held-out transitions beyond the range of the client's training data were left out
-    outside = chosen & (n_ho > 0) & (np.nan_to_num(st["reach"], nan=0.0) > 1.0)
+    outside = chosen & (n_ho > 0) & (np.nan_to_num(st["reach"], nan=0.0) > RANGE)
     beyond = np.where(outside, 1.0 - st["n_in"] / np.maximum(n_ho, 1), np.nan)
     # free run against noisy runs of the own fit itself, of the clients it counts
     valid = n_ho > 0
@@ -620,11 +634,11 @@ def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
                 "missing terms" if missing else "overfit" if overfit.any() else "ok")
     ok = None if verdict_ is None else verdict_ in ("ok", "overfit")
     over_list = [[int(s), int(m)] for s, m in zip(*np.nonzero(overfit), strict=True)]
-    reason = ({"reason": f"no client has {MIN_SAMPLES} held-out transitions within the range "
-               "of its training data"} if verdict_ is None and outside.any() else
-              {"reason": "the clients' own fits are at their solve's rounding (ill-conditioned "
+    reason = ({"reason": "the clients' own fits are at their solve's rounding (ill-conditioned "
                "Gram matrices): their residuals cannot be told from it"}
-              if verdict_ is None and unresolved.any() else {})
+              if verdict_ is None and unresolved.any() else
+              {"reason": f"no client has {MIN_SAMPLES} held-out transitions within the range "
+               "of its training data"} if verdict_ is None and outside.any() else {})
     return {**reason, "ok": ok, "verdict": verdict_, "white": white, "test": "billings-voon",
             "lags": LAGS, "level": level, "correction": "bonferroni", "tests": tests,
             "material": MATERIAL, "exact": int(exact.sum()),
@@ -866,8 +880,9 @@ def extrapolation_note(check: dict | None) -> str | None:
     where = " in a repeat" if len(untested) > 1 else ""
     return (f"model check: {max(untested)} client(s){where} left untested: fewer than "
             f"{MIN_SAMPLES} of their held-out transitions lie within the range of their "
-            "training data (the others have a feature above the largest value it takes in "
-            "training), and a model is only checked where its training data reach (worst: "
+            f"training data (the others have a feature beyond {RANGE:g} times the largest "
+            "magnitude it takes in training), and a model is only checked where its training "
+            "data reach (worst: "
             f"client {w['client']} in repeat {w['repeat']}, {_fmt(w['share'], '.0%')} of its "
             "held-out transitions beyond); train on data that cover the range where the "
             "model will be used")
