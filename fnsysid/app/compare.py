@@ -9,10 +9,10 @@ held-out data are listed after the ranked ones, unranked.
 
 Errors on different held-out data do not rank models: runs are ranked only among runs scored
 on the same held-out data (``summary.json: heldout.fingerprint``, a digest of every held-out
-state and input value, whatever the clients' order). When the runs given were scored on more than one
-held-out data set, the column ``data`` names each set (A, B, ...), each set is ranked on its
-own, and a note says so; a summary written before the digest existed is a set of its own
-(``?1``, ``?2``, ...).
+state and input value, whatever the clients' order). When the runs given were scored on more
+than one held-out data set, the column ``data`` names each set (A, B, ...), each set is
+ranked on its own, and a note says so; a summary written before the digest existed is a set
+of its own (``?1``, ``?2``, ...).
 """
 
 from __future__ import annotations

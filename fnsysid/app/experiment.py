@@ -443,8 +443,9 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
         summary["unscored_clients"] = unscored
     ho = getattr(dataset, "heldout", None)      # which data the held-out scores are on
     marks = ho.marks() if ho is not None else getattr(hist, "heldout_marks", None)
-    if marks is not None and heldout_fingerprint(marks) is not None:
-        summary["heldout"] = {"fingerprint": heldout_fingerprint(marks)}
+    digest = None if marks is None else heldout_fingerprint(marks)
+    if digest is not None:
+        summary["heldout"] = {"fingerprint": digest}
     sparsity = getattr(strategy, "sparsity", None)
     if sparsity is not None and sparsity.support is not None:
         summary["sparsity"] = sparsity.summary(model)

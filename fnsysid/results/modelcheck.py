@@ -308,7 +308,7 @@ def correlation_statistics(model, data, heldout, fits, support=None,
             # only the transitions within the range of the client's training data are
             # tested: a model is checked where its training data reach (:func:`sample_reach`)
             r = sample_reach(Phi, w_all, data, c, St, support)
-            st["reach"][:, c] = np.where(w_all > 0, r, 0.0).max(axis=(-2, -1))
+            st["reach"][:, c] = r.max(axis=(-2, -1))                    # 0 where none
             w = w_all * (r <= RANGE)
             st["n_in"][:, c] = n = w.sum(axis=(-2, -1))
             Xs = bx[..., :-1, :]
@@ -408,30 +408,17 @@ def sample_reach(Phi: np.ndarray, w: np.ndarray, data, c: np.ndarray, St: np.nda
     ``data.phimax``; infinite where a feature is 0 in every training sample and not in the
     transition). Above 1, the transition has a feature beyond the largest value it takes in
     training; above :data:`RANGE` it is left out of the tests (docs/ALGORITHMS.md, "Model
-    check"). Without ``phimax`` (statistics that do not
-    carry it), the weaker bound ``max_k g_tk^2 / H_kk`` over the kept coefficients (``H_kk``
-    sums the training ``g_sk^2``, so it is at most 1 in training too)."""
+    check")."""
+    used = np.abs(St).sum(axis=0)                                              # (n_phi, p)
+    if support is None:
+        use = np.broadcast_to(used.sum(axis=-1) > 0, (Phi.shape[0], Phi.shape[-1]))
+    else:
+        use = (used @ np.asarray(support, float).T).T > 0                      # (S, n_phi)
+    top = data.phimax[:, c][:, :, None, None, :]                               # (S, m, 1, 1, k)
+    a = np.abs(Phi)
     with np.errstate(divide="ignore", invalid="ignore"):
-        if data.phimax is not None:
-            used = np.abs(St).sum(axis=0)                                      # (n_phi, p)
-            if support is None:
-                use = np.broadcast_to(used.sum(axis=-1) > 0, (Phi.shape[0], Phi.shape[-1]))
-            else:
-                use = (used @ np.asarray(support, float).T).T > 0              # (S, n_phi)
-            top = data.phimax[:, c][:, :, None, None, :]                       # (S, m, 1, 1, k)
-            a = np.abs(Phi)
-            over = np.where(top > 0, a / top, np.where(a > 0, np.inf, 0.0))
-            r = np.where(use[:, None, None, None, :], over, 0.0).max(axis=-1)
-            return np.where(w > 0, r, 0.0)
-        H = data.H[:, c]
-        diag = np.diagonal(H, axis1=-2, axis2=-1)[:, :, None, None, :]
-        keep = (np.ones(diag.shape[-1], bool) if support is None
-                else np.asarray(support, bool)[:, None, None, None, :])
-        r = np.zeros(w.shape)
-        for j in range(St.shape[0]):
-            g2 = (Phi @ St[j]) ** 2                                            # (S, m, J, T, p)
-            over = np.where(diag > 0, g2 / diag, np.where(g2 > 0, np.inf, 0.0))
-            r = np.fmax(r, np.where(keep, over, 0.0).max(axis=-1))
+        over = np.where(top > 0, a / top, np.where(a > 0, np.inf, 0.0))
+    r = np.where(use[:, None, None, None, :], over, 0.0).max(axis=-1)
     return np.where(w > 0, r, 0.0)
 
 

@@ -176,17 +176,20 @@ def t_value(level: float, dof) -> np.ndarray:
     return t[where].reshape(dof.shape)
 
 
-def auto_on_support(model, data, support) -> tuple[np.ndarray, np.ndarray, dict | None]:
+def auto_on_support(model, data, support,
+                    sse=None) -> tuple[np.ndarray, np.ndarray, dict | None]:
     """``personalize=auto`` on a sparse model's shared support (group sparsity: the terms
     the server kept, each client's own values): for each set of repeats with the same
     support (S, p), :func:`fnsysid.learning.personalize.auto` on the statistics of the kept
     terms alone (each client's own least squares, its residual sums and the heterogeneity
     on them); the pruned terms are 0 in every client's model, with no standard error (NaN).
+    ``sse``: the own fits' residual sums on the support when known (:func:`own_sse`).
     Returns (models, se) (S, M, p) and the REML report per repeat (:func:`reml_summary`)."""
     S, M, p = data.b.shape
     support = np.asarray(support, bool)
     yy, blocks = target_stats(model, data)
-    sse = own_sse(model, data, support[:, None, :])        # the own fits on the kept terms
+    if sse is None:                                        # the own fits on the kept terms
+        sse = own_sse(model, data, support[:, None, :])
     models, se = np.zeros((S, M, p)), np.full((S, M, p), np.nan)
     reports: list = [None] * S
     per_repeat: set = set()                 # the report's entries that are lists over repeats
@@ -221,7 +224,7 @@ def personalized(settings, model, strategy, data) -> Personal | None:
         sup = np.asarray(support, bool)[:, None, :]
         sse = own_sse(model, data, sup)
         local, local_se, _, dof = own_intervals(model, data, sup, sse=sse)
-        models, se, reml = auto_on_support(model, data, support)
+        models, se, reml = auto_on_support(model, data, support, sse)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             errors = ParameterErrors(data.theta_true)(models)
         return Personal(option.name, models, se, local, local_se, errors, data.theta_true,
