@@ -89,6 +89,13 @@ def duffing(seed, M=8, J=8, T=60, val=2, noise=0.1, dt=0.05):
     return frame(x, u, val, ["x1", "x2"], ["u"]), ["x1", "x2"], ["u"]
 
 
+def duffing_few(seed):
+    """The Duffing fleet with little data a client (two runs of 50 samples and one held out) and
+    more noise: the small fleets of ``scripts/sparsity_recovery.py``, where a degree-3
+    library has 20 terms a target for 98 training transitions."""
+    return duffing(seed, M=20, J=3, T=50, val=1, noise=0.5)
+
+
 def pendulum(seed, M=8, J=8, T=80, val=2, noise=0.05, dt=0.05):
     rng = np.random.default_rng(seed)
     g = 9.81 / (1 + 0.1 * rng.random((M, 1)))
@@ -114,7 +121,8 @@ def lotka_volterra(seed, M=100, J=4, T=60, val=1, noise=0.01, dt=0.05):
     return frame(x, u, val, ["x", "y"], []), ["x", "y"], []
 
 
-FLEETS = {"cartpole": cartpole, "duffing": duffing, "pendulum": pendulum,
+FLEETS = {"cartpole": cartpole, "duffing": duffing, "duffing_few": duffing_few,
+          "pendulum": pendulum,
           "lotka_volterra": lotka_volterra}
 #: the libraries run on each fleet; the first of the truth fleets holds the true model
 LIBRARIES = {
@@ -124,12 +132,15 @@ LIBRARIES = {
                  "polynomial3": ["feature_map=polynomial", "feature_map.degree=3"]},
     "duffing": {"polynomial3": ["feature_map=polynomial", "feature_map.degree=3"],
                 "affine": ["feature_map=affine"]},
+    "duffing_few": {"polynomial3": ["feature_map=polynomial", "feature_map.degree=3"],
+                    "affine": ["feature_map=affine"]},
     "pendulum": {"identity+sin": ["feature_map=combined", "feature_map.libraries=[identity,sin]"],
                  "affine": ["feature_map=affine"]},
     "lotka_volterra": {"polynomial3": ["feature_map=polynomial", "feature_map.degree=3"],
                        "affine": ["feature_map=affine"]},
 }
-TRUTH = {"duffing": "polynomial3", "pendulum": "identity+sin", "lotka_volterra": "polynomial3"}
+TRUTH = {"duffing": "polynomial3", "duffing_few": "polynomial3", "pendulum": "identity+sin",
+         "lotka_volterra": "polynomial3"}
 
 
 def run(table, states, inputs, library, folder):

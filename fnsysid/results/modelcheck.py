@@ -31,8 +31,9 @@ statistics of the tests and the verdict), so that differences between clients
   binomial law allows, and at least the share :data:`EXCESS_SHARE` of them, is a term
   missing; otherwise a fit whose held-out error exceeds its
   training noise by more than :data:`OVERFIT` times (a single poorly determined direction
-  with a large ``mu``) is **overfit**: too many terms for its data. Both are left out of the
-  pooled correlation tests.
+  with a large ``mu``) is **overfit**: too many terms for its data. Clients whose expected
+  ratio ``1 + trace(H^+ H_ho) / n_ho`` (their regressors alone) exceeds :data:`OVERFIT` are
+  left out of the pooled correlation tests.
 - **free run** against the fit's own variability: each own fit is rolled out from each
   held-out trajectory's first state without noise (the observed free-run NRMSE) and
   :data:`REPLICATES` times as a right model would make the data: Gaussian noise on each
@@ -77,7 +78,8 @@ MIN_SAMPLES = 20
 #: linear library, CartPole)
 MATERIAL = 0.15
 #: held-out over training mean squared error above which an own fit whose excess the F test
-#: explains counts as overfitted
+#: explains counts as overfitted; and the expected ratio above which a client stays out of
+#: the pooled correlation tests
 OVERFIT = 1.5
 #: level of each client-target's held-out excess test; the fleet fails when more of them
 #: fall below it than the binomial law of that level allows (at :data:`LEVEL`)
@@ -161,10 +163,13 @@ def correlation_sums(E, w, G, A, Hplus, Z, sigma2, s2_train, dof_train, lags: in
         bias = ((G[..., k:, :] * A[..., :-k, :]).sum(axis=-1) * w[..., k:] * w[..., :-k]
                 ).sum(axis=(-2, -1))
         ww = w[..., k:] * w[..., :-k]
-        # the noise's share and the estimation error's (sum_t h_t + h_{t-k})
+        # the noise's share and the estimation error's (sum_t h_t + h_{t-k}), and the
+        # variance of its quadratic part delta' B delta, B = sum_t g_t g_{t-k}': one draw of
+        # delta per client (:func:`_quadratic_var`)
         spread = (ww * (1 + h[..., k:] + h[..., :-k])).sum(axis=(-2, -1))
-        add((now * past).sum(axis=(-2, -1)) - sigma2 * bias, sigma2 ** 2 * spread, "ee", None,
-            k)
+        quad = _quadratic_var(G[..., k:, :] * ww[..., None], G[..., :-k, :, None], Hplus)
+        add((now * past).sum(axis=(-2, -1)) - sigma2 * bias,
+            sigma2 ** 2 * (spread + quad[..., 0]), "ee", None, k)
     for k in range(0, lags + 1):
         if k >= E.shape[-1]:
             break
@@ -204,6 +209,19 @@ def correlation_sums(E, w, G, A, Hplus, Z, sigma2, s2_train, dof_train, lags: in
             for v in range(Z.shape[-1]):
                 add(num3[..., v], var3[..., v], "e(ez)", v, k)
     return np.stack(nums, -1), np.stack(vars_, -1), names
+
+
+def _quadratic_var(Ga: np.ndarray, Gb: np.ndarray, Hplus: np.ndarray) -> np.ndarray:
+    """``2 tr((B_s H^+)^2)`` (S, m, v) with ``B = sum_t a_t b_t'`` per variable ``v``
+    (``Ga`` (S, m, J, T, p), ``Gb`` (S, m, J, T, p, v)), ``B_s`` its symmetric part: the
+    variance of ``delta' B delta`` for ``delta ~ N(0, H^+)`` (times ``sigma^4``)."""
+    S, m = Ga.shape[:2]
+    p, nv = Gb.shape[-2:]
+    B = _tdot(Ga, Gb.reshape(*Gb.shape[:4], p * nv)).reshape(S, m, p, p, nv)
+    B = np.moveaxis(B, -1, 2)                                          # (S, m, v, p, p)
+    Bs = 0.5 * (B + np.swapaxes(B, -1, -2))
+    P = Bs @ Hplus[:, :, None]
+    return 2 * np.einsum("smvpq,smvqp->smv", P, P)
 
 
 def _tdot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -316,6 +334,7 @@ def correlation_statistics(model, data, heldout, fits, support=None,
             Hp = Hplus[:, c]
             floor = _solve_floor(data.H[:, c], support)               # (S, m)
             per_target = []
+            expected = np.ones((S, len(c), n_y))
             for j in range(n_y):
                 G = Phi @ St[j]                                       # (S, m, J, T, p)
                 A = G @ Hp[:, :, None]                                # G H^+
@@ -349,16 +368,22 @@ def correlation_statistics(model, data, heldout, fits, support=None,
                 p_excess[:, c, j] = np.where(ok_f, np.where(
                     s2 > 0, fdtrc(hh, np.maximum(dof_tr[:, c, j], 1), stat), 0.0), np.nan)
                 ratio[:, c, j] = np.where(n > 0, sse / n / s2, np.nan)
+                expected[:, :, j] = np.where(ex, 1.0, 1 + m1 / np.maximum(n, 1))
                 sigma2 = sse / np.maximum((w * (1 + h)).sum(axis=(-2, -1)), 1e-300)
                 per_target.append((e, w, G, A, sigma2, ex))
             # clients that predict their held-out data much worse than their training noise
-            # (overfit, or a term missing: the excess test tells) stay out of the pooled tests
+            # (overfit, or a term missing: the excess test tells)
             over_c = ((ratio[:, c] > OVERFIT) & ~exact[:, c].astype(bool)).any(-1)
             st["high"][:, c] = over_c & (n >= MIN_SAMPLES)
+            # clients whose estimation error is expected to add more than OVERFIT - 1 of the
+            # noise on their held-out data stay out of the pooled tests: a rule on their
+            # regressors alone, since one on their held-out residuals (the ratio above) keeps
+            # the clients whose error happens to be small and biases the sums
+            loose = (expected > OVERFIT).any(-1)
             for j, (e, w_, G, A, sigma2, ex) in enumerate(per_target):
                 num, var, labels = correlation_sums(e, w_, G, A, Hp, Zv, sigma2, s2_tr[:, c, j],
                                                     dof_tr[:, c, j])
-                pool = ((n >= MIN_SAMPLES) & ~ex & ~over_c & (sigma2 > 0))[..., None]
+                pool = ((n >= MIN_SAMPLES) & ~ex & ~loose & (sigma2 > 0))[..., None]
                 num, var = np.where(pool, num, 0.0), np.where(pool, var, 0.0)
                 zc = np.abs(num) / np.sqrt(np.where(var > 0, var, np.inf))
                 st["client_z"][:, c] = np.maximum(st["client_z"][:, c], zc.max(axis=-1))
