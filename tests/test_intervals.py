@@ -228,3 +228,27 @@ def test_auto_has_one_residual_variance_per_target():
                + np.diagonal(fl.Sigma_ci[0]))[~x1]
         np.testing.assert_allclose(se[0, :, ~x1].T ** 2, np.broadcast_to(ref, (3, 3)),
                                    rtol=1e-8)
+
+
+def test_the_frontier_summary_counts_the_rules_that_meet_the_goal_on_every_seed():
+    # scripts/interval_coverage.py --frontier: a rule meets 93-97 % only when every eps and
+    # seed does; among those within 97 % at the first eps, the best lowest coverage at the
+    # second is named first
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "interval_coverage.py"
+    spec = importlib.util.spec_from_file_location("interval_coverage", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cov = {"frontier 1,0": {(0.0, 0): 0.95, (0.0, 1): 0.96, (0.3, 0): 0.94, (0.3, 1): 0.93},
+           "frontier 2,0": {(0.0, 0): 0.95, (0.0, 1): 0.975, (0.3, 0): 0.96, (0.3, 1): 0.96},
+           "frontier 3,0": {(0.0, 0): 0.90, (0.0, 1): 0.91, (0.3, 0): 0.80, (0.3, 1): 0.81}}
+    rows = pd.DataFrame([{"eps": e, "seed": s, "Sigma'": k, "coverage": v}
+                         for k, d in cov.items() for (e, s), v in d.items()])
+    text = mod.frontier_summary(rows, [0.0, 0.3])
+    lines = text.splitlines()
+    assert lines[0].startswith("frontier: 1 of 3 rules")
+    # "2,0" exceeds 97 % at eps = 0 on seed 1: the best within it is "1,0", then "3,0"
+    assert "lam,d = 1,0: eps=0: 0.950-0.960, eps=0.3: 0.930-0.940" in lines[1]
+    assert "lam,d = 3,0" in lines[2] and len(lines) == 3
