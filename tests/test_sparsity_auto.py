@@ -219,3 +219,13 @@ def test_the_margin_takes_the_fewest_terms_among_scores_within_it():
     nan = np.array([[-100.0, -99.0, -50.0, np.nan]])
     assert choose_on_path(nan, np.array([[10, 6, 3, 0]]), 0.0).tolist() == [0]
     assert choose_on_path(nan, np.array([[10, 6, 3, 0]]), 2.0).tolist() == [1]
+
+
+def test_the_auto_line_names_a_margin_of_0():
+    from fnsysid.learning.sparsity import auto_choice
+
+    said = {m: auto_choice({"auto": True, "threshold": 0.01, "margin": m, "rule": "heldout",
+                            "terms": 5}) for m in (0.0, 2.0)}
+    assert said[0.0] == ("sparsity: sparsity.threshold=auto chose 0.01 (5 terms) by the "
+                         "held-out error of the pooled fits, the best score (sparsity.margin=0)")
+    assert said[2.0].endswith("the fewest terms within sparsity.margin=2 of the best score")

@@ -731,7 +731,7 @@ def auto_choice(summary: dict) -> str | None:
     shown = f"{t:g}" if not isinstance(t, list) else ", ".join(f"{v:g}" for v in t)
     margin = summary.get("margin") or 0.0
     fewest = (f", the fewest terms within sparsity.margin={margin:g} of the best score"
-              if margin else "")
+              if margin else ", the best score (sparsity.margin=0)")
     rule = ("the held-out error of the pooled fits" if summary["rule"] == "heldout"
             else "BIC on the training data")
     return (f"sparsity: sparsity.threshold=auto chose {shown} ({summary['terms']} terms) by "
