@@ -871,6 +871,28 @@ def test_flower_personalizes_from_the_clients_messages_as_in_process(tmp_path):
 
 
 @needs_flower
+def test_flower_personalizes_on_the_sparse_support_as_in_process(tmp_path):
+    """sparsity=stlsq with personalize=auto under runtime=flower (group sparsity): the
+    server sends the support with its requests, each ClientApp sends the statistics of the
+    kept terms alone (0 for the pruned ones) and computes its model on them:
+    client_estimates.csv equals the in-process one to 1e-10, the pruned terms 0 with no
+    interval."""
+    folder, args = _client_folder(tmp_path, M=4, sim=("eps=1",))
+    args = [*args, "sparsity=stlsq", "personalize=auto"]
+    a = run_experiment(compose_cfg(*args), tmp_path / "a")
+    b = run_experiment(compose_cfg(*args, "runtime=flower"), tmp_path / "b")
+    assert a["status"] == b["status"] == "ok"
+    ca, cb = (pd.read_csv(tmp_path / d / "client_estimates.csv") for d in "ab")
+    pruned = ca["estimate"] == 0
+    assert len(cb) == len(ca) > 0 and pruned.any() and (~pruned).any()
+    assert ca.loc[pruned, "se"].isna().all() and cb.loc[pruned, "se"].isna().all()
+    assert ca.loc[~pruned, "se"].notna().all()
+    for col in ("estimate", "se", "local", "local_se", "local_lo", "local_hi"):
+        np.testing.assert_allclose(cb[col], ca[col], rtol=0, atol=1e-10, err_msg=col)
+    assert b["personalize_reml"] == a["personalize_reml"]
+
+
+@needs_flower
 def test_flower_runs_the_model_check_from_the_clients_statistics_as_in_process(tmp_path,
                                                                               caplog):
     """output.model_check under runtime=flower: after the last round each ClientApp sends

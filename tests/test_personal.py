@@ -570,7 +570,7 @@ def test_auto_on_a_shared_support_is_auto_on_the_kept_terms_alone():
 def test_a_sparse_run_personalizes_on_its_support(tmp_path):
     """A run with sparsity=stlsq and personalize=auto: client_estimates.csv has 0 and no
     interval for the pruned terms, each client's own values on the kept ones, and the local
-    fits on the support too; under runtime=flower it is refused in one line."""
+    fits on the support too (under runtime=flower: tests/test_flower.py)."""
     import fnsysid
 
     args = {"system": "synthetic", "M": 8, "N": 6, "T": 10, "eps": 1.0, "R": 1, "repeats": 2,
@@ -586,16 +586,3 @@ def test_a_sparse_run_personalizes_on_its_support(tmp_path):
     assert ce.loc[~pruned, "se"].notna().all()
     assert res.summary["status"] == "ok" and res.summary["final_e_pers_mean_mean"] > 0
 
-
-
-def test_sparse_auto_personalization_is_refused_under_flower(monkeypatch):
-    import fnsysid
-    from fnsysid.runtimes import check as runtime
-
-    monkeypatch.setattr(runtime, "flower_installed", lambda: True)
-    with pytest.raises(ConfigError) as err:
-        fnsysid.run({"system": "synthetic", "sparsity": "stlsq", "personalize": "auto",
-                     "runtime": "flower", "output.plot": False})
-    msg = str(err.value)
-    assert "\n" not in msg and msg.startswith("sparsity=stlsq with personalize=auto is not "
-                                               "built for runtime=flower")

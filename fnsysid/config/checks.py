@@ -108,8 +108,8 @@ def _check_together(s: Settings, raw: Mapping | None) -> None:
 
 def check_sparsity(s: Settings) -> None:
     """``sparsity=stlsq`` needs a server model (not ``strategy=local``), no ``finetune``
-    (its local steps would fit every term; ``auto`` personalizes on the support, in process
-    only) and, with a strategy that iterates, local
+    (its local steps would fit every term; ``auto`` personalizes on the support) and, with a
+    strategy that iterates, local
     steps on the coefficients themselves (not ``scale_features=zscore``). The closed-form
     strategies (``oneshot``,
     ``centralized_exact``) take no local steps, so the optimizer's settings do not matter
@@ -129,10 +129,6 @@ def check_sparsity(s: Settings) -> None:
                           "fit every term, not the pruned support; allowed with "
                           "sparsity=stlsq: personalize=none or auto (each client's own values "
                           "on the shared support)")
-    if s.personalize.name == "auto" and s.runtime.name == "flower":
-        raise ConfigError("sparsity=stlsq with personalize=auto is not built for "
-                          "runtime=flower: the clients would send statistics of every term; "
-                          "allowed: runtime=inprocess, or personalize=none with sparsity")
     closed = target.endswith(".OneShot") or strategy.get("exact") is True
     if (s.resolved.get("optimizer") or {}).get("scale_features") == "zscore" and not closed:
         raise ConfigError("sparsity=stlsq with optimizer.scale_features=zscore: the centred "

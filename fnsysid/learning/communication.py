@@ -174,7 +174,9 @@ def plan_of(strategy, p: int, model=None, sparsity=None, personalize: str = "non
       ``b``, residual sums of squares and degrees of freedom (one each per group of targets,
       g) and whether its data determine its own model (1), and receives the fleet's ``mu``
       (p), ``cov_mu``, ``Sigma``, ``Sigma_ci`` (p x p each), ``s2`` (g) and the parameter
-      scale it was estimated in (p);
+      scale it was estimated in (p); with ``sparsity`` also the support (p) with the request
+      for its statistics and with the fleet (the statistics then hold the kept terms alone,
+      in the same arrays);
       ``personalize=finetune``: each client receives the final server model (p).
 
     Parameters
@@ -217,6 +219,8 @@ def plan_of(strategy, p: int, model=None, sparsity=None, personalize: str = "non
                              ("own", (1,))),
                             (("mu", (p,)), ("cov_mu", (p, p)), ("Sigma", (p, p)),
                              ("s2", (g,)), ("Sigma_ci", (p, p)), ("scale", (p,))), 1, 1)
+        if sparsity is not None:        # the support with both requests (group sparsity)
+            end = end + Payload((), (("support", (p,)),) * 2, 0, 1)
     elif personalize == "finetune":
         end = end + Payload((), (("theta", (p,)),), 0, 1)
     return Plan(rnd, start, end)

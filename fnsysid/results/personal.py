@@ -176,41 +176,116 @@ def t_value(level: float, dof) -> np.ndarray:
     return t[where].reshape(dof.shape)
 
 
+def support_groups(support) -> list[tuple[list[int], np.ndarray]]:
+    """The sets of repeats that share one support (S, p): ``(rows, kept)``, the repeats and
+    the indices of their kept terms, in the order of each set's first repeat."""
+    support = np.asarray(support, bool)
+    keys = [bytes(np.packbits(row)) for row in support]
+    return [([s for s, k in enumerate(keys) if k == key],
+             np.flatnonzero(support[keys.index(key)])) for key in dict.fromkeys(keys)]
+
+
+def _sub_blocks(blocks, kept):
+    """``blocks`` (:class:`~fnsysid.learning.personalize.NoiseBlocks`, or ``n_y``) of the
+    kept terms alone."""
+    if isinstance(blocks, (int, np.integer)):
+        return blocks
+    return pers.NoiseBlocks(blocks.param_block[kept], blocks.n_targets, blocks.targets)
+
+
+def _kept(msg, rows, kept) -> pers.Message:
+    """The repeats ``rows`` of the clients' messages ``msg``, restricted to the terms
+    ``kept``."""
+    return pers.Message(msg.H[rows][..., kept[:, None], kept], msg.b[rows][..., kept],
+                        msg.rss[rows], msg.dof[rows], msg.own[rows])
+
+
+def support_message(model, data, support, sse=None) -> pers.Message:
+    """Each client's message for ``auto`` on a sparse model's support (S, p) (group
+    sparsity): its statistics ``H``, ``b`` of the kept terms (0 for the others, so nothing
+    of the pruned terms leaves the client), and the residual sums, degrees of freedom and
+    whether its data determine its own model, of its own least squares on the kept terms
+    (:func:`fnsysid.learning.personalize.client_message` on them). ``sse``: those least
+    squares' residual sums when known (:func:`own_sse` on the support)."""
+    S, M, _ = data.b.shape
+    support = np.asarray(support, bool)
+    yy, blocks = target_stats(model, data)
+    if sse is None:
+        sse = own_sse(model, data, support[:, None, :])
+    H = np.where(support[:, None, :, None] & support[:, None, None, :], data.H, 0.0)
+    b = np.where(support[:, None, :], data.b, 0.0)
+    g = 1 if isinstance(blocks, (int, np.integer)) else blocks.g      # one variance: n_y
+    rss, dof, own = np.zeros((S, M, g)), np.zeros((S, M, g)), np.zeros((S, M), bool)
+    for rows, kept in support_groups(support):
+        if kept.size:
+            m = pers.client_message(data.H[rows][..., kept[:, None], kept],
+                                    data.b[rows][..., kept], yy[rows], data.n[rows],
+                                    _sub_blocks(blocks, kept), None if sse is None else sse[rows])
+            rss[rows], dof[rows], own[rows] = m.rss, m.dof, m.own
+    return pers.Message(H, b, rss, dof, own)
+
+
+def support_fleet(msg: pers.Message, blocks, support) -> pers.Fleet:
+    """The server's part of ``auto`` on the support (S, p) from the clients'
+    :func:`support_message`: for each set of repeats with one support
+    (:func:`support_groups`), :func:`fnsysid.learning.personalize.fleet` of the kept terms
+    alone; the pieces of the :class:`~fnsysid.learning.personalize.Fleet` in the full
+    parameters, 0 for the pruned terms (scale 1)."""
+    S, _, p = msg.b.shape
+    g = msg.rss.shape[-1]
+    out = pers.Fleet(np.zeros((S, p)), np.zeros((S, p, p)), np.zeros((S, p, p)),
+                     np.ones((S, g)), np.zeros((S, p, p)), np.full(S, np.nan),
+                     np.full(S, np.nan), np.ones(S, bool), np.zeros(S, int), np.ones((S, p)))
+    for rows, kept in support_groups(support):
+        if not kept.size:
+            continue
+        fl = pers.fleet(_kept(msg, rows, kept), _sub_blocks(blocks, kept))
+        r = np.asarray(rows)
+        out.mu[np.ix_(r, kept)], out.scale[np.ix_(r, kept)] = fl.mu, fl.scale
+        for name in ("cov_mu", "Sigma", "Sigma_ci"):
+            getattr(out, name)[np.ix_(r, kept, kept)] = getattr(fl, name)
+        out.s2[r], out.Q[r], out.pvalue[r] = fl.s2, fl.Q, fl.pvalue
+        out.reml_converged[r], out.reml_iterations[r] = fl.reml_converged, fl.reml_iterations
+    return out
+
+
+def support_posterior(msg: pers.Message, fl: pers.Fleet, blocks,
+                      support) -> tuple[np.ndarray, np.ndarray]:
+    """Each client's model and standard errors (S, M, p) on the support (S, p) from its
+    :func:`support_message` and the server's :func:`support_fleet`:
+    :func:`fnsysid.learning.personalize.client_posterior` of the kept terms; the pruned
+    terms 0, with no standard error (NaN)."""
+    S, M, p = msg.b.shape
+    theta, se = np.zeros((S, M, p)), np.full((S, M, p), np.nan)
+    for rows, kept in support_groups(support):
+        if not kept.size:
+            continue
+        r = np.asarray(rows)
+        sub = pers.Fleet(fl.mu[np.ix_(r, kept)], fl.cov_mu[np.ix_(r, kept, kept)],
+                         fl.Sigma[np.ix_(r, kept, kept)], fl.s2[r],
+                         fl.Sigma_ci[np.ix_(r, kept, kept)], fl.Q[r], fl.pvalue[r],
+                         scale=None if fl.scale is None else fl.scale[np.ix_(r, kept)])
+        t, e = pers.client_posterior(_kept(msg, rows, kept), sub, _sub_blocks(blocks, kept))
+        theta[np.ix_(r, np.arange(M), kept)], se[np.ix_(r, np.arange(M), kept)] = t, e
+    return theta, se
+
+
 def auto_on_support(model, data, support,
                     sse=None) -> tuple[np.ndarray, np.ndarray, dict | None]:
     """``personalize=auto`` on a sparse model's shared support (group sparsity: the terms
     the server kept, each client's own values): for each set of repeats with the same
-    support (S, p), :func:`fnsysid.learning.personalize.auto` on the statistics of the kept
-    terms alone (each client's own least squares, its residual sums and the heterogeneity
-    on them); the pruned terms are 0 in every client's model, with no standard error (NaN).
-    ``sse``: the own fits' residual sums on the support when known (:func:`own_sse`).
-    Returns (models, se) (S, M, p) and the REML report per repeat (:func:`reml_summary`)."""
-    S, M, p = data.b.shape
-    support = np.asarray(support, bool)
-    yy, blocks = target_stats(model, data)
-    if sse is None:                                        # the own fits on the kept terms
-        sse = own_sse(model, data, support[:, None, :])
-    models, se = np.zeros((S, M, p)), np.full((S, M, p), np.nan)
-    reports: list = [None] * S
-    per_repeat: set = set()                 # the report's entries that are lists over repeats
-    for key in dict.fromkeys(map(bytes, np.packbits(support, axis=-1))):
-        rows = [s for s in range(S) if bytes(np.packbits(support[s])) == key]
-        idx = np.flatnonzero(support[rows[0]])
-        sub = (blocks if isinstance(blocks, int) else
-               pers.NoiseBlocks(blocks.param_block[idx], blocks.n_targets, blocks.targets))
-        m_s, se_s, fl = pers.auto(data.H[rows][..., idx[:, None], idx], data.b[rows][..., idx],
-                                  yy[rows], data.n[rows], sub,
-                                  sse=None if sse is None else sse[rows])
-        models[np.ix_(rows, range(M), idx)], se[np.ix_(rows, range(M), idx)] = m_s, se_s
-        rep = reml_summary(fl)
-        per_repeat |= {k for k, v in (rep or {}).items() if isinstance(v, list)}
-        for i, s in enumerate(rows):
-            reports[s] = None if rep is None else {
-                k: (v[i] if isinstance(v, list) else v) for k, v in rep.items()}
-    if any(r is None for r in reports):
-        return models, se, None
-    return models, se, {k: ([r[k] for r in reports] if k in per_repeat else v)
-                        for k, v in reports[0].items()}
+    support (S, p), ``auto`` on the statistics of the kept terms alone (each client's own
+    least squares, its residual sums and the heterogeneity on them), as the clients and the
+    server compute it under ``runtime=flower`` (:func:`support_message`,
+    :func:`support_fleet`, :func:`support_posterior`); the pruned terms are 0 in every
+    client's model, with no standard error (NaN). ``sse``: the own fits' residual sums on the
+    support when known (:func:`own_sse`). Returns (models, se) (S, M, p) and the REML report
+    per repeat (:func:`reml_summary`)."""
+    _, blocks = target_stats(model, data)
+    msg = support_message(model, data, support, sse)
+    fl = support_fleet(msg, blocks, support)
+    models, se = support_posterior(msg, fl, blocks, support)
+    return models, se, reml_summary(fl)
 
 
 def personalized(settings, model, strategy, data) -> Personal | None:

@@ -13,6 +13,12 @@ Each client computes its own model on its node from its own data
 - ``finetune``: exchange ``personalize`` with the final server model; each client runs
   ``personalize.K`` local steps on its own data.
 
+With ``sparsity``'s support (group sparsity), the server sends the support (S, p) with both
+requests; each client's statistics are those of the kept terms alone (0 for the others) with
+the residual sums of its own least squares on them, and the server's fleet is that of the
+kept terms (:func:`fnsysid.results.personal.support_message`, ``support_fleet``,
+``support_posterior``, which the in-process run uses too).
+
 In the reply to ``personalize`` each client sends its model and standard errors, its own
 least squares with theirs, and the error of its model against its own truth (``_e``, NaN
 where unknown), so that the run can write ``client_estimates.csv`` and the ``e_pers``
@@ -31,6 +37,9 @@ from fnsysid.results.personal import (
     per_parameter_dof,
     reml_summary,
     reml_warning,
+    support_fleet,
+    support_message,
+    support_posterior,
     target_stats,
 )
 
@@ -43,8 +52,14 @@ def client_reply(node, exchange: str, arrays: dict) -> dict:
     (``node.data``) and the server's message ``arrays``."""
     d = node.data
     yy, blocks = target_stats(node.model, d)
-    sse = own_sse(node.model, d)
-    msg = pers.client_message(d.H, d.b, yy, d.n, blocks, sse)
+    support = arrays.get("support")
+    if support is None:
+        sse = own_sse(node.model, d)
+        msg = pers.client_message(d.H, d.b, yy, d.n, blocks, sse)
+    else:                                   # group sparsity: the kept terms alone
+        support = np.asarray(support) > 0.5
+        sse = own_sse(node.model, d, support[:, None, :])
+        msg = support_message(node.model, d, support, sse)
     if exchange == "personalize_stats":
         return {"H": msg.H, "b": msg.b, "rss": msg.rss, "dof": msg.dof,
                 "own": msg.own.astype(float)}
@@ -53,13 +68,15 @@ def client_reply(node, exchange: str, arrays: dict) -> dict:
         nan = np.full(len(arrays["mu"]), np.nan)
         fl = pers.Fleet(arrays["mu"], arrays["cov_mu"], arrays["Sigma"], arrays["s2"],
                         arrays["Sigma_ci"], nan, nan, scale=arrays["scale"])
-        theta, se = pers.client_posterior(msg, fl, blocks)
+        theta, se = (pers.client_posterior(msg, fl, blocks) if support is None
+                     else support_posterior(msg, fl, blocks, support))
     else:
         solver = node.clients.solver
         start = np.array(arrays["theta"][:, None, :])
         theta = solver.local_steps(start, option.K, option.lr)
         se = np.full(theta.shape, np.nan)
-    local, local_se, _, dof = own_intervals(node.model, d, sse=sse)
+    local, local_se, _, dof = own_intervals(
+        node.model, d, None if support is None else support[:, None, :], sse=sse)
     return {"theta": theta, "se": se, "local": local, "local_se": local_se,
             "local_dof": per_parameter_dof(node.model, d, dof),
             "_e": node.errors(theta[:, 0])}
@@ -72,14 +89,18 @@ def serve_personalize(ask, settings, strategy, model):
     :class:`~fnsysid.results.personal.Personal`."""
     option = settings.personalize.name
     if option == "auto":
-        got = ask("personalize_stats", {})
+        support = getattr(getattr(strategy, "sparsity", None), "support", None)
+        sent = {} if support is None else {"support": np.asarray(support, float)}
+        got = ask("personalize_stats", sent)
         blocks = pers.noise_blocks(model.structure)       # as the clients grouped them
         if got["dof"].shape[-1] != blocks.g:              # data without per-target sums
             blocks = int(model.structure.shape[0])
-        fl = pers.fleet(pers.Message(got["H"], got["b"], got["rss"], got["dof"],
-                                     got["own"] > 0.5), blocks)
+        msg = pers.Message(got["H"], got["b"], got["rss"], got["dof"], got["own"] > 0.5)
+        fl = (pers.fleet(msg, blocks) if support is None
+              else support_fleet(msg, blocks, support))
         out = ask("personalize", {"mu": fl.mu, "cov_mu": fl.cov_mu, "Sigma": fl.Sigma,
-                                  "s2": fl.s2, "Sigma_ci": fl.Sigma_ci, "scale": fl.scale})
+                                  "s2": fl.s2, "Sigma_ci": fl.Sigma_ci, "scale": fl.scale,
+                                  **sent})
     else:
         out = ask("personalize", {"theta": strategy.server})
     reml = reml_summary(fl) if option == "auto" else None
