@@ -47,6 +47,19 @@ def test_any_change_of_the_held_out_samples_changes_the_fingerprint():
     assert base not in others and len(others) == 6
 
 
+def test_a_mark_ignores_the_order_of_a_clients_trajectories():
+    # trajectories named otherwise in a file come in another order: the same samples
+    x, u, mask = _data(J=3)
+    h = heldout_marks(x, u, mask)
+    order = [2, 0, 1]
+    np.testing.assert_array_equal(heldout_marks(x[:, :, order], u[:, :, order],
+                                                mask[:, :, order]), h)
+    # but samples moved from one trajectory to another are other data
+    swapped = x.copy()
+    swapped[:, :, 0, 2], swapped[:, :, 1, 2] = x[:, :, 1, 2], x[:, :, 0, 2]
+    assert (heldout_marks(swapped, u, mask) != h).all()
+
+
 def test_the_fingerprint_ignores_the_clients_order_and_those_without_held_out_data():
     x, u, mask = _data()
     h = heldout_marks(x, u, mask)

@@ -157,9 +157,11 @@ def _quantized(v: np.ndarray) -> np.ndarray:
 
 def heldout_marks(x: np.ndarray, u: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Each client's mark of its held-out samples, per repeat: a 52-bit hash (a float, exact)
-    of every state and input value it holds, each at its place (trajectory, time, variable)
-    and rounded to 30 bits of its mantissa, so that the same samples give the same mark
-    wherever they are padded and however they were summed. It depends on the held-out
+    of every state and input value it holds, each at its place in its trajectory (time,
+    variable) and rounded to 30 bits of its mantissa, so that the same samples give the same
+    mark wherever they are padded and however they were summed; each trajectory is hashed
+    whole and the trajectories' hashes added, so that their order (their names in a file)
+    does not change it. It depends on the held-out
     samples alone, not on the model, the library or the strategy: ``summary.json:
     heldout.fingerprint`` (:func:`heldout_fingerprint`), with which ``fnsysid compare``
     ranks only runs scored on the same data. A Flower node sends its own marks with its
@@ -180,19 +182,20 @@ def heldout_marks(x: np.ndarray, u: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """
     S, m, J, L, n_x = x.shape
     step = mask[..., 1:] & mask[..., :-1]
-    total = np.zeros((S, m), np.uint64)
+    runs = np.zeros((S, m, J), np.uint64)                   # each trajectory's own hash
     for values, where, first in ((x, mask, 0), (u, step, n_x)):
         k = values.shape[-1]
         if not k:
             continue
-        j, t, v = np.meshgrid(np.arange(J), np.arange(values.shape[3]), np.arange(k),
-                              indexing="ij")
-        place = ((j.astype(np.uint64) << np.uint64(40)) ^ (t.astype(np.uint64) << np.uint64(8))
-                 ^ (v + first).astype(np.uint64))                          # (J, T, k)
+        t, v = np.meshgrid(np.arange(values.shape[3]), np.arange(k), indexing="ij")
+        place = (t.astype(np.uint64) << np.uint64(8)) ^ (v + first).astype(np.uint64)  # (T, k)
         h = _mix(_quantized(values) ^ _mix(place))
         with np.errstate(over="ignore"):
-            total = total + np.where(where[..., None], h, np.uint64(0)).sum(
-                axis=(2, 3, 4), dtype=np.uint64)
+            runs = runs + np.where(where[..., None], h, np.uint64(0)).sum(axis=(3, 4),
+                                                                          dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        total = np.where(mask.any(axis=-1), _mix(runs), np.uint64(0)).sum(axis=-1,
+                                                                          dtype=np.uint64)
     return (_mix(total) & np.uint64((1 << 52) - 1)).astype(float)
 
 
