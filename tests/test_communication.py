@@ -131,7 +131,8 @@ FLOWER = ["system=synthetic", "M=3", "R=3", "N=3", "output.plot=false", "progres
     ("fedavg", ["repeats=1"]), ("scaffold", ["repeats=2"]),
     ("fedlin", ["repeats=1", "sparsity=stlsq"]),
     ("fednova", ["repeats=1", "strategy.fraction=0.67", "personalize=auto"]),
-    ("fedavg", ["repeats=2", "sparsity=stlsq", "personalize=auto"])])
+    ("fedavg", ["repeats=2", "sparsity=stlsq", "personalize=auto"]),
+    ("fedavg", ["repeats=2", "sparsity=stlsq", "sparsity.threshold=auto"])])
 def test_flower_messages_carry_what_is_declared(strategy, extra, tmp_path):
     s = run_experiment(compose_cfg(*FLOWER, f"strategy={strategy}", *extra,
                                    "runtime=flower"), tmp_path)

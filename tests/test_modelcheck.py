@@ -11,7 +11,7 @@ import pytest
 
 import fnsysid
 from fnsysid.app.compare import main as compare
-from fnsysid.results.modelcheck import correlation_sums
+from fnsysid.results.modelcheck import correlation_sums, verdict
 
 
 def ar_clients(C, n_tr=40, n_ho=60, a=0.8, sigma=0.5, seed=0):
@@ -72,13 +72,24 @@ def test_correlation_sums_equal_direct_sums():
         elif kind == "z2e2":
             zz, ee = zq, e ** 2 - st * (1 + h)
             want = sum(ee[t] * zz[t - k] for t in range(k, 12))
-            wvar = np.mean(ee ** 2) * sum(zz[t - k] ** 2 for t in range(k, 12)) + \
-                2 * st ** 2 / dof[0, 0] * sum((1 + h[t]) * zz[t - k] for t in range(k, 12)) ** 2
+            # the squared residuals' spread scaled to the noise's and the linear share,
+            # plus the estimation error's quadratic part
+            z4 = sum(zz[t - k] ** 2 for t in range(k, 12))
+            shrink = sum((1 + 2 * h[t]) * zz[t - k] ** 2 for t in range(k, 12)) / (
+                np.mean([(1 + h[t]) ** 2 for t in range(k, 12)]) * z4)
+            wvar = np.mean(ee ** 2) * z4 * shrink + \
+                2 * st ** 2 / dof[0, 0] * sum((1 + h[t]) * zz[t - k] for t in range(k, 12)) ** 2 \
+                + quad(sum(np.outer(g[t], g[t]) * zz[t - k] for t in range(k, 12)))
         else:                                                   # e(ez) at lag k + 1
             j = k + 1
             want = sum(e[t] * e[t - j] * zs[t - j] - sig * (g[t] @ Hp @ g[t - j]) * zs[t - j]
                        for t in range(j, 12))
-            wvar = sum((e[t] * e[t - j] * zs[t - j]) ** 2 for t in range(j, 12))
+            c = [g[t] @ Hp @ g[t - j] for t in range(12)]
+            lin = sum(zs[t - j] ** 2 * (1 + h[t] + h[t - j]) for t in range(j, 12))
+            full = sum(zs[t - j] ** 2 * ((1 + h[t]) * (1 + h[t - j]) + 2 * c[t] ** 2)
+                       for t in range(j, 12))
+            wvar = sum((e[t] * e[t - j] * zs[t - j]) ** 2 for t in range(j, 12)) * lin / full \
+                + quad(sum(np.outer(g[t], g[t - j]) * zs[t - j] for t in range(j, 12)))
         np.testing.assert_allclose(num[0, 0, i], want, rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(var[0, 0, i], wvar, rtol=1e-10)
     # every kind at every lag: ee 1..2, and 4 kinds x 2 variables x lags 0..2
@@ -104,10 +115,10 @@ def test_the_statistics_are_standard_normal_under_the_right_model():
     assert naive.var() > 1.2 * z[0, :, i].var()
 
 
-def test_phi_ee_is_standard_normal_when_the_estimation_error_is_large():
+def test_the_statistics_hold_their_variance_when_the_estimation_error_is_large():
     # 8 terms fitted on 20 samples: the estimation error delta is one draw per client, and
     # its quadratic part delta' (sum_t g_t g_{t-k}') delta varies from client to client far
-    # more than the noise's share; without its variance the statistic's variance is 3.7-9.8
+    # more than the noise's share; without its variance phi_ee's variance is 3.7-9.8
     rng = np.random.default_rng(3)
     C, n_tr, n_ho = 4000, 20, 30
 
@@ -137,6 +148,10 @@ def test_phi_ee_is_standard_normal_when_the_estimation_error_is_large():
         if name[0] == "ee":
             assert abs(z[0, :, i].mean()) < 0.1, name
             assert 0.85 < z[0, :, i].var() < 1.15, (name, z[0, :, i].var())
+        elif name[0] in ("z2e2", "e(ez)"):
+            # the squared terms' own spread, scaled to the noise's and the linear share, and
+            # the quadratic part's variance: never anti-conservative (1.2-2.5 without it)
+            assert 0.6 < z[0, :, i].var() < 1.1, (name, z[0, :, i].var())
 
 
 @pytest.fixture(scope="module")
@@ -601,3 +616,20 @@ def test_fits_at_their_solves_rounding_are_not_judged_ok(tmp_path):
     assert check["verdict"] is None and check["ok"] is None
     assert check["unresolved"] == 12 and check["exact"] == 0 and check["tests"] == 0
     assert check["reason"].startswith("the clients' own fits are at their solve's rounding")
+
+
+def test_an_overfit_line_says_how_many_clients_the_correlation_tests_pooled():
+    # the correlation tests see a missing term; where they pooled few clients (the others'
+    # fits too loosely determined), or none, an overfit verdict says so
+    base = {"verdict": "overfit", "overfit": [[0, 1]], "overfit_limit": 1.5, "tests": 142,
+            "overfit_detail": [], "clients_checked": 20, "pooled_clients": [20]}
+    line = verdict(base)
+    assert "correlation tests" not in line
+    line = verdict({**base, "pooled_clients": [7, 3]})
+    assert line.endswith("not a missing term; the correlation tests, which see a missing "
+                         "term, pooled as few as 3 of 20 clients (the others' fits are "
+                         "determined too loosely for them); try fewer terms (sparsity=stlsq, "
+                         "a smaller library) or more data per client")
+    line = verdict({**base, "pooled_clients": [0], "tests": 0})
+    assert "the correlation tests, which see a missing term, were not made: no client's fit " \
+        "is determined well enough for them" in line

@@ -444,10 +444,14 @@ def test_a_kept_term_the_strategys_model_drives_below_the_threshold_is_reported(
     (faded,) = res.summary["sparsity"]["below_threshold"]
     assert faded["parameter"] == "omega+:theta" and faded["repeats"] == [0]
     assert abs(faded["estimate"]) < 1e-9 and "omega+:theta" in kept(res)
+    # the threshold applies to the coefficient scaled to unit size: the line shows both
+    assert abs(faded["scaled"]) < 0.05 and faded["scaled"] != faded["estimate"]
     said = [r.getMessage() for r in caplog.records if "name only" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith(
-        "sparsity: 1 kept term is below sparsity.threshold=0.05 in the final model "
-        "(omega+:theta ") and "strategy=fedavg's model does not equal" in said[0]
+        "sparsity: 1 kept term is below sparsity.threshold=0.05, which applies to "
+        "coefficients of features and targets scaled to unit size, in the final model "
+        f"(omega+:theta {faded['estimate']:.4g} (scaled {faded['scaled']:.3g}))"
+    ) and "strategy=fedavg's model does not equal" in said[0]
     assert res.summary["status"] == "ok"
     # the pooled model itself: its coefficient is the one the term was kept for
     pooled = run_pendulum(folder, "strategy=centralized_exact")

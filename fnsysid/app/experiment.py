@@ -452,7 +452,8 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
         final = np.asarray(strategy.estimate()) if "estimates" in tables else None
         if final is not None and final.shape[1] == 1:     # a finished run's one model
             final = final[:, 0, :]
-            faded = faded_summary(sparsity.faded(final), final, model)
+            faded = faded_summary(sparsity.faded(final), final, model,
+                                  sparsity.scaled(final))
             if faded:
                 summary["sparsity"]["below_threshold"] = faded
         path = sparsity.path_table()

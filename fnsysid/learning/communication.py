@@ -166,7 +166,9 @@ def plan_of(strategy, p: int, model=None, sparsity=None, personalize: str = "non
     """The run's :class:`Plan`: ``strategy.payload(p)`` for ``p`` parameters, plus
 
     - ``sparsity`` (an object with ``support``): once before round 1 each client sends its
-      statistics ``H`` (p x p), ``b`` (p) and its targets' sums of squares ``yy`` (n_y), and
+      statistics ``H`` (p x p), ``b`` (p) and its targets' sums of squares ``yy`` (n_y) (with
+      ``threshold=auto`` also its held-out ``hgram`` (n_phi x n_phi), ``hcross``
+      (n_y x n_phi), ``hyy`` (n_y) and ``hn`` (1), whose sums score the candidates), and
       receives the support (p, as 0/1) once; a federated strategy's server sends the support
       with every message instead (as the Flower runtime does, so a client that restarts
       sees it);
@@ -204,8 +206,11 @@ def plan_of(strategy, p: int, model=None, sparsity=None, personalize: str = "non
         return plan
     start, rnd, end = plan.start, plan.round, plan.end
     if sparsity is not None:
-        n_y = int(np.shape(model.structure)[0])
+        n_y, n_phi = (int(v) for v in np.shape(model.structure)[:2])
         start = start + upload(("H", (p, p)), ("b", (p,)), ("yy", (n_y,)))
+        if getattr(sparsity, "auto", False):    # the held-out sums that score the candidates
+            start = start + Payload((("hgram", (n_phi, n_phi)), ("hcross", (n_y, n_phi)),
+                                     ("hyy", (n_y,)), ("hn", (1,))))     # the same message
         federated = getattr(strategy, "exchanges", None) is not None   # message exchanges
         if federated and rnd.messages_down:
             rnd = rnd + Payload((), (("support", (p,)),) * rnd.messages_down)

@@ -611,11 +611,17 @@ class STLSQ:
         stopped early), so the term can be in the model in name only
         (docs/guide/sparsity.md). Returns (S, p) bool."""
         theta = np.asarray(theta, float)
-        w = 1.0 if self._scale is None else self._scale(theta, self.support)
         t = np.asarray(self.chosen if self.auto else self.threshold, float)
         t = t[:, None] if t.ndim else t
         with np.errstate(invalid="ignore"):
-            return self.support & np.isfinite(theta) & (np.abs(theta * w) < t)
+            return self.support & np.isfinite(theta) & (np.abs(self.scaled(theta)) < t)
+
+    def scaled(self, theta: np.ndarray) -> np.ndarray:
+        """The coefficients ``theta`` (S, p) on the scale the threshold applies to
+        (``sparsity.scale=unit``: of features and targets scaled to unit size; else as
+        they are)."""
+        theta = np.asarray(theta, float)
+        return theta * (1.0 if self._scale is None else self._scale(theta, self.support))
 
     def path_table(self) -> dict | None:
         """The threshold path of ``threshold=auto`` as columns (``sparsity_path.csv``):
@@ -681,14 +687,23 @@ def disagreement_warning(summary: dict) -> str | None:
             "sparsity_path.csv / each repeat's equations)")
 
 
-def faded_summary(faded: np.ndarray, theta: np.ndarray, model) -> list[dict]:
+def faded_summary(faded: np.ndarray, theta: np.ndarray, model,
+                  scaled: np.ndarray | None = None) -> list[dict]:
     """``summary.json: sparsity.below_threshold``: each parameter that :meth:`STLSQ.faded`
-    marks in some repeat, with those repeats and its coefficient in the first of them."""
+    marks in some repeat, with those repeats, its coefficient in the first of them and
+    (``scaled``: :meth:`STLSQ.scaled` of ``theta``) that coefficient on the threshold's
+    scale."""
     theta = np.asarray(theta, float)
-    return [{"parameter": model.param_names[k], "repeats": [int(r) for r in
-                                                             np.flatnonzero(faded[:, k])],
-             "estimate": float(theta[np.flatnonzero(faded[:, k])[0], k])}
-            for k in np.flatnonzero(faded.any(axis=0))]
+    out = []
+    for k in np.flatnonzero(faded.any(axis=0)):
+        first = np.flatnonzero(faded[:, k])[0]
+        entry = {"parameter": model.param_names[k],
+                 "repeats": [int(r) for r in np.flatnonzero(faded[:, k])],
+                 "estimate": float(theta[first, k])}
+        if scaled is not None:
+            entry["scaled"] = float(np.asarray(scaled)[first, k])
+        out.append(entry)
+    return out
 
 
 def faded_warning(summary: dict, strategy: str) -> str | None:
@@ -700,13 +715,17 @@ def faded_warning(summary: dict, strategy: str) -> str | None:
         return None
     t = summary["threshold"]
     shown = f"{t:g}" if not isinstance(t, list) else "/".join(f"{v:g}" for v in t)
-    terms = ", ".join(f"{f['parameter']} {f['estimate']:.4g}" for f in faded[:4])
+    rescaled = any(f.get("scaled", f["estimate"]) != f["estimate"] for f in faded)
+    terms = ", ".join(f"{f['parameter']} {f['estimate']:.4g}"
+                      + (f" (scaled {f['scaled']:.3g})" if rescaled else "") for f in faded[:4])
     more = f" and {len(faded) - 4} more" if len(faded) > 4 else ""
+    scale = (", which applies to coefficients of features and targets scaled to unit size,"
+             if rescaled else "")
     return (f"sparsity: {len(faded)} kept term{'s are' if len(faded) > 1 else ' is'} below "
-            f"sparsity.threshold={shown} in the final model ({terms}{more}): the terms were "
-            f"chosen on the clients' pooled least squares, which strategy={strategy}'s model "
-            "does not equal here (clients that differ, too few samples for a client's own "
-            "fit, or rounds that stopped early), so "
+            f"sparsity.threshold={shown}{scale} in the final model ({terms}{more}): the "
+            f"terms were chosen on the clients' pooled least squares, which "
+            f"strategy={strategy}'s model does not equal here (clients that differ, too few "
+            "samples for a client's own fit, or rounds that stopped early), so "
             f"{'these are' if len(faded) > 1 else 'it is'} in the model in name only "
             "(strategy=centralized_exact fits the pooled model they were chosen on; "
             "docs/guide/sparsity.md, heterogeneous clients)")

@@ -189,7 +189,20 @@ def correlation_sums(E, w, G, A, Hplus, Z, sigma2, s2_train, dof_train, lags: in
         var = sig[..., 0] * (zz[..., :nz] + q[..., :nz])
         var2 = sig[..., 0] * (zz[..., nz:] + q[..., nz:])
         num22, lz = L[:, :, 1, nz:], L[:, :, 2, nz:]
-        var22 = v_e2[..., None] * zz[..., nz:] + v_s2[..., None] * lz ** 2
+        # the squared residuals' spread v_e2 holds the noise's share and, on average, the
+        # estimation error's at t = s (E = 2 sigma^4 (1 + h)^2): scaled to the noise's and
+        # the linear share, 2 sigma^4 sum_t (1 + 2 h_t) z^4, and the quadratic part's whole
+        # variance added (B = sum_t g_t g_t' z^2_{t-k}, :func:`_quadratic_var`)
+        hs = h[..., sl] * wn
+        z4 = z2p ** 2 * wn[..., None]
+        lin = _tdot((1 + 2 * hs)[..., None], z4)[:, :, 0]
+        mean_sq = ((1 + hs) ** 2 * wn).sum(axis=(-2, -1)) / np.maximum(wn.sum(axis=(-2, -1)), 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            shrink = np.where(zz[..., nz:] > 0, lin / (mean_sq[..., None] * zz[..., nz:]), 1.0)
+        var22 = (v_e2[..., None] * zz[..., nz:] * shrink + v_s2[..., None] * lz ** 2
+                 + sigma2[..., None] ** 2 * _quadratic_var(
+                     G[..., sl, :] * wn[..., None], G[..., sl, :, None] * z2p[..., None, :],
+                     Hplus))
         for v in range(Z.shape[-1]):
             add(num[..., v], var[..., v], "ze", v, k)
             add(num2[..., v], var2[..., v], "z2e", v, k)
@@ -206,6 +219,19 @@ def correlation_sums(E, w, G, A, Hplus, Z, sigma2, s2_train, dof_train, lags: in
             nz = ezp.shape[-1]
             num3 = L3[:, :, 1, nz:] - sigma2[..., None] * L3[:, :, 0, :nz]
             var3 = _tdot((nowj * nowj)[..., None], ezp * ezp)[:, :, 0]
+            # on average the squared terms hold sigma^4 z^2 ((1 + h_t)(1 + h_{t-j}) + 2 c_t^2)
+            # (c_t = g_t' H^+ g_{t-j}): scaled to the noise's and the linear share,
+            # sigma^4 z^2 (1 + h_t + h_{t-j}), and the quadratic part delta' B delta's whole
+            # variance added (B = sum_t g_t (z g)'_{t-j}, one draw of delta per client)
+            z2 = Zw[..., :-j, :] ** 2
+            hn, hp = h[..., j:] * w[..., j:], h[..., :-j] * w[..., j:]
+            lin = _tdot((w[..., j:] + hn + hp)[..., None], z2)[:, :, 0]
+            full = _tdot((w[..., j:] + hn + hp + hn * hp + 2 * ga * ga)[..., None], z2)[:, :, 0]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                var3 = (var3 * np.where(full > 0, lin / full, 1.0)
+                        + sigma2[..., None] ** 2 * _quadratic_var(
+                            G[..., j:, :] * w[..., j:, None],
+                            G[..., :-j, :, None] * Zw[..., :-j, None, :], Hplus))
             for v in range(Z.shape[-1]):
                 add(num3[..., v], var3[..., v], "e(ez)", v, k)
     return np.stack(nums, -1), np.stack(vars_, -1), names
@@ -658,6 +684,7 @@ def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
             "p_adjusted": None if p_min is None else min(1.0, p_min * tests),
             "p_min_by_target": by_target, "worst": worst,
             "rejected": int(rejected.sum()),
+            "pooled_clients": [int(v) for v in (st["n_pool"] > 0).any(axis=-1).sum(axis=1)],
             "measurement_noise": [names[j] for j in range(n_y) if noisy[:, j].any()],
             "measurement_noise_correlation": [
                 _num(r[s, j, lag1]) for j in range(n_y) if noisy[:, j].any()
@@ -920,11 +947,18 @@ def verdict(check: dict | None, personalized: bool = False) -> str | None:
                  f"error {_fmt(worst['ratio'], '.3g')} times its training noise, "
                  f"{(worst['direction_share'] or 0):.0%} of its expected excess on one "
                  f"direction, Gram condition {_fmt(worst['condition'], '.2g')}")
+        pooled, checked = check.get("pooled_clients"), check.get("clients_checked")
+        seen = ("" if not pooled or checked is None or min(pooled) >= checked else
+                "; the correlation tests, which see a missing term, were not made: no "
+                "client's fit is determined well enough for them" if not check["tests"] else
+                f"; the correlation tests, which see a missing term, pooled as few as "
+                f"{min(pooled)} of {checked} clients (the others' fits are determined too "
+                f"loosely for them)")
         return (f"model check: {len(check['overfit'])} client(s)' own fits predict their "
                 f"held-out data worse than their training noise (ratio > "
                 f"{check['overfit_limit']}) by no more than their own estimation error "
                 f"explains (a poorly determined direction of the fit){where}: too many terms "
-                f"for their data, not a missing term; try {advice}")
+                f"for their data, not a missing term{seen}; try {advice}")
     why = []
     if check["verdict"] == "free run fails":
         k, n = check["free_run_exceed"], check["free_run_clients"]
