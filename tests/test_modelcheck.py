@@ -11,7 +11,7 @@ import pytest
 
 import fnsysid
 from fnsysid.app.compare import main as compare
-from fnsysid.results.modelcheck import correlation_sums, verdict
+from fnsysid.results.modelcheck import correlation_sums, pooling_note, verdict
 
 
 def ar_clients(C, n_tr=40, n_ho=60, a=0.8, sigma=0.5, seed=0):
@@ -622,14 +622,24 @@ def test_an_overfit_line_says_how_many_clients_the_correlation_tests_pooled():
     # the correlation tests see a missing term; where they pooled few clients (the others'
     # fits too loosely determined), or none, an overfit verdict says so
     base = {"verdict": "overfit", "overfit": [[0, 1]], "overfit_limit": 1.5, "tests": 142,
-            "overfit_detail": [], "clients_checked": 20, "pooled_clients": [20]}
-    line = verdict(base)
-    assert "correlation tests" not in line
+            "overfit_detail": [], "clients_checked": 22, "poolable_clients": [20, 20],
+            "pooled_clients": [20, 20]}
+    line0 = verdict(base)
+    assert "correlation tests" not in line0
     line = verdict({**base, "pooled_clients": [7, 3]})
+    why = ("their own fits are determined too loosely for them (an expected held-out error "
+           "above 1.5 times the noise)")
     assert line.endswith("not a missing term; the correlation tests, which see a missing "
-                         "term, pooled as few as 3 of 20 clients (the others' fits are "
-                         "determined too loosely for them); try fewer terms (sparsity=stlsq, "
-                         "a smaller library) or more data per client")
-    line = verdict({**base, "pooled_clients": [0], "tests": 0})
-    assert "the correlation tests, which see a missing term, were not made: no client's fit " \
-        "is determined well enough for them" in line
+                         f"term, pooled as few as 3 of 20 clients that could be tested (the "
+                         f"others: {why}); try fewer terms (sparsity=stlsq, a smaller library) "
+                         "or more data per client")
+    line = verdict({**base, "pooled_clients": [0, 0], "tests": 0})
+    assert f"the correlation tests, which see a missing term, were not made: {why}" in line
+    # an ok verdict says it too, in its own line; a full pool says nothing
+    assert pooling_note({**base, "verdict": "ok"}) is None
+    note = pooling_note({**base, "verdict": "ok", "pooled_clients": [0, 0], "tests": 0})
+    assert note.startswith("model check: ok, but the correlation tests, which see a missing "
+                           "term, were not made") and verdict({**base, "verdict": "ok"}) is None
+    assert pooling_note({**base, "pooled_clients": [3, 3]}) is None   # overfit: its own line
+    # clients left out for another reason (beyond their training range) are not counted
+    assert verdict({**base, "poolable_clients": [7, 3], "pooled_clients": [7, 3]}) == line0

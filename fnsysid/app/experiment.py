@@ -44,6 +44,7 @@ from fnsysid.results.modelcheck import (
     free_run_warning,
     model_check,
     noise_note,
+    pooling_note,
     verdict,
 )
 from fnsysid.results.personal import (
@@ -489,7 +490,7 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
                 check["excess_rejected"] = [[s, str(dataset.clients[m]), j]
                                             for s, m, j in check["excess_rejected"]]
             summary["model_check"] = check
-            for line in (noise_note(check), extrapolation_note(check),
+            for line in (noise_note(check), extrapolation_note(check), pooling_note(check),
                          verdict(check, settings.personalize.name == "finetune")):
                 if line:
                     log.warning(line)

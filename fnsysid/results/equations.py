@@ -219,6 +219,11 @@ def _check_line(check: dict | None) -> str | None:
     if untested:
         line += (f"; {untested} client(s) untested: their held-out data lie beyond their "
                  "training data's range")
+    from fnsysid.results.modelcheck import pooling_clause
+
+    clause = pooling_clause(check)
+    if clause and check["verdict"] in ("ok", "overfit"):
+        line += f"; {clause}"
     return line
 
 

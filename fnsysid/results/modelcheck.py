@@ -685,6 +685,11 @@ def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
             "p_min_by_target": by_target, "worst": worst,
             "rejected": int(rejected.sum()),
             "pooled_clients": [int(v) for v in (st["n_pool"] > 0).any(axis=-1).sum(axis=1)],
+            # the clients the correlation tests could take: enough held-out transitions
+            # within their training range and a target with noise to test
+            "poolable_clients": [int(v) for v in (
+                chosen & (st["n_in"] >= MIN_SAMPLES) & (st["s2_ok"] > 0.5)
+                & ~(exact | unresolved).all(axis=-1)).sum(axis=1)],
             "measurement_noise": [names[j] for j in range(n_y) if noisy[:, j].any()],
             "measurement_noise_correlation": [
                 _num(r[s, j, lag1]) for j in range(n_y) if noisy[:, j].any()
@@ -927,6 +932,37 @@ def extrapolation_note(check: dict | None) -> str | None:
             "model will be used")
 
 
+def pooling_clause(check: dict | None) -> str | None:
+    """What the correlation tests (which see a missing term) left out, when they pooled
+    fewer clients than the check tested in some repeat (``pooled_clients`` against
+    ``clients_checked``), else None: as few as k of n clients, or none (then they were not
+    made)."""
+    pooled, able = (check or {}).get("pooled_clients"), (check or {}).get("poolable_clients")
+    if not pooled or not able:
+        return None
+    short = [(p, a) for p, a in zip(pooled, able, strict=True) if p < a]
+    if not short:
+        return None
+    p, a = min(short, key=lambda pa: pa[0] / pa[1])
+    why = (f"their own fits are determined too loosely for them (an expected held-out error "
+           f"above {OVERFIT:g} times the noise)")
+    if not check.get("tests"):
+        return (f"the correlation tests, which see a missing term, were not made: {why}")
+    return (f"the correlation tests, which see a missing term, pooled as few as {p} of {a} "
+            f"clients that could be tested (the others: {why})")
+
+
+def pooling_note(check: dict | None) -> str | None:
+    """The log line of an ``ok`` verdict whose correlation tests pooled fewer clients than
+    the check tested (:func:`pooling_clause`), else None: the verdict rests on less than
+    it seems (an ``overfit`` line says it itself)."""
+    clause = pooling_clause(check)
+    if clause is None or check.get("verdict") != "ok":
+        return None
+    return (f"model check: ok, but {clause}; a missing term there could go unseen (more "
+            "data per client, or fewer terms, lets them in)")
+
+
 def verdict(check: dict | None, personalized: bool = False) -> str | None:
     """The log line when the check finds something (None when it does not); its advice
     leaves out ``sparsity=stlsq`` where the run has ``finetune`` models (``personalized``),
@@ -947,13 +983,8 @@ def verdict(check: dict | None, personalized: bool = False) -> str | None:
                  f"error {_fmt(worst['ratio'], '.3g')} times its training noise, "
                  f"{(worst['direction_share'] or 0):.0%} of its expected excess on one "
                  f"direction, Gram condition {_fmt(worst['condition'], '.2g')}")
-        pooled, checked = check.get("pooled_clients"), check.get("clients_checked")
-        seen = ("" if not pooled or checked is None or min(pooled) >= checked else
-                "; the correlation tests, which see a missing term, were not made: no "
-                "client's fit is determined well enough for them" if not check["tests"] else
-                f"; the correlation tests, which see a missing term, pooled as few as "
-                f"{min(pooled)} of {checked} clients (the others' fits are determined too "
-                f"loosely for them)")
+        clause = pooling_clause(check)
+        seen = "" if clause is None else f"; {clause}"
         return (f"model check: {len(check['overfit'])} client(s)' own fits predict their "
                 f"held-out data worse than their training noise (ratio > "
                 f"{check['overfit_limit']}) by no more than their own estimation error "
