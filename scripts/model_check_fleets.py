@@ -2,7 +2,8 @@
 
 CartPole-v1 (gymnasium's constants and Euler step, written here with numpy), Duffing,
 pendulum and Lotka-Volterra fleets with process noise, and Duffing, Van der Pol and pendulum
-fleets with little data a client (``*_few``), run with several libraries; prints the held-out
+fleets with little data a client (``*_few``; ``pendulum_het`` with a noise that grows with
+the angle), run with several libraries; prints the held-out
 free-run NRMSE and the model check's verdict of each, and over 20 seeds how often a library
 that holds the true model gets a "missing terms" verdict (``--every``: every library on every
 seed, with the verdicts of those that lack a true term).
@@ -54,15 +55,17 @@ def frame(x, u, split, names, inputs):
     return pd.DataFrame(out)
 
 
-def simulate(step, x0, u, noise, rng, noisy):
+def simulate(step, x0, u, noise, rng, noisy, spread=None):
     """Roll ``step(x, u_t)`` from x0 (M, J, n_x) with inputs u (M, J, T+1, n_u), adding
-    ``noise`` N(0, 1) to the states ``noisy`` each step."""
+    ``noise`` N(0, 1) to the states ``noisy`` each step (times ``spread(x_t)`` (M, J, 1):
+    a noise whose size depends on the state)."""
     T = u.shape[2] - 1
     x = np.empty(x0.shape[:2] + (T + 1, x0.shape[-1]))
     x[:, :, 0] = x0
     for t in range(T):
         nxt = step(x[:, :, t], u[:, :, t])
-        nxt[..., noisy] += noise * rng.normal(size=nxt[..., noisy].shape)
+        size = noise if spread is None else noise * spread(x[:, :, t])
+        nxt[..., noisy] += size * rng.normal(size=nxt[..., noisy].shape)
         x[:, :, t + 1] = nxt
     return x
 
@@ -120,7 +123,15 @@ def pendulum_few(seed):
     return pendulum(seed, M=20, J=3, T=40, val=1, noise=0.2, amplitude=2.5)
 
 
-def pendulum(seed, M=8, J=8, T=80, val=2, noise=0.05, dt=0.05, amplitude=2.0):
+def pendulum_het(seed):
+    """``pendulum_few`` with a noise whose standard deviation is ``0.2 (0.2 + |theta|)``: it
+    grows 13-fold over the angles the fleet visits (identity+sin still holds the mean
+    dynamics)."""
+    return pendulum(seed, M=20, J=3, T=40, val=1, noise=0.2, amplitude=2.5,
+                    spread=lambda x: 0.2 + np.abs(x[..., :1]))
+
+
+def pendulum(seed, M=8, J=8, T=80, val=2, noise=0.05, dt=0.05, amplitude=2.0, spread=None):
     rng = np.random.default_rng(seed)
     g = 9.81 / (1 + 0.1 * rng.random((M, 1)))
 
@@ -128,7 +139,8 @@ def pendulum(seed, M=8, J=8, T=80, val=2, noise=0.05, dt=0.05, amplitude=2.0):
         th, om = s[..., 0], s[..., 1]
         return np.stack([th + dt * om, om + dt * (-g * np.sin(th) - 0.1 * om + u[..., 0])], -1)
     u = rng.normal(size=(M, J, T + 1, 1))
-    x = simulate(step, rng.uniform(-amplitude, amplitude, (M, J, 2)), u, noise * dt, rng, [1])
+    x = simulate(step, rng.uniform(-amplitude, amplitude, (M, J, 2)), u, noise * dt, rng, [1],
+                 spread)
     return frame(x, u, val, ["theta", "omega"], ["u"]), ["theta", "omega"], ["u"]
 
 
@@ -147,6 +159,7 @@ def lotka_volterra(seed, M=100, J=4, T=60, val=1, noise=0.01, dt=0.05):
 
 FLEETS = {"cartpole": cartpole, "duffing": duffing, "duffing_few": duffing_few,
           "vdp_few": vdp_few, "pendulum": pendulum, "pendulum_few": pendulum_few,
+          "pendulum_het": pendulum_het,
           "lotka_volterra": lotka_volterra}
 #: the libraries run on each fleet; the first of the truth fleets holds the true model
 LIBRARIES = {
@@ -164,6 +177,8 @@ LIBRARIES = {
     "pendulum_few": {"identity+sin": ["feature_map=combined",
                                       "feature_map.libraries=[identity,sin]"],
                      "polynomial3": ["feature_map=polynomial", "feature_map.degree=3"]},
+    "pendulum_het": {"identity+sin": ["feature_map=combined",
+                                      "feature_map.libraries=[identity,sin]"]},
     "pendulum": {"identity+sin": ["feature_map=combined", "feature_map.libraries=[identity,sin]"],
                  "affine": ["feature_map=affine"]},
     "lotka_volterra": {"polynomial3": ["feature_map=polynomial", "feature_map.degree=3"],
@@ -171,6 +186,7 @@ LIBRARIES = {
 }
 TRUTH = {"duffing": "polynomial3", "duffing_few": "polynomial3", "vdp_few": "polynomial3",
          "pendulum": "identity+sin", "pendulum_few": "identity+sin",
+         "pendulum_het": "identity+sin",
          "lotka_volterra": "polynomial3"}
 
 
