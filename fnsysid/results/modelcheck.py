@@ -138,6 +138,7 @@ def correlation_sums(E, w, G, A, Hplus, Z, sigma2, s2_train, dof_train, lags: in
     sig = sigma2[..., None, None]
     e = E * w
     h = (G * A).sum(axis=-1)
+    GR = G @ _root(Hplus)[:, :, None]          # g_t' R, R R' = H^+ (:func:`_quadratic_var`)
     s2t = np.nan_to_num(s2_train)[..., None, None]
     e2 = (E * E - s2t * (1 + h)) * w
     n = w.sum(axis=(-2, -1))
@@ -167,7 +168,7 @@ def correlation_sums(E, w, G, A, Hplus, Z, sigma2, s2_train, dof_train, lags: in
         # variance of its quadratic part delta' B delta, B = sum_t g_t g_{t-k}': one draw of
         # delta per client (:func:`_quadratic_var`)
         spread = (ww * (1 + h[..., k:] + h[..., :-k])).sum(axis=(-2, -1))
-        quad = _quadratic_var(G[..., k:, :] * ww[..., None], G[..., :-k, :, None], Hplus)
+        quad = _quadratic_var(GR[..., k:, :] * ww[..., None], GR[..., :-k, :, None])
         add((now * past).sum(axis=(-2, -1)) - sigma2 * bias,
             sigma2 ** 2 * (spread + quad[..., 0]), "ee", None, k)
     for k in range(0, lags + 1):
@@ -201,8 +202,7 @@ def correlation_sums(E, w, G, A, Hplus, Z, sigma2, s2_train, dof_train, lags: in
             shrink = np.where(zz[..., nz:] > 0, lin / (mean_sq[..., None] * zz[..., nz:]), 1.0)
         var22 = (v_e2[..., None] * zz[..., nz:] * shrink + v_s2[..., None] * lz ** 2
                  + sigma2[..., None] ** 2 * _quadratic_var(
-                     G[..., sl, :] * wn[..., None], G[..., sl, :, None] * z2p[..., None, :],
-                     Hplus))
+                     GR[..., sl, :] * wn[..., None], GR[..., sl, :, None] * z2p[..., None, :]))
         for v in range(Z.shape[-1]):
             add(num[..., v], var[..., v], "ze", v, k)
             add(num2[..., v], var2[..., v], "z2e", v, k)
@@ -230,24 +230,40 @@ def correlation_sums(E, w, G, A, Hplus, Z, sigma2, s2_train, dof_train, lags: in
             with np.errstate(divide="ignore", invalid="ignore"):
                 var3 = (var3 * np.where(full > 0, lin / full, 1.0)
                         + sigma2[..., None] ** 2 * _quadratic_var(
-                            G[..., j:, :] * w[..., j:, None],
-                            G[..., :-j, :, None] * Zw[..., :-j, None, :], Hplus))
+                            GR[..., j:, :] * w[..., j:, None],
+                            GR[..., :-j, :, None] * Zw[..., :-j, None, :]))
             for v in range(Z.shape[-1]):
                 add(num3[..., v], var3[..., v], "e(ez)", v, k)
     return np.stack(nums, -1), np.stack(vars_, -1), names
 
 
-def _quadratic_var(Ga: np.ndarray, Gb: np.ndarray, Hplus: np.ndarray) -> np.ndarray:
-    """``2 tr((B_s H^+)^2)`` (S, m, v) with ``B = sum_t a_t b_t'`` per variable ``v``
-    (``Ga`` (S, m, J, T, p), ``Gb`` (S, m, J, T, p, v)), ``B_s`` its symmetric part: the
-    variance of ``delta' B delta`` for ``delta ~ N(0, H^+)`` (times ``sigma^4``)."""
+#: numbers of the p x p matrices :func:`_quadratic_var` holds at once (its clients in chunks)
+QUAD_VALUES = 1 << 22
+
+
+def _root(Hplus: np.ndarray) -> np.ndarray:
+    """A factor ``R`` (S, m, p, p) with ``R R' = H^+`` (``H^+`` positive semi-definite)."""
+    lam, V = np.linalg.eigh(Hplus)
+    return V * np.sqrt(np.maximum(lam, 0.0))[..., None, :]
+
+
+def _quadratic_var(Ga: np.ndarray, Gb: np.ndarray) -> np.ndarray:
+    """``2 tr((B_s H^+)^2)`` (S, m, v) with ``B = sum_t a_t b_t'`` per variable ``v``, from
+    the vectors whitened by a factor of ``H^+`` (:func:`_root`): ``Ga`` = ``a_t' R``
+    (S, m, J, T, p), ``Gb`` = ``b_t' R`` (S, m, J, T, p, v). ``B_s`` is ``B``'s symmetric
+    part; the value is the variance of ``delta' B delta`` for ``delta ~ N(0, H^+)`` (times
+    ``sigma^4``): with ``N = R' B R``, ``2 ||(N + N') / 2||_F^2 = ||N||_F^2 + tr(N N)``.
+    The clients go in chunks of at most :data:`QUAD_VALUES` numbers of ``N``."""
     S, m = Ga.shape[:2]
     p, nv = Gb.shape[-2:]
-    B = _tdot(Ga, Gb.reshape(*Gb.shape[:4], p * nv)).reshape(S, m, p, p, nv)
-    B = np.moveaxis(B, -1, 2)                                          # (S, m, v, p, p)
-    Bs = 0.5 * (B + np.swapaxes(B, -1, -2))
-    P = Bs @ Hplus[:, :, None]
-    return 2 * np.einsum("smvpq,smvqp->smv", P, P)
+    out = np.empty((S, m, nv))
+    step = max(1, QUAD_VALUES // max(1, S * p * p * nv))
+    for lo in range(0, m, step):
+        c = slice(lo, lo + step)
+        gb = Gb[:, c]
+        N = _tdot(Ga[:, c], gb.reshape(*gb.shape[:4], p * nv)).reshape(S, -1, p, p, nv)
+        out[:, c] = (N * N).sum(axis=(2, 3)) + np.einsum("smijv,smjiv->smv", N, N)
+    return out
 
 
 def _tdot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -407,16 +423,22 @@ def correlation_statistics(model, data, heldout, fits, support=None,
             # the clients whose error happens to be small and biases the sums
             loose = (expected > OVERFIT).any(-1)
             for j, (e, w_, G, A, sigma2, ex) in enumerate(per_target):
-                num, var, labels = correlation_sums(e, w_, G, A, Hp, Zv, sigma2, s2_tr[:, c, j],
-                                                    dof_tr[:, c, j])
-                pool = ((n >= MIN_SAMPLES) & ~ex & ~loose & (sigma2 > 0))[..., None]
-                num, var = np.where(pool, num, 0.0), np.where(pool, var, 0.0)
+                pool = (n >= MIN_SAMPLES) & ~ex & ~loose & (sigma2 > 0)          # (S, m)
+                st["n_pool"][:, c, j] = np.where(pool, n, 0)
+                # the sums of the clients pooled in some repeat only (the others add nothing)
+                k = np.flatnonzero(pool.any(axis=0))
+                if not len(k):
+                    continue
+                num, var, labels = correlation_sums(
+                    e[:, k], w_[:, k], G[:, k], A[:, k], Hp[:, k], Zv[:, k], sigma2[:, k],
+                    s2_tr[:, c[k], j], dof_tr[:, c[k], j])
+                num = np.where(pool[:, k, None], num, 0.0)
+                var = np.where(pool[:, k, None], var, 0.0)
                 zc = np.abs(num) / np.sqrt(np.where(var > 0, var, np.inf))
-                st["client_z"][:, c] = np.maximum(st["client_z"][:, c], zc.max(axis=-1))
+                st["client_z"][:, c[k]] = np.maximum(st["client_z"][:, c[k]], zc.max(axis=-1))
                 at = [where[name] for name in labels]
-                st["num"][:, c[:, None], j, at] = num
-                st["var"][:, c[:, None], j, at] = var
-                st["n_pool"][:, c, j] = np.where(pool[..., 0], n, 0)
+                st["num"][:, c[k][:, None], j, at] = num
+                st["var"][:, c[k][:, None], j, at] = var
     for s, m in zip(*np.nonzero(st["high"]), strict=True):      # the overfit's detail
         H = data.H[s, m]
         keep = (np.ones(H.shape[0], bool) if support is None
