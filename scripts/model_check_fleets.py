@@ -209,8 +209,14 @@ def main():
                     help="run every library on every seed (not only the true one) and count "
                          "each library's verdicts")
     args = ap.parse_args()
+    names = args.only.split(",")
+    unknown = [n for n in names if n not in FLEETS]
+    if unknown:
+        ap.error(f"--only: unknown fleet {', '.join(unknown)}; allowed: {', '.join(FLEETS)}")
+    if args.seeds < 1:
+        ap.error(f"--seeds: {args.seeds} must be at least 1")
     logging.getLogger("fnsysid").setLevel(logging.ERROR)
-    for name in args.only.split(","):
+    for name in names:
         print(f"== {name}")
         seeds = range(args.seeds) if name in TRUTH else range(1)
         counts, why = {}, {}
