@@ -586,3 +586,23 @@ def test_a_sparse_run_personalizes_on_its_support(tmp_path):
     assert ce.loc[~pruned, "se"].notna().all()
     assert res.summary["status"] == "ok" and res.summary["final_e_pers_mean_mean"] > 0
 
+
+
+def test_a_flower_client_computes_its_personalization_message_once_per_support():
+    """Under runtime=flower both exchanges after the last round (``personalize_stats``, then
+    ``personalize``) read the same message: the node computes it once per support."""
+    from types import SimpleNamespace
+
+    from fnsysid.runtimes import flower_personal as fp
+
+    model, d = _fleet(0.5, repeats=2, M=1)
+    node = SimpleNamespace(model=model, data=d)
+    first = fp._message(node, None)
+    assert fp._message(node, None)[2] is first[2]
+    support = np.ones((2, model.p), bool)
+    support[:, 0] = False
+    sparse = fp._message(node, support)
+    assert sparse[2] is not first[2]
+    np.testing.assert_array_equal(sparse[2].H[..., 0, :], 0.0)
+    assert fp._message(node, support)[2] is sparse[2]
+    assert fp._message(node, None)[2] is not sparse[2]

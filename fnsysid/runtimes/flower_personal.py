@@ -51,15 +51,9 @@ def client_reply(node, exchange: str, arrays: dict) -> dict:
     """A client's reply (arrays (S, 1, ...)) to one of :data:`EXCHANGES`, from its own data
     (``node.data``) and the server's message ``arrays``."""
     d = node.data
-    yy, blocks = target_stats(node.model, d)
     support = arrays.get("support")
-    if support is None:
-        sse = own_sse(node.model, d)
-        msg = pers.client_message(d.H, d.b, yy, d.n, blocks, sse)
-    else:                                   # group sparsity: the kept terms alone
-        support = np.asarray(support) > 0.5
-        sse = own_sse(node.model, d, support[:, None, :])
-        msg = support_message(node.model, d, support, sse)
+    support = None if support is None else np.asarray(support) > 0.5
+    blocks, sse, msg = _message(node, support)
     if exchange == "personalize_stats":
         return {"H": msg.H, "b": msg.b, "rss": msg.rss, "dof": msg.dof,
                 "own": msg.own.astype(float)}
@@ -80,6 +74,26 @@ def client_reply(node, exchange: str, arrays: dict) -> dict:
     return {"theta": theta, "se": se, "local": local, "local_se": local_se,
             "local_dof": per_parameter_dof(node.model, d, dof),
             "_e": node.errors(theta[:, 0])}
+
+
+def _message(node, support):
+    """The client's noise blocks, own residual sums and :class:`~fnsysid.learning.personalize.
+    Message` on ``support`` (None: every term), computed once per node and support: both
+    exchanges use them (kept on the node as ``_personal``)."""
+    key = None if support is None else support.tobytes()
+    kept = getattr(node, "_personal", None)
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    d = node.data
+    yy, blocks = target_stats(node.model, d)
+    if support is None:
+        sse = own_sse(node.model, d)
+        msg = pers.client_message(d.H, d.b, yy, d.n, blocks, sse)
+    else:                                   # group sparsity: the kept terms alone
+        sse = own_sse(node.model, d, support[:, None, :])
+        msg = support_message(node.model, d, support, sse)
+    node._personal = (key, (blocks, sse, msg))
+    return blocks, sse, msg
 
 
 def serve_personalize(ask, settings, strategy, model):
