@@ -12,6 +12,7 @@ import pytest
 import fnsysid
 from fnsysid.app.compare import main as compare
 from fnsysid.results.modelcheck import correlation_sums, pooling_note, verdict
+from tests.conftest import engine
 
 
 def ar_clients(C, n_tr=40, n_ho=60, a=0.8, sigma=0.5, seed=0):
@@ -152,6 +153,40 @@ def test_the_statistics_hold_their_variance_when_the_estimation_error_is_large()
             # the squared terms' own spread, scaled to the noise's and the linear share, and
             # the quadratic part's variance: never anti-conservative (1.2-2.5 without it)
             assert 0.6 < z[0, :, i].var() < 1.1, (name, z[0, :, i].var())
+
+
+def test_the_sums_on_a_targets_own_parameters_are_those_on_every_parameter():
+    """The check computes a target's sums on its own parameters (its gradients are 0 on the
+    others' and every sum is a quadratic form in them): padding the gradients with zero
+    columns and the pseudo-inverse with any other block (not block diagonal) changes no
+    number."""
+    rng = np.random.default_rng(5)
+    S, m, J, T, p, extra = 2, 6, 2, 25, 3, 4
+    G = rng.normal(size=(S, m, J, T, p))
+    X = rng.normal(size=(S, m, p + extra, 40))
+    Hfull = np.linalg.inv(X @ X.swapaxes(-1, -2))               # couples every parameter
+    Hown = Hfull[..., :p, :p]
+    E, Z = rng.normal(size=(S, m, J, T)), rng.normal(size=(S, m, J, T, 2))
+    w = np.ones((S, m, J, T))
+    w[0, 1, 1, 20:] = 0                                         # a shorter trajectory
+    s2, s2_tr, dof = rng.uniform(0.5, 2, (S, m)), rng.uniform(0.5, 2, (S, m)), np.full((S, m), 30)
+    Gpad = np.concatenate([G, np.zeros((S, m, J, T, extra))], axis=-1)
+    own = correlation_sums(E, w, G, G @ Hown[:, :, None], Hown, Z, s2, s2_tr, dof)
+    full = correlation_sums(E, w, Gpad, Gpad @ Hfull[:, :, None], Hfull, Z, s2, s2_tr, dof)
+    assert own[2] == full[2]
+    np.testing.assert_allclose(own[0], full[0], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(own[1], full[1], rtol=1e-10, atol=1e-12)
+    assert np.abs(own[1]).max() > 1                              # not all zeros
+
+
+def test_a_right_library_with_short_held_out_runs_is_not_called_overfit():
+    """390 training transitions for the 5 terms of each target (expected held-out ratio
+    1.01-1.03): a held-out run of 39 transitions puts some clients' ratio above 1.5 by its
+    noise alone (3-4 % of the client-targets), which is not too many terms; the check was
+    ``overfit`` here (40 of 200 clients named, "try fewer terms")."""
+    res = engine("system=synthetic", "M=200", "N=10", "T=40", "R=20", "repeats=2")
+    check = res.summary["model_check"]
+    assert check["verdict"] == "ok" and check["overfit"] == [] and check["ok"] is True
 
 
 @pytest.fixture(scope="module")
@@ -361,7 +396,19 @@ def test_the_server_counts_only_the_checked_clients(tmp_path, monkeypatch):
     assert not np.allclose(with_fourth["num"], first_three["num"])
 
 
-def test_the_clients_own_statistics_combine_to_the_fleet_check(tmp_path):
+@pytest.mark.parametrize("library, verdict, overfit, counted", [
+    # the synthetic system's data (x+ = A sin(x) + B u) with the generic system's dense
+    # linear library, which lacks sin: the clients see the missing term; two of them predict
+    # their held-out data 1.57 and 1.65 times worse than their training noise, where their
+    # estimation error is expected to add 5-7 %: not overfit, so all four free runs count
+    ((), "missing terms", 0, 4),
+    # a degree-3 library (56 terms a target) on the same data: three clients' fits are
+    # expected to predict their held-out data more than 1.5 times worse, and do; the server
+    # leaves their free runs out
+    (("feature_map=polynomial", "feature_map.degree=3"), "overfit", 3, 1),
+])
+def test_the_clients_own_statistics_combine_to_the_fleet_check(tmp_path, library, verdict,
+                                                                 overfit, counted):
     """What each client computes on its own data alone (a Flower client: its own held-out
     trajectories, unpadded, and its own random stream), stacked and combined as the server
     does, is the check the in-process run makes of the whole fleet, where the shorter client
@@ -372,11 +419,9 @@ def test_the_clients_own_statistics_combine_to_the_fleet_check(tmp_path):
     from tests.conftest import make, ragged_client_folder
 
     folder, _ = ragged_client_folder(tmp_path)
-    # the synthetic system's data (x+ = A sin(x) + B u) with the generic system's dense linear
-    # library, which lacks sin: two clients' own fits overfit (their free runs are still the
-    # server's to count), and the clients whose estimation error is small see the missing term
     settings, model, optimizer, _ = make("system=generic", "data=files", f"data.path={folder}",
-                                         "data.states=[x0,x1,x2]", "data.inputs=[u0,u1]")
+                                         "data.states=[x0,x1,x2]", "data.inputs=[u0,u1]",
+                                         *library)
     fleet = from_files(settings, model, optimizer)
     ho = fleet.heldout
     # the fleet's block pads robot1's held-out trajectory (7 samples shorter)
@@ -393,9 +438,9 @@ def test_the_clients_own_statistics_combine_to_the_fleet_check(tmp_path):
     stats = {k: np.concatenate([s[k] for s in own], axis=1) for k in own[0]}
     combined = mc.combine(model, stats)
     assert whole["tests"] > 0 and whole["clients_checked"] == 4
-    assert whole["verdict"] == "missing terms" and len(whole["overfit"]) == 2
-    assert stats["high"].sum() == 2 and (stats["tried"] == 1).all()   # every client rolled out
-    assert whole["free_run_clients"] == [2]                           # the server counts two
+    assert whole["verdict"] == verdict and len(whole["overfit"]) == overfit
+    assert stats["high"].sum() == overfit and (stats["tried"] == 1).all()   # all rolled out
+    assert whole["free_run_clients"] == [counted]                     # the server's count
     _same(combined, whole)
 
 
