@@ -606,3 +606,24 @@ def test_a_flower_client_computes_its_personalization_message_once_per_support()
     np.testing.assert_array_equal(sparse[2].H[..., 0, :], 0.0)
     assert fp._message(node, support)[2] is sparse[2]
     assert fp._message(node, None)[2] is not sparse[2]
+
+
+def test_group_sparsity_messages_carry_the_kept_terms_alone():
+    """Under runtime=flower a group-sparsity message holds each repeat's kept terms in their
+    order, padded to the most any repeat keeps; unpacked, the full-size arrays come back with
+    0 for the pruned terms."""
+    from fnsysid.results.personal import pack_kept, unpack_kept
+
+    rng = np.random.default_rng(2)
+    support = np.array([[1, 0, 1, 1, 0], [0, 1, 0, 0, 0], [0, 0, 0, 0, 0]], bool)
+    H = rng.normal(size=(3, 4, 5, 5)) * (support[:, None, :, None] & support[:, None, None, :])
+    b = rng.normal(size=(3, 4, 5)) * support[:, None, :]
+    Hk, bk = pack_kept(H, support, 2), pack_kept(b, support, 1)
+    assert Hk.shape == (3, 4, 3, 3) and bk.shape == (3, 4, 3)
+    np.testing.assert_array_equal(Hk[0], H[0][:, [0, 2, 3]][:, :, [0, 2, 3]])
+    np.testing.assert_array_equal(Hk[1, :, :1, :1], H[1][:, 1:2, 1:2])
+    assert (Hk[1, :, 1:] == 0).all() and (Hk[2] == 0).all() and (bk[1, :, 1:] == 0).all()
+    np.testing.assert_array_equal(unpack_kept(Hk, support, 2), H)
+    np.testing.assert_array_equal(unpack_kept(bk, support, 1), b)
+    mu = rng.normal(size=(3, 5)) * support                      # the fleet's (S, p)
+    np.testing.assert_array_equal(unpack_kept(pack_kept(mu, support, 1), support, 1), mu)

@@ -177,8 +177,8 @@ def plan_of(strategy, p: int, model=None, sparsity=None, personalize: str = "non
       g) and whether its data determine its own model (1), and receives the fleet's ``mu``
       (p), ``cov_mu``, ``Sigma``, ``Sigma_ci`` (p x p each), ``s2`` (g) and the parameter
       scale it was estimated in (p); with ``sparsity`` also the support (p) with the request
-      for its statistics and with the fleet (the statistics then hold the kept terms alone,
-      in the same arrays);
+      for its statistics and with the fleet, and the statistics and the fleet's arrays are
+      those of the kept terms alone (k, the most terms a repeat keeps, in place of p);
       ``personalize=finetune``: each client receives the final server model (p).
 
     Parameters
@@ -220,10 +220,14 @@ def plan_of(strategy, p: int, model=None, sparsity=None, personalize: str = "non
         from fnsysid.learning.personalize import noise_blocks
 
         g = int(noise_blocks(model.structure).g)
-        end = end + Payload((("H", (p, p)), ("b", (p,)), ("rss", (g,)), ("dof", (g,)),
+        # with sparsity the statistics and the fleet are those of the kept terms alone (the
+        # most kept in a repeat, k: the repeats share a message)
+        k = p if sparsity is None else int(np.asarray(sparsity.support, bool)
+                                           .sum(axis=-1).max(initial=0))
+        end = end + Payload((("H", (k, k)), ("b", (k,)), ("rss", (g,)), ("dof", (g,)),
                              ("own", (1,))),
-                            (("mu", (p,)), ("cov_mu", (p, p)), ("Sigma", (p, p)),
-                             ("s2", (g,)), ("Sigma_ci", (p, p)), ("scale", (p,))), 1, 1)
+                            (("mu", (k,)), ("cov_mu", (k, k)), ("Sigma", (k, k)),
+                             ("s2", (g,)), ("Sigma_ci", (k, k)), ("scale", (k,))), 1, 1)
         if sparsity is not None:        # the support with both requests (group sparsity)
             end = end + Payload((), (("support", (p,)),) * 2, 0, 1)
     elif personalize == "finetune":

@@ -200,6 +200,40 @@ def _kept(msg, rows, kept) -> pers.Message:
                         msg.rss[rows], msg.dof[rows], msg.own[rows])
 
 
+def pack_kept(x: np.ndarray, support, axes: int) -> np.ndarray:
+    """``x`` (S, ..., p) (``axes=1``) or (S, ..., p, p) (``axes=2``) on the kept terms of
+    each repeat's support (S, p) alone, in their order, padded with 0 to the largest number
+    kept (k): (S, ..., k) or (S, ..., k, k). What a message of group sparsity carries
+    instead of the full-size arrays, whose pruned terms are 0 (:func:`unpack_kept`)."""
+    support = np.asarray(support, bool)
+    k = int(support.sum(axis=1).max(initial=0))
+    out = np.zeros(x.shape[:x.ndim - axes] + (k,) * axes)
+    for s, row in enumerate(support):
+        idx = np.flatnonzero(row)
+        n = len(idx)
+        if axes == 1:
+            out[s, ..., :n] = x[s][..., idx]
+        else:
+            out[s, ..., :n, :n] = x[s][..., idx[:, None], idx]
+    return out
+
+
+def unpack_kept(x: np.ndarray, support, axes: int) -> np.ndarray:
+    """The full-size arrays (S, ..., p) or (S, ..., p, p) of :func:`pack_kept`'s ``x``: the
+    kept terms in their places, 0 for the pruned ones."""
+    support = np.asarray(support, bool)
+    p = support.shape[1]
+    out = np.zeros(x.shape[:x.ndim - axes] + (p,) * axes)
+    for s, row in enumerate(support):
+        idx = np.flatnonzero(row)
+        n = len(idx)
+        if axes == 1:
+            out[s][..., idx] = x[s, ..., :n]
+        else:
+            out[s][..., idx[:, None], idx] = x[s, ..., :n, :n]
+    return out
+
+
 def support_message(model, data, support, sse=None) -> pers.Message:
     """Each client's message for ``auto`` on a sparse model's support (S, p) (group
     sparsity): its statistics ``H``, ``b`` of the kept terms (0 for the others, so nothing

@@ -14,10 +14,11 @@ Each client computes its own model on its node from its own data
   ``personalize.K`` local steps on its own data.
 
 With ``sparsity``'s support (group sparsity), the server sends the support (S, p) with both
-requests; each client's statistics are those of the kept terms alone (0 for the others) with
-the residual sums of its own least squares on them, and the server's fleet is that of the
-kept terms (:func:`fnsysid.results.personal.support_message`, ``support_fleet``,
-``support_posterior``, which the in-process run uses too).
+requests; each client's statistics are those of the kept terms alone with the residual sums
+of its own least squares on them, and the server's fleet is that of the kept terms; both
+travel as arrays of the kept terms (:func:`fnsysid.results.personal.pack_kept`: k, the most
+terms a repeat keeps, in place of p); :func:`fnsysid.results.personal.support_message`,
+``support_fleet`` and ``support_posterior`` compute them, as in the in-process run.
 
 In the reply to ``personalize`` each client sends its model and standard errors, its own
 least squares with theirs, and the error of its model against its own truth (``_e``, NaN
@@ -34,6 +35,7 @@ from fnsysid.results.personal import (
     Personal,
     own_intervals,
     own_sse,
+    pack_kept,
     per_parameter_dof,
     reml_summary,
     reml_warning,
@@ -41,6 +43,7 @@ from fnsysid.results.personal import (
     support_message,
     support_posterior,
     target_stats,
+    unpack_kept,
 )
 
 #: the exchanges of this module (a ClientApp's ``train`` message config ``exchange``)
@@ -55,13 +58,15 @@ def client_reply(node, exchange: str, arrays: dict) -> dict:
     support = None if support is None else np.asarray(support) > 0.5
     blocks, sse, msg = _message(node, support)
     if exchange == "personalize_stats":
-        return {"H": msg.H, "b": msg.b, "rss": msg.rss, "dof": msg.dof,
-                "own": msg.own.astype(float)}
+        H, b = ((msg.H, msg.b) if support is None     # group sparsity: the kept terms alone
+                else (pack_kept(msg.H, support, 2), pack_kept(msg.b, support, 1)))
+        return {"H": H, "b": b, "rss": msg.rss, "dof": msg.dof, "own": msg.own.astype(float)}
     option = node.settings.personalize
     if option.name == "auto":
-        nan = np.full(len(arrays["mu"]), np.nan)
-        fl = pers.Fleet(arrays["mu"], arrays["cov_mu"], arrays["Sigma"], arrays["s2"],
-                        arrays["Sigma_ci"], nan, nan, scale=arrays["scale"])
+        got = arrays if support is None else _unpacked(arrays, support)
+        nan = np.full(len(got["mu"]), np.nan)
+        fl = pers.Fleet(got["mu"], got["cov_mu"], got["Sigma"], got["s2"],
+                        got["Sigma_ci"], nan, nan, scale=got["scale"])
         theta, se = (pers.client_posterior(msg, fl, blocks) if support is None
                      else support_posterior(msg, fl, blocks, support))
     else:
@@ -74,6 +79,17 @@ def client_reply(node, exchange: str, arrays: dict) -> dict:
     return {"theta": theta, "se": se, "local": local, "local_se": local_se,
             "local_dof": per_parameter_dof(node.model, d, dof),
             "_e": node.errors(theta[:, 0])}
+
+
+#: the fleet's arrays sent to the clients, by their parameter axes (group sparsity sends
+#: them on the kept terms alone, :func:`~fnsysid.results.personal.pack_kept`)
+FLEET_AXES = {"mu": 1, "cov_mu": 2, "Sigma": 2, "Sigma_ci": 2, "scale": 1}
+
+
+def _unpacked(arrays: dict, support) -> dict:
+    """The fleet's arrays of a group-sparsity message in full size (0 for pruned terms)."""
+    return {k: (unpack_kept(np.asarray(v), support, FLEET_AXES[k]) if k in FLEET_AXES else v)
+            for k, v in arrays.items()}
 
 
 def _message(node, support):
@@ -109,12 +125,18 @@ def serve_personalize(ask, settings, strategy, model):
         blocks = pers.noise_blocks(model.structure)       # as the clients grouped them
         if got["dof"].shape[-1] != blocks.g:              # data without per-target sums
             blocks = int(model.structure.shape[0])
-        msg = pers.Message(got["H"], got["b"], got["rss"], got["dof"], got["own"] > 0.5)
+        H, b = got["H"], got["b"]
+        if support is not None:                 # the kept terms alone, in full size again
+            H, b = unpack_kept(H, support, 2), unpack_kept(b, support, 1)
+        msg = pers.Message(H, b, got["rss"], got["dof"], got["own"] > 0.5)
         fl = (pers.fleet(msg, blocks) if support is None
               else support_fleet(msg, blocks, support))
-        out = ask("personalize", {"mu": fl.mu, "cov_mu": fl.cov_mu, "Sigma": fl.Sigma,
-                                  "s2": fl.s2, "Sigma_ci": fl.Sigma_ci, "scale": fl.scale,
-                                  **sent})
+        fleet = {"mu": fl.mu, "cov_mu": fl.cov_mu, "Sigma": fl.Sigma, "s2": fl.s2,
+                 "Sigma_ci": fl.Sigma_ci, "scale": fl.scale}
+        if support is not None:
+            fleet = {k: (pack_kept(v, support, FLEET_AXES[k]) if k in FLEET_AXES else v)
+                     for k, v in fleet.items()}
+        out = ask("personalize", {**fleet, **sent})
     else:
         out = ask("personalize", {"theta": strategy.server})
     reml = reml_summary(fl) if option == "auto" else None
