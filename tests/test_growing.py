@@ -46,6 +46,27 @@ def test_rule_compares_the_last_round_with_the_largest_start():
     assert growth(_errors([1.0, 0.001, 0.5])) is None
 
 
+def test_an_error_still_rising_at_a_steady_rate_above_its_start_is_growing():
+    # 1.32 -> 9.6 in 40 rounds, 1.05 times a round (FedAvg at lr 2.01 on a mass-spring
+    # fleet): below 10 times its start, but on its way up
+    nan = np.nan
+    up = list(1.32 * 1.05 ** np.arange(41))
+    g = growth(_errors([nan] * 41, nrmse=up))
+    assert g["rule"] == "rising" and g["rate"] == pytest.approx(1.05)
+    assert g["rounds"] == 9 and g["final"] == pytest.approx(up[-1])
+    assert g["ratio"] == pytest.approx(up[-1] / 1.32)
+    # settling at a level above the start (each rise smaller), rising too little in all,
+    # below max(1, start), or one round down at the end: not growing
+    assert growth(_errors(list(3 - 2.5 * 0.9 ** np.arange(41)))) is None
+    assert growth(_errors(list(1.5 * 1.002 ** np.arange(41)))) is None
+    assert growth(_errors(list(0.2 * 1.05 ** np.arange(30)))) is None       # ends at 0.82
+    assert growth(_errors(up[:-1] + [up[-2] * 0.99])) is None
+    # the repeat that rose most is named; the limit rule still comes first
+    g = growth(_errors([list(np.full(41, 2.0)), up], repeats=2))
+    assert g["repeat"] == 1 and g["rule"] == "rising"
+    assert growth(_errors([1.0, 0.5, 10.01]))["rule"] == "limit"
+
+
 def test_rule_reads_the_one_step_nrmse_without_a_ground_truth():
     nan = np.nan
     g = growth(_errors([nan, nan, nan], nrmse=[1.5, 1.0, 16.0]))
@@ -64,7 +85,8 @@ def test_run_at_the_edge_of_stability_is_growing_exit_3(tmp_path):
     assert summary["rounds_completed"] == 20 and len(errors) == 21       # every row kept
     assert final > GROWTH_FACTOR * errors["e_max"].iloc[0]
     assert summary["growth"] == {"metric": "e_max", "start": 1.0, "final": final,
-                                 "repeat": 0, "ratio": final, "factor": GROWTH_FACTOR}
+                                 "repeat": 0, "ratio": final, "factor": GROWTH_FACTOR,
+                                 "rule": "limit"}
     out = res.stdout + res.stderr
     warning = [ln for ln in out.splitlines() if "run growing" in ln]
     assert len(warning) == 1 and "[WARNING]" in warning[0] and f"{final:.4g}" in warning[0]

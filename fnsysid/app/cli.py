@@ -159,12 +159,9 @@ def run_task(cfg: DictConfig) -> float | None:
                  summary["final_nrmse_sim_mean"])
     _print_model(out)
     if summary["status"] == "growing":
-        g = summary["growth"]
-        log.warning("run growing: %s %.4g at round %s (repeat %s) is %.3g times max(1, its start "
-                    "%.4g), above the limit of %g times: not a converged result (status: "
-                    "growing); try a smaller lr than %g", g["metric"], g["final"],
-                    summary["rounds_completed"], g["repeat"], g["ratio"], g["start"],
-                    g["factor"], cfg.lr)
+        from fnsysid.results.history import growth_line
+
+        log.warning(growth_line(summary["growth"], summary["rounds_completed"], cfg.lr))
         if hc.mode == RunMode.RUN:
             sys.exit(3)
         return None

@@ -42,7 +42,9 @@ def write_outputs(out, cfg, result) -> None:
     title = run_title(cfg, result.model, result.dataset.settings) if plot else None
     if plot and status == "growing":
         g = result.summary["growth"]
-        title += f"\nstatus: growing (final {g['metric']} = {g['ratio']:.3g} x max(1, start))"
+        title += (f"\nstatus: growing (final {g['metric']} = {g['ratio']:.3g} x max(1, start)"
+                  + (f", rising {g['rate']:.3g} x a round)" if g.get("rule") == "rising"
+                     else ")"))
     with together():
         write_run(out, cfg.resolved, result.tables, None, title)
         if cfg.output.trajectories:

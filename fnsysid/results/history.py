@@ -14,6 +14,11 @@ DIVERGENCE_FACTOR = 1e3
 #: a finished run is growing when some repeat's last error exceeds this many times the largest
 #: start error (at least 1)
 GROWTH_FACTOR = 10.0
+#: a finished run is growing, too, when some repeat's error above max(1, its start) has
+#: risen at every one of its last rounds (a share RISING_SHARE of them, at least RISING_MIN)
+#: by RISING_FACTOR or more in all, and not more slowly in the later half of them than in the
+#: earlier: an error on its way up at a steady rate, not one settling at a level
+RISING_SHARE, RISING_MIN, RISING_FACTOR = 0.2, 6, 1.2
 #: columns of errors.csv after repeat and round
 COLUMNS = ("e_max", "e_mean", "nrmse_1step_max", "nrmse_1step_mean", "nrmse_sim_max",
            "nrmse_sim_mean")
@@ -53,15 +58,42 @@ def fleet_errors(e: np.ndarray, norm: np.ndarray) -> np.ndarray:
     return (np.asarray(e, float) * (norm / norm.max(axis=-1, keepdims=True))).max(axis=-1)
 
 
+def rising(e: np.ndarray) -> float | None:
+    """The steady growth factor per round of the errors ``e`` of one repeat's rounds (in
+    order; NaN rounds left out) over their last rounds (:data:`RISING_SHARE`, at least
+    :data:`RISING_MIN`), or None when they do not rise at every one of them, by
+    :data:`RISING_FACTOR` in all, with their later half's rise per round at least 0.9 times
+    their earlier half's (an error settling at a level rises ever more slowly).
+
+    >>> round(rising(1.05 ** np.arange(40)), 3)
+    1.05
+    >>> rising(2 - 0.9 ** np.arange(40)) is None      # settling at 2
+    True
+    """
+    e = np.asarray(e, float)
+    e = e[np.isfinite(e)]
+    w = max(RISING_MIN, int(np.ceil(RISING_SHARE * len(e))))
+    if len(e) < w + 1 or not (e[-w - 1:] > 0).all():
+        return None
+    d = np.diff(np.log(e[-w - 1:]))                       # w rises
+    half = w // 2
+    if (not (d > 0).all() or e[-1] < RISING_FACTOR * e[-w - 1]
+            or d[-half:].mean() < 0.9 * d[:half].mean()):
+        return None
+    return float(np.exp(d.mean()))
+
+
 def growth(errors, fleet: dict | None = None) -> dict | None:
     """Whether a run's ``errors`` table (``errors.csv``: a :class:`~fnsysid.results.tables.Table`
     or DataFrame) shows an error that grew: some repeat's error at the last round above
-    ``GROWTH_FACTOR * max(1, start)``, ``start`` the largest error at round 0.
+    ``GROWTH_FACTOR * max(1, start)``, ``start`` the largest error at round 0, or above
+    ``max(1, start)`` and still rising at a steady rate (:func:`rising`).
 
     The error is ``e_max`` when the run has a ground truth, else the held-out one-step NRMSE
     ``nrmse_1step_max`` (the metric the divergence rule reads). Returns None when no repeat
     grew (or the run has neither), else ``{"metric", "start", "final", "repeat", "ratio",
-    "factor"}`` of the repeat that grew most.
+    "factor", "rule"}`` of the repeat that grew most: ``rule`` ``limit`` (above the factor)
+    or ``rising`` (with ``rate``, its growth per round, and ``rounds``, the rounds read).
 
     ``fleet``: ``{"start": (S,), "final": (S,)}``, the parameter errors of round 0 and of the
     last round on the scale of the fleet's largest truth (:func:`fleet_errors`, a
@@ -80,17 +112,55 @@ def growth(errors, fleet: dict | None = None) -> dict | None:
         if metric == "e_max" and fleet is not None:        # judged on the fleet's scale
             f_first = np.asarray(fleet["start"], float)
             f_last = np.where(np.isnan(last), np.nan, np.asarray(fleet["final"], float))
-            if np.nanmax(f_last) <= GROWTH_FACTOR * max(1.0, float(np.nanmax(f_first))):
-                return None
         start = float(np.nanmax(first))
         worst = int(np.nanargmax(last))
         limit = max(1.0, start)
-        if last[worst] <= GROWTH_FACTOR * limit:
-            return None
-        return {"metric": metric, "start": start, "final": float(last[worst]),
-                "repeat": int(repeats[rounds == rounds.max()][worst]),
-                "ratio": float(last[worst] / limit), "factor": GROWTH_FACTOR}
+        if last[worst] > GROWTH_FACTOR * limit and (
+                metric != "e_max" or fleet is None or np.nanmax(f_last) > GROWTH_FACTOR
+                * max(1.0, float(np.nanmax(f_first)))):
+            return {"metric": metric, "start": start, "final": float(last[worst]),
+                    "repeat": int(repeats[rounds == rounds.max()][worst]),
+                    "ratio": float(last[worst] / limit), "factor": GROWTH_FACTOR,
+                    "rule": "limit"}
+        return _still_rising(metric, e, rounds, repeats, start, fleet)
     return None
+
+
+def growth_line(g: dict, rounds: int, lr) -> str:
+    """The log line of a ``growing`` run from :func:`growth`'s ``g``."""
+    head = (f"run growing: {g['metric']} {g['final']:.4g} at round {rounds} (repeat "
+            f"{g['repeat']}) is {g['ratio']:.3g} times max(1, its start {g['start']:.4g})")
+    why = (f", above the limit of {g['factor']:g} times" if g.get("rule", "limit") == "limit"
+           else f", and has risen at every one of the last {g['rounds']} rounds, "
+           f"{g['rate']:.3g} times a round")
+    return (f"{head}{why}: not a converged result (status: growing); try a smaller lr than "
+            f"{lr:g}")
+
+
+def _still_rising(metric, e, rounds, repeats, start, fleet) -> dict | None:
+    """:func:`growth`'s second rule: the repeat whose error ``e`` (the rows of ``errors``) is
+    above ``max(1, start)`` at its last round and :func:`rising` over its last rounds (the
+    fleet's scale, as the first rule, where ``fleet`` gives it)."""
+    limit = max(1.0, start)
+    found = None
+    for s in np.unique(repeats):
+        rows = repeats == s
+        order = np.argsort(rounds[rows])
+        es = e[rows][order]
+        final = es[np.isfinite(es)][-1] if np.isfinite(es).any() else np.nan
+        above = final > limit
+        if metric == "e_max" and fleet is not None:      # the fleet's scale, as above
+            f_first = np.asarray(fleet["start"], float)
+            above = float(np.asarray(fleet["final"], float)[int(s)]) > max(
+                1.0, float(np.nanmax(f_first)))
+        rate = rising(es) if above else None
+        if rate is not None and (found is None or final / limit > found["ratio"]):
+            found = {"metric": metric, "start": start, "final": float(final),
+                     "repeat": int(s), "ratio": float(final / limit),
+                     "factor": GROWTH_FACTOR, "rule": "rising", "rate": rate,
+                     "rounds": max(RISING_MIN, int(np.ceil(RISING_SHARE * np.isfinite(
+                         es).sum())))}
+    return found
 
 
 class Repeats:
