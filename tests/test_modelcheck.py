@@ -508,28 +508,67 @@ def test_noise_on_the_measured_states_is_named_not_taken_for_a_missing_term(tmp_
 def test_a_model_whose_free_run_is_worse_than_the_mean_is_said_to_be_poor():
     """A run whose rounds converged (status ok) but whose model, run freely on the held-out
     trajectories, predicts worse than each state's held-out mean gets a warning naming the
-    NRMSE; fnsysid show marks its scores."""
+    NRMSE; fnsysid show marks its scores. Where the held-out runs are too short for the
+    model check, the line is information that says so, not a warning."""
     from fnsysid.results.equations import _run_lines
-    from fnsysid.results.modelcheck import free_run_warning
+    from fnsysid.results.modelcheck import SHORT, free_run_warning
 
     poor = {"status": "ok", "final_nrmse_sim_mean": 1.828, "final_nrmse_sim_max": 2.107}
     assert free_run_warning(poor) == (
         "the identified model runs freely on the held-out trajectories with NRMSE 1.83 (mean "
         "over clients; max 2.11), worse than each state's held-out mean (NRMSE 1): it does not "
         "describe the dynamics, though the rounds converged (status ok); see the model check "
-        "and fnsysid compare (another library, or sparsity)")
+        "and fnsysid compare (another library, or sparsity)", True)
+    short = {**poor, "model_check": {"verdict": None, "reason": SHORT}}
+    line, warn = free_run_warning(short)
+    assert not warn and "it does not describe" not in line
+    assert line.endswith("(NRMSE 1); on held-out trajectories too short for the model check "
+                         "(it needs 20 held-out transitions a client) a right model's noise "
+                         "can put its free run there, so this does not say the model is "
+                         "poor: hold out longer trajectories (T, data.val_N) to judge it")
+    # a check that finds the class right and whose noisy runs of the own fits score as much
+    # (a free run the noise leads): information; a check that finds it wrong: warned
+    led = {**poor, "model_check": {"verdict": "ok", "nrmse_sim_noisy_mean": [1.9, 1.8]}}
+    line, warn = free_run_warning(led)
+    assert not warn and line.endswith("(NRMSE 1), as noisy runs of the clients' own fits do "
+                                      "(NRMSE 1.85 on average, summary.json: model_check."
+                                      "nrmse_sim_noisy_mean): the noise leads the free run, "
+                                      "not a poor model")
+    assert free_run_warning({**led, "model_check": {"verdict": "ok",
+                                                    "nrmse_sim_noisy_mean": [1.2]}})[1]
+    assert free_run_warning({**led, "model_check": {"verdict": "missing terms",
+                                                    "nrmse_sim_noisy_mean": [1.9]}})[1]
+    # a check that judged nothing for another reason (beyond the training range): warned
+    far = {**poor, "model_check": {"verdict": None, "reason": "no client has 20 held-out "
+                                   "transitions within the range of its training data"}}
+    assert free_run_warning(far)[1] is True
     assert free_run_warning({**poor, "final_nrmse_sim_mean": 0.9}) is None
     # just above the limit: shown with the digits that make it so, not as "NRMSE 1"
     assert "with NRMSE 1.0004 (mean" in free_run_warning({**poor, "final_nrmse_sim_mean":
-                                                            1.000412})
+                                                            1.000412})[0]
     assert free_run_warning({**poor, "final_nrmse_sim_mean": None}) is None
     assert free_run_warning({**poor, "status": "diverged"}) is None     # said otherwise
     from pathlib import Path
 
     lines = _run_lines(Path("/nonexistent"), poor, True)
     assert lines[1].endswith("(free run worse than the held-out mean: NRMSE above 1)")
+    lines = _run_lines(Path("/nonexistent"), short, True)
+    assert lines[1].endswith("(free run worse than the held-out mean: NRMSE above 1; "
+                             "held-out runs too short to tell a poor model)")
     lines = _run_lines(Path("/nonexistent"), {**poor, "final_nrmse_sim_mean": 0.5}, True)
     assert "worse than the held-out mean" not in lines[1]
+
+
+def test_a_right_model_on_short_held_out_runs_is_not_warned_of(caplog):
+    """The default synthetic run (T = 5) of seed 3 runs freely at NRMSE 1.007 with the
+    system's own library: the line is information, not a warning."""
+    caplog.set_level("INFO", logger="fnsysid")
+    res = engine("system=synthetic", "seed=3")
+    assert res.summary["final_nrmse_sim_mean"] > 1
+    assert res.summary["model_check"]["verdict"] is None
+    said = [r for r in caplog.records if "runs freely" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "INFO"
+    assert "too short for the model check" in said[0].getMessage()
 
 
 def spring_fleet(path, held_out_scale=1.0, copy_training=False, seed=0, cubic=0.0):
@@ -688,3 +727,41 @@ def test_an_overfit_line_says_how_many_clients_the_correlation_tests_pooled():
     assert pooling_note({**base, "pooled_clients": [3, 3]}) is None   # overfit: its own line
     # clients left out for another reason (beyond their training range) are not counted
     assert verdict({**base, "poolable_clients": [7, 3], "pooled_clients": [7, 3]}) == line0
+
+
+def tank_fleet(path, seed, M=20, runs=5, T=200, noise=0.1, leak=0.02):
+    """First-order tanks ``x+ = (1 - leak) x + leak u + noise w`` (a slow pole, the free run
+    led by the noise), the last of each client's runs held out."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    x = np.empty((M, runs, T + 1))
+    x[..., 0] = rng.normal(size=(M, runs))
+    u = rng.normal(size=(M, runs, T + 1))
+    w = rng.normal(size=(M, runs, T))
+    for t in range(T):
+        x[..., t + 1] = (1 - leak) * x[..., t] + leak * u[..., t] + noise * w[..., t]
+    c, j, t = np.meshgrid(np.arange(M), np.arange(runs), np.arange(T + 1), indexing="ij")
+    file = path / "tank.csv"
+    pd.DataFrame({"client": [f"c{i}" for i in c.ravel()], "trajectory": j.ravel(),
+                  "t": t.ravel(), "split": np.where(j.ravel() == runs - 1, "val", "train"),
+                  "x1": x.ravel(), "u": u.ravel()}).to_csv(file, index=False)
+    return file
+
+
+def test_a_median_free_run_just_above_1_does_not_fail_a_right_library(tmp_path):
+    """A slow first-order fleet whose free runs the noise leads: the clients' own fits of the
+    right (affine) library run freely at a median NRMSE of 1.0217 against 1.0215 of noisy
+    runs of themselves, and 11 of 20 clients are worse than the median of their own noisy
+    runs (half expected): ok. The rule before (the medians alone) said "free run fails" on
+    7 of seeds 0-11 of this fleet, the sign test on 2."""
+    file = tank_fleet(tmp_path, seed=7)
+    res = engine("system=generic", "data=files", f"data.path={file}", "data.states=[x1]",
+                 "data.inputs=[u]", "feature_map=affine", "strategy=centralized_exact")
+    check = res.summary["model_check"]
+    assert check["nrmse_sim_median"][0] > check["nrmse_sim_noisy_median"][0] > 1
+    assert check["free_run_above_median"] == [11] and check["free_run_ok"] is True
+    assert check["verdict"] == "ok"
+    # the run's model too runs freely above NRMSE 1 (1.208), and noisy runs of the own fits
+    # at 1.198: still a warning (the comparison has no allowance for its spread)
+    assert res.summary["final_nrmse_sim_mean"] > check["nrmse_sim_noisy_mean"][0] > 1

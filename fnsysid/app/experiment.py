@@ -506,9 +506,9 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
         summary.pop("growth", None)          # judged on the rows of a run that did not end
         summary["status"] = "interrupted"
         summary["interrupted_by"] = signal.Signals(signum).name
-    line = free_run_warning(summary)       # after every status (it names it: ok)
-    if line:
-        log.warning(line)
+    said = free_run_warning(summary)       # after every status (it names it: ok)
+    if said:
+        (log.warning if said[1] else log.info)(said[0])
     return Result(tables, summary, model, strategy.estimate(), dataset, diverged, settings,
                   None if per is None else per.models, None if per is None else per.se)
 

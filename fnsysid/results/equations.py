@@ -239,7 +239,12 @@ def _run_lines(folder: Path, summary: dict, full: bool) -> list[str]:
 
     sim = restored(summary, "final_nrmse_sim_mean")     # inf (a rollout blew up): written null
     if isinstance(sim, (int, float)) and sim > CONSTANT:
-        lines[-1] += f" (free run worse than the held-out mean: NRMSE above {CONSTANT:g})"
+        from fnsysid.results.modelcheck import free_run_warning
+
+        said = free_run_warning({**summary, "status": "ok"})
+        lines[-1] += (f" (free run worse than the held-out mean: NRMSE above {CONSTANT:g}"
+                      + ("" if said is None or said[1] else
+                         "; held-out runs too short to tell a poor model") + ")")
     check = _check_line(summary.get("model_check"))
     if check:
         lines.append(check)

@@ -47,8 +47,9 @@ statistics of the tests and the verdict), so that differences between clients
   below :data:`EXACT` is round-off and exceeds nothing); the fleet fails when
   the number of such clients is improbable under that binomial law (level :data:`LEVEL`),
   or when the median free run is worse than the best constant predictor (NRMSE
-  :data:`CONSTANT`) while the noisy runs' median is not. At most :data:`CHECK_CLIENTS`
-  clients are checked.
+  :data:`CONSTANT`) and more clients run worse than the median of their own noisy runs
+  than the binomial law of 1/2 allows (a sign test, level :data:`LEVEL`). At most
+  :data:`CHECK_CLIENTS` clients are checked.
 
 Held-out transitions beyond the range of a client's training data (a feature above
 :data:`RANGE` times the largest magnitude it takes in training, :func:`sample_reach`) are
@@ -96,7 +97,8 @@ EXCESS_SHARE = 0.1
 #: noisy free runs of each own fit (the Monte Carlo test's level per client: 1 / 20)
 REPLICATES = 19
 #: free-run NRMSE of the best constant predictor (the held-out mean of each state): a
-#: median free run above it that noisy runs of the fit itself do not reach fails
+#: median free run above it fails where more clients than chance allows run worse than the
+#: median of their own noisy runs
 CONSTANT = 1.0
 #: most clients checked (the first ones with enough held-out data; the pooled tests have
 #: ample power with them, and the check's cost stays that of a few thousand clients)
@@ -322,7 +324,7 @@ def empty_statistics(model, S: int, M: int) -> dict[str, np.ndarray]:
             "n_pool": np.zeros((S, M, n_y)), "client_z": np.zeros((S, M)),
             "high": np.zeros((S, M)), "cond": nan.copy(), "reach": nan.copy(),
             "n_in": np.zeros((S, M)), "unresolved": np.zeros((S, M, n_y)),
-            "sim": nan.copy(), "ref": nan.copy(),
+            "sim": nan.copy(), "ref": nan.copy(), "ref_mean": nan.copy(),
             "exceed": np.zeros((S, M)), "tried": np.zeros((S, M))}
 
 
@@ -577,7 +579,7 @@ def empty_statistics_like(st: dict) -> dict:
     out = {}
     for k, v in st.items():
         fill = np.nan if k in ("one", "ratio", "p_excess", "mu_top", "expected", "cond",
-                               "reach", "sim", "ref") \
+                               "reach", "sim", "ref", "ref_mean") \
             else 0.0
         out[k] = np.full((v.shape[0], 1) + v.shape[2:], fill)
     return out
@@ -621,9 +623,13 @@ def _checked_fits(model, data, support, chosen: np.ndarray):
     return (PseudoInverses(data, support), *out)
 
 
+#: why a check judged nothing where the held-out trajectories are all too short
+SHORT = f"no client has {MIN_SAMPLES} held-out transitions"
+
+
 def _nothing() -> dict:
     return {"ok": None, "verdict": None, "white": None, "test": "billings-voon",
-            "tests": 0, "reason": f"no client has {MIN_SAMPLES} held-out transitions"}
+            "tests": 0, "reason": SHORT}
 
 
 def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
@@ -699,9 +705,20 @@ def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
                             for s in range(S)])
         ref_med = np.array([np.median(ref[s][tried[s]]) if tried[s].any() else np.nan
                             for s in range(S)])
+        # the mean NRMSE of one noisy run of the own fits (the mean over the clients of each
+        # one's mean over its replicates): what the run's own model's mean free run is
+        # compared with (:func:`free_run_warning`)
+        ref_mean = np.array([np.mean(st["ref_mean"][s][tried[s]]) if tried[s].any()
+                             else np.nan for s in range(S)])
     # worse than the held-out mean (NRMSE 1, the best constant predictor) by more than noisy
     # runs of the fit itself are: the free run does not describe the dynamics
-    worse = (sim_med > CONSTANT) & ~(sim_med <= ref_med)
+    # the median free run above it where more clients run worse than the median of their
+    # own noisy runs than chance allows: under the right class each does so with
+    # probability 1/2 (its run and the 19 replicates are exchangeable; a sign test), so a
+    # median over a few clients above 1 by its own spread does not fail a right class
+    k_up = ((st["sim"] > st["ref"]) & tried).sum(axis=1)
+    p_up = np.where(k_up > 0, bdtrc(np.maximum(k_up - 1, 0), np.maximum(n_mc, 1), 0.5), 1.0)
+    worse = (sim_med > CONSTANT) & (p_up * S < level)
     free_ok = bool(np.all(p_free * S >= level) and not worse.any())
     missing = white is False or bool(unexplained.any())
     p_excess = st["p_excess"]
@@ -752,9 +769,12 @@ def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
             "free_run_replicates": REPLICATES,
             "free_run_exceed": [int(v) for v in k_ex], "free_run_clients": [int(v) for v in n_mc],
             "free_run_p": [_num(v) for v in p_free], "free_run_limit": CONSTANT,
+            "free_run_above_median": [int(v) for v in k_up],
+            "free_run_above_median_p": [_num(v) for v in p_up],
             "nrmse_sim_max": [_num(v) for v in over_clients(sim, use)[0]],
             "nrmse_sim_median": [_num(v) for v in sim_med],
             "nrmse_sim_noisy_median": [_num(v) for v in ref_med],
+            "nrmse_sim_noisy_mean": [_num(v) for v in ref_mean],
             "nrmse_1step_max": [_num(v) for v in over_clients(st["one"],
                                                               valid & chosen)[0]],
             "clients_checked": int(chosen.sum()),
@@ -803,7 +823,8 @@ def free_run_statistics(model, heldout, fits, use, keys, seed: int = 0) -> dict:
     Hplus, theta, s2, _ = fits
     S, M = heldout.n.shape
     nan = np.full((S, M), np.nan)
-    out = {"sim": nan.copy(), "ref": nan.copy(), "exceed": np.zeros((S, M)),
+    out = {"sim": nan.copy(), "ref": nan.copy(), "ref_mean": nan.copy(),
+           "exceed": np.zeros((S, M)),
            "tried": np.zeros((S, M))}
     if not use.any():
         return out
@@ -872,6 +893,7 @@ def free_run_statistics(model, heldout, fits, use, keys, seed: int = 0) -> dict:
                 o = np.where(np.isfinite(o), o, np.inf)
                 rep = np.where(np.isfinite(rep), rep, np.inf)
                 out["ref"][:, c] = np.median(rep, axis=0)
+                out["ref_mean"][:, c] = rep.mean(axis=0)
                 # a free run within EXACT of the states' spread is round-off: it exceeds
                 # nothing (replicates of an exact fit, s2 ~ 1e-30, vary less than it)
                 out["exceed"][:, c] = (o > rep.max(axis=0)) & (o > EXACT)
@@ -919,12 +941,20 @@ def _fmt(v, spec: str) -> str:
     return "n/a" if v is None or v != v else format(v, spec)
 
 
-def free_run_warning(summary: dict) -> str | None:
+def free_run_warning(summary: dict) -> tuple[str, bool] | None:
     """The log line when the run's own model, run freely from each held-out trajectory's
     first state, predicts worse than each state's held-out mean (``final_nrmse_sim_mean``,
-    the mean over clients, above :data:`CONSTANT`), else None. The status is about the
-    rounds (they converged), so it stays; this line and ``fnsysid show`` say the model is
-    poor."""
+    the mean over clients, above :data:`CONSTANT`), and whether it is a warning; else None.
+    The status is about the rounds (they converged), so it stays; this line and ``fnsysid
+    show`` say the model is poor. Where the held-out trajectories are too short for the model
+    check (``model_check.verdict`` null: no client has :data:`MIN_SAMPLES` held-out
+    transitions), the line is information, not a warning: a short trajectory's NRMSE, scaled
+    by its own spread, is near 1 for a right model whose noise moves its free run off (the
+    true parameters of ``system=synthetic``, T = 5: 0.99 on average over 4000 clients).
+    Nor is it a warning where the model check finds the class right (``ok`` or ``overfit``)
+    and noisy runs of the clients' own fits score at least the run model's mean NRMSE
+    (``nrmse_sim_noisy_mean``): a system whose free run the noise leads (a slow pole) is
+    there with any right model."""
     if summary.get("status") != "ok":
         return None
     mean, top = summary.get("final_nrmse_sim_mean"), summary.get("final_nrmse_sim_max")
@@ -932,11 +962,24 @@ def free_run_warning(summary: dict) -> str | None:
         return None
     shown = next(f"{mean:.{d}g}" for d in range(3, 18)         # visibly above the limit
                  if d == 17 or float(f"{mean:.{d}g}") > CONSTANT)
-    return (f"the identified model runs freely on the held-out trajectories with NRMSE "
+    head = (f"the identified model runs freely on the held-out trajectories with NRMSE "
             f"{shown} (mean over clients; max {_fmt(top, '.3g')}), worse than each "
-            f"state's held-out mean (NRMSE {CONSTANT:g}): it does not describe the dynamics, "
-            "though the rounds converged (status ok); see the model check and fnsysid "
-            "compare (another library, or sparsity)")
+            f"state's held-out mean (NRMSE {CONSTANT:g})")
+    check = summary.get("model_check")
+    if check is not None and check.get("verdict") is None and check.get("reason") in (
+            None, SHORT):
+        return (f"{head}; on held-out trajectories too short for the model check (it needs "
+                f"{MIN_SAMPLES} held-out transitions a client) a right model's noise can put "
+                "its free run there, so this does not say the model is poor: hold out longer "
+                "trajectories (T, data.val_N) to judge it"), False
+    noisy = [v for v in (check or {}).get("nrmse_sim_noisy_mean") or [] if v is not None]
+    if check is not None and check.get("verdict") in ("ok", "overfit") and noisy \
+            and mean <= float(np.mean(noisy)):
+        return (f"{head}, as noisy runs of the clients' own fits do (NRMSE "
+                f"{float(np.mean(noisy)):.3g} on average, summary.json: model_check."
+                "nrmse_sim_noisy_mean): the noise leads the free run, not a poor model"), False
+    return (f"{head}: it does not describe the dynamics, though the rounds converged (status "
+            "ok); see the model check and fnsysid compare (another library, or sparsity)"), True
 
 
 def noise_note(check: dict | None) -> str | None:
@@ -1043,7 +1086,10 @@ def verdict(check: dict | None, personalized: bool = False) -> str | None:
                    f"{check['free_run_replicates']} noisy runs, 1 in "
                    f"{check['free_run_replicates'] + 1} expected; median free-run NRMSE "
                    f"{_fmt(check['nrmse_sim_median'][s], '.3g')} against "
-                   f"{_fmt(check['nrmse_sim_noisy_median'][s], '.3g')} of the noisy runs)")
+                   f"{_fmt(check['nrmse_sim_noisy_median'][s], '.3g')} of the noisy runs"
+                   + (f", {check['free_run_above_median'][s]} of {n[s]} above their noisy "
+                      "runs' median, half expected)" if check.get("free_run_above_median")
+                      else ")"))
     if check["white"] is False:
         w = check["worst"]
         why.append(f"the residuals are correlated with the past ({check['rejected']} of "
