@@ -132,6 +132,13 @@ def test_pooled_intervals_say_when_the_clients_differ(caplog):
         "the intervals of estimates.csv (pooled least squares) treat the clients as one "
         "system, but their own fits differ by more than their noise (Cochran's Q, p = ")
     assert "in 5 of 5 repeats" in said[0]
+    assert "cover the pooled value, the clients' truths weighted by their data" in said[0]
+    # an average of the clients' own fits covers the same average of their truths
+    caplog.clear()
+    run([*base, "eps=1", "strategy=oneshot"])
+    said = [r.getMessage() for r in caplog.records if "treat the clients" in r.getMessage()]
+    assert len(said) == 1 and "the intervals cover the same average of the clients' " \
+        "truths, not any one client's" in said[0]
     # an iterate has no intervals: nothing to test
     assert "clients_differ" not in run([*base, "eps=1", "strategy=fedavg"]).summary["ci"]
 

@@ -438,11 +438,16 @@ def differ_line(differ: dict | None, note: str) -> str | None:
     low = min(differ["pvalue"][s] for s in reps)
     where = "" if len(differ["rejected"]) == 1 else \
         f" in {len(reps)} of {len(differ['rejected'])} repeats"
+    # an average of the clients' own fits errs from the same average of their truths by
+    # their noise alone; pooled least squares weights each client's truth by its Gram matrix
+    covered = ("the same average of the clients' truths, not any one client's"
+               if note.startswith("average of the clients'") else
+               "the pooled value, the clients' truths weighted by their data (their Gram "
+               "matrices), which is neither their plain mean nor any one client's")
     return (f"the intervals of estimates.csv ({note}) treat the clients as one system, but "
             f"their own fits differ by more than their noise (Cochran's Q, p = {low:.2g}"
-            f"{where}): the intervals cover the pooled value, not the clients' mean truth or "
-            "any one client's (personalize=auto models the spread and gives each client an "
-            "interval)")
+            f"{where}): the intervals cover {covered} (personalize=auto models the spread "
+            "and gives each client an interval)")
 
 
 def server_intervals(strategy, data, model) -> tuple[np.ndarray | None, str, np.ndarray | None]:
