@@ -58,6 +58,11 @@ def fleet_errors(e: np.ndarray, norm: np.ndarray) -> np.ndarray:
     return (np.asarray(e, float) * (norm / norm.max(axis=-1, keepdims=True))).max(axis=-1)
 
 
+def rising_window(rounds: int) -> int:
+    """The last rounds :func:`rising` reads of ``rounds`` recorded ones."""
+    return max(RISING_MIN, int(np.ceil(RISING_SHARE * rounds)))
+
+
 def rising(e: np.ndarray) -> float | None:
     """The steady growth factor per round of the errors ``e`` of one repeat's rounds (in
     order; NaN rounds left out) over their last rounds (:data:`RISING_SHARE`, at least
@@ -72,7 +77,7 @@ def rising(e: np.ndarray) -> float | None:
     """
     e = np.asarray(e, float)
     e = e[np.isfinite(e)]
-    w = max(RISING_MIN, int(np.ceil(RISING_SHARE * len(e))))
+    w = rising_window(len(e))
     if len(e) < w + 1 or not (e[-w - 1:] > 0).all():
         return None
     d = np.diff(np.log(e[-w - 1:]))                       # w rises
@@ -142,24 +147,23 @@ def _still_rising(metric, e, rounds, repeats, start, fleet) -> dict | None:
     above ``max(1, start)`` at its last round and :func:`rising` over its last rounds (the
     fleet's scale, as the first rule, where ``fleet`` gives it)."""
     limit = max(1.0, start)
+    scaled = metric == "e_max" and fleet is not None      # the fleet's scale, as above
+    if scaled:
+        f_final = np.asarray(fleet["final"], float)
+        f_limit = max(1.0, float(np.nanmax(np.asarray(fleet["start"], float))))
     found = None
     for s in np.unique(repeats):
         rows = repeats == s
         order = np.argsort(rounds[rows])
         es = e[rows][order]
         final = es[np.isfinite(es)][-1] if np.isfinite(es).any() else np.nan
-        above = final > limit
-        if metric == "e_max" and fleet is not None:      # the fleet's scale, as above
-            f_first = np.asarray(fleet["start"], float)
-            above = float(np.asarray(fleet["final"], float)[int(s)]) > max(
-                1.0, float(np.nanmax(f_first)))
+        above = f_final[int(s)] > f_limit if scaled else final > limit
         rate = rising(es) if above else None
         if rate is not None and (found is None or final / limit > found["ratio"]):
             found = {"metric": metric, "start": start, "final": float(final),
                      "repeat": int(s), "ratio": float(final / limit),
                      "factor": GROWTH_FACTOR, "rule": "rising", "rate": rate,
-                     "rounds": max(RISING_MIN, int(np.ceil(RISING_SHARE * np.isfinite(
-                         es).sum())))}
+                     "rounds": rising_window(int(np.isfinite(es).sum()))}
     return found
 
 
