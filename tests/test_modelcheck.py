@@ -510,6 +510,8 @@ def test_a_model_whose_free_run_is_worse_than_the_mean_is_said_to_be_poor():
     trajectories, predicts worse than each state's held-out mean gets a warning naming the
     NRMSE; fnsysid show marks its scores. Where the held-out runs are too short for the
     model check, the line is information that says so, not a warning."""
+    from pathlib import Path
+
     from fnsysid.results.equations import _run_lines
     from fnsysid.results.modelcheck import SHORT, free_run_warning
 
@@ -534,6 +536,8 @@ def test_a_model_whose_free_run_is_worse_than_the_mean_is_said_to_be_poor():
                                       "(NRMSE 1.85 on average, summary.json: model_check."
                                       "nrmse_sim_noisy_mean): the noise leads the free run, "
                                       "not a poor model")
+    assert _run_lines(Path("/nonexistent"), led, True)[1].endswith(
+        "NRMSE above 1; as noisy runs of the clients' own fits: the noise leads the free run)")
     assert free_run_warning({**led, "model_check": {"verdict": "ok",
                                                     "nrmse_sim_noisy_mean": [1.2]}})[1]
     assert free_run_warning({**led, "model_check": {"verdict": "missing terms",
@@ -548,8 +552,6 @@ def test_a_model_whose_free_run_is_worse_than_the_mean_is_said_to_be_poor():
                                                             1.000412})[0]
     assert free_run_warning({**poor, "final_nrmse_sim_mean": None}) is None
     assert free_run_warning({**poor, "status": "diverged"}) is None     # said otherwise
-    from pathlib import Path
-
     lines = _run_lines(Path("/nonexistent"), poor, True)
     assert lines[1].endswith("(free run worse than the held-out mean: NRMSE above 1)")
     lines = _run_lines(Path("/nonexistent"), short, True)

@@ -242,9 +242,10 @@ def _run_lines(folder: Path, summary: dict, full: bool) -> list[str]:
         from fnsysid.results.modelcheck import free_run_warning
 
         said = free_run_warning({**summary, "status": "ok"})
-        lines[-1] += (f" (free run worse than the held-out mean: NRMSE above {CONSTANT:g}"
-                      + ("" if said is None or said[1] else
-                         "; held-out runs too short to tell a poor model") + ")")
+        why = ("" if said is None or said[1] else
+               "; held-out runs too short to tell a poor model" if "too short" in said[0] else
+               "; as noisy runs of the clients' own fits: the noise leads the free run")
+        lines[-1] += f" (free run worse than the held-out mean: NRMSE above {CONSTANT:g}{why})"
     check = _check_line(summary.get("model_check"))
     if check:
         lines.append(check)

@@ -386,7 +386,7 @@ def correlation_statistics(model, data, heldout, fits, support=None,
             expected = np.ones((S, len(c), n_y))
             for j in range(n_y):
                 # the target's own parameters (the columns of St[j] that are not 0): every
-                # quantity below is a quadratic form g' H^+ g' of its gradients, which are 0
+                # quantity below is a quadratic form g' H^+ g of its gradients, which are 0
                 # elsewhere, so the block of H^+ on them gives the same values at a fraction
                 # of the cost (a third on a system of three states)
                 own = np.flatnonzero(np.any(St[j] != 0, axis=0))
