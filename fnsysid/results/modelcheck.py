@@ -415,19 +415,13 @@ def correlation_statistics(model, data, heldout, fits, support=None,
                 m1 = np.trace(B, axis1=-2, axis2=-1)
                 m2 = np.einsum("smpq,smqp->sm", B, B)
                 mu_top[:, c, j] = np.linalg.eigvals(B).real.max(axis=-1) / np.maximum(m1, 1e-300)
-                # the noise's excess kurtosis, from the client's held-out residuals: each
-                # noise term's chi^2_1 has variance 2 + kappa (a heavy-tailed noise spreads
-                # the sums more than a Gaussian one), in both sums of squares
-                kappa = np.maximum(0.0, n * (e ** 4 * w).sum(axis=(-2, -1))
-                                   / np.maximum(sse, 1e-300) ** 2 - 3.0)
-                g = (n * (2 + kappa) + 2 * m2) / (2 * (n + m1))
-                hh = 2 * (n + m1) ** 2 / (n * (2 + kappa) + 2 * m2)
+                g = (n + m2) / (n + m1)
+                hh = (n + m1) ** 2 / (n + m2)
                 s2 = s2_tr[:, c, j]
                 stat = sse / s2 / (g * hh)
                 ok_f = (n >= MIN_SAMPLES) & ~ex & (dof_tr[:, c, j] > 0)
-                dof_k = np.maximum(2 * dof_tr[:, c, j] / (2 + kappa), 1)
                 p_excess[:, c, j] = np.where(ok_f, np.where(
-                    s2 > 0, fdtrc(hh, dof_k, stat), 0.0), np.nan)
+                    s2 > 0, fdtrc(hh, np.maximum(dof_tr[:, c, j], 1), stat), 0.0), np.nan)
                 ratio[:, c, j] = np.where(n > 0, sse / n / s2, np.nan)
                 expected[:, :, j] = np.where(ex, 1.0, 1 + m1 / np.maximum(n, 1))
                 sigma2 = sse / np.maximum((w * (1 + h)).sum(axis=(-2, -1)), 1e-300)
