@@ -61,6 +61,11 @@ def test_an_error_still_rising_at_a_steady_rate_above_its_start_is_growing():
     assert growth(_errors(list(1.5 * 1.002 ** np.arange(41)))) is None
     assert growth(_errors(list(0.2 * 1.05 ** np.arange(30)))) is None       # ends at 0.82
     assert growth(_errors(up[:-1] + [up[-2] * 0.99])) is None
+    # fallen far below its start and back up 1.08 times a round for 60 rounds (to 0.94,
+    # below the start): 94 times its best round, and rising
+    dip = list(np.linspace(1.0, 0.01, 20)) + list(0.01 * 1.08 ** np.arange(1, 61))
+    assert growth(_errors(dip))["rule"] == "rising"
+    assert growth(_errors(list(np.linspace(1.0, 0.01, 20)) + [0.011, 0.012, 0.013])) is None
     # the repeat that rose most is named; the limit rule still comes first
     g = growth(_errors([list(np.full(41, 2.0)), up], repeats=2))
     assert g["repeat"] == 1 and g["rule"] == "rising"

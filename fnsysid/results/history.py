@@ -92,7 +92,8 @@ def growth(errors, fleet: dict | None = None) -> dict | None:
     """Whether a run's ``errors`` table (``errors.csv``: a :class:`~fnsysid.results.tables.Table`
     or DataFrame) shows an error that grew: some repeat's error at the last round above
     ``GROWTH_FACTOR * max(1, start)``, ``start`` the largest error at round 0, or above
-    ``max(1, start)`` and still rising at a steady rate (:func:`rising`).
+    ``max(1, start)`` (or ``GROWTH_FACTOR`` times its smallest) and still rising at a steady
+    rate (:func:`rising`).
 
     The error is ``e_max`` when the run has a ground truth, else the held-out one-step NRMSE
     ``nrmse_1step_max`` (the metric the divergence rule reads). Returns None when no repeat
@@ -144,8 +145,9 @@ def growth_line(g: dict, rounds: int, lr) -> str:
 
 def _still_rising(metric, e, rounds, repeats, start, fleet) -> dict | None:
     """:func:`growth`'s second rule: the repeat whose error ``e`` (the rows of ``errors``) is
-    above ``max(1, start)`` at its last round and :func:`rising` over its last rounds (the
-    fleet's scale, as the first rule, where ``fleet`` gives it)."""
+    above ``max(1, start)`` at its last round (the fleet's scale, as the first rule, where
+    ``fleet`` gives it) or :data:`GROWTH_FACTOR` times its smallest, and :func:`rising` over
+    its last rounds."""
     limit = max(1.0, start)
     scaled = metric == "e_max" and fleet is not None      # the fleet's scale, as above
     if scaled:
@@ -158,6 +160,9 @@ def _still_rising(metric, e, rounds, repeats, start, fleet) -> dict | None:
         es = e[rows][order]
         final = es[np.isfinite(es)][-1] if np.isfinite(es).any() else np.nan
         above = f_final[int(s)] > f_limit if scaled else final > limit
+        # or risen GROWTH_FACTOR times from its best round: an error that fell far below its
+        # start and turned back up at a steady rate is on its way out too
+        above = above or final >= GROWTH_FACTOR * np.nanmin(es)
         rate = rising(es) if above else None
         if rate is not None and (found is None or final / limit > found["ratio"]):
             found = {"metric": metric, "start": start, "final": float(final),
