@@ -158,7 +158,10 @@ def _still_rising(metric, e, rounds, repeats, start, fleet) -> dict | None:
         rows = repeats == s
         order = np.argsort(rounds[rows])
         es = e[rows][order]
-        final = es[np.isfinite(es)][-1] if np.isfinite(es).any() else np.nan
+        es = es[np.isfinite(es)]                         # the rounds it recorded
+        if not len(es):
+            continue
+        final = es[-1]
         above = f_final[int(s)] > f_limit if scaled else final > limit
         # or risen GROWTH_FACTOR times from its best round: an error that fell far below its
         # start and turned back up at a steady rate is on its way out too
@@ -168,7 +171,7 @@ def _still_rising(metric, e, rounds, repeats, start, fleet) -> dict | None:
             found = {"metric": metric, "start": start, "final": float(final),
                      "repeat": int(s), "ratio": float(final / limit),
                      "factor": GROWTH_FACTOR, "rule": "rising", "rate": rate,
-                     "rounds": rising_window(int(np.isfinite(es).sum()))}
+                     "rounds": rising_window(len(es))}
     return found
 
 
