@@ -192,7 +192,24 @@ def test_the_deployment_guide_runs_as_written(tmp_path):
         marks = [f"127.0.0.{h}:{p}" for p in (port, node_port, node_port + 1, node_port + 2)
                  for h in (1, 2)]
         marks += [f"--parent-pid {p}" for p in pids]
+        # a SuperLink's flower-superexec runs in a session of its own and leaves when it sees
+        # its parent gone, which it checks now and then: it is given that time, then any
+        # Flower process of this deployment still running is one it left behind
+        t0 = time.monotonic()
         left = deploy.leftover(marks)
+        while left and time.monotonic() - t0 < 30:
+            time.sleep(0.5)
+            left = [p for p in left if _alive(p)]
         for p in left:
             p.terminate()
     assert not left, [p.pid for p in left]
+
+
+def _alive(proc) -> bool:
+    """Whether the psutil process ``proc`` still runs (not exited, not a zombie)."""
+    import psutil
+
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
