@@ -507,6 +507,58 @@ def test_unit_scales_are_the_regressor_rms_over_the_target_beyond_its_largest_te
     assert ratios[1][1, 2] > 0.05
 
 
+def offset_tanks(path, offset, M=20, runs=5, T=200, noise=0.01, leak=0.02, seed=0):
+    """Tanks ``x+ = offset + (1 - leak) (x - offset) + leak u + noise w`` (an operating point
+    ``offset``), the last of each client's runs held out; one CSV; with the samples of the
+    training runs, ``[1, x, u]`` and ``x+``."""
+    rng = np.random.default_rng(seed)
+    x = np.empty((M, runs, T + 1))
+    x[..., 0] = offset + rng.normal(size=(M, runs))
+    u = rng.normal(size=(M, runs, T + 1))
+    w = rng.normal(size=(M, runs, T))
+    for t in range(T):
+        x[..., t + 1] = offset + (1 - leak) * (x[..., t] - offset) + leak * u[..., t] + \
+            noise * w[..., t]
+    c, j, t = np.meshgrid(np.arange(M), np.arange(runs), np.arange(T + 1), indexing="ij")
+    file = path / f"tank{offset:g}.csv"
+    pd.DataFrame({"client": [f"c{i}" for i in c.ravel()], "trajectory": j.ravel(),
+                  "t": t.ravel(), "split": np.where(j.ravel() == runs - 1, "val", "train"),
+                  "x1": x.ravel(), "u": u.ravel()}).to_csv(file, index=False)
+    xs, us = x[:, :-1, :-1].reshape(-1), u[:, :-1, :-1].reshape(-1)
+    X = np.stack([np.ones_like(xs), xs, us], axis=1)
+    return file, X, x[:, :-1, 1:].reshape(-1)
+
+
+def test_an_operating_point_far_from_0_does_not_prune_a_true_term(tmp_path):
+    """The unit scales are taken about the means where the library has the constant: the
+    same scaled coefficients of ``x`` and ``u`` with the states about 0 or about 300. Measured
+    against the raw sums, the offset sat in what the target does besides its largest term
+    (``0.02 x`` = 6 against an increment of RMS 0.02), and the input's 0.02 scaled to 0.0033,
+    below the default 0.05: pruned, and the model check then said terms look missing."""
+    from fnsysid.learning.sparsity import unit_scales
+
+    scaled = {}
+    for offset in (0.0, 300.0):
+        file, X, y = offset_tanks(tmp_path, offset)
+        theta = np.linalg.lstsq(X, y, rcond=None)[0]
+        H, b = X.T @ X, X.T @ y
+        args = (theta, np.diag(H), b, np.array([y @ y]), np.ones((1, 3), bool),
+                np.ones(3, bool))
+        centre = (H[0], np.full(3, b[0]), np.full(3, H[0, 0]), np.array([True, False, False]))
+        scaled[offset] = np.abs(theta * unit_scales(*args, centre))
+        if offset:
+            raw = np.abs(theta * unit_scales(*args))
+            assert raw[2] < 0.005 < 0.05 < scaled[offset][2]        # u: the old drop
+        res = engine("system=generic", "data=files", f"data.path={file}", "data.states=[x1]",
+                     "data.inputs=[u]", "feature_map=affine", "strategy=centralized_exact",
+                     "sparsity=stlsq", "output.plot=false", "progress=false")
+        want = {"x1+:x1", "x1+:u"} | ({"x1+:1"} if offset else set())
+        assert kept(res) == want, offset
+        assert res.summary["model_check"]["verdict"] == "ok"
+    np.testing.assert_allclose(scaled[300.0][1:], scaled[0.0][1:], rtol=1e-6)
+    assert scaled[0.0][2] > 0.5                        # the input carries most of the increment
+
+
 def test_ridge_with_unbias_equals_pysindy_default(fleet):
     ps = pytest.importorskip("pysindy", reason="the comparison needs the [compare] extra "
                              "(pip install -e '.[compare]')")

@@ -29,13 +29,19 @@ def samples(file, split):
 
 def stlsq_unit(X, y, t):
     """STLSQ of one target on the samples, the coefficients compared after scaling by the
-    RMS of their feature over the RMS of what the target does besides its largest term."""
+    spread of their feature (the constant feature, column 0: its RMS) over the spread of
+    what the target does besides its largest term (both about their means: the library has
+    an intercept)."""
+    assert (X[:, 0] == 1).all()
     keep = np.ones(X.shape[1], bool)
+    size = ((X - X.mean(0)) ** 2).sum(0)
+    size[0] = len(X)
     for _ in range(20):
         coef = np.zeros(X.shape[1])
         coef[keep] = np.linalg.lstsq(X[:, keep], y, rcond=None)[0]
-        rest = min(np.sum((y - coef[k] * X[:, k]) ** 2) for k in np.flatnonzero(keep))
-        new = keep & (np.abs(coef) * np.sqrt((X ** 2).sum(0) / rest) >= t)
+        rest = min(np.sum((y - coef[k] * X[:, k] - np.mean(y - coef[k] * X[:, k])) ** 2)
+                   for k in np.flatnonzero(keep))
+        new = keep & (np.abs(coef) * np.sqrt(size / rest) >= t)
         if (new == keep).all():
             break
         keep = new

@@ -74,7 +74,7 @@ def restricted_solution(H: np.ndarray, b: np.ndarray, support: np.ndarray,
 
 
 def unit_scales(theta: np.ndarray, h: np.ndarray, b: np.ndarray, yy: np.ndarray,
-                enters: np.ndarray, support: np.ndarray) -> np.ndarray:
+                enters: np.ndarray, support: np.ndarray, centre=None) -> np.ndarray:
     """Factors ``w`` (..., p) that make ``w * theta`` the coefficients of features and targets
     scaled to unit size (docs/ALGORITHMS.md, "Scale-free term selection").
 
@@ -85,6 +85,12 @@ def unit_scales(theta: np.ndarray, h: np.ndarray, b: np.ndarray, yy: np.ndarray,
     scale does not depend on the sample time). ``r`` is at least ``1e-12`` of the targets' sum
     of squares (round-off of the expanded square); a target with sum of squares 0 keeps the
     raw coefficient (``w = 1``).
+
+    With ``centre`` (the sums of a constant regressor in the coefficient's target, from
+    :func:`intercept_sums`), both are taken about their means, as in a regression with an
+    intercept: ``h_k - s_k^2 / n`` (the constant's own ``h`` kept) and ``r`` less
+    ``(s_y - theta_k' s_k')^2 / n``, so that data far from 0 (a state about 300) weigh a
+    term by how much it moves, not by where it sits.
 
     Parameters
     ----------
@@ -100,6 +106,11 @@ def unit_scales(theta: np.ndarray, h: np.ndarray, b: np.ndarray, yy: np.ndarray,
         Which targets each coefficient enters.
     support : numpy.ndarray of bool, shape (..., p)
         The kept coefficients.
+    centre : tuple of numpy.ndarray, or None, default=None
+        ``(s, s_y, n, own)``, each (..., p) but ``own`` (p,): for each coefficient the sum of
+        its regressor, of its target and the sample count, from the constant regressor of
+        its target; ``own`` marks the constant coefficients and the coefficients without
+        one (``n`` 0 there: not centred). None: nothing is centred.
 
     Returns
     -------
@@ -107,7 +118,14 @@ def unit_scales(theta: np.ndarray, h: np.ndarray, b: np.ndarray, yy: np.ndarray,
         The factors ``w``.
     """
     YY = yy @ enters.astype(float)                                   # (..., p)
-    r = np.maximum(YY - 2 * theta * b + theta ** 2 * h, 1e-12 * YY)
+    rest = YY - 2 * theta * b + theta ** 2 * h
+    if centre is not None:
+        sx, sy, n, own = centre
+        with np.errstate(divide="ignore", invalid="ignore"):
+            inv = np.where(n > 0, 1.0 / n, 0.0)
+        rest = rest - (sy - theta * sx) ** 2 * inv
+        h = np.where(own, h, h - sx ** 2 * inv)
+    r = np.maximum(rest, 1e-12 * YY)
     share = (enters.T.astype(float) @ enters.astype(float)) > 0      # (p, p)
     allowed = share & np.asarray(support, bool)[..., None, :]
     rmin = np.where(allowed, r[..., None, :], np.inf).min(axis=-1)   # (..., p)
@@ -115,6 +133,41 @@ def unit_scales(theta: np.ndarray, h: np.ndarray, b: np.ndarray, yy: np.ndarray,
         w = np.sqrt(h / rmin)
     w = np.where(np.isfinite(w), w, 0.0)
     return np.where(YY > 0, w, 1.0)
+
+
+def intercept_sums(H: np.ndarray, b: np.ndarray, model):
+    """The ``centre`` of :func:`unit_scales` from the summed statistics ``H`` (..., p, p) and
+    ``b`` (..., p): for each coefficient ``k`` of a generic library with the constant feature
+    ``1``, the constant coefficient ``c`` of its target gives ``s_k = H[c, k]`` (the sum of
+    k's regressor), ``s_y = b[c]`` (the sum of the target) and ``n = H[c, c]``. None when the
+    model has no such feature (a system's own features, a library without ``1``)."""
+    if model.library is None:
+        return None
+    system = model.system
+    names = system.name_features(model.library.feature_names(system.n_x, system.n_u))
+    if "1" not in names:
+        return None
+    one = names.index("1")
+    S = np.asarray(model.structure)                                  # (n_y, n_phi, p)
+    p = S.shape[-1]
+    c = np.full(p, -1)
+    for j in range(S.shape[0]):
+        consts = np.flatnonzero(S[j, one])
+        if consts.size != 1:
+            continue
+        for k in np.flatnonzero(S[j].any(axis=0)):
+            # a coefficient of this target alone, as in a dense library
+            if np.count_nonzero(S[:, :, k].any(axis=1)) == 1:
+                c[k] = consts[0]
+    has = c >= 0
+    if not has.any():
+        return None
+    ci = np.where(has, c, 0)
+    k = np.arange(p)
+    sx = np.where(has, H[..., ci, k], 0.0)
+    sy = np.where(has, b[..., ci], 0.0)
+    n = np.where(has, H[..., ci, ci], 0.0)
+    return sx, sy, n, ~has | (c == k)
 
 
 def stlsq(H: np.ndarray, b: np.ndarray, threshold: float, alpha: float = 0.0,
@@ -414,6 +467,7 @@ class STLSQ:
         self.rule = None                     # threshold=auto: "heldout" or "bic"
         self.path = None                     # threshold=auto: rows of the threshold path
         self._scale = None                   # the scale function of the choice (scale=unit)
+        self._centre = None                  # scale=unit: intercept_sums of the choice
 
     # --- in process ---------------------------------------------------------------------------
     def start(self, strategy, theta0, data: ClientData, model, optimizer, K, lr, seed,
@@ -453,9 +507,10 @@ class STLSQ:
         if self.scale == "unit":
             h = np.diagonal(H, axis1=-2, axis2=-1)
             enters = np.abs(model.structure).sum(axis=1) > 0                 # (n_y, p)
+            centre = self._centre = intercept_sums(H, b, model)
 
             def weights(theta, support):
-                return unit_scales(theta, h, b, yy, enters, support)
+                return unit_scales(theta, h, b, yy, enters, support, centre)
         return weights
 
     def choose_auto(self, H, b, yy, model, n, heldout, weights) -> None:
@@ -540,8 +595,11 @@ class STLSQ:
             yj, ej = yy[:, j:j + 1], enters[j:j + 1, idx]
             wj = None
             if weights is not None:
-                def wj(theta, support, hj=h[:, idx], bj=bj, yj=yj, ej=ej):
-                    return unit_scales(theta, hj, bj, yj, ej, support)
+                cj = None if self._centre is None else (
+                    *(a[:, idx] for a in self._centre[:3]), self._centre[3][idx])
+
+                def wj(theta, support, hj=h[:, idx], bj=bj, yj=yj, ej=ej, cj=cj):
+                    return unit_scales(theta, hj, bj, yj, ej, support, cj)
             for i, t in enumerate(AUTO_GRID):
                 theta, support, k = stlsq(Hj, bj, t, self.alpha, self.max_iter, weights=wj)
                 thetas[:, i, idx], supports[:, i, idx] = theta, support
