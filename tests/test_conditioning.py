@@ -109,7 +109,7 @@ def test_an_escaping_trajectory_leaves_the_other_clients_no_digit(tmp_path, capl
     assert 1e3 < c["cond"][0] < 1e9 and "repeats" not in c
     assert bad.summary["status"] == "ill_conditioned"
     assert c["roundoff"]["clients"] == ["c1", "c2", "c3"] and c["roundoff"]["repeats"] == [0]
-    assert c["roundoff"]["worst_ratio"] > 0.1
+    assert c["roundoff"]["worst_ratio"] > 0.1 and c["roundoff"]["cause"] == "scale"
     said = [r.getMessage() for r in caplog.records if "round-off" in r.getMessage()]
     assert len(said) == 1 and "clients c1, c2, c3" in said[0] and \
         "status: ill_conditioned" in said[0]
@@ -189,3 +189,43 @@ def test_a_valid_trajectory_far_larger_than_the_others_is_not_flagged(tmp_path):
     assert big.summary["status"] == "ok" and "roundoff" not in big.summary["conditioning"]
     assert big.summary["final_nrmse_1step_mean"] == pytest.approx(
         small.summary["final_nrmse_1step_mean"], rel=0.02)
+
+
+def test_data_far_from_0_beside_their_spread_are_not_printed_as_ok(tmp_path, caplog):
+    """Tanks about an operating point (tests/test_sparsity.py: offset_tanks), a degree-2
+    library: at 1000 the pooled least squares keeps no digit of the predictions (one-step
+    NRMSE 7.0 against 0.049 about 0), which a ratio to the targets' norm (1000 and more) did
+    not see: status ok before. Against their spread the round-off is 54 times it: flagged,
+    the cause named, and neither Cochran's Q nor the model check read on the own fits that
+    carry it. The affine library about 1000 and the degree-2 one about 0 stay ok."""
+    from tests.test_sparsity import offset_tanks
+
+    caplog.set_level("WARNING", logger="fnsysid")
+
+    def fit(offset, library):
+        file, _, _ = offset_tanks(tmp_path, offset)
+        return fnsysid.run(["system=generic", "data=files", f"data.path={file}",
+                            "data.states=[x1]", "data.inputs=[u]", f"feature_map={library}",
+                            *(["feature_map.degree=2"] if library == "polynomial" else []),
+                            "strategy=centralized_exact",
+                            "output.plot=false", "progress=false"])
+
+    good, affine, bad = fit(0.0, "polynomial"), fit(1000.0, "affine"), fit(1000.0, "polynomial")
+    for res in (good, affine):
+        assert res.summary["status"] == "ok" and "roundoff" not in res.summary["conditioning"]
+        assert res.summary["model_check"]["verdict"] == "ok"
+    assert affine.summary["final_nrmse_1step_mean"] == pytest.approx(
+        good.summary["final_nrmse_1step_mean"], rel=1e-3)
+    assert bad.summary["final_nrmse_1step_mean"] > 50 * good.summary["final_nrmse_1step_mean"]
+    assert bad.summary["status"] == "ill_conditioned"
+    r = bad.summary["conditioning"]["roundoff"]
+    assert r["cause"] == "offset" and r["worst_ratio"] > 1 and len(r["clients"]) == 20
+    assert bad.summary["model_check"]["verdict"] is None
+    assert "far from 0" in bad.summary["model_check"]["reason"]
+    differ = bad.summary["ci"]["clients_differ"]
+    assert differ["rejected"] == [True] and differ["read"] is False
+    said = [r.getMessage() for r in caplog.records]
+    assert not [m for m in said if "Cochran's Q" in m or "status ok" in m]
+    line = [m for m in said if "round-off" in m]
+    assert len(line) == 1 and "targets about 1e+03 moving by 0.145" in line[0]
+    assert "subtract an operating point" in line[0]

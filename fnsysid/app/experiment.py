@@ -406,12 +406,11 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
                            settings=dataset.settings, choices=choices,
                            fleet=getattr(hist, "fleet", None))
     summary.update(personal_summary(settings, tables["errors"], ci_note, per))
+    differ_said = None
     if se is not None and getattr(getattr(strategy, "sparsity", None), "support", None) is None:
         differ = clients_differ(model, data)       # the intervals treat them as one system
         summary["ci"]["clients_differ"] = differ
-        line = differ_line(differ, ci_note)
-        if line:
-            log.warning(line)
+        differ_said = differ_line(differ, ci_note)     # logged once conditioning is known
     if per is not None and getattr(per, "warning", None):
         log.warning(per.warning)
     if per is not None:            # judged like the server's model, each with its line
@@ -469,6 +468,11 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
                      faded_warning(summary["sparsity"], summary.get("strategy"))):
             if line:
                 log.warning(line)
+    if data is not None and diverged is None and failure is None \
+            and type(strategy).__name__ != "Local":
+        conditioning(summary, data, None if sparsity is None else sparsity.support,
+                     dataset.clients)
+    offset = (summary.get("conditioning") or {}).get("roundoff", {}).get("cause") == "offset"
     if diverged is None and failure is None and settings.output.model_check:
         # in process from the clients' data; under Flower combined from what they sent
         check = (model_check(model, data, dataset.heldout,
@@ -489,15 +493,26 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
             if check.get("excess_rejected"):
                 check["excess_rejected"] = [[s, str(dataset.clients[m]), j]
                                             for s, m, j in check["excess_rejected"]]
+            if offset and check.get("verdict") is not None:
+                # every client's own data sit far from 0 beside their spread: its own fit
+                # carries the round-off the conditioning check found in the pooled one
+                check.update(verdict=None, ok=None, reason=(
+                    "the data sit far from 0 beside their spread and the clients' own fits "
+                    "carry the round-off of the pooled one (status ill_conditioned): their "
+                    "residuals are not read"))
             summary["model_check"] = check
             for line in (noise_note(check), extrapolation_note(check), pooling_note(check),
                          verdict(check, settings.personalize.name == "finetune")):
                 if line:
                     log.warning(line)
-    if data is not None and diverged is None and failure is None \
-            and type(strategy).__name__ != "Local":
-        conditioning(summary, data, None if sparsity is None else sparsity.support,
-                     dataset.clients)
+    if differ_said and summary["status"] == "ill_conditioned":
+        # the clients' own fits carry the round-off that made the estimate ill-conditioned:
+        # their differences are not evidence of heterogeneity
+        summary["ci"]["clients_differ"]["read"] = False
+        summary["ci"]["clients_differ"]["why"] = (
+            "status ill_conditioned: the clients' own fits carry the same round-off")
+    elif differ_said:
+        log.warning(differ_said)
     signum = interrupt.requested()
     if failure is not None and diverged is None:
         summary.pop("growth", None)          # judged on the rows of a run that did not end
@@ -577,24 +592,45 @@ def conditioning(summary: dict, data, support, clients=None) -> None:
                     "features that repeat each other", worst, "s" if len(bad) > 1 else "",
                     ", ".join(map(str, bad[:10])), COND_LIMIT)
     else:
-        ratio = roundoff_ratio(data.H, data.b, data.yy, support)
+        spread = None
+        if data.y_mean is not None:          # the targets' summed squares about their means
+            spread = np.maximum(data.yy - data.n * (data.y_mean ** 2).sum(axis=-1), 0.0)
+        ratio = roundoff_ratio(data.H, data.b, data.yy, support, spread=spread)
         lost = np.nan_to_num(ratio, nan=0.0) >= ROUNDOFF_LIMIT                # (S, M)
         if not lost.any():
             return
         names = _labels(lost, clients if clients is not None else range(lost.shape[1]))
         s, m = np.unravel_index(int(np.nanargmax(np.where(lost, ratio, -np.inf))), lost.shape)
+        # measured against the targets' norm instead of their spread, is the loss still
+        # there? If not, it comes from data that sit far from 0 beside how much they move
+        offset = spread is not None and not (
+            ratio[s, m] * np.sqrt(spread[s, m] / data.yy[s, m]) >= ROUNDOFF_LIMIT)
         summary["conditioning"]["roundoff"] = {
             "clients": names, "repeats": [int(r) for r in np.flatnonzero(lost.any(axis=1))],
-            "worst_ratio": float(ratio[s, m])}
+            "worst_ratio": float(ratio[s, m]), "cause": "offset" if offset else "scale"}
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5
                                         else "")
-        log.warning("the round-off of the pooled sums moves the predictions of client%s %s "
-                    "by up to %.3g times their data (the sums hold a far larger client's "
-                    "data at the same precision): their predictions keep fewer than two "
-                    "correct digits (status: ill_conditioned); check the data for "
-                    "trajectories that escape or clients whose data are many orders of "
-                    "magnitude apart",
-                    "s" if len(names) > 1 else "", shown, float(ratio[s, m]))
+        plural = "s" if len(names) > 1 else ""
+        if offset:
+            n_y = data.y_mean.shape[-1]
+            level = float(np.sqrt((data.y_mean[s, m] ** 2).mean()))
+            sd = float(np.sqrt(spread[s, m] / (data.n[s, m] * n_y)))
+            log.warning("the round-off of the pooled sums moves the predictions of client%s "
+                        "%s by up to %.3g times how much their targets move: their data sit "
+                        "far from 0 beside their spread (client %s: targets about %.3g "
+                        "moving by %.3g), where the library's terms nearly repeat each "
+                        "other, and the predictions keep fewer than two correct digits "
+                        "(status: ill_conditioned); subtract an operating point (e.g. each "
+                        "state's and input's mean) from the data before the fit",
+                        plural, shown, float(ratio[s, m]),
+                        str(clients[m]) if clients is not None else str(m), level, sd)
+        else:
+            log.warning("the round-off of the pooled sums moves the predictions of client%s "
+                        "%s by up to %.3g times their data (the sums hold a far larger "
+                        "client's data at the same precision): their predictions keep fewer "
+                        "than two correct digits (status: ill_conditioned); check the data "
+                        "for trajectories that escape or clients whose data are many orders "
+                        "of magnitude apart", plural, shown, float(ratio[s, m]))
     if summary["status"] == "ok":
         summary["status"] = "ill_conditioned"
 

@@ -394,7 +394,7 @@ COND_LIMIT = 1.0 / np.finfo(float).eps
 
 def roundoff_ratio(H: np.ndarray, b: np.ndarray, yy: np.ndarray,
                    support: np.ndarray | None = None, trials: int = 4,
-                   seed: int = 0) -> np.ndarray:
+                   seed: int = 0, spread: np.ndarray | None = None) -> np.ndarray:
     """How far the round-off of the pooled sums moves each client's predictions, relative
     to its data: (S, M).
 
@@ -404,10 +404,15 @@ def roundoff_ratio(H: np.ndarray, b: np.ndarray, yy: np.ndarray,
     least squares (on ``support``) is solved again ``trials`` times with the sums perturbed
     by such errors of random signs (a fixed ``seed``), and the largest change ``dtheta`` of
     the solution is mapped to client i's predictions, ``sqrt(dtheta' H_i dtheta)``, divided
-    by the norm of its targets ``sqrt(yy_i)`` (``yy`` (S, M)). Where one trajectory is many
-    orders of magnitude larger than the others, the other clients' data lie below the
-    precision of the sums and the ratio approaches or passes 1: their part of the estimate
-    keeps no correct digit. NaN for a client without targets' variation."""
+    by the size of its targets: ``sqrt(spread_i)`` when ``spread`` (S, M) is given (the
+    targets' summed squares about their means, so that an offset in the data, a state
+    that moves about 1000, does not hide a change of the predictions that is large beside
+    how much they move), else ``sqrt(yy_i)`` (``yy`` (S, M), the summed squares). Where one
+    trajectory is many orders of magnitude larger than the others, the other clients' data
+    lie below the precision of the sums and the ratio approaches or passes 1: their part
+    of the estimate keeps no correct digit; the same where the data sit far from 0 beside
+    their spread (a polynomial library of a state about 1000). NaN for a client without
+    targets' variation."""
     H = np.asarray(H, float)
     S, M, p = H.shape[:3]
     keep = np.ones((S, p)) if support is None else np.asarray(support, float)
@@ -417,7 +422,7 @@ def roundoff_ratio(H: np.ndarray, b: np.ndarray, yy: np.ndarray,
     h = np.sqrt(np.maximum(np.diagonal(G, axis1=-2, axis2=-1), 0.0))              # (S, p)
     eps = np.finfo(float).eps
     rng = np.random.default_rng(seed)
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         base = least_squares(G, bs) * keep
         E = rng.choice([-1.0, 1.0], size=(trials, *G.shape))
         E = np.triu(E) + np.swapaxes(np.triu(E, 1), -1, -2)                      # symmetric
@@ -428,8 +433,9 @@ def roundoff_ratio(H: np.ndarray, b: np.ndarray, yy: np.ndarray,
         move = np.einsum("smpq,stq->smtp", H, d, optimize=True)
         move = np.einsum("smtp,stp->smt", move, d)
         worst = np.sqrt(np.maximum(move, 0.0)).max(axis=-1)
-        ratio = worst / np.sqrt(np.asarray(yy, float))
-    return np.where(np.asarray(yy) > 0, ratio, np.nan)
+        size = np.asarray(yy if spread is None else spread, float)
+        ratio = worst / np.sqrt(size)
+    return np.where(size > 0, ratio, np.nan)
 
 
 def gram_condition(H: np.ndarray, support: np.ndarray | None = None) -> np.ndarray:
