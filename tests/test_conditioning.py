@@ -229,3 +229,49 @@ def test_data_far_from_0_beside_their_spread_are_not_printed_as_ok(tmp_path, cap
     line = [m for m in said if "round-off" in m]
     assert len(line) == 1 and "targets about 1e+03 moving by 0.145" in line[0]
     assert "subtract an operating point" in line[0]
+
+
+def test_a_state_far_from_0_is_not_hidden_by_another_that_moves_a_lot(tmp_path):
+    """A tank about 500 (x1) beside an oscillator about 0 a hundred times its spread (x2,
+    x3), degree 2: x1's predictions keep no digit (free-run NRMSE 3.0 against 0.17 about
+    0). The targets' spreads summed, x2's hid x1's loss: status ok on seeds 0 and 1; each
+    target against its own spread, the ratio is about 3: ill_conditioned, cause offset."""
+    from tests.test_sparsity import offset_tanks
+
+    for seed in (0, 1):
+        runs = {}
+        for offset in (0.0, 500.0):
+            file, _, _ = offset_tanks(tmp_path, offset, moving=100.0, seed=seed)
+            runs[offset] = fnsysid.run([
+                "system=generic", "data=files", f"data.path={file}", "data.states=[x1,x2,x3]",
+                "data.inputs=[u]", "feature_map=polynomial", "feature_map.degree=2",
+                "strategy=centralized_exact", "output.plot=false", "progress=false"]).summary
+        assert runs[0.0]["status"] == "ok" and "roundoff" not in runs[0.0]["conditioning"]
+        assert runs[500.0]["final_nrmse_sim_mean"] > 10 * runs[0.0]["final_nrmse_sim_mean"]
+        r = runs[500.0]["conditioning"]["roundoff"]
+        assert runs[500.0]["status"] == "ill_conditioned"
+        assert r["cause"] == "offset" and r["worst_ratio"] > 1 and len(r["clients"]) == 20
+
+
+def test_a_spread_below_the_precision_of_the_sums_is_not_judged():
+    """A target held at 1000 +- 1e-6: its spread, summed squares less n mean^2, is rounding
+    (about 1e-18 of its summed squares); it was flagged or not by the rounding of the
+    subtraction. Below SPREAD_PRECISION of the summed squares it is not judged (NaN); a
+    target that moves is."""
+    from fnsysid.dynamics.model import ClientData
+    from fnsysid.results.metrics import SPREAD_PRECISION, roundoff_facts
+
+    rng = np.random.default_rng(0)
+    n = 200
+    X = np.stack([np.ones(n), rng.normal(size=n)], axis=1)
+    stats = []
+    for y in (1000 + 1e-6 * rng.normal(size=n), X[:, 1] + 0.1 * rng.normal(size=n)):
+        stats.append((X.T @ X, X.T @ y, y @ y, y.mean()))
+    H, b, yy, ym = (np.array([[s[k] for s in stats]]) for k in range(4))
+    data = ClientData(np.zeros((1, 2, 2)), H, b, yy, np.full((1, 2), float(n)),
+                      y_mean=ym[..., None], yy_target=yy[..., None])
+    spread = yy - n * ym ** 2
+    assert abs(spread[0, 0]) < SPREAD_PRECISION * yy[0, 0]
+    facts = roundoff_facts(data, enters=np.ones((1, 2), bool))
+    assert np.isnan(facts["ratio"][0, 0]) and np.isfinite(facts["ratio"][0, 1])
+    assert facts["ratio"][0, 1] < 1e-10

@@ -917,6 +917,42 @@ def test_flower_runs_the_model_check_from_the_clients_statistics_as_in_process(t
 
 
 @needs_flower
+def test_flower_clients_report_the_round_off_of_their_own_fits(tmp_path, caplog):
+    """Tanks about 1000 with a degree-2 library (tests/test_conditioning.py): the server of
+    a Flower run holds no H_i to perturb the pooled sums with, so each client measures the
+    round-off of its own least squares against its targets' spread and sends it with the
+    model check's statistics. Before, this run was `ok` under Flower with one-step NRMSE 6.6;
+    now ill_conditioned as in process, cause offset, and the model check gives no verdict.
+    About 0 the same fleet is ok in both runtimes."""
+    from tests.test_sparsity import offset_tanks
+
+    caplog.set_level("WARNING", logger="fnsysid")
+    for offset in (1000.0, 0.0):
+        file, _, _ = offset_tanks(tmp_path, offset, M=4)
+        folder = tmp_path / f"clients{offset:g}"
+        folder.mkdir()
+        for c, g in pd.read_csv(file).groupby("client"):
+            g.drop(columns="client").to_csv(folder / f"{c}.csv", index=False)
+        args = ["system=generic", "data=files", f"data.path={folder}", "data.states=[x1]",
+                "data.inputs=[u]", "feature_map=polynomial", "feature_map.degree=2", "R=5",
+                "output.plot=false", "progress=false"]
+        a = run_experiment(compose_cfg(*args), tmp_path / f"a{offset:g}")
+        b = run_experiment(compose_cfg(*args, "runtime=flower"), tmp_path / f"b{offset:g}")
+        if not offset:
+            assert a["status"] == b["status"] == "ok"
+            assert "roundoff" not in a["conditioning"] and "conditioning" not in b
+            continue
+        assert a["status"] == b["status"] == "ill_conditioned" and b["runtime"] == "flower"
+        assert a["conditioning"]["roundoff"]["of"] == "pooled sums"
+        r = b["conditioning"]["roundoff"]
+        assert r["of"] == "own fits" and r["cause"] == "offset" and r["worst_ratio"] > 1
+        assert b["model_check"]["verdict"] is None and a["model_check"]["verdict"] is None
+        assert b["final_nrmse_1step_mean"] > 1
+    said = [m.getMessage() for m in caplog.records if "their own least squares" in m.getMessage()]
+    assert len(said) == 1 and "subtract an operating point" in said[0]
+
+
+@needs_flower
 @pytest.mark.slow
 def test_a_sigkilled_flower_run_leaves_no_ray_process(tmp_path):
     """SIGKILL (which no handler sees) of a runtime=flower run after its first round: within

@@ -507,23 +507,36 @@ def test_unit_scales_are_the_regressor_rms_over_the_target_beyond_its_largest_te
     assert ratios[1][1, 2] > 0.05
 
 
-def offset_tanks(path, offset, M=20, runs=5, T=200, noise=0.01, leak=0.02, seed=0):
+def offset_tanks(path, offset, M=20, runs=5, T=200, noise=0.01, leak=0.02, seed=0,
+                 intercept=True, moving=0.0):
     """Tanks ``x+ = offset + (1 - leak) (x - offset) + leak u + noise w`` (an operating point
     ``offset``), the last of each client's runs held out; one CSV; with the samples of the
-    training runs, ``[1, x, u]`` and ``x+``."""
+    training runs, ``[1, x, u]`` and ``x+``. ``intercept=False``: ``x+ = (1 - leak) x +
+    leak u + noise w`` with the inputs about ``offset`` (no constant term, the states about
+    ``offset`` too). ``moving`` > 0: two more states ``x2``, ``x3``, a damped oscillator
+    driven by ``u`` about 0, ``moving`` times the size of the tank's spread or more."""
     rng = np.random.default_rng(seed)
     x = np.empty((M, runs, T + 1))
     x[..., 0] = offset + rng.normal(size=(M, runs))
-    u = rng.normal(size=(M, runs, T + 1))
+    u = rng.normal(size=(M, runs, T + 1)) + (0.0 if intercept else offset)
     w = rng.normal(size=(M, runs, T))
+    z = np.zeros((M, runs, T + 1, 2))
+    z[..., 0, :] = rng.normal(size=(M, runs, 2))
+    A = np.array([[0.99, 0.1], [-0.1, 0.98]])
     for t in range(T):
-        x[..., t + 1] = offset + (1 - leak) * (x[..., t] - offset) + leak * u[..., t] + \
-            noise * w[..., t]
+        x[..., t + 1] = (offset if intercept else 0.0) + (1 - leak) * (
+            x[..., t] - (offset if intercept else 0.0)) + leak * u[..., t] + noise * w[..., t]
+        z[..., t + 1, :] = z[..., t, :] @ A.T + np.stack(
+            [np.zeros_like(u[..., t]), 0.05 * (u[..., t] - (0.0 if intercept else offset))],
+            axis=-1) + noise * rng.normal(size=(M, runs, 2))
     c, j, t = np.meshgrid(np.arange(M), np.arange(runs), np.arange(T + 1), indexing="ij")
-    file = path / f"tank{offset:g}.csv"
-    pd.DataFrame({"client": [f"c{i}" for i in c.ravel()], "trajectory": j.ravel(),
-                  "t": t.ravel(), "split": np.where(j.ravel() == runs - 1, "val", "train"),
-                  "x1": x.ravel(), "u": u.ravel()}).to_csv(file, index=False)
+    file = path / f"tank{offset:g}{'' if intercept else 'n'}{moving:g}.csv"
+    table = {"client": [f"c{i}" for i in c.ravel()], "trajectory": j.ravel(), "t": t.ravel(),
+             "split": np.where(j.ravel() == runs - 1, "val", "train"), "x1": x.ravel(),
+             "u": u.ravel()}
+    if moving:
+        table.update(x2=moving * z[..., 0].ravel(), x3=moving * z[..., 1].ravel())
+    pd.DataFrame(table).to_csv(file, index=False)
     xs, us = x[:, :-1, :-1].reshape(-1), u[:, :-1, :-1].reshape(-1)
     X = np.stack([np.ones_like(xs), xs, us], axis=1)
     return file, X, x[:, :-1, 1:].reshape(-1)
@@ -557,6 +570,15 @@ def test_an_operating_point_far_from_0_does_not_prune_a_true_term(tmp_path):
         assert res.summary["model_check"]["verdict"] == "ok"
     np.testing.assert_allclose(scaled[300.0][1:], scaled[0.0][1:], rtol=1e-6)
     assert scaled[0.0][2] > 0.5                        # the input carries most of the increment
+    # a model without a constant, its inputs and states about 300: the constant is weighed
+    # against the target's rest with its mean, so its estimate (noise extrapolated to 0, -0.1
+    # on another fleet of this kind) is pruned; weighed about the mean it was kept
+    for seed in (0, 1):
+        file, _, _ = offset_tanks(tmp_path, 300.0, intercept=False, seed=seed)
+        res = engine("system=generic", "data=files", f"data.path={file}", "data.states=[x1]",
+                     "data.inputs=[u]", "feature_map=affine", "strategy=centralized_exact",
+                     "sparsity=stlsq", "output.plot=false", "progress=false")
+        assert kept(res) == {"x1+:x1", "x1+:u"}, seed
 
 
 def test_ridge_with_unbias_equals_pysindy_default(fleet):

@@ -29,9 +29,9 @@ def samples(file, split):
 
 def stlsq_unit(X, y, t):
     """STLSQ of one target on the samples, the coefficients compared after scaling by the
-    spread of their feature (the constant feature, column 0: its RMS) over the spread of
-    what the target does besides its largest term (both about their means: the library has
-    an intercept)."""
+    spread of their feature over the spread of what the target does besides its largest
+    term (both about their means: the library has an intercept); the constant feature
+    (column 0) by its RMS over that rest's RMS with its mean."""
     assert (X[:, 0] == 1).all()
     keep = np.ones(X.shape[1], bool)
     size = ((X - X.mean(0)) ** 2).sum(0)
@@ -39,8 +39,9 @@ def stlsq_unit(X, y, t):
     for _ in range(20):
         coef = np.zeros(X.shape[1])
         coef[keep] = np.linalg.lstsq(X[:, keep], y, rcond=None)[0]
-        rest = min(np.sum((y - coef[k] * X[:, k] - np.mean(y - coef[k] * X[:, k])) ** 2)
-                   for k in np.flatnonzero(keep))
+        rests = [y - coef[k] * X[:, k] for k in np.flatnonzero(keep)]
+        rest = np.full(X.shape[1], min(np.sum((r - r.mean()) ** 2) for r in rests))
+        rest[0] = min(np.sum(r ** 2) for r in rests)
         new = keep & (np.abs(coef) * np.sqrt(size / rest) >= t)
         if (new == keep).all():
             break

@@ -471,8 +471,16 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     if data is not None and diverged is None and failure is None \
             and type(strategy).__name__ != "Local":
         conditioning(summary, data, None if sparsity is None else sparsity.support,
-                     dataset.clients)
-    offset = (summary.get("conditioning") or {}).get("roundoff", {}).get("cause") == "offset"
+                     dataset.clients, np.abs(model.structure).sum(axis=1) > 0)
+    elif data is None and getattr(hist, "roundoff", None) is not None:
+        # under Flower: the round-off of each client's own least squares, which it sent
+        if roundoff_lost(summary, hist.roundoff, dataset.clients, own=True) \
+                and summary["status"] == "ok":
+            summary["status"] = "ill_conditioned"
+    lost = (summary.get("conditioning") or {}).get("roundoff", {})
+    # the own fits the model check reads carry the round-off found (Flower's clients measure
+    # it on them; in process the pooled sums', whose cause offset every client's data share)
+    offset = lost.get("cause") == "offset" or lost.get("of") == "own fits"
     if diverged is None and failure is None and settings.output.model_check:
         # in process from the clients' data; under Flower combined from what they sent
         check = (model_check(model, data, dataset.heldout,
@@ -494,12 +502,11 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
                 check["excess_rejected"] = [[s, str(dataset.clients[m]), j]
                                             for s, m, j in check["excess_rejected"]]
             if offset and check.get("verdict") is not None:
-                # every client's own data sit far from 0 beside their spread: its own fit
-                # carries the round-off the conditioning check found in the pooled one
                 check.update(verdict=None, ok=None, reason=(
-                    "the data sit far from 0 beside their spread and the clients' own fits "
-                    "carry the round-off of the pooled one (status ill_conditioned): their "
-                    "residuals are not read"))
+                    ("the data sit far from 0 beside their spread" if lost.get("cause") ==
+                     "offset" else "some clients' own data keep no two digits of a fit") +
+                    " and the clients' own fits carry the round-off found (status "
+                    "ill_conditioned): their residuals are not read"))
             summary["model_check"] = check
             for line in (noise_note(check), extrapolation_note(check), pooling_note(check),
                          verdict(check, settings.personalize.name == "finetune")):
@@ -570,15 +577,16 @@ def communication(summary: dict, settings, model, strategy, errors, M: int,
 ROUNDOFF_LIMIT = 0.01
 
 
-def conditioning(summary: dict, data, support, clients=None) -> None:
+def conditioning(summary: dict, data, support, clients=None, enters=None) -> None:
     """The pooled Gram's condition number in ``summary["conditioning"]`` (per repeat, on the
     kept terms; :func:`fnsysid.results.metrics.gram_condition`). When some repeat's reaches
     1 / machine epsilon its estimate keeps no correct digit: a warning, and the status
     ``ill_conditioned`` instead of ``ok`` (exit code 3 from the command line). The same when
     the round-off of the pooled sums moves some client's predictions by
-    :data:`ROUNDOFF_LIMIT` of its data or more (:func:`fnsysid.results.metrics.roundoff_ratio`;
-    ``conditioning.roundoff`` names those ``clients``, labels of axis 1)."""
-    from fnsysid.results.metrics import COND_LIMIT, gram_condition, roundoff_ratio
+    :data:`ROUNDOFF_LIMIT` of its targets' spread or more (:func:`roundoff_lost`;
+    ``conditioning.roundoff`` names those ``clients``, labels of axis 1), each target
+    against its own spread with ``enters`` (n_y, p), which targets each coefficient enters."""
+    from fnsysid.results.metrics import COND_LIMIT, gram_condition, roundoff_facts
 
     cond = gram_condition(data.H, support)
     bad = [s for s, c in enumerate(cond) if not c < COND_LIMIT and not np.isnan(c)]
@@ -591,48 +599,65 @@ def conditioning(summary: dict, data, support, clients=None) -> None:
                     "ill_conditioned); check the data for trajectories that escape or "
                     "features that repeat each other", worst, "s" if len(bad) > 1 else "",
                     ", ".join(map(str, bad[:10])), COND_LIMIT)
-    else:
-        spread = None
-        if data.y_mean is not None:          # the targets' summed squares about their means
-            spread = np.maximum(data.yy - data.n * (data.y_mean ** 2).sum(axis=-1), 0.0)
-        ratio = roundoff_ratio(data.H, data.b, data.yy, support, spread=spread)
-        lost = np.nan_to_num(ratio, nan=0.0) >= ROUNDOFF_LIMIT                # (S, M)
-        if not lost.any():
-            return
-        names = _labels(lost, clients if clients is not None else range(lost.shape[1]))
-        s, m = np.unravel_index(int(np.nanargmax(np.where(lost, ratio, -np.inf))), lost.shape)
-        # measured against the targets' norm instead of their spread, is the loss still
-        # there? If not, it comes from data that sit far from 0 beside how much they move
-        offset = spread is not None and not (
-            ratio[s, m] * np.sqrt(spread[s, m] / data.yy[s, m]) >= ROUNDOFF_LIMIT)
-        summary["conditioning"]["roundoff"] = {
-            "clients": names, "repeats": [int(r) for r in np.flatnonzero(lost.any(axis=1))],
-            "worst_ratio": float(ratio[s, m]), "cause": "offset" if offset else "scale"}
-        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5
-                                        else "")
-        plural = "s" if len(names) > 1 else ""
-        if offset:
-            n_y = data.y_mean.shape[-1]
-            level = float(np.sqrt((data.y_mean[s, m] ** 2).mean()))
-            sd = float(np.sqrt(spread[s, m] / (data.n[s, m] * n_y)))
-            log.warning("the round-off of the pooled sums moves the predictions of client%s "
-                        "%s by up to %.3g times how much their targets move: their data sit "
-                        "far from 0 beside their spread (client %s: targets about %.3g "
-                        "moving by %.3g), where the library's terms nearly repeat each "
-                        "other, and the predictions keep fewer than two correct digits "
-                        "(status: ill_conditioned); subtract an operating point (e.g. each "
-                        "state's and input's mean) from the data before the fit",
-                        plural, shown, float(ratio[s, m]),
-                        str(clients[m]) if clients is not None else str(m), level, sd)
-        else:
-            log.warning("the round-off of the pooled sums moves the predictions of client%s "
-                        "%s by up to %.3g times their data (the sums hold a far larger "
-                        "client's data at the same precision): their predictions keep fewer "
-                        "than two correct digits (status: ill_conditioned); check the data "
-                        "for trajectories that escape or clients whose data are many orders "
-                        "of magnitude apart", plural, shown, float(ratio[s, m]))
+    elif not roundoff_lost(summary, roundoff_facts(data, support, enters), clients):
+        return
     if summary["status"] == "ok":
         summary["status"] = "ill_conditioned"
+
+
+#: targets whose means sit at this many times their standard deviation or more are far
+#: from 0 beside their spread (the cause ``offset`` of a round-off loss)
+OFFSET_LEVEL = 10.0
+
+
+def roundoff_lost(summary: dict, facts: dict, clients=None, own: bool = False) -> bool:
+    """Where :func:`fnsysid.results.metrics.roundoff_facts` (``facts``, each (S, M)) says
+    some client's predictions keep fewer than two correct digits (``ratio`` at or above
+    :data:`ROUNDOFF_LIMIT`): ``summary["conditioning"]["roundoff"]`` names those clients,
+    the ``cause`` (``offset``: the data far from 0 beside their spread, the loss seen only
+    against the spread or the worst client's targets at :data:`OFFSET_LEVEL` times their
+    standard deviation or more; ``scale``: otherwise) and the worst ratio, a warning says
+    it, and True (the caller sets the status). ``own``: the ratios are of each client's
+    own least squares (what Flower clients send), not of the pooled sums."""
+    ratio = np.asarray(facts["ratio"], float)
+    lost = np.nan_to_num(ratio, nan=0.0) >= ROUNDOFF_LIMIT                      # (S, M)
+    if not lost.any():
+        return False
+    names = _labels(lost, clients if clients is not None else range(lost.shape[1]))
+    s, m = np.unravel_index(int(np.nanargmax(np.where(lost, ratio, -np.inf))), lost.shape)
+    # far from 0 beside their spread: the change is small against the targets' norm, or
+    # the targets sit at ten times their spread or more
+    offset = not (facts["raw"][s, m] >= ROUNDOFF_LIMIT) or \
+        bool(facts["level"][s, m] >= OFFSET_LEVEL * facts["sd"][s, m])
+    summary.setdefault("conditioning", {})["roundoff"] = {
+        "clients": names, "repeats": [int(r) for r in np.flatnonzero(lost.any(axis=1))],
+        "worst_ratio": float(ratio[s, m]), "cause": "offset" if offset else "scale",
+        "of": "own fits" if own else "pooled sums"}
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    plural = "s" if len(names) > 1 else ""
+    what = ("the round-off of their own least squares moves the predictions of client"
+            if own else "the round-off of the pooled sums moves the predictions of client")
+    if offset:
+        log.warning("%s%s %s by up to %.3g times how much their targets move: their data sit "
+                    "far from 0 beside their spread (client %s: targets about %.3g moving "
+                    "by %.3g), where the library's terms nearly repeat each other, and the "
+                    "predictions keep fewer than two correct digits (status: "
+                    "ill_conditioned); subtract an operating point (e.g. each state's and "
+                    "input's mean) from the data before the fit", what, plural, shown,
+                    float(ratio[s, m]), str(clients[m]) if clients is not None else str(m),
+                    float(facts["level"][s, m]), float(facts["sd"][s, m]))
+    elif own:
+        log.warning("%s%s %s by up to %.3g times their data: their own data keep fewer than "
+                    "two correct digits of a fit (status: ill_conditioned); check their data "
+                    "for trajectories that escape or features that repeat each other", what,
+                    plural, shown, float(ratio[s, m]))
+    else:
+        log.warning("%s%s %s by up to %.3g times their data (the sums hold a far larger "
+                    "client's data at the same precision): their predictions keep fewer than "
+                    "two correct digits (status: ill_conditioned); check the data for "
+                    "trajectories that escape or clients whose data are many orders of "
+                    "magnitude apart", what, plural, shown, float(ratio[s, m]))
+    return True
 
 
 def _labels(left: np.ndarray, clients) -> list[str]:

@@ -87,10 +87,11 @@ def unit_scales(theta: np.ndarray, h: np.ndarray, b: np.ndarray, yy: np.ndarray,
     raw coefficient (``w = 1``).
 
     With ``centre`` (the sums of a constant regressor in the coefficient's target, from
-    :func:`intercept_sums`), both are taken about their means, as in a regression with an
-    intercept: ``h_k - s_k^2 / n`` (the constant's own ``h`` kept) and ``r`` less
+    :func:`intercept_sums`), both are taken about their means for every coefficient but the
+    constant, as in a regression with an intercept: ``h_k - s_k^2 / n`` and ``r`` less
     ``(s_y - theta_k' s_k')^2 / n``, so that data far from 0 (a state about 300) weigh a
-    term by how much it moves, not by where it sits.
+    term by how much it moves, not by where it sits. The constant keeps ``h = n`` and the
+    ``r`` with the mean: it competes with the target's level.
 
     Parameters
     ----------
@@ -119,16 +120,23 @@ def unit_scales(theta: np.ndarray, h: np.ndarray, b: np.ndarray, yy: np.ndarray,
     """
     YY = yy @ enters.astype(float)                                   # (..., p)
     rest = YY - 2 * theta * b + theta ** 2 * h
+    share = (enters.T.astype(float) @ enters.astype(float)) > 0      # (p, p)
+    allowed = share & np.asarray(support, bool)[..., None, :]
+
+    def smallest(rest):
+        r = np.maximum(rest, 1e-12 * YY)
+        return np.where(allowed, r[..., None, :], np.inf).min(axis=-1)   # (..., p)
+
+    rmin = smallest(rest)
     if centre is not None:
         sx, sy, n, own = centre
         with np.errstate(divide="ignore", invalid="ignore"):
             inv = np.where(n > 0, 1.0 / n, 0.0)
-        rest = rest - (sy - theta * sx) ** 2 * inv
+        # the constant itself is weighed against the rest with its mean: an intercept
+        # competes with the target's level, and a state far from 0 makes the intercept of a
+        # model without one a large extrapolation of noise (e.g. -0.1 beside a rest of 6)
+        rmin = np.where(own, rmin, smallest(rest - (sy - theta * sx) ** 2 * inv))
         h = np.where(own, h, h - sx ** 2 * inv)
-    r = np.maximum(rest, 1e-12 * YY)
-    share = (enters.T.astype(float) @ enters.astype(float)) > 0      # (p, p)
-    allowed = share & np.asarray(support, bool)[..., None, :]
-    rmin = np.where(allowed, r[..., None, :], np.inf).min(axis=-1)   # (..., p)
     with np.errstate(divide="ignore", invalid="ignore"):
         w = np.sqrt(h / rmin)
     w = np.where(np.isfinite(w), w, 0.0)

@@ -394,9 +394,10 @@ COND_LIMIT = 1.0 / np.finfo(float).eps
 
 def roundoff_ratio(H: np.ndarray, b: np.ndarray, yy: np.ndarray,
                    support: np.ndarray | None = None, trials: int = 4,
-                   seed: int = 0, spread: np.ndarray | None = None) -> np.ndarray:
+                   seed: int = 0, spread: np.ndarray | None = None,
+                   enters: np.ndarray | None = None) -> np.ndarray:
     """How far the round-off of the pooled sums moves each client's predictions, relative
-    to its data: (S, M).
+    to its data: (S, M), or (S, M, n_y) per target with ``enters``.
 
     The pooled statistics ``sum_i H_i``, ``sum_i b_i`` carry a rounding error of about one
     unit in the last place of their largest terms: ``eps sqrt(h_k h_l)`` in entry (k, l)
@@ -404,15 +405,17 @@ def roundoff_ratio(H: np.ndarray, b: np.ndarray, yy: np.ndarray,
     least squares (on ``support``) is solved again ``trials`` times with the sums perturbed
     by such errors of random signs (a fixed ``seed``), and the largest change ``dtheta`` of
     the solution is mapped to client i's predictions, ``sqrt(dtheta' H_i dtheta)``, divided
-    by the size of its targets: ``sqrt(spread_i)`` when ``spread`` (S, M) is given (the
-    targets' summed squares about their means, so that an offset in the data, a state
-    that moves about 1000, does not hide a change of the predictions that is large beside
-    how much they move), else ``sqrt(yy_i)`` (``yy`` (S, M), the summed squares). Where one
-    trajectory is many orders of magnitude larger than the others, the other clients' data
-    lie below the precision of the sums and the ratio approaches or passes 1: their part
-    of the estimate keeps no correct digit; the same where the data sit far from 0 beside
-    their spread (a polynomial library of a state about 1000). NaN for a client without
-    targets' variation."""
+    by the size of its targets: ``sqrt(spread_i)`` when ``spread`` is given (the targets'
+    summed squares about their means, so that an offset in the data, a state that moves
+    about 1000, does not hide a change of the predictions that is large beside how much
+    they move), else ``sqrt(yy_i)`` (``yy`` (S, M), the summed squares). With ``enters``
+    (n_y, p: which targets each coefficient enters) each target is measured on its own
+    coefficients against its own ``spread`` (S, M, n_y), so that a target that moves a lot
+    does not hide one that sits far from 0. Where one trajectory is many orders of
+    magnitude larger than the others, the other clients' data lie below the precision of
+    the sums and the ratio approaches or passes 1: their part of the estimate keeps no
+    correct digit; the same where the data sit far from 0 beside their spread (a
+    polynomial library of a state about 1000). NaN for a target without variation."""
     H = np.asarray(H, float)
     S, M, p = H.shape[:3]
     keep = np.ones((S, p)) if support is None else np.asarray(support, float)
@@ -422,6 +425,8 @@ def roundoff_ratio(H: np.ndarray, b: np.ndarray, yy: np.ndarray,
     h = np.sqrt(np.maximum(np.diagonal(G, axis1=-2, axis2=-1), 0.0))              # (S, p)
     eps = np.finfo(float).eps
     rng = np.random.default_rng(seed)
+    blocks = [np.arange(p)] if enters is None else \
+        [np.flatnonzero(row) for row in np.asarray(enters, bool)]
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         base = least_squares(G, bs) * keep
         E = rng.choice([-1.0, 1.0], size=(trials, *G.shape))
@@ -429,13 +434,67 @@ def roundoff_ratio(H: np.ndarray, b: np.ndarray, yy: np.ndarray,
         dG = eps * E * h[:, :, None] * h[:, None, :]
         db = eps * rng.choice([-1.0, 1.0], size=(trials, *bs.shape)) * h * np.sqrt(yt)[:, None]
         d = np.swapaxes(least_squares(G + dG, bs + db) * keep - base, 0, 1)      # (S, T, p)
-        # every client's H_i read once for all the trials: (S, M, T)
-        move = np.einsum("smpq,stq->smtp", H, d, optimize=True)
-        move = np.einsum("smtp,stp->smt", move, d)
-        worst = np.sqrt(np.maximum(move, 0.0)).max(axis=-1)
+        worst = np.zeros((S, M, len(blocks)))
+        for j, own in enumerate(blocks):
+            # every client's H_i read once for all the trials, on the target's coefficients
+            Hj = H if len(own) == p else H[:, :, own[:, None], own]
+            dj = d if len(own) == p else d[..., own]
+            move = np.einsum("smpq,stq->smtp", Hj, dj, optimize=True)
+            move = np.einsum("smtp,stp->smt", move, dj)
+            worst[..., j] = np.sqrt(np.maximum(move, 0.0)).max(axis=-1)
+        if enters is None:
+            worst = worst[..., 0]
         size = np.asarray(yy if spread is None else spread, float)
         ratio = worst / np.sqrt(size)
     return np.where(size > 0, ratio, np.nan)
+
+
+#: a target whose summed squares about its mean are below this share of its summed squares
+#: moves less than 1e-5 of its level: its spread, a difference of the two, is not known
+#: well enough to measure anything against (not judged)
+SPREAD_PRECISION = 1e-10
+
+
+def roundoff_facts(data, support: np.ndarray | None = None,
+                   enters: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """:func:`roundoff_ratio` of ``data`` (a :class:`~fnsysid.dynamics.model.ClientData`,
+    (S, M, ...)) against each target's spread (``enters`` (n_y, p), with ``yy_target`` and
+    ``y_mean``; else all targets together), with what its warning names, each (S, M) for
+    the client's worst target: ``ratio``; ``raw``, the same change against the target's
+    norm (below the limit where ``ratio`` is not: data far from 0 beside their spread);
+    ``level``, the magnitude of the target's mean; ``sd``, its standard deviation. A target
+    whose spread is below :data:`SPREAD_PRECISION` of its summed squares is not judged
+    (NaN). Of one client's data alone (M = 1) it is the round-off of that client's own least
+    squares, which a Flower client sends (the server holds no ``H_i``)."""
+    n = np.asarray(data.n, float)
+    if data.y_mean is None or data.yy_target is None or enters is None:
+        yy = np.asarray(data.yy, float)
+        if data.y_mean is None:
+            spread, level = yy, np.full(yy.shape, np.nan)
+        else:
+            ym = np.asarray(data.y_mean, float)
+            spread = yy - n * (ym ** 2).sum(axis=-1)
+            level = np.sqrt((ym ** 2).mean(axis=-1))
+        yy, spread, level = yy[..., None], spread[..., None], level[..., None]
+        n_y = 1 if data.y_mean is None else data.y_mean.shape[-1]
+        ratio = roundoff_ratio(data.H, data.b, yy[..., 0], support,
+                               spread=np.where(spread > SPREAD_PRECISION * yy, spread,
+                                               0.0)[..., 0])[..., None]
+    else:
+        yy = np.asarray(data.yy_target, float)                                  # (S, M, n_y)
+        ym = np.asarray(data.y_mean, float)
+        spread, level, n_y = yy - n[..., None] * ym ** 2, np.abs(ym), 1
+        ratio = roundoff_ratio(data.H, data.b, data.yy, support, enters=enters,
+                               spread=np.where(spread > SPREAD_PRECISION * yy, spread, 0.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        raw = ratio * np.sqrt(spread / yy)
+        sd = np.sqrt(np.maximum(spread, 0.0) / (np.maximum(n, 1)[..., None] * n_y))
+    j = np.argmax(np.where(np.isnan(ratio), -np.inf, ratio), axis=-1)[..., None]
+
+    def pick(a):
+        return np.take_along_axis(a, j, axis=-1)[..., 0]
+
+    return {"ratio": pick(ratio), "raw": pick(raw), "level": pick(level), "sd": pick(sd)}
 
 
 def gram_condition(H: np.ndarray, support: np.ndarray | None = None) -> np.ndarray:

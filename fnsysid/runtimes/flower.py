@@ -377,14 +377,25 @@ def model_check_reply(node: ClientNode, arrays: dict) -> dict[str, np.ndarray]:
     random stream (named by its label); ``arrays["support"]`` (S, p): the server's support
     under ``sparsity``. Only these sums, counts and p-values leave the node."""
     from fnsysid.results import modelcheck
+    from fnsysid.results.metrics import roundoff_facts
 
     support = arrays.get("support")
     support = None if support is None else np.asarray(support) > 0
     S = node.data.n.shape[0]
     if node.heldout is None or not (node.heldout.n > 0).any():
-        return modelcheck.empty_statistics(node.model, S, 1)
-    return modelcheck.client_statistics(node.model, node.data, node.heldout, node.label,
-                                        support)
+        out = modelcheck.empty_statistics(node.model, S, 1)
+    else:
+        out = modelcheck.client_statistics(node.model, node.data, node.heldout, node.label,
+                                           support)
+    # the round-off of the client's own least squares, against its targets' spread (the
+    # server holds no H_i to perturb the pooled sums with): four numbers a repeat
+    facts = roundoff_facts(node.data, support,
+                           np.abs(node.model.structure).sum(axis=1) > 0)
+    return {**out, **{f"{ROUNDOFF}{k}": v for k, v in facts.items()}}
+
+
+#: the prefix of the round-off facts in a model-check reply
+ROUNDOFF = "roundoff_"
 
 
 def make_client_app(node: Callable[[Context], ClientNode]) -> ClientApp:
@@ -726,8 +737,8 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
                 hist.personal = personal.serve_personalize(ask, settings, strategy, model)
             if not dead.any() and settings.output.model_check:
                 stage = f"the model check after round {last}"
-                hist.model_check = serve_model_check(grid, nodes, names, wait, settings,
-                                                     strategy, model, last)
+                hist.model_check, hist.roundoff = serve_model_check(
+                    grid, nodes, names, wait, settings, strategy, model, last)
     except Aborted:
         raise
     except FlowerError as exc:
@@ -743,27 +754,31 @@ def serve(grid: Grid, settings, model, strategy, M: int, keep_clients: bool):
 
 
 def serve_model_check(grid: Grid, nodes: list[int], names: dict, wait: float, settings,
-                      strategy, model, last: int) -> dict | None:
+                      strategy, model, last: int) -> tuple[dict | None, dict | None]:
     """The model check after the last round: every client sends its statistics
     (:func:`model_check_reply`, exchange :data:`MODEL_CHECK`) and the server combines them
     as the in-process run does (:func:`fnsysid.results.modelcheck.combine`); the result with
-    client positions in the clients' order, or None without held-out data. Not made under
-    ``privacy`` (its statistics are sums over a client's data that no noise protects): the
-    result then says so in ``reason``."""
+    client positions in the clients' order, or None without held-out data; and the clients'
+    round-off facts of their own least squares (:func:`fnsysid.results.metrics.
+    roundoff_facts`, each (S, M)), which the run judges as the in-process run judges the
+    pooled sums' (:func:`fnsysid.app.experiment.roundoff_lost`). Not made under ``privacy``
+    (its statistics are sums over a client's data that no noise protects): the result then
+    says so in ``reason``, and there are no round-off facts (None)."""
     from fnsysid.results.modelcheck import combine
 
     privacy = getattr(strategy, "privacy", None)
     if privacy is not None:         # its sums would leave the clients without the noise
         return {"ok": None, "verdict": None, "white": None, "test": "billings-voon",
                 "tests": 0, "reason": f"not made under runtime=flower with privacy="
-                f"{privacy.mode}: the clients' statistics would leave them without noise"}
+                f"{privacy.mode}: the clients' statistics would leave them without noise"}, None
     sparsity = getattr(strategy, "sparsity", None)
     support = None if sparsity is None else sparsity.support
     arrays = {} if support is None else {"support": np.asarray(support, float)}
     config = {"exchange": MODEL_CHECK, "round": last, "evaluate": False}
     stats = stacked(exchange(grid, [(nd, "train", arrays, config) for nd in nodes], names,
                              wait))
-    return combine(model, stats, support)
+    roundoff = {k[len(ROUNDOFF):]: stats.pop(k) for k in list(stats) if k.startswith(ROUNDOFF)}
+    return combine(model, stats, support), roundoff or None
 
 
 def make_server_app(settings, model, strategy, M: int, keep_clients: bool,
