@@ -11,6 +11,10 @@ from tests.conftest import make
 
 
 def _heldout(model, S=2, M=5, J=3, T=6, eps=0.1):
+    return heldout_from_trajectories(model, *_trajectories(model, S, M, J, T, eps))
+
+
+def _trajectories(model, S=2, M=5, J=3, T=6, eps=0.1):
     xs, us = [], []
     for s in range(S):
         _, x, u = simulate_blocks(model, s, [(0, 0, M)], J, T, eps, 0, False, rnd.HOLDOUT)
@@ -20,7 +24,7 @@ def _heldout(model, S=2, M=5, J=3, T=6, eps=0.1):
     mask = np.ones(x.shape[:-1], bool)
     mask[0, 1, 2, 3:] = False                              # a shorter trajectory
     mask[1, 2] = False                                     # a client without held-out data
-    return heldout_from_trajectories(model, x, u, mask)
+    return x, u, mask
 
 
 def _reference(model, theta, ho):
@@ -261,3 +265,24 @@ def test_row_means_and_coordinate_first_are_numpy_s_bit_for_bit():
         est = rng.random((S, 1, 3))
         moved = _coordinate_first(est)
         assert moved.shape == (3, S, 1) and (moved == np.moveaxis(est, -1, 0)).all()
+
+
+
+def test_a_state_held_at_a_value_is_constant_not_a_scale_of_1e_17():
+    """A client whose held-out state is 0.3 at every sample: its standard deviation is the
+    rounding of its mean (5e-17 with the two-pass formula on a fleet's CSV), which made its
+    NRMSE 1e14 and the fleet's mean 5e12 beside status ok. It is constant: left out (NaN)
+    like an exact 0, and the other clients' scores are unchanged."""
+    _, model, *_ = make("system=linear")
+    x, u, mask = _trajectories(model)
+    ho = heldout_from_trajectories(model, x, u, mask)
+    x = x.copy()
+    x[0, 0] = 0.3                                       # client 0 of repeat 0 held at 0.3
+    held = heldout_from_trajectories(model, x, u, mask)
+    assert (held.std[0, 0] == 0).all() and (held.std[0, 1:] > 0).all()
+    theta = np.broadcast_to(model.system.nominal @ model.embed, (2, 1, model.p)) * 1.01
+    v = HeldOutScores(model, held).one_step(theta)
+    ref = HeldOutScores(model, ho).one_step(theta)
+    assert np.isnan(v[0, 0]) and np.isfinite(ref[0, 0])
+    np.testing.assert_allclose(v[0, 1:], ref[0, 1:])
+    np.testing.assert_allclose(v[1], ref[1])
