@@ -208,7 +208,8 @@ def test_data_far_from_0_beside_their_spread_are_not_printed_as_ok(tmp_path, cap
                             "data.states=[x1]", "data.inputs=[u]", f"feature_map={library}",
                             *(["feature_map.degree=2"] if library == "polynomial" else []),
                             "strategy=centralized_exact",
-                            "output.plot=false", "progress=false"])
+                            "output.plot=false", "progress=false"],
+                           output_dir=tmp_path / f"{library}{offset:g}")
 
     good, affine, bad = fit(0.0, "polynomial"), fit(1000.0, "affine"), fit(1000.0, "polynomial")
     for res in (good, affine):
@@ -229,6 +230,14 @@ def test_data_far_from_0_beside_their_spread_are_not_printed_as_ok(tmp_path, cap
     line = [m for m in said if "round-off" in m]
     assert len(line) == 1 and "targets about 1e+03 moving by 0.145" in line[0]
     assert "subtract an operating point" in line[0]
+    from fnsysid.results.equations import show_text
+
+    shown = [ln for ln in show_text(tmp_path / "polynomial1000") if ln.startswith("conditioning")]
+    assert shown == [f"conditioning: the round-off of the pooled sums moves the predictions of "
+                     f"c0, c1, c10, c11, c12 and 15 more by up to {r['worst_ratio']:.3g} times "
+                     f"their targets' spread (the data sit far from 0 beside their spread: "
+                     f"subtract an operating point)"]
+    assert not [ln for ln in show_text(tmp_path / "polynomial0") if "conditioning" in ln]
 
 
 def test_a_state_far_from_0_is_not_hidden_by_another_that_moves_a_lot(tmp_path):

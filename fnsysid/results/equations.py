@@ -227,6 +227,28 @@ def _check_line(check: dict | None) -> str | None:
     return line
 
 
+def _conditioning_line(cond: dict | None) -> str | None:
+    """Why a run is ``ill_conditioned`` (``summary.json: conditioning``), or None."""
+    if not cond:
+        return None
+    if cond.get("repeats"):
+        worst = max(c for c in cond["cond"] if c is not None)
+        return (f"conditioning: the pooled Gram matrix's condition number {worst:.3g} reaches "
+                f"1/eps in repeat(s) {', '.join(map(str, cond['repeats']))}: no correct digit")
+    r = cond.get("roundoff")
+    if not r:
+        return None
+    names = ", ".join(r["clients"][:5]) + (f" and {len(r['clients']) - 5} more"
+                                           if len(r["clients"]) > 5 else "")
+    of = r.get("of", "pooled sums")
+    why = ("the data sit far from 0 beside their spread: subtract an operating point"
+           if r.get("cause") == "offset" else
+           "clients' data orders of magnitude apart" if of == "pooled sums" else
+           "their own data keep no two digits of a fit")
+    return (f"conditioning: the round-off of the {of} moves the predictions of {names} by up "
+            f"to {r['worst_ratio']:.3g} times their targets' spread ({why})")
+
+
 def _run_lines(folder: Path, summary: dict, full: bool) -> list[str]:
     head = (f"status {summary.get('status')}, {summary.get('rounds_completed')} rounds; "
             f"system={summary.get('system')}, feature_map={summary.get('feature_map')}, "
@@ -249,6 +271,9 @@ def _run_lines(folder: Path, summary: dict, full: bool) -> list[str]:
     check = _check_line(summary.get("model_check"))
     if check:
         lines.append(check)
+    cond = _conditioning_line(summary.get("conditioning"))
+    if cond:
+        lines.append(cond)
     sp = summary.get("sparsity") or {}
     if sp.get("auto") and sp.get("rule"):
         from fnsysid.learning.sparsity import auto_choice
