@@ -109,7 +109,7 @@ def test_an_escaping_trajectory_leaves_the_other_clients_no_digit(tmp_path, capl
     assert 1e3 < c["cond"][0] < 1e9 and "repeats" not in c
     assert bad.summary["status"] == "ill_conditioned"
     assert c["roundoff"]["clients"] == ["c1", "c2", "c3"] and c["roundoff"]["repeats"] == [0]
-    assert c["roundoff"]["worst_ratio"] > 0.1 and c["roundoff"]["cause"] == "scale"
+    assert c["roundoff"]["worst_ratio"] > 0.05 and c["roundoff"]["cause"] == "scale"
     said = [r.getMessage() for r in caplog.records if "round-off" in r.getMessage()]
     assert len(said) == 1 and "clients c1, c2, c3" in said[0] and \
         "status: ill_conditioned" in said[0]
@@ -195,9 +195,10 @@ def test_data_far_from_0_beside_their_spread_are_not_printed_as_ok(tmp_path, cap
     """Tanks about an operating point (tests/test_sparsity.py: offset_tanks), a degree-2
     library: at 1000 the pooled least squares keeps no digit of the predictions (one-step
     NRMSE 7.0 against 0.049 about 0), which a ratio to the targets' norm (1000 and more) did
-    not see: status ok before. Against their spread the round-off is 54 times it: flagged,
-    the cause named, and neither Cochran's Q nor the model check read on the own fits that
-    carry it. The affine library about 1000 and the degree-2 one about 0 stay ok."""
+    not see: status ok before. Measured against a stable solve, the loss is 10 times the
+    targets' spread: flagged, the cause named, and neither Cochran's Q nor the model check
+    read on the own fits that carry it. The affine library about 1000 and the degree-2 one
+    about 0 stay ok."""
     from tests.test_sparsity import offset_tanks
 
     caplog.set_level("WARNING", logger="fnsysid")
@@ -244,7 +245,8 @@ def test_a_state_far_from_0_is_not_hidden_by_another_that_moves_a_lot(tmp_path):
     """A tank about 500 (x1) beside an oscillator about 0 a hundred times its spread (x2,
     x3), degree 2: x1's predictions keep no digit (free-run NRMSE 3.0 against 0.17 about
     0). The targets' spreads summed, x2's hid x1's loss: status ok on seeds 0 and 1; each
-    target against its own spread, the ratio is about 3: ill_conditioned, cause offset."""
+    target against its own spread, the loss is 0.32 and 0.88 of x1's spread:
+    ill_conditioned, cause offset."""
     from tests.conftest import engine
     from tests.test_sparsity import offset_tanks
 
@@ -261,7 +263,7 @@ def test_a_state_far_from_0_is_not_hidden_by_another_that_moves_a_lot(tmp_path):
         assert runs[500.0]["final_nrmse_sim_mean"] > 10 * runs[0.0]["final_nrmse_sim_mean"]
         r = runs[500.0]["conditioning"]["roundoff"]
         assert runs[500.0]["status"] == "ill_conditioned"
-        assert r["cause"] == "offset" and r["worst_ratio"] > 1 and len(r["clients"]) == 20
+        assert r["cause"] == "offset" and r["worst_ratio"] > 0.1 and len(r["clients"]) == 20
 
 
 def test_a_spread_below_the_precision_of_the_sums_is_not_judged():
@@ -286,3 +288,30 @@ def test_a_spread_below_the_precision_of_the_sums_is_not_judged():
     facts = roundoff_facts(data, enters=np.ones((1, 2), bool))
     assert np.isnan(facts["ratio"][0, 0]) and np.isfinite(facts["ratio"][0, 1])
     assert facts["ratio"][0, 1] < 1e-10
+
+
+def test_own_fits_that_lose_their_digits_judge_the_runs_that_use_them(tmp_path, caplog):
+    """Ten tanks without an intercept at operating points 50, 100, ..., 500, degree 2: the
+    pooled least squares keeps its digits (one-step NRMSE 0.0617 against 0.0616 at 0), the
+    clients' own fits do not (their loss against a stable solve reaches 1.7 times a
+    target's spread). `centralized_exact` stays ok and only the model check, which fits
+    them, gives no verdict; FedAvg with local steps whitened by each client's own Gram
+    matrix (the generic default) ends at NRMSE 546 and was ok before: ill_conditioned."""
+    from tests.conftest import engine
+    from tests.test_sparsity import offset_tanks
+
+    caplog.set_level("WARNING", logger="fnsysid")
+    file, _, _ = offset_tanks(tmp_path, 50.0, spacing=50.0, intercept=False, M=10)
+    runs = {s: engine("system=generic", "data=files", f"data.path={file}", "data.states=[x1]",
+                      "data.inputs=[u]", "feature_map=polynomial", "feature_map.degree=2",
+                      f"strategy={s}", "output.plot=false", "progress=false").summary
+            for s in ("centralized_exact", "fedavg")}
+    exact, fedavg = runs["centralized_exact"], runs["fedavg"]
+    assert exact["status"] == "ok" and exact["final_nrmse_1step_mean"] < 0.07
+    r = exact["conditioning"]["roundoff"]
+    assert r["of"] == "own fits" and r["status"] is False and r["worst_ratio"] > 1
+    assert exact["model_check"]["verdict"] is None
+    assert fedavg["status"] == "ill_conditioned" and fedavg["final_nrmse_1step_mean"] > 100
+    assert fedavg["conditioning"]["roundoff"]["status"] is True
+    said = [m.getMessage() for m in caplog.records if "own least squares" in m.getMessage()]
+    assert len(said) == 2 and "(status unchanged)" in said[0] and "ill_conditioned" in said[1]

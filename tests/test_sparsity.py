@@ -508,17 +508,19 @@ def test_unit_scales_are_the_regressor_rms_over_the_target_beyond_its_largest_te
 
 
 def offset_tanks(path, offset, M=20, runs=5, T=200, noise=0.01, leak=0.02, seed=0,
-                 intercept=True, moving=0.0):
+                 intercept=True, moving=0.0, spacing=0.0):
     """Tanks ``x+ = offset + (1 - leak) (x - offset) + leak u + noise w`` (an operating point
     ``offset``), the last of each client's runs held out; one CSV; with the samples of the
     training runs, ``[1, x, u]`` and ``x+``. ``intercept=False``: ``x+ = (1 - leak) x +
     leak u + noise w`` with the inputs about ``offset`` (no constant term, the states about
     ``offset`` too). ``moving`` > 0: two more states ``x2``, ``x3``, a damped oscillator
-    driven by ``u`` about 0, ``moving`` times the size of the tank's spread or more."""
+    driven by ``u`` about 0, ``moving`` times the size of the tank's spread or more.
+    ``spacing``: client i's operating point is ``offset + spacing i``."""
     rng = np.random.default_rng(seed)
+    offset = offset + spacing * np.arange(M)[:, None]                      # (M, 1)
     x = np.empty((M, runs, T + 1))
     x[..., 0] = offset + rng.normal(size=(M, runs))
-    u = rng.normal(size=(M, runs, T + 1)) + (0.0 if intercept else offset)
+    u = rng.normal(size=(M, runs, T + 1)) + (0.0 if intercept else offset[..., None])
     w = rng.normal(size=(M, runs, T))
     z = np.zeros((M, runs, T + 1, 2))
     z[..., 0, :] = rng.normal(size=(M, runs, 2))
@@ -530,7 +532,7 @@ def offset_tanks(path, offset, M=20, runs=5, T=200, noise=0.01, leak=0.02, seed=
             [np.zeros_like(u[..., t]), 0.05 * (u[..., t] - (0.0 if intercept else offset))],
             axis=-1) + noise * rng.normal(size=(M, runs, 2))
     c, j, t = np.meshgrid(np.arange(M), np.arange(runs), np.arange(T + 1), indexing="ij")
-    file = path / f"tank{offset:g}{'' if intercept else 'n'}{moving:g}.csv"
+    file = path / f"tank{offset[0, 0]:g}{'' if intercept else 'n'}{moving:g}-{spacing:g}.csv"
     table = {"client": [f"c{i}" for i in c.ravel()], "trajectory": j.ravel(), "t": t.ravel(),
              "split": np.where(j.ravel() == runs - 1, "val", "train"), "x1": x.ravel(),
              "u": u.ravel()}

@@ -471,15 +471,17 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     if data is not None and diverged is None and failure is None \
             and type(strategy).__name__ != "Local":
         conditioning(summary, data, None if sparsity is None else sparsity.support,
-                     dataset.clients, np.abs(model.structure).sum(axis=1) > 0)
+                     dataset.clients, np.abs(model.structure).sum(axis=1) > 0, model,
+                     own_fits_used(settings, strategy))
     elif data is None and getattr(hist, "roundoff", None) is not None:
         # under Flower: the round-off of each client's own least squares, which it sent
-        if roundoff_lost(summary, hist.roundoff, dataset.clients, own=True) \
-                and summary["status"] == "ok":
+        used = own_fits_used(settings, strategy)
+        if roundoff_lost(summary, hist.roundoff, dataset.clients, own=True, affects=used) \
+                and used and summary["status"] == "ok":
             summary["status"] = "ill_conditioned"
     lost = (summary.get("conditioning") or {}).get("roundoff", {})
-    # the own fits the model check reads carry the round-off found (Flower's clients measure
-    # it on them; in process the pooled sums', whose cause offset every client's data share)
+    # the own fits the model check and Cochran's Q read carry the round-off found (measured
+    # on them, or in the pooled sums of data far from 0, which every client's share)
     offset = lost.get("cause") == "offset" or lost.get("of") == "own fits"
     if diverged is None and failure is None and settings.output.model_check:
         # in process from the clients' data; under Flower combined from what they sent
@@ -505,19 +507,18 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
                 check.update(verdict=None, ok=None, reason=(
                     ("the data sit far from 0 beside their spread" if lost.get("cause") ==
                      "offset" else "some clients' own data keep no two digits of a fit") +
-                    " and the clients' own fits carry the round-off found (status "
-                    "ill_conditioned): their residuals are not read"))
+                    " and the clients' own fits carry the round-off found "
+                    "(conditioning.roundoff): their residuals are not read"))
             summary["model_check"] = check
             for line in (noise_note(check), extrapolation_note(check), pooling_note(check),
                          verdict(check, settings.personalize.name == "finetune")):
                 if line:
                     log.warning(line)
-    if differ_said and summary["status"] == "ill_conditioned":
-        # the clients' own fits carry the round-off that made the estimate ill-conditioned:
+    if differ_said and offset:
         # their differences are not evidence of heterogeneity
         summary["ci"]["clients_differ"]["read"] = False
         summary["ci"]["clients_differ"]["why"] = (
-            "status ill_conditioned: the clients' own fits carry the same round-off")
+            "the clients' own fits lose their digits to round-off (conditioning.roundoff)")
     elif differ_said:
         log.warning(differ_said)
     signum = interrupt.requested()
@@ -577,7 +578,8 @@ def communication(summary: dict, settings, model, strategy, errors, M: int,
 ROUNDOFF_LIMIT = 0.01
 
 
-def conditioning(summary: dict, data, support, clients=None, enters=None) -> None:
+def conditioning(summary: dict, data, support, clients=None, enters=None,
+                 model=None, own_used: bool = True) -> None:
     """The pooled Gram's condition number in ``summary["conditioning"]`` (per repeat, on the
     kept terms; :func:`fnsysid.results.metrics.gram_condition`). When some repeat's reaches
     1 / machine epsilon its estimate keeps no correct digit: a warning, and the status
@@ -586,7 +588,12 @@ def conditioning(summary: dict, data, support, clients=None, enters=None) -> Non
     :data:`ROUNDOFF_LIMIT` of its targets' spread or more (:func:`roundoff_lost`;
     ``conditioning.roundoff`` names those ``clients``, labels of axis 1), each target
     against its own spread with ``enters`` (n_y, p), which targets each coefficient enters."""
-    from fnsysid.results.metrics import COND_LIMIT, gram_condition, roundoff_facts
+    from fnsysid.results.metrics import (
+        COND_LIMIT,
+        gram_condition,
+        roundoff_facts,
+        roundoff_loss,
+    )
 
     cond = gram_condition(data.H, support)
     bad = [s for s, c in enumerate(cond) if not c < COND_LIMIT and not np.isnan(c)]
@@ -599,10 +606,31 @@ def conditioning(summary: dict, data, support, clients=None, enters=None) -> Non
                     "ill_conditioned); check the data for trajectories that escape or "
                     "features that repeat each other", worst, "s" if len(bad) > 1 else "",
                     ", ".join(map(str, bad[:10])), COND_LIMIT)
+    elif model is not None and model.library is not None and data.factor is not None \
+            and data.y_mean is not None and data.yy_target is not None:
+        # a generic library: the loss measured against a stable solve of the same least
+        # squares, the pooled one's and each client's own
+        loss = roundoff_loss(model, data, support)
+        own = {k[4:]: v for k, v in loss.items() if k.startswith("own_")}
+        if not roundoff_lost(summary, loss, clients) and \
+                not (roundoff_lost(summary, own, clients, own=True, affects=own_used)
+                     and own_used):
+            return
     elif not roundoff_lost(summary, roundoff_facts(data, support, enters), clients):
         return
     if summary["status"] == "ok":
         summary["status"] = "ill_conditioned"
+
+
+def own_fits_used(settings, strategy) -> bool:
+    """Whether the run's estimate is made from each client's own least squares: ``oneshot``
+    (their average), or local steps whitened by each client's own Gram matrix
+    (``optimizer.scale_features=whiten``, the generic system's default)."""
+    from fnsysid.learning.strategies import Cyclic, Federated, Local, OneShot
+
+    return isinstance(strategy, OneShot) or (
+        isinstance(strategy, (Federated, Local, Cyclic))
+        and getattr(settings.optimizer, "scale_features", None) == "whiten")
 
 
 #: targets whose means sit at this many times their standard deviation or more are far
@@ -610,7 +638,8 @@ def conditioning(summary: dict, data, support, clients=None, enters=None) -> Non
 OFFSET_LEVEL = 10.0
 
 
-def roundoff_lost(summary: dict, facts: dict, clients=None, own: bool = False) -> bool:
+def roundoff_lost(summary: dict, facts: dict, clients=None, own: bool = False,
+                  affects: bool = True) -> bool:
     """Where :func:`fnsysid.results.metrics.roundoff_facts` (``facts``, each (S, M)) says
     some client's predictions keep fewer than two correct digits (``ratio`` at or above
     :data:`ROUNDOFF_LIMIT`): ``summary["conditioning"]["roundoff"]`` names those clients,
@@ -618,7 +647,11 @@ def roundoff_lost(summary: dict, facts: dict, clients=None, own: bool = False) -
     against the spread or the worst client's targets at :data:`OFFSET_LEVEL` times their
     standard deviation or more; ``scale``: otherwise) and the worst ratio, a warning says
     it, and True (the caller sets the status). ``own``: the ratios are of each client's
-    own least squares (what Flower clients send), not of the pooled sums."""
+    own least squares (what Flower clients send), not of the pooled sums; ``affects``
+    False: the run's estimate does not use them (neither ``oneshot`` nor local steps
+    whitened by the client's own Gram matrix), so the status stays and the line says that
+    only what fits them (the model check, Cochran's Q) is not read (``roundoff.status``
+    false)."""
     ratio = np.asarray(facts["ratio"], float)
     lost = np.nan_to_num(ratio, nan=0.0) >= ROUNDOFF_LIMIT                      # (S, M)
     if not lost.any():
@@ -632,11 +665,21 @@ def roundoff_lost(summary: dict, facts: dict, clients=None, own: bool = False) -
     summary.setdefault("conditioning", {})["roundoff"] = {
         "clients": names, "repeats": [int(r) for r in np.flatnonzero(lost.any(axis=1))],
         "worst_ratio": float(ratio[s, m]), "cause": "offset" if offset else "scale",
-        "of": "own fits" if own else "pooled sums"}
+        "of": "own fits" if own else "pooled sums", "status": bool(affects)}
     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     plural = "s" if len(names) > 1 else ""
     what = ("the round-off of their own least squares moves the predictions of client"
             if own else "the round-off of the pooled sums moves the predictions of client")
+    if not affects:
+        log.warning("%s%s %s by up to %.3g times how much their targets move (client %s: "
+                    "targets about %.3g moving by %.3g): the model check and Cochran's Q, "
+                    "which fit them, are not read; the run's estimate does not use them "
+                    "(status unchanged)%s", what, plural, shown, float(ratio[s, m]),
+                    str(clients[m]) if clients is not None else str(m),
+                    float(facts["level"][s, m]), float(facts["sd"][s, m]),
+                    "; subtract an operating point (e.g. each state's and input's mean) "
+                    "from the data to have them" if offset else "")
+        return True
     if offset:
         log.warning("%s%s %s by up to %.3g times how much their targets move: their data sit "
                     "far from 0 beside their spread (client %s: targets about %.3g moving "

@@ -245,8 +245,10 @@ def _conditioning_line(cond: dict | None) -> str | None:
            if r.get("cause") == "offset" else
            "clients' data orders of magnitude apart" if of == "pooled sums" else
            "their own data keep no two digits of a fit")
+    tail = ("; the run's estimate does not use them: only the model check is not read"
+            if r.get("status") is False else "")
     return (f"conditioning: the round-off of the {of} moves the predictions of {names} by up "
-            f"to {r['worst_ratio']:.3g} times their targets' spread ({why})")
+            f"to {r['worst_ratio']:.3g} times their targets' spread ({why}){tail}")
 
 
 def _run_lines(folder: Path, summary: dict, full: bool) -> list[str]:

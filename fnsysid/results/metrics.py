@@ -497,6 +497,107 @@ def roundoff_facts(data, support: np.ndarray | None = None,
     return {"ratio": pick(ratio), "raw": pick(raw), "level": pick(level), "sd": pick(sd)}
 
 
+#: a least-squares problem whose factor ``R`` (columns scaled to unit size) has diagonal
+#: entries below this share of its largest is not judged by :func:`roundoff_loss`: the
+#: closed-form solves drop such directions (``pinv`` below 1e-15 of the largest eigenvalue
+#: of the Gram matrix, 3e-8 of the largest singular value), so the two solves differ by
+#: more than rounding there
+DETERMINED = 1e-8
+
+
+def _stable_solve(R: np.ndarray, m: int) -> np.ndarray:
+    """``t`` (..., m) of the least squares whose QR factor of ``[X | y]`` is ``R`` (..., k,
+    m + 1): a triangular solve (NaN where the columns of X, scaled to unit size, are not
+    determined, :data:`DETERMINED`)."""
+    r = np.linalg.qr(R, mode="r")                                    # (..., m + 1, m + 1)
+    A, y = r[..., :m, :m], r[..., :m, m]
+    d = np.abs(np.diagonal(A, axis1=-2, axis2=-1))
+    norm = np.sqrt((R[..., :m] ** 2).sum(axis=-2))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scaled = d / norm
+        ok = (scaled.min(axis=-1) >= DETERMINED * scaled.max(axis=-1)) & (norm > 0).all(-1)
+        A = np.where(ok[..., None, None], A, np.eye(m))
+        t = np.linalg.solve(A, y[..., None])[..., 0]
+    return np.where(ok[..., None], t, np.nan)
+
+
+def roundoff_loss(model, data, support: np.ndarray | None = None,
+                  pooled: bool = True) -> dict[str, np.ndarray]:
+    """How much of each client's predictions the closed-form solves from the summed
+    statistics lose to rounding, measured against a stable solve of the same least
+    squares, relative to the spread of each target; each (S, M) for the client's worst
+    target, as :func:`roundoff_facts`.
+
+    The closed-form solves (:func:`fnsysid.dynamics.model.least_squares`) invert Gram
+    matrices, whose condition number is the square of the data's: data far from 0 beside
+    their spread (a polynomial library of a state about 1000) lose most of their digits
+    there. The same least squares solved from the QR factors of the clients' samples
+    (:attr:`~fnsysid.dynamics.model.ClientData.factor`, stacked over the clients for the
+    pooled one) keeps the precision of the data; the difference ``dt`` of the two solutions
+    is mapped to each client's predictions, ``||R_i dt||``, over the square root of the
+    target's summed squares about its mean. ``pooled``: the pooled least squares (every
+    client's predictions, ``ratio``), and each client's own (``own``); else the own alone
+    (what a Flower client measures on its own data). A generic library's model (each
+    coefficient one feature of one target); a target whose problem is not determined
+    (:data:`DETERMINED`) or whose spread is below :data:`SPREAD_PRECISION` of its summed
+    squares is not judged (NaN)."""
+    from fnsysid.dynamics.model import group_factor, least_squares, target_groups
+
+    S, M, p = data.H.shape[:3]
+    St = np.asarray(model.structure)                                 # (n_y, n_phi, p)
+    keep = np.ones((S, p), bool) if support is None else np.asarray(support, bool)
+    n = np.asarray(data.n, float)
+    yy = np.asarray(data.yy_target, float)
+    ym = np.asarray(data.y_mean, float)
+    spread = yy - n[..., None] * ym ** 2
+    size = np.where(spread > SPREAD_PRECISION * yy, spread, np.nan)
+    n_y = St.shape[0]
+    pooled_loss = np.full((S, M, n_y), np.nan)
+    own_loss = np.full((S, M, n_y), np.nan)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        G = masked_gram(data.H.sum(axis=1), keep)
+        base = least_squares(G, data.b.sum(axis=1) * keep) * keep          # (S, p)
+        own = least_squares(masked_gram(data.H, keep[:, None]),
+                            data.b * keep[:, None]) * keep[:, None]      # (S, M, p)
+        for g, (F, J) in enumerate(target_groups(model)):
+            R = group_factor(model, data.factor, g)                        # (S, M, k, k)
+            f, k = len(F), R.shape[-1]
+            for q, j in enumerate(J):
+                par = np.array([int(np.flatnonzero(St[j, c])[0]) for c in F])   # (f,)
+                for s in range(S):
+                    cols = np.flatnonzero(keep[s, par])
+                    if not cols.size:
+                        continue
+                    m = cols.size
+                    A = R[s][..., np.r_[cols, f + q]]                      # (M, k, m + 1)
+                    Xs = A[..., :m]
+                    if pooled:
+                        t = _stable_solve(A.reshape(1, M * k, m + 1), m)[0]
+                        dt = base[s, par[cols]] - t
+                        pooled_loss[s, :, j] = np.linalg.norm(Xs @ dt, axis=-1)
+                    t = _stable_solve(A, m)                                # (M, m)
+                    dt = own[s][:, par[cols]] - t
+                    own_loss[s, :, j] = np.linalg.norm(
+                        np.einsum("mkc,mc->mk", Xs, dt), axis=-1)
+        root = np.sqrt(size)
+        pooled_loss, own_loss = pooled_loss / root, own_loss / root
+        raw_of = np.sqrt(spread / yy)
+
+    def worst(loss):
+        j = np.argmax(np.where(np.isnan(loss), -np.inf, loss), axis=-1)[..., None]
+
+        def pick(a):
+            return np.take_along_axis(a, j, axis=-1)[..., 0]
+
+        return {"ratio": pick(loss), "raw": pick(loss * raw_of), "level": pick(np.abs(ym)),
+                "sd": pick(np.sqrt(np.maximum(spread, 0.0) / np.maximum(n, 1)[..., None]))}
+
+    out = {f"own_{k}": v for k, v in worst(own_loss).items()}
+    if pooled:
+        out.update(worst(pooled_loss))
+    return out
+
+
 def gram_condition(H: np.ndarray, support: np.ndarray | None = None) -> np.ndarray:
     """The condition number (S,) of each repeat's pooled Gram matrix ``H`` (S, M, p, p) summed
     over the clients, equilibrated (each regressor scaled to unit size, as the closed-form

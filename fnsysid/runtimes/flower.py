@@ -377,7 +377,7 @@ def model_check_reply(node: ClientNode, arrays: dict) -> dict[str, np.ndarray]:
     random stream (named by its label); ``arrays["support"]`` (S, p): the server's support
     under ``sparsity``. Only these sums, counts and p-values leave the node."""
     from fnsysid.results import modelcheck
-    from fnsysid.results.metrics import roundoff_facts
+    from fnsysid.results.metrics import roundoff_facts, roundoff_loss
 
     support = arrays.get("support")
     support = None if support is None else np.asarray(support) > 0
@@ -389,8 +389,13 @@ def model_check_reply(node: ClientNode, arrays: dict) -> dict[str, np.ndarray]:
                                            support)
     # the round-off of the client's own least squares, against its targets' spread (the
     # server holds no H_i to perturb the pooled sums with): four numbers a repeat
-    facts = roundoff_facts(node.data, support,
-                           np.abs(node.model.structure).sum(axis=1) > 0)
+    d = node.data
+    if node.model.library is not None and d.factor is not None and d.y_mean is not None \
+            and d.yy_target is not None:     # against a stable solve of its own
+        facts = {k[4:]: v for k, v in roundoff_loss(node.model, d, support,
+                                                      pooled=False).items()}
+    else:
+        facts = roundoff_facts(d, support, np.abs(node.model.structure).sum(axis=1) > 0)
     return {**out, **{f"{ROUNDOFF}{k}": v for k, v in facts.items()}}
 
 
