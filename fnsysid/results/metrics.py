@@ -542,6 +542,7 @@ def roundoff_loss(model, data, support: np.ndarray | None = None,
     (:data:`DETERMINED`) or whose spread is below :data:`SPREAD_PRECISION` of its summed
     squares is not judged (NaN)."""
     from fnsysid.dynamics.model import group_factor, least_squares, target_groups
+    from fnsysid.learning.ownfit import own_fits
 
     S, M, p = data.H.shape[:3]
     St = np.asarray(model.structure)                                 # (n_y, n_phi, p)
@@ -557,8 +558,9 @@ def roundoff_loss(model, data, support: np.ndarray | None = None,
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         G = masked_gram(data.H.sum(axis=1), keep)
         base = least_squares(G, data.b.sum(axis=1) * keep) * keep          # (S, p)
-        own = least_squares(masked_gram(data.H, keep[:, None]),
-                            data.b * keep[:, None]) * keep[:, None]      # (S, M, p)
+        # each client's own fit as the model check, oneshot and Cochran's Q have it (one
+        # computation for them all, fnsysid.learning.ownfit)
+        own = own_fits(data.H, data.b, None if support is None else keep[:, None]).theta
         for g, (F, J) in enumerate(target_groups(model)):
             R = group_factor(model, data.factor, g)                        # (S, M, k, k)
             f, k = len(F), R.shape[-1]
