@@ -486,6 +486,14 @@ def roundoff_facts(data, support: np.ndarray | None = None,
         spread, level, n_y = yy - n[..., None] * ym ** 2, np.abs(ym), 1
         ratio = roundoff_ratio(data.H, data.b, data.yy, support, enters=enters,
                                spread=np.where(spread > SPREAD_PRECISION * yy, spread, 0.0))
+    return _worst_target(ratio, spread, yy, level, n, n_y)
+
+
+def _worst_target(ratio, spread, yy, level, n, n_y: int = 1) -> dict[str, np.ndarray]:
+    """The facts of :func:`roundoff_facts`, each (S, M), at each client's worst target of
+    ``ratio`` (S, M, targets): the ratio; ``raw``, the same loss against the target's norm
+    (``spread`` and ``yy`` its summed squares about its mean and about 0); ``level``; ``sd``,
+    the standard deviation over ``n`` (S, M) samples of ``n_y`` targets."""
     with np.errstate(divide="ignore", invalid="ignore"):
         raw = ratio * np.sqrt(spread / yy)
         sd = np.sqrt(np.maximum(spread, 0.0) / (np.maximum(n, 1)[..., None] * n_y))
@@ -583,20 +591,11 @@ def roundoff_loss(model, data, support: np.ndarray | None = None,
                         np.einsum("mkc,mc->mk", Xs, dt), axis=-1)
         root = np.sqrt(size)
         pooled_loss, own_loss = pooled_loss / root, own_loss / root
-        raw_of = np.sqrt(spread / yy)
 
-    def worst(loss):
-        j = np.argmax(np.where(np.isnan(loss), -np.inf, loss), axis=-1)[..., None]
-
-        def pick(a):
-            return np.take_along_axis(a, j, axis=-1)[..., 0]
-
-        return {"ratio": pick(loss), "raw": pick(loss * raw_of), "level": pick(np.abs(ym)),
-                "sd": pick(np.sqrt(np.maximum(spread, 0.0) / np.maximum(n, 1)[..., None]))}
-
-    out = {f"own_{k}": v for k, v in worst(own_loss).items()}
+    out = {f"own_{k}": v for k, v in
+           _worst_target(own_loss, spread, yy, np.abs(ym), n).items()}
     if pooled:
-        out.update(worst(pooled_loss))
+        out.update(_worst_target(pooled_loss, spread, yy, np.abs(ym), n))
     return out
 
 
