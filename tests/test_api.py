@@ -32,6 +32,7 @@ def test_run_returns_the_tables_of_the_command_line_and_writes_nothing(tmp_path,
     assert res.summary["data"] == "simulated" and res.summary["feature_map"] == "default"
 
 
+@pytest.mark.slow
 def test_list_and_dict_overrides_agree_and_output_dir_writes_the_run(tmp_path):
     a = fnsysid.run([f"{k}={v}" for k, v in SMALL.items()], output_dir=tmp_path / "out")
     b = fnsysid.run(SMALL)
@@ -51,6 +52,7 @@ def test_dict_overrides_take_nested_values_and_keep_strings_strings():
         fnsysid.run({"data.shared_noise": "false", "M": 2, "R": 1})
 
 
+@pytest.mark.slow
 def test_numpy_scalars_are_the_python_numbers_they_are():
     """Values straight from numpy (np.int64, np.float64, np.bool_, np.logspace's items)
     reach the run as the int, float and bool they are, nested ones too."""
@@ -102,6 +104,7 @@ def test_overrides_that_are_not_strings_are_named(tmp_path, overrides, message):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_an_output_dir_or_data_path_with_a_name_too_long_is_a_config_error(tmp_path):
     long = tmp_path / ("a" * 256) / "out"
     with pytest.raises(fnsysid.ConfigError) as exc:
@@ -163,6 +166,7 @@ def test_load_trajectories_returns_the_checked_table(tmp_path):
     assert out["x"].tolist() == [3, 4, 5, 1, 2] and out["u"].iloc[2] == 0.0
 
 
+@pytest.mark.slow
 def test_own_data_example_runs_and_fits(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["own_data.py", str(tmp_path)])
     runpy.run_path(str(ROOT / "examples" / "own_data.py"), run_name="__main__")
@@ -172,6 +176,7 @@ def test_own_data_example_runs_and_fits(tmp_path, capsys, monkeypatch):
     assert 0 < nrmse < 0.05       # process noise 0.002 per step, states of size ~0.5
 
 
+@pytest.mark.slow
 def test_output_dir_is_checked_before_the_run_like_the_command_lines_folder(tmp_path):
     small = {**SMALL, "R": 2, "output.plot": False}          # no figure read here
     fnsysid.run(small, output_dir=tmp_path / "out")
@@ -186,6 +191,7 @@ def test_output_dir_is_checked_before_the_run_like_the_command_lines_folder(tmp_
         fnsysid.run(small, output_dir=tmp_path / "file")
 
 
+@pytest.mark.slow
 def test_run_without_output_dir_does_not_check_hydras_folder(tmp_path, monkeypatch):
     """fnsysid.run writes nothing without output_dir, so a working folder where Hydra's
     results folder could not be made (here `outputs` is a file) does not stop it."""
@@ -196,6 +202,7 @@ def test_run_without_output_dir_does_not_check_hydras_folder(tmp_path, monkeypat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["outputs"]
 
 
+@pytest.mark.slow
 def test_overwrite_removes_every_file_an_earlier_run_wrote(tmp_path):
     """Each file a run writes is one output.overwrite removes: a run with personalized models
     (client_estimates.csv) overwritten by one without leaves none of its files behind."""
@@ -226,6 +233,7 @@ def test_overwrite_removes_every_file_an_earlier_run_wrote(tmp_path):
      "effect on this run (summary.json: unused_settings): output.ci_level: strategy=fedavg "
      "gives no intervals"),
 ])
+@pytest.mark.slow
 def test_settings_that_do_nothing_are_named(extra, unused, words, caplog):
     caplog.set_level("WARNING", logger="fnsysid")
     res = fnsysid.run({**SMALL, "R": 3, "repeats": 1, **extra})

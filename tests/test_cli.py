@@ -25,6 +25,7 @@ def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_end_to_end_run_writes_tidy_outputs_and_error_falls(tmp_path):
     res = cli_in_process("system=synthetic", "M=5", "R=60", "repeats=2",
                          f"hydra.run.dir={tmp_path}")
@@ -52,6 +53,7 @@ def test_end_to_end_run_writes_tidy_outputs_and_error_falls(tmp_path):
     assert "M: 5" in (tmp_path / "config.yaml").read_text()     # resolved config
 
 
+@pytest.mark.slow
 def test_a_single_run_writes_what_hydras_entry_point_writes(tmp_path):
     """A single run is run with the config its check composed (``fnsysid.app.cli.run_once``,
     one composition); its folder holds what Hydra's entry point (``task``) writes for the
@@ -76,6 +78,7 @@ def test_a_single_run_writes_what_hydras_entry_point_writes(tmp_path):
     assert "final e_R" in (once / "run.log").read_text()
 
 
+@pytest.mark.slow
 def test_the_command_line_module_leaves_numpy_unimported():
     """``fnsysid.app.cli.main`` sets ``OPENBLAS_NUM_THREADS=1`` before numpy loads OpenBLAS
     (which reads it once): importing the module must not import numpy."""
@@ -106,6 +109,7 @@ FITS = {"default": "pendulum", "fourier": "synthetic", "polynomial": "linear", "
         "combined": "synthetic"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group", GROUPS[:-1])
 def test_every_group_option_composes_and_instantiates(group):
     for option in options(group):
@@ -125,6 +129,7 @@ def test_every_group_option_composes_and_instantiates(group):
             assert model.library is not None and model.p > len(model.system.param_names)
 
 
+@pytest.mark.slow
 def test_help_lists_groups_options_and_knobs():
     res = cli_in_process("--help")
     assert res.returncode == 0
@@ -227,6 +232,7 @@ def assert_bad_input(res, tmp_path: Path, message: str, starts: bool = False) ->
 REFUSED = [(a, m, False) for a, m in BAD] + [(a, m, True) for a, m in BAD_FOR_HYDRA]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, message, starts", REFUSED)
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message, starts):
     res = cli_in_process(*args, f"hydra.run.dir={tmp_path}/run",
@@ -265,6 +271,7 @@ def test_a_config_file_hydra_refuses_is_one_line_exit_2_and_writes_nothing(tmp_p
     assert "Traceback" not in res.stderr + res.stdout and not out.exists()
 
 
+@pytest.mark.slow
 def test_the_forms_the_messages_suggest_pass_the_check(tmp_path):
     from fnsysid.app.preflight import preflight
 
@@ -321,6 +328,7 @@ def test_divergence_is_reported_rows_kept_and_not_plotted(tmp_path):
     assert not (tmp_path / "error.png").exists()
 
 
+@pytest.mark.slow
 def test_a_diverged_repeat_is_left_out_and_the_others_run_on(tmp_path):
     """FedLin on the pendulum at lr 0.05, K = 20 (compare_pendulum): repeat 0 diverges at
     r = 22, the four others run to R with their errors kept; the run is still diverged."""

@@ -73,6 +73,7 @@ def _pendulum_fleet(folder, clients=3, trajectories=5, T=40, dt=0.05):
             folder / f"robot{c}.csv", index=False)
 
 
+@pytest.mark.slow
 def test_combined_on_a_pendulum_fleet_equals_the_hand_written_map(tmp_path):
     _pendulum_fleet(tmp_path / "logs")
     base = ["system=generic", "data=files", f"data.path={tmp_path / 'logs'}",
@@ -123,6 +124,7 @@ def test_the_check_names_a_wrong_library_in_one_line(tmp_path, libraries, line):
      "feature_map=polynomial does not fit system=synthetic: its features lack sin(x0), sin(x1), "
      "sin(x2); options that fit: combined, default, fourier"),
 ])
+@pytest.mark.slow
 def test_a_map_that_does_not_fit_is_named_as_chosen(tmp_path, overrides, line):
     from fnsysid.app.preflight import preflight
     from fnsysid.config.checks import ConfigError

@@ -182,6 +182,7 @@ def test_a_diverged_repeat_counts_the_rounds_before_its_divergence():
     assert c["per_client_total"] == per_round * (21 + 4 * 30) / 5
 
 
+@pytest.mark.slow
 def test_poisson_sampling_counts_each_rounds_draw():
     """Under privacy each client takes part with probability fraction: the counts are those
     of the strategy's own draws (the independent count here from the same streams)."""

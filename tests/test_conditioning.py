@@ -63,6 +63,7 @@ def run(file, inputs="[u]", degree=3):
                         "output.plot=false", "progress=false"])
 
 
+@pytest.mark.slow
 def test_units_do_not_make_a_fit_ill_conditioned(tmp_path):
     # the same fleet with the input in units 1e6 times smaller: the raw Gram's condition
     # number grows by 1e12 per degree, the equilibrated one (what the solve inverts) not at all
@@ -82,6 +83,7 @@ def test_units_do_not_make_a_fit_ill_conditioned(tmp_path):
                                atol=1e-9)
 
 
+@pytest.mark.slow
 def test_an_input_logged_twice_makes_the_status_ill_conditioned(tmp_path, caplog):
     caplog.set_level("WARNING", logger="fnsysid")
     file = fleet(tmp_path, escape=False)
@@ -99,6 +101,7 @@ def test_an_input_logged_twice_makes_the_status_ill_conditioned(tmp_path, caplog
     assert len(said) == 1 and "status: ill_conditioned" in said[0]
 
 
+@pytest.mark.slow
 def test_an_escaping_trajectory_leaves_the_other_clients_no_digit(tmp_path, caplog):
     # one trajectory at 1e14: the equilibrated Gram is well conditioned (x, x^2, x^3 of a
     # geometric sequence are distinct regressors), but the estimate's round-off, of the
@@ -181,6 +184,7 @@ def amplitude_fleet(path, k: float):
     return file
 
 
+@pytest.mark.slow
 def test_a_valid_trajectory_far_larger_than_the_others_is_not_flagged(tmp_path):
     # driven 1e8 times harder, one trajectory dominates the sums, yet the others' held-out
     # error is that of the small fleet: the perturbed solves move their predictions by
@@ -191,6 +195,7 @@ def test_a_valid_trajectory_far_larger_than_the_others_is_not_flagged(tmp_path):
         small.summary["final_nrmse_1step_mean"], rel=0.02)
 
 
+@pytest.mark.slow
 def test_data_far_from_0_beside_their_spread_are_not_printed_as_ok(tmp_path, caplog):
     """Tanks about an operating point (tests/test_sparsity.py: offset_tanks), a degree-2
     library: at 1000 the pooled least squares keeps no digit of the predictions (one-step
@@ -241,6 +246,7 @@ def test_data_far_from_0_beside_their_spread_are_not_printed_as_ok(tmp_path, cap
     assert not [ln for ln in show_text(tmp_path / "polynomial0") if "conditioning" in ln]
 
 
+@pytest.mark.slow
 def test_a_state_far_from_0_is_not_hidden_by_another_that_moves_a_lot(tmp_path):
     """A tank about 500 (x1) beside an oscillator about 0 a hundred times its spread (x2,
     x3), degree 2: x1's predictions keep no digit (free-run NRMSE 3.0 against 0.17 about
@@ -290,6 +296,7 @@ def test_a_spread_below_the_precision_of_the_sums_is_not_judged():
     assert facts["ratio"][0, 1] < 1e-10
 
 
+@pytest.mark.slow
 def test_own_fits_that_lose_their_digits_judge_the_runs_that_use_them(tmp_path, caplog):
     """Ten tanks without an intercept at operating points 50, 100, ..., 500, degree 2: the
     pooled least squares keeps its digits (one-step NRMSE 0.0617 against 0.0616 at 0), the
@@ -342,6 +349,7 @@ def shifted_duffing(path, base, seed, M=10, runs=4, T=200, noise=1e-6, dt=0.05):
     return file
 
 
+@pytest.mark.slow
 def test_own_fits_at_their_rounding_do_not_make_identical_clients_differ(tmp_path, caplog):
     """Ten identical Duffing clients, noise 1e-6, shifted by 20, degree 3: the own fits'
     round-off is below 1 % of the spread (no roundoff flag) but far above the noise, and

@@ -85,6 +85,7 @@ def test_a_second_truth_row_for_one_client_and_parameter_is_refused(tmp_path):
                    ["x1+:x1", "x1+:x2", "x1+:u", "x2+:x1", "x2+:x2", "x2+:u"], 2)
 
 
+@pytest.mark.slow
 def test_a_fractional_truth_repeat_is_refused_on_the_command_line(tmp_path):
     _, folder, truth = zero_padded_fleet(tmp_path)
     rep = truth.assign(repeat=[0.7] + [0] * (len(truth) - 1))
@@ -302,6 +303,7 @@ def test_a_large_value_whose_statistics_stay_finite_is_read(tmp_path):
     assert np.isfinite(data.H).all() and data.H[0, 0, 0, 0] == pytest.approx(1e300)
 
 
+@pytest.mark.slow
 def test_a_start_model_that_overflows_is_refused(tmp_path):
     res = cli_in_process("system=pendulum", "R=2", "output.plot=false", "system.init.scale=1e308",
                          f"hydra.run.dir={tmp_path}/run")
@@ -333,6 +335,7 @@ def test_simulated_states_that_overflow_are_refused(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_statistics_that_overflow_only_summed_over_clients_are_refused(tmp_path):
     # each client's x1 squared is 8.1e307; two summed are finite, three are not
     df, _ = linear_fleet(n_clients=3, n_traj=2, length=15)
@@ -389,6 +392,7 @@ def test_true_parameters_of_norm_zero_are_refused_naming_the_client(tmp_path, ti
     assert theta[0, 1, 0] == 1e-150
 
 
+@pytest.mark.slow
 def test_truth_repeats_are_matched_by_the_data_s_repeat_labels(tmp_path):
     _, folder, truth = zero_padded_fleet(tmp_path)
     data = pd.concat([pd.read_csv(f, dtype={"client": str}).assign(client=f.stem)
@@ -435,6 +439,7 @@ def test_truth_repeats_are_matched_by_the_data_s_repeat_labels(tmp_path):
     assert pd.read_csv(tmp_path / "ok" / "errors.csv")["repeat"].unique().tolist() == [0, 1]
 
 
+@pytest.mark.slow
 def test_clients_and_estimates_of_file_data_name_the_clients_by_their_ids(tmp_path):
     _, folder, truth = zero_padded_fleet(tmp_path)
     (folder / "02.csv").rename(folder / "1.csv")        # ids 00, 01, 1: positions 0, 1, 2
@@ -503,6 +508,7 @@ def _spaced(df: pd.DataFrame, client: str, factor: float) -> pd.DataFrame:
     return df
 
 
+@pytest.mark.slow
 def test_a_dropped_row_or_a_client_at_another_rate_is_refused_jitter_is_not(tmp_path):
     """The model maps a sample to the next: a gap (a dropped row) or a client logged at
     another rate gives a model right for no client, so the reader refuses them in one line

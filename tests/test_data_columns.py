@@ -31,6 +31,7 @@ def renamed_fleet(tmp_path):
 MAPPED = ["data.trajectory=run_id", "data.time=time", "data.ignore=[battery]"]
 
 
+@pytest.mark.slow
 def test_mapped_columns_give_the_same_errors_as_the_default_names(tmp_path):
     renamed_fleet(tmp_path)
     for name, extra in (("plain", []), ("own", MAPPED)):
@@ -48,6 +49,7 @@ def test_mapped_columns_give_the_same_errors_as_the_default_names(tmp_path):
     assert x["trajectory"].nunique() == 5
 
 
+@pytest.mark.slow
 def test_an_unknown_column_is_one_line_exit_2_and_no_folder(tmp_path):
     renamed_fleet(tmp_path)
     out = tmp_path / "out"
@@ -115,6 +117,7 @@ def test_check_columns_works_on_a_dataframe():
             check_columns(df, "frame", ["x"], [], ColumnMap("run", "stamp", ("note", label)))
 
 
+@pytest.mark.slow
 def test_an_ignored_name_no_file_has_is_refused_where_a_model_is_fitted(tmp_path):
     renamed_fleet(tmp_path)
     own = ["x1", "x2"], ["u"]
@@ -267,6 +270,7 @@ def test_a_column_name_with_brackets_unquoted_is_refused_saying_how_to_quote(tmp
     assert "pos [m]+ = " in (out / "equations.txt").read_text()
 
 
+@pytest.mark.slow
 def test_an_empty_input_list_means_no_inputs(tmp_path):
     renamed_fleet(tmp_path)
     (tmp_path / "free").mkdir()
@@ -286,6 +290,7 @@ def test_an_empty_input_list_means_no_inputs(tmp_path):
                      "data.time=time", "R=2", "progress=false"])
 
 
+@pytest.mark.slow
 def test_missing_split_leaves_the_rows_out_and_splits_their_trajectories(tmp_path, caplog):
     df, _ = linear_fleet(n_clients=3, n_traj=4, length=12, noise=0.05, seed=5)
     write_per_client(df, tmp_path / "full")

@@ -62,6 +62,7 @@ def test_folder_and_single_file_give_the_same_data(tmp_path):
     assert len(a) == 3 * 4 * 30
 
 
+@pytest.mark.slow
 def test_generic_system_recovers_a_noiseless_linear_fleet(tmp_path):
     df, theta = linear_fleet(noise=0.0)
     write_per_client(df, tmp_path / "logs")
@@ -84,6 +85,7 @@ def test_generic_system_recovers_a_noiseless_linear_fleet(tmp_path):
     np.testing.assert_allclose(est["estimate"], theta.ravel(), atol=1e-8)
 
 
+@pytest.mark.slow
 def test_without_truth_the_run_is_judged_by_prediction(tmp_path):
     noise = 0.1
     df, theta = linear_fleet(noise=noise, n_traj=10, length=100, seed=3)
@@ -145,6 +147,7 @@ def test_a_rollout_that_blows_up_is_inf_not_a_crash(tmp_path):
     assert np.isinf(nrmse_free_run(model, unstable, ho)).all()
 
 
+@pytest.mark.slow
 def test_round_trip_export_then_import_gives_the_same_errors(tmp_path):
     run = ["system=pendulum", "R=15", "output.plot=false"]
     sim = ["M=4", "N=[3,5,4,2]", "repeats=2", "system.x0.scale=[0.3,0.3]", "data.val_N=2"]
@@ -301,6 +304,7 @@ def test_bad_data_on_the_command_line_exits_2_without_a_folder(tmp_path, bad_cas
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_sweep_over_bad_data_is_refused_before_any_job_in_one_line(tmp_path, bad_cases,
                                                                       monkeypatch):
     """A multirun whose jobs all read a bad file is refused by the pre-run check (the job's
@@ -399,6 +403,7 @@ def test_bad_truth_and_unreadable_parquet_are_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_bad_data_leaves_no_folder_behind_and_keeps_a_users_files(tmp_path, bad_cases):
     args, _ = bad_cases["nan"]
     work = tmp_path / "work"
@@ -425,6 +430,7 @@ def test_knobs_of_simulated_data_are_refused_with_files(tmp_path, knob):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_knobs_of_simulated_data_left_at_their_defaults_do_not_stop_a_run_with_files(tmp_path):
     """The knobs refused above, left at their defaults (one run for all of them)."""
     df, _ = linear_fleet()
@@ -437,6 +443,7 @@ def test_knobs_of_simulated_data_left_at_their_defaults_do_not_stop_a_run_with_f
     ("M=5", "M=5 does not match data.path=.* which holds 3 clients: drop M"),
     ("repeats=2", "repeats=2 does not match data.path=.* which holds 1 repeats: drop repeats"),
 ])
+@pytest.mark.slow
 def test_m_and_repeats_must_match_the_files(tmp_path, knob, message):
     """The files give the clients and repeats; a value that differs is refused, one that
     matches (as a Flower deployment gives M) is accepted (next test)."""
@@ -451,6 +458,7 @@ def test_m_and_repeats_must_match_the_files(tmp_path, knob, message):
     assert not (tmp_path / "cli").exists()
 
 
+@pytest.mark.slow
 def test_m_and_repeats_that_match_the_files_are_accepted(tmp_path):
     """Left out, or given as the files have them (one check for both knobs above)."""
     df, _ = linear_fleet()
@@ -473,6 +481,7 @@ def test_m_null_is_only_for_files():
         check_run(cfg)
 
 
+@pytest.mark.slow
 def test_own_data_option_without_m_runs_and_given_m_is_checked(tmp_path):
     """A data option of one's own that reads files (package data, no M: null) takes the
     clients from the files; only an M given explicitly is compared with them; M=null is the
@@ -553,6 +562,7 @@ def test_numeric_trajectory_ids_keep_their_order_and_held_out_selection(tmp_path
         assert held == ["11", "12"]
 
 
+@pytest.mark.slow
 def test_a_truth_file_without_rows_or_with_an_unknown_column_is_refused(tmp_path):
     df, _ = linear_fleet(n_clients=2, n_traj=2, length=6)
     write_per_client(df, tmp_path / "logs")

@@ -20,6 +20,7 @@ def _deploy():
     return module
 
 
+@pytest.mark.slow
 def test_compare_two_runs_passes_equal_ones_and_refuses_others(tmp_path, capsys):
     run = ["system=synthetic", "M=4", "R=3", "repeats=2", "output.plot=false",
            "progress=false"]

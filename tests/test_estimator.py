@@ -51,6 +51,7 @@ def fitted():
     return FederatedSysID(feature_map="polynomial", **SETTINGS).fit(df, STATES, INPUTS), df
 
 
+@pytest.mark.slow
 def test_a_fleet_in_memory_writes_nothing_and_gives_the_command_lines_numbers(tmp_path,
                                                                               monkeypatch):
     df = fleet()
@@ -92,6 +93,7 @@ def test_a_fleet_in_memory_writes_nothing_and_gives_the_command_lines_numbers(tm
     assert list(here.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_predict_and_simulate_give_one_row_per_row_from_the_identified_model(fitted):
     m, df = fitted
     val = df[df["split"] == "val"].sort_values("client", ascending=False, kind="stable")
@@ -130,6 +132,7 @@ def test_predict_and_simulate_give_one_row_per_row_from_the_identified_model(fit
         rel=1e-9)
 
 
+@pytest.mark.slow
 def test_equations_one_string_per_state_and_print_shows_them(fitted):
     m, _ = fitted
     eqs = m.equations()
@@ -168,6 +171,7 @@ def test_exact_zeros_are_left_out_and_uncertainty_columns_pass_through(fitted):
     np.testing.assert_allclose(coef["ci_hi"], table["estimate"] + 0.02)
 
 
+@pytest.mark.slow
 def test_a_bad_row_names_the_client_and_the_row_and_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     df = fleet(n_clients=2, n_traj=2, length=5)
@@ -205,6 +209,7 @@ def test_a_bad_row_names_the_client_and_the_row_and_writes_nothing(tmp_path, mon
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_settings_are_refused_as_the_command_line_refuses_them(tmp_path):
     df = fleet(n_clients=2, n_traj=2, length=5)
     cases = [(FederatedSysID(strategy="nope"), "strategy=nope is not an option; allowed:"),
@@ -237,6 +242,7 @@ def test_settings_are_refused_as_the_command_line_refuses_them(tmp_path):
         FederatedSysID().predict(df)
 
 
+@pytest.mark.slow
 def test_strategy_local_gives_each_client_its_own_model(fitted):
     _, df = fitted
     m = FederatedSysID(strategy="local", R=20, progress=False).fit(df, STATES, INPUTS)
@@ -259,6 +265,7 @@ def test_strategy_local_gives_each_client_its_own_model(fitted):
         m.predict(one.assign(client="r9"))
 
 
+@pytest.mark.slow
 def test_output_dir_writes_the_run_and_a_simulation_needs_no_data(tmp_path):
     df = fleet(n_clients=2, n_traj=3, length=10)
     m = FederatedSysID(R=3, progress=False, output_dir=tmp_path / "out",
@@ -272,6 +279,7 @@ def test_output_dir_writes_the_run_and_a_simulation_needs_no_data(tmp_path):
     assert len(sim.coefficients()) == 2
 
 
+@pytest.mark.slow
 def test_the_notebook_example_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["notebook.py", str(tmp_path)])
@@ -325,6 +333,7 @@ def test_client_picks_a_personalized_model_where_the_result_holds_them(fitted):
     np.testing.assert_array_equal(other.predict(one)[STATES], m.predict(one)[STATES])  # server
 
 
+@pytest.mark.slow
 def test_pooled_intervals_and_personalized_models_of_a_real_fit():
     df = fleet()
     m = FederatedSysID(feature_map="polynomial", strategy="centralized_exact", R=2,
@@ -390,6 +399,7 @@ def repeats():
     return FederatedSysID(R=5, progress=False).fit(df, STATES, INPUTS), df
 
 
+@pytest.mark.slow
 def test_several_repeats_need_the_datas_labels_or_repeat(repeats):
     m, df = repeats
     coef = m.coefficients()

@@ -86,6 +86,7 @@ def test_every_figure_builds_from_a_short_run_of_every_experiment(tmp_path):
         assert set(table["panel"]) == {p.get("panel", p["title"]) for p in spec["panels"]}
 
 
+@pytest.mark.slow
 def test_make_figure_runs_experiments_and_draws_each_figure_when_its_runs_are_done(tmp_path):
     sys.path.insert(0, str(ROOT / "scripts"))
     try:

@@ -34,6 +34,7 @@ def duffing_importable(monkeypatch):
     monkeypatch.syspath_prepend(str(DUFFING))
 
 
+@pytest.mark.slow
 def test_duffing_through_config_dir_identifies_the_fleet(tmp_path):
     res = cli("system=duffing", "M=10", "repeats=2", "progress=false", "output.plot=false",
               f"hydra.run.dir={tmp_path}")
@@ -45,6 +46,7 @@ def test_duffing_through_config_dir_identifies_the_fleet(tmp_path):
     assert s["final_nrmse_1step_mean"] < 0.05
 
 
+@pytest.mark.slow
 def test_the_check_lists_the_users_options_and_names_missing_keys(tmp_path,
                                                                    duffing_importable):
     from fnsysid.app.preflight import preflight
@@ -97,6 +99,7 @@ def test_a_config_dir_whose_path_has_commas_and_quotes_is_found(tmp_path, duffin
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_feature_map_of_ones_own_is_named_and_listed_among_those_that_fit(tmp_path):
     from fnsysid.app.preflight import preflight
     from fnsysid.config.checks import ConfigError
@@ -119,6 +122,7 @@ def test_a_feature_map_of_ones_own_is_named_and_listed_among_those_that_fit(tmp_
 FEDAVGM = ROOT / "examples" / "fedavgm"
 
 
+@pytest.mark.slow
 def test_the_fedavgm_example_runs_its_own_server_update(tmp_path):
     """docs/EXTENDING.md's worked strategy: under the default optimizer.affine=true its server
     update runs (not FedAvg's precomputed map), the log says so, and beta=0 is FedAvg."""

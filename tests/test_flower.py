@@ -155,6 +155,7 @@ def _processes_with(env_entry: bytes) -> list[int]:
     return out
 
 
+@pytest.mark.slow
 def test_deployment_data_are_read_with_the_default_overrides(tmp_path):
     """The files flower_deploy writes for its default experiment (which sets eps) are read by
     an in-process run with the overrides it returns (no Flower needed): the simulation knobs

@@ -45,6 +45,7 @@ def in_use(key: str, folder: Path, pid: int) -> str:
             "to end, or choose another folder\n")
 
 
+@pytest.mark.slow
 def test_a_run_into_a_folder_another_process_holds_is_refused_and_changes_nothing(tmp_path):
     out = tmp_path / "x"
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], cwd=ROOT, text=True,
@@ -65,6 +66,7 @@ def test_a_run_into_a_folder_another_process_holds_is_refused_and_changes_nothin
     assert not (out / LOCK).exists()                    # given up when the run ended
 
 
+@pytest.mark.slow
 def test_a_run_into_a_folder_this_process_holds_is_refused(tmp_path):
     """The lock is per call, not per process: a held lock refuses the command line run in the
     same process too; once given up, the folder takes a run (no earlier results: no
@@ -80,6 +82,7 @@ def test_a_run_into_a_folder_this_process_holds_is_refused(tmp_path):
     assert res.returncode == 0, res.stderr
 
 
+@pytest.mark.slow
 def test_a_sweep_into_a_sweep_folder_in_use_is_refused_and_its_jobs_write_under_the_lock(
         tmp_path):
     sweep = tmp_path / "sweep"
@@ -99,6 +102,7 @@ def test_a_sweep_into_a_sweep_folder_in_use_is_refused_and_its_jobs_write_under_
     assert not (sweep / LOCK).exists()
 
 
+@pytest.mark.slow
 def test_python_api_refuses_an_output_dir_in_use_and_leaves_no_folder_it_made(tmp_path):
     out = tmp_path / "out"
     with lock_folder(out, "x"):
@@ -154,6 +158,7 @@ def inside(key: str, folder: Path, held: Path, pid: int) -> str:
             f"into {where}); wait for it to end, or choose another folder\n")
 
 
+@pytest.mark.slow
 def test_a_folder_inside_or_around_a_folder_in_use_is_refused(tmp_path):
     """A sweep's folder holds its job folders: a run into a job folder or any other folder
     below it, a sweep into a sub-folder, a sweep into a folder around it and a Python call
@@ -192,6 +197,7 @@ def test_a_folder_inside_or_around_a_folder_in_use_is_refused(tmp_path):
         pass
 
 
+@pytest.mark.slow
 def test_a_second_run_into_a_folder_in_use_is_told_it_is_in_use_not_that_it_holds_a_run(
         tmp_path):
     """The lock is looked at first: the advice to add output.overwrite=true (which would
@@ -276,6 +282,7 @@ def test_job_folders_of_a_sweep_are_its_own_and_inside_it(tmp_path, subdir, says
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_job_folders_of_their_own_inside_the_sweep_are_accepted(tmp_path):
     """The accepted form of the refusals above (one sweep for the four of them)."""
     from tests.conftest import cli_in_process
@@ -286,6 +293,7 @@ def test_job_folders_of_their_own_inside_the_sweep_are_accepted(tmp_path):
         "job_0", "job_1"]
 
 
+@pytest.mark.slow
 def test_a_value_with_dotdot_names_a_job_folder_inside_the_sweep(tmp_path):
     """Job folders are named after their overrides; a '/' in a value is written %2F, so
     data.path=../../../logs names one folder inside the sweep instead of a path beside it,

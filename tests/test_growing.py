@@ -80,6 +80,7 @@ def test_rule_reads_the_one_step_nrmse_without_a_ground_truth():
     assert growth(_errors([nan, nan], nrmse=None)) is None       # nothing to judge by
 
 
+@pytest.mark.slow
 def test_run_at_the_edge_of_stability_is_growing_exit_3(tmp_path):
     res = cli_in_process(*EDGE, f"hydra.run.dir={tmp_path}")
     assert res.returncode == 3, res.stderr
@@ -105,6 +106,7 @@ def test_run_at_the_edge_of_stability_is_growing_exit_3(tmp_path):
     assert json.loads((tmp_path / "ok" / "summary.json").read_text())["status"] == "ok"
 
 
+@pytest.mark.slow
 def test_growing_run_plot_says_so(tmp_path, monkeypatch):
     import fnsysid
     import fnsysid.results.plotting.run_plots as plotting
@@ -123,6 +125,7 @@ def test_growing_run_plot_says_so(tmp_path, monkeypatch):
     assert (tmp_path / "error.png").exists() and (tmp_path / "fit.png").exists()
 
 
+@pytest.mark.slow
 def test_sweep_with_a_growing_job_names_it_exits_3_and_does_not_draw_it(tmp_path):
     from fnsysid.results.plotting.paper_panels import figure
 
@@ -140,6 +143,7 @@ def test_sweep_with_a_growing_job_names_it_exits_3_and_does_not_draw_it(tmp_path
     assert table.loc[table["status"] == "ok", "lr"].tolist() == [0.5]
 
 
+@pytest.mark.slow
 def test_fnsysid_plot_of_a_sweep_without_an_ok_job_draws_nothing_and_exits_3(tmp_path, capsys):
     """An empty figure is not a result: fnsysid-plot names the jobs and their status."""
     from fnsysid.app.plot_cli import main

@@ -50,6 +50,7 @@ def test_non_editable_install_runs_from_any_folder(tmp_path):
     assert str(env_dir) in where.stdout and sys.prefix not in where.stdout
 
 
+@pytest.mark.slow
 def test_import_changes_no_environment_and_lists_the_public_api():
     """``import fnsysid`` sets no variable and loads nothing heavy; every name of
     ``__all__`` resolves and ``dir()`` shows them."""

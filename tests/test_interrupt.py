@@ -31,6 +31,7 @@ def wait_for(path: Path, timeout: float = 60) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_stops_at_end_of_round_and_writes_rows_so_far(tmp_path, sig, code):
     out = tmp_path / "run"
@@ -53,6 +54,7 @@ def test_signal_stops_at_end_of_round_and_writes_rows_so_far(tmp_path, sig, code
     assert not list(out.glob(".*.tmp*"))
 
 
+@pytest.mark.slow
 def test_earlier_run_folder_refused_then_overwritten_cleanly(tmp_path):
     from fnsysid.app.experiment import run_experiment
     from fnsysid.app.preflight import preflight
@@ -81,6 +83,7 @@ def jobs_of(sweep: Path) -> list[str]:
     return sorted(p.parent.relative_to(sweep).as_posix() for p in sweep.glob("**/.hydra"))
 
 
+@pytest.mark.slow
 def test_overwrite_removes_the_earlier_sweep_or_run_whole_and_nothing_else(tmp_path):
     """output.overwrite=true replaces what is there: an earlier sweep's job folders,
     multirun.yaml and results.csv, or an earlier run's files, .hydra and run.log, whichever
@@ -113,6 +116,7 @@ def test_overwrite_removes_the_earlier_sweep_or_run_whole_and_nothing_else(tmp_p
     assert (folder / "notes.txt").read_text() == "mine\n"
 
 
+@pytest.mark.slow
 def test_overwrite_removes_only_what_an_earlier_run_wrote(tmp_path):
     """output.overwrite=true never removes a user's files: not in a folder that holds no run
     (data files beside the results), not the new run's input files even where an earlier run
@@ -139,6 +143,7 @@ def test_overwrite_removes_only_what_an_earlier_run_wrote(tmp_path):
     assert json.loads((sim / "summary.json").read_text())["data"] == "files"
 
 
+@pytest.mark.slow
 def test_resume_into_a_single_runs_folder_is_refused(tmp_path):
     folder = tmp_path / "single"
     assert cli_in_process(*SWEEP[:-1], "M=2", f"hydra.run.dir={folder}").returncode == 0
@@ -153,6 +158,7 @@ def test_resume_into_a_single_runs_folder_is_refused(tmp_path):
     assert {p: p.stat().st_mtime_ns for p in folder.rglob("*")} == before
 
 
+@pytest.mark.slow
 def test_resume_skips_finished_jobs_and_reruns_the_rest(tmp_path):
     from fnsysid.app.experiment import run_experiment
     from tests.conftest import compose_cfg
@@ -175,6 +181,7 @@ def test_resume_skips_finished_jobs_and_reruns_the_rest(tmp_path):
     assert summary["status"] == "ok" and summary["seed"] == 0   # run again, clean
 
 
+@pytest.mark.slow
 def test_resume_reruns_a_finished_job_whose_errors_csv_is_corrupt(tmp_path):
     from omegaconf import OmegaConf
 
@@ -330,6 +337,7 @@ def test_no_joblib_worker_outlives_a_killed_sweep(tmp_path, sig):
     assert not list((tmp_path / "s").glob("*/summary.json"))
 
 
+@pytest.mark.slow
 def test_sweep_job_refused_in_the_job_is_marked_and_exits_2(tmp_path, monkeypatch):
     """A combination past the preflight's limit that turns out bad marks its job 'refused'."""
     import fnsysid.app.preflight as preflight_mod
@@ -347,6 +355,7 @@ def test_sweep_job_refused_in_the_job_is_marked_and_exits_2(tmp_path, monkeypatc
     assert sorted(statuses.values()) == ["ok", "refused"]
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_sweep_started_with_other_settings(tmp_path):
     """output.resume=true finishes only the sweep it was started as: a constant setting, a
     group option or the swept keys that differ are named with both values, and nothing is
@@ -380,6 +389,7 @@ def test_resume_refuses_a_sweep_started_with_other_settings(tmp_path):
     assert table.groupby("M").size().to_dict() == {1: 4, 2: 4, 3: 4}     # R=3: rounds 0..3
 
 
+@pytest.mark.slow
 def test_resume_of_a_group_sweep_compares_the_settings_given_inside_the_group(tmp_path):
     """With strategy swept, the composed sweep config holds the default strategy: a setting
     given inside the group (strategy.weighting=samples) is compared as the command gave it,
@@ -468,6 +478,7 @@ def test_a_killed_runs_processes_end_with_it_and_no_other():
                 pass
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="the watchdog reads /proc (Linux)")
 def test_a_reaper_closed_by_its_run_ends_nothing_and_restores_the_environment():
     """A run that ends normally (Ray shut down) closes its reaper: the watchdog ends without

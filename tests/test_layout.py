@@ -7,6 +7,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parent.parent / "fnsysid"
 #: the stage folders, top to bottom (README, Layout): a module imports only from its own
 #: folder and the folders below it
@@ -31,6 +33,7 @@ def _folder(module: str) -> str | None:
     return parts[1] if parts[0] == "fnsysid" and len(parts) > 1 and parts[1] in ORDER else None
 
 
+@pytest.mark.slow
 def test_imports_run_down_the_stages_and_never_into_private_modules():
     wrong = []
     for path in sorted(PACKAGE.rglob("*.py")):
@@ -53,6 +56,7 @@ def test_every_folder_is_a_stage_of_at_most_twelve_modules():
     assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py"]
 
 
+@pytest.mark.slow
 def test_no_import_circle_between_modules():
     """Tarjan's strongly connected components of the module graph: none larger than one."""
     modules = {".".join(("fnsysid",) + p.relative_to(PACKAGE).with_suffix("").parts): p

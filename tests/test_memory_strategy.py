@@ -50,6 +50,7 @@ def test_file_and_simulated_estimates_count_the_same_matrices_per_strategy(strat
     assert files - sim == TEMPORARIES * 8 * (2 * n_phi * n_phi + 3 * n_y * n_phi)
 
 
+@pytest.mark.slow
 def test_the_strategy_reaches_the_file_estimates(tmp_path):
     """Before the files are read (estimate_file_bytes) and once read (from_files' budget):
     centralized_exact's estimate is 2 p^2 values a client below fedavg's, oneshot's equals

@@ -45,6 +45,7 @@ def test_truth_is_embedded_in_a_larger_library(noiseless):
     assert Theta[0, names.index("x0^2")] == 0.0 and Theta[0, names.index("1")] == 0.0
 
 
+@pytest.mark.slow
 def test_misfit_feature_maps_are_refused():
     _, model, *_ = make("system=synthetic")
     with pytest.raises(FeatureMapError, match=r"sin\(x0\)"):

@@ -116,6 +116,7 @@ def test_the_statistics_are_standard_normal_under_the_right_model():
     assert naive.var() > 1.2 * z[0, :, i].var()
 
 
+@pytest.mark.slow
 def test_the_statistics_hold_their_variance_when_the_estimation_error_is_large():
     # 8 terms fitted on 20 samples: the estimation error delta is one draw per client, and
     # its quadratic part delta' (sum_t g_t g_{t-k}') delta varies from client to client far
@@ -179,6 +180,7 @@ def test_the_sums_on_a_targets_own_parameters_are_those_on_every_parameter():
     assert np.abs(own[1]).max() > 1                              # not all zeros
 
 
+@pytest.mark.slow
 def test_a_right_library_with_short_held_out_runs_is_not_called_overfit():
     """390 training transitions for the 5 terms of each target (expected held-out ratio
     1.01-1.03): a held-out run of 39 transitions puts some clients' ratio above 1.5 by its
@@ -208,6 +210,7 @@ def duffing_runs(tmp_path_factory):
     return root, out
 
 
+@pytest.mark.slow
 def test_compare_ranks_runs_by_held_out_free_run_error(duffing_runs, capsys):
     root, runs = duffing_runs
     assert compare([str(root / "sweep")]) == 0
@@ -225,6 +228,7 @@ def test_compare_ranks_runs_by_held_out_free_run_error(duffing_runs, capsys):
     assert rows[1][-1].endswith("degree=3") and rows[2][-1].endswith("degree=1")
 
 
+@pytest.mark.slow
 def test_compare_lists_a_run_that_did_not_finish_unranked(duffing_runs, tmp_path, capsys):
     root, runs = duffing_runs
     bad = tmp_path / "diverged"
@@ -235,6 +239,7 @@ def test_compare_lists_a_run_that_did_not_finish_unranked(duffing_runs, tmp_path
     assert rows[1].startswith("1 ") and rows[2].startswith("- ") and "diverged" in rows[2]
 
 
+@pytest.mark.slow
 def test_compare_ranks_runs_on_different_held_out_data_apart(duffing_runs, tmp_path, capsys):
     """Errors on different held-out data do not rank models: a run of the same library on
     another fleet (other clients, so other held-out data) gets its own set B and its own rank
@@ -292,6 +297,7 @@ def test_compare_refuses_a_bad_folder_in_one_line(tmp_path, capsys, make, words)
     assert words in err
 
 
+@pytest.mark.slow
 def test_model_check_can_be_switched_off(duffing_runs):
     from test_sparsity import run
 
@@ -379,6 +385,7 @@ def _own_and_whole(tmp_path):
     return model, whole, {k: np.concatenate([s[k] for s in own], axis=1) for k in own[0]}
 
 
+@pytest.mark.slow
 def test_the_server_counts_only_the_checked_clients(tmp_path, monkeypatch):
     """With fewer clients checked than hold enough held-out data (``CHECK_CLIENTS`` 3 of 4),
     the server's sums leave out the statistics the fourth client sent (nonzero), and equal the
@@ -407,6 +414,7 @@ def test_the_server_counts_only_the_checked_clients(tmp_path, monkeypatch):
     # leaves their free runs out
     (("feature_map=polynomial", "feature_map.degree=3"), "overfit", 3, 1),
 ])
+@pytest.mark.slow
 def test_the_clients_own_statistics_combine_to_the_fleet_check(tmp_path, library, verdict,
                                                                  overfit, counted):
     """What each client computes on its own data alone (a Flower client: its own held-out
@@ -613,6 +621,7 @@ def _spring_check(file):
     return res.summary["model_check"]
 
 
+@pytest.mark.slow
 def test_held_out_transitions_beyond_the_training_range_are_left_out_of_the_tests(
         tmp_path, caplog):
     """The affine library holds the truth. Client c0's held-out run starts 100 times farther
@@ -646,6 +655,7 @@ def test_held_out_transitions_beyond_the_training_range_are_left_out_of_the_test
     assert same["extrapolating_worst"] is None
 
 
+@pytest.mark.slow
 def test_a_term_never_excited_in_training_is_not_taken_for_a_missing_term(tmp_path):
     """Training runs without input (force 0) and held-out runs with one: the force's
     coefficient was never excited, so every held-out transition lies beyond the training
@@ -665,6 +675,7 @@ def test_a_term_never_excited_in_training_is_not_taken_for_a_missing_term(tmp_pa
     assert check["extrapolating_worst"]["share"] == 1.0
 
 
+@pytest.mark.slow
 def test_a_target_updated_exactly_with_a_large_offset_is_exact_not_a_missing_term(tmp_path):
     """pos+ = pos + 0.01 vel exactly, with the position logged at an offset of 273.15 (a
     temperature in kelvin, a coordinate far from the origin): the own fits' normal-equation
@@ -683,6 +694,7 @@ def test_a_target_updated_exactly_with_a_large_offset_is_exact_not_a_missing_ter
     assert check["exact"] == 6                           # pos+ of every client
 
 
+@pytest.mark.slow
 def test_fits_at_their_solves_rounding_are_not_judged_ok(tmp_path):
     """A Duffing-like fleet (a cubic term the affine library lacks) logged at offsets of 1e6
     and 100: the own fits' Gram matrices are so ill-conditioned that their residuals are at

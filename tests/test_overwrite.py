@@ -44,6 +44,7 @@ def earlier(tmp_path) -> Path:
     (["M=7"], "M=7 does not match"),                      # found when the files are read
     (["data.ignore=[omega]"], "data.ignore"),             # a state named as ignored
 ])
+@pytest.mark.slow
 def test_a_refusal_inside_the_job_keeps_the_earlier_run(earlier, fleet, refused, why):
     before = checksums(earlier)
     assert {"summary.json", "errors.csv", "estimates.csv", "run.log"} <= set(before)
@@ -55,6 +56,7 @@ def test_a_refusal_inside_the_job_keeps_the_earlier_run(earlier, fleet, refused,
     assert not (earlier / STASH).exists()
 
 
+@pytest.mark.slow
 def test_a_finished_overwrite_replaces_the_earlier_run(earlier, fleet):
     assert "source: simulated" in (earlier / "config.yaml").read_text()
     res = cli_in_process("data=files", f"data.path={fleet}", *QUIET,
@@ -98,6 +100,7 @@ def test_a_stash_left_behind_is_not_overwritten(tmp_path):
         stash_earlier(folder)
 
 
+@pytest.mark.slow
 def test_the_python_api_overwrite_keeps_no_stash(tmp_path):
     small = {"M": 3, "R": 2, "repeats": 1, "output.plot": False, "progress": False}
     out = tmp_path / "out"
@@ -107,6 +110,7 @@ def test_the_python_api_overwrite_keeps_no_stash(tmp_path):
     assert not (out / STASH).exists()
 
 
+@pytest.mark.slow
 def test_a_sweep_whose_table_cannot_be_written_fails(tmp_path):
     """results.csv that cannot be written (here a folder stands in its place) is a failure of
     the command: one line naming it, exit status 2, not 0."""

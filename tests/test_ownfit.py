@@ -151,6 +151,7 @@ def test_own_fits_are_kept_for_the_same_arrays():
     assert ownfit.own_fits(H, b, sup.copy()) is ownfit.own_fits(H, b, sup)
 
 
+@pytest.mark.slow
 def test_a_run_solves_the_clients_own_least_squares_once(monkeypatch):
     """strategy=oneshot with personalize=auto and the model check: the strategy, the
     intervals of its estimate, the clients' own intervals, auto's messages and the model
@@ -171,6 +172,7 @@ def test_a_run_solves_the_clients_own_least_squares_once(monkeypatch):
     assert calls == [((2, 6, 15, 15), True)]
 
 
+@pytest.mark.slow
 def test_the_clients_residual_sums_are_computed_once_per_run(monkeypatch):
     """personalize=auto with centralized_exact: the personalized models, the pooled
     intervals' homogeneity test (ci.clients_differ) and the model check each need every

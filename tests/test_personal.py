@@ -45,6 +45,7 @@ def _fleet(eps, repeats=4, M=20, seed=0):
     return model, generate(model, M, 10, 5, eps, repeats, seed)
 
 
+@pytest.mark.slow
 def test_auto_without_heterogeneity_is_the_pooled_solution():
     """At eps = 0 the homogeneity test does not reject in most repeats: there Sigma = 0 and
     every client gets the fleet's generalized least squares, which with the fleet's residual
@@ -68,6 +69,7 @@ def test_auto_without_heterogeneity_is_the_pooled_solution():
     np.testing.assert_allclose(se[calm, 0] ** 2, ref[calm], rtol=1e-8)
 
 
+@pytest.mark.slow
 def test_auto_gives_the_same_models_whatever_the_regressors_units():
     """Regressors in other units (features times 1e-4..1e4: H -> D H D, b -> D b) and a
     target in other units make the parameters theta / D (times the target's unit); auto
@@ -112,6 +114,7 @@ def test_homogeneity_from_the_messages_equals_the_fleets_test():
     np.testing.assert_allclose(pv2, pv, rtol=1e-6, atol=1e-300)
 
 
+@pytest.mark.slow
 def test_pooled_intervals_say_when_the_clients_differ(caplog):
     """The intervals of estimates.csv treat the clients as one system: where Cochran's Q
     rejects that (family-wise over the repeats) the run says so and the summary records
@@ -143,6 +146,7 @@ def test_pooled_intervals_say_when_the_clients_differ(caplog):
     assert "clients_differ" not in run([*base, "eps=1", "strategy=fedavg"]).summary["ci"]
 
 
+@pytest.mark.slow
 def test_homogeneity_is_cochrans_q_over_the_clients():
     """Q = sum_i (theta_i - mu_F)' J_i (theta_i - mu_F), mu_F the fixed-effect mean, against
     chi-square with (m - 1) p degrees of freedom; computed here client by client."""
@@ -195,6 +199,7 @@ def test_heterogeneity_is_found_along_the_true_directions():
         assert (inside > 0.9).all()
 
 
+@pytest.mark.slow
 def test_auto_beats_local_and_pooled_at_large_heterogeneity_and_matches_pooled_at_none():
     errs = {}
     for eps in (0.0, 3.0):
@@ -243,6 +248,7 @@ def test_one_client_alone_computes_what_the_fleet_computes_for_it():
     np.testing.assert_allclose(s1[:, 0], se[:, m], rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_run_with_auto_writes_client_estimates_errors_and_summary():
     r = execute(compose_cfg("system=synthetic", "personalize=auto", "R=3", "repeats=2", "M=5",
                             "output.plot=false", "strategy=centralized_exact"),
@@ -312,6 +318,7 @@ def test_oneshot_intervals_average_the_clients_covariances():
     np.testing.assert_allclose(r.estimates["se"], np.sqrt((se[0] ** 2).sum(0)) / 4)
 
 
+@pytest.mark.slow
 def test_pooled_estimates_intervals_use_students_t_on_the_pooled_degrees_of_freedom():
     """strategy=centralized_exact: ci = estimate -/+ t se with t the 0.975 quantile of
     Student's t on the pooled residual variance's n - p_k degrees of freedom: M = 3 clients,
@@ -437,6 +444,7 @@ def test_pooled_intervals_cover_the_truth_95_percent_of_the_time_without_heterog
     assert 0.93 <= inside.mean() <= 0.97
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lr, final", [("0.05", "finite"), ("1e10", "infinite")])
 def test_personalized_models_are_judged_like_the_servers(lr, final, tmp_path):
     """finetune with a step that blows up: the server's model is ok, the personalized models
@@ -465,6 +473,7 @@ def test_personalized_models_are_judged_like_the_servers(lr, final, tmp_path):
         assert "final_e_pers_max_mean" in s["null_values"]
 
 
+@pytest.mark.slow
 def test_a_healthy_personalization_is_ok_with_exit_0(tmp_path):
     import json
 
@@ -532,6 +541,7 @@ def test_duffing_script_recovers_the_truth_and_auto_is_pooled_on_an_identical_fl
     assert r["auto"] == pytest.approx(r["pooled"], rel=1e-8) and r["local"] > 10 * r["pooled"]
 
 
+@pytest.mark.slow
 def test_auto_on_a_shared_support_is_auto_on_the_kept_terms_alone():
     """personalize=auto with sparsity (group sparsity: the server's support shared, each
     client's own values): for each set of repeats with one support, auto on the statistics of
@@ -574,6 +584,7 @@ def test_auto_on_a_shared_support_is_auto_on_the_kept_terms_alone():
     assert len(reml["converged"]) == S and reml["test"] == "Cochran's Q"
 
 
+@pytest.mark.slow
 def test_a_sparse_run_personalizes_on_its_support(tmp_path):
     """A run with sparsity=stlsq and personalize=auto: client_estimates.csv has 0 and no
     interval for the pruned terms, each client's own values on the kept ones, and the local

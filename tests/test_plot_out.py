@@ -24,12 +24,14 @@ def sweep(tmp_path_factory):
     ("NO_SUCH_FOLDER/x.png", "the folder NO_SUCH_FOLDER does not exist"),
     ("/proc/x.png", "cannot be written"),
 ])
+@pytest.mark.slow
 def test_a_bad_out_is_one_line_and_exit_2(sweep, capsys, out, words):
     assert main([str(sweep), "--out", out]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fnsysid-plot: error: ") and words in err[0]
 
 
+@pytest.mark.slow
 def test_a_good_out_writes_the_three_files(sweep, tmp_path, capsys):
     assert main([str(sweep), "--out", str(tmp_path / "fig.png")]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fig.csv", "fig.pdf", "fig.png"]

@@ -26,6 +26,7 @@ def _figure():
     return fig
 
 
+@pytest.mark.slow
 def test_save_writes_the_png_savefig_writes_and_a_pdf_without_creation_date(tmp_path):
     ref = _figure()
     ref.savefig(tmp_path / "ref.png", dpi=110)
@@ -36,6 +37,7 @@ def test_save_writes_the_png_savefig_writes_and_a_pdf_without_creation_date(tmp_
     assert pdf.startswith(b"%PDF") and b"CreationDate" not in pdf
 
 
+@pytest.mark.slow
 def test_save_lays_the_figure_out_once(tmp_path, monkeypatch):
     from matplotlib.layout_engine import ConstrainedLayoutEngine
 
@@ -60,6 +62,7 @@ def lr_strategy_sweep(tmp_path_factory):
     return sweep
 
 
+@pytest.mark.slow
 def test_a_diverged_job_is_named_in_the_legend_and_the_table_not_drawn(tmp_path):
     """A figure of a sweep where one job diverged: curves, final error against the knob and
     the quadrotor-style parameter panel each list it (red x, 'diverged at r=..; not drawn')
@@ -99,6 +102,7 @@ def test_a_diverged_job_is_named_in_the_legend_and_the_table_not_drawn(tmp_path)
     assert sorted(final["lr"]) == [0.001, 0.002]
 
 
+@pytest.mark.slow
 def test_one_legend_for_several_panels_names_the_jobs_not_drawn_in_each(tmp_path,
                                                                        lr_strategy_sweep):
     """plot_sweep.py's grid (one panel per lr, one legend for the figure): a job that diverged
@@ -128,6 +132,7 @@ def test_one_legend_for_several_panels_names_the_jobs_not_drawn_in_each(tmp_path
     assert all(" (diverged at r=" in t for t in gone)
 
 
+@pytest.mark.slow
 def test_heat_map_names_a_diverged_cell(tmp_path, lr_strategy_sweep):
     import fnsysid.results.plotting.sweep_plots as plotting
     from fnsysid.results.sweep import read_sweep
@@ -173,6 +178,7 @@ def _in_threads(n, target):
     return raised
 
 
+@pytest.mark.slow
 def test_runs_in_threads_write_the_folders_a_sequential_run_writes(tmp_path):
     """fnsysid.run with plots in three threads at once: every folder complete, its tables and
     figures the bytes of the same run alone."""
@@ -215,6 +221,7 @@ def test_figures_drawn_in_threads_are_the_figures_drawn_alone(tmp_path):
                for i in range(3) for k in range(4))
 
 
+@pytest.mark.slow
 def test_plotting_does_not_use_pyplot():
     """Drawing needs no pyplot (its figure registry and backend are process-wide state)."""
     import subprocess
@@ -275,6 +282,7 @@ def _colours(ax):
             if not line.get_label().startswith("_")}
 
 
+@pytest.mark.slow
 def test_a_method_has_its_name_colour_and_style_in_every_figure(tmp_path, method_sweeps):
     """Curves over rounds and final errors against M (two figures): the legends name the
     methods (FedAvg, one-shot; not strategy=fedavg), FedAvg is blue and the one-shot LSE
@@ -300,6 +308,7 @@ def test_a_method_has_its_name_colour_and_style_in_every_figure(tmp_path, method
     assert sorted(set(finals["series"])) == ["strategy=fedavg", "strategy=oneshot"]
 
 
+@pytest.mark.slow
 def test_panels_of_curves_share_the_round_axis(tmp_path, method_sweeps):
     """Two panels of curves run for R = 3 and R = 6: both drawn from round 0 to 6."""
     _, drawn = _drawn([{"dir": method_sweeps / "a", "title": "R=3", "where": {"M": "2"}},
@@ -309,6 +318,7 @@ def test_panels_of_curves_share_the_round_axis(tmp_path, method_sweeps):
     assert [ax.get_xscale() for ax in drawn["axes"]] == ["linear", "linear"]
 
 
+@pytest.mark.slow
 def test_the_bound_panel_names_what_it_plots(tmp_path, method_sweeps):
     """Theorem 1's panel: measured relative error and the two plug-in bounds, each named."""
     table, drawn = _drawn([{"dir": method_sweeps / "a", "title": "one-shot", "x": "M",
@@ -323,6 +333,7 @@ def test_the_bound_panel_names_what_it_plots(tmp_path, method_sweeps):
     assert table["bound_proof_rel"].notna().all() and (table["bound_rel"] > 0).all()
 
 
+@pytest.mark.slow
 def test_error_png_draws_in_the_colour_of_the_run_s_method(tmp_path):
     import matplotlib.colors as mcolors
 
@@ -351,6 +362,7 @@ def test_error_png_draws_in_the_colour_of_the_run_s_method(tmp_path):
     assert plotting.method_of({"_target_": "my.Strategy"}) is None
 
 
+@pytest.mark.slow
 def test_fit_png_of_a_short_held_out_trajectory_draws_a_long_one(tmp_path, monkeypatch):
     """T = 5 (6 held-out samples): fit.png draws 100 samples of the client's own system
     (one-step predictions of the fitted model follow them); errors.csv is that of a run

@@ -36,6 +36,7 @@ def run(*overrides):
     return execute(compose_cfg(*SMALL, *overrides), choices={})
 
 
+@pytest.mark.slow
 def test_reported_epsilon_is_the_accountants_for_the_reported_noise(dpa):
     """epsilon=1, delta=1e-5 (one release): the noise multiplier solved for it spends at most
     epsilon by dp-accounting's PLD accountant run here from the reported numbers, and as
@@ -56,6 +57,7 @@ def test_reported_epsilon_is_the_accountants_for_the_reported_noise(dpa):
     assert 3.6 < s["noise_multiplier"] < 3.9          # sigma of the Gaussian mechanism at (1, 1e-5)
 
 
+@pytest.mark.slow
 def test_given_noise_multiplier_reports_its_epsilon_by_rdp(caplog, dpa):
     s = run("strategy=oneshot", "privacy=central", "privacy.delta=0.05").summary["privacy"]
     assert "is at least 1/M (M=40 clients)" in caplog.text and s["delta"] == 0.05
@@ -140,6 +142,7 @@ def test_eigenvalue_repair():
     assert pv.eigen_floor(8, np.array([2.0]))[0] == pytest.approx(8.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["centralized_exact", "oneshot"])
 def test_without_noise_or_clipping_the_private_run_is_the_plain_one(strategy):
     """clip far above every contribution and noise multiplier 0: the private estimate is the
@@ -154,6 +157,7 @@ def test_without_noise_or_clipping_the_private_run_is_the_plain_one(strategy):
     assert priv.summary["status"] == "ok"
 
 
+@pytest.mark.slow
 def test_private_estimate_is_noisy_and_converges():
     """The default (epsilon 1) moves the estimate away from the plain one, by about 1/M (the
     noise is fixed, the statistics grow with M): over 4 times less at 10 times the clients."""
@@ -254,6 +258,7 @@ def test_dp_fedavg_without_noise_or_clipping_is_the_plain_round(strategy):
     assert np.allclose(priv.errors["e_max"], plain.errors["e_max"], rtol=0, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_dp_fedavg_accounting_over_sampled_rounds(dpa):
     """fraction 0.25 and 30 rounds: the reported epsilon is dp-accounting's PLD epsilon of
     30 Poisson-sampled Gaussian rounds with the reported noise multiplier (recomputed here),
@@ -294,6 +299,7 @@ def test_private_change_clips_samples_and_adds_the_predicted_noise():
     assert not np.allclose(pv.private_change(noisy, change, active, 0, 2, 5.0), a)
 
 
+@pytest.mark.slow
 def test_dp_participation_is_poisson_sampling():
     from tests.conftest import make
 
@@ -306,6 +312,7 @@ def test_dp_participation_is_poisson_sampling():
     assert counts.mean() / 300 == pytest.approx(1, abs=0.03)
 
 
+@pytest.mark.slow
 def test_noise_multiplier_is_solved_once_for_the_same_target():
     """The pre-run check and the run plan the same mechanism: the second solve is the
     cached first (same number), and a different target is solved anew."""

@@ -112,6 +112,7 @@ def check_outcome(args: list[str], command=fresh) -> int:
 _COMMON = dict(deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 
 
+@pytest.mark.slow
 @settings(max_examples=4, derandomize=True, **_COMMON)     # the same few examples every time
 @given(override_sets())
 def test_random_overrides_end_cleanly(args):

@@ -77,6 +77,7 @@ def padded_heldout(model, rows, S, M, states, inputs):
     (np.r_[np.full(200, 2), 2000], False),             # one segment 1000 times the others
     (np.random.default_rng(1).integers(1, 600, 400), False),
 ])
+@pytest.mark.slow
 def test_ragged_statistics_equal_the_padded_ones(count, bitwise):
     model = build(compose_cfg(*GENERIC, "data.path=x", "feature_map=polynomial"))[0]
     rng = np.random.default_rng(0)
@@ -93,6 +94,7 @@ def test_ragged_statistics_equal_the_padded_ones(count, bitwise):
     assert all(count[c].max() < 2 * count[c].min() or count[c].max() <= 2 for c in chunks)
 
 
+@pytest.mark.slow
 def test_ragged_fleet_gives_the_results_of_the_padded_path(tmp_path, monkeypatch):
     # clients of 3 to 8 trajectories of 3 to 400 samples: several length classes in training
     # and in held-out data
@@ -125,6 +127,7 @@ def test_ragged_fleet_gives_the_results_of_the_padded_path(tmp_path, monkeypatch
     assert errors["e_max"].iloc[-1] < 0.5 * errors["e_max"].iloc[0]
 
 
+@pytest.mark.slow
 def test_very_ragged_fleet_is_built_within_its_estimate(tmp_path):
     # 200 clients of 2 trajectories of 2 samples and one of 2 trajectories of 20000
     ragged_fleet(tmp_path / "fleet.csv", [(2, 2)] * 200 + [(2, 20000)])
@@ -152,6 +155,7 @@ def test_very_ragged_fleet_is_built_within_its_estimate(tmp_path):
     assert sizes == [(1, 1, 20000), (200, 1, 2)]
 
 
+@pytest.mark.slow
 def test_file_data_over_the_memory_limit_are_refused_before_reading(tmp_path, monkeypatch):
     ragged_fleet(tmp_path / "fleet.csv", [(2, 2)] * 50 + [(1, 3000)])
     out = tmp_path / "out"
@@ -166,6 +170,7 @@ def test_file_data_over_the_memory_limit_are_refused_before_reading(tmp_path, mo
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_sgd_on_a_ragged_fleet_over_the_limit_is_refused_once_read(tmp_path, monkeypatch):
     from fnsysid.app.resources import estimate_file_bytes
 

@@ -4,6 +4,7 @@ and a run says when it did not."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from fnsysid.dynamics.model import generate
 from fnsysid.learning import personalize as pers
@@ -37,6 +38,7 @@ def _start(th, J, own):
     return pers._truncate(C - Vbar, p) + Vbar
 
 
+@pytest.mark.slow
 def test_reml_reaches_the_plain_em_fixed_point_and_it_is_stationary():
     J, th, own = _interior_fleet(M=200)
     S, M, p = th.shape

@@ -4,6 +4,7 @@ plainly client by client (the independent reference of the vectorized low-rank c
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from fnsysid.learning import personalize as pers
 
@@ -90,6 +91,7 @@ def _message(J, theta, own, s2=1.0):
     return pers.Message(J, beta, dof * s2, dof, own)
 
 
+@pytest.mark.slow
 def test_fleet_and_client_posteriors_are_the_textbook_ones():
     """mu = (sum W_i)^-1 sum W_i J_i^-1 beta_i with W_i = J_i (I + Sigma J_i)^-1 over all
     clients (a client without data included); theta_i = mu + Sigma (I + J_i Sigma)^-1

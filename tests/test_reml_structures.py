@@ -48,6 +48,7 @@ def test_dense_restricted_likelihood_and_em_map_equal_the_low_rank_pass():
         assert ll[s] == pytest.approx(ref, rel=1e-10)
 
 
+@pytest.mark.slow
 def test_one_parameter_and_diagonal_reml_with_equal_variances_are_the_closed_forms():
     """Every V_i = v I: with Sigma = tau^2 I the REML is tau^2 = max(0, sum_ij (theta_ij -
     mean_j)^2 / ((m - 1) p) - v); with a diagonal Sigma each coordinate separates and its

@@ -233,6 +233,7 @@ def test_summary_is_strict_json_with_null_and_reason(tmp_path):
     assert all(v is None or math.isfinite(v) for v in summary["theorem1"].values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", [cli_in_process, pytest.param(cli, marks=pytest.mark.slow)],
                          ids=["in_process", "fresh_interpreter"])
 def test_sweep_with_a_diverged_job_names_it_and_exits_3(tmp_path, run):
@@ -301,6 +302,7 @@ def test_available_memory_is_the_smallest_of_psutil_the_cgroup_and_rlimit_as(mon
     assert available_bytes() == 3 * 2**20
 
 
+@pytest.mark.slow
 def test_memory_estimate_grows_with_clients_and_is_checked_against_the_limit(monkeypatch):
     from fnsysid.app.build import build
     from fnsysid.app.resources import estimate_bytes
@@ -325,6 +327,7 @@ def test_memory_estimate_grows_with_clients_and_is_checked_against_the_limit(mon
     preflight(["M=100000", "repeats=1"])
 
 
+@pytest.mark.slow
 def test_memory_estimate_counts_per_client_maps_only_for_strategies_that_keep_them():
     """centralized_exact keeps each client's Gram and no per-client maps: its estimate is
     2 p^2 values a client and repeat (float64, doubled for temporaries) below fedavg's, and
@@ -431,6 +434,7 @@ def test_files_written_together_are_all_on_disk_before_the_first_is_renamed(tmp_
     assert (tmp_path / "config.yaml").read_text() == "a: 1\n"
 
 
+@pytest.mark.slow
 def test_file_size_limit_mid_run_is_one_line_and_no_summary(tmp_path):
     import resource
     import subprocess

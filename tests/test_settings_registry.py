@@ -90,6 +90,7 @@ def test_the_tables_are_the_registered_classes_of_the_options():
     assert "fnsysid.dynamics.systems.DenseSystem" not in schema.SYSTEMS
 
 
+@pytest.mark.slow
 def test_help_shows_each_knob_with_its_description():
     res = subprocess.run([sys.executable, str(ROOT / "run.py"), "--help"], capture_output=True,
                          text=True, timeout=120, cwd=ROOT)
@@ -100,6 +101,7 @@ def test_help_shows_each_knob_with_its_description():
     assert "fnsysid --cfg job --resolve" in text and "lr: ${system.knobs.lr}" in text
 
 
+@pytest.mark.slow
 def test_cfg_job_resolve_shows_the_systems_knob_values():
     """--cfg job shows a knob left to the system as its interpolation; --resolve its value,
     the system YAML's (conf/system/synthetic.yaml's knobs)."""
@@ -168,6 +170,7 @@ def pooled_ridge(tmp_path, monkeypatch):
     sys.modules.pop(name, None)
 
 
+@pytest.mark.slow
 def test_a_users_strategy_is_one_class_and_one_yaml(pooled_ridge, tmp_path):
     """End to end through config_dir: its settings are checked by its own model, and with
     ridge 0 it is the pooled least squares, which centralized_exact computes (by pinv)."""

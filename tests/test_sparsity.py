@@ -93,6 +93,7 @@ def test_stlsq_equals_pysindy_on_pooled_data(fleet):
     np.testing.assert_allclose(coef.reshape(2, -1), ref, rtol=0, atol=1e-8)
 
 
+@pytest.mark.slow
 def test_centralized_exact_recovers_the_duffing_support_and_equals_pooled_stlsq(fleet):
     file, X, Y = fleet
     res = run(file, strategy="centralized_exact", sparsity="stlsq")
@@ -196,6 +197,7 @@ def lines(caplog) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_model_check_passes_the_cubic_library_and_flags_the_linear_one(fleet, caplog):
     file, _, _ = fleet
     caplog.set_level("WARNING", logger="fnsysid")
@@ -427,6 +429,7 @@ def run_pendulum(folder, *extra):
                         "output.plot=false", "progress=false", *extra])
 
 
+@pytest.mark.slow
 def test_pendulum_at_100_hz_keeps_the_five_true_terms_at_the_default_threshold(tmp_path):
     folder, _, _ = pendulum_fleet(tmp_path / "pendulum")
     for strategy in ("fedavg", "centralized_exact"):
@@ -443,6 +446,7 @@ def test_pendulum_at_100_hz_keeps_the_five_true_terms_at_the_default_threshold(t
     assert "theta+:omega" not in kept(data) and kept(data) < PEND_TRUE
 
 
+@pytest.mark.slow
 def test_a_kept_term_the_strategys_model_drives_below_the_threshold_is_reported(tmp_path,
                                                                                 caplog):
     # noise-free pendulums whose gravity terms are 1 % apart (docs/guide/sparsity.md): the
@@ -544,6 +548,7 @@ def offset_tanks(path, offset, M=20, runs=5, T=200, noise=0.01, leak=0.02, seed=
     return file, X, x[:, :-1, 1:].reshape(-1)
 
 
+@pytest.mark.slow
 def test_an_operating_point_far_from_0_does_not_prune_a_true_term(tmp_path):
     """The unit scales are taken about the means where the library has the constant: the
     same scaled coefficients of ``x`` and ``u`` with the states about 0 or about 300. Measured
@@ -630,6 +635,7 @@ def test_fedlin_and_scaffold_whose_rounds_diverge_are_refused_before_the_run(tmp
     assert res.summary["status"] == "diverged"
 
 
+@pytest.mark.slow
 def test_the_default_threshold_finds_the_duffing_terms_with_noise(tmp_path):
     """The scale-free default (0.05 of what a target does besides its largest term) keeps the
     six true Duffing terms on a noisy fleet; 0.01 on the same scale keeps spurious ones (why

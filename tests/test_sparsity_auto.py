@@ -106,6 +106,7 @@ def test_auto_equals_a_direct_computation_of_the_rule(tmp_path, val, margin):
         np.testing.assert_allclose(est[j][support[j * 20:(j + 1) * 20]], ref, rtol=1e-8)
 
 
+@pytest.mark.slow
 def test_auto_writes_the_path_and_logs_the_fallback(tmp_path, caplog):
     file, _, _ = duffing_fleet(tmp_path, M=2, N=2, T=40, val=0, noise=0.5, seed=2)
     out = tmp_path / "run"
@@ -135,6 +136,7 @@ def test_auto_writes_the_path_and_logs_the_fallback(tmp_path, caplog):
                     "within sparsity.margin=2 of the best score"]
 
 
+@pytest.mark.slow
 def test_pendulum_at_100_hz_auto_keeps_the_five_true_terms(tmp_path):
     folder, _, _ = pendulum_fleet(tmp_path / "pendulum")
     for extra, rule in (([], "heldout"), (["data.holdout=0"], "bic")):
@@ -201,6 +203,7 @@ def test_repeats_that_keep_different_terms_are_reported(tmp_path, caplog):
     assert f"{disputed} terms kept in some repeats" in lines[0]
 
 
+@pytest.mark.slow
 def test_repeats_that_agree_log_nothing(tmp_path, caplog):
     folder, _, _ = pendulum_fleet(tmp_path / "pendulum")
     with caplog.at_level("WARNING"):

@@ -157,6 +157,7 @@ def test_strategy_options_are_checked():
         FedAvg(weighting="median")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("system", ["pendulum", "synthetic", "linear", "quadrotor"])
 def test_every_strategy_runs_on_every_system(system, tmp_path):
     from fnsysid.app.experiment import run_experiment
@@ -181,6 +182,7 @@ def test_scaffold_with_whitening_reaches_the_pooled_solution():
     np.testing.assert_allclose(got, target, atol=1e-8)
 
 
+@pytest.mark.slow
 def test_oneshot_run_names_a_client_with_all_zero_data_and_averages_the_others(tmp_path,
                                                                               caplog):
     """Trajectory files of 4 clients, one all zeros: a warning and the summary name it, and
@@ -229,6 +231,7 @@ def fleet_with_a_zero_client(tmp_path_factory):
             write_per_client(df[df["client"] != "robot3"], tmp / "three"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["fedavg", "fedprox", "fedlin", "fednova",
                                       "scaffold optimizer.scale_features=diagonal"])
 def test_gradient_strategies_end_where_the_other_clients_put_them(strategy,
@@ -245,6 +248,7 @@ def test_gradient_strategies_end_where_the_other_clients_put_them(strategy,
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_scaffold_with_whitening_refuses_a_client_without_full_rank(fleet_with_a_zero_client,
                                                                      tmp_path):
     """Whitening's H_i^+ cannot carry SCAFFOLD's correction where a client has no data (the

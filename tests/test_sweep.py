@@ -34,6 +34,7 @@ def two_key_sweep(tmp_path_factory) -> Path:
     return sweep
 
 
+@pytest.mark.slow
 def test_multirun_one_job_per_value_and_the_script_wraps_the_command(two_key_sweep, capsys,
                                                                     monkeypatch):
     jobs = sorted(p.name for p in two_key_sweep.iterdir() if p.is_dir())
@@ -77,6 +78,7 @@ def test_declared_keys_come_from_the_sweep_not_from_constant_overrides(two_key_s
         [1, 0.0], [1, 0.1], [4, 0.0], [4, 0.1]]
 
 
+@pytest.mark.slow
 def test_plot_grid_one_panel_per_value_curves_labelled_by_swept_keys_only(two_key_sweep,
                                                                            tmp_path, capsys):
     out = tmp_path / "grid.png"
@@ -99,6 +101,7 @@ def test_plot_grid_one_panel_per_value_curves_labelled_by_swept_keys_only(two_ke
         [final["1", "0"], final["4", "0"], final["1", "0.1"], final["4", "0.1"]])
 
 
+@pytest.mark.slow
 def test_heat_map_of_the_final_error(two_key_sweep, tmp_path, capsys):
     out = tmp_path / "heat.png"
     assert plot_main([str(two_key_sweep), "--out", str(out), "--heatmap"]) == 0
@@ -114,6 +117,7 @@ def test_heat_map_of_the_final_error(two_key_sweep, tmp_path, capsys):
         sweep_heatmap([], ["M"], [out])
 
 
+@pytest.mark.slow
 def test_stored_sweep_holds_only_its_own_jobs(tmp_path):
     """A rerun of a stored experiment, with or without extra overrides, gets its own folder."""
     run("experiment=synthetic_gd_M", "R=2", "repeats=1", *QUIET, cwd=tmp_path)
@@ -127,6 +131,7 @@ def test_stored_sweep_holds_only_its_own_jobs(tmp_path):
     assert find_sweep(stored) == second                                 # newest is plotted
 
 
+@pytest.mark.slow
 def test_figure_panels_filter_jobs_share_one_legend_and_label_only_varying_keys(two_key_sweep,
                                                                                 tmp_path):
     from fnsysid.results.plotting.paper_panels import figure
@@ -179,6 +184,7 @@ def test_results_of_all_jobs_at_once_are_those_of_one_job_at_a_time(tmp_path, mo
                                                           "e_max_se"].notna().all()
 
 
+@pytest.mark.slow
 def test_each_view_has_its_own_default_file_and_overwrite_removes_them(two_key_sweep,
                                                                          tmp_path, capsys):
     import shutil
@@ -203,6 +209,7 @@ def test_each_view_has_its_own_default_file_and_overwrite_removes_them(two_key_s
     assert written <= removed
 
 
+@pytest.mark.slow
 def test_a_sweep_without_ground_truth_draws_the_held_out_nrmse(two_key_sweep, tmp_path,
                                                                 capsys):
     import shutil

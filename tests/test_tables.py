@@ -151,6 +151,7 @@ def test_every_table_of_a_run_reads_back_as_its_frame(tmp_path, overrides):
         assert (tmp_path / "a" / csv).read_bytes() == (tmp_path / "b" / csv).read_bytes()
 
 
+@pytest.mark.slow
 def test_a_run_does_not_import_pandas(tmp_path):
     """pandas costs ~0.3 s of start-up; a run writes its tables without it."""
     out = subprocess.run(

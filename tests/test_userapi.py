@@ -60,6 +60,7 @@ def estimates_csv(folder: Path, column: str = "estimate") -> np.ndarray:
         return np.array([float(r[column]) for r in csv.DictReader(f)])
 
 
+@pytest.mark.slow
 def test_a_run_prints_and_writes_its_equations_which_load_and_show_give_back(pendulum_run,
                                                                              capsys):
     run, res, _ = pendulum_run
@@ -172,6 +173,7 @@ def test_show_and_load_refuse_a_folder_that_is_not_a_run_in_one_line(tmp_path, c
         FederatedSysID.load(tmp_path / "none")
 
 
+@pytest.mark.slow
 def test_show_of_a_sweep_gives_each_job_and_a_diverged_one_exits_3(tmp_path, capsys):
     res = cli_in_process("-m", "system=pendulum", "M=2", "repeats=1", "R=3", "lr=0.01,1e4",
                          "hydra/launcher=basic", f"hydra.sweep.dir={tmp_path}")
@@ -243,6 +245,7 @@ NOT_APPLICABLE["check_estimators_unfitted"] = (
     "unfitted estimator raises ValueError('... not fitted yet: call fit(data) first')")
 
 
+@pytest.mark.slow
 def test_the_applicable_check_estimator_checks_pass():
     checks = pytest.importorskip("sklearn.utils.estimator_checks")
     results = checks.check_estimator(FederatedSysID(R=5), on_fail=None)
@@ -271,6 +274,7 @@ def fleet(clients: int = 4, runs: int = 3, length: int = 30) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["client", "trajectory", "t", "x1", "x2", "u"])
 
 
+@pytest.mark.slow
 def test_grid_search_over_R_picks_the_most_rounds_by_the_score(tmp_path):
     ms = pytest.importorskip("sklearn.model_selection")
     df = fleet()
@@ -317,6 +321,7 @@ def test_predict_and_simulate_take_one_clients_arrays():
         m.simulate(x)
 
 
+@pytest.mark.slow
 def test_a_dataframe_of_load_trajectories_keeps_the_hold_out_of_its_files(tmp_path):
     logs = pendulum_logs(tmp_path / "logs", clients=3, runs=4, length=20)
     df = fnsysid.load_trajectories(logs, STATES, INPUTS, trajectory="run_id",
@@ -364,6 +369,7 @@ def test_bad_arguments_of_equations_and_load_trajectories_are_one_line(tmp_path)
             fnsysid.load_trajectories(logs, STATES, INPUTS, **kw)
 
 
+@pytest.mark.slow
 def test_plots_return_figures_that_render_without_a_path():
     import io
 
@@ -444,6 +450,7 @@ def test_rounds_off_a_terminal_are_plain_without_the_text_bar(monkeypatch):
     assert isinstance(bar, tqdm.std.tqdm) and list(bar) == [1, 2, 3] and asked == [1]
 
 
+@pytest.mark.slow
 def test_fit_png_names_the_time_column(tmp_path):
     from fnsysid.results.files import time_label
 
@@ -463,6 +470,7 @@ def test_version_prints_fnsysids_own():
     assert "Hydra" not in res.stdout
 
 
+@pytest.mark.slow
 def test_own_columns_without_system_hint_system_generic(tmp_path):
     logs = pendulum_logs(tmp_path / "logs", clients=2, runs=2, length=10)
     res = cli_in_process("data=files", f"data.path={logs}", f"hydra.run.dir={tmp_path / 'r'}")
@@ -488,6 +496,7 @@ def test_a_list_setting_given_without_brackets_shows_the_bracket_form(tmp_path, 
     assert res.returncode == 2 and res.stderr.strip() == f"fnsysid: error: {message}"
 
 
+@pytest.mark.slow
 def test_an_old_target_path_is_refused_naming_the_new_one(tmp_path):
     conf = tmp_path / "conf" / "feature_map"
     conf.mkdir(parents=True)
