@@ -303,25 +303,34 @@ def test_own_fits_that_lose_their_digits_judge_the_runs_that_use_them(tmp_path, 
     clients' own fits do not (their loss against a stable solve reaches 1.5 times a
     target's spread). `centralized_exact` stays ok and only the model check, which fits
     them, gives no verdict; FedAvg with local steps whitened by each client's own Gram
-    matrix (the generic default) ends at NRMSE 546 and was ok before: ill_conditioned."""
+    matrix (the generic default) ends at NRMSE 546 and was ok before: ill_conditioned. So
+    is `centralized_exact` with `personalize=auto`, whose homogeneity test, heterogeneity
+    and intervals are fitted to the own fits (it was ok)."""
     from tests.conftest import engine
     from tests.test_sparsity import offset_tanks
 
     caplog.set_level("WARNING", logger="fnsysid")
     file, _, _ = offset_tanks(tmp_path, 50.0, spacing=50.0, intercept=False, M=10)
-    runs = {s: engine("system=generic", "data=files", f"data.path={file}", "data.states=[x1]",
-                      "data.inputs=[u]", "feature_map=polynomial", "feature_map.degree=2",
-                      f"strategy={s}", "output.plot=false", "progress=false").summary
-            for s in ("centralized_exact", "fedavg")}
-    exact, fedavg = runs["centralized_exact"], runs["fedavg"]
+    runs = {(s, p): engine("system=generic", "data=files", f"data.path={file}",
+                           "data.states=[x1]", "data.inputs=[u]", "feature_map=polynomial",
+                           "feature_map.degree=2", f"strategy={s}", f"personalize={p}",
+                           "output.plot=false", "progress=false").summary
+            for s, p in (("centralized_exact", "none"), ("fedavg", "none"),
+                         ("centralized_exact", "auto"))}
+    exact, fedavg = runs["centralized_exact", "none"], runs["fedavg", "none"]
     assert exact["status"] == "ok" and exact["final_nrmse_1step_mean"] < 0.07
     r = exact["conditioning"]["roundoff"]
     assert r["of"] == "own fits" and r["status"] is False and r["worst_ratio"] > 1
     assert exact["model_check"]["verdict"] is None
     assert fedavg["status"] == "ill_conditioned" and fedavg["final_nrmse_1step_mean"] > 100
     assert fedavg["conditioning"]["roundoff"]["status"] is True
+    auto = runs["centralized_exact", "auto"]
+    assert auto["status"] == "ill_conditioned" and auto["conditioning"]["roundoff"]["status"]
+    assert auto["final_nrmse_1step_mean"] == exact["final_nrmse_1step_mean"]
     said = [m.getMessage() for m in caplog.records if "own least squares" in m.getMessage()]
-    assert len(said) == 2 and "(status unchanged)" in said[0] and "ill_conditioned" in said[1]
+    assert len(said) == 3 and "(status unchanged)" in said[0] and "ill_conditioned" in said[1]
+    assert "made from them: the estimate (local steps whitened" in said[1]
+    assert "made from them: the personalized models of personalize=auto" in said[2]
 
 
 def shifted_duffing(path, base, seed, M=10, runs=4, T=200, noise=1e-6, dt=0.05):

@@ -585,7 +585,7 @@ ROUNDOFF_LIMIT = 0.01
 
 
 def conditioning(summary: dict, data, support, clients=None, enters=None,
-                 model=None, own_used: bool = True) -> None:
+                 model=None, own_used: bool | str = True) -> None:
     """The pooled Gram's condition number in ``summary["conditioning"]`` (per repeat, on the
     kept terms; :func:`fnsysid.results.metrics.gram_condition`). When some repeat's reaches
     1 / machine epsilon its estimate keeps no correct digit: a warning, and the status
@@ -593,7 +593,9 @@ def conditioning(summary: dict, data, support, clients=None, enters=None,
     the round-off of the pooled sums moves some client's predictions by
     :data:`ROUNDOFF_LIMIT` of its targets' spread or more (:func:`roundoff_lost`;
     ``conditioning.roundoff`` names those ``clients``, labels of axis 1), each target
-    against its own spread with ``enters`` (n_y, p), which targets each coefficient enters."""
+    against its own spread with ``enters`` (n_y, p), which targets each coefficient enters;
+    and when each client's own least squares loses that much where ``own_used``
+    (:func:`own_fits_used`: what of the run is made from them) is not empty."""
     from fnsysid.results.metrics import (
         COND_LIMIT,
         gram_condition,
@@ -628,15 +630,23 @@ def conditioning(summary: dict, data, support, clients=None, enters=None,
         summary["status"] = "ill_conditioned"
 
 
-def own_fits_used(settings, strategy) -> bool:
-    """Whether the run's estimate is made from each client's own least squares: ``oneshot``
-    (their average), or local steps whitened by each client's own Gram matrix
-    (``optimizer.scale_features=whiten``, the generic system's default)."""
+def own_fits_used(settings, strategy) -> str:
+    """What of the run is made from each client's own least squares, in words ("" if
+    nothing): the estimate of ``oneshot`` (their average) or of local steps whitened by each
+    client's own Gram matrix (``optimizer.scale_features=whiten``, the generic system's
+    default), and the personalized models of ``personalize=auto`` (its homogeneity test,
+    heterogeneity and intervals are fitted to the own fits)."""
     from fnsysid.learning.strategies import Cyclic, Federated, Local, OneShot
 
-    return isinstance(strategy, OneShot) or (
-        isinstance(strategy, (Federated, Local, Cyclic))
-        and getattr(settings.optimizer, "scale_features", None) == "whiten")
+    uses = []
+    if isinstance(strategy, OneShot):
+        uses.append("the estimate (strategy=oneshot averages them)")
+    elif isinstance(strategy, (Federated, Local, Cyclic)) \
+            and getattr(settings.optimizer, "scale_features", None) == "whiten":
+        uses.append("the estimate (local steps whitened by each client's own Gram matrix)")
+    if getattr(getattr(settings, "personalize", None), "name", None) == "auto":
+        uses.append("the personalized models of personalize=auto")
+    return " and ".join(uses)
 
 
 #: targets whose means sit at this many times their standard deviation or more are far
@@ -645,7 +655,7 @@ OFFSET_LEVEL = 10.0
 
 
 def roundoff_lost(summary: dict, facts: dict, clients=None, own: bool = False,
-                  affects: bool = True) -> bool:
+                  affects: bool | str = True) -> bool:
     """Where :func:`fnsysid.results.metrics.roundoff_facts` (``facts``, each (S, M)) says
     some client's predictions keep fewer than two correct digits (``ratio`` at or above
     :data:`ROUNDOFF_LIMIT`): ``summary["conditioning"]["roundoff"]`` names those clients,
@@ -654,10 +664,11 @@ def roundoff_lost(summary: dict, facts: dict, clients=None, own: bool = False,
     standard deviation or more; ``scale``: otherwise) and the worst ratio, a warning says
     it, and True (the caller sets the status). ``own``: the ratios are of each client's
     own least squares (what Flower clients send), not of the pooled sums; ``affects``
-    False: the run's estimate does not use them (neither ``oneshot`` nor local steps
-    whitened by the client's own Gram matrix), so the status stays and the line says that
-    only what fits them (the model check, Cochran's Q) is not read (``roundoff.status``
-    false)."""
+    false (``""``): the run's results do not use them (:func:`own_fits_used`: neither
+    ``oneshot``, local steps whitened by the client's own Gram matrix nor
+    ``personalize=auto``), so the status stays and the line says that only what fits them
+    (the model check, Cochran's Q) is not read (``roundoff.status`` false); a string: what
+    uses them, which the line names."""
     ratio = np.asarray(facts["ratio"], float)
     lost = np.nan_to_num(ratio, nan=0.0) >= ROUNDOFF_LIMIT                      # (S, M)
     if not lost.any():
@@ -686,20 +697,23 @@ def roundoff_lost(summary: dict, facts: dict, clients=None, own: bool = False,
                     "; subtract an operating point (e.g. each state's and input's mean) "
                     "from the data to have them" if offset else "")
         return True
+    # what is made from the own fits, named where the status is set for them
+    made = f"; made from them: {affects}" if own and isinstance(affects, str) and affects \
+        else ""
     if offset:
         log.warning("%s%s %s by up to %.3g times how much their targets move: their data sit "
                     "far from 0 beside their spread (client %s: targets about %.3g moving "
                     "by %.3g), where the library's terms nearly repeat each other, and the "
                     "predictions keep fewer than two correct digits (status: "
-                    "ill_conditioned); subtract an operating point (e.g. each state's and "
+                    "ill_conditioned%s); subtract an operating point (e.g. each state's and "
                     "input's mean) from the data before the fit", what, plural, shown,
                     float(ratio[s, m]), str(clients[m]) if clients is not None else str(m),
-                    float(facts["level"][s, m]), float(facts["sd"][s, m]))
+                    float(facts["level"][s, m]), float(facts["sd"][s, m]), made)
     elif own:
         log.warning("%s%s %s by up to %.3g times their data: their own data keep fewer than "
-                    "two correct digits of a fit (status: ill_conditioned); check their data "
+                    "two correct digits of a fit (status: ill_conditioned%s); check their data "
                     "for trajectories that escape or features that repeat each other", what,
-                    plural, shown, float(ratio[s, m]))
+                    plural, shown, float(ratio[s, m]), made)
     else:
         log.warning("%s%s %s by up to %.3g times their data (the sums hold a far larger "
                     "client's data at the same precision): their predictions keep fewer than "
