@@ -228,9 +228,17 @@ def _check_line(check: dict | None) -> str | None:
 
 
 def _conditioning_line(cond: dict | None) -> str | None:
-    """Why a run is ``ill_conditioned`` (``summary.json: conditioning``), or None."""
+    """Why a run is ``ill_conditioned`` (``summary.json: conditioning``), or why its estimate,
+    a mean of the clients' own fits, carries one client's imprecision
+    (``conditioning.own_precision``), or None."""
     if not cond:
         return None
+    precision = cond.get("own_precision")
+    if precision and not cond.get("repeats") and not cond.get("roundoff"):
+        return (f"conditioning: client {precision['client']}'s own data determine "
+                f"{precision['coefficient']} {precision['se_ratio']:.3g} times less precisely "
+                "than the median client's, and the estimate is an unweighted mean of the "
+                "clients' own fits (strategy=centralized_exact weighs them)")
     if cond.get("repeats"):
         worst = max(c for c in cond["cond"] if c is not None)
         return (f"conditioning: the pooled Gram matrix's condition number {worst:.3g} reaches "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from fnsysid.dynamics.model import (
@@ -596,6 +598,86 @@ def roundoff_loss(model, data, support: np.ndarray | None = None,
            _worst_target(own_loss, spread, yy, np.abs(ym), n).items()}
     if pooled:
         out.update(_worst_target(pooled_loss, spread, yy, np.abs(ym), n))
+    return out
+
+
+def flat_term(model, H: np.ndarray) -> dict | None:
+    """The term of a generic library with the constant feature ``1`` that moves least
+    beside its mean in each client's data: ``name`` (the features' names), and each (S, M)
+    ``term`` (its index among them, -1 where none moves), ``mean``, ``sd`` (its standard
+    deviation over the client's samples) and ``ratio`` ``|mean| / sd`` (inf where it does
+    not move at all), from the client's Gram matrix ``H`` (S, M, p, p) of the first target
+    that has the constant (its row of ``1`` holds each term's sum). Such a term is a copy of
+    the constant in that client's data: its own least squares hardly determine the term's
+    coefficient, and the Gram matrix's condition number grows as ``ratio`` squared. None
+    without the constant or for a system's own features."""
+    if model.library is None:
+        return None
+    system = model.system
+    names = system.name_features(model.library.feature_names(system.n_x, system.n_u))
+    if "1" not in names:
+        return None
+    St = np.asarray(model.structure)                                  # (n_y, n_phi, p)
+    one = names.index("1")
+    target = next((j for j in range(St.shape[0]) if np.count_nonzero(St[j, one]) == 1), None)
+    if target is None:
+        return None
+    cols = [int(np.flatnonzero(St[target, f])[0]) if St[target, f].any() else -1
+            for f in range(len(names))]
+    c = cols[one]
+    feats = [f for f in range(len(names)) if f != one and cols[f] >= 0]
+    if not feats:
+        return None
+    H = np.asarray(H, float)
+    k = np.array([cols[f] for f in feats])
+    n = H[..., c, c]                                                  # (S, M) samples
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = H[..., c, k] / n[..., None]                            # (S, M, f)
+        var = np.diagonal(H, axis1=-2, axis2=-1)[..., k] / n[..., None] - mean ** 2
+        sd = np.sqrt(np.maximum(var, 0.0))
+        ratio = np.where(mean != 0, np.abs(mean) / sd, 0.0)
+    ratio = np.nan_to_num(ratio, nan=0.0)
+    i = np.argmax(ratio, axis=-1)[..., None]
+
+    def pick(a):
+        return np.take_along_axis(a, i, axis=-1)[..., 0]
+
+    best = pick(ratio)
+    return {"name": names, "term": np.where(best > 0, np.asarray(feats)[i[..., 0]], -1),
+            "mean": pick(mean), "sd": pick(sd), "ratio": best}
+
+
+#: a client whose own fit has a standard error this many times the median client's for some
+#: coefficient weighs on an unweighted mean of the own fits more than all the others together
+#: (from 3 clients on)
+PRECISION_LEVEL = 100.0
+
+
+def imprecise_own_fit(inv_diag: np.ndarray, full: np.ndarray) -> dict[str, np.ndarray]:
+    """The client whose own least squares determine some coefficient least precisely beside
+    the others', per repeat: ``ratio`` (S,) ``sqrt(v_mk / median_j v_jk)``, the largest over
+    the clients ``m`` and coefficients ``k`` of ``v = diag(H_m^-1)`` (``inv_diag`` (S, M, p)
+    of :class:`fnsysid.learning.ownfit.OwnFits`; for equal noise the ratio of the standard
+    errors), with ``client`` and ``coefficient`` (S,), over the clients whose data determine
+    their fit (``full`` (S, M)); NaN where fewer than 3 do, or a coefficient is determined
+    by none."""
+    v = np.where(full[..., None], np.asarray(inv_diag, float), np.nan)         # (S, M, p)
+    S, M, p = v.shape
+    out = {"ratio": np.full(S, np.nan), "client": np.full(S, -1), "coefficient": np.full(S, -1)}
+    enough = full.sum(axis=1) >= 3
+    if not enough.any():
+        return out
+    with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)                  # all-NaN columns
+        med = np.nanmedian(v, axis=1)                                          # (S, p)
+        r = np.sqrt(v / med[:, None, :])
+    r = np.where(np.isfinite(r) & enough[:, None, None], r, -np.inf).reshape(S, M * p)
+    i = np.argmax(r, axis=1)
+    best = r[np.arange(S), i]
+    has = np.isfinite(best)
+    out["ratio"] = np.where(has, best, np.nan)
+    out["client"] = np.where(has, i // p, -1)
+    out["coefficient"] = np.where(has, i % p, -1)
     return out
 
 

@@ -954,7 +954,9 @@ def free_run_warning(summary: dict) -> tuple[str, bool] | None:
     Nor is it a warning where the model check finds the class right (``ok`` or ``overfit``)
     and noisy runs of the clients' own fits score at least the run model's mean NRMSE
     (``nrmse_sim_noisy_mean``): a system whose free run the noise leads (a slow pole) is
-    there with any right model."""
+    there with any right model. Where the estimate is a mean of the clients' own fits that
+    one client's imprecise fit spoils (``conditioning.own_precision``), the line says so
+    instead of pointing at the library."""
     if summary.get("status") != "ok":
         return None
     mean, top = summary.get("final_nrmse_sim_mean"), summary.get("final_nrmse_sim_max")
@@ -978,6 +980,13 @@ def free_run_warning(summary: dict) -> tuple[str, bool] | None:
         return (f"{head}, as noisy runs of the clients' own fits do (NRMSE "
                 f"{float(np.mean(noisy)):.3g} on average, summary.json: model_check."
                 "nrmse_sim_noisy_mean): the noise leads the free run, not a poor model"), False
+    precision = (summary.get("conditioning") or {}).get("own_precision")
+    if precision is not None:
+        return (f"{head}: it does not describe the dynamics, though the rounds converged "
+                f"(status ok); the estimate, not the library, is poor: it is a mean of the "
+                f"clients' own fits, and client {precision['client']}'s determines "
+                f"{precision['coefficient']} {precision['se_ratio']:.3g} times less precisely "
+                "than the median client's (conditioning.own_precision)"), True
     return (f"{head}: it does not describe the dynamics, though the rounds converged (status "
             "ok); see the model check and fnsysid compare (another library, or sparsity)"), True
 
