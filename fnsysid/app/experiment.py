@@ -476,7 +476,7 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
         how = estimate_from_own_fits(settings, strategy)
         if how and summary["status"] == "ok":
             own_precision(summary, data, None if sparsity is None else sparsity.support,
-                          dataset.clients, model.param_names, how)
+                          dataset.clients, model, how, getattr(strategy, "weights", None))
     elif data is None and getattr(hist, "roundoff", None) is not None:
         # under Flower: the round-off of each client's own least squares, which it sent
         used = own_fits_used(settings, strategy)
@@ -662,36 +662,43 @@ def own_fits_used(settings, strategy) -> str:
     return " and ".join(u for u in uses if u)
 
 
-def own_precision(summary: dict, data, support, clients, param_names, how: str) -> None:
-    """Where the run's estimate is an unweighted mean of the clients' own fits (``how``,
-    :func:`estimate_from_own_fits`), whether one client's data determine some coefficient
-    far less precisely than the others' (:func:`fnsysid.results.metrics.imprecise_own_fit`,
-    at :data:`~fnsysid.results.metrics.PRECISION_LEVEL` times the median standard error or
-    more): that client then weighs on the mean more than all the others together (a tank
-    whose input is held at 5 with a spread of 1e-6 made FedAvg's one-step NRMSE 66 where the
-    pooled least squares gives 0.04). ``summary["conditioning"]["own_precision"]`` names it,
-    with a warning; the status stays (it is about the rounds, as for a poor free run)."""
-    from fnsysid.learning.ownfit import own_fits
-    from fnsysid.results.metrics import PRECISION_LEVEL, imprecise_own_fit
+def own_precision(summary: dict, data, support, clients, model, how: str,
+                  weights=None) -> None:
+    """Where the run's estimate is a mean of the clients' own fits (``how``,
+    :func:`estimate_from_own_fits`; ``weights`` the strategy's, None: uniform), whether the
+    estimation error of that mean alone adds a one-step NRMSE of
+    :data:`~fnsysid.results.metrics.MEAN_ERROR_LEVEL` or more on some target
+    (:func:`fnsysid.results.metrics.own_mean_error`): a fit its data hardly determine weighs
+    on the mean as much as any other (a tank whose input is held at 5 with a spread of 1e-6
+    made FedAvg's one-step NRMSE 66 where the pooled least squares gives 0.04).
+    ``summary["conditioning"]["own_precision"]`` names the clients that add most of it (a
+    tenth or more each) and the worst one's least precise coefficient, with a warning; the
+    status stays (it is about the rounds, as for a poor free run)."""
+    from fnsysid.results.metrics import MEAN_ERROR_LEVEL, own_mean_error
 
-    keep = None if support is None else np.asarray(support, bool)[:, None]
-    fits = own_fits(data.H, data.b, keep)
-    worst = imprecise_own_fit(fits.inv_diag, fits.full)
-    bad = np.nan_to_num(worst["ratio"], nan=0.0) >= PRECISION_LEVEL
-    if not bad.any():
+    err = own_mean_error(model, data, support, weights)
+    if err is None:
         return
-    s = int(np.nanargmax(np.where(bad, worst["ratio"], -np.inf)))
-    who = str(clients[int(worst["client"][s])])
-    name = param_names[int(worst["coefficient"][s])]
-    ratio = float(worst["ratio"][s])
+    worst = np.nan_to_num(err["nrmse"], nan=0.0)                      # (S, n_y)
+    if not (worst >= MEAN_ERROR_LEVEL).any():
+        return
+    s, j = np.unravel_index(int(np.argmax(worst)), worst.shape)
+    share = err["share"][s, j]
+    order = [int(m) for m in np.argsort(-share) if share[m] >= 0.1][:5]
+    names = [str(clients[m]) for m in order]
+    coefficient = model.param_names[int(err["coefficient"][s, j, order[0]])]
     summary.setdefault("conditioning", {})["own_precision"] = {
-        "client": who, "coefficient": name, "se_ratio": ratio,
-        "repeats": [int(r) for r in np.flatnonzero(bad)]}
-    log.warning("client %s's own data determine %s %.3g times less precisely than the median "
-                "client's (the standard errors of their own least squares): %s, an unweighted "
-                "mean of the clients' own fits, carries that imprecision; strategy="
-                "centralized_exact weighs each client's data by what they determine, or leave "
-                "the client out", who, name, ratio, how)
+        "clients": names, "coefficient": coefficient, "nrmse_added": float(worst[s, j]),
+        "share": float(share[order[0]]),
+        "repeats": [int(r) for r in np.flatnonzero((worst >= MEAN_ERROR_LEVEL).any(axis=1))]}
+    log.warning("the estimation error of the clients' own fits alone adds a one-step NRMSE of "
+                "%.3g to %s, a mean of those fits that weighs them alike; %.0f %% of it is "
+                "client %s's (its least precise coefficient: %s)%s: their data hardly "
+                "determine their fit there; strategy=centralized_exact weighs each client's "
+                "data by what they determine, or leave %s out", float(worst[s, j]), how,
+                100 * float(share[order[0]]), names[0], coefficient,
+                f", then {', '.join(names[1:])}" if len(names) > 1 else "",
+                "that client" if len(names) == 1 else "those clients")
 
 
 #: targets whose means sit at this many times their standard deviation or more are far
@@ -721,8 +728,9 @@ def roundoff_lost(summary: dict, facts: dict, clients=None, own: bool = False,
     client's data for ``own``, of the pooled data otherwise; called only when some loss is
     found): where the worst client's moves
     :data:`FLAT_LEVEL` times less than its targets do, relative to their means, the line
-    names it (``roundoff.term``) and says that its coefficient is hardly determined there,
-    which an operating point subtracted does not mend."""
+    names it (``roundoff.term``), advises an operating point and says that where the term
+    moves by little more than the noise its coefficient is hardly determined there, which
+    an operating point does not mend."""
     ratio = np.asarray(facts["ratio"], float)
     lost = np.nan_to_num(ratio, nan=0.0) >= ROUNDOFF_LIMIT                      # (S, M)
     if not lost.any():
@@ -761,9 +769,10 @@ def roundoff_lost(summary: dict, facts: dict, clients=None, own: bool = False,
                  else "not moving within the precision of the sums")
         said = (f"the term {term['name']} barely moves in {where} (about {term['mean']:.3g} "
                 f"{moves}), where it nearly repeats the constant")
-        mend = (f"those data hardly determine {term['name']}'s coefficient, which "
-                "subtracting an operating point does not mend: excite it there, or leave "
-                f"{'that client' if own else 'it'} or the term out")
+        mend = ("subtract an operating point (e.g. each state's and input's mean) from the "
+                f"data; where {term['name']} moves by little more than the noise, those data "
+                f"hardly determine its coefficient at all, which that does not mend: excite "
+                f"it there, or leave {'that client' if own else 'it'} or the term out")
     if not affects:
         log.warning("%s%s %s by up to %.3g times how much their targets move%s: the model "
                     "check and Cochran's Q, which fit them, are not read; the run's estimate "

@@ -235,10 +235,11 @@ def _conditioning_line(cond: dict | None) -> str | None:
         return None
     precision = cond.get("own_precision")
     if precision and not cond.get("repeats") and not cond.get("roundoff"):
-        return (f"conditioning: client {precision['client']}'s own data determine "
-                f"{precision['coefficient']} {precision['se_ratio']:.3g} times less precisely "
-                "than the median client's, and the estimate is an unweighted mean of the "
-                "clients' own fits (strategy=centralized_exact weighs them)")
+        return (f"conditioning: the estimate is a mean of the clients' own fits, whose "
+                f"estimation error alone adds a one-step NRMSE of "
+                f"{precision['nrmse_added']:.3g}, most of it client {precision['clients'][0]}'s "
+                "(strategy=centralized_exact weighs each client's data by what they "
+                "determine)")
     if cond.get("repeats"):
         worst = max(c for c in cond["cond"] if c is not None)
         return (f"conditioning: the pooled Gram matrix's condition number {worst:.3g} reaches "

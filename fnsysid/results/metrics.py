@@ -647,38 +647,77 @@ def flat_term(model, H: np.ndarray) -> dict | None:
             "mean": pick(mean), "sd": pick(sd), "ratio": best}
 
 
-#: a client whose own fit has a standard error this many times the median client's for some
-#: coefficient weighs on an unweighted mean of the own fits more than all the others together
-#: (from 3 clients on)
-PRECISION_LEVEL = 100.0
+#: the one-step NRMSE that the estimation error of a mean of the clients' own fits adds on
+#: its own (over the pooled data, against each target's spread), from which a run names the
+#: clients whose fits make it
+MEAN_ERROR_LEVEL = 0.1
 
 
-def imprecise_own_fit(inv_diag: np.ndarray, full: np.ndarray) -> dict[str, np.ndarray]:
-    """The client whose own least squares determine some coefficient least precisely beside
-    the others', per repeat: ``ratio`` (S,) ``sqrt(v_mk / median_j v_jk)``, the largest over
-    the clients ``m`` and coefficients ``k`` of ``v = diag(H_m^-1)`` (``inv_diag`` (S, M, p)
-    of :class:`fnsysid.learning.ownfit.OwnFits`; for equal noise the ratio of the standard
-    errors), with ``client`` and ``coefficient`` (S,), over the clients whose data determine
-    their fit (``full`` (S, M)); NaN where fewer than 3 do, or a coefficient is determined
-    by none."""
-    v = np.where(full[..., None], np.asarray(inv_diag, float), np.nan)         # (S, M, p)
-    S, M, p = v.shape
-    out = {"ratio": np.full(S, np.nan), "client": np.full(S, -1), "coefficient": np.full(S, -1)}
-    enough = full.sum(axis=1) >= 3
-    if not enough.any():
-        return out
-    with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)                  # all-NaN columns
-        med = np.nanmedian(v, axis=1)                                          # (S, p)
-        r = np.sqrt(v / med[:, None, :])
-    r = np.where(np.isfinite(r) & enough[:, None, None], r, -np.inf).reshape(S, M * p)
-    i = np.argmax(r, axis=1)
-    best = r[np.arange(S), i]
-    has = np.isfinite(best)
-    out["ratio"] = np.where(has, best, np.nan)
-    out["client"] = np.where(has, i // p, -1)
-    out["coefficient"] = np.where(has, i % p, -1)
-    return out
+def own_mean_error(model, data, support=None, weights=None) -> dict | None:
+    """What the estimation error of a mean of the clients' own least squares adds to its
+    one-step predictions, per repeat and target, and who adds it.
+
+    The mean ``sum_i w_i theta_i`` (``weights`` (S, M), None: uniform; over the clients whose
+    data determine their fit) errs by ``sum_i w_i delta_i``, ``delta_i`` the error of client
+    i's own fit, of covariance ``V_i = s^2 H_i^-1`` (on the coefficients of one target; ``s^2``
+    the median of the clients' residual variances, which one fit that loses its digits
+    does not move). Over the pooled samples it adds ``sum_i w_i^2 trace(Hbar
+    V_i)`` to the mean squared one-step error (``Hbar`` the pooled Gram matrix per sample):
+    ``nrmse`` (S, n_y) is its square root over the target's standard deviation, and
+    ``share`` (S, n_y, M) each client's part of it. A fit that its data hardly determine
+    (an input held nearly constant) makes this large even where every other fit is exact,
+    since the mean weighs the fits alike; the pooled least squares weighs each client's data
+    by what they determine. ``coefficient`` (S, n_y, M): each client's coefficient of the
+    target with the largest ``V_i`` beside the median client's. None where a coefficient
+    enters several targets (a system's own features)."""
+    from fnsysid.learning.ownfit import own_fits
+
+    St = np.asarray(model.structure) != 0                             # (n_y, n_phi, p)
+    enters = St.any(axis=1)                                           # (n_y, p)
+    if (enters.sum(axis=0) > 1).any():
+        return None
+    H = np.asarray(data.H, float)
+    b = np.asarray(data.b, float)
+    S, M, p = b.shape
+    n_y = enters.shape[0]
+    keep = np.ones((S, p), bool) if support is None else np.asarray(support, bool)
+    fits = own_fits(data.H, data.b, None if support is None else keep[:, None])
+    n = np.asarray(data.n, float)
+    yy = np.asarray(data.yy_target, float)
+    spread = yy - n[..., None] * np.asarray(data.y_mean, float) ** 2  # (S, M, n_y)
+    w = np.where(fits.full, 1.0 if weights is None else np.asarray(weights, float), 0.0)
+    w = w / np.maximum(w.sum(axis=1, keepdims=True), np.finfo(float).tiny)
+    nrmse = np.full((S, n_y), np.nan)
+    share = np.zeros((S, n_y, M))
+    coef = np.full((S, n_y, M), -1)
+    for s in range(S):                                                # repeats and targets,
+        for j in range(n_y):                                          # not clients
+            par = np.flatnonzero(enters[j] & keep[s])
+            ok = fits.full[s] & (n[s] > par.size)
+            if not par.size or ok.sum() < 1:
+                continue
+            Hj = H[s][:, par][:, :, par]                              # (M, m, m)
+            Hbar = Hj.sum(axis=0) / n[s].sum()
+            eye = np.eye(par.size)
+            with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+                inv = np.linalg.inv(np.where(ok[:, None, None], Hj, eye))
+                rss = yy[s, :, j] - np.einsum("mk,mk->m", fits.theta[s][:, par], b[s][:, par])
+                # the clients' median residual variance: yy - theta'b of a fit that loses
+                # its digits loses them too (a held input's client: 117 times the others')
+                s2 = np.median(np.maximum(rss[ok], 0.0) / (n[s][ok] - par.size))
+                added = np.where(ok, w[s] ** 2 * s2 * np.einsum("kl,mlk->m", Hbar, inv), 0.0)
+                var = spread[s, :, j].sum() / n[s].sum()
+                total = added.sum()
+                if not (var > 0 and np.isfinite(total)):
+                    continue
+                nrmse[s, j] = np.sqrt(total / var)
+                share[s, j] = np.where(ok, added / total if total > 0 else 0.0, 0.0)
+                v = np.diagonal(inv, axis1=-2, axis2=-1)                      # (M, m)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    med = np.nanmedian(np.where(ok[:, None], v, np.nan), axis=0)
+                coef[s, j] = np.where(ok, par[np.argmax(np.nan_to_num(v / med), axis=1)], -1)
+    return {"nrmse": nrmse, "share": share, "coefficient": coef}
 
 
 def gram_condition(H: np.ndarray, support: np.ndarray | None = None) -> np.ndarray:
