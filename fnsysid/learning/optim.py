@@ -321,7 +321,7 @@ class LocalMap:
 
 
 def affine_gd(H, b, n, lr: float, K, *, schedule="constant", reduction="sum", precond=None,
-              mu=0.0, correction=True) -> LocalMap:
+              mu=0.0, correction=True, whitened=None) -> LocalMap:
     """The map of :func:`gd_steps` (``anchor`` = the starting model) as a :class:`LocalMap`.
 
     A step is ``theta <- A_k theta + l_k u`` with ``A_k = I - l_k (s D H + mu I)`` and
@@ -356,6 +356,13 @@ def affine_gd(H, b, n, lr: float, K, *, schedule="constant", reduction="sum", pr
         The proximal weight (FedProx).
     correction : bool, default=True
         Keep ``C`` (False: ``C`` is None).
+    whitened : numpy.ndarray of bool, shape (...), or None, default=None
+        Where ``precond`` is the whitening ``n H^+`` (:func:`preconditioner`) of a Gram
+        matrix of full rank: ``D H`` is then ``n I`` exactly, and is taken so. Computed, it
+        is ``n I`` up to the Gram matrix's condition number times the machine epsilon, and
+        the map's fixed point moves by that error times the model: a fleet whose input sits
+        about 1e6 (moving by 1) ended at one-step NRMSE 3.6 where the steps taken one by one
+        and the clients' own fits give 0.063.
 
     Returns
     -------
@@ -365,6 +372,9 @@ def affine_gd(H, b, n, lr: float, K, *, schedule="constant", reduction="sum", pr
     eye = np.eye(p)
     DH = H if precond is None else (precond[..., :, None] * H if precond.ndim == b.ndim
                                     else precond @ H)
+    if whitened is not None and precond is not None and precond.ndim > b.ndim:
+        nI = np.asarray(n, float)[..., None, None] * eye
+        DH = np.where(np.asarray(whitened)[..., None, None], nI, DH)
     Db = b if precond is None else apply_preconditioner(precond, b)
     if reduction == "mean":
         inv_n = 1.0 / np.asarray(n, float)
@@ -457,6 +467,12 @@ class LocalSolver(Registered):
             self.H, self.b = centred_stats(data, model.structure)
         kind = "diagonal" if self.scale_features == "zscore" else self.scale_features
         self.precond = None if kind == "none" else preconditioner(self.H, self.n, kind)
+        # whitening by a Gram matrix of full rank: D H is n I exactly (affine_gd)
+        self.whitened = None
+        if kind == "whiten":
+            from fnsysid.learning.ownfit import ranks
+
+            self.whitened = ranks(self.H) == self.H.shape[-1]
 
     def local_steps(self, theta, K, lr, clients=slice(None), **extra):  # pragma: no cover
         """Run K local steps for clients ``clients`` (of the data given to :meth:`setup`)
@@ -528,7 +544,8 @@ class GD(LocalSolver):
                 self.H[:, sl], self.b[:, sl], self.n[:, sl], lr,
                 np.asarray(K)[:, sl] if np.ndim(K) else K, schedule=self.schedule,
                 reduction=self.reduction, precond=self._precond(sl), mu=mu,
-                correction=correction)
+                correction=correction,
+                whitened=None if self.whitened is None else self.whitened[:, sl])
 
         for_slices(self.n.shape[1], MAP_CHUNK, work)
         if len(parts) == 1:
