@@ -8,10 +8,12 @@ check from CI. A test's time varies by about 0.1 s from run to run, marking the 
 of a shared fixture hands the fixture's setup to the next one, and the first test of a worker
 that imports a large library (``scipy.stats``, scikit-learn) carries the import, 0.3-0.7 s,
 which the worker pays once whichever test comes first. So the check has a margin:
-``python scripts/slow_tests.py`` runs ``make test``'s command with ``--durations=0`` and lists
-the test functions of the fast suite whose cases take more than ``--limit`` seconds (0.75) on
-average, slowest first; it exits 1 if there are any.
-``--from FILE`` reads the output of such a run instead of running the suite.
+``python scripts/slow_tests.py`` runs ``make test``'s command with ``--durations=0
+--durations-min=0`` (every phase of every test, so that each case is counted) and lists the
+test functions of the fast suite whose cases take more than ``--limit`` seconds (0.75) on
+average, slowest first; it exits 1 if there are any. ``--from FILE`` reads the output of
+such a run instead of running the suite (without ``--durations-min=0`` pytest hides the
+phases under 0.005 s, and a function's fast cases would not be counted).
 
 The shared sweep of ``tests/test_sweep.py`` (``two_key_sweep``, about 2 s) stays in the fast
 suite on purpose, so that ``make test`` runs one multirun sweep end to end: it is listed as
@@ -37,16 +39,16 @@ KEPT = {"tests/test_sweep.py::test_results_csv_one_row_per_job_and_round_one_col
 
 def function_times(text: str) -> tuple[Counter, Counter]:
     """Seconds and number of cases of each test function (parameters together) in the output
-    of ``pytest --durations=0``."""
+    of ``pytest --durations=0``: a case is a test id with a line of any phase."""
     seconds: Counter = Counter()
-    cases: Counter = Counter()
+    ids: dict[str, set] = {}
     for line in text.splitlines():
         m = LINE.match(line)
         if m:
             function = m.group(3).split("[")[0]
             seconds[function] += float(m.group(1))
-            cases[function] += m.group(2) == "call"
-    return seconds, cases
+            ids.setdefault(function, set()).add(m.group(3))
+    return seconds, Counter({f: len(v) for f, v in ids.items()})
 
 
 def over(seconds: Counter, cases: Counter, limit: float) -> list[tuple[str, float, int]]:
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         text = args.path.read_text()
     else:
         command = [sys.executable, "-m", "pytest", "-q", "-n", "auto", "--dist", "loadfile",
-                   "-p", "no:cacheprovider", "--durations=0"]
+                   "-p", "no:cacheprovider", "--durations=0", "--durations-min=0"]
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
                               env={**os.environ, "FNSYSID_TEST_FLOWER": "0"})
         text = done.stdout

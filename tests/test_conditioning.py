@@ -408,7 +408,6 @@ def tanks_with_a_held_input(path, seed, held=1, held_sd=1e-6, M=10, runs=5, T=20
     return file
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 4])
 def test_an_input_one_client_holds_is_named_not_taken_for_an_offset(tmp_path, caplog, seed):
     """One client of ten holds its input at 5 (spread 1e-6) beside the constant of an affine
