@@ -356,13 +356,15 @@ def affine_gd(H, b, n, lr: float, K, *, schedule="constant", reduction="sum", pr
         The proximal weight (FedProx).
     correction : bool, default=True
         Keep ``C`` (False: ``C`` is None).
-    whitened : numpy.ndarray of bool, shape (...), or None, default=None
-        Where ``precond`` is the whitening ``n H^+`` (:func:`preconditioner`) of a Gram
-        matrix of full rank: ``D H`` is then ``n I`` exactly, and is taken so. Computed, it
-        is ``n I`` up to the Gram matrix's condition number times the machine epsilon, and
-        the map's fixed point moves by that error times the model: a fleet whose input sits
-        about 1e6 (moving by 1) ended at one-step NRMSE 3.6 where the steps taken one by one
-        and the clients' own fits give 0.063.
+    whitened : tuple of two numpy.ndarray of bool, shapes (..., p) and (...), or None
+        Where ``precond`` is the whitening ``n H^+`` (:func:`preconditioner`): the regressors
+        that are not identically 0 (``diag(H) > 0``) and whether ``H`` has full rank on
+        them. ``D H`` is then ``n`` times the 0/1 diagonal of those regressors exactly
+        (``H^+`` of :func:`~fnsysid.dynamics.model.equilibrated_pinv` is 0 on the others),
+        and is taken so. Computed, it is that only up to the Gram matrix's condition number
+        times the machine epsilon, and the map's fixed point moves by that error times the
+        model: a fleet whose input sits about 1e6 (moving by 1) ended at one-step NRMSE 3.6
+        where the steps taken one by one and the clients' own fits give 0.063.
 
     Returns
     -------
@@ -373,8 +375,9 @@ def affine_gd(H, b, n, lr: float, K, *, schedule="constant", reduction="sum", pr
     DH = H if precond is None else (precond[..., :, None] * H if precond.ndim == b.ndim
                                     else precond @ H)
     if whitened is not None and precond is not None and precond.ndim > b.ndim:
-        nI = np.asarray(n, float)[..., None, None] * eye
-        DH = np.where(np.asarray(whitened)[..., None, None], nI, DH)
+        live, full = (np.asarray(a) for a in whitened)
+        exact = np.asarray(n, float)[..., None, None] * (live[..., None, :] * eye)
+        DH = np.where(full[..., None, None], exact, DH)
     Db = b if precond is None else apply_preconditioner(precond, b)
     if reduction == "mean":
         inv_n = 1.0 / np.asarray(n, float)
@@ -467,12 +470,16 @@ class LocalSolver(Registered):
             self.H, self.b = centred_stats(data, model.structure)
         kind = "diagonal" if self.scale_features == "zscore" else self.scale_features
         self.precond = None if kind == "none" else preconditioner(self.H, self.n, kind)
-        # whitening by a Gram matrix of full rank: D H is n I exactly (affine_gd)
+        # whitening by a Gram matrix of full rank on its regressors that are not identically
+        # 0 (a pruned term, a feature a client never excites): D H is n times the 0/1
+        # diagonal of those regressors exactly (affine_gd)
         self.whitened = None
         if kind == "whiten":
             from fnsysid.learning.ownfit import ranks
 
-            self.whitened = ranks(self.H) == self.H.shape[-1]
+            live = np.diagonal(self.H, axis1=-2, axis2=-1) > 0               # (S, M, p)
+            full = ranks(self.H) == live.sum(axis=-1)
+            self.whitened = np.where(full[..., None], live, False), full
 
     def local_steps(self, theta, K, lr, clients=slice(None), **extra):  # pragma: no cover
         """Run K local steps for clients ``clients`` (of the data given to :meth:`setup`)
@@ -545,7 +552,8 @@ class GD(LocalSolver):
                 np.asarray(K)[:, sl] if np.ndim(K) else K, schedule=self.schedule,
                 reduction=self.reduction, precond=self._precond(sl), mu=mu,
                 correction=correction,
-                whitened=None if self.whitened is None else self.whitened[:, sl])
+                whitened=None if self.whitened is None else
+                (self.whitened[0][:, sl], self.whitened[1][:, sl]))
 
         for_slices(self.n.shape[1], MAP_CHUNK, work)
         if len(parts) == 1:

@@ -452,8 +452,11 @@ def roundoff_ratio(H: np.ndarray, b: np.ndarray, yy: np.ndarray,
 
 
 #: a target whose summed squares about its mean are below this share of its summed squares
-#: moves less than 1e-5 of its level: its spread, a difference of the two, is not known
-#: well enough to measure anything against (not judged)
+#: moves less than 1e-5 of its level: its spread, a difference of the two, is not known well
+#: enough to measure anything against, and a loss is measured against this share instead
+#: (a target held at 1000 +- 1e-6 is then judged by what the sums can hold, not flagged by
+#: the rounding of its spread; tanks about 1e6 moving by 0.3, whose closed-form fits miss
+#: by 1e4 times their spread, are no longer left unjudged)
 SPREAD_PRECISION = 1e-10
 
 
@@ -465,9 +468,10 @@ def roundoff_facts(data, support: np.ndarray | None = None,
     the client's worst target: ``ratio``; ``raw``, the same change against the target's
     norm (below the limit where ``ratio`` is not: data far from 0 beside their spread);
     ``level``, the magnitude of the target's mean; ``sd``, its standard deviation. A target
-    whose spread is below :data:`SPREAD_PRECISION` of its summed squares is not judged
-    (NaN). Of one client's data alone (M = 1) it is the round-off of that client's own least
-    squares, which a Flower client sends (the server holds no ``H_i``)."""
+    whose spread is below :data:`SPREAD_PRECISION` of its summed squares is measured
+    against that share instead. Of one client's data alone (M = 1) it is the round-off of
+    that client's own least squares, which a Flower client sends (the server holds no
+    ``H_i``)."""
     n = np.asarray(data.n, float)
     if data.y_mean is None or data.yy_target is None or enters is None:
         yy = np.asarray(data.yy, float)
@@ -480,14 +484,14 @@ def roundoff_facts(data, support: np.ndarray | None = None,
         yy, spread, level = yy[..., None], spread[..., None], level[..., None]
         n_y = 1 if data.y_mean is None else data.y_mean.shape[-1]
         ratio = roundoff_ratio(data.H, data.b, yy[..., 0], support,
-                               spread=np.where(spread > SPREAD_PRECISION * yy, spread,
-                                               0.0)[..., 0])[..., None]
+                               spread=np.maximum(spread, SPREAD_PRECISION * yy)[..., 0])[
+            ..., None]
     else:
         yy = np.asarray(data.yy_target, float)                                  # (S, M, n_y)
         ym = np.asarray(data.y_mean, float)
         spread, level, n_y = yy - n[..., None] * ym ** 2, np.abs(ym), 1
         ratio = roundoff_ratio(data.H, data.b, data.yy, support, enters=enters,
-                               spread=np.where(spread > SPREAD_PRECISION * yy, spread, 0.0))
+                               spread=np.maximum(spread, SPREAD_PRECISION * yy))
     return _worst_target(ratio, spread, yy, level, n, n_y)
 
 
@@ -549,8 +553,8 @@ def roundoff_loss(model, data, support: np.ndarray | None = None,
     client's predictions, ``ratio``), and each client's own (``own``); else the own alone
     (what a Flower client measures on its own data). A generic library's model (each
     coefficient one feature of one target); a target whose problem is not determined
-    (:data:`DETERMINED`) or whose spread is below :data:`SPREAD_PRECISION` of its summed
-    squares is not judged (NaN)."""
+    (:data:`DETERMINED`) is not judged (NaN); one whose spread is below
+    :data:`SPREAD_PRECISION` of its summed squares is measured against that share."""
     from fnsysid.dynamics.model import group_factor, least_squares, target_groups
     from fnsysid.learning.ownfit import own_fits
 
@@ -561,7 +565,7 @@ def roundoff_loss(model, data, support: np.ndarray | None = None,
     yy = np.asarray(data.yy_target, float)
     ym = np.asarray(data.y_mean, float)
     spread = yy - n[..., None] * ym ** 2
-    size = np.where(spread > SPREAD_PRECISION * yy, spread, np.nan)
+    size = np.maximum(spread, SPREAD_PRECISION * yy)
     n_y = St.shape[0]
     pooled_loss = np.full((S, M, n_y), np.nan)
     own_loss = np.full((S, M, n_y), np.nan)
