@@ -615,6 +615,16 @@ def target_features(model: Model) -> list[np.ndarray]:
     return [np.flatnonzero(row) for row in np.asarray(model.structure).any(axis=-1)]
 
 
+def constant_feature(model: Model) -> tuple[list[str], int] | None:
+    """The names of a generic library's features and the index of its constant feature
+    ``1``; None for a system's own features or a library without ``1``."""
+    if model.library is None:
+        return None
+    system = model.system
+    names = system.name_features(model.library.feature_names(system.n_x, system.n_u))
+    return (names, names.index("1")) if "1" in names else None
+
+
 def target_groups(model: Model) -> list[tuple[np.ndarray, np.ndarray]]:
     """The targets grouped by the features they use: ``(F, J)`` pairs, the features ``F`` and
     the targets ``J`` that use exactly them (:func:`target_features`), by first target. One

@@ -45,7 +45,7 @@ import dataclasses
 
 import numpy as np
 
-from fnsysid.dynamics.model import ClientData, least_squares, masked_gram
+from fnsysid.dynamics.model import ClientData, constant_feature, least_squares, masked_gram
 
 
 def restricted_solution(H: np.ndarray, b: np.ndarray, support: np.ndarray,
@@ -149,13 +149,10 @@ def intercept_sums(H: np.ndarray, b: np.ndarray, model):
     ``1``, the constant coefficient ``c`` of its target gives ``s_k = H[c, k]`` (the sum of
     k's regressor), ``s_y = b[c]`` (the sum of the target) and ``n = H[c, c]``. None when the
     model has no such feature (a system's own features, a library without ``1``)."""
-    if model.library is None:
+    found = constant_feature(model)
+    if found is None:
         return None
-    system = model.system
-    names = system.name_features(model.library.feature_names(system.n_x, system.n_u))
-    if "1" not in names:
-        return None
-    one = names.index("1")
+    one = found[1]
     S = np.asarray(model.structure)                                  # (n_y, n_phi, p)
     p = S.shape[-1]
     c = np.full(p, -1)

@@ -615,14 +615,13 @@ def flat_term(model, H: np.ndarray) -> dict | None:
     the constant in that client's data: its own least squares hardly determine the term's
     coefficient, and the Gram matrix's condition number grows as ``ratio`` squared. None
     without the constant or for a system's own features."""
-    if model.library is None:
+    from fnsysid.dynamics.model import constant_feature
+
+    found = constant_feature(model)
+    if found is None:
         return None
-    system = model.system
-    names = system.name_features(model.library.feature_names(system.n_x, system.n_u))
-    if "1" not in names:
-        return None
+    names, one = found
     St = np.asarray(model.structure)                                  # (n_y, n_phi, p)
-    one = names.index("1")
     target = next((j for j in range(St.shape[0]) if np.count_nonzero(St[j, one]) == 1), None)
     if target is None:
         return None
