@@ -470,16 +470,7 @@ class LocalSolver(Registered):
             self.H, self.b = centred_stats(data, model.structure)
         kind = "diagonal" if self.scale_features == "zscore" else self.scale_features
         self.precond = None if kind == "none" else preconditioner(self.H, self.n, kind)
-        # whitening by a Gram matrix of full rank on its regressors that are not identically
-        # 0 (a pruned term, a feature a client never excites): D H is n times the 0/1
-        # diagonal of those regressors exactly (affine_gd)
-        self.whitened = None
-        if kind == "whiten":
-            from fnsysid.learning.ownfit import ranks
-
-            live = np.diagonal(self.H, axis1=-2, axis2=-1) > 0               # (S, M, p)
-            full = ranks(self.H) == live.sum(axis=-1)
-            self.whitened = np.where(full[..., None], live, False), full
+        self.whitened = None                       # found by the first map (_whitened)
 
     def local_steps(self, theta, K, lr, clients=slice(None), **extra):  # pragma: no cover
         """Run K local steps for clients ``clients`` (of the data given to :meth:`setup`)
@@ -544,6 +535,7 @@ class GD(LocalSolver):
         threads (the values do not depend on the slicing)."""
         if not self.affine:
             return None
+        whitened = self._whitened()
         parts: dict[int, LocalMap] = {}
 
         def work(sl: slice) -> None:
@@ -552,8 +544,7 @@ class GD(LocalSolver):
                 np.asarray(K)[:, sl] if np.ndim(K) else K, schedule=self.schedule,
                 reduction=self.reduction, precond=self._precond(sl), mu=mu,
                 correction=correction,
-                whitened=None if self.whitened is None else
-                (self.whitened[0][:, sl], self.whitened[1][:, sl]))
+                whitened=None if whitened is None else (whitened[0][:, sl], whitened[1][:, sl]))
 
         for_slices(self.n.shape[1], MAP_CHUNK, work)
         if len(parts) == 1:
@@ -561,6 +552,19 @@ class GD(LocalSolver):
         maps = [parts[k] for k in sorted(parts)]
         return LocalMap(*(None if a[0] is None else np.concatenate(a, axis=1)
                           for a in zip(*((m.P, m.q, m.C) for m in maps), strict=True)))
+
+    def _whitened(self):
+        """For whitening (``n H^+``), each client's regressors that are not identically 0 (a
+        pruned term, a feature the client never excites) and whether its Gram matrix has full
+        rank on them: :func:`affine_gd` then takes ``D H`` exactly. Found once, by the first
+        map (the step-by-step path does not need it); None for other preconditioners."""
+        if self.whitened is None and self.precond is not None and self.precond.ndim == 4:
+            from fnsysid.learning.ownfit import ranks
+
+            live = np.diagonal(self.H, axis1=-2, axis2=-1) > 0               # (S, M, p)
+            full = ranks(self.H) == live.sum(axis=-1)
+            self.whitened = np.where(full[..., None], live, False), full
+        return self.whitened
 
     def local_steps(self, theta, K, lr, clients=slice(None), **extra):
         if np.ndim(K):                                   # per-client counts (S, M)
