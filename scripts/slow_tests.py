@@ -67,7 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.limit > 0:
         parser.error(f"--limit must be a positive number of seconds, got {args.limit}")
     if args.path is not None:
-        text = args.path.read_text()
+        try:
+            text = args.path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            print(f"slow_tests.py: error: --from {args.path}: cannot be read "
+                  f"({exc.strerror if isinstance(exc, OSError) else exc})", file=sys.stderr)
+            return 2
     else:
         command = [sys.executable, "-m", "pytest", "-q", "-n", "auto", "--dist", "loadfile",
                    "-p", "no:cacheprovider", "--durations=0", "--durations-min=0"]

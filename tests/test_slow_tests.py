@@ -46,3 +46,6 @@ def test_the_check_fails_on_a_slow_test_and_passes_without_one(tmp_path, capsys)
     assert SCRIPT["main"](["--from", str(path), "--limit", "3"]) == 0
     path.write_text("no durations here\n")
     assert SCRIPT["main"](["--from", str(path)]) == 2
+    assert SCRIPT["main"](["--from", str(tmp_path / "missing.txt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("slow_tests.py: error: --from ") and "cannot be read" in err[-1]
