@@ -558,7 +558,7 @@ class GD(LocalSolver):
         pruned term, a feature the client never excites) and whether its Gram matrix has full
         rank on them: :func:`affine_gd` then takes ``D H`` exactly. Found once, by the first
         map (the step-by-step path does not need it); None for other preconditioners."""
-        if self.whitened is None and self.precond is not None and self.precond.ndim == 4:
+        if self.whitened is None and self.scale_features == "whiten":
             from fnsysid.learning.ownfit import ranks
 
             live = np.diagonal(self.H, axis1=-2, axis2=-1) > 0               # (S, M, p)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 
 from fnsysid.dynamics.model import (
@@ -716,9 +714,7 @@ def own_mean_error(model, data, support=None, weights=None) -> dict | None:
                 nrmse[s, j] = np.sqrt(total / var)
                 share[s, j] = np.where(ok, added / total if total > 0 else 0.0, 0.0)
                 v = np.diagonal(inv, axis1=-2, axis2=-1)                      # (M, m)
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", RuntimeWarning)
-                    med = np.nanmedian(np.where(ok[:, None], v, np.nan), axis=0)
+                med = np.median(v[ok], axis=0)                  # of the determined fits
                 coef[s, j] = np.where(ok, par[np.argmax(np.nan_to_num(v / med), axis=1)], -1)
     return {"nrmse": nrmse, "share": share, "coefficient": coef}
 
