@@ -233,12 +233,6 @@ def parameter_scale(H: np.ndarray) -> np.ndarray:
     return equilibration(np.diagonal(np.asarray(H, float).sum(axis=1), axis1=-2, axis2=-1))
 
 
-def _rescale_message(msg: Message, c: np.ndarray) -> Message:
-    """``msg`` for the parameters ``theta / c`` (regressors times ``c`` (S, p))."""
-    cc = c[:, None, :, None] * c[:, None, None, :]
-    return Message(msg.H * cc, msg.b * c[:, None, :], msg.rss, msg.dof, msg.own)
-
-
 def _fleet_variances(msg: Message) -> np.ndarray:
     """The fleet's residual variance of each group of targets ``sum rss / sum dof`` (S, g)
     over the clients with their own fit (1 where none has a degree of freedom)."""
@@ -256,15 +250,18 @@ def _q_pvalue(Q, m, p: int) -> np.ndarray:
     return np.where(m >= 2, chdtrc(np.maximum((m - 1) * p, 1), Q), np.nan)
 
 
-def _scaled(msg: Message, s2, blocks) -> tuple[np.ndarray, np.ndarray]:
+def _scaled(msg: Message, s2, blocks, c=None) -> tuple[np.ndarray, np.ndarray]:
     """``J = S^-1/2 H S^-1/2`` and ``beta = S^-1 b`` of every client, ``S`` the diagonal of the
-    fleet's residual variances ``s2`` (S, g) of each parameter's group."""
+    fleet's residual variances ``s2`` (S, g) of each parameter's group; with ``c`` (S, p),
+    those of the parameters ``theta / c`` (each regressor times ``c``), in one pass over
+    ``H`` (``J = H`` times ``(c / sqrt(s))_k (c / sqrt(s))_l``, ``beta = b c / s``)."""
     p = msg.b.shape[-1]
     if isinstance(blocks, (int, np.integer)):
         blocks = pooled_blocks(int(blocks), p)
-    s = np.asarray(s2, float).reshape(len(msg.b), -1)[:, None, blocks.param_block]
-    r = np.sqrt(s)
-    return msg.H / (r[..., :, None] * r[..., None, :]), msg.b / s
+    s = np.asarray(s2, float).reshape(len(msg.b), -1)[:, blocks.param_block]
+    f = 1.0 / np.sqrt(s) if c is None else np.asarray(c, float) / np.sqrt(s)
+    g = 1.0 / s if c is None else np.asarray(c, float) / s
+    return msg.H * (f[:, None, :, None] * f[:, None, None, :]), msg.b * g[:, None, :]
 
 
 def homogeneity(theta, J, own):
@@ -730,9 +727,9 @@ def own_estimates(msg: Message, blocks):
     # pooled J: groups whose noise differs by many orders (a target updated exactly beside a
     # noisy one, whatever its units) do not leave one group below the others' round-off
     c = parameter_scale(msg.H) * np.sqrt(s2[:, groups.param_block])
-    msg = _rescale_message(msg, c)
-    J, beta = _scaled(msg, s2, blocks)
-    theta = np.linalg.solve(np.where(msg.own[..., None, None], J, np.eye(p)),
+    J, beta = _scaled(msg, s2, blocks, c)
+    own = msg.own.all()        # else the undetermined clients' J replaced by I (a copy of J)
+    theta = np.linalg.solve(J if own else np.where(msg.own[..., None, None], J, np.eye(p)),
                             np.where(msg.own[..., None], beta, 0.0)[..., None])[..., 0]
     return c, s2, J, beta, theta
 
@@ -813,7 +810,7 @@ def client_posterior(msg: Message, fl: Fleet, blocks) -> tuple[np.ndarray, np.nd
     """
     S, _, p = msg.b.shape
     c = np.ones((S, p)) if fl.scale is None else np.asarray(fl.scale, float)
-    theta, se = _posterior(_rescale_message(msg, c), _unscaled_fleet(fl, c), blocks)
+    theta, se = _posterior(msg, _unscaled_fleet(fl, c), blocks, c)
     return theta * c[:, None, :], se * c[:, None, :]
 
 
@@ -824,9 +821,10 @@ def _unscaled_fleet(fl: Fleet, c: np.ndarray) -> Fleet:
                    Sigma_ci=fl.Sigma_ci / cc, scale=None)
 
 
-def _posterior(msg: Message, fl: Fleet, blocks) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`client_posterior` in the coordinates of ``msg`` and ``fl``."""
-    J, beta = _scaled(msg, fl.s2, blocks)
+def _posterior(msg: Message, fl: Fleet, blocks, c) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`client_posterior` in the coordinates of ``fl``: those of ``msg`` rescaled by
+    ``c`` (each regressor times ``c``)."""
+    J, beta = _scaled(msg, fl.s2, blocks, c)
     S, M, p = beta.shape
     # with Sigma = L L' (rank k): A_i = L (I + K_i)^-1 L' J_i and B_i = I - L F_i,
     # F_i = (I + K_i)^-1 Z_i' (:class:`_Woodbury`): O(M p^2 k), not O(M p^3)
