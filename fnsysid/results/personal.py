@@ -516,7 +516,9 @@ def client_estimates_table(per: Personal, param_names, level: float,
     return Table({
         "repeat": np.repeat(np.arange(S), M * p),
         "client": np.tile(np.repeat(client, p), S),
-        "parameter": np.tile(np.asarray(param_names, dtype=object), S * M),
+        # fixed-width strings: pyarrow takes 1.5 million of them in a third of the time of
+        # Python str objects
+        "parameter": np.tile(np.asarray(param_names, dtype=str), S * M),
         "estimate": per.models.ravel(),
         "se": per.se.ravel(),
         "ci_lo": (per.models - z * per.se).ravel(),
