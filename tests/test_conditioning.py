@@ -514,6 +514,35 @@ def test_a_mean_of_own_fits_spoilt_by_one_imprecise_client_says_so(tmp_path, cap
     assert "own_precision" not in quiet["conditioning"]
 
 
+def test_an_error_spread_over_every_client_names_none(caplog):
+    """One trajectory of 10 samples per client (synthetic, ``oneshot``): every own fit is
+    imprecise and no client adds a tenth of what the mean's estimation error adds (the
+    largest about 8 %). The run says so, naming no client, where it raised an IndexError
+    looking for one; the added error is what the pooled fit saves (held-out one-step NRMSE
+    0.752 against 0.738: sqrt(0.752^2 - 0.738^2) = 0.14, the worst target's expected 0.21).
+    Five clients of about a fifth each are not named either (:func:`standing_out`)."""
+    from fnsysid.app.experiment import standing_out
+    from fnsysid.results.equations import own_precision_who
+    from tests.conftest import engine
+
+    caplog.set_level("WARNING", logger="fnsysid")
+    base = ("system=synthetic", "N=1", "T=10", "output.plot=false", "progress=false")
+    one = engine(*base, "strategy=oneshot").summary
+    p = one["conditioning"]["own_precision"]
+    assert one["status"] == "ok" and p["clients"] == [] and p["share"] < 0.1
+    assert p["largest"] in {str(m) for m in range(20)}
+    said = [m.getMessage() for m in caplog.records if "own fits alone adds" in m.getMessage()]
+    assert len(said) == 1 and "no client stands out" in said[0] and "of 20 fits" in said[0]
+    assert "spread over the clients" in own_precision_who(p)
+    exact = engine(*base, "strategy=centralized_exact").summary
+    assert "own_precision" not in exact["conditioning"]
+    excess = np.sqrt(one["final_nrmse_1step_mean"] ** 2 - exact["final_nrmse_1step_mean"] ** 2)
+    assert 0.05 < excess < p["nrmse_added"] < 0.4
+    assert standing_out(np.array([0.22, 0.2, 0.2, 0.19, 0.19]), 5) == []
+    assert standing_out(np.array([0.5, 0.1, 0.1, 0.1, 0.1, 0.1]), 6) == [0]
+    assert standing_out(np.array([1.0]), 1) == []
+
+
 @pytest.mark.slow
 def test_data_whose_spread_is_below_the_precision_of_the_sums_are_judged(tmp_path):
     """Tanks whose state and input sit about 1e6 and move by about 0.3 and 1: a target's

@@ -671,9 +671,10 @@ def own_precision(summary: dict, data, support, clients, model, how: str,
     (:func:`fnsysid.results.metrics.own_mean_error`): a fit its data hardly determine weighs
     on the mean as much as any other (a tank whose input is held at 5 with a spread of 1e-6
     made FedAvg's one-step NRMSE 66 where the pooled least squares gives 0.04).
-    ``summary["conditioning"]["own_precision"]`` names the clients that add most of it (a
-    tenth or more each) and the worst one's least precise coefficient, with a warning; the
-    status stays (it is about the rounds, as for a poor free run)."""
+    ``summary["conditioning"]["own_precision"]`` names the clients that stand out
+    (:func:`standing_out`; none where the error is spread over them, e.g. every client has
+    few samples), the largest share and its client's least precise coefficient, with a
+    warning; the status stays (it is about the rounds, as for a poor free run)."""
     from fnsysid.results.metrics import MEAN_ERROR_LEVEL, own_mean_error
 
     err = own_mean_error(model, data, support, weights)
@@ -684,21 +685,51 @@ def own_precision(summary: dict, data, support, clients, model, how: str,
         return
     s, j = np.unravel_index(int(np.argmax(worst)), worst.shape)
     share = err["share"][s, j]
-    order = [int(m) for m in np.argsort(-share) if share[m] >= 0.1][:5]
+    top = int(np.argmax(share))
+    order = standing_out(share, int(err["fits"][s, j]))
     names = [str(clients[m]) for m in order]
-    coefficient = model.param_names[int(err["coefficient"][s, j, order[0]])]
+    coefficient = model.param_names[int(err["coefficient"][s, j, top])]
     summary.setdefault("conditioning", {})["own_precision"] = {
         "clients": names, "coefficient": coefficient, "nrmse_added": float(worst[s, j]),
-        "share": float(share[order[0]]),
+        "share": float(share[top]), "largest": str(clients[top]),
         "repeats": [int(r) for r in np.flatnonzero((worst >= MEAN_ERROR_LEVEL).any(axis=1))]}
-    log.warning("the estimation error of the clients' own fits alone adds a one-step NRMSE of "
-                "%.3g to %s, a mean of those fits that weighs them alike; %.0f %% of it is "
-                "client %s's (its least precise coefficient: %s)%s: their data hardly "
-                "determine their fit there; strategy=centralized_exact weighs each client's "
-                "data by what they determine, or leave %s out", float(worst[s, j]), how,
-                100 * float(share[order[0]]), names[0], coefficient,
+    head = ("the estimation error of the clients' own fits alone adds a one-step NRMSE of "
+            f"{float(worst[s, j]):.3g} to {how}, a mean of those fits that weighs them alike")
+    if not names:
+        log.warning("%s; no client stands out (the largest share, client %s's, is %.0f %% of "
+                    "%d fits): every client's data determine its fit poorly there (few "
+                    "samples for its coefficients); strategy=centralized_exact pools their "
+                    "data, or give each client more samples", head, clients[top],
+                    100 * float(share[top]), int(err["fits"][s, j]))
+        return
+    log.warning("%s; %.0f %% of it is client %s's (its least precise coefficient: %s)%s: their "
+                "data hardly determine their fit there; strategy=centralized_exact weighs each "
+                "client's data by what they determine, or leave %s out", head,
+                100 * float(share[top]), names[0], coefficient,
                 f", then {', '.join(names[1:])}" if len(names) > 1 else "",
                 "that client" if len(names) == 1 else "those clients")
+
+
+#: a client whose share of the added error is at least this is named (with
+#: :func:`standing_out`'s second condition)
+SHARE_LEVEL = 0.1
+
+
+def standing_out(share: np.ndarray, fits: int, most: int = 5) -> list[int]:
+    """The clients (at most ``most``, largest first) whose ``share`` (M,) of the error that
+    ``fits`` clients' own fits add stands out: at least :data:`SHARE_LEVEL` and more than
+    twice the other fits' average share (``share > 2 / (fits + 1)``), so that five clients of
+    about a fifth each (few samples everywhere) are not named and one fit is never named.
+
+    >>> standing_out(np.array([0.9, 0.05, 0.05]), 3)
+    [0]
+    >>> standing_out(np.array([0.22, 0.2, 0.2, 0.19, 0.19]), 5)
+    []
+    """
+    if fits < 2:
+        return []
+    cut = max(SHARE_LEVEL, 2.0 / (fits + 1))
+    return [int(m) for m in np.argsort(-share, kind="stable") if share[m] > cut][:most]
 
 
 #: targets whose means sit at this many times their standard deviation or more are far

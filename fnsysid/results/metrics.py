@@ -669,8 +669,9 @@ def own_mean_error(model, data, support=None, weights=None) -> dict | None:
     (an input held nearly constant) makes this large even where every other fit is exact,
     since the mean weighs the fits alike; the pooled least squares weighs each client's data
     by what they determine. ``coefficient`` (S, n_y, M): each client's coefficient of the
-    target with the largest ``V_i`` beside the median client's. None where a coefficient
-    enters several targets (a system's own features)."""
+    target with the largest ``V_i`` beside the median client's; ``fits`` (S, n_y): the
+    clients whose fit enters. None where a coefficient enters several targets (a system's
+    own features)."""
     from fnsysid.learning.ownfit import own_fits
 
     St = np.asarray(model.structure) != 0                             # (n_y, n_phi, p)
@@ -691,6 +692,7 @@ def own_mean_error(model, data, support=None, weights=None) -> dict | None:
     nrmse = np.full((S, n_y), np.nan)
     share = np.zeros((S, n_y, M))
     coef = np.full((S, n_y, M), -1)
+    fits_in = np.zeros((S, n_y), int)
     for s in range(S):                                                # repeats and targets,
         for j in range(n_y):                                          # not clients
             par = np.flatnonzero(enters[j] & keep[s])
@@ -712,11 +714,12 @@ def own_mean_error(model, data, support=None, weights=None) -> dict | None:
                 if not (var > 0 and np.isfinite(total)):
                     continue
                 nrmse[s, j] = np.sqrt(total / var)
+                fits_in[s, j] = ok.sum()
                 share[s, j] = np.where(ok, added / total if total > 0 else 0.0, 0.0)
                 v = np.diagonal(inv, axis1=-2, axis2=-1)                      # (M, m)
                 med = np.median(v[ok], axis=0)                  # of the determined fits
                 coef[s, j] = np.where(ok, par[np.argmax(np.nan_to_num(v / med), axis=1)], -1)
-    return {"nrmse": nrmse, "share": share, "coefficient": coef}
+    return {"nrmse": nrmse, "share": share, "coefficient": coef, "fits": fits_in}
 
 
 def gram_condition(H: np.ndarray, support: np.ndarray | None = None) -> np.ndarray:

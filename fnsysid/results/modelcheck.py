@@ -67,6 +67,7 @@ import numpy as np
 
 from fnsysid.dynamics.model import equilibration
 from fnsysid.learning.ownfit_stats import PseudoInverses, own_fit_statistics
+from fnsysid.results.equations import own_precision_who
 from fnsysid.results.metrics import HeldOutScores, over_clients
 
 #: family-wise level of each of the three tests
@@ -983,8 +984,8 @@ def free_run_warning(summary: dict) -> tuple[str, bool] | None:
     precision = (summary.get("conditioning") or {}).get("own_precision")
     if precision is not None:
         spoilt = (f"it is a mean of the clients' own fits, whose estimation error alone adds "
-                  f"a one-step NRMSE of {precision['nrmse_added']:.3g}, most of it client "
-                  f"{precision['clients'][0]}'s (conditioning.own_precision)")
+                  f"a one-step NRMSE of {precision['nrmse_added']:.3g}, "
+                  f"{own_precision_who(precision)} (conditioning.own_precision)")
         if check is None or check.get("verdict") in ("ok", "overfit", None):
             return (f"{head}: it does not describe the dynamics, though the rounds converged "
                     f"(status ok); the estimate, not the library, is poor: {spoilt}"), True
