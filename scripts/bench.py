@@ -31,6 +31,11 @@ data.val_N=0, M=10^6): the clients' own least squares cost at most half the run 
 ``client_estimates.csv`` of 1.5 million rows); **modelcheck** ``output.model_check=true``
 beside ``false`` (the same run, T >= 21 so that the check runs); **sparsity**
 ``sparsity=stlsq`` beside ``none`` (the same run).
+
+**startup**: the small run ``run.py M=5 R=5 output.plot=false`` (goal: median <= 0.35 s)
+beside the interpreter, ``import numpy`` and a Hydra application that does nothing on a config
+of two settings, with and without numpy imported first: what any Hydra run pays before its
+own work.
 """
 
 from __future__ import annotations
@@ -264,7 +269,69 @@ def bench(cases: list[str], quick: bool) -> dict:
         results["cases"]["flower"] = bench_flower(quick)
     for name in (c for c in PAIRS if c in cases):
         results["cases"][name] = pair(name, quick)
+    if "startup" in cases:
+        results["cases"]["startup"] = bench_startup(quick)
     return results
+
+
+#: the small run of the startup case and its goal (median wall time, s)
+SMALL_RUN = ["M=5", "R=5", "output.plot=false"]
+GOAL_SMALL_RUN_S = 0.35
+#: a Hydra application that does nothing, on a config of two settings (``{config}`` its
+#: folder); ``{imports}`` what it imports first
+BARE_APP = """{imports}import hydra
+
+
+@hydra.main(version_base="1.3", config_path={config!r}, config_name="config")
+def app(cfg) -> None:
+    pass
+
+
+if __name__ == "__main__":
+    app()
+"""
+
+
+def bench_startup(quick: bool) -> dict:
+    """The small run (``run.py M=5 R=5 output.plot=false``) beside what any run of the same
+    stack pays before its own work: the interpreter, importing numpy, and a Hydra application
+    that does nothing on a config of two settings (``@hydra.main``, its job and ``.hydra/``
+    files), alone and after importing numpy. Each command runs ``STARTUP_RUNS`` times (3 with
+    ``quick``), interleaved; medians of the wall and CPU times."""
+    import statistics
+
+    runs = 3 if quick else STARTUP_RUNS
+    print(f"\nstartup: medians of {runs} runs each, interleaved")
+    with tempfile.TemporaryDirectory() as tmp:
+        conf = Path(tmp) / "conf"
+        conf.mkdir()
+        (conf / "config.yaml").write_text("M: 5\nR: 5\n")
+        for name, imports in (("bare.py", ""), ("bare_numpy.py", "import numpy\n")):
+            (Path(tmp) / name).write_text(BARE_APP.format(imports=imports, config=str(conf)))
+        commands = {
+            "interpreter (python -c pass)": lambda i: [sys.executable, "-c", "pass"],
+            "import numpy": lambda i: [sys.executable, "-c", "import numpy"],
+            "Hydra app doing nothing, two settings": lambda i: [
+                sys.executable, str(Path(tmp) / "bare.py"), f"hydra.run.dir={tmp}/bare{i}"],
+            "the same after import numpy": lambda i: [
+                sys.executable, str(Path(tmp) / "bare_numpy.py"), f"hydra.run.dir={tmp}/np{i}"],
+            "run.py " + " ".join(SMALL_RUN): lambda i: [
+                sys.executable, str(ROOT / "run.py"), *SMALL_RUN, f"hydra.run.dir={tmp}/run{i}"],
+        }
+        times = {k: [] for k in commands}
+        for i in range(runs):
+            for name, cmd in commands.items():
+                times[name].append(measure(cmd(i)))
+    rows = {}
+    for name, res in times.items():
+        wall = statistics.median(r["wall_s"] for r in res)
+        cpu = statistics.median(r["cpu_s"] for r in res)
+        rows[name] = dict(wall_s=wall, cpu_s=cpu)
+        print(f"  {name:44s} wall {wall:6.3f} s  cpu {cpu:6.3f} s")
+    small = rows["run.py " + " ".join(SMALL_RUN)]["wall_s"]
+    print(f"  goal: small run {small:.3f} s <= {GOAL_SMALL_RUN_S} s: "
+          f"{'yes' if small <= GOAL_SMALL_RUN_S else 'no'}")
+    return rows
 
 
 #: the Flower case: clients, and rounds (a round's time from the log's times of rounds 1 and R)
@@ -432,8 +499,10 @@ def plot(results: dict, path: Path) -> None:
     print(f"wrote {path}")
 
 
+#: runs of each command of the startup case
+STARTUP_RUNS = 7
 #: the benchmark cases, in the order they run
-CASES = ("paper", "M", "K", "p", "ragged", "flower", *PAIRS)
+CASES = ("paper", "M", "K", "p", "ragged", "flower", *PAIRS, "startup")
 
 
 def _cases(text: str) -> list[str]:

@@ -392,4 +392,24 @@ def test_bench_refuses_an_unknown_case():
     assert res.returncode == 2
     assert res.stderr.strip().splitlines()[-1] == (
         "bench.py: error: argument --cases: nosuch is not a case; allowed: paper,M,K,p,ragged,"
-        "flower,oneshot,personalize,modelcheck,sparsity")
+        "flower,oneshot,personalize,modelcheck,sparsity,startup")
+
+
+@pytest.mark.slow
+def test_bench_startup_times_the_small_run_beside_a_hydra_app_that_does_nothing(tmp_path):
+    """The startup case runs each of its five commands (the small run, the interpreter,
+    numpy's import, a Hydra application doing nothing with and without numpy) and gives their
+    medians; a command that fails stops the bench (so a broken bare application cannot pass
+    for a fast one)."""
+    out = tmp_path / "bench.json"
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), "--cases",
+                          "startup", "--quick", "--json", str(out)],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(out.read_text())["cases"]["startup"]
+    assert list(rows) == ["interpreter (python -c pass)", "import numpy",
+                          "Hydra app doing nothing, two settings", "the same after import numpy",
+                          "run.py M=5 R=5 output.plot=false"]
+    walls = [r["wall_s"] for r in rows.values()]
+    assert all(w > 0 for w in walls) and walls[0] < walls[2] < walls[4]
+    assert "goal: small run" in res.stdout
