@@ -522,7 +522,7 @@ def test_an_error_spread_over_every_client_names_none(caplog):
     0.752 against 0.738: sqrt(0.752^2 - 0.738^2) = 0.14, the worst target's expected 0.21).
     Five clients of about a fifth each are not named either (:func:`standing_out`)."""
     from fnsysid.app.experiment import standing_out
-    from fnsysid.results.equations import own_precision_who
+    from fnsysid.results.modelcheck import own_precision_who
     from tests.conftest import engine
 
     caplog.set_level("WARNING", logger="fnsysid")

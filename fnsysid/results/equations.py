@@ -227,14 +227,6 @@ def _check_line(check: dict | None) -> str | None:
     return line
 
 
-def own_precision_who(precision: dict) -> str:
-    """Who adds the error of ``conditioning.own_precision``: the first client that stands out,
-    or that it is spread over the clients (every fit imprecise)."""
-    if precision.get("clients"):
-        return f"most of it client {precision['clients'][0]}'s"
-    return "spread over the clients (no client stands out: every fit is imprecise)"
-
-
 def _conditioning_line(cond: dict | None) -> str | None:
     """Why a run is ``ill_conditioned`` (``summary.json: conditioning``), or why its estimate,
     a mean of the clients' own fits, carries one client's imprecision
@@ -243,6 +235,8 @@ def _conditioning_line(cond: dict | None) -> str | None:
         return None
     precision = cond.get("own_precision")
     if precision and not cond.get("repeats") and not cond.get("roundoff"):
+        from fnsysid.results.modelcheck import own_precision_who
+
         return (f"conditioning: the estimate is a mean of the clients' own fits, whose "
                 f"estimation error alone adds a one-step NRMSE of "
                 f"{precision['nrmse_added']:.3g}, {own_precision_who(precision)} "

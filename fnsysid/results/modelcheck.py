@@ -67,7 +67,6 @@ import numpy as np
 
 from fnsysid.dynamics.model import equilibration
 from fnsysid.learning.ownfit_stats import PseudoInverses, own_fit_statistics
-from fnsysid.results.equations import own_precision_who
 from fnsysid.results.metrics import HeldOutScores, over_clients
 
 #: family-wise level of each of the three tests
@@ -940,6 +939,14 @@ def _num(v) -> float | None:
 def _fmt(v, spec: str) -> str:
     """A number for the verdict's line; ``n/a`` where the check has none (None or NaN)."""
     return "n/a" if v is None or v != v else format(v, spec)
+
+
+def own_precision_who(precision: dict) -> str:
+    """Who adds the error of ``conditioning.own_precision``: the first client that stands out,
+    or that it is spread over the clients (every fit imprecise)."""
+    if precision.get("clients"):
+        return f"most of it client {precision['clients'][0]}'s"
+    return "spread over the clients (no client stands out: every fit is imprecise)"
 
 
 def free_run_warning(summary: dict) -> tuple[str, bool] | None:
