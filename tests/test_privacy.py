@@ -323,3 +323,63 @@ def test_noise_multiplier_is_solved_once_for_the_same_target():
     assert solve_noise_multiplier(0.7, 1e-5, 3, 0.5, "pld") == first
     assert solve_noise_multiplier.cache_info().hits == hits + 1
     assert solve_noise_multiplier(1.4, 1e-5, 3, 0.5, "pld") < first
+
+
+def test_the_noise_share_of_a_release_is_its_noise_energy_over_the_released_one():
+    """``Privacy.released``: sigma^2 d / ||value||^2 (at most 1), the largest over repeats and
+    releases; a release of pure noise gives about 1, a sum far above its noise about 0."""
+    priv = pv.Privacy("central", clip=1.0, delta=1e-5, noise_multiplier=1.0)
+    priv.released(np.array([[30.0, 40.0]]), np.array([1.0]), 2)
+    assert priv.noise_share == pytest.approx(2 / 2500)
+    priv.released(np.array([[3.0, 4.0], [300.0, 400.0]]), np.array([2.0, 2.0]), 2)
+    assert priv.noise_share == pytest.approx(8 / 25)                  # the worst repeat
+    priv.released(np.array([[3.0, 4.0]]), np.array([5.0]), 2)
+    assert priv.noise_share == 1.0                                    # capped
+    rng = np.random.default_rng(0)
+    pure = pv.Privacy("central", clip=1.0, delta=1e-5, noise_multiplier=1.0)
+    pure.released(3.0 * rng.standard_normal((1, 4000)), np.array([3.0]), 4000)
+    assert pure.noise_share == pytest.approx(1.0, abs=0.05)
+    # the symmetric noise's energy after the projection of private_statistics
+    U, _ = pv.statistics_bases(np.stack([np.eye(3), np.eye(3)])[:, :, [0, 1, 2]])
+    assert pv.symmetric_dims(U) == pytest.approx(
+        np.mean([np.sum(pv.project(0.5 * (g + g.T)[None], U) ** 2) for g in
+                 rng.standard_normal((4000, 3, 3))]), rel=0.05)
+
+
+@pytest.mark.slow
+def test_a_release_that_is_mostly_noise_is_said_and_the_lr_advice_names_the_noise(caplog):
+    """At M = 20 the default budget (epsilon 1) drowns the released sums: oneshot's noisy sum
+    and centralized_exact's statistics are all noise (noise_share 1; e_R 126 and 0.90 with the
+    synthetic defaults), which a warning, the free-run line and ``fnsysid show`` say, and
+    the mean-of-own-fits check, which ignores the noise, is not run. At M = 2000 the
+    statistics are far above their noise (share about 1e-4 or less) and nothing is said.
+    DP-FedAvg diverges at round 1: its model takes noise of std z C / M every round, and the
+    advice names that instead of only a smaller lr, which does not shrink it."""
+    from fnsysid.app.cli import divergence_line
+    from fnsysid.results.equations import _privacy_line
+    from fnsysid.results.modelcheck import free_run_warning
+
+    caplog.set_level("WARNING", logger="fnsysid")
+    base = ("system=synthetic", "repeats=2", "output.plot=false", "privacy=central")
+    one = execute(compose_cfg(*base, "strategy=oneshot"), choices={}).summary
+    assert one["status"] == "ok" and one["privacy"]["noise_share"] > 0.99
+    assert "own_precision" not in one.get("conditioning", {})
+    said = [m.getMessage() for m in caplog.records]
+    assert any(m.startswith("privacy: the noise makes up 100% of the released sums") for m in said)
+    line, warn = free_run_warning(one)
+    assert warn and "the privacy noise makes up 100%" in line
+    assert "the estimate is mostly noise" in _privacy_line(one["privacy"])
+    exact = execute(compose_cfg(*base, "strategy=centralized_exact"), choices={}).summary
+    assert exact["privacy"]["noise_share"] > 0.99 and exact["final_e_mean_mean"] > 0.5
+    caplog.clear()
+    many = execute(compose_cfg(*base, "strategy=centralized_exact", "M=2000", "N=2", "T=30"),
+                   choices={}).summary
+    assert many["privacy"]["noise_share"] < 1e-3 and many["final_e_mean_mean"] < 0.1
+    assert not any("makes up" in m.getMessage() for m in caplog.records)
+    assert "mostly noise" not in _privacy_line(many["privacy"])
+    avg = execute(compose_cfg(*base, "strategy=fedavg"), choices={}).summary
+    z, C = avg["privacy"]["noise_multiplier"], avg["privacy"]["clip"]
+    assert avg["status"] == "diverged" and avg["privacy"]["noise_share"] is None
+    assert avg["privacy"]["round_noise_sd"] == pytest.approx(z * C / 20)
+    advice = divergence_line(avg, 1e-4)
+    assert "which a smaller lr does not shrink" in advice and f"{z * C / 20:.3g}" in advice

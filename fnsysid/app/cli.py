@@ -161,7 +161,8 @@ def run_task(cfg: DictConfig) -> float | None:
     if summary["status"] == "growing":
         from fnsysid.results.history import growth_line
 
-        log.warning(growth_line(summary["growth"], summary["rounds_completed"], cfg.lr))
+        log.warning(growth_line(summary["growth"], summary["rounds_completed"],
+                                lr_advice(summary, cfg.lr)))
         if hc.mode == RunMode.RUN:
             sys.exit(3)
         return None
@@ -292,6 +293,21 @@ def show(args: list[str]) -> int:
     return 0 if all(s == "ok" for s in statuses(Path(args[0]))) else 3
 
 
+def lr_advice(summary: dict, lr: float) -> str:
+    """The advice of a diverged or growing run: a smaller ``lr``; under a round-based privacy
+    mechanism first the noise it adds to the model every round, which a smaller ``lr`` does
+    not shrink (``privacy.round_noise_sd``: ``privacy.clip`` times the noise multiplier over
+    the expected clients of a round, per coefficient)."""
+    sd = (summary.get("privacy") or {}).get("round_noise_sd")
+    if not sd:
+        return f"try a smaller lr than {lr:g}"
+    return (f"privacy adds noise of std {sd:.3g} per coefficient to the model every round "
+            "(privacy.round_noise_sd: privacy.clip times the noise multiplier over the "
+            "expected clients of a round), which a smaller lr does not shrink: a privacy.clip "
+            "nearer the model changes' norms (K lr times a gradient), more clients or a larger "
+            f"privacy.epsilon; where that is not the cause, a smaller lr than {lr:g}")
+
+
 def divergence_line(summary: dict, lr: float) -> str:
     """The log line of a diverged run: the repeats and rounds that diverged, the rows kept
     (each repeat's up to the round before its own divergence), the advice."""
@@ -300,7 +316,7 @@ def divergence_line(summary: dict, lr: float) -> str:
     rule = f"an error not finite or above {DIVERGENCE_FACTOR:g} times its start"
     at = summary.get("repeat_diverged_round") or []
     gone = [(s, d) for s, d in enumerate(at) if d is not None]
-    advice = f"try a smaller lr than {lr:g}"
+    advice = lr_advice(summary, lr)
     if len(at) <= 1 or not gone:            # one repeat, or a runtime that stops at the first
         return (f"run diverged at round {summary['diverged_round']} ({rule}): results up to "
                 f"round {summary['rounds_completed']} kept; {advice}")

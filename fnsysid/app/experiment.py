@@ -474,7 +474,8 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
                      dataset.clients, np.abs(model.structure).sum(axis=1) > 0, model,
                      own_fits_used(settings, strategy))
         how = estimate_from_own_fits(settings, strategy)
-        if how and summary["status"] == "ok":
+        # under privacy the estimate is a noisy clipped mean, which privacy.noise_share judges
+        if how and summary["status"] == "ok" and privacy is None:
             own_precision(summary, data, None if sparsity is None else sparsity.support,
                           dataset.clients, model, how, getattr(strategy, "weights", None))
     elif data is None and getattr(hist, "roundoff", None) is not None:

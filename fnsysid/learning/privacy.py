@@ -50,6 +50,9 @@ MAX_NOISE_MULTIPLIER = 1.0e4
 MIN_NOISE_MULTIPLIER = 0.5
 #: share of clipped contributions above which a run warns (most contributions clipped)
 MOST_CLIPPED = 0.5
+#: a release whose noise makes up this share of it or more (:meth:`Privacy.released`) makes
+#: the estimate mostly noise: a warning
+NOISE_SHARE_LEVEL = 0.5
 
 
 def dp_accounting():
@@ -257,6 +260,8 @@ class Privacy:
         self.clipped_fraction: float | None = None
         self._clipped = np.zeros(2)            # clipped, total contributions
         self.epsilon_by_round: np.ndarray | None = None
+        self.noise_share: float | None = None
+        self.round_noise_sd: float | None = None
 
     def plan(self, rounds: int, sampling_rate: float, mechanism: str,
              clients: int | None = None) -> None:
@@ -315,6 +320,20 @@ class Privacy:
             out[s] = sd * (0.5 * (g + np.swapaxes(g, -1, -2)) if symmetric else g)
         return out
 
+    def released(self, value: np.ndarray, sigma: np.ndarray, dims: int) -> None:
+        """Record what share of a noisy release (S, ...) its noise makes up: the noise's
+        expected energy ``sigma^2 dims`` (``sigma`` (S,), ``dims`` the dimensions it lies in)
+        over the released value's ``||value||^2``, at most 1, the largest over the repeats
+        and the releases (:attr:`noise_share`). It reads the released value and the noise's
+        known variance alone (post-processing: it costs no privacy). About 1: the release
+        is noise; the estimate made from it too."""
+        S = len(sigma)
+        energy = np.einsum("si,si->s", np.reshape(value, (S, -1)), np.reshape(value, (S, -1)))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.minimum(1.0, np.asarray(sigma, float) ** 2 * dims / energy)
+        share = float(np.nan_to_num(share, nan=1.0).max())
+        self.noise_share = share if self.noise_share is None else max(self.noise_share, share)
+
     def warn(self) -> None:
         """A warning when most contributions were clipped (``clip`` too small for the data:
         the sum then weighs the clients differently than the plain sum), and when there is
@@ -326,6 +345,16 @@ class Privacy:
             log.warning("privacy.delta=%g is at least 1/M (M=%d clients): a mechanism that "
                         "publishes one client's data whole with probability delta meets it; "
                         "delta well below 1/M is the usual choice", self.delta, self.clients)
+        if self.noise_share is not None and self.noise_share >= NOISE_SHARE_LEVEL:
+            log.warning("privacy: the noise makes up %.0f%% of the released sums "
+                        "(privacy.noise_share in summary.json: its expected energy over the "
+                        "released one): the estimate is mostly noise. The noise is privacy.clip "
+                        "(%g) times the noise multiplier (%.3g) whatever the data; its share "
+                        "falls with more clients (%s), a larger privacy.epsilon, or a "
+                        "privacy.clip nearer the contributions' norms (%.0f%% of them clipped)",
+                        100 * self.noise_share, self.clip, self.noise_multiplier,
+                        f"M={self.clients}" if self.clients else "M",
+                        100 * (self.clipped_fraction or 0.0))
         if self.clipped_fraction is not None and self.clipped_fraction > MOST_CLIPPED:
             log.warning("privacy.clip=%g: %.0f%% of the clients' contributions were clipped "
                         "(privacy.clipped_fraction in summary.json); a larger privacy.clip "
@@ -341,7 +370,8 @@ class Privacy:
                 "accountant": ("dp_accounting PLD (value_discretization_interval="
                                f"{PLD_INTERVAL:g})" if self.accountant == "pld"
                                else "dp_accounting RDP"),
-                "rounds": self.rounds, "sampling_rate": self.sampling_rate}
+                "rounds": self.rounds, "sampling_rate": self.sampling_rate,
+                "noise_share": self.noise_share, "round_noise_sd": self.round_noise_sd}
 
     def epsilon_column(self, rounds: np.ndarray) -> np.ndarray | None:
         """Epsilon spent up to each of ``rounds`` (errors.csv's ``epsilon_rdp``; 0 at round 0),
@@ -420,6 +450,11 @@ def private_change(privacy: Privacy, change: np.ndarray, active: np.ndarray | No
     else:
         senders = np.full(S, M)
     sigma = privacy.sigma(privacy.clip, senders)
+    # the model's noise each round, per coefficient (the changes shrink as the rounds
+    # converge, so a share of the release would say nothing here)
+    sd = float(np.max(sigma)) / expected
+    privacy.round_noise_sd = sd if privacy.round_noise_sd is None else max(
+        privacy.round_noise_sd, sd)
     total = np.einsum("sm,smp->sp", w, change) + privacy.noise(seed, 2 + r, (p,), sigma)
     return total / expected
 
@@ -515,6 +550,20 @@ def statistics_bases(structure: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return basis(L), basis(Lb)
 
 
+def symmetric_dims(U: np.ndarray) -> float:
+    """The expected energy over ``sigma^2`` of symmetric noise (:meth:`Privacy.noise`,
+    ``symmetric``) projected onto the span of ``U`` (p^2, r) (:func:`project`):
+    ``vec(E)`` has covariance ``sigma^2 (I + K) / 2`` (``K`` the commutation matrix), so
+    ``(r + trace(U' K U)) / 2``; ``p (p + 1) / 2`` for ``U = I``.
+
+    >>> symmetric_dims(np.eye(9))
+    6.0
+    """
+    p = int(round(np.sqrt(U.shape[0])))
+    Um = U.T.reshape(-1, p, p)
+    return float((U.shape[1] + np.einsum("cij,cji->", Um, Um)) / 2)
+
+
 def project(E: np.ndarray, U: np.ndarray) -> np.ndarray:
     """Orthogonal projection of ``E`` onto the span of ``U``.
 
@@ -572,6 +621,10 @@ def private_statistics(privacy: Privacy, H: np.ndarray, b: np.ndarray, seed: int
         EH, Eb = project(EH, UH), project(Eb, Ub)
     Hs = np.einsum("sm,smpq->spq", f, H) + EH
     bs = np.einsum("sm,smp->sp", f, b) + Eb
+    # the noise's dimensions: those it was projected onto, or all (H's symmetric noise has
+    # variance sigma^2 on the diagonal and sigma^2 / 2 off it: p (p + 1) / 2 in energy)
+    privacy.released(Hs, sigma, p * (p + 1) / 2 if structure is None else symmetric_dims(UH))
+    privacy.released(bs, sigma, p if structure is None else Ub.shape[-1])
     return Hs, bs, sigma
 
 
@@ -629,4 +682,5 @@ def private_mean(privacy: Privacy, theta: np.ndarray, present: np.ndarray,
     sigma = privacy.sigma(np.sqrt(2.0) * C, np.full(S, M))
     total = np.einsum("sm,smp->sp", w, theta) + privacy.noise(seed, 0, (p,), sigma)
     count = (C * present.sum(axis=1) + privacy.noise(seed, 1, (), sigma)) / C
+    privacy.released(total, sigma, p)
     return total / np.maximum(count, 1.0)[:, None]

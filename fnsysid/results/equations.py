@@ -227,6 +227,24 @@ def _check_line(check: dict | None) -> str | None:
     return line
 
 
+def _privacy_line(priv: dict | None) -> str | None:
+    """The run's privacy: its mode, epsilon and delta, and where the noise makes up half of
+    the released sums or more (``privacy.noise_share``), that the estimate is mostly noise;
+    None without privacy."""
+    if not priv:
+        return None
+    eps = priv.get("epsilon")
+    eps = "infinite (no noise)" if eps is None else f"{eps:.3g}"
+    line = f"privacy: {priv.get('mode')}, epsilon {eps}, delta {priv.get('delta'):g}"
+    from fnsysid.learning.privacy import NOISE_SHARE_LEVEL
+
+    share = priv.get("noise_share")
+    if share is not None and share >= NOISE_SHARE_LEVEL:
+        line += (f"; the noise makes up {100 * share:.0f}% of the released sums: the estimate "
+                 "is mostly noise")
+    return line
+
+
 def _conditioning_line(cond: dict | None) -> str | None:
     """Why a run is ``ill_conditioned`` (``summary.json: conditioning``), or why its estimate,
     a mean of the clients' own fits, carries one client's imprecision
@@ -287,6 +305,9 @@ def _run_lines(folder: Path, summary: dict, full: bool) -> list[str]:
     cond = _conditioning_line(summary.get("conditioning"))
     if cond:
         lines.append(cond)
+    priv = _privacy_line(summary.get("privacy"))
+    if priv:
+        lines.append(priv)
     sp = summary.get("sparsity") or {}
     if sp.get("auto") and sp.get("rule"):
         from fnsysid.learning.sparsity import auto_choice

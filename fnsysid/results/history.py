@@ -132,15 +132,15 @@ def growth(errors, fleet: dict | None = None) -> dict | None:
     return None
 
 
-def growth_line(g: dict, rounds: int, lr) -> str:
-    """The log line of a ``growing`` run from :func:`growth`'s ``g``."""
+def growth_line(g: dict, rounds: int, advice: str) -> str:
+    """The log line of a ``growing`` run from :func:`growth`'s ``g``, ending with ``advice``
+    (:func:`fnsysid.app.cli.lr_advice`)."""
     head = (f"run growing: {g['metric']} {g['final']:.4g} at round {rounds} (repeat "
             f"{g['repeat']}) is {g['ratio']:.3g} times max(1, its start {g['start']:.4g})")
     why = (f", above the limit of {g['factor']:g} times" if g.get("rule", "limit") == "limit"
            else f", and has risen at every one of the last {g['rounds']} rounds, "
            f"{g['rate']:.3g} times a round")
-    return (f"{head}{why}: not a converged result (status: growing); try a smaller lr than "
-            f"{lr:g}")
+    return f"{head}{why}: not a converged result (status: growing); {advice}"
 
 
 def _still_rising(metric, e, rounds, repeats, start, fleet) -> dict | None:

@@ -67,6 +67,7 @@ import numpy as np
 
 from fnsysid.dynamics.model import equilibration
 from fnsysid.learning.ownfit_stats import PseudoInverses, own_fit_statistics
+from fnsysid.learning.privacy import NOISE_SHARE_LEVEL
 from fnsysid.results.metrics import HeldOutScores, over_clients
 
 #: family-wise level of each of the three tests
@@ -975,6 +976,10 @@ def free_run_warning(summary: dict) -> tuple[str, bool] | None:
     head = (f"the identified model runs freely on the held-out trajectories with NRMSE "
             f"{shown} (mean over clients; max {_fmt(top, '.3g')}), worse than each "
             f"state's held-out mean (NRMSE {CONSTANT:g})")
+    share = (summary.get("privacy") or {}).get("noise_share")
+    if share is not None and share >= NOISE_SHARE_LEVEL:
+        return (f"{head}: the privacy noise makes up {100 * share:.0f}% of the released sums "
+                "(privacy.noise_share): the estimate is mostly noise, whatever the library"), True
     check = summary.get("model_check")
     if check is not None and check.get("verdict") is None and check.get("reason") in (
             None, SHORT):
