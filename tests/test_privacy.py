@@ -335,6 +335,19 @@ def test_the_noise_share_of_a_release_is_its_noise_energy_over_the_released_one(
     assert priv.noise_share == pytest.approx(8 / 25)                  # the worst repeat
     priv.released(np.array([[3.0, 4.0]]), np.array([5.0]), 2)
     assert priv.noise_share == 1.0                                    # capped
+    quiet = pv.Privacy("central", clip=1.0, delta=1e-5, noise_multiplier=0.0)
+    quiet.released(np.zeros((1, 2)), np.array([0.0]), 2)
+    assert quiet.noise_share == 0.0                                   # no noise, nothing
+    # DP-FedAvg: one round's noise (round_noise_sd per coefficient) over the final model
+    rounds = pv.Privacy("central", clip=1.0, delta=1e-5, noise_multiplier=1.0)
+    rounds.model_share(np.array([[[3.0, 4.0]]]))
+    assert rounds.noise_share is None                                 # not round-based
+    rounds.round_noise_sd = 0.5
+    rounds.model_share(np.array([[[np.inf, 4.0]]]))
+    assert rounds.noise_share is None                                 # a diverged model
+    rounds.model_share(np.array([[[3.0, 4.0]]]))
+    assert rounds.noise_share == pytest.approx(0.25 * 2 / 25)
+    assert rounds.summary()["noise_share_of"] == "the final model"
     rng = np.random.default_rng(0)
     pure = pv.Privacy("central", clip=1.0, delta=1e-5, noise_multiplier=1.0)
     pure.released(3.0 * rng.standard_normal((1, 4000)), np.array([3.0]), 4000)
@@ -383,3 +396,16 @@ def test_a_release_that_is_mostly_noise_is_said_and_the_lr_advice_names_the_nois
     assert avg["privacy"]["round_noise_sd"] == pytest.approx(z * C / 20)
     advice = divergence_line(avg, 1e-4)
     assert "which a smaller lr does not shrink" in advice and f"{z * C / 20:.3g}" in advice
+    # a DP-FedNova run that ends (status ok) with a model made of noise: one round's noise
+    # (std 424 per coefficient: 300 x 2 sqrt(2) / 2, local) against a model of norm about 10
+    caplog.clear()
+    nova = execute(compose_cfg("system=pendulum", "strategy=fednova", "M=2", "N=2", "T=3",
+                               "R=3", "repeats=1", "eps=0", "K=1", "privacy=local",
+                               "privacy.epsilon=null", "privacy.noise_multiplier=1.0",
+                               "output.plot=false"), choices={}).summary
+    assert nova["status"] == "ok" and nova["final_e_mean_mean"] > 5
+    assert nova["privacy"]["round_noise_sd"] == pytest.approx(300 * 2 * np.sqrt(2) / 2)
+    assert nova["privacy"]["noise_share"] == 1.0
+    assert any(m.getMessage().startswith("privacy: the noise of one round (privacy.round_noise_"
+                                         "sd) makes up 100% of the final model")
+               for m in caplog.records)

@@ -428,6 +428,8 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
                                      getattr(hist, "diverged_at", None))
     privacy = getattr(strategy, "privacy", None)
     if privacy is not None:
+        if diverged is None and failure is None:
+            privacy.model_share(np.asarray(strategy.estimate()))
         summary["privacy"] = privacy.summary()
         privacy.warn()
         spent = privacy.epsilon_column(tables["errors"]["round"])

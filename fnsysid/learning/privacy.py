@@ -262,6 +262,7 @@ class Privacy:
         self.epsilon_by_round: np.ndarray | None = None
         self.noise_share: float | None = None
         self.round_noise_sd: float | None = None
+        self.of = "the released sums"          # what noise_share is a share of
 
     def plan(self, rounds: int, sampling_rate: float, mechanism: str,
              clients: int | None = None) -> None:
@@ -329,10 +330,24 @@ class Privacy:
         is noise; the estimate made from it too."""
         S = len(sigma)
         energy = np.einsum("si,si->s", np.reshape(value, (S, -1)), np.reshape(value, (S, -1)))
+        noise = np.asarray(sigma, float) ** 2 * dims
         with np.errstate(divide="ignore", invalid="ignore"):
-            share = np.minimum(1.0, np.asarray(sigma, float) ** 2 * dims / energy)
+            share = np.where(noise > 0, np.minimum(1.0, noise / energy), 0.0)
         share = float(np.nan_to_num(share, nan=1.0).max())
         self.noise_share = share if self.noise_share is None else max(self.noise_share, share)
+
+    def model_share(self, model: np.ndarray) -> None:
+        """DP-FedAvg (:func:`private_change`): record what share of the final model (S, ...,
+        p) the noise of one round makes up, ``round_noise_sd^2 p / ||model||^2``
+        (:meth:`released` of the published model: post-processing). The changes of a
+        converging run shrink, so their own share would say nothing; the noise of the rounds
+        adds up in the model, so one round's is a lower bound. Nothing where the model is not
+        finite (a diverged run)."""
+        model = np.asarray(model, float)
+        if self.round_noise_sd is None or not np.isfinite(model).all():
+            return
+        self.of = "the final model"
+        self.released(model, np.full(len(model), self.round_noise_sd), model.shape[-1])
 
     def warn(self) -> None:
         """A warning when most contributions were clipped (``clip`` too small for the data:
@@ -346,13 +361,15 @@ class Privacy:
                         "publishes one client's data whole with probability delta meets it; "
                         "delta well below 1/M is the usual choice", self.delta, self.clients)
         if self.noise_share is not None and self.noise_share >= NOISE_SHARE_LEVEL:
-            log.warning("privacy: the noise makes up %.0f%% of the released sums "
-                        "(privacy.noise_share in summary.json: its expected energy over the "
-                        "released one): the estimate is mostly noise. The noise is privacy.clip "
-                        "(%g) times the noise multiplier (%.3g) whatever the data; its share "
-                        "falls with more clients (%s), a larger privacy.epsilon, or a "
-                        "privacy.clip nearer the contributions' norms (%.0f%% of them clipped)",
-                        100 * self.noise_share, self.clip, self.noise_multiplier,
+            log.warning("privacy: %s makes up %.0f%% of %s (privacy.noise_share in "
+                        "summary.json: expected energy over energy): the estimate is mostly "
+                        "noise. The noise is privacy.clip (%g) times the noise multiplier "
+                        "(%.3g) whatever the data; its share falls with more clients (%s), a "
+                        "larger privacy.epsilon, or a privacy.clip nearer the contributions' "
+                        "norms (%.0f%% of them clipped)",
+                        "the noise" if self.round_noise_sd is None else
+                        "the noise of one round (privacy.round_noise_sd)",
+                        100 * self.noise_share, self.of, self.clip, self.noise_multiplier,
                         f"M={self.clients}" if self.clients else "M",
                         100 * (self.clipped_fraction or 0.0))
         if self.clipped_fraction is not None and self.clipped_fraction > MOST_CLIPPED:
@@ -371,7 +388,8 @@ class Privacy:
                                f"{PLD_INTERVAL:g})" if self.accountant == "pld"
                                else "dp_accounting RDP"),
                 "rounds": self.rounds, "sampling_rate": self.sampling_rate,
-                "noise_share": self.noise_share, "round_noise_sd": self.round_noise_sd}
+                "noise_share": self.noise_share, "noise_share_of": self.of,
+                "round_noise_sd": self.round_noise_sd}
 
     def epsilon_column(self, rounds: np.ndarray) -> np.ndarray | None:
         """Epsilon spent up to each of ``rounds`` (errors.csv's ``epsilon_rdp``; 0 at round 0),

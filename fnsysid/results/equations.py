@@ -240,8 +240,9 @@ def _privacy_line(priv: dict | None) -> str | None:
 
     share = priv.get("noise_share")
     if share is not None and share >= NOISE_SHARE_LEVEL:
-        line += (f"; the noise makes up {100 * share:.0f}% of the released sums: the estimate "
-                 "is mostly noise")
+        line += (f"; the noise makes up {100 * share:.0f}% of "
+                 f"{priv.get('noise_share_of') or 'the released sums'}: the estimate is "
+                 "mostly noise")
     return line
 
 

@@ -978,7 +978,8 @@ def free_run_warning(summary: dict) -> tuple[str, bool] | None:
             f"state's held-out mean (NRMSE {CONSTANT:g})")
     share = (summary.get("privacy") or {}).get("noise_share")
     if share is not None and share >= NOISE_SHARE_LEVEL:
-        return (f"{head}: the privacy noise makes up {100 * share:.0f}% of the released sums "
+        of = (summary.get("privacy") or {}).get("noise_share_of") or "the released sums"
+        return (f"{head}: the privacy noise makes up {100 * share:.0f}% of {of} "
                 "(privacy.noise_share): the estimate is mostly noise, whatever the library"), True
     check = summary.get("model_check")
     if check is not None and check.get("verdict") is None and check.get("reason") in (
