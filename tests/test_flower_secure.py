@@ -127,6 +127,10 @@ def test_flower_dp_with_noise_reports_the_in_process_epsilon(tmp_path):
         assert pb[k] == pa[k]
     written = json.loads((tmp_path / "b" / "summary.json").read_text())["privacy"]
     assert written["epsilon"] == pa["epsilon"]
+    # the noise the model takes every round, and its share of the final model, as in process
+    assert pb["round_noise_sd"] == pytest.approx(pa["round_noise_sd"]) == pytest.approx(1e-3 / 3)
+    assert pb["noise_share"] == pytest.approx(pa["noise_share"], rel=0.1)
+    assert pb["noise_share_of"] == "the final model"
     # noise of std z C / M = 3.3e-4 per entry and round was added to the server model
     moved = np.abs(_estimates(tmp_path / "b") - _estimates(tmp_path / "zero")).max()
     assert 1e-5 < moved < 0.05
