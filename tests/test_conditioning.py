@@ -541,6 +541,12 @@ def test_an_error_spread_over_every_client_names_none(caplog):
     assert standing_out(np.array([0.22, 0.2, 0.2, 0.19, 0.19]), 5) == []
     assert standing_out(np.array([0.5, 0.1, 0.1, 0.1, 0.1, 0.1]), 6) == [0]
     assert standing_out(np.array([1.0]), 1) == []
+    caplog.clear()
+    alone = engine(*base, "strategy=oneshot", "M=1", "repeats=1").summary
+    assert alone["conditioning"]["own_precision"]["clients"] == []
+    said = [m.getMessage() for m in caplog.records if "adds a one-step NRMSE" in m.getMessage()]
+    assert len(said) == 1 and said[0].startswith("the estimation error of the one client's own "
+                                                 "fit (client 0's)")
 
 
 @pytest.mark.slow

@@ -698,12 +698,19 @@ def own_precision(summary: dict, data, support, clients, model, how: str,
         "repeats": [int(r) for r in np.flatnonzero((worst >= MEAN_ERROR_LEVEL).any(axis=1))]}
     head = ("the estimation error of the clients' own fits alone adds a one-step NRMSE of "
             f"{float(worst[s, j]):.3g} to {how}, a mean of those fits that weighs them alike")
+    fits = int(err["fits"][s, j])
+    if fits == 1:
+        log.warning("the estimation error of the one client's own fit (client %s's) adds a "
+                    "one-step NRMSE of %.3g to %s: its data determine it poorly there (few "
+                    "samples for its coefficients); give it more samples", clients[top],
+                    float(worst[s, j]), how)
+        return
     if not names:
         log.warning("%s; no client stands out (the largest share, client %s's, is %.0f %% of "
                     "%d fits): every client's data determine its fit poorly there (few "
                     "samples for its coefficients); strategy=centralized_exact pools their "
                     "data, or give each client more samples", head, clients[top],
-                    100 * float(share[top]), int(err["fits"][s, j]))
+                    100 * float(share[top]), fits)
         return
     log.warning("%s; %.0f %% of it is client %s's (its least precise coefficient: %s)%s: their "
                 "data hardly determine their fit there; strategy=centralized_exact weighs each "
