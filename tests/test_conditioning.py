@@ -533,7 +533,7 @@ def test_an_error_spread_over_every_client_names_none(caplog):
     assert p["largest"] in {str(m) for m in range(20)}
     said = [m.getMessage() for m in caplog.records if "own fits alone adds" in m.getMessage()]
     assert len(said) == 1 and "no client stands out" in said[0] and "of 20 fits" in said[0]
-    assert "spread over the clients" in own_precision_who(p)
+    assert "spread over the fits" in own_precision_who(p)
     exact = engine(*base, "strategy=centralized_exact").summary
     assert "own_precision" not in exact["conditioning"]
     excess = np.sqrt(one["final_nrmse_1step_mean"] ** 2 - exact["final_nrmse_1step_mean"] ** 2)

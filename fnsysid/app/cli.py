@@ -298,14 +298,17 @@ def lr_advice(summary: dict, lr: float) -> str:
     mechanism first the noise it adds to the model every round, which a smaller ``lr`` does
     not shrink (``privacy.round_noise_sd``: ``privacy.clip`` times the noise multiplier over
     the expected clients of a round, per coefficient)."""
-    sd = (summary.get("privacy") or {}).get("round_noise_sd")
+    priv = summary.get("privacy") or {}
+    sd = priv.get("round_noise_sd")
     if not sd:
         return f"try a smaller lr than {lr:g}"
+    how = ("2 sqrt(M) privacy.clip times the noise multiplier" if priv.get("mode") == "local"
+           else "privacy.clip times the noise multiplier")
     return (f"privacy adds noise of std {sd:.3g} per coefficient to the model every round "
-            "(privacy.round_noise_sd: privacy.clip times the noise multiplier over the "
-            "expected clients of a round), which a smaller lr does not shrink: a privacy.clip "
-            "nearer the model changes' norms (K lr times a gradient), more clients or a larger "
-            f"privacy.epsilon; where that is not the cause, a smaller lr than {lr:g}")
+            f"(privacy.round_noise_sd: {how}, over the expected clients of a round), which a "
+            "smaller lr does not shrink: a privacy.clip nearer the model changes' norms (K lr "
+            "times a gradient), more clients or a larger privacy.epsilon; where that is not the "
+            f"cause, a smaller lr than {lr:g}")
 
 
 def divergence_line(summary: dict, lr: float) -> str:

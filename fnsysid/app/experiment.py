@@ -706,11 +706,11 @@ def own_precision(summary: dict, data, support, clients, model, how: str,
                     float(worst[s, j]), how)
         return
     if not names:
-        log.warning("%s; no client stands out (the largest share, client %s's, is %.0f %% of "
-                    "%d fits): every client's data determine its fit poorly there (few "
-                    "samples for its coefficients); strategy=centralized_exact pools their "
-                    "data, or give each client more samples", head, clients[top],
-                    100 * float(share[top]), fits)
+        log.warning("%s; it is spread over the fits, no client stands out (the largest share, "
+                    "client %s's, is %.0f %% of %d fits): several fits are imprecise there "
+                    "(few samples for their coefficients); strategy=centralized_exact weighs "
+                    "each client's data by what they determine, or give the clients with few "
+                    "samples more", head, clients[top], 100 * float(share[top]), fits)
         return
     log.warning("%s; %.0f %% of it is client %s's (its least precise coefficient: %s)%s: their "
                 "data hardly determine their fit there; strategy=centralized_exact weighs each "
@@ -728,17 +728,21 @@ SHARE_LEVEL = 0.1
 def standing_out(share: np.ndarray, fits: int, most: int = 5) -> list[int]:
     """The clients (at most ``most``, largest first) whose ``share`` (M,) of the error that
     ``fits`` clients' own fits add stands out: at least :data:`SHARE_LEVEL` and more than
-    twice the other fits' average share (``share > 2 / (fits + 1)``), so that five clients of
-    about a fifth each (few samples everywhere) are not named and one fit is never named.
+    three times the median share of the fits that enter, so that five clients of about a
+    fifth each (few samples everywhere) or three weak fits of five are not named (which of
+    them would be is chance), and one fit is never named.
 
     >>> standing_out(np.array([0.9, 0.05, 0.05]), 3)
     [0]
     >>> standing_out(np.array([0.22, 0.2, 0.2, 0.19, 0.19]), 5)
     []
+    >>> standing_out(np.array([0.34, 0.33, 0.33, 0.0, 0.0]), 5)
+    []
     """
     if fits < 2:
         return []
-    cut = max(SHARE_LEVEL, 2.0 / (fits + 1))
+    entering = share[share > 0]
+    cut = max(SHARE_LEVEL, 3.0 * float(np.median(entering)) if entering.size else 0.0)
     return [int(m) for m in np.argsort(-share, kind="stable") if share[m] > cut][:most]
 
 

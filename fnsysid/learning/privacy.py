@@ -51,8 +51,12 @@ MIN_NOISE_MULTIPLIER = 0.5
 #: share of clipped contributions above which a run warns (most contributions clipped)
 MOST_CLIPPED = 0.5
 #: a release whose noise makes up this share of it or more (:meth:`Privacy.released`) makes
-#: the estimate mostly noise: a warning
+#: the estimate mostly noise
 NOISE_SHARE_LEVEL = 0.5
+#: privacy that moves the estimate by this much or more, relative to its norm
+#: (:meth:`Privacy.compare`; for rounds one round's noise, :meth:`Privacy.model_share`): a
+#: warning
+MOVED_LEVEL = 0.1
 
 
 def dp_accounting():
@@ -262,6 +266,7 @@ class Privacy:
         self.epsilon_by_round: np.ndarray | None = None
         self.noise_share: float | None = None
         self.round_noise_sd: float | None = None
+        self.moved: float | None = None
         self.of = "the released sums"          # what noise_share is a share of
 
     def plan(self, rounds: int, sampling_rate: float, mechanism: str,
@@ -336,6 +341,21 @@ class Privacy:
         share = float(np.nan_to_num(share, nan=1.0).max())
         self.noise_share = share if self.noise_share is None else max(self.noise_share, share)
 
+    def compare(self, private: np.ndarray, plain: np.ndarray) -> None:
+        """Record how far clipping and noise moved a closed-form estimate (``oneshot``,
+        ``centralized_exact``): ``||private - plain|| / ||plain||`` (S, ...), the worst repeat
+        (:attr:`moved`), ``plain`` the same estimator on the clients' exact statistics. A
+        simulation's diagnostic, in process: it reads what the server of a deployment never
+        sees, and is not itself private. The share of the release's energy
+        (:meth:`released`) does not tell it: the noise of the sums reaches a coefficient
+        through the inverse of their Gram matrix, so a coefficient the data determine loosely
+        takes far more of it than the sums' norm shows."""
+        S = len(plain)
+        a, b = np.reshape(private, (S, -1)), np.reshape(plain, (S, -1))
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            moved = np.linalg.norm(a - b, axis=1) / np.linalg.norm(b, axis=1)
+        self.moved = float(np.nan_to_num(moved, nan=np.inf).max())
+
     def model_share(self, model: np.ndarray) -> None:
         """DP-FedAvg (:func:`private_change`): record what share of the final model (S, ...,
         p) the noise of one round makes up, ``round_noise_sd^2 p / ||model||^2``
@@ -348,6 +368,10 @@ class Privacy:
             return
         self.of = "the final model"
         self.released(model, np.full(len(model), self.round_noise_sd), model.shape[-1])
+        with np.errstate(divide="ignore", invalid="ignore"):      # one round's noise, relative
+            ratio = (self.round_noise_sd * np.sqrt(model.shape[-1])
+                     / np.linalg.norm(model.reshape(len(model), -1), axis=1))
+        self.moved = float(np.nan_to_num(ratio, nan=np.inf).max())
 
     def warn(self) -> None:
         """A warning when most contributions were clipped (``clip`` too small for the data:
@@ -360,23 +384,19 @@ class Privacy:
             log.warning("privacy.delta=%g is at least 1/M (M=%d clients): a mechanism that "
                         "publishes one client's data whole with probability delta meets it; "
                         "delta well below 1/M is the usual choice", self.delta, self.clients)
-        if self.noise_share is not None and self.noise_share >= NOISE_SHARE_LEVEL:
-            log.warning("privacy: %s makes up %.0f%% of %s (privacy.noise_share in "
-                        "summary.json: expected energy over energy): the estimate is mostly "
-                        "noise. The noise is privacy.clip (%g) times the noise multiplier "
-                        "(%.3g) whatever the data; its share falls with more clients (%s), a "
-                        "larger privacy.epsilon, or a privacy.clip nearer the contributions' "
-                        "norms (%.0f%% of them clipped)",
-                        "the noise" if self.round_noise_sd is None else
-                        "the noise of one round (privacy.round_noise_sd)",
-                        100 * self.noise_share, self.of, self.clip, self.noise_multiplier,
-                        f"M={self.clients}" if self.clients else "M",
-                        100 * (self.clipped_fraction or 0.0))
+        line = self.noise_line()
+        if line:
+            log.warning("%s", line)
         if self.clipped_fraction is not None and self.clipped_fraction > MOST_CLIPPED:
             log.warning("privacy.clip=%g: %.0f%% of the clients' contributions were clipped "
                         "(privacy.clipped_fraction in summary.json); a larger privacy.clip "
                         "clips fewer (and adds noise in proportion)", self.clip,
                         100 * self.clipped_fraction)
+
+    def noise_line(self) -> str | None:
+        """The warning where privacy moved the estimate by :data:`MOVED_LEVEL` of its norm
+        or more (:attr:`moved`), else None."""
+        return moved_line(self.summary())
 
     def summary(self) -> dict:
         """What ``summary.json`` holds under ``privacy``."""
@@ -389,7 +409,8 @@ class Privacy:
                                else "dp_accounting RDP"),
                 "rounds": self.rounds, "sampling_rate": self.sampling_rate,
                 "noise_share": self.noise_share, "noise_share_of": self.of,
-                "round_noise_sd": self.round_noise_sd}
+                "round_noise_sd": self.round_noise_sd, "moved": self.moved,
+                "clients": self.clients}
 
     def epsilon_column(self, rounds: np.ndarray) -> np.ndarray | None:
         """Epsilon spent up to each of ``rounds`` (errors.csv's ``epsilon_rdp``; 0 at round 0),
@@ -399,6 +420,40 @@ class Privacy:
             return None
         spent = np.concatenate([[0.0], self.epsilon_by_round])
         return spent[np.minimum(np.asarray(rounds, int), self.rounds)]
+
+
+def noise_size(priv: dict) -> str:
+    """How large the noise of ``summary.json: privacy`` (``priv``) is against the
+    estimate: the realized move of a closed-form estimate, or one round's noise against the
+    final model (DP-FedAvg), with ``mostly noise`` where the noise makes up
+    :data:`NOISE_SHARE_LEVEL` of the release or more."""
+    moved = priv.get("moved")
+    if priv.get("round_noise_sd") is not None:
+        what = (f"one round's noise (privacy.round_noise_sd, {priv['round_noise_sd']:.3g} per "
+                f"coefficient) is {moved:.3g} times the final model's norm (privacy.moved)")
+    else:
+        what = (f"the estimate moved by {moved:.3g} of its norm from the same estimator "
+                "without clipping or noise (privacy.moved)")
+    share = priv.get("noise_share")
+    if share is not None and share >= NOISE_SHARE_LEVEL:
+        what += f"; the noise makes up {100 * share:.0f}% of {priv.get('noise_share_of')}"
+    return what
+
+
+def moved_line(priv: dict | None) -> str | None:
+    """The warning of :meth:`Privacy.noise_line` from ``summary.json: privacy``."""
+    moved = (priv or {}).get("moved")
+    if moved is None or not moved >= MOVED_LEVEL:
+        return None
+    clients = "" if priv.get("clients") is None else f" (M={priv['clients']})"
+    noise = ("2 sqrt(M) privacy.clip times the noise multiplier, over M" if priv.get("mode") ==
+             "local" else "privacy.clip times the noise multiplier")
+    return (f"privacy: {noise_size(priv)}: the estimate carries that error from it. The "
+            f"noise is {noise} (z = {priv.get('noise_multiplier'):.3g}, clip "
+            f"{priv.get('clip'):g}) whatever the data; it is smaller against the data with "
+            f"more clients{clients}, a larger privacy.epsilon, or a privacy.clip nearer the "
+            f"contributions' norms ({100 * (priv.get('clipped_fraction') or 0.0):.0f}% of them "
+            "clipped)")
 
 
 def rdp_epsilons(noise_multiplier: float, delta: float, rounds: int,

@@ -778,6 +778,7 @@ class OneShot(Strategy):
         self.left_out = ~ok
         if self.privacy is not None:      # noisy sum of clipped estimates over a noisy count
             self.server = private_mean(self.privacy, self.fits.theta, ok, seed)
+            self.privacy.compare(self.server, aggregate(self.fits.solutions(), ok * 1.0))
             return
         w = self.weights
         if not ok.all():
@@ -847,6 +848,7 @@ class Centralized(Strategy):
         if self.exact and self.privacy is not None:       # noisy sums of clipped statistics
             self.server = private_pooled_solution(self.privacy, data.H, data.b, seed,
                                                   model.structure)
+            self.privacy.compare(self.server, least_squares(self.data.H, self.data.b)[:, 0])
         elif self.exact:
             self.server = least_squares(self.data.H, self.data.b)[:, 0]
         else:

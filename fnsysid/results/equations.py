@@ -228,21 +228,17 @@ def _check_line(check: dict | None) -> str | None:
 
 
 def _privacy_line(priv: dict | None) -> str | None:
-    """The run's privacy: its mode, epsilon and delta, and where the noise makes up half of
-    the released sums or more (``privacy.noise_share``), that the estimate is mostly noise;
-    None without privacy."""
+    """The run's privacy: its mode, epsilon and delta, and where privacy moved the estimate by
+    a tenth of its norm or more (``privacy.moved``), by how much; None without privacy."""
     if not priv:
         return None
     eps = priv.get("epsilon")
     eps = "infinite (no noise)" if eps is None else f"{eps:.3g}"
     line = f"privacy: {priv.get('mode')}, epsilon {eps}, delta {priv.get('delta'):g}"
-    from fnsysid.learning.privacy import NOISE_SHARE_LEVEL
+    from fnsysid.learning.privacy import MOVED_LEVEL, noise_size
 
-    share = priv.get("noise_share")
-    if share is not None and share >= NOISE_SHARE_LEVEL:
-        line += (f"; the noise makes up {100 * share:.0f}% of "
-                 f"{priv.get('noise_share_of') or 'the released sums'}: the estimate is "
-                 "mostly noise")
+    if priv.get("moved") is not None and priv["moved"] >= MOVED_LEVEL:
+        line += f"; {noise_size(priv)}"
     return line
 
 

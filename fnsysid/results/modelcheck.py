@@ -67,7 +67,7 @@ import numpy as np
 
 from fnsysid.dynamics.model import equilibration
 from fnsysid.learning.ownfit_stats import PseudoInverses, own_fit_statistics
-from fnsysid.learning.privacy import NOISE_SHARE_LEVEL
+from fnsysid.learning.privacy import MOVED_LEVEL, noise_size
 from fnsysid.results.metrics import HeldOutScores, over_clients
 
 #: family-wise level of each of the three tests
@@ -947,7 +947,7 @@ def own_precision_who(precision: dict) -> str:
     or that it is spread over the clients (every fit imprecise)."""
     if precision.get("clients"):
         return f"most of it client {precision['clients'][0]}'s"
-    return "spread over the clients (no client stands out: every fit is imprecise)"
+    return "spread over the fits (no client stands out: several fits are imprecise)"
 
 
 def free_run_warning(summary: dict) -> tuple[str, bool] | None:
@@ -976,11 +976,9 @@ def free_run_warning(summary: dict) -> tuple[str, bool] | None:
     head = (f"the identified model runs freely on the held-out trajectories with NRMSE "
             f"{shown} (mean over clients; max {_fmt(top, '.3g')}), worse than each "
             f"state's held-out mean (NRMSE {CONSTANT:g})")
-    share = (summary.get("privacy") or {}).get("noise_share")
-    if share is not None and share >= NOISE_SHARE_LEVEL:
-        of = (summary.get("privacy") or {}).get("noise_share_of") or "the released sums"
-        return (f"{head}: the privacy noise makes up {100 * share:.0f}% of {of} "
-                "(privacy.noise_share): the estimate is mostly noise, whatever the library"), True
+    priv = summary.get("privacy") or {}
+    if priv.get("moved") is not None and priv["moved"] >= MOVED_LEVEL:
+        return (f"{head}: {noise_size(priv)}: the estimate, not the library, is poor"), True
     check = summary.get("model_check")
     if check is not None and check.get("verdict") is None and check.get("reason") in (
             None, SHORT):
