@@ -347,6 +347,7 @@ def test_the_noise_share_of_a_release_is_its_noise_energy_over_the_released_one(
     assert rounds.noise_share is None                                 # a diverged model
     rounds.model_share(np.array([[[3.0, 4.0]]]))
     assert rounds.noise_share == pytest.approx(0.25 * 2 / 25)
+    assert rounds.moved == pytest.approx(0.5 * np.sqrt(2) / 5) and rounds.moved_by == "round_noise"
     assert rounds.summary()["noise_share_of"] == "the final model"
     rng = np.random.default_rng(0)
     pure = pv.Privacy("central", clip=1.0, delta=1e-5, noise_multiplier=1.0)
@@ -361,19 +362,21 @@ def test_the_noise_share_of_a_release_is_its_noise_energy_over_the_released_one(
 
 @pytest.mark.slow
 def test_an_estimate_that_privacy_moved_is_said_and_the_lr_advice_names_the_noise(caplog):
-    """``privacy.moved``: how far clipping and noise moved a closed-form estimate from the
-    same estimator on the exact statistics, which tracks the error privacy adds where the
-    share of the sums' energy does not (a coefficient the data determine loosely takes the
-    sums' noise through the inverse Gram matrix). At M = 20 the default budget (epsilon 1)
-    moves oneshot's estimate by more than its norm and centralized_exact's by about 1,
-    which a warning, the free-run line and ``fnsysid show`` say (and the mean-of-own-fits
-    check, which ignores the noise, is not run); the pendulum's statistics at M = 20000
-    with clip 0.2 are 0.09 % noise by energy, yet the estimate moves by 0.38 (two repeats;
-    over five its coefficient A, truth 2, comes out between -19.4 and 17.0): said too; at M = 5000 the
-    synthetic statistics move it by about 0.01: nothing is said. DP-FedAvg diverges at round
-    1: its model takes noise of std z C / M every round, and the advice names that instead of
-    only a smaller lr; where it ends, one round's noise against the final model is the
-    measure (clip 0.1: 0.16, e_R 2.5 against 0.07 without privacy)."""
+    """``privacy.moved``: how far clipping and noise moved the estimate from the same
+    estimator (or the same rounds) on the exact contributions, which tracks the error privacy
+    adds where the share of the sums' energy does not (a coefficient the data determine
+    loosely takes the sums' noise through the inverse Gram matrix). At M = 20 the default
+    budget (epsilon 1) moves oneshot's estimate by more than its norm and
+    centralized_exact's by about 1, which a warning, the free-run line and ``fnsysid show``
+    say (and the mean-of-own-fits check, which ignores the noise, is not run). The
+    pendulum's statistics at M = 20000 with clip 0.2 are 0.09 % noise by energy, yet the
+    estimate moves by 0.38 (two repeats; over five its coefficient A, truth 2, comes out
+    between -19.4 and 17.0): said too. At M = 5000 the synthetic statistics move it by about
+    0.01: nothing is said. DP-FedAvg diverges at round 1: its model takes noise of std
+    z C / M every round, and the advice names that instead of only a smaller lr; with clip
+    0.1 it ends, and the same rounds without privacy put its final model about its error
+    away (e_R 2.5 against 0.07 without privacy). Clipping alone (no noise) is named as such,
+    with a larger clip as the advice."""
     from fnsysid.app.cli import divergence_line
     from fnsysid.results.equations import _privacy_line
     from fnsysid.results.modelcheck import free_run_warning
@@ -385,11 +388,11 @@ def test_an_estimate_that_privacy_moved_is_said_and_the_lr_advice_names_the_nois
     assert one["privacy"]["noise_share"] > 0.99
     assert "own_precision" not in one.get("conditioning", {})
     said = [m.getMessage() for m in caplog.records]
-    assert any(m.startswith("privacy: the estimate moved by") and "makes up 100%" in m
-               for m in said)
+    assert any(m.startswith("privacy: clipping and noise moved the estimate by") and
+               "makes up 100%" in m for m in said)
     line, warn = free_run_warning(one)
-    assert warn and "(privacy.moved)" in line and "not the library" in line
-    assert "the estimate moved by" in _privacy_line(one["privacy"])
+    assert warn and "(privacy.moved" in line and "not the library" in line
+    assert "moved the estimate by" in _privacy_line(one["privacy"])
     exact = execute(compose_cfg(*base, "strategy=centralized_exact"), choices={}).summary
     assert exact["privacy"]["moved"] > 0.5 and exact["final_e_mean_mean"] > 0.5
     caplog.clear()
@@ -397,7 +400,7 @@ def test_an_estimate_that_privacy_moved_is_said_and_the_lr_advice_names_the_nois
                                "repeats=2", "output.plot=false", "privacy=central",
                                "privacy.clip=0.2"), choices={}).summary
     assert pend["privacy"]["noise_share"] < 0.01 and 0.1 < pend["privacy"]["moved"] < 1
-    assert any(m.getMessage().startswith("privacy: the estimate moved by")
+    assert any(m.getMessage().startswith("privacy: clipping and noise moved the estimate by")
                for m in caplog.records)
     caplog.clear()
     many = execute(compose_cfg(*base, "strategy=centralized_exact", "M=5000"),
@@ -417,13 +420,24 @@ def test_an_estimate_that_privacy_moved_is_said_and_the_lr_advice_names_the_nois
     assert clipped["status"] == "ok" and clipped["final_e_mean_mean"] > 1
     sd = clipped["privacy"]["round_noise_sd"]
     assert sd == pytest.approx(clipped["privacy"]["noise_multiplier"] * 0.1 / 20)
-    assert 0.1 < clipped["privacy"]["moved"] < 1
-    assert any(m.getMessage().startswith("privacy: one round's noise") for m in caplog.records)
+    # the same rounds without clipping or noise: the final model moved by about its error
+    assert clipped["privacy"]["moved_by"] == "rounds"
+    assert clipped["privacy"]["moved"] == pytest.approx(clipped["final_e_mean_mean"], rel=0.3)
+    assert any(m.getMessage().startswith("privacy: clipping and noise moved the final model")
+               for m in caplog.records)
+    # clipping alone (no noise) moves oneshot's estimate: the advice is a larger clip
+    clip_only = execute(compose_cfg(*base, "strategy=oneshot", "M=400", "N=1", "T=6",
+                                    "privacy.clip=5", "privacy.epsilon=null",
+                                    "privacy.noise_multiplier=0"), choices={}).summary
+    priv = clip_only["privacy"]
+    assert priv["moved"] == pytest.approx(priv["clip_moved"]) and priv["moved"] > 0.1
+    assert "most of it is clipping" in pv.moved_line(priv)
+    assert "epsilon" not in pv.moved_line(priv)
     # DP-FedNova with local noise: the advice and the warning give the local noise's size
     nova = execute(compose_cfg("system=pendulum", "strategy=fednova", "M=2", "N=2", "T=3",
                                "R=3", "repeats=1", "eps=0", "K=1", "privacy=local",
                                "privacy.epsilon=null", "privacy.noise_multiplier=1.0",
                                "output.plot=false"), choices={}).summary
     assert nova["privacy"]["round_noise_sd"] == pytest.approx(300 * 2 * np.sqrt(2) / 2)
-    assert nova["privacy"]["moved"] > 0.5
+    assert nova["privacy"]["moved"] > 0.5 and nova["privacy"]["moved_by"] == "rounds"
     assert "2 sqrt(M) privacy.clip" in pv.moved_line(nova["privacy"])

@@ -349,9 +349,12 @@ def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = Non
         t_data = time.perf_counter() - t0
         t0 = time.perf_counter()
         keep_clients = keep_per_client(settings, data.shape[1])
+        twin = privacy_twin(strategy)
         hist, diverged = train(strategy, data, theta0, optimizer, model, settings,
                                progress=settings.progress, keep_clients=keep_clients,
                                heldout=dataset.heldout, eval_every=settings.output.eval_every)
+        if twin is not None and diverged is None:
+            plain_rounds(strategy, twin, data, theta0, optimizer, model, settings)
         with np.errstate(divide="ignore", invalid="ignore"):   # undefined bounds become null
             theory = theorem1_table(data, model, settings.theory.delta)
     t_train = time.perf_counter() - t0
@@ -362,6 +365,38 @@ def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = Non
     if unused:
         result.summary["unused_settings"] = unused
     return result
+
+
+def privacy_twin(strategy):
+    """A copy of a DP-FedAvg ``strategy`` (privacy on a round-based strategy) without its
+    privacy, made before its rounds (it holds its settings alone then), for
+    :func:`plain_rounds`; None otherwise."""
+    import copy
+
+    if getattr(strategy, "privacy", None) is None or not hasattr(strategy, "model_change"):
+        return None
+    twin = copy.deepcopy(strategy)
+    twin.privacy = None
+    return twin
+
+
+def plain_rounds(strategy, twin, data, theta0, optimizer, model, settings) -> None:
+    """Run the rounds of ``twin`` (:func:`privacy_twin`) on the same data, start and local
+    steps, without clipping or noise, and record how far privacy moved the final model from
+    theirs (:meth:`fnsysid.learning.privacy.Privacy.compare`, ``by="rounds"``): a
+    simulation's diagnostic, in process, at the cost of the rounds again without their
+    records. Under ``strategy.fraction < 1`` the plain rounds draw their own clients (a
+    fixed number a round, where DP-FedAvg samples each client independently), so the move
+    includes that too."""
+    from fnsysid.learning.local_work import local_steps
+
+    K = local_steps(settings.K, data.shape[1], data.shape[0], settings.seed)
+    twin.setup(theta0, data, model, optimizer, K, settings.lr, settings.seed)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for r in range(1, int(settings.R) + 1):
+            twin.round(r)
+    strategy.privacy.compare(np.asarray(strategy.estimate()), np.asarray(twin.estimate()),
+                             by="rounds")
 
 
 def make_result(settings: Settings, model, strategy, dataset, hist, diverged, theta0, data,
@@ -728,22 +763,28 @@ SHARE_LEVEL = 0.1
 def standing_out(share: np.ndarray, fits: int, most: int = 5) -> list[int]:
     """The clients (at most ``most``, largest first) whose ``share`` (M,) of the error that
     ``fits`` clients' own fits add stands out: at least :data:`SHARE_LEVEL` and more than
-    three times the median share of the fits that enter, so that five clients of about a
-    fifth each (few samples everywhere) or three weak fits of five are not named (which of
-    them would be is chance), and one fit is never named.
+    three times the median share of the other fits that enter, so that five clients of about
+    a fifth each (few samples everywhere) are not named, and one fit is never named.
 
     >>> standing_out(np.array([0.9, 0.05, 0.05]), 3)
     [0]
     >>> standing_out(np.array([0.22, 0.2, 0.2, 0.19, 0.19]), 5)
     []
-    >>> standing_out(np.array([0.34, 0.33, 0.33, 0.0, 0.0]), 5)
-    []
+    >>> standing_out(np.array([0.98, 0.02]), 2)
+    [0]
+    >>> standing_out(np.array([0.51, 0.48, 0.005, 0.005]), 4)
+    [0, 1]
     """
     if fits < 2:
         return []
-    entering = share[share > 0]
-    cut = max(SHARE_LEVEL, 3.0 * float(np.median(entering)) if entering.size else 0.0)
-    return [int(m) for m in np.argsort(-share, kind="stable") if share[m] > cut][:most]
+    entering = np.flatnonzero(share > 0)
+    named = []
+    for m in np.argsort(-share, kind="stable"):
+        others = share[entering[entering != m]]
+        cut = max(SHARE_LEVEL, 3.0 * float(np.median(others)) if others.size else 0.0)
+        if share[m] > cut:
+            named.append(int(m))
+    return named[:most]
 
 
 #: targets whose means sit at this many times their standard deviation or more are far

@@ -267,6 +267,8 @@ class Privacy:
         self.noise_share: float | None = None
         self.round_noise_sd: float | None = None
         self.moved: float | None = None
+        self.moved_by: str | None = None       # estimator, rounds or round_noise
+        self.clip_moved: float | None = None
         self.of = "the released sums"          # what noise_share is a share of
 
     def plan(self, rounds: int, sampling_rate: float, mechanism: str,
@@ -341,20 +343,29 @@ class Privacy:
         share = float(np.nan_to_num(share, nan=1.0).max())
         self.noise_share = share if self.noise_share is None else max(self.noise_share, share)
 
-    def compare(self, private: np.ndarray, plain: np.ndarray) -> None:
-        """Record how far clipping and noise moved a closed-form estimate (``oneshot``,
-        ``centralized_exact``): ``||private - plain|| / ||plain||`` (S, ...), the worst repeat
-        (:attr:`moved`), ``plain`` the same estimator on the clients' exact statistics. A
-        simulation's diagnostic, in process: it reads what the server of a deployment never
-        sees, and is not itself private. The share of the release's energy
-        (:meth:`released`) does not tell it: the noise of the sums reaches a coefficient
-        through the inverse of their Gram matrix, so a coefficient the data determine loosely
-        takes far more of it than the sums' norm shows."""
-        S = len(plain)
-        a, b = np.reshape(private, (S, -1)), np.reshape(plain, (S, -1))
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            moved = np.linalg.norm(a - b, axis=1) / np.linalg.norm(b, axis=1)
-        self.moved = float(np.nan_to_num(moved, nan=np.inf).max())
+    def compare(self, private: np.ndarray, plain: np.ndarray, by: str = "estimator",
+                clipped: np.ndarray | None = None) -> None:
+        """Record how far clipping and noise moved the estimate: ``||private - plain|| /
+        ||plain||`` (S, ...), the worst repeat (:attr:`moved`), ``plain`` the same estimator
+        (``by="estimator"``: ``oneshot``, ``centralized_exact``) or the same rounds
+        (``"rounds"``: DP-FedAvg) on the clients' exact contributions, and ``clipped`` the
+        estimator with clipping alone (:attr:`clip_moved`). A simulation's diagnostic, in
+        process: it reads what the server of a deployment never sees, and is not itself
+        private. The share of the release's energy (:meth:`released`) does not tell it: the
+        noise of the sums reaches a coefficient through the inverse of their Gram matrix, so
+        a coefficient the data determine loosely takes far more of it than the sums' norm
+        shows. A move is not an error: where the plain estimate is itself far from the
+        truth, privacy can move it either way."""
+        def rel(a):
+            S = len(plain)
+            x, y = np.reshape(a, (S, -1)), np.reshape(plain, (S, -1))
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                d = np.linalg.norm(x - y, axis=1) / np.linalg.norm(y, axis=1)
+            return float(np.nan_to_num(d, nan=np.inf).max())
+
+        self.moved, self.moved_by = rel(private), by
+        if clipped is not None:
+            self.clip_moved = rel(clipped)
 
     def model_share(self, model: np.ndarray) -> None:
         """DP-FedAvg (:func:`private_change`): record what share of the final model (S, ...,
@@ -368,10 +379,12 @@ class Privacy:
             return
         self.of = "the final model"
         self.released(model, np.full(len(model), self.round_noise_sd), model.shape[-1])
+        if self.moved is not None:        # the rounds without privacy gave the real move
+            return
         with np.errstate(divide="ignore", invalid="ignore"):      # one round's noise, relative
             ratio = (self.round_noise_sd * np.sqrt(model.shape[-1])
                      / np.linalg.norm(model.reshape(len(model), -1), axis=1))
-        self.moved = float(np.nan_to_num(ratio, nan=np.inf).max())
+        self.moved, self.moved_by = float(np.nan_to_num(ratio, nan=np.inf).max()), "round_noise"
 
     def warn(self) -> None:
         """A warning when most contributions were clipped (``clip`` too small for the data:
@@ -410,6 +423,7 @@ class Privacy:
                 "rounds": self.rounds, "sampling_rate": self.sampling_rate,
                 "noise_share": self.noise_share, "noise_share_of": self.of,
                 "round_noise_sd": self.round_noise_sd, "moved": self.moved,
+                "moved_by": self.moved_by, "clip_moved": self.clip_moved,
                 "clients": self.clients}
 
     def epsilon_column(self, rounds: np.ndarray) -> np.ndarray | None:
@@ -423,17 +437,21 @@ class Privacy:
 
 
 def noise_size(priv: dict) -> str:
-    """How large the noise of ``summary.json: privacy`` (``priv``) is against the
-    estimate: the realized move of a closed-form estimate, or one round's noise against the
-    final model (DP-FedAvg), with ``mostly noise`` where the noise makes up
-    :data:`NOISE_SHARE_LEVEL` of the release or more."""
-    moved = priv.get("moved")
-    if priv.get("round_noise_sd") is not None:
+    """How far privacy moved the estimate, from ``summary.json: privacy`` (``priv``): from the
+    same estimator or the same rounds without clipping and noise, or (DP-FedAvg under
+    Flower) one round's noise against the final model, a lower bound; with ``mostly noise``
+    where the noise makes up :data:`NOISE_SHARE_LEVEL` of the release or more."""
+    moved, by = priv.get("moved"), priv.get("moved_by")
+    if by == "round_noise":
         what = (f"one round's noise (privacy.round_noise_sd, {priv['round_noise_sd']:.3g} per "
-                f"coefficient) is {moved:.3g} times the final model's norm (privacy.moved)")
+                f"coefficient) is {moved:.3g} times the final model's norm (privacy.moved; a "
+                "lower bound: the rounds' noise adds up)")
     else:
-        what = (f"the estimate moved by {moved:.3g} of its norm from the same estimator "
-                "without clipping or noise (privacy.moved)")
+        what = (f"clipping and noise moved the {'final model' if by == 'rounds' else 'estimate'}"
+                f" by {moved:.3g} of its norm from the same "
+                f"{'rounds' if by == 'rounds' else 'estimator'} without them (privacy.moved")
+        clip = priv.get("clip_moved")
+        what += ")" if clip is None else f"; clipping alone {clip:.3g})"
     share = priv.get("noise_share")
     if share is not None and share >= NOISE_SHARE_LEVEL:
         what += f"; the noise makes up {100 * share:.0f}% of {priv.get('noise_share_of')}"
@@ -441,19 +459,32 @@ def noise_size(priv: dict) -> str:
 
 
 def moved_line(priv: dict | None) -> str | None:
-    """The warning of :meth:`Privacy.noise_line` from ``summary.json: privacy``."""
+    """The warning of :meth:`Privacy.noise_line` from ``summary.json: privacy``: how far
+    privacy moved the estimate and what would move it less (a larger ``privacy.clip`` where
+    clipping did most of it, else more clients, a larger epsilon or a clip nearer the
+    contributions' norms)."""
     moved = (priv or {}).get("moved")
     if moved is None or not moved >= MOVED_LEVEL:
         return None
-    clients = "" if priv.get("clients") is None else f" (M={priv['clients']})"
-    noise = ("2 sqrt(M) privacy.clip times the noise multiplier, over M" if priv.get("mode") ==
-             "local" else "privacy.clip times the noise multiplier")
-    return (f"privacy: {noise_size(priv)}: the estimate carries that error from it. The "
-            f"noise is {noise} (z = {priv.get('noise_multiplier'):.3g}, clip "
-            f"{priv.get('clip'):g}) whatever the data; it is smaller against the data with "
-            f"more clients{clients}, a larger privacy.epsilon, or a privacy.clip nearer the "
-            f"contributions' norms ({100 * (priv.get('clipped_fraction') or 0.0):.0f}% of them "
-            "clipped)")
+    fraction = 100 * (priv.get("clipped_fraction") or 0.0)
+    clip = priv.get("clip_moved")
+    clipping = (f"({fraction:.0f}% of the contributions clipped, privacy.clip "
+                f"{priv.get('clip'):g}): a larger privacy.clip clips fewer, and adds noise in "
+                "proportion")
+    if priv.get("noise_multiplier") == 0 or (clip is not None and clip >= moved / 2):
+        advice = f"most of it is clipping {clipping}"
+    elif clip is None and fraction > 100 * MOST_CLIPPED:    # rounds: clipping not measured
+        advice = f"clipping may be much of it {clipping}"
+    else:
+        clients = "" if priv.get("clients") is None else f" (M={priv['clients']})"
+        sd = ("2 sqrt(M) privacy.clip times the noise multiplier" if priv.get("mode") ==
+              "local" else "privacy.clip times the noise multiplier")
+        advice = (f"the noise's standard deviation is {sd} (z = "
+                  f"{priv.get('noise_multiplier'):.3g}, clip {priv.get('clip'):g}) whatever the "
+                  f"data; it is smaller against the data with more clients{clients}, a larger "
+                  "privacy.epsilon, or a privacy.clip nearer the contributions' norms "
+                  f"({fraction:.0f}% of them clipped)")
+    return f"privacy: {noise_size(priv)}: {advice}"
 
 
 def rdp_epsilons(noise_multiplier: float, delta: float, rounds: int,
@@ -725,6 +756,27 @@ def private_pooled_solution(privacy: Privacy, H: np.ndarray, b: np.ndarray,
     """
     Hs, bs, sigma = private_statistics(privacy, H, b, seed, structure)
     return repaired_solve(Hs, bs, eigen_floor(b.shape[-1], sigma))
+
+
+def clipped_mean(privacy: Privacy, theta: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """:func:`private_mean` without its noise (clipping alone; nothing counted as clipped):
+    the mean over the present clients of their estimates clipped to norm ``clip``, (S, p)."""
+    with np.errstate(divide="ignore"):
+        w = np.minimum(1.0, privacy.clip / np.linalg.norm(theta, axis=-1)) * present
+    return np.einsum("sm,smp->sp", w, theta) / np.maximum(present.sum(axis=1), 1)[:, None]
+
+
+def clipped_pooled(privacy: Privacy, H: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """:func:`private_pooled_solution` without its noise (clipping alone; nothing counted
+    as clipped): the pooled least squares of the clients' statistics each scaled to norm
+    ``clip``, (S, p)."""
+    from fnsysid.dynamics.model import least_squares
+
+    norms = np.sqrt(np.einsum("smpq,smpq->sm", H, H) + np.einsum("smp,smp->sm", b, b))
+    with np.errstate(divide="ignore"):
+        f = np.minimum(1.0, privacy.clip / norms)
+    return least_squares(np.einsum("sm,smpq->spq", f, H)[:, None],
+                         np.einsum("sm,smp->sp", f, b)[:, None])[:, 0]
 
 
 def private_mean(privacy: Privacy, theta: np.ndarray, present: np.ndarray,

@@ -43,7 +43,13 @@ from fnsysid.dynamics.model import least_squares, pooled
 from fnsysid.learning import communication as comm
 from fnsysid.learning.optim import LocalMap, matvec, undo_preconditioner
 from fnsysid.learning.ownfit import OwnFits, own_fits, ranks
-from fnsysid.learning.privacy import private_change, private_mean, private_pooled_solution
+from fnsysid.learning.privacy import (
+    clipped_mean,
+    clipped_pooled,
+    private_change,
+    private_mean,
+    private_pooled_solution,
+)
 
 WEIGHTINGS = ("uniform", "samples")
 log = logging.getLogger("fnsysid")
@@ -778,7 +784,8 @@ class OneShot(Strategy):
         self.left_out = ~ok
         if self.privacy is not None:      # noisy sum of clipped estimates over a noisy count
             self.server = private_mean(self.privacy, self.fits.theta, ok, seed)
-            self.privacy.compare(self.server, aggregate(self.fits.solutions(), ok * 1.0))
+            self.privacy.compare(self.server, aggregate(self.fits.solutions(), ok * 1.0),
+                                 clipped=clipped_mean(self.privacy, self.fits.theta, ok))
             return
         w = self.weights
         if not ok.all():
@@ -848,7 +855,8 @@ class Centralized(Strategy):
         if self.exact and self.privacy is not None:       # noisy sums of clipped statistics
             self.server = private_pooled_solution(self.privacy, data.H, data.b, seed,
                                                   model.structure)
-            self.privacy.compare(self.server, least_squares(self.data.H, self.data.b)[:, 0])
+            self.privacy.compare(self.server, least_squares(self.data.H, self.data.b)[:, 0],
+                                 clipped=clipped_pooled(self.privacy, data.H, data.b))
         elif self.exact:
             self.server = least_squares(self.data.H, self.data.b)[:, 0]
         else:
