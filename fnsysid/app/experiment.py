@@ -338,7 +338,7 @@ def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = Non
         hist, diverged, theta0, failure = flower.run(
             settings, model, strategy, dataset, keep_clients,
             build_client_app(json.dumps(settings.resolved), sources))
-        data, t_data, theory = None, 0.0, None
+        data, t_data, theory, twin = None, 0.0, None, None
     else:
         failure = None
         dataset = load_data(settings, model, optimizer,
@@ -353,11 +353,11 @@ def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = Non
         hist, diverged = train(strategy, data, theta0, optimizer, model, settings,
                                progress=settings.progress, keep_clients=keep_clients,
                                heldout=dataset.heldout, eval_every=settings.output.eval_every)
-        if twin is not None and diverged is None:
-            plain_rounds(strategy, twin, data, theta0, optimizer, model, settings)
         with np.errstate(divide="ignore", invalid="ignore"):   # undefined bounds become null
             theory = theorem1_table(data, model, settings.theory.delta)
     t_train = time.perf_counter() - t0
+    if data is not None and twin is not None and diverged is None:     # not timed as training
+        plain_rounds(strategy, twin, data, theta0, optimizer, model, settings)
     result = make_result(settings, model, strategy, dataset, hist, diverged, theta0, data,
                          theory, keep_clients, dict(data_s=t_data, train_s=t_train,
                                                     total_s=time.perf_counter() - t_start),
