@@ -433,11 +433,41 @@ def test_an_estimate_that_privacy_moved_is_said_and_the_lr_advice_names_the_nois
     assert priv["moved"] == pytest.approx(priv["clip_moved"]) and priv["moved"] > 0.1
     assert "most of it is clipping" in pv.moved_line(priv)
     assert "epsilon" not in pv.moved_line(priv)
-    # DP-FedNova with local noise: the advice and the warning give the local noise's size
+    # DP-FedNova with local noise: the warning gives the local noise's size
     nova = execute(compose_cfg("system=pendulum", "strategy=fednova", "M=2", "N=2", "T=3",
                                "R=3", "repeats=1", "eps=0", "K=1", "privacy=local",
                                "privacy.epsilon=null", "privacy.noise_multiplier=1.0",
                                "output.plot=false"), choices={}).summary
     assert nova["privacy"]["round_noise_sd"] == pytest.approx(300 * 2 * np.sqrt(2) / 2)
     assert nova["privacy"]["moved"] > 0.5 and nova["privacy"]["moved_by"] == "rounds"
-    assert "2 sqrt(M) privacy.clip" in pv.moved_line(nova["privacy"])
+    assert "noise (std 424 per coefficient a round)" in pv.moved_line(nova["privacy"])
+    # a closed form under local noise names the local noise's size
+    local = execute(compose_cfg(*base[:-1], "privacy=local", "strategy=centralized_exact",
+                                "M=5000"), choices={}).summary
+    assert "2 sqrt(M) privacy.clip" in pv.moved_line(local["privacy"])
+
+
+@pytest.mark.slow
+def test_the_plain_rounds_are_not_run_where_they_would_not_compare(monkeypatch):
+    """DP-FedAvg's ``privacy.moved`` re-runs the rounds without clipping or noise, except:
+    where they diverge and the private ones do not (clipping kept the run bounded: said,
+    not measured; pendulum, lr 3, clip 3, no noise); with clients sampled (their draws would
+    differ: one round's noise is the measure); where the run is interrupted (Ctrl-C must not
+    start a second run)."""
+    from fnsysid.runtimes import interrupt
+
+    base = ("system=pendulum", "M=20", "strategy=fedavg", "output.plot=false",
+            "privacy=central", "privacy.epsilon=null", "privacy.noise_multiplier=0")
+    bounded = execute(compose_cfg(*base, "lr=3", "privacy.clip=3"), choices={}).summary
+    assert bounded["status"] == "ok" and bounded["final_e_mean_mean"] < 0.1
+    assert bounded["privacy"]["plain_diverged"] is True
+    assert bounded["privacy"]["moved_by"] == "round_noise" and bounded["privacy"]["moved"] == 0
+    assert pv.moved_line(bounded["privacy"]) is None
+    sampled = execute(compose_cfg(*base, "strategy.fraction=0.1", "privacy.clip=1e9"),
+                      choices={}).summary
+    assert sampled["privacy"]["moved_by"] == "round_noise" and sampled["privacy"]["moved"] == 0
+    same = execute(compose_cfg(*base, "privacy.clip=1e9"), choices={}).summary
+    assert same["privacy"]["moved_by"] == "rounds" and same["privacy"]["moved"] < 1e-12
+    monkeypatch.setattr(interrupt, "requested", lambda: 2)
+    stopped = execute(compose_cfg(*base, "privacy.clip=1e9"), choices={}).summary
+    assert stopped["status"] == "interrupted" and stopped["privacy"]["moved_by"] != "rounds"

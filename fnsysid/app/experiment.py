@@ -356,7 +356,8 @@ def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = Non
         with np.errstate(divide="ignore", invalid="ignore"):   # undefined bounds become null
             theory = theorem1_table(data, model, settings.theory.delta)
     t_train = time.perf_counter() - t0
-    if data is not None and twin is not None and diverged is None:     # not timed as training
+    if data is not None and twin is not None and diverged is None \
+            and interrupt.requested() is None:                       # not timed as training
         plain_rounds(strategy, twin, data, theta0, optimizer, model, settings)
     result = make_result(settings, model, strategy, dataset, hist, diverged, theta0, data,
                          theory, keep_clients, dict(data_s=t_data, train_s=t_train,
@@ -373,7 +374,8 @@ def privacy_twin(strategy):
     :func:`plain_rounds`; None otherwise."""
     import copy
 
-    if getattr(strategy, "privacy", None) is None or not hasattr(strategy, "model_change"):
+    if getattr(strategy, "privacy", None) is None or not hasattr(strategy, "model_change") \
+            or getattr(strategy, "fraction", 1.0) < 1.0:   # sampled: the draws would differ
         return None
     twin = copy.deepcopy(strategy)
     twin.privacy = None
@@ -385,18 +387,29 @@ def plain_rounds(strategy, twin, data, theta0, optimizer, model, settings) -> No
     steps, without clipping or noise, and record how far privacy moved the final model from
     theirs (:meth:`fnsysid.learning.privacy.Privacy.compare`, ``by="rounds"``): a
     simulation's diagnostic, in process, at the cost of the rounds again without their
-    records. Under ``strategy.fraction < 1`` the plain rounds draw their own clients (a
-    fixed number a round, where DP-FedAvg samples each client independently), so the move
-    includes that too."""
+    records (not under ``strategy.fraction < 1``, :func:`privacy_twin`). Nothing is measured
+    where the run is interrupted, and where the plain rounds diverge
+    (``privacy.plain_diverged``: clipping kept the private ones bounded)."""
     from fnsysid.learning.local_work import local_steps
+    from fnsysid.results.history import DIVERGENCE_FACTOR
 
     K = local_steps(settings.K, data.shape[1], data.shape[0], settings.seed)
     twin.setup(theta0, data, model, optimizer, K, settings.lr, settings.seed)
     with np.errstate(over="ignore", invalid="ignore"):
         for r in range(1, int(settings.R) + 1):
+            if interrupt.requested() is not None:          # Ctrl-C: no measure
+                return
             twin.round(r)
-    strategy.privacy.compare(np.asarray(strategy.estimate()), np.asarray(twin.estimate()),
-                             by="rounds")
+    private, plain = np.asarray(strategy.estimate()), np.asarray(twin.estimate())
+    S = len(private)
+    size = np.linalg.norm(private.reshape(S, -1), axis=1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        far = ~(np.linalg.norm(plain.reshape(S, -1), axis=1)
+                <= DIVERGENCE_FACTOR * np.maximum(1.0, size))
+    if far.any():              # the plain rounds diverged: clipping kept these bounded
+        strategy.privacy.plain_diverged = True
+        return
+    strategy.privacy.compare(private, plain, by="rounds")
 
 
 def make_result(settings: Settings, model, strategy, dataset, hist, diverged, theta0, data,
@@ -762,9 +775,10 @@ SHARE_LEVEL = 0.1
 
 def standing_out(share: np.ndarray, fits: int, most: int = 5) -> list[int]:
     """The clients (at most ``most``, largest first) whose ``share`` (M,) of the error that
-    ``fits`` clients' own fits add stands out: at least :data:`SHARE_LEVEL` and more than
-    three times the median share of the other fits that enter, so that five clients of about
-    a fifth each (few samples everywhere) are not named, and one fit is never named.
+    ``fits`` clients' own fits add stands out: the largest shares down to the last one that is
+    at least :data:`SHARE_LEVEL` and more than three times the median of the smaller shares
+    (of the fits that enter), so that clients of about equal shares (few samples everywhere)
+    are not named, two weak clients beside a strong one are, and one fit never is.
 
     >>> standing_out(np.array([0.9, 0.05, 0.05]), 3)
     [0]
@@ -772,19 +786,18 @@ def standing_out(share: np.ndarray, fits: int, most: int = 5) -> list[int]:
     []
     >>> standing_out(np.array([0.98, 0.02]), 2)
     [0]
-    >>> standing_out(np.array([0.51, 0.48, 0.005, 0.005]), 4)
+    >>> standing_out(np.array([0.593, 0.4, 0.007]), 3)
     [0, 1]
     """
     if fits < 2:
         return []
-    entering = np.flatnonzero(share > 0)
-    named = []
-    for m in np.argsort(-share, kind="stable"):
-        others = share[entering[entering != m]]
-        cut = max(SHARE_LEVEL, 3.0 * float(np.median(others)) if others.size else 0.0)
-        if share[m] > cut:
-            named.append(int(m))
-    return named[:most]
+    order = [int(m) for m in np.argsort(-share, kind="stable") if share[m] > 0]
+    s = share[order]
+    last = -1
+    for k in range(len(order) - 1):
+        if s[k] >= SHARE_LEVEL and s[k] > 3.0 * float(np.median(s[k + 1:])):
+            last = k
+    return order[:last + 1][:most]
 
 
 #: targets whose means sit at this many times their standard deviation or more are far

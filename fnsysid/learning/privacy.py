@@ -269,6 +269,8 @@ class Privacy:
         self.moved: float | None = None
         self.moved_by: str | None = None       # estimator, rounds or round_noise
         self.clip_moved: float | None = None
+        self.noise_moved: float | None = None
+        self.plain_diverged = False
         self.of = "the released sums"          # what noise_share is a share of
 
     def plan(self, rounds: int, sampling_rate: float, mechanism: str,
@@ -356,16 +358,21 @@ class Privacy:
         a coefficient the data determine loosely takes far more of it than the sums' norm
         shows. A move is not an error: where the plain estimate is itself far from the
         truth, privacy can move it either way."""
-        def rel(a):
-            S = len(plain)
-            x, y = np.reshape(a, (S, -1)), np.reshape(plain, (S, -1))
-            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                d = np.linalg.norm(x - y, axis=1) / np.linalg.norm(y, axis=1)
-            return float(np.nan_to_num(d, nan=np.inf).max())
+        S = len(plain)
+        y = np.reshape(plain, (S, -1))
 
-        self.moved, self.moved_by = rel(private), by
-        if clipped is not None:
-            self.clip_moved = rel(clipped)
+        def rel(a, b=y):
+            x = np.reshape(a, (S, -1))
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                d = np.linalg.norm(x - b, axis=1) / np.linalg.norm(y, axis=1)
+            return np.nan_to_num(d, nan=np.inf)
+
+        moved = rel(private)
+        s = int(np.argmax(moved))                # the worst repeat, and its parts
+        self.moved, self.moved_by = float(moved[s]), by
+        if clipped is not None:                  # clipping alone, and the noise beside it
+            self.clip_moved = float(rel(clipped)[s])
+            self.noise_moved = float(rel(private, np.reshape(clipped, (S, -1)))[s])
 
     def model_share(self, model: np.ndarray) -> None:
         """DP-FedAvg (:func:`private_change`): record what share of the final model (S, ...,
@@ -381,6 +388,8 @@ class Privacy:
         self.released(model, np.full(len(model), self.round_noise_sd), model.shape[-1])
         if self.moved is not None:        # the rounds without privacy gave the real move
             return
+        # under Flower, with clients sampled (their draws are not the plain rounds'), or where
+        # the plain rounds diverged: one round's noise against the final model
         with np.errstate(divide="ignore", invalid="ignore"):      # one round's noise, relative
             ratio = (self.round_noise_sd * np.sqrt(model.shape[-1])
                      / np.linalg.norm(model.reshape(len(model), -1), axis=1))
@@ -400,6 +409,9 @@ class Privacy:
         line = self.noise_line()
         if line:
             log.warning("%s", line)
+        elif self.plain_diverged:
+            log.info("privacy: the same rounds without clipping or noise diverge: clipping keeps "
+                     "this run bounded (privacy.plain_diverged)")
         if self.clipped_fraction is not None and self.clipped_fraction > MOST_CLIPPED:
             log.warning("privacy.clip=%g: %.0f%% of the clients' contributions were clipped "
                         "(privacy.clipped_fraction in summary.json); a larger privacy.clip "
@@ -424,6 +436,7 @@ class Privacy:
                 "noise_share": self.noise_share, "noise_share_of": self.of,
                 "round_noise_sd": self.round_noise_sd, "moved": self.moved,
                 "moved_by": self.moved_by, "clip_moved": self.clip_moved,
+                "noise_moved": self.noise_moved, "plain_diverged": self.plain_diverged,
                 "clients": self.clients}
 
     def epsilon_column(self, rounds: np.ndarray) -> np.ndarray | None:
@@ -451,7 +464,11 @@ def noise_size(priv: dict) -> str:
                 f" by {moved:.3g} of its norm from the same "
                 f"{'rounds' if by == 'rounds' else 'estimator'} without them (privacy.moved")
         clip = priv.get("clip_moved")
-        what += ")" if clip is None else f"; clipping alone {clip:.3g})"
+        what += ")" if clip is None else (f"; in that repeat clipping alone {clip:.3g}, the "
+                                          f"noise beside it {priv.get('noise_moved'):.3g})")
+    if priv.get("plain_diverged"):
+        what += ("; the same rounds without clipping or noise diverge: clipping keeps this run "
+                 "bounded")
     share = priv.get("noise_share")
     if share is not None and share >= NOISE_SHARE_LEVEL:
         what += f"; the noise makes up {100 * share:.0f}% of {priv.get('noise_share_of')}"
@@ -471,10 +488,19 @@ def moved_line(priv: dict | None) -> str | None:
     clipping = (f"({fraction:.0f}% of the contributions clipped, privacy.clip "
                 f"{priv.get('clip'):g}): a larger privacy.clip clips fewer, and adds noise in "
                 "proportion")
-    if priv.get("noise_multiplier") == 0 or (clip is not None and clip >= moved / 2):
+    noise = priv.get("noise_moved")
+    if priv.get("plain_diverged"):
+        advice = ("a larger privacy.clip lets the rounds diverge; more clients or a larger "
+                  "privacy.epsilon shrink the noise against the data")
+    elif priv.get("noise_multiplier") == 0 or (clip is not None and clip > (noise or 0.0)):
         advice = f"most of it is clipping {clipping}"
-    elif clip is None and fraction > 100 * MOST_CLIPPED:    # rounds: clipping not measured
-        advice = f"clipping may be much of it {clipping}"
+    elif clip is None:             # rounds: clipping and noise not told apart
+        clients = "" if priv.get("clients") is None else f" (M={priv['clients']})"
+        advice = (f"clipping ({fraction:.0f}% of the changes clipped, privacy.clip "
+                  f"{priv.get('clip'):g}) and noise (std {priv.get('round_noise_sd'):.3g} per "
+                  "coefficient a round) together, not told apart here: more clients"
+                  f"{clients} or a larger privacy.epsilon shrink the noise against the data; a "
+                  "larger privacy.clip clips fewer changes and adds noise in proportion")
     else:
         clients = "" if priv.get("clients") is None else f" (M={priv['clients']})"
         sd = ("2 sqrt(M) privacy.clip times the noise multiplier" if priv.get("mode") ==
