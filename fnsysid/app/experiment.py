@@ -369,16 +369,20 @@ def execute(cfg, choices: dict | None = None, given: frozenset[str] | None = Non
 
 
 def privacy_twin(strategy):
-    """A copy of a DP-FedAvg ``strategy`` (privacy on a round-based strategy) without its
-    privacy, made before its rounds (it holds its settings alone then), for
-    :func:`plain_rounds`; None otherwise."""
+    """A copy of a DP-FedAvg ``strategy`` (privacy on a round-based strategy) whose rounds
+    clip nothing and add no noise, made before its rounds (it holds its settings alone
+    then), for :func:`plain_rounds`; None otherwise."""
     import copy
 
-    if getattr(strategy, "privacy", None) is None or not hasattr(strategy, "model_change") \
-            or getattr(strategy, "fraction", 1.0) < 1.0:   # sampled: the draws would differ
+    from fnsysid.learning.privacy import Privacy
+
+    pv = getattr(strategy, "privacy", None)
+    if pv is None or not hasattr(strategy, "model_change"):
         return None
     twin = copy.deepcopy(strategy)
-    twin.privacy = None
+    # DP-FedAvg's own rounds (its participation, its division by the expected number of
+    # clients) with nothing clipped and no noise
+    twin.privacy = Privacy(pv.mode, clip=np.inf, delta=pv.delta, noise_multiplier=0.0)
     return twin
 
 
@@ -387,9 +391,9 @@ def plain_rounds(strategy, twin, data, theta0, optimizer, model, settings) -> No
     steps, without clipping or noise, and record how far privacy moved the final model from
     theirs (:meth:`fnsysid.learning.privacy.Privacy.compare`, ``by="rounds"``): a
     simulation's diagnostic, in process, at the cost of the rounds again without their
-    records (not under ``strategy.fraction < 1``, :func:`privacy_twin`). Nothing is measured
-    where the run is interrupted, and where the plain rounds diverge
-    (``privacy.plain_diverged``: clipping kept the private ones bounded)."""
+    records; the same clients take part in each round. Nothing is measured where the run
+    is interrupted, and where the plain rounds diverge (``privacy.plain_diverged``:
+    clipping kept the private ones bounded)."""
     from fnsysid.learning.local_work import local_steps
     from fnsysid.results.history import DIVERGENCE_FACTOR
 
@@ -737,12 +741,13 @@ def own_precision(summary: dict, data, support, clients, model, how: str,
     s, j = np.unravel_index(int(np.argmax(worst)), worst.shape)
     share = err["share"][s, j]
     top = int(np.argmax(share))
-    order = standing_out(share, int(err["fits"][s, j]))
+    order = standing_out(share, int(err["fits"][s, j]), most=None)
     names = [str(clients[m]) for m in order]
     coefficient = model.param_names[int(err["coefficient"][s, j, top])]
     summary.setdefault("conditioning", {})["own_precision"] = {
-        "clients": names, "coefficient": coefficient, "nrmse_added": float(worst[s, j]),
-        "share": float(share[top]), "largest": str(clients[top]),
+        "clients": names[:NAMED], "named": len(names), "coefficient": coefficient,
+        "nrmse_added": float(worst[s, j]), "share": float(share[top]),
+        "largest": str(clients[top]),
         "repeats": [int(r) for r in np.flatnonzero((worst >= MEAN_ERROR_LEVEL).any(axis=1))]}
     head = ("the estimation error of the clients' own fits alone adds a one-step NRMSE of "
             f"{float(worst[s, j]):.3g} to {how}, a mean of those fits that weighs them alike")
@@ -760,12 +765,17 @@ def own_precision(summary: dict, data, support, clients, model, how: str,
                     "each client's data by what they determine, or give the clients with few "
                     "samples more", head, clients[top], 100 * float(share[top]), fits)
         return
+    shown = ", ".join(names[1:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    leave = ("" if 2 * len(names) >= fits else
+             f", or leave {'that client' if len(names) == 1 else 'those clients'} out")
     log.warning("%s; %.0f %% of it is client %s's (its least precise coefficient: %s)%s: their "
                 "data hardly determine their fit there; strategy=centralized_exact weighs each "
-                "client's data by what they determine, or leave %s out", head,
-                100 * float(share[top]), names[0], coefficient,
-                f", then {', '.join(names[1:])}" if len(names) > 1 else "",
-                "that client" if len(names) == 1 else "those clients")
+                "client's data by what they determine%s", head, 100 * float(share[top]),
+                names[0], coefficient, f", then {shown}" if len(names) > 1 else "", leave)
+
+
+#: the most clients ``conditioning.own_precision`` lists (``named`` counts them all)
+NAMED = 20
 
 
 #: a client whose share of the added error is at least this is named (with
@@ -773,8 +783,9 @@ def own_precision(summary: dict, data, support, clients, model, how: str,
 SHARE_LEVEL = 0.1
 
 
-def standing_out(share: np.ndarray, fits: int, most: int = 5) -> list[int]:
-    """The clients (at most ``most``, largest first) whose ``share`` (M,) of the error that
+def standing_out(share: np.ndarray, fits: int, most: int | None = 5) -> list[int]:
+    """The clients (at most ``most``, None: all; largest first) whose ``share`` (M,) of the
+    error that
     ``fits`` clients' own fits add stands out: the largest shares down to the last one that is
     at least :data:`SHARE_LEVEL` and more than three times the median of the smaller shares
     (of the fits that enter), so that clients of about equal shares (few samples everywhere)

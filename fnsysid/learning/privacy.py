@@ -53,6 +53,9 @@ MOST_CLIPPED = 0.5
 #: a release whose noise makes up this share of it or more (:meth:`Privacy.released`) makes
 #: the estimate mostly noise
 NOISE_SHARE_LEVEL = 0.5
+#: under this share of the contributions clipped, the clip is above (nearly) all of them:
+#: a smaller one would add less noise
+FEW_CLIPPED = 0.1
 #: privacy that moves the estimate by this much or more, relative to its norm
 #: (:meth:`Privacy.compare`; for rounds one round's noise, :meth:`Privacy.model_share`): a
 #: warning
@@ -270,6 +273,7 @@ class Privacy:
         self.moved_by: str | None = None       # estimator, rounds or round_noise
         self.clip_moved: float | None = None
         self.noise_moved: float | None = None
+        self.noise_bound: float | None = None
         self.plain_diverged = False
         self.of = "the released sums"          # what noise_share is a share of
 
@@ -315,6 +319,8 @@ class Privacy:
         ``z * sensitivity`` (central), or ``z * 2 sensitivity * sqrt(senders)`` (local: each
         client's own noise, with the sensitivity of replacing its data)."""
         z = self.noise_multiplier
+        if not z:                          # no noise (also for an unbounded clip)
+            return np.zeros(np.shape(senders))
         if self.mode == "central":
             return np.full(np.shape(senders), z * sensitivity)
         return z * 2.0 * sensitivity * np.sqrt(np.asarray(senders, float))
@@ -386,14 +392,18 @@ class Privacy:
             return
         self.of = "the final model"
         self.released(model, np.full(len(model), self.round_noise_sd), model.shape[-1])
-        if self.moved is not None:        # the rounds without privacy gave the real move
-            return
-        # under Flower, with clients sampled (their draws are not the plain rounds'), or where
-        # the plain rounds diverged: one round's noise against the final model
         with np.errstate(divide="ignore", invalid="ignore"):      # one round's noise, relative
-            ratio = (self.round_noise_sd * np.sqrt(model.shape[-1])
-                     / np.linalg.norm(model.reshape(len(model), -1), axis=1))
-        self.moved, self.moved_by = float(np.nan_to_num(ratio, nan=np.inf).max()), "round_noise"
+            ratio = float(np.nan_to_num(self.round_noise_sd * np.sqrt(model.shape[-1])
+                                        / np.linalg.norm(model.reshape(len(model), -1), axis=1),
+                                        nan=np.inf).max())
+        # all rounds' noise added up without the rounds' contraction: what noise alone could
+        # have moved the model by, at most about
+        self.noise_bound = ratio * np.sqrt(self.rounds)
+        if self.moved is not None or (self.plain_diverged and not self.noise_multiplier):
+            return                     # measured; or clipping alone, against diverged rounds
+        # under Flower, or where the plain rounds diverged: one round's noise against the
+        # final model, a lower bound
+        self.moved, self.moved_by = ratio, "round_noise"
 
     def warn(self) -> None:
         """A warning when most contributions were clipped (``clip`` too small for the data:
@@ -412,7 +422,13 @@ class Privacy:
         elif self.plain_diverged:
             log.info("privacy: the same rounds without clipping or noise diverge: clipping keeps "
                      "this run bounded (privacy.plain_diverged)")
-        if self.clipped_fraction is not None and self.clipped_fraction > MOST_CLIPPED:
+        if self.clipped_fraction is not None and self.clipped_fraction > MOST_CLIPPED \
+                and self.plain_diverged:
+            log.warning("privacy.clip=%g: %.0f%% of the clients' contributions were clipped "
+                        "(privacy.clipped_fraction in summary.json); here clipping keeps the "
+                        "rounds bounded (privacy.plain_diverged)", self.clip,
+                        100 * self.clipped_fraction)
+        elif self.clipped_fraction is not None and self.clipped_fraction > MOST_CLIPPED:
             log.warning("privacy.clip=%g: %.0f%% of the clients' contributions were clipped "
                         "(privacy.clipped_fraction in summary.json); a larger privacy.clip "
                         "clips fewer (and adds noise in proportion)", self.clip,
@@ -436,7 +452,8 @@ class Privacy:
                 "noise_share": self.noise_share, "noise_share_of": self.of,
                 "round_noise_sd": self.round_noise_sd, "moved": self.moved,
                 "moved_by": self.moved_by, "clip_moved": self.clip_moved,
-                "noise_moved": self.noise_moved, "plain_diverged": self.plain_diverged,
+                "noise_moved": self.noise_moved, "noise_bound": self.noise_bound,
+                "plain_diverged": self.plain_diverged,
                 "clients": self.clients}
 
     def epsilon_column(self, rounds: np.ndarray) -> np.ndarray | None:
@@ -477,40 +494,42 @@ def noise_size(priv: dict) -> str:
 
 def moved_line(priv: dict | None) -> str | None:
     """The warning of :meth:`Privacy.noise_line` from ``summary.json: privacy``: how far
-    privacy moved the estimate and what would move it less (a larger ``privacy.clip`` where
-    clipping did most of it, else more clients, a larger epsilon or a clip nearer the
-    contributions' norms)."""
+    privacy moved the estimate, and what would move it less as far as the run tells it: more
+    clients or a larger epsilon always shrink the noise against the data; a clip above every
+    contribution (under :data:`FEW_CLIPPED` of them clipped) adds noise in proportion that a
+    smaller clip near their norms would not; where clipping alone moved a closed form more
+    than the noise did, or the rounds' noise added up (``noise_bound``) could not have moved
+    them half as far, or there is no noise: a larger clip. Nothing else is claimed."""
     moved = (priv or {}).get("moved")
     if moved is None or not moved >= MOVED_LEVEL:
         return None
     fraction = 100 * (priv.get("clipped_fraction") or 0.0)
-    clip = priv.get("clip_moved")
-    clipping = (f"({fraction:.0f}% of the contributions clipped, privacy.clip "
-                f"{priv.get('clip'):g}): a larger privacy.clip clips fewer, and adds noise in "
-                "proportion")
-    noise = priv.get("noise_moved")
-    if priv.get("plain_diverged"):
-        advice = ("a larger privacy.clip lets the rounds diverge; more clients or a larger "
-                  "privacy.epsilon shrink the noise against the data")
-    elif priv.get("noise_multiplier") == 0 or (clip is not None and clip > (noise or 0.0)):
-        advice = f"most of it is clipping {clipping}"
-    elif clip is None:             # rounds: clipping and noise not told apart
-        clients = "" if priv.get("clients") is None else f" (M={priv['clients']})"
-        advice = (f"clipping ({fraction:.0f}% of the changes clipped, privacy.clip "
-                  f"{priv.get('clip'):g}) and noise (std {priv.get('round_noise_sd'):.3g} per "
-                  "coefficient a round) together, not told apart here: more clients"
-                  f"{clients} or a larger privacy.epsilon shrink the noise against the data; a "
-                  "larger privacy.clip clips fewer changes and adds noise in proportion")
+    clip, noise = priv.get("clip_moved"), priv.get("noise_moved")
+    clients = "" if priv.get("clients") is None else f" (M={priv['clients']})"
+    bound = priv.get("noise_bound")             # rounds: what the noise could move at most
+    clipping = (clip is not None and clip > (noise or 0.0)) or (
+        clip is None and bound is not None and bound < moved / 2 and fraction > 0)
+    said = []
+    if priv.get("noise_multiplier") == 0 or clipping:
+        said.append(f"most of it is clipping ({fraction:.0f}% of the contributions clipped, "
+                    f"privacy.clip {priv.get('clip'):g}): a larger privacy.clip clips fewer, "
+                    "and adds noise in proportion")
     else:
-        clients = "" if priv.get("clients") is None else f" (M={priv['clients']})"
         sd = ("2 sqrt(M) privacy.clip times the noise multiplier" if priv.get("mode") ==
               "local" else "privacy.clip times the noise multiplier")
-        advice = (f"the noise's standard deviation is {sd} (z = "
-                  f"{priv.get('noise_multiplier'):.3g}, clip {priv.get('clip'):g}) whatever the "
-                  f"data; it is smaller against the data with more clients{clients}, a larger "
-                  "privacy.epsilon, or a privacy.clip nearer the contributions' norms "
-                  f"({fraction:.0f}% of them clipped)")
-    return f"privacy: {noise_size(priv)}: {advice}"
+        said.append(f"the noise's standard deviation is {sd} (z = "
+                    f"{priv.get('noise_multiplier'):.3g}, clip {priv.get('clip'):g}) whatever "
+                    f"the data; more clients{clients} or a larger privacy.epsilon shrink it "
+                    "against the data")
+        if fraction < 100 * FEW_CLIPPED:
+            above = ("every contribution" if fraction == 0 else
+                     f"{100 - fraction:.0f}% of the contributions")
+            said.append(f"privacy.clip is above {above}: a smaller clip near their norms "
+                        "shrinks the noise in proportion")
+        elif clip is None:
+            said.append(f"{fraction:.0f}% of the contributions were clipped, which moves it "
+                        "too (not told apart from the noise here)")
+    return f"privacy: {noise_size(priv)}: {'; '.join(said)}"
 
 
 def rdp_epsilons(noise_multiplier: float, delta: float, rounds: int,

@@ -239,6 +239,9 @@ def _privacy_line(priv: dict | None) -> str | None:
 
     if priv.get("moved") is not None and priv["moved"] >= MOVED_LEVEL:
         line += f"; {noise_size(priv)}"
+    elif priv.get("plain_diverged"):
+        line += ("; the same rounds without clipping or noise diverge: clipping keeps this run "
+                 "bounded")
     return line
 
 

@@ -945,8 +945,11 @@ def _fmt(v, spec: str) -> str:
 def own_precision_who(precision: dict) -> str:
     """Who adds the error of ``conditioning.own_precision``: the first client that stands out,
     or that it is spread over the clients (every fit imprecise)."""
-    if precision.get("clients"):
-        return f"most of it client {precision['clients'][0]}'s"
+    names = precision.get("clients")
+    if names:
+        more = max(int(precision.get("named") or len(names)) - 1, 0)
+        return (f"{100 * float(precision.get('share') or 0.0):.0f} % of it client {names[0]}'s"
+                + (f", then {more} more client(s)" if more else ""))
     return "spread over the fits (no client stands out: several fits are imprecise)"
 
 
