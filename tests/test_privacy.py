@@ -431,7 +431,7 @@ def test_an_estimate_that_privacy_moved_is_said_and_the_lr_advice_names_the_nois
                                     "privacy.noise_multiplier=0"), choices={}).summary
     priv = clip_only["privacy"]
     assert priv["moved"] == pytest.approx(priv["clip_moved"]) and priv["moved"] > 0.1
-    assert "most of it is clipping" in pv.moved_line(priv)
+    assert "it is clipping" in pv.moved_line(priv) and "no noise" in pv.moved_line(priv)
     assert "epsilon" not in pv.moved_line(priv)
     # DP-FedNova with local noise: the warning gives the local noise's size
     nova = execute(compose_cfg("system=pendulum", "strategy=fednova", "M=2", "N=2", "T=3",
@@ -478,3 +478,22 @@ def test_the_plain_rounds_are_not_run_where_they_would_not_compare(monkeypatch):
     monkeypatch.setattr(interrupt, "requested", lambda: 2)
     stopped = execute(compose_cfg(*base, "privacy.clip=1e9"), choices={}).summary
     assert stopped["status"] == "interrupted" and stopped["privacy"]["moved_by"] != "rounds"
+
+
+def test_the_noise_bound_of_rounds_is_against_the_plain_model():
+    """``noise_bound`` (what the rounds' noise added up could move the model, at most about)
+    is against the plain rounds' model, not the private one the noise inflated: with the
+    private model 100 times the plain one it is still sd sqrt(p R) / ||plain||; the
+    advice then does not call a noisy move clipping."""
+    plain = np.array([[[3.0, 4.0]]])
+    for sd, clipping in ((0.5, True), (50.0, False)):
+        priv = pv.Privacy("central", clip=1.0, delta=1e-5, noise_multiplier=1.0)
+        priv.rounds, priv.round_noise_sd, priv.clipped_fraction = 16, sd, 0.3
+        priv.compare(100 * plain, plain, by="rounds")
+        priv.model_share(100 * plain)          # the private model: does not replace it
+        assert priv.noise_bound == pytest.approx(sd * np.sqrt(2 * 16) / 5)
+        assert priv.moved == pytest.approx(99)
+        line = pv.moved_line(priv.summary())
+        # a bound of 0.57 cannot explain a move of 99 (clipping); one of 57 can (the noise)
+        assert ("most of it is clipping" in line) == clipping
+        assert ("not told apart" in line) != clipping

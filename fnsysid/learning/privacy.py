@@ -55,7 +55,7 @@ MOST_CLIPPED = 0.5
 NOISE_SHARE_LEVEL = 0.5
 #: under this share of the contributions clipped, the clip is above (nearly) all of them:
 #: a smaller one would add less noise
-FEW_CLIPPED = 0.1
+FEW_CLIPPED = 0.01
 #: privacy that moves the estimate by this much or more, relative to its norm
 #: (:meth:`Privacy.compare`; for rounds one round's noise, :meth:`Privacy.model_share`): a
 #: warning
@@ -376,6 +376,14 @@ class Privacy:
         moved = rel(private)
         s = int(np.argmax(moved))                # the worst repeat, and its parts
         self.moved, self.moved_by = float(moved[s]), by
+        if by == "rounds" and self.round_noise_sd is not None:
+            # all rounds' noise added up without the rounds' contraction, against the plain
+            # model (the private one is inflated by that noise): about the most the noise
+            # alone could have moved it
+            p = np.shape(plain)[-1]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                b = self.round_noise_sd * np.sqrt(p * self.rounds) / np.linalg.norm(y, axis=1)
+            self.noise_bound = float(np.nan_to_num(b, nan=np.inf).max())
         if clipped is not None:                  # clipping alone, and the noise beside it
             self.clip_moved = float(rel(clipped)[s])
             self.noise_moved = float(rel(private, np.reshape(clipped, (S, -1)))[s])
@@ -396,9 +404,8 @@ class Privacy:
             ratio = float(np.nan_to_num(self.round_noise_sd * np.sqrt(model.shape[-1])
                                         / np.linalg.norm(model.reshape(len(model), -1), axis=1),
                                         nan=np.inf).max())
-        # all rounds' noise added up without the rounds' contraction: what noise alone could
-        # have moved the model by, at most about
-        self.noise_bound = ratio * np.sqrt(self.rounds)
+        if self.noise_bound is None:     # (the plain rounds' own, where they ran, is better)
+            self.noise_bound = ratio * np.sqrt(self.rounds)
         if self.moved is not None or (self.plain_diverged and not self.noise_multiplier):
             return                     # measured; or clipping alone, against diverged rounds
         # under Flower, or where the plain rounds diverged: one round's noise against the
@@ -417,7 +424,7 @@ class Privacy:
                         "publishes one client's data whole with probability delta meets it; "
                         "delta well below 1/M is the usual choice", self.delta, self.clients)
         line = self.noise_line()
-        if line:
+        if line:                          # (it gives the clipped share and what to do)
             log.warning("%s", line)
         elif self.plain_diverged:
             log.info("privacy: the same rounds without clipping or noise diverge: clipping keeps "
@@ -428,7 +435,8 @@ class Privacy:
                         "(privacy.clipped_fraction in summary.json); here clipping keeps the "
                         "rounds bounded (privacy.plain_diverged)", self.clip,
                         100 * self.clipped_fraction)
-        elif self.clipped_fraction is not None and self.clipped_fraction > MOST_CLIPPED:
+        elif self.clipped_fraction is not None and self.clipped_fraction > MOST_CLIPPED \
+                and not line:
             log.warning("privacy.clip=%g: %.0f%% of the clients' contributions were clipped "
                         "(privacy.clipped_fraction in summary.json); a larger privacy.clip "
                         "clips fewer (and adds noise in proportion)", self.clip,
@@ -477,7 +485,8 @@ def noise_size(priv: dict) -> str:
                 f"coefficient) is {moved:.3g} times the final model's norm (privacy.moved; a "
                 "lower bound: the rounds' noise adds up)")
     else:
-        what = (f"clipping and noise moved the {'final model' if by == 'rounds' else 'estimate'}"
+        cause = "clipping" if priv.get("noise_multiplier") == 0 else "clipping and noise"
+        what = (f"{cause} moved the {'final model' if by == 'rounds' else 'estimate'}"
                 f" by {moved:.3g} of its norm from the same "
                 f"{'rounds' if by == 'rounds' else 'estimator'} without them (privacy.moved")
         clip = priv.get("clip_moved")
@@ -510,7 +519,11 @@ def moved_line(priv: dict | None) -> str | None:
     clipping = (clip is not None and clip > (noise or 0.0)) or (
         clip is None and bound is not None and bound < moved / 2 and fraction > 0)
     said = []
-    if priv.get("noise_multiplier") == 0 or clipping:
+    if priv.get("noise_multiplier") == 0:
+        said.append(f"it is clipping ({fraction:.0f}% of the contributions clipped, "
+                    f"privacy.clip {priv.get('clip'):g}; no noise): a larger privacy.clip "
+                    "clips fewer")
+    elif clipping:
         said.append(f"most of it is clipping ({fraction:.0f}% of the contributions clipped, "
                     f"privacy.clip {priv.get('clip'):g}): a larger privacy.clip clips fewer, "
                     "and adds noise in proportion")
@@ -523,7 +536,7 @@ def moved_line(priv: dict | None) -> str | None:
                     "against the data")
         if fraction < 100 * FEW_CLIPPED:
             above = ("every contribution" if fraction == 0 else
-                     f"{100 - fraction:.0f}% of the contributions")
+                     f"all but {fraction:.2g}% of the contributions")
             said.append(f"privacy.clip is above {above}: a smaller clip near their norms "
                         "shrinks the noise in proportion")
         elif clip is None:
