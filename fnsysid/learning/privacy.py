@@ -304,13 +304,15 @@ class Privacy:
             self.epsilon_by_round = rdp_epsilons(self.noise_multiplier, self.delta,
                                                  self.rounds, self.sampling_rate)
 
-    def clip_factors(self, norms: np.ndarray, bound: float | None = None) -> np.ndarray:
+    def clip_factors(self, norms: np.ndarray, bound: float | None = None,
+                     count: bool = True) -> np.ndarray:
         """Scale factors ``min(1, bound / norm)`` (bound: ``clip``) of contributions with
-        ``norms``; counts the clipped ones."""
+        ``norms``; counts the clipped ones (unless ``count`` is false)."""
         bound = self.clip if bound is None else bound
         norms = np.asarray(norms, float)
-        self._clipped += (float((norms > bound).sum()), float(norms.size))
-        self.clipped_fraction = float(self._clipped[0] / self._clipped[1])
+        if count:
+            self._clipped += (float((norms > bound).sum()), float(norms.size))
+            self.clipped_fraction = float(self._clipped[0] / self._clipped[1])
         with np.errstate(divide="ignore"):
             return np.minimum(1.0, bound / norms)
 
@@ -391,9 +393,11 @@ class Privacy:
     def model_share(self, model: np.ndarray) -> None:
         """DP-FedAvg (:func:`private_change`): record what share of the final model (S, ...,
         p) the noise of one round makes up, ``round_noise_sd^2 p / ||model||^2``
-        (:meth:`released` of the published model: post-processing). The changes of a
-        converging run shrink, so their own share would say nothing; the noise of the rounds
-        adds up in the model, so one round's is a lower bound. Nothing where the model is not
+        (:meth:`released` of the published model: post-processing; the changes of a
+        converging run shrink, so their own share would say nothing). Where the plain rounds
+        did not give :attr:`moved` (under Flower, or where they diverged with noise on), one
+        round's noise against the final model is it (a lower bound: the rounds' noise adds
+        up), and ``noise_bound`` that times ``sqrt(R)``. Nothing where the model is not
         finite (a diverged run)."""
         model = np.asarray(model, float)
         if self.round_noise_sd is None or not np.isfinite(model).all():
@@ -423,7 +427,7 @@ class Privacy:
             log.warning("privacy.delta=%g is at least 1/M (M=%d clients): a mechanism that "
                         "publishes one client's data whole with probability delta meets it; "
                         "delta well below 1/M is the usual choice", self.delta, self.clients)
-        line = self.noise_line()
+        line = moved_line(self.summary())
         if line:                          # (it gives the clipped share and what to do)
             log.warning("%s", line)
         elif self.plain_diverged:
@@ -441,11 +445,6 @@ class Privacy:
                         "(privacy.clipped_fraction in summary.json); a larger privacy.clip "
                         "clips fewer (and adds noise in proportion)", self.clip,
                         100 * self.clipped_fraction)
-
-    def noise_line(self) -> str | None:
-        """The warning where privacy moved the estimate by :data:`MOVED_LEVEL` of its norm
-        or more (:attr:`moved`), else None."""
-        return moved_line(self.summary())
 
     def summary(self) -> dict:
         """What ``summary.json`` holds under ``privacy``."""
@@ -502,7 +501,8 @@ def noise_size(priv: dict) -> str:
 
 
 def moved_line(priv: dict | None) -> str | None:
-    """The warning of :meth:`Privacy.noise_line` from ``summary.json: privacy``: how far
+    """The warning (:meth:`Privacy.warn`) from ``summary.json: privacy`` where privacy moved
+    the estimate by :data:`MOVED_LEVEL` of its norm or more, else None: how far
     privacy moved the estimate, and what would move it less as far as the run tells it: more
     clients or a larger epsilon always shrink the noise against the data; a clip above every
     contribution (under :data:`FEW_CLIPPED` of them clipped) adds noise in proportion that a
@@ -773,8 +773,7 @@ def private_statistics(privacy: Privacy, H: np.ndarray, b: np.ndarray, seed: int
         The noise's standard deviation.
     """
     S, M, p = b.shape
-    norms = np.sqrt(np.einsum("smpq,smpq->sm", H, H) + np.einsum("smp,smp->sm", b, b))
-    f = privacy.clip_factors(norms)
+    f = privacy.clip_factors(statistics_norms(H, b))
     sigma = privacy.sigma(privacy.clip, np.full(S, M))
     EH = privacy.noise(seed, 0, (p, p), sigma, True)
     Eb = privacy.noise(seed, 1, (p,), sigma)
@@ -816,11 +815,16 @@ def private_pooled_solution(privacy: Privacy, H: np.ndarray, b: np.ndarray,
     return repaired_solve(Hs, bs, eigen_floor(b.shape[-1], sigma))
 
 
+def statistics_norms(H: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Each client's contribution's norm ``sqrt(||H_i||_F^2 + ||b_i||^2)`` (S, M), the
+    statistics viewed as one vector."""
+    return np.sqrt(np.einsum("smpq,smpq->sm", H, H) + np.einsum("smp,smp->sm", b, b))
+
+
 def clipped_mean(privacy: Privacy, theta: np.ndarray, present: np.ndarray) -> np.ndarray:
     """:func:`private_mean` without its noise (clipping alone; nothing counted as clipped):
     the mean over the present clients of their estimates clipped to norm ``clip``, (S, p)."""
-    with np.errstate(divide="ignore"):
-        w = np.minimum(1.0, privacy.clip / np.linalg.norm(theta, axis=-1)) * present
+    w = privacy.clip_factors(np.linalg.norm(theta, axis=-1), count=False) * present
     return np.einsum("sm,smp->sp", w, theta) / np.maximum(present.sum(axis=1), 1)[:, None]
 
 
@@ -830,9 +834,7 @@ def clipped_pooled(privacy: Privacy, H: np.ndarray, b: np.ndarray) -> np.ndarray
     ``clip``, (S, p)."""
     from fnsysid.dynamics.model import least_squares
 
-    norms = np.sqrt(np.einsum("smpq,smpq->sm", H, H) + np.einsum("smp,smp->sm", b, b))
-    with np.errstate(divide="ignore"):
-        f = np.minimum(1.0, privacy.clip / norms)
+    f = privacy.clip_factors(statistics_norms(H, b), count=False)
     return least_squares(np.einsum("sm,smpq->spq", f, H)[:, None],
                          np.einsum("sm,smp->sp", f, b)[:, None])[:, 0]
 
