@@ -302,10 +302,11 @@ def lr_advice(summary: dict, lr: float) -> str:
     sd = priv.get("round_noise_sd")
     if not sd:
         return f"try a smaller lr than {lr:g}"
-    how = ("2 sqrt(M) privacy.clip times the noise multiplier" if priv.get("mode") == "local"
-           else "privacy.clip times the noise multiplier")
+    from fnsysid.learning.privacy import noise_formula
+
     return (f"privacy adds noise of std {sd:.3g} per coefficient to the model every round "
-            f"(privacy.round_noise_sd: {how}, over the expected clients of a round), which a "
+            f"(privacy.round_noise_sd: {noise_formula(priv.get('mode'))}, over the expected "
+            "clients of a round), which a "
             "smaller lr does not shrink: a privacy.clip nearer the model changes' norms (K lr "
             "times a gradient), more clients or a larger privacy.epsilon; where that is not the "
             f"cause, a smaller lr than {lr:g}")

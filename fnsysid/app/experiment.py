@@ -528,7 +528,7 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
                      dataset.clients, np.abs(model.structure).sum(axis=1) > 0, model,
                      own_fits_used(settings, strategy))
         how = estimate_from_own_fits(settings, strategy)
-        # under privacy the estimate is a noisy clipped mean, which privacy.noise_share judges
+        # under privacy the estimate is a noisy clipped mean, which privacy.moved judges
         if how and summary["status"] == "ok" and privacy is None:
             own_precision(summary, data, None if sparsity is None else sparsity.support,
                           dataset.clients, model, how, getattr(strategy, "weights", None))
@@ -741,7 +741,8 @@ def own_precision(summary: dict, data, support, clients, model, how: str,
     s, j = np.unravel_index(int(np.argmax(worst)), worst.shape)
     share = err["share"][s, j]
     top = int(np.argmax(share))
-    order = standing_out(share, int(err["fits"][s, j]), most=None)
+    fits = int(err["fits"][s, j])
+    order = standing_out(share, fits, most=None)
     names = [str(clients[m]) for m in order]
     coefficient = model.param_names[int(err["coefficient"][s, j, top])]
     summary.setdefault("conditioning", {})["own_precision"] = {
@@ -751,7 +752,6 @@ def own_precision(summary: dict, data, support, clients, model, how: str,
         "repeats": [int(r) for r in np.flatnonzero((worst >= MEAN_ERROR_LEVEL).any(axis=1))]}
     head = ("the estimation error of the clients' own fits alone adds a one-step NRMSE of "
             f"{float(worst[s, j]):.3g} to {how}, a mean of those fits that weighs them alike")
-    fits = int(err["fits"][s, j])
     if fits == 1:
         log.warning("the estimation error of the one client's own fit (client %s's) adds a "
                     "one-step NRMSE of %.3g to %s: its data determine it poorly there (few "
@@ -778,18 +778,18 @@ def own_precision(summary: dict, data, support, clients, model, how: str,
 NAMED = 20
 
 
-#: a client whose share of the added error is at least this is named (with
-#: :func:`standing_out`'s second condition)
+#: a client whose share of the added error is at least this may be named
+#: (:func:`standing_out`)
 SHARE_LEVEL = 0.1
 
 
 def standing_out(share: np.ndarray, fits: int, most: int | None = 5) -> list[int]:
     """The clients (at most ``most``, None: all; largest first) whose ``share`` (M,) of the
-    error that
-    ``fits`` clients' own fits add stands out: the largest shares down to the last one that is
-    at least :data:`SHARE_LEVEL` and more than three times the median of the smaller shares
-    (of the fits that enter), so that clients of about equal shares (few samples everywhere)
-    are not named, two weak clients beside a strong one are, and one fit never is.
+    error that ``fits`` clients' own fits add stands out: the largest shares down to the last
+    one that is at least :data:`SHARE_LEVEL` and more than three times the median of the
+    smaller shares (of the fits that enter), so that clients of about equal shares (few
+    samples everywhere) are not named, two weak clients beside a strong one are, and one fit
+    never is.
 
     >>> standing_out(np.array([0.9, 0.05, 0.05]), 3)
     [0]

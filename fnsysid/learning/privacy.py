@@ -57,9 +57,19 @@ NOISE_SHARE_LEVEL = 0.5
 #: a smaller one would add less noise
 FEW_CLIPPED = 0.01
 #: privacy that moves the estimate by this much or more, relative to its norm
-#: (:meth:`Privacy.compare`; for rounds one round's noise, :meth:`Privacy.model_share`): a
+#: (:meth:`Privacy.compare`; under Flower one round's noise, :meth:`Privacy.model_share`): a
 #: warning
 MOVED_LEVEL = 0.1
+#: what a run whose plain rounds diverge is told (``privacy.plain_diverged``)
+PLAIN_DIVERGED = ("the same rounds without clipping or noise diverge: clipping keeps this "
+                  "run bounded")
+
+
+def noise_formula(mode: str | None) -> str:
+    """The noise's standard deviation on a released sum, in words, for ``mode`` (local: each
+    client's own noise, with the sensitivity of replacing its data)."""
+    return ("2 sqrt(M) privacy.clip times the noise multiplier" if mode == "local"
+            else "privacy.clip times the noise multiplier")
 
 
 def dp_accounting():
@@ -338,6 +348,11 @@ class Privacy:
             out[s] = sd * (0.5 * (g + np.swapaxes(g, -1, -2)) if symmetric else g)
         return out
 
+    def round_noise(self, sd: float) -> None:
+        """Record the standard deviation per coefficient of the noise a DP-FedAvg round adds
+        to the model (:attr:`round_noise_sd`, the largest over the rounds)."""
+        self.round_noise_sd = sd if self.round_noise_sd is None else max(self.round_noise_sd, sd)
+
     def released(self, value: np.ndarray, sigma: np.ndarray, dims: int) -> None:
         """Record what share of a noisy release (S, ...) its noise makes up: the noise's
         expected energy ``sigma^2 dims`` (``sigma`` (S,), ``dims`` the dimensions it lies in)
@@ -431,8 +446,7 @@ class Privacy:
         if line:                          # (it gives the clipped share and what to do)
             log.warning("%s", line)
         elif self.plain_diverged:
-            log.info("privacy: the same rounds without clipping or noise diverge: clipping keeps "
-                     "this run bounded (privacy.plain_diverged)")
+            log.info("privacy: %s (privacy.plain_diverged)", PLAIN_DIVERGED)
         if self.clipped_fraction is not None and self.clipped_fraction > MOST_CLIPPED \
                 and self.plain_diverged:
             log.warning("privacy.clip=%g: %.0f%% of the clients' contributions were clipped "
@@ -492,8 +506,7 @@ def noise_size(priv: dict) -> str:
         what += ")" if clip is None else (f"; in that repeat clipping alone {clip:.3g}, the "
                                           f"noise beside it {priv.get('noise_moved'):.3g})")
     if priv.get("plain_diverged"):
-        what += ("; the same rounds without clipping or noise diverge: clipping keeps this run "
-                 "bounded")
+        what += f"; {PLAIN_DIVERGED}"
     share = priv.get("noise_share")
     if share is not None and share >= NOISE_SHARE_LEVEL:
         what += f"; the noise makes up {100 * share:.0f}% of {priv.get('noise_share_of')}"
@@ -528,9 +541,7 @@ def moved_line(priv: dict | None) -> str | None:
                     f"privacy.clip {priv.get('clip'):g}): a larger privacy.clip clips fewer, "
                     "and adds noise in proportion")
     else:
-        sd = ("2 sqrt(M) privacy.clip times the noise multiplier" if priv.get("mode") ==
-              "local" else "privacy.clip times the noise multiplier")
-        said.append(f"the noise's standard deviation is {sd} (z = "
+        said.append(f"the noise's standard deviation is {noise_formula(priv.get('mode'))} (z = "
                     f"{priv.get('noise_multiplier'):.3g}, clip {priv.get('clip'):g}) whatever "
                     f"the data; more clients{clients} or a larger privacy.epsilon shrink it "
                     "against the data")
@@ -614,9 +625,7 @@ def private_change(privacy: Privacy, change: np.ndarray, active: np.ndarray | No
     sigma = privacy.sigma(privacy.clip, senders)
     # the model's noise each round, per coefficient (the changes shrink as the rounds
     # converge, so a share of the release would say nothing here)
-    sd = float(np.max(sigma)) / expected
-    privacy.round_noise_sd = sd if privacy.round_noise_sd is None else max(
-        privacy.round_noise_sd, sd)
+    privacy.round_noise(float(np.max(sigma)) / expected)
     total = np.einsum("sm,smp->sp", w, change) + privacy.noise(seed, 2 + r, (p,), sigma)
     return total / expected
 

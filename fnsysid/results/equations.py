@@ -235,13 +235,12 @@ def _privacy_line(priv: dict | None) -> str | None:
     eps = priv.get("epsilon")
     eps = "infinite (no noise)" if eps is None else f"{eps:.3g}"
     line = f"privacy: {priv.get('mode')}, epsilon {eps}, delta {priv.get('delta'):g}"
-    from fnsysid.learning.privacy import MOVED_LEVEL, noise_size
+    from fnsysid.learning.privacy import MOVED_LEVEL, PLAIN_DIVERGED, noise_size
 
     if priv.get("moved") is not None and priv["moved"] >= MOVED_LEVEL:
         line += f"; {noise_size(priv)}"
     elif priv.get("plain_diverged"):
-        line += ("; the same rounds without clipping or noise diverge: clipping keeps this run "
-                 "bounded")
+        line += f"; {PLAIN_DIVERGED}"
     return line
 
 

@@ -943,8 +943,8 @@ def _fmt(v, spec: str) -> str:
 
 
 def own_precision_who(precision: dict) -> str:
-    """Who adds the error of ``conditioning.own_precision``: the first client that stands out,
-    or that it is spread over the clients (every fit imprecise)."""
+    """Who adds the error of ``conditioning.own_precision``: the largest share's client and
+    how many more stand out, or that it is spread over the fits."""
     names = precision.get("clients")
     if names:
         more = max(int(precision.get("named") or len(names)) - 1, 0)

@@ -155,8 +155,7 @@ def workflow_round(grid, settings, strategy, exchange: str, msg: dict, nodes: li
     if central_dp(settings):
         pv = strategy.privacy
         # the noise the wrapper adds to the mean, per coefficient (privacy.round_noise_sd)
-        sd = float(pv.noise_multiplier) * float(pv.clip) / len(nodes)
-        pv.round_noise_sd = sd if pv.round_noise_sd is None else max(pv.round_noise_sd, sd)
+        pv.round_noise(float(pv.noise_multiplier) * float(pv.clip) / len(nodes))
         outer = DifferentialPrivacyClientSideFixedClipping(
             inner, noise_multiplier=float(pv.noise_multiplier), clipping_norm=float(pv.clip),
             num_sampled_clients=len(nodes))
