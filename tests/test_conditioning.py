@@ -147,6 +147,17 @@ def test_the_command_line_exits_3_on_an_ill_conditioned_pooled_fit(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "ill_conditioned"
     assert summary["conditioning"]["repeats"] == [0]
+    # the warning names the terms that repeat each other, as does `fnsysid show` (whose
+    # condition number is null in the JSON: inf)
+    rep = summary["conditioning"]["repeated"]
+    assert rep["target"] == "x+" and rep["terms"] == ["u_mv", "u"]
+    np.testing.assert_allclose(rep["weights"], [1.0, -1000.0], rtol=1e-9)
+    assert "the terms u_mv, u of x+ repeat each other" in res.stdout + res.stderr
+    assert "u_mv - 1e+03 u = 0" in res.stdout + res.stderr
+    shown = cli_in_process("show", str(out))
+    assert shown.returncode == 3, shown.stderr
+    line = next(x for x in shown.stdout.splitlines() if x.startswith("conditioning:"))
+    assert "reaches 1/eps in repeat(s) 0" in line and "the terms u_mv, u of x+" in line
 
 
 def test_an_ill_conditioned_run_does_not_also_say_status_ok(tmp_path, caplog):
@@ -565,3 +576,18 @@ def test_data_whose_spread_is_below_the_precision_of_the_sums_are_judged(tmp_pat
     assert summary["status"] == "ill_conditioned"
     r = summary["conditioning"]["roundoff"]
     assert r["of"] == "pooled sums" and r["cause"] == "offset" and r["worst_ratio"] > 10
+
+
+def test_show_reads_a_singular_gram_whose_condition_number_is_null():
+    """``summary.json`` holds a singular Gram's infinite condition number as null: ``fnsysid
+    show``'s line says inf (it raised on an empty max) and names the repeated terms."""
+    from fnsysid.results.equations import _conditioning_line
+
+    cond = {"cond": [None, 12.0], "limit": COND_LIMIT, "repeats": [0],
+            "repeated": {"repeat": 0, "target": "x1+", "terms": ["x1copy", "x1"],
+                         "weights": [1.0, -1.0], "relation": "x1copy - 1 x1 = 0"}}
+    line = _conditioning_line(cond)
+    assert line.startswith("conditioning: the pooled Gram matrix's condition number inf "
+                           "reaches 1/eps in repeat(s) 0")
+    assert line.endswith("the terms x1copy, x1 of x1+ repeat each other in repeat 0's data "
+                         "(x1copy - 1 x1 = 0 on every sample, to round-off)")

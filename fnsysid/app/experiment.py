@@ -659,6 +659,8 @@ def conditioning(summary: dict, data, support, clients=None, enters=None,
         COND_LIMIT,
         flat_term,
         gram_condition,
+        repeated_terms,
+        repeated_words,
         roundoff_facts,
         roundoff_loss,
     )
@@ -669,11 +671,17 @@ def conditioning(summary: dict, data, support, clients=None, enters=None,
     if bad:
         summary["conditioning"]["repeats"] = bad
         worst = float(np.nanmax(cond))
+        rep = None if model is None else repeated_terms(data.H, model.param_names,
+                                                        model.structure, support)
+        if rep is not None:
+            summary["conditioning"]["repeated"] = rep
+        check = (f"{repeated_words(rep)}: leave one of them out of the data or the library"
+                 if rep else "check the data for trajectories that escape or features that "
+                 "repeat each other")
         log.warning("the pooled Gram matrix has condition number %.3g (repeat%s %s), at or "
                     "above 1/eps = %.3g: the estimate keeps no correct digit (status: "
-                    "ill_conditioned); check the data for trajectories that escape or "
-                    "features that repeat each other", worst, "s" if len(bad) > 1 else "",
-                    ", ".join(map(str, bad[:10])), COND_LIMIT)
+                    "ill_conditioned); %s", worst, "s" if len(bad) > 1 else "",
+                    ", ".join(map(str, bad[:10])), COND_LIMIT, check)
     elif model is not None and model.library is not None and data.factor is not None \
             and data.y_mean is not None and data.yy_target is not None:
         # a generic library: the loss measured against a stable solve of the same least

@@ -260,9 +260,15 @@ def _conditioning_line(cond: dict | None) -> str | None:
                 "(strategy=centralized_exact weighs each client's data by what they "
                 "determine)")
     if cond.get("repeats"):
-        worst = max(c for c in cond["cond"] if c is not None)
+        from fnsysid.results.metrics import repeated_words
+
+        # null in a repeat listed: a singular matrix's inf, which JSON does not hold
+        worst = max(float("inf") if cond["cond"][s] is None else cond["cond"][s]
+                    for s in cond["repeats"])
+        why = repeated_words(cond.get("repeated"))
         return (f"conditioning: the pooled Gram matrix's condition number {worst:.3g} reaches "
-                f"1/eps in repeat(s) {', '.join(map(str, cond['repeats']))}: no correct digit")
+                f"1/eps in repeat(s) {', '.join(map(str, cond['repeats']))}: no correct digit"
+                + (f"; {why}" if why else ""))
     r = cond.get("roundoff")
     if not r:
         return None

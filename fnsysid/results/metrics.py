@@ -722,6 +722,75 @@ def own_mean_error(model, data, support=None, weights=None) -> dict | None:
     return {"nrmse": nrmse, "share": share, "coefficient": coef, "fits": fits_in}
 
 
+#: the terms of a near-dependence :func:`repeated_terms` names: weights of at least this
+#: fraction of the largest (in unit-scaled regressors), at most :data:`REPEATED_SHOWN` of them
+REPEATED_WEIGHT, REPEATED_SHOWN = 0.1, 6
+
+
+def repeated_terms(H: np.ndarray, param_names, structure, support=None,
+                   limit: float = COND_LIMIT) -> dict | None:
+    """Which terms repeat each other where a repeat's pooled Gram matrix is singular: for the
+    first repeat and target whose own block of ``H`` (S, M, p, p), summed over the clients and
+    equilibrated as :func:`gram_condition` does, has condition number ``limit`` or more, the
+    first of its terms (in the library's order) that the ones before it repeat: the shortest
+    run of terms whose condition number reaches a hundredth of the block's (or of ``limit``),
+    and its one dependence written as a relation between the features' values (in their
+    units, the last term's weight 1): ``{repeat, target, terms, weights, relation}``, the
+    terms of weights at least :data:`REPEATED_WEIGHT` of the largest (unit-scaled), at most
+    :data:`REPEATED_SHOWN`. None where no target's block reaches ``limit``. ``structure``
+    (n_y, n_phi, p) says which parameters each target has
+    (:class:`~fnsysid.dynamics.model.Model`).
+
+    >>> H = np.zeros((1, 1, 4, 4)); x = np.array([1.0, 2.0, 3.0, 5.0])
+    >>> F = np.stack([np.ones(4), x, x ** 2, 2 * x], axis=1); H[0, 0] = F.T @ F
+    >>> r = repeated_terms(H, ["y+:1", "y+:x", "y+:x^2", "y+:z"], np.eye(4)[None])
+    >>> r["target"], r["terms"], r["relation"]
+    ('y+', ['z', 'x'], 'z - 2 x = 0')
+    """
+    G = np.asarray(H, float).sum(axis=1)                               # (S, p, p)
+    S, p = G.shape[:2]
+    keep = np.ones((S, p), bool) if support is None else np.asarray(support, bool)
+    St = np.asarray(structure)
+    d = np.diagonal(G, axis1=-2, axis2=-1)
+
+    def cond(g):
+        ev = np.linalg.eigvalsh(g)
+        return ev[-1] / ev[0] if ev[0] > 0 else np.inf
+
+    for s in range(S):
+        for j in range(St.shape[0]):
+            idx = np.flatnonzero(St[j].any(axis=0) & keep[s] & (d[s] > 0) & np.isfinite(d[s]))
+            scale = equilibration(d[s][idx])
+            g = G[s][np.ix_(idx, idx)] * scale[:, None] * scale[None, :]
+            if len(idx) < 2 or not np.isfinite(g).all() or cond(g) < limit:
+                continue
+            level = min(cond(g), limit) / 100
+            k = next(k for k in range(2, len(idx) + 1) if cond(g[:k, :k]) >= level)
+            v = np.linalg.eigh(g[:k, :k])[1][:, 0]
+            order = [i for i in np.argsort(-np.abs(v)) if abs(v[i]) >= REPEATED_WEIGHT
+                     * np.abs(v).max()]
+            order = ([k - 1] + [i for i in order if i != k - 1])[:REPEATED_SHOWN]
+            raw = v[order] * scale[order]                  # weights of the features' values
+            raw = raw / raw[0]
+            names = [str(param_names[idx[i]]) for i in order]
+            target = names[0].split(":", 1)[0] if ":" in names[0] else None
+            terms = [n.split(":", 1)[1] if ":" in n else n for n in names]
+            relation = terms[0] + "".join(f" {'-' if w < 0 else '+'} {abs(w):.3g} {t}"
+                                          for w, t in zip(raw[1:], terms[1:], strict=True))
+            return {"repeat": s, "target": target, "terms": terms,
+                    "weights": [float(w) for w in raw], "relation": f"{relation} = 0"}
+    return None
+
+
+def repeated_words(rep: dict | None) -> str:
+    """:func:`repeated_terms` in words for the warning and ``fnsysid show`` ("" for None)."""
+    if not rep:
+        return ""
+    of = f" of {rep['target']}" if rep.get("target") else ""
+    return (f"the terms {', '.join(rep['terms'])}{of} repeat each other in repeat "
+            f"{rep['repeat']}'s data ({rep['relation']} on every sample, to round-off)")
+
+
 def gram_condition(H: np.ndarray, support: np.ndarray | None = None) -> np.ndarray:
     """The condition number (S,) of each repeat's pooled Gram matrix ``H`` (S, M, p, p) summed
     over the clients, equilibrated (each regressor scaled to unit size, as the closed-form
