@@ -484,6 +484,49 @@ def test_the_error_a_mean_of_own_fits_adds_is_the_trace_of_its_covariance():
     assert own_mean_error(SimpleNamespace(structure=np.ones((2, 3, 3))), data) is None
 
 
+def test_own_fits_that_interpolate_their_data_are_judged_on_the_pooled_noise(caplog):
+    """Clients with as many samples as coefficients (N=1, T=5, five per target): each own fit
+    interpolates its data and has no residual variance of its own. own_mean_error took that
+    0/0 as no error, and ``oneshot``'s mean of ten such fits, one-step NRMSE 3 where the pooled
+    fit gives 0.7, was ok without a word. The noise is now the pooled fit's residual
+    variance: against a direct computation, and the run warns."""
+    from types import SimpleNamespace
+
+    from fnsysid.results.metrics import own_mean_error
+    from tests.conftest import engine
+
+    rng = np.random.default_rng(1)
+    M, n = 6, 3
+    X = rng.normal(size=(M, n, 3))
+    y = X @ np.array([0.5, -0.2, 0.1]) + 0.1 * rng.normal(size=(M, n))
+    H = np.einsum("mti,mtj->mij", X, X)[None]
+    b = np.einsum("mti,mt->mi", X, y)[None]
+    data = SimpleNamespace(H=H, b=b, n=np.full((1, M), float(n)),
+                           yy_target=(y ** 2).sum(axis=1)[None, :, None],
+                           y_mean=y.mean(axis=1)[None, :, None])
+    err = own_mean_error(SimpleNamespace(structure=np.eye(3)[None]), data)
+    Xp, yp = X.reshape(-1, 3), y.ravel()
+    pooled = np.linalg.lstsq(Xp, yp, rcond=None)[0]
+    s2 = ((yp - Xp @ pooled) ** 2).sum() / (M * n - 3)
+    V = sum(s2 * np.linalg.inv(H[0, i]) for i in range(M)) / M ** 2
+    var = sum(((y[i] - y[i].mean()) ** 2).sum() for i in range(M)) / (M * n)
+    expected = np.sqrt(np.trace(H[0].sum(axis=0) / (M * n) @ V) / var)
+    assert err["nrmse"][0, 0] == pytest.approx(expected, rel=1e-9)
+    assert err["fits"][0, 0] == M
+
+    caplog.set_level("WARNING", logger="fnsysid")
+    base = ("system=synthetic", "eps=0", "N=1", "T=5", "M=10", "repeats=2", "R=1",
+            "output.plot=false", "progress=false")
+    one = engine(*base, "strategy=oneshot").summary
+    exact = engine(*base, "strategy=centralized_exact").summary
+    assert one["status"] == "ok" and "own_precision" not in exact["conditioning"]
+    added = one["conditioning"]["own_precision"]["nrmse_added"]     # worst repeat and target
+    # what the pooled fit saves on the held-out one-step NRMSE (1.55 against 0.86)
+    excess = np.sqrt(one["final_nrmse_1step_mean"] ** 2 - exact["final_nrmse_1step_mean"] ** 2)
+    assert 1 < excess < added < 2
+    assert any("own fits alone adds" in m.getMessage() for m in caplog.records)
+
+
 @pytest.mark.slow
 def test_a_mean_of_own_fits_spoilt_by_one_imprecise_client_says_so(tmp_path, caplog):
     """One tank of ten holds its input at 5 (spread 1e-6; seed 1: its own fit keeps its

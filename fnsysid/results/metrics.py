@@ -654,6 +654,28 @@ def flat_term(model, H: np.ndarray) -> dict | None:
 MEAN_ERROR_LEVEL = 0.1
 
 
+def _noise_variance(H, b, yy, n, theta, ok) -> float:
+    """The residual variance :func:`own_mean_error` scales each fit's covariance by, for one
+    repeat and target (``H`` (M, m, m), ``b`` (M, m), ``yy`` and ``n`` (M,), the own fits
+    ``theta`` (M, m), ``ok`` the determined ones): the median of the determined clients' own
+    residual variances where some have residual degrees of freedom (``yy - theta'b`` of a fit
+    that loses its digits loses them too: a held input's client was 117 times the others');
+    where none has (each fit interpolates its data: as many samples as coefficients), the
+    pooled least squares' residual variance, which counts the clients' differences as noise;
+    NaN where that has no degree of freedom either."""
+    m = H.shape[-1]
+    spare = ok & (n > m)
+    if spare.any():
+        rss = yy[spare] - np.einsum("mk,mk->m", theta[spare], b[spare])
+        return float(np.median(np.maximum(rss, 0.0) / (n[spare] - m)))
+    N = n.sum()
+    if N <= m:
+        return np.nan
+    G, g = H.sum(axis=0), b.sum(axis=0)
+    pooled = np.linalg.lstsq(G, g, rcond=None)[0]
+    return float(max(yy.sum() - pooled @ g, 0.0) / (N - m))
+
+
 def own_mean_error(model, data, support=None, weights=None) -> dict | None:
     """What the estimation error of a mean of the clients' own least squares adds to its
     one-step predictions, per repeat and target, and who adds it.
@@ -661,8 +683,9 @@ def own_mean_error(model, data, support=None, weights=None) -> dict | None:
     The mean ``sum_i w_i theta_i`` (``weights`` (S, M), None: uniform; over the clients whose
     data determine their fit) errs by ``sum_i w_i delta_i``, ``delta_i`` the error of client
     i's own fit, of covariance ``V_i = s^2 H_i^-1`` (on the coefficients of one target; ``s^2``
-    the median of the clients' residual variances, which one fit that loses its digits
-    does not move). Over the pooled samples it adds ``sum_i w_i^2 trace(Hbar
+    of :func:`_noise_variance`: the median of the clients' residual variances, which one fit
+    that loses its digits does not move, or the pooled fit's where every fit interpolates its
+    data). Over the pooled samples it adds ``sum_i w_i^2 trace(Hbar
     V_i)`` to the mean squared one-step error (``Hbar`` the pooled Gram matrix per sample):
     ``nrmse`` (S, n_y) is its square root over the target's standard deviation, and
     ``share`` (S, n_y, M) each client's part of it. A fit that its data hardly determine
@@ -696,7 +719,7 @@ def own_mean_error(model, data, support=None, weights=None) -> dict | None:
     for s in range(S):                                                # repeats and targets,
         for j in range(n_y):                                          # not clients
             par = np.flatnonzero(enters[j] & keep[s])
-            ok = fits.full[s] & (n[s] > par.size)
+            ok = fits.full[s]
             if not par.size or ok.sum() < 1:
                 continue
             Hj = H[s][:, par][:, :, par]                              # (M, m, m)
@@ -704,10 +727,8 @@ def own_mean_error(model, data, support=None, weights=None) -> dict | None:
             eye = np.eye(par.size)
             with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
                 inv = np.linalg.inv(np.where(ok[:, None, None], Hj, eye))
-                rss = yy[s, :, j] - np.einsum("mk,mk->m", fits.theta[s][:, par], b[s][:, par])
-                # the clients' median residual variance: yy - theta'b of a fit that loses
-                # its digits loses them too (a held input's client: 117 times the others')
-                s2 = np.median(np.maximum(rss[ok], 0.0) / (n[s][ok] - par.size))
+                s2 = _noise_variance(Hj, b[s][:, par], yy[s, :, j], n[s], fits.theta[s][:, par],
+                                     ok)
                 added = np.where(ok, w[s] ** 2 * s2 * np.einsum("kl,mlk->m", Hbar, inv), 0.0)
                 var = spread[s, :, j].sum() / n[s].sum()
                 total = added.sum()
