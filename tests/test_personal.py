@@ -645,3 +645,35 @@ def test_group_sparsity_messages_carry_the_kept_terms_alone():
     np.testing.assert_array_equal(unpack_kept(bk, support, 1), b)
     mu = rng.normal(size=(3, 5)) * support                      # the fleet's (S, p)
     np.testing.assert_array_equal(unpack_kept(pack_kept(mu, support, 1), support, 1), mu)
+
+
+def test_auto_without_two_determined_clients_says_so_and_gives_no_intervals(caplog):
+    """N=1, T=3: three samples a client for five coefficients a target, so no own fit and no
+    homogeneity test (p-value null). The personalized models are the pooled model, whose
+    intervals covered the clients' own truths about half the time (eps=5) beside a log line
+    of "heterogeneity found in 0 of 2": the run now warns, says the test was not run, and
+    client_estimates.csv has no se there. With N=2 (one residual degree of freedom a client)
+    the test runs and the intervals stay."""
+    from tests.conftest import engine
+
+    caplog.set_level("INFO", logger="fnsysid")
+    base = ("system=synthetic", "strategy=centralized_exact", "personalize=auto", "eps=5",
+            "T=3", "repeats=2", "R=1", "output.plot=false", "progress=false")
+    res = engine(*base, "N=1")
+    reml = res.summary["personalize_reml"]
+    assert reml["pvalue"] == [None, None] and reml["rejected"] == [False, False]
+    se = np.asarray(res.tables["client_estimates"]["se"], float)
+    assert np.isnan(se).all()
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"
+            and "neither tested nor estimated" in r.getMessage()]
+    assert len(said) == 1 and "in repeat(s) 0, 1 fewer than two clients" in said[0]
+    assert "neither tested" in res.summary["ci"]["client_estimates"]
+    from fnsysid.results.personal import reml_line
+
+    assert "(Cochran's Q at level 0.05; not testable in 2, see the warning;" in reml_line(reml)
+    caplog.clear()
+    two = engine(*base, "N=2")
+    assert None not in two.summary["personalize_reml"]["pvalue"]
+    se = np.asarray(two.tables["client_estimates"]["se"], float)
+    assert np.isfinite(se).all() and (se > 0).all()
+    assert not [r for r in caplog.records if "neither tested" in r.getMessage()]

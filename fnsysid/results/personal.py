@@ -93,22 +93,57 @@ def reml_line(reml: dict | None) -> str | None:
     if not reml or "rejected" not in reml:
         return None
     k, S = sum(reml["rejected"]), len(reml["rejected"])
+    gone = untested(reml)
+    tested = f"; not testable in {len(gone)}, see the warning" if gone else ""
     return (f"personalize=auto: heterogeneity found in {k} of {S} repeat(s) ({reml['test']} "
-            f"at level {reml['level']:g}; rank of Sigma per repeat: "
+            f"at level {reml['level']:g}{tested}; rank of Sigma per repeat: "
             f"{', '.join(map(str, reml['rank']))}); where it is not, every client's model is "
             "the fleet's pooled model")
 
 
+def untested(reml: dict | None) -> list[int]:
+    """The repeats whose homogeneity test could not be run (``pvalue`` None: fewer than two
+    clients whose data determine their own fit)."""
+    return [] if not reml else [s for s, v in enumerate(reml["pvalue"]) if v is None]
+
+
 def reml_warning(reml: dict | None) -> str | None:
-    """The run's one warning line when some repeat's REML did not converge (None else)."""
-    if not reml or all(reml["converged"]):
+    """The run's one warning line (None where there is nothing to say): the repeats where
+    the clients' differences could be neither tested nor estimated (:func:`untested`; their
+    models are the pooled model and :func:`blank_untested` empties their intervals), and
+    those whose REML did not converge."""
+    if not reml:
         return None
+    said = []
+    gone = untested(reml)
+    if gone:
+        said.append(
+            f"personalize=auto: in repeat(s) {', '.join(map(str, gone[:10]))}"
+            f"{', ...' if len(gone) > 10 else ''} fewer than two clients have more samples "
+            "than coefficients (an own fit with residual degrees of freedom), so the clients' "
+            "differences can be neither tested nor estimated: every client's model there is "
+            "the fleet's pooled model, whose interval covers the fleet's mean, not each "
+            "client's own model, and client_estimates.csv has no interval there (se, ci_lo, "
+            "ci_hi empty); give the clients more samples (N, T) than coefficients")
     bad = [s for s, c in enumerate(reml["converged"]) if not c]
-    its = max(reml["iterations"][s] for s in bad)
-    return (f"personalize=auto: the REML heterogeneity did not converge in repeat(s) "
-            f"{', '.join(map(str, bad))} (stopped after {its} passes over the clients): its "
-            f"Sigma_ci is the last iterate, and the intervals of client_estimates.csv (se, "
-            f"ci_lo, ci_hi) rest on it")
+    if bad:
+        its = max(reml["iterations"][s] for s in bad)
+        said.append(f"personalize=auto: the REML heterogeneity did not converge in repeat(s) "
+                    f"{', '.join(map(str, bad))} (stopped after {its} passes over the "
+                    f"clients): its Sigma_ci is the last iterate, and the intervals of "
+                    f"client_estimates.csv (se, ci_lo, ci_hi) rest on it")
+    return "; ".join(said) or None
+
+
+def blank_untested(se: np.ndarray, reml: dict | None) -> np.ndarray:
+    """``se`` (S, M, p) with NaN in the repeats :func:`untested`: there the personalized
+    model is the pooled one, whose standard error says nothing of each client's own model."""
+    gone = untested(reml)
+    if not gone:
+        return se
+    se = np.array(se, float)
+    se[gone] = np.nan
+    return se
 
 
 def n_targets(model) -> int:
@@ -319,7 +354,8 @@ def auto_on_support(model, data, support,
     msg = support_message(model, data, support, sse)
     fl = support_fleet(msg, blocks, support)
     models, se = support_posterior(msg, fl, blocks, support)
-    return models, se, reml_summary(fl)
+    reml = reml_summary(fl)
+    return models, blank_untested(se, reml), reml
 
 
 def personalized(settings, model, strategy, data) -> Personal | None:
@@ -346,6 +382,7 @@ def personalized(settings, model, strategy, data) -> Personal | None:
         yy, blocks = target_stats(model, data)
         models, se, fl = pers.auto(data.H, data.b, yy, data.n, blocks, sse=sse)
         reml = reml_summary(fl)
+        se = blank_untested(se, reml)
         warning = reml_warning(reml)
     else:
         with np.errstate(over="ignore", invalid="ignore"):    # judged by judge_models

@@ -33,6 +33,7 @@ import numpy as np
 from fnsysid.learning import personalize as pers
 from fnsysid.results.personal import (
     Personal,
+    blank_untested,
     own_intervals,
     own_sse,
     pack_kept,
@@ -140,6 +141,7 @@ def serve_personalize(ask, settings, strategy, model):
     else:
         out = ask("personalize", {"theta": strategy.server})
     reml = reml_summary(fl) if option == "auto" else None
-    return Personal(option, out["theta"], out["se"], out["local"], out["local_se"],
+    return Personal(option, out["theta"], blank_untested(out["se"], reml), out["local"],
+                    out["local_se"],
                     out["_e"], np.full(out["theta"].shape, np.nan),
                     warning=reml_warning(reml), local_dof=out["local_dof"], reml=reml)
