@@ -106,7 +106,7 @@ def test_homogeneity_from_the_messages_equals_the_fleets_test():
     blocks = pers.noise_blocks(model.structure)
     msg = pers.client_message(d.H, d.b, d.yy_target, d.n, blocks)
     _, _, J, _, theta = pers.own_estimates(msg, blocks)
-    Q, pv = pers.homogeneity(theta, J, msg.own)
+    Q, pv = pers.homogeneity(theta, J, msg.own, pers.variance_dof(msg))
     from fnsysid.learning.ownfit import own_fits
 
     Q2, pv2 = pers.homogeneity_from(msg, blocks, own_fits(d.H, d.b).theta)
@@ -165,6 +165,33 @@ def test_homogeneity_is_cochrans_q_over_the_clients():
     ref = sum((theta[0, i] - mu) @ J[0, i] @ (theta[0, i] - mu) for i in keep)
     assert Q[0] == pytest.approx(ref, rel=1e-10)
     assert pv[0] == pytest.approx(chi2.sf(ref, (len(keep) - 1) * p), rel=1e-10)
+    # the information's variances estimated on 7 degrees of freedom: Q / k against F(k, 7)
+    from scipy.stats import f
+
+    k = (len(keep) - 1) * p
+    assert pers.homogeneity(theta, J, own, np.array([7.0]))[1][0] == pytest.approx(
+        f.sf(ref / k, k, 7), rel=1e-10)
+
+
+def test_cochrans_q_keeps_its_level_with_variances_on_few_degrees_of_freedom():
+    """Homogeneous fleets of three clients, each with one residual degree of freedom (three
+    samples, two coefficients): Q scaled by the fleet's residual variance, estimated on 3
+    degrees of freedom, rejected 26 % of them at level 0.05 against the chi-square (the
+    variance taken as known); against F it rejects 5 % (one group of targets: exact)."""
+    rng = np.random.default_rng(0)
+    S, M, n = 4000, 3, 3
+    X = rng.normal(size=(S, M, n, 2))
+    y = X @ np.array([1.0, -0.5]) + 0.3 * rng.normal(size=(S, M, n))
+    H = np.einsum("smti,smtj->smij", X, X)
+    b = np.einsum("smti,smt->smi", X, y)
+    msg = pers.client_message(H, b, (y ** 2).sum(axis=-1), np.full((S, M), n), 1)
+    from fnsysid.learning.ownfit import own_fits
+
+    assert (pers.variance_dof(msg) == 3).all()
+    _, pv = pers.homogeneity_from(msg, 1, own_fits(H, b).theta)
+    assert 0.04 < (pv < 0.05).mean() < 0.06 and 0.005 < (pv < 0.01).mean() < 0.015
+    _, _, J, _, theta = pers.own_estimates(msg, 1)
+    assert (pers.homogeneity(theta, J, msg.own)[1] < 0.05).mean() > 0.2   # chi-square
 
 
 def test_reml_of_one_parameter_with_equal_variances_is_the_closed_form():
@@ -505,6 +532,18 @@ def test_client_models_are_judged_by_the_servers_rules():
     assert _judged(local, np.full((2, 3), np.nan), 0.2, False)["status"] == "diverged"
     local[1, 1, 0] = np.inf
     assert _judged(local, np.full((2, 3), np.nan), 0.2, True)["status"] == "diverged"
+    # the clients' own least squares are a closed form: not said to have diverged
+    from fnsysid.results.personal import judgment_line
+
+    j = dict(status="diverged", final=3510.0, repeat=3, client=10, factor=1000.0, start=0.2748)
+    line = judgment_line("local", "auto", j)
+    assert line.startswith("the clients' own least squares (local) are not a result: an error "
+                           "3.51e+03 (repeat 3, client 10) above 1000 times max(1, the start "
+                           "0.2748), where a fit's data hardly determine it")
+    assert " diverged:" not in line and line.endswith(
+        "; status: diverged, by the rules of the server's model)")
+    assert judgment_line("personalized", "finetune", j).startswith(
+        "personalized models (personalize=finetune) diverged: an error 3.51e+03")
 
 
 @pytest.mark.slow

@@ -445,6 +445,10 @@ def judgment_line(kind: str, option: str, j: dict) -> str | None:
                f"start {j['start']:.4g})")
     advice = ("; try a smaller personalize.lr or personalize.K" if kind == "personalized" and
               option == "finetune" else "")
+    if kind == "local":         # a closed form: nothing ran away; its data hardly determine it
+        return (f"{what} are not a result: {why}, where a fit's data hardly determine it (as "
+                "many samples as coefficients or barely more, or regressors that barely move; "
+                f"status: {j['status']}, by the rules of the server's model)")
     return f"{what} {j['status']}: {why}, not a result (status: {j['status']}){advice}"
 
 
