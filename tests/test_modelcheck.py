@@ -549,7 +549,7 @@ def test_noise_on_states_far_from_0_is_not_taken_for_a_missing_term(tmp_path):
 
 
 def test_a_model_whose_free_run_is_worse_than_the_mean_is_said_to_be_poor():
-    """A run whose rounds converged (status ok) but whose model, run freely on the held-out
+    """A run of status ok whose model, run freely on the held-out
     trajectories, predicts worse than each state's held-out mean gets a warning naming the
     NRMSE; fnsysid show marks its scores. Where the held-out runs are too short for the
     model check, the line is information that says so, not a warning."""
@@ -562,8 +562,25 @@ def test_a_model_whose_free_run_is_worse_than_the_mean_is_said_to_be_poor():
     assert free_run_warning(poor) == (
         "the identified model runs freely on the held-out trajectories with NRMSE 1.83 (mean "
         "over clients; max 2.11), worse than each state's held-out mean (NRMSE 1): it does not "
-        "describe the dynamics, though the rounds converged (status ok); see the model check "
-        "and fnsysid compare (another library, or sparsity)", True)
+        "describe the dynamics, though the status is ok (the rounds neither diverged nor "
+        "grew); see the model check and fnsysid compare (another library, or sparsity)", True)
+    # clients whose own fits differ, the class right: their spread, not the library
+    differ = {"test": "Cochran's Q", "pvalue": [1e-12, 0.3], "rejected": [True, False]}
+    apart = {**poor, "ci": {"clients_differ": differ}, "model_check": {"verdict": "ok"}}
+    line, warn = free_run_warning(apart)
+    assert warn and line.endswith(
+        "(NRMSE 1): the clients' own fits differ by more than their noise (Cochran's Q, p = "
+        "1e-12 in 1 of 2 repeats), and one model of them all runs freely far from each "
+        "client's own dynamics; the library is not what is missing (the model check finds the "
+        "class right): personalize=auto gives each client its own model")
+    line = free_run_warning({**apart, "personalize": "auto"})[0]
+    assert line.endswith("the personalized models of client_estimates.csv are each client's "
+                         "(these scores are the shared estimate's)")
+    # a test not read (the own fits carry round-off) says nothing; a wrong class: the library
+    unread = {**apart, "ci": {"clients_differ": {**differ, "read": False}}}
+    assert "differ" not in free_run_warning(unread)[0]
+    wrong = free_run_warning({**apart, "model_check": {"verdict": "missing terms"}})[0]
+    assert "(another library, or sparsity); the clients' own fits differ" in wrong
     short = {**poor, "model_check": {"verdict": None, "reason": SHORT}}
     line, warn = free_run_warning(short)
     assert not warn and "it does not describe" not in line

@@ -1009,13 +1009,40 @@ def free_run_warning(summary: dict) -> tuple[str, bool] | None:
                   f"a one-step NRMSE of {precision['nrmse_added']:.3g}, "
                   f"{own_precision_who(precision)} (conditioning.own_precision)")
         if check is None or check.get("verdict") in ("ok", "overfit", None):
-            return (f"{head}: it does not describe the dynamics, though the rounds converged "
-                    f"(status ok); the estimate, not the library, is poor: {spoilt}"), True
-        return (f"{head}: it does not describe the dynamics, though the rounds converged "
-                "(status ok); see the model check and fnsysid compare (another library, or "
-                f"sparsity); the estimate is poor too: {spoilt}"), True
-    return (f"{head}: it does not describe the dynamics, though the rounds converged (status "
-            "ok); see the model check and fnsysid compare (another library, or sparsity)"), True
+            return (f"{head}: it does not describe the dynamics, though the status is ok (the "
+                    f"rounds neither diverged nor grew); the estimate, not the library, is "
+                    f"poor: {spoilt}"), True
+        return (f"{head}: it does not describe the dynamics, though the status is ok (the "
+                "rounds neither diverged nor grew); see the model check and fnsysid compare "
+                f"(another library, or sparsity); the estimate is poor too: {spoilt}"), True
+    apart = _clients_apart(summary)
+    if apart and (check is None or check.get("verdict") in ("ok", "overfit", None)):
+        return (f"{head}: {apart}, and one model of them all runs freely far from each client's "
+                "own dynamics; the library is not what is missing"
+                + (" (the model check finds the class right)" if check is not None and
+                   check.get("verdict") in ("ok", "overfit") else "")
+                + ": " + ("the personalized models of client_estimates.csv are each client's "
+                          "(these scores are the shared estimate's)"
+                          if summary.get("personalize") == "auto" else
+                          "personalize=auto gives each client its own model")), True
+    return (f"{head}: it does not describe the dynamics, though the status is ok (the rounds "
+            "neither diverged nor grew); see the model check and fnsysid compare (another "
+            "library, or sparsity)" + (f"; {apart} too" if apart else "")), True
+
+
+def _clients_apart(summary: dict) -> str | None:
+    """In words, where Cochran's Q found the clients' own fits to differ by more than their
+    noise (``ci.clients_differ``, where it is read, or ``personalize_reml``) in some repeat,
+    else None."""
+    for test in ((summary.get("ci") or {}).get("clients_differ"),
+                 summary.get("personalize_reml")):
+        if not test or test.get("read") is False or not any(test.get("rejected") or []):
+            continue
+        pv = [v for v in test.get("pvalue") or [] if v is not None]
+        return (f"the clients' own fits differ by more than their noise (Cochran's Q, p = "
+                f"{min(pv):.2g} in {sum(test['rejected'])} of {len(test['rejected'])} "
+                "repeats)")
+    return None
 
 
 def noise_note(check: dict | None) -> str | None:
