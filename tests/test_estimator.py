@@ -444,3 +444,35 @@ def test_equations_show_small_terms_and_bracket_a_signed_feature(fitted):
     pend = FederatedSysID(system="pendulum", R=2, M=2, repeats=1, progress=False).fit()
     (line,) = pend.equations()
     assert line.startswith("d_omega = ") and " (-g*sin(alpha)*dt) + " in line
+
+
+def test_a_fitted_estimator_pickles(fitted):
+    """A fitted FederatedSysID holds its checked settings, a model built at run time that
+    pickle could not find by name (``joblib.dump`` raised PicklingError)."""
+    import pickle
+
+    m, df = fitted
+    val = df[df["split"] == "val"]
+    back = pickle.loads(pickle.dumps(m))
+    assert type(back.result_.settings).__name__ == "CheckedSettings"
+    pd.testing.assert_frame_equal(back.predict(val), m.predict(val))
+
+
+@pytest.mark.slow
+def test_a_fitted_estimator_loads_and_predicts_the_same_in_a_new_process(fitted, tmp_path):
+    """Saved, loaded in a fresh interpreter (where the checked model is built when pickle
+    asks for it by name), it predicts what it predicted."""
+    import pickle
+    import subprocess
+    import sys
+
+    m, df = fitted
+    val = df[df["split"] == "val"]
+    path = tmp_path / "model.pkl"
+    path.write_bytes(pickle.dumps(m))
+    val.to_pickle(tmp_path / "val.pkl")
+    code = ("import pickle, sys, pandas as pd; m = pickle.load(open(sys.argv[1], 'rb')); "
+            "m.predict(pd.read_pickle(sys.argv[2])).to_pickle(sys.argv[3])")
+    subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "val.pkl"),
+                    str(tmp_path / "pred.pkl")], check=True, capture_output=True)
+    pd.testing.assert_frame_equal(pd.read_pickle(tmp_path / "pred.pkl"), m.predict(val))

@@ -460,6 +460,8 @@ def tables() -> dict[str, dict[str, type]]:
 def __getattr__(name: str):
     if name in _TABLE_NAMES:
         return tables()[_TABLE_NAMES[name]]
+    if name == "CheckedSettings":        # what pickle finds a checked model's class by
+        return checked_model()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # --- data, runtime and the plain sections --------------------------------------------------------
@@ -740,7 +742,9 @@ def checked_model(plain: Mapping | None = None) -> type[Settings]:
         tabs = {**tabs, "feature_map": {t: m.nesting(any_map) if issubclass(m, Concat) else m
                                         for t, m in maps.items()}}
         fields = {name: (_group_union(name, tabs[name]), ...) for name in GROUP_MODELS}
-        _CHECKED["model"] = create_model("Settings", __base__=Settings,
+        # named apart from Settings, and found by that name through the module's
+        # __getattr__, so that a model of it pickles (a fitted FederatedSysID holds one)
+        _CHECKED["model"] = create_model("CheckedSettings", __base__=Settings,
                                          __module__=__name__, **fields)
         _CHECKED["version"] = registry.version()
     return _CHECKED["model"]
