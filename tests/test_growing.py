@@ -72,6 +72,35 @@ def test_an_error_still_rising_at_a_steady_rate_above_its_start_is_growing():
     assert growth(_errors([1.0, 0.5, 10.01]))["rule"] == "limit"
 
 
+def test_a_run_that_ends_above_its_start_without_growing_is_warned_of(caplog):
+    """The pendulum at lr 1.9 (5 repeats of 20 clients): e_max 2.3 and 3.5 at round 50 from
+    1.0, oscillating down (0.005 at round 300), neither above 10 times its start nor rising:
+    status ok, which it stays, and said nowhere. A warning now says the model is worse than
+    where it began; the rule on made-up tables: the last round above max(1, start)."""
+    from fnsysid.results.history import above_start
+    from tests.conftest import engine
+
+    assert above_start(_errors([1.0, 3.0, 2.3])) == {"metric": "e_max", "start": 1.0,
+                                                     "final": 2.3, "repeat": 0}
+    assert above_start(_errors([1.0, 3.0, 0.9])) is None
+    assert above_start(_errors([0.01, 0.5, 0.9])) is None      # below 1: the noise's floor
+    assert above_start(_errors([[2.0, 1.0, 2.5], [1.0, 0.5, 1.9]], repeats=2))["repeat"] == 0
+    caplog.set_level("WARNING", logger="fnsysid")
+    base = ("system=pendulum", "lr=1.9", "repeats=2", "output.plot=false", "progress=false")
+    late = engine(*base, "R=50").summary
+    assert late["status"] == "ok" and "growth" not in late
+    a = late["above_start"]
+    assert a["metric"] == "e_max" and a["start"] == 1.0 and a["final"] > 2
+    said = [r.getMessage() for r in caplog.records if "worse than where it began" in
+            r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("the run ends with e_max ")
+    assert said[0].endswith("more rounds (R) or a smaller lr")
+    caplog.clear()
+    settled = engine(*base, "R=300").summary
+    assert "above_start" not in settled and settled["final_e_max_mean"] < 0.05
+    assert not [r for r in caplog.records if "worse than where it began" in r.getMessage()]
+
+
 def test_rule_reads_the_one_step_nrmse_without_a_ground_truth():
     nan = np.nan
     g = growth(_errors([nan, nan, nan], nrmse=[1.5, 1.0, 16.0]))

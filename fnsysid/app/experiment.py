@@ -594,6 +594,13 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
         summary.pop("growth", None)          # judged on the rows of a run that did not end
         summary["status"] = "interrupted"
         summary["interrupted_by"] = signal.Signals(signum).name
+    if summary["status"] == "ok" and "growth" not in summary:
+        from fnsysid.results.history import above_start, above_start_line
+
+        late = above_start(tables["errors"], getattr(hist, "fleet", None))
+        if late is not None:
+            summary["above_start"] = late
+            log.warning(above_start_line(late, summary["rounds_completed"]))
     said = free_run_warning(summary)       # after every status (it names it: ok)
     if said:
         (log.warning if said[1] else log.info)(said[0])

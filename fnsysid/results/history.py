@@ -132,6 +132,46 @@ def growth(errors, fleet: dict | None = None) -> dict | None:
     return None
 
 
+def above_start(errors, fleet: dict | None = None) -> dict | None:
+    """Where no repeat :func:`growth` flags, the repeat whose error at the last round is still
+    above ``max(1, start)`` (``start`` the largest error at round 0; on the fleet's scale
+    where ``fleet`` gives it, as :func:`growth`): a model worse than where the run began and
+    worse than the zero model (relative error above 1), though neither growing steadily nor
+    above the growth limit, as an oscillation that has not yet settled (the pendulum at
+    ``lr=1.9``: ``e_max`` 2.3 at round 50 from 1.0, 0.005 at round 300). ``{"metric",
+    "start", "final", "repeat"}``, or None. The metric is :func:`growth`'s."""
+    rounds = np.asarray(errors["round"])
+    if not len(rounds):
+        return None
+    repeats = np.asarray(errors["repeat"])
+    for metric in ("e_max", "nrmse_1step_max"):
+        e = np.asarray(errors[metric], dtype=float)
+        first, last = e[rounds == 0], e[rounds == rounds.max()]
+        if np.isnan(first).all() or np.isnan(last).all():
+            continue
+        start = float(np.nanmax(first))
+        judged = last
+        limit = max(1.0, start)
+        if metric == "e_max" and fleet is not None:        # judged on the fleet's scale
+            judged = np.where(np.isnan(last), np.nan, np.asarray(fleet["final"], float))
+            limit = max(1.0, float(np.nanmax(np.asarray(fleet["start"], float))))
+        worst = int(np.nanargmax(judged))
+        if not judged[worst] > limit:
+            return None
+        return {"metric": metric, "start": start, "final": float(last[worst]),
+                "repeat": int(repeats[rounds == rounds.max()][worst])}
+    return None
+
+
+def above_start_line(a: dict, rounds: int) -> str:
+    """The warning of :func:`above_start`'s ``a`` after ``rounds`` rounds."""
+    return (f"the run ends with {a['metric']} {a['final']:.4g} at round {rounds} (repeat "
+            f"{a['repeat']}), above max(1, its start {a['start']:.4g}): a model worse than "
+            "where it began and than the zero model, though not growing: the rounds have not "
+            "settled (an oscillation near the largest stable lr, or too few rounds); more "
+            "rounds (R) or a smaller lr")
+
+
 def growth_line(g: dict, rounds: int, advice: str) -> str:
     """The log line of a ``growing`` run from :func:`growth`'s ``g``, ending with ``advice``
     (:func:`fnsysid.app.cli.lr_advice`)."""
