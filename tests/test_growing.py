@@ -80,8 +80,18 @@ def test_a_run_that_ends_above_its_start_without_growing_is_warned_of(caplog):
     from fnsysid.results.history import above_start
     from tests.conftest import engine
 
-    assert above_start(_errors([1.0, 3.0, 2.3])) == {"metric": "e_max", "start": 1.0,
-                                                     "final": 2.3, "repeat": 0}
+    assert above_start(_errors([1.0, 3.0, 2.3])) == {
+        "metric": "e_max", "start": 1.0, "final": 2.3, "repeat": 0, "rounds": 2,
+        "before": 1.0, "falling": False}
+    # still coming down over the last rounds, or heading up to a level (strategy=local)
+    down = above_start(_errors([1.0] + list(np.linspace(5.0, 2.0, 40))))
+    assert down["falling"] and down["rounds"] == 8 and down["before"] == pytest.approx(
+        5.0 - 3.0 * 31 / 39)
+    from fnsysid.results.history import above_start_line
+
+    assert "still coming down" in above_start_line(down, 40)
+    up = above_start(_errors(list(3.6 - 3.0 * 0.98 ** np.arange(301))))
+    assert not up["falling"] and "more of them do not mend" in above_start_line(up, 300)
     assert above_start(_errors([1.0, 3.0, 0.9])) is None
     assert above_start(_errors([0.01, 0.5, 0.9])) is None      # below 1: the noise's floor
     assert above_start(_errors([[2.0, 1.0, 2.5], [1.0, 0.5, 1.9]], repeats=2))["repeat"] == 0
@@ -94,7 +104,7 @@ def test_a_run_that_ends_above_its_start_without_growing_is_warned_of(caplog):
     said = [r.getMessage() for r in caplog.records if "worse than where it began" in
             r.getMessage()]
     assert len(said) == 1 and said[0].startswith("the run ends with e_max ")
-    assert said[0].endswith("more rounds (R) or a smaller lr")
+    assert "still coming down" in said[0] and "more rounds (R)" in said[0]
     caplog.clear()
     settled = engine(*base, "R=300").summary
     assert "above_start" not in settled and settled["final_e_max_mean"] < 0.05

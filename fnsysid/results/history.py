@@ -158,18 +158,32 @@ def above_start(errors, fleet: dict | None = None) -> dict | None:
         worst = int(np.nanargmax(judged))
         if not judged[worst] > limit:
             return None
+        s = repeats[rounds == rounds.max()][worst]
+        rows = repeats == s
+        order = np.argsort(rounds[rows])
+        es = e[rows][order]
+        window = min(rising_window(int(rounds.max())), len(es) - 1)
+        before = float(es[-window - 1])
         return {"metric": metric, "start": start, "final": float(last[worst]),
-                "repeat": int(repeats[rounds == rounds.max()][worst])}
+                "repeat": int(s), "rounds": int(window), "before": before,
+                "falling": bool(es[-1] < before)}
     return None
 
 
 def above_start_line(a: dict, rounds: int) -> str:
-    """The warning of :func:`above_start`'s ``a`` after ``rounds`` rounds."""
-    return (f"the run ends with {a['metric']} {a['final']:.4g} at round {rounds} (repeat "
+    """The warning of :func:`above_start`'s ``a`` after ``rounds`` rounds: an error still
+    coming down (more rounds, or a smaller lr where it oscillates), or one that is not
+    (rounds that head to a poor model, which more of them do not mend)."""
+    head = (f"the run ends with {a['metric']} {a['final']:.4g} at round {rounds} (repeat "
             f"{a['repeat']}), above max(1, its start {a['start']:.4g}): a model worse than "
-            "where it began and than the zero model, though not growing: the rounds have not "
-            "settled (an oscillation near the largest stable lr, or too few rounds); more "
-            "rounds (R) or a smaller lr")
+            "where it began and than the zero model, though not growing")
+    was = f"{a['before']:.4g} {a['rounds']} rounds before"
+    if a.get("falling"):
+        return (f"{head}: still coming down ({was}): more rounds (R), or a smaller lr where it "
+                "oscillates (near the largest stable lr)")
+    return (f"{head}, and not coming down ({was}): the rounds head to a poor model, which "
+            "more of them do not mend (with strategy=local, each client's own data; else the "
+            "data, the library (the model check) or the strategy)")
 
 
 def growth_line(g: dict, rounds: int, advice: str) -> str:
