@@ -144,4 +144,5 @@ def serve_personalize(ask, settings, strategy, model):
     return Personal(option, out["theta"], blank_untested(out["se"], reml), out["local"],
                     out["local_se"],
                     out["_e"], np.full(out["theta"].shape, np.nan),
-                    warning=reml_warning(reml), local_dof=out["local_dof"], reml=reml)
+                    warning=reml_warning(reml, out["local_se"]), local_dof=out["local_dof"],
+                    reml=reml)
