@@ -153,6 +153,7 @@ def test_the_command_line_exits_3_on_an_ill_conditioned_pooled_fit(tmp_path):
     assert rep["target"] == "x+" and rep["terms"] == ["u_mv", "u"]
     np.testing.assert_allclose(rep["weights"], [1.0, -1000.0], rtol=1e-9)
     assert "the terms u_mv, u of x+ repeat each other" in res.stdout + res.stderr
+    assert "or a trajectory that escapes" in res.stdout + res.stderr
     assert "u_mv - 1e+03 u = 0" in res.stdout + res.stderr
     shown = cli_in_process("show", str(out))
     assert shown.returncode == 3, shown.stderr
@@ -633,4 +634,4 @@ def test_show_reads_a_singular_gram_whose_condition_number_is_null():
     assert line.startswith("conditioning: the pooled Gram matrix's condition number inf "
                            "reaches 1/eps in repeat(s) 0")
     assert line.endswith("the terms x1copy, x1 of x1+ repeat each other in repeat 0's data "
-                         "(x1copy - 1 x1 = 0 on every sample, to round-off)")
+                         "(x1copy - 1 x1 = 0 to round-off over the pooled samples)")

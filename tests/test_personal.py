@@ -739,3 +739,32 @@ def test_a_heterogeneity_found_among_few_clients_is_said_to_be_uncertain(caplog)
     many = engine(*base, f"M={SMALL_FLEET}").summary
     assert many["personalize_reml"]["rejected"] == [True]
     assert not [r for r in caplog.records if "estimated from" in r.getMessage()]
+
+
+@pytest.mark.slow
+def test_auto_on_data_that_escape_says_it_broke_down_instead_of_a_traceback(tmp_path):
+    """A Duffing fleet of scripts/coverage_few_clients.py (seed 14) whose one trajectory
+    escapes to 4e13: on its sparse support auto's heterogeneity reached 6e126 in the scaled
+    parameters and a solve raised LinAlgError, a traceback. Now a warning, no personalized
+    models (judged not finite), exit 3 beside the run's ill_conditioned status."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "coverage_few_clients.py"
+    spec = importlib.util.spec_from_file_location("coverage_few_clients", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    folder = tmp_path / "fleet"
+    folder.mkdir()
+    with np.errstate(all="ignore"):
+        script.fleet(folder, 10, 0.3, 14)
+    out = tmp_path / "run"
+    res = cli_in_process("system=generic", "data=files", f"data.path={folder}",
+                         "data.states=[x1,x2]", "data.inputs=[u]", "data.trajectory=run",
+                         "data.time=time", "feature_map=polynomial", "feature_map.degree=3",
+                         "strategy=centralized_exact", "sparsity=stlsq", "personalize=auto",
+                         "output.plot=false", "progress=false", f"hydra.run.dir={out}")
+    text = res.stdout + res.stderr
+    assert res.returncode == 3 and "Traceback" not in text, text[-2000:]
+    assert "personalize=auto: a matrix of its fleet computation is singular" in text
+    assert "personalized models (personalize=auto) diverged: a model not finite" in text

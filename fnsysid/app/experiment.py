@@ -664,6 +664,7 @@ def conditioning(summary: dict, data, support, clients=None, enters=None,
     (:func:`own_fits_used`: what of the run is made from them) is not empty."""
     from fnsysid.results.metrics import (
         COND_LIMIT,
+        REPEATED_CAUSES,
         flat_term,
         gram_condition,
         repeated_terms,
@@ -682,9 +683,9 @@ def conditioning(summary: dict, data, support, clients=None, enters=None,
                                                         model.structure, support)
         if rep is not None:
             summary["conditioning"]["repeated"] = rep
-        check = (f"{repeated_words(rep)}: leave one of them out of the data or the library"
-                 if rep else "check the data for trajectories that escape or features that "
-                 "repeat each other")
+        check = (f"{repeated_words(rep)}: {REPEATED_CAUSES}" if rep else
+                 "check the data for trajectories that escape or features that repeat each "
+                 "other")
         log.warning("the pooled Gram matrix has condition number %.3g (repeat%s %s), at or "
                     "above 1/eps = %.3g: the estimate keeps no correct digit (status: "
                     "ill_conditioned); %s", worst, "s" if len(bad) > 1 else "",

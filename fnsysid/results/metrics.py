@@ -809,7 +809,13 @@ def repeated_words(rep: dict | None) -> str:
         return ""
     of = f" of {rep['target']}" if rep.get("target") else ""
     return (f"the terms {', '.join(rep['terms'])}{of} repeat each other in repeat "
-            f"{rep['repeat']}'s data ({rep['relation']} on every sample, to round-off)")
+            f"{rep['repeat']}'s data ({rep['relation']} to round-off over the pooled samples)")
+
+
+#: what :func:`repeated_terms`' dependence can come from, and what to do
+REPEATED_CAUSES = ("a feature that repeats another (leave one of them out of the data or the "
+                   "library), or a trajectory that escapes, whose largest samples make its "
+                   "terms proportional (check the data's largest values)")
 
 
 def gram_condition(H: np.ndarray, support: np.ndarray | None = None) -> np.ndarray:

@@ -389,22 +389,28 @@ def personalized(settings, model, strategy, data) -> Personal | None:
         sup = np.asarray(support, bool)[:, None, :]
         sse = own_sse(model, data, sup)
         local, local_se, _, dof = own_intervals(model, data, sup, sse=sse)
-        models, se, reml = auto_on_support(model, data, support, sse)
+        try:
+            models, se, reml = auto_on_support(model, data, support, sse)
+            warning = reml_warning(reml, local_se)
+        except np.linalg.LinAlgError:
+            models, se, reml, warning = _broke_down(local.shape)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             errors = ParameterErrors(data.theta_true)(models)
         return Personal(option.name, models, se, local, local_se, errors, data.theta_true,
-                        reml_warning(reml, local_se), per_parameter_dof(model, data, dof),
-                        reml)
+                        warning, per_parameter_dof(model, data, dof), reml)
     sse = own_sse(model, data)
     local, local_se, _, dof = own_intervals(model, data, sse=sse)
     local_dof = per_parameter_dof(model, data, dof)
     warning, reml = None, None
     if option.name == "auto":
         yy, blocks = target_stats(model, data)
-        models, se, fl = pers.auto(data.H, data.b, yy, data.n, blocks, sse=sse)
-        reml = reml_summary(fl)
-        se = blank_untested(se, reml)
-        warning = reml_warning(reml, local_se)
+        try:
+            models, se, fl = pers.auto(data.H, data.b, yy, data.n, blocks, sse=sse)
+            reml = reml_summary(fl)
+            se = blank_untested(se, reml)
+            warning = reml_warning(reml, local_se)
+        except np.linalg.LinAlgError:
+            models, se, reml, warning = _broke_down(local.shape)
     else:
         with np.errstate(over="ignore", invalid="ignore"):    # judged by judge_models
             models = pers.finetune(strategy.optimizer, data, model, strategy.estimate(),
@@ -414,6 +420,17 @@ def personalized(settings, model, strategy, data) -> Personal | None:
         errors = ParameterErrors(data.theta_true)(models)
     return Personal(option.name, models, se, local, local_se, errors, data.theta_true, warning,
                     local_dof, reml)
+
+
+def _broke_down(shape) -> tuple:
+    """``auto``'s (models, se, reml, warning) where its linear algebra raised: no models (NaN,
+    which :func:`judge_models` finds not finite: the run exits 3) and a line that says why."""
+    nan = np.full(shape, np.nan)
+    return nan, nan.copy(), None, (
+        "personalize=auto: a matrix of its fleet computation is singular to working "
+        "precision on these data (a heterogeneity many orders of magnitude beyond the "
+        "clients' information: data that escape, or terms that repeat each other; see the "
+        "conditioning line): no personalized models")
 
 
 def _judged(models, errors, start: float, absent_ok: bool) -> dict:
