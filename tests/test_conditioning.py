@@ -525,6 +525,9 @@ def test_own_fits_that_interpolate_their_data_are_judged_on_the_pooled_noise(cap
     # what the pooled fit saves on the held-out one-step NRMSE (1.55 against 0.86)
     excess = np.sqrt(one["final_nrmse_1step_mean"] ** 2 - exact["final_nrmse_1step_mean"] ** 2)
     assert 1 < excess < added < 2
+    # no interval, and the reason (the summary named a method beside empty columns)
+    assert one["ci"]["estimates"].startswith("average of the clients' least squares: no "
+                                             "client has more samples than coefficients")
     assert any("own fits alone adds" in m.getMessage() for m in caplog.records)
 
 

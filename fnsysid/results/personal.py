@@ -573,7 +573,12 @@ def server_intervals(strategy, data, model) -> tuple[np.ndarray | None, str, np.
         if support is not None:
             var = np.where(support, var, np.nan)
         note = "average of the clients' least squares"
-        return (np.sqrt(var)[:, None], note if support is None else note + " on the kept terms",
+        se_all = np.sqrt(var)[:, None]
+        if support is None and not np.isfinite(se_all).any():
+            return None, (f"{note}: no client has more samples than coefficients, so none "
+                          "has a residual variance to give its fit an error (more samples a "
+                          "client, or strategy=centralized_exact, whose pooled fit has one)"), None
+        return (se_all, note if support is None else note + " on the kept terms",
                 ws[:, None])
     return None, ("the estimate is an iterate of gradient steps, not the solution of a "
                   "least-squares problem: its error is mostly the distance to its fixed point, "
