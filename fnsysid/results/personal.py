@@ -120,8 +120,9 @@ def reml_warning(reml: dict | None, local_se: np.ndarray | None = None) -> str |
     :data:`SMALL_FLEET` clients with their own fit (a finite ``local_se`` (S, M, p)): the
     intervals take the heterogeneity as known, whose variances ``m`` clients give to about
     ``sqrt(2 / (m - 1))`` of themselves, and cover less than their level (a Duffing fleet on
-    its 4-term support, spread 30 % in three coefficients: 85 % at 10 clients, 91 % at 20,
-    94 % at 30, against 92-94 % for the clients' own least squares; docs/ALGORITHMS.md)."""
+    its 4-term support, spread 30 % in three coefficients: 89 % at 10 clients, 92 % at 20,
+    94 % at 40, against 95 % for the clients' own least squares;
+    ``scripts/coverage_few_clients.py``, docs/ALGORITHMS.md)."""
     if not reml:
         return None
     said = []
@@ -134,7 +135,7 @@ def reml_warning(reml: dict | None, local_se: np.ndarray | None = None) -> str |
                 f"fits, its variances to about {100 * np.sqrt(2 / (m - 1)):.0f} % "
                 "(sqrt(2 / (m - 1))), and the intervals of client_estimates.csv (se, ci_lo, "
                 "ci_hi) take it as known: with so few clients they may cover less than "
-                f"their level (a Duffing fleet: 85 % at 10 clients, 91 % at 20, 94 % at 30)")
+                f"their level (a Duffing fleet: 89 % at 10 clients, 92 % at 20, 94 % at 40)")
     gone = untested(reml)
     if gone:
         said.append(
