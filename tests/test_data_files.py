@@ -595,3 +595,18 @@ def test_write_client_files_writes_one_exact_csv_per_client(tmp_path):
         want = df[df["client"] == c].drop(columns="client").reset_index(drop=True)
         assert list(back.columns) == ["t", "x1", "u"]
         assert back.equals(want)                      # %.17g: every float reads back exactly
+
+
+def test_a_folder_named_like_a_number_is_refused_with_how_to_quote_it():
+    """``data.path=nan`` reaches the schema as a float: the one line says so and how to quote
+    the name."""
+    from fnsysid.config.messages import not_allowed
+
+    assert not_allowed("data.path", float("nan"), "a non-empty string").endswith(
+        "must be a non-empty string; nan was read as a number: quote a name that spells one "
+        "(data.path='nan' on the command line)")
+    assert not_allowed("data.path", True, "a non-empty string").endswith(
+        "true was read as a boolean: quote a name that spells one (data.path='true' on the "
+        "command line)")
+    assert not_allowed("M", 0, "an integer >= 1") == \
+        "M=0 is not allowed: M must be an integer >= 1"

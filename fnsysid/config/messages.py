@@ -47,7 +47,12 @@ def message(error: dict, root, data: Mapping, meanings: Mapping[str, str],
 def not_allowed(key: str, value, what: str, meaning: str | None = None) -> str:
     """``M=0 is not allowed: M (number of clients) must be an integer >= 1``."""
     meaning = f" ({meaning})" if meaning else ""
-    return f"{key}={show(value)} is not allowed: {key}{meaning} must be {what}"
+    # the command line reads nan, inf, true, 123 ... as values, not as the names they spell
+    quote = (f"; {show(value)} was read as a "
+             f"{'boolean' if isinstance(value, bool) else 'number'}: quote a name that "
+             f"spells one ({key}='{show(value)}' on the command line)"
+             if what == "a non-empty string" and isinstance(value, (bool, int, float)) else "")
+    return f"{key}={show(value)} is not allowed: {key}{meaning} must be {what}{quote}"
 
 
 def field_words(info) -> str:
