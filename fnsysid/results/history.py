@@ -135,15 +135,23 @@ def growth(errors, fleet: dict | None = None) -> dict | None:
 def above_start(errors, fleet: dict | None = None) -> dict | None:
     """Where no repeat :func:`growth` flags, the repeat whose error at the last round is still
     above ``max(1, start)`` (``start`` the largest error at round 0; on the fleet's scale
-    where ``fleet`` gives it, as :func:`growth`): a model worse than where the run began and
-    worse than the zero model (relative error above 1), though neither growing steadily nor
-    above the growth limit, as an oscillation that has not yet settled (the pendulum at
-    ``lr=1.9``: ``e_max`` 2.3 at round 50 from 1.0, 0.005 at round 300). ``{"metric",
-    "start", "final", "repeat"}``, or None. The metric is :func:`growth`'s."""
+    where ``fleet`` gives it, as :func:`growth`) on every metric the run has (``e_max`` with
+    a ground truth, the held-out one-step NRMSE ``nrmse_1step_max`` with held-out data): a
+    model worse than where the run began and than the zero model, by its parameters and by
+    its predictions alike, though neither growing steadily nor above the growth limit
+    (``strategy=local`` on the stored ``compare_synthetic``: ``e_max`` 0.65 to 3.54 and
+    one-step NRMSE 1.73 to 2.89 over 300 rounds). A parameter error that rises for a while
+    as the predictions improve is a hump on the way to convergence, not this (the paper's
+    pendulum at M = 1: ``e_max`` 1.0 to 1.6 at round 50, 0.004 at round 1000, while the
+    NRMSE falls from the start). ``{"metric", "start", "final", "repeat", "rounds",
+    "before", "falling"}`` of the first metric (``rounds``: the last rounds read,
+    :func:`rising_window`; ``before``: its error that many rounds before the last;
+    ``falling``: lower now), or None."""
     rounds = np.asarray(errors["round"])
     if not len(rounds):
         return None
     repeats = np.asarray(errors["repeat"])
+    found = []
     for metric in ("e_max", "nrmse_1step_max"):
         e = np.asarray(errors[metric], dtype=float)
         first, last = e[rounds == 0], e[rounds == rounds.max()]
@@ -157,17 +165,16 @@ def above_start(errors, fleet: dict | None = None) -> dict | None:
             limit = max(1.0, float(np.nanmax(np.asarray(fleet["start"], float))))
         worst = int(np.nanargmax(judged))
         if not judged[worst] > limit:
-            return None
+            return None                   # one metric the run has is not above its start
         s = repeats[rounds == rounds.max()][worst]
         rows = repeats == s
-        order = np.argsort(rounds[rows])
-        es = e[rows][order]
+        es = e[rows][np.argsort(rounds[rows])]
         window = min(rising_window(int(rounds.max())), len(es) - 1)
         before = float(es[-window - 1])
-        return {"metric": metric, "start": start, "final": float(last[worst]),
-                "repeat": int(s), "rounds": int(window), "before": before,
-                "falling": bool(es[-1] < before)}
-    return None
+        found.append({"metric": metric, "start": start, "final": float(last[worst]),
+                      "repeat": int(s), "rounds": int(window), "before": before,
+                      "falling": bool(es[-1] < before)})
+    return found[0] if found else None
 
 
 def above_start_line(a: dict, rounds: int) -> str:
