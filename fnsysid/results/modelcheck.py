@@ -17,12 +17,10 @@ statistics of the tests and the verdict), so that differences between clients
   per repeat, target, variable and lag (Billings and Voon's band ``+-z / sqrt(N)`` on a
   pooled correlation of ``N`` samples), with a Bonferroni correction over every test of the
   run. A rejection counts where the pooled correlation ``Z / sqrt(N)`` is at least
-  :data:`MATERIAL` too. A target whose only rejected tests are a negative ``phi_ee`` at lag
-  1 and ``phi_e(ez)`` at lag 0 (``e_t (e z)_{t-1}``, which carries the lag-1 correlation
-  times ``z``'s mean over its root mean square, so no larger in size) is not counted: that
-  is the moving average that noise on the measured states leaves in the one-step residuals
-  (``v_{t+1} - a v_t``, correlation ``-a / (1 + a^2)``, -0.5 for states that change little
-  per step), not a missing term; ``measurement_noise`` names
+  :data:`MATERIAL` too. A target whose only rejected test is a negative ``phi_ee`` at lag
+  1 is not counted: that is the moving average that noise on the measured states leaves in
+  the one-step residuals (``v_{t+1} - a v_t``, correlation ``-a / (1 + a^2)``, -0.5 for
+  states that change little per step), not a missing term; ``measurement_noise`` names
   those targets and the run says so (least squares is then biased by the noise on its
   regressors, errors in variables; the free run judges the model).
 - **held-out excess**: under the right class, a client's held-out sum of squared errors over
@@ -665,18 +663,12 @@ def combine(model, st: dict, support=None, level: float = LEVEL) -> dict | None:
         pz = np.where(den_sum > 0, _tail_normal(Zp), np.nan)
     tests = int(np.isfinite(pz).sum())
     rejected = np.isfinite(pz) & (pz * max(tests, 1) < level) & (np.abs(r) >= MATERIAL)
-    # noise on the measured states: a target whose only rejected tests are a negative phi_ee
-    # at lag 1 (an MA(1) residual) and phi_e(ez) at lag 0, e_t (e z)_{t-1}, which carries
-    # that correlation times z's mean over its root mean square (no larger), is not counted
-    # as a missing term
+    # noise on the measured states: a target whose only rejected test is a negative phi_ee
+    # at lag 1 (an MA(1) residual) is not counted as a missing term
     lag1 = labels.index(("ee", None, 1))
-    carried = np.array([kind == "e(ez)" and k == 0 for kind, _, k in labels])
-    carried = carried & (np.abs(r) <= np.abs(r[..., lag1:lag1 + 1]))      # (S, n_y, tests)
-    others = rejected.copy()
-    others[..., lag1] = False
     noisy = (rejected[..., lag1] & (r[..., lag1] < 0)
-             & ~(others & ~carried).any(axis=-1))                           # (S, n_y)
-    rejected &= ~(noisy[..., None] & (carried | (np.arange(len(labels)) == lag1)))
+             & (rejected.sum(axis=-1) == 1))                                # (S, n_y)
+    rejected[..., lag1] &= ~noisy
     white = None if not tests else bool(not rejected.any())
     p_min = float(np.nanmin(pz)) if tests else None
     variables = list(model.system.state_names) + list(model.system.input_names)
@@ -1054,8 +1046,7 @@ def noise_note(check: dict | None) -> str | None:
                       zip(check["measurement_noise"], check["measurement_noise_correlation"],
                           strict=True))
     return ("model check: the one-step residuals are correlated at lag 1 and at no other lag "
-            f"or variable beyond what that carries ({pairs}), as noise on the measured states "
-            "makes them, not a missing "
+            f"or variable ({pairs}), as noise on the measured states makes them, not a missing "
             "term: not counted against the model class; least squares is biased by noise on "
             "its regressors (errors in variables), more so the larger the noise's share of "
             "the states' variation; the free run judges the model")
