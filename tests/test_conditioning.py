@@ -636,5 +636,18 @@ def test_show_reads_a_singular_gram_whose_condition_number_is_null():
     line = _conditioning_line(cond)
     assert line.startswith("conditioning: the pooled Gram matrix's condition number inf "
                            "reaches 1/eps in repeat(s) 0")
+    # an affine dependence reads with the constant's weight alone, and a term of a small
+    # weight stays in it (big = 1000 u + x: not "big - 1e+03 u")
+    from fnsysid.results.metrics import repeated_terms
+
+    rng = np.random.default_rng(0)
+    x, u = rng.normal(size=200), rng.normal(size=200)
+    for extra, names, relation in [(5 + 3 * u, ["1", "x", "u", "aff"], "aff - 5 - 3 u = 0"),
+                                   (1000 * u + x, ["1", "x", "u", "big"],
+                                    "big - 1e+03 u - 1 x = 0")]:
+        F = np.stack([np.ones(200), x, u, extra], axis=1)
+        rep = repeated_terms((F.T @ F)[None, None], [f"y+:{n}" for n in names],
+                             np.eye(4)[None])
+        assert rep["relation"] == relation
     assert line.endswith("the terms x1copy, x1 of x1+ repeat each other in repeat 0's data "
                          "(x1copy - 1 x1 = 0 to round-off over the pooled samples)")

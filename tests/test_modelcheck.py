@@ -543,7 +543,15 @@ def test_a_model_whose_free_run_is_worse_than_the_mean_is_said_to_be_poor():
                          "(these scores are the shared estimate's)")
     # a test not read (the own fits carry round-off) says nothing; a wrong class: the library
     unread = {**apart, "ci": {"clients_differ": {**differ, "read": False}}}
-    assert "differ" not in free_run_warning(unread)[0]
+    line = free_run_warning(unread)[0]
+    assert "Cochran" not in line and line.endswith(
+        "and the model check finds the class right: the estimate rather than the library; "
+        "the clients may differ beyond what the run could test (personalize=auto gives each "
+        "client its own model); fnsysid compare ranks other runs")
+    # no model check: the library is not judged, the spread only possibly the cause
+    line = free_run_warning({**apart, "model_check": None})[0]
+    assert "the library is not what is missing" not in line
+    assert line.endswith("the model check did not judge the library")
     wrong = free_run_warning({**apart, "model_check": {"verdict": "missing terms"}})[0]
     assert "(another library, or sparsity); the clients' own fits differ" in wrong
     short = {**poor, "model_check": {"verdict": None, "reason": SHORT}}

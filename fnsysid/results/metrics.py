@@ -744,8 +744,9 @@ def own_mean_error(model, data, support=None, weights=None) -> dict | None:
 
 
 #: the terms of a near-dependence :func:`repeated_terms` names: weights of at least this
-#: fraction of the largest (in unit-scaled regressors), at most :data:`REPEATED_SHOWN` of them
-REPEATED_WEIGHT, REPEATED_SHOWN = 0.1, 6
+#: fraction of the largest (in unit-scaled regressors; below it the eigenvector's own
+#: round-off), at most :data:`REPEATED_SHOWN` of them
+REPEATED_WEIGHT, REPEATED_SHOWN = 1e-6, 6
 
 
 def repeated_terms(H: np.ndarray, param_names, structure, support=None,
@@ -796,8 +797,10 @@ def repeated_terms(H: np.ndarray, param_names, structure, support=None,
             names = [str(param_names[idx[i]]) for i in order]
             target = names[0].split(":", 1)[0] if ":" in names[0] else None
             terms = [n.split(":", 1)[1] if ":" in n else n for n in names]
-            relation = terms[0] + "".join(f" {'-' if w < 0 else '+'} {abs(w):.3g} {t}"
-                                          for w, t in zip(raw[1:], terms[1:], strict=True))
+            # the constant feature "1" is written as its weight alone ("aff - 5 - 3 u")
+            relation = terms[0] + "".join(
+                f" {'-' if w < 0 else '+'} {abs(w):.3g}" + ("" if t == "1" else f" {t}")
+                for w, t in zip(raw[1:], terms[1:], strict=True))
             return {"repeat": s, "target": target, "terms": terms,
                     "weights": [float(w) for w in raw], "relation": f"{relation} = 0"}
     return None

@@ -1008,15 +1008,23 @@ def free_run_warning(summary: dict) -> tuple[str, bool] | None:
                 "rounds neither diverged nor grew); see the model check and fnsysid compare "
                 f"(another library, or sparsity); the estimate is poor too: {spoilt}"), True
     apart = _clients_apart(summary)
-    if apart and (check is None or check.get("verdict") in ("ok", "overfit", None)):
-        return (f"{head}: {apart}, and one model of them all runs freely far from each client's "
-                "own dynamics; the library is not what is missing"
-                + (" (the model check finds the class right)" if check is not None and
-                   check.get("verdict") in ("ok", "overfit") else "")
-                + ": " + ("the personalized models of client_estimates.csv are each client's "
-                          "(these scores are the shared estimate's)"
-                          if summary.get("personalize") == "auto" else
-                          "personalize=auto gives each client its own model")), True
+    right = check is not None and check.get("verdict") in ("ok", "overfit")
+    own = ("the personalized models of client_estimates.csv are each client's (these scores "
+           "are the shared estimate's)" if summary.get("personalize") == "auto" else
+           "personalize=auto gives each client its own model")
+    if apart and right:
+        return (f"{head}: {apart}, and one model of them all runs freely far from each "
+                "client's own dynamics; the library is not what is missing (the model check "
+                f"finds the class right): {own}"), True
+    if apart and (check is None or check.get("verdict") is None):
+        return (f"{head}: {apart}, and one model of them all may run freely far from each "
+                f"client's own dynamics ({own}); the model check did not judge the library"
+                ), True
+    if right:
+        return (f"{head}: it does not describe the dynamics, though the status is ok (the "
+                "rounds neither diverged nor grew) and the model check finds the class right: "
+                "the estimate rather than the library; the clients may differ beyond what "
+                f"the run could test ({own}); fnsysid compare ranks other runs"), True
     return (f"{head}: it does not describe the dynamics, though the status is ok (the rounds "
             "neither diverged nor grew); see the model check and fnsysid compare (another "
             "library, or sparsity)" + (f"; {apart} too" if apart else "")), True
