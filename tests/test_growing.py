@@ -72,7 +72,7 @@ def test_an_error_still_rising_at_a_steady_rate_above_its_start_is_growing():
     assert growth(_errors([1.0, 0.5, 10.01]))["rule"] == "limit"
 
 
-def test_a_run_that_ends_above_its_start_without_growing_is_warned_of(caplog):
+def test_a_run_that_ends_above_its_start_without_growing_is_warned_of():
     """``strategy=local`` on the stored compare_synthetic settings (R = 60 here): each
     client's own fit of 10 samples, e_max 0.65 -> 1.89 and one-step NRMSE 1.73 -> 2.89,
     neither above 10 times its start nor rising steadily: status ok, which it stays, and
@@ -82,7 +82,6 @@ def test_a_run_that_ends_above_its_start_without_growing_is_warned_of(caplog):
     one-step NRMSE falls 2.0 -> 0.5): no warning. The rule on made-up tables: the last round
     above max(1, start) on every metric the run has."""
     from fnsysid.results.history import above_start, above_start_line
-    from tests.conftest import engine
 
     assert above_start(_errors([1.0, 3.0, 2.3])) == {
         "metric": "e_max", "start": 1.0, "final": 2.3, "repeat": 0, "rounds": 2,
@@ -100,6 +99,14 @@ def test_a_run_that_ends_above_its_start_without_growing_is_warned_of(caplog):
     assert "still coming down" in above_start_line(down, 40)
     up = above_start(_errors(list(3.6 - 3.0 * 0.98 ** np.arange(301))))
     assert not up["falling"] and "more of them do not mend" in above_start_line(up, 300)
+
+
+@pytest.mark.slow
+def test_a_run_that_ends_above_its_start_is_warned_of_and_a_hump_is_not(caplog):
+    """The two runs of the test above: strategy=local on compare_synthetic's settings, and
+    the pendulum at lr 1.9."""
+    from tests.conftest import engine
+
     caplog.set_level("WARNING", logger="fnsysid")
     local = engine("system=synthetic", "M=25", "N=2", "eps=0.5", "K=20", "lr=0.05", "R=60",
                    "optimizer.reduction=mean", "optimizer.scale_features=diagonal",

@@ -686,6 +686,7 @@ def test_group_sparsity_messages_carry_the_kept_terms_alone():
     np.testing.assert_array_equal(unpack_kept(pack_kept(mu, support, 1), support, 1), mu)
 
 
+@pytest.mark.slow
 def test_auto_without_two_determined_clients_says_so_and_gives_no_intervals(caplog):
     """N=1, T=3: three samples a client for five coefficients a target, so no own fit and no
     homogeneity test (p-value null). The personalized models are the pooled model, whose
@@ -718,6 +719,7 @@ def test_auto_without_two_determined_clients_says_so_and_gives_no_intervals(capl
     assert not [r for r in caplog.records if "neither tested" in r.getMessage()]
 
 
+@pytest.mark.slow
 def test_a_heterogeneity_found_among_few_clients_is_said_to_be_uncertain(caplog):
     """Heterogeneity found among 10 clients' own fits: its variances are known to about
     sqrt(2 / 9) = 47 %, which the intervals take as known (a Duffing fleet on its support
