@@ -264,11 +264,10 @@ def _q_pvalue(Q, m, p: int, dof=None) -> np.ndarray:
     with 3, 2.8 % with 10) and above the level below that (5.7 % with 2, 8.3 % with 1).
     Taking the groups' variances as independent instead (``G`` times the degrees of
     freedom) rejected 23 % at level 0.05 on the synthetic fleet, where this rejects 5 %.
-    Taking the
-    variances as known rejected 56 % of homogeneous fleets at level 0.05 with three clients
-    of one residual degree of freedom each (20 % with five each; docs/ALGORITHMS.md). The
-    tails are ``scipy.special``'s ``fdtrc`` and ``chdtrc`` (as ``scipy.stats``' ``f.sf`` and
-    ``chi2.sf``, without importing ``scipy.stats``)."""
+    Taking the variances as known rejected 56 % of homogeneous fleets at level 0.05 with
+    three clients of one residual degree of freedom each (20 % with five each;
+    docs/ALGORITHMS.md). The tails are ``scipy.special``'s ``fdtrc`` and ``chdtrc`` (as
+    ``scipy.stats``' ``f.sf`` and ``chi2.sf``, without importing ``scipy.stats``)."""
     from scipy.special import chdtrc, fdtrc
 
     k = np.maximum((m - 1) * p, 1)

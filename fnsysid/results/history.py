@@ -107,14 +107,8 @@ def growth(errors, fleet: dict | None = None) -> dict | None:
     truth is tiny does not make the run grow.
     """
     rounds = np.asarray(errors["round"])
-    if not len(rounds):
-        return None
-    repeats = np.asarray(errors["repeat"])
-    for metric in ("e_max", "nrmse_1step_max"):
-        e = np.asarray(errors[metric], dtype=float)
-        first, last = e[rounds == 0], e[rounds == rounds.max()]
-        if np.isnan(first).all() or np.isnan(last).all():
-            continue
+    repeats = np.asarray(errors["repeat"]) if len(rounds) else None
+    for metric, e, first, last in _metrics(errors):
         if metric == "e_max" and fleet is not None:        # judged on the fleet's scale
             f_first = np.asarray(fleet["start"], float)
             f_last = np.where(np.isnan(last), np.nan, np.asarray(fleet["final"], float))
@@ -130,6 +124,20 @@ def growth(errors, fleet: dict | None = None) -> dict | None:
                     "rule": "limit"}
         return _still_rising(metric, e, rounds, repeats, start, fleet)
     return None
+
+
+def _metrics(errors):
+    """The error metrics a run has, in the order the rules read them (``e_max`` with a ground
+    truth, the held-out one-step NRMSE ``nrmse_1step_max`` with held-out data): each
+    ``(metric, e, first, last)``, its rows and those of round 0 and of the last round."""
+    rounds = np.asarray(errors["round"])
+    if not len(rounds):
+        return
+    for metric in ("e_max", "nrmse_1step_max"):
+        e = np.asarray(errors[metric], dtype=float)
+        first, last = e[rounds == 0], e[rounds == rounds.max()]
+        if not (np.isnan(first).all() or np.isnan(last).all()):
+            yield metric, e, first, last
 
 
 def above_start(errors, fleet: dict | None = None) -> dict | None:
@@ -148,15 +156,9 @@ def above_start(errors, fleet: dict | None = None) -> dict | None:
     :func:`rising_window`; ``before``: its error that many rounds before the last;
     ``falling``: lower now), or None."""
     rounds = np.asarray(errors["round"])
-    if not len(rounds):
-        return None
-    repeats = np.asarray(errors["repeat"])
+    repeats = np.asarray(errors["repeat"]) if len(rounds) else None
     found = []
-    for metric in ("e_max", "nrmse_1step_max"):
-        e = np.asarray(errors[metric], dtype=float)
-        first, last = e[rounds == 0], e[rounds == rounds.max()]
-        if np.isnan(first).all() or np.isnan(last).all():
-            continue
+    for metric, e, first, last in _metrics(errors):
         start = float(np.nanmax(first))
         judged = last
         limit = max(1.0, start)

@@ -769,25 +769,19 @@ def repeated_terms(H: np.ndarray, param_names, structure, support=None,
     >>> r["target"], r["terms"], r["relation"]
     ('y+', ['z', 'x'], 'z - 2 x = 0')
     """
-    G = np.asarray(H, float).sum(axis=1)                               # (S, p, p)
-    S, p = G.shape[:2]
-    keep = np.ones((S, p), bool) if support is None else np.asarray(support, bool)
+    G, keep, d = _pooled_gram(H, support)
     St = np.asarray(structure)
-    d = np.diagonal(G, axis1=-2, axis2=-1)
-
-    def cond(g):
-        ev = np.linalg.eigvalsh(g)
-        return ev[-1] / ev[0] if ev[0] > 0 else np.inf
-
-    for s in range(S):
+    for s in range(G.shape[0]):
         for j in range(St.shape[0]):
             idx = np.flatnonzero(St[j].any(axis=0) & keep[s] & (d[s] > 0) & np.isfinite(d[s]))
-            scale = equilibration(d[s][idx])
-            g = G[s][np.ix_(idx, idx)] * scale[:, None] * scale[None, :]
-            if len(idx) < 2 or not np.isfinite(g).all() or cond(g) < limit:
+            g, scale = _equilibrated(G[s], d[s], idx)
+            if len(idx) < 2 or not np.isfinite(g).all():
                 continue
-            level = min(cond(g), limit) / 100
-            k = next(k for k in range(2, len(idx) + 1) if cond(g[:k, :k]) >= level)
+            whole = _condition(g)
+            if whole < limit:
+                continue
+            level = min(whole, limit) / 100
+            k = next(k for k in range(2, len(idx) + 1) if _condition(g[:k, :k]) >= level)
             v = np.linalg.eigh(g[:k, :k])[1][:, 0]
             order = [i for i in np.argsort(-np.abs(v)) if abs(v[i]) >= REPEATED_WEIGHT
                      * np.abs(v).max()]
@@ -829,20 +823,34 @@ def gram_condition(H: np.ndarray, support: np.ndarray | None = None) -> np.ndarr
     ``support`` (S, p) (all by default) whose regressor is not identically 0. It does not
     depend on the data's units. ``inf`` when singular or not finite, NaN when no coefficient
     is left."""
-    G = np.asarray(H, float).sum(axis=1)                               # (S, p, p)
-    S, p = G.shape[:2]
-    keep = np.ones((S, p), bool) if support is None else np.asarray(support, bool)
-    d = np.diagonal(G, axis1=-2, axis2=-1)
-    out = np.full(S, np.nan)
-    for s in range(S):                                                 # repeats, not clients
+    G, keep, d = _pooled_gram(H, support)
+    out = np.full(G.shape[0], np.nan)
+    for s in range(G.shape[0]):                                        # repeats, not clients
         use = keep[s] & (d[s] > 0) & np.isfinite(d[s])
         if not use.any():
             continue
-        g = G[s][np.ix_(use, use)]
-        if not np.isfinite(g).all():
-            out[s] = np.inf
-            continue
-        scale = equilibration(d[s][use])
-        ev = np.linalg.eigvalsh(g * scale[:, None] * scale[None, :])
-        out[s] = ev[-1] / ev[0] if ev[0] > 0 else np.inf
+        g, _ = _equilibrated(G[s], d[s], np.flatnonzero(use))
+        out[s] = _condition(g) if np.isfinite(g).all() else np.inf
     return out
+
+
+def _pooled_gram(H, support):
+    """The pooled Gram matrices ``G`` (S, p, p) of ``H`` (S, M, p, p), the coefficients kept
+    ``keep`` (S, p) (all where ``support`` is None) and ``G``'s diagonal ``d`` (S, p)."""
+    G = np.asarray(H, float).sum(axis=1)
+    S, p = G.shape[:2]
+    keep = np.ones((S, p), bool) if support is None else np.asarray(support, bool)
+    return G, keep, np.diagonal(G, axis1=-2, axis2=-1)
+
+
+def _equilibrated(G, d, idx):
+    """``G`` (p, p) on the coefficients ``idx``, each regressor scaled to unit size by its
+    diagonal ``d`` (p,) (:func:`equilibration`), and the scale."""
+    scale = equilibration(d[idx])
+    return G[np.ix_(idx, idx)] * scale[:, None] * scale[None, :], scale
+
+
+def _condition(g) -> float:
+    """The condition number of a symmetric PSD ``g``: inf where it is singular."""
+    ev = np.linalg.eigvalsh(g)
+    return ev[-1] / ev[0] if ev[0] > 0 else np.inf
