@@ -953,6 +953,13 @@ def own_precision_who(precision: dict) -> str:
     return "spread over the fits (no client stands out: several fits are imprecise)"
 
 
+#: :func:`free_run_warning`'s words for a poor model of a run whose status is ok, and its
+#: pointer to the library
+POOR = ("it does not describe the dynamics, though the status is ok (the rounds neither "
+        "diverged nor grew)")
+SEE_LIBRARY = "see the model check and fnsysid compare (another library, or sparsity)"
+
+
 def free_run_warning(summary: dict) -> tuple[str, bool] | None:
     """The log line when the run's own model, run freely from each held-out trajectory's
     first state, predicts worse than each state's held-out mean (``final_nrmse_sim_mean``,
@@ -1001,12 +1008,8 @@ def free_run_warning(summary: dict) -> tuple[str, bool] | None:
                   f"a one-step NRMSE of {precision['nrmse_added']:.3g}, "
                   f"{own_precision_who(precision)} (conditioning.own_precision)")
         if check is None or check.get("verdict") in ("ok", "overfit", None):
-            return (f"{head}: it does not describe the dynamics, though the status is ok (the "
-                    f"rounds neither diverged nor grew); the estimate, not the library, is "
-                    f"poor: {spoilt}"), True
-        return (f"{head}: it does not describe the dynamics, though the status is ok (the "
-                "rounds neither diverged nor grew); see the model check and fnsysid compare "
-                f"(another library, or sparsity); the estimate is poor too: {spoilt}"), True
+            return (f"{head}: {POOR}; the estimate, not the library, is poor: {spoilt}"), True
+        return (f"{head}: {POOR}; {SEE_LIBRARY}; the estimate is poor too: {spoilt}"), True
     apart = _clients_apart(summary)
     right = check is not None and check.get("verdict") in ("ok", "overfit")
     own = ("the personalized models of client_estimates.csv are each client's (these scores "
@@ -1021,13 +1024,10 @@ def free_run_warning(summary: dict) -> tuple[str, bool] | None:
                 f"client's own dynamics ({own}); the model check did not judge the library"
                 ), True
     if right:
-        return (f"{head}: it does not describe the dynamics, though the status is ok (the "
-                "rounds neither diverged nor grew) and the model check finds the class right: "
-                "the estimate rather than the library; the clients may differ beyond what "
-                f"the run could test ({own}); fnsysid compare ranks other runs"), True
-    return (f"{head}: it does not describe the dynamics, though the status is ok (the rounds "
-            "neither diverged nor grew); see the model check and fnsysid compare (another "
-            "library, or sparsity)" + (f"; {apart} too" if apart else "")), True
+        return (f"{head}: {POOR} and the model check finds the class right: the estimate "
+                "rather than the library; the clients may differ beyond what the run could "
+                f"test ({own}); fnsysid compare ranks other runs"), True
+    return (f"{head}: {POOR}; {SEE_LIBRARY}" + (f"; {apart} too" if apart else "")), True
 
 
 def _clients_apart(summary: dict) -> str | None:

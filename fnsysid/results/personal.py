@@ -377,8 +377,7 @@ def auto_on_support(model, data, support,
     msg = support_message(model, data, support, sse)
     fl = support_fleet(msg, blocks, support)
     models, se = support_posterior(msg, fl, blocks, support)
-    reml = reml_summary(fl)
-    return models, blank_untested(se, reml), reml
+    return models, se, reml_summary(fl)
 
 
 def personalized(settings, model, strategy, data) -> Personal | None:
@@ -392,11 +391,8 @@ def personalized(settings, model, strategy, data) -> Personal | None:
         sup = np.asarray(support, bool)[:, None, :]
         sse = own_sse(model, data, sup)
         local, local_se, _, dof = own_intervals(model, data, sup, sse=sse)
-        try:
-            models, se, reml = auto_on_support(model, data, support, sse)
-            warning = reml_warning(reml, local_se)
-        except np.linalg.LinAlgError:
-            models, se, reml, warning = _broke_down(local.shape)
+        models, se, reml, warning = _auto(
+            lambda: auto_on_support(model, data, support, sse), local_se)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             errors = ParameterErrors(data.theta_true)(models)
         return Personal(option.name, models, se, local, local_se, errors, data.theta_true,
@@ -407,13 +403,12 @@ def personalized(settings, model, strategy, data) -> Personal | None:
     warning, reml = None, None
     if option.name == "auto":
         yy, blocks = target_stats(model, data)
-        try:
+
+        def dense():
             models, se, fl = pers.auto(data.H, data.b, yy, data.n, blocks, sse=sse)
-            reml = reml_summary(fl)
-            se = blank_untested(se, reml)
-            warning = reml_warning(reml, local_se)
-        except np.linalg.LinAlgError:
-            models, se, reml, warning = _broke_down(local.shape)
+            return models, se, reml_summary(fl)
+
+        models, se, reml, warning = _auto(dense, local_se)
     else:
         with np.errstate(over="ignore", invalid="ignore"):    # judged by judge_models
             models = pers.finetune(strategy.optimizer, data, model, strategy.estimate(),
@@ -425,15 +420,27 @@ def personalized(settings, model, strategy, data) -> Personal | None:
                     local_dof, reml)
 
 
-def _broke_down(shape) -> tuple:
-    """``auto``'s (models, se, reml, warning) where its linear algebra raised: no models (NaN,
-    which :func:`judge_models` finds not finite: the run exits 3) and a line that says why."""
-    nan = np.full(shape, np.nan)
-    return nan, nan.copy(), None, (
-        "personalize=auto: a matrix of its fleet computation is singular to working "
-        "precision on these data (a heterogeneity many orders of magnitude beyond the "
-        "clients' information: data that escape, or terms that repeat each other; see the "
-        "conditioning line): no personalized models")
+def auto_outcome(se, reml: dict | None, local_se) -> tuple[np.ndarray, str | None]:
+    """``auto``'s standard errors as reported (:func:`blank_untested`) and its warning line
+    (:func:`reml_warning`), in process and under Flower alike."""
+    return blank_untested(se, reml), reml_warning(reml, local_se)
+
+
+def _auto(compute, local_se) -> tuple:
+    """``(models, se, reml, warning)`` of ``compute()``, which gives ``auto``'s (models, se,
+    reml): where its linear algebra raises, no models (NaN, which :func:`judge_models`
+    finds not finite: the run exits 3) and a line that says why."""
+    try:
+        models, se, reml = compute()
+    except np.linalg.LinAlgError:
+        nan = np.full(np.shape(local_se), np.nan)
+        return nan, nan.copy(), None, (
+            "personalize=auto: a matrix of its fleet computation is singular to working "
+            "precision on these data (a heterogeneity many orders of magnitude beyond the "
+            "clients' information: data that escape, or terms that repeat each other; see the "
+            "conditioning line): no personalized models")
+    se, warning = auto_outcome(se, reml, local_se)
+    return models, se, reml, warning
 
 
 def _judged(models, errors, start: float, absent_ok: bool) -> dict:

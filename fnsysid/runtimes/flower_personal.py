@@ -33,13 +33,12 @@ import numpy as np
 from fnsysid.learning import personalize as pers
 from fnsysid.results.personal import (
     Personal,
-    blank_untested,
+    auto_outcome,
     own_intervals,
     own_sse,
     pack_kept,
     per_parameter_dof,
     reml_summary,
-    reml_warning,
     support_fleet,
     support_message,
     support_posterior,
@@ -141,8 +140,7 @@ def serve_personalize(ask, settings, strategy, model):
     else:
         out = ask("personalize", {"theta": strategy.server})
     reml = reml_summary(fl) if option == "auto" else None
-    return Personal(option, out["theta"], blank_untested(out["se"], reml), out["local"],
-                    out["local_se"],
-                    out["_e"], np.full(out["theta"].shape, np.nan),
-                    warning=reml_warning(reml, out["local_se"]), local_dof=out["local_dof"],
-                    reml=reml)
+    se, warning = auto_outcome(out["se"], reml, out["local_se"])
+    return Personal(option, out["theta"], se, out["local"], out["local_se"], out["_e"],
+                    np.full(out["theta"].shape, np.nan), warning=warning,
+                    local_dof=out["local_dof"], reml=reml)
