@@ -528,6 +528,8 @@ def test_own_fits_that_interpolate_their_data_are_judged_on_the_pooled_noise(cap
     # no interval, and the reason (the summary named a method beside empty columns)
     assert one["ci"]["estimates"].startswith("average of the clients' least squares: no "
                                              "client has more samples than coefficients")
+    assert one["ci"]["method"] == "no intervals in this run (ci.estimates says why)"
+    assert exact["ci"]["method"].startswith("estimates: Student's t on the pooled residual")
     assert any("own fits alone adds" in m.getMessage() for m in caplog.records)
 
 

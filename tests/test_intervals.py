@@ -19,6 +19,20 @@ from tests.test_sparsity import TRUE, duffing_fleet
 DT, K, C, BETA = 0.05, 1.1, 0.3, 0.5
 
 
+def test_ci_method_names_only_the_intervals_the_run_has():
+    from fnsysid.results.personal import CI_METHODS, ci_method
+
+    assert ci_method(None, None) == "no intervals in this run (ci.estimates says why)"
+    one = ci_method("oneshot", None)
+    assert one == CI_METHODS["oneshot"] + "; " + CI_METHODS["least squares"]
+    nan = np.full((1, 2, 3), np.nan)
+    per = type("P", (), {"local_se": np.ones((1, 2, 3)), "se": nan, "option": "auto"})()
+    both = ci_method("pooled", per).split("; ")
+    assert both == [CI_METHODS[k] for k in ("pooled", "local", "least squares")]  # se all NaN
+    per.se = np.ones((1, 2, 3))
+    assert ci_method(None, per).split("; ")[-1] == CI_METHODS["auto"]
+
+
 def test_each_target_gets_its_own_residual_variance():
     """Two targets, one updated exactly and one with noise 0.3, sharing features: each
     target's intervals are those of its own least squares (textbook s^2 = RSS / (n - p)),
@@ -99,6 +113,8 @@ def test_sparse_estimates_csv_has_intervals_on_the_kept_terms_only(tmp_path):
     # x1+ = x1 + dt x2 holds exactly: its intervals are at the rounding level
     assert (est.loc[["x1+:x1", "x1+:x2"], "se"] < 1e-8).all()
     assert "kept terms" in res.summary["ci"]["estimates"]
+    assert res.summary["ci"]["method"].startswith("estimates: Student's t on the pooled")
+    assert "Welch" not in res.summary["ci"]["method"]
 
 
 def homogeneous_fleet(path, S=200, M=5, N=4, L=40, noise=0.01, seed=7):

@@ -710,7 +710,12 @@ def test_auto_without_two_determined_clients_says_so_and_gives_no_intervals(capl
     assert "neither tested" in res.summary["ci"]["client_estimates"]
     from fnsysid.results.personal import reml_line
 
-    assert "(Cochran's Q at level 0.05; not testable in 2, see the warning;" in reml_line(reml)
+    assert reml_line(reml).startswith("personalize=auto: the clients' differences were not "
+                                      "testable in any of the 2 repeat(s)")
+    part = {**reml, "pvalue": [0.01, None], "rejected": [True, False]}
+    assert reml_line(part).startswith("personalize=auto: heterogeneity found in 1 of 1 tested "
+                                      "repeat(s) (Cochran's Q at level 0.05; not testable in 1 "
+                                      "more, see the warning;")
     caplog.clear()
     two = engine(*base, "N=2")
     assert None not in two.summary["personalize_reml"]["pvalue"]

@@ -36,6 +36,7 @@ from fnsysid.learning.sparsity import (
     faded_warning,
 )
 from fnsysid.learning.start import initial_model
+from fnsysid.learning.strategies import OneShot
 from fnsysid.results.files import check_output, write_outputs
 from fnsysid.results.history import keep_per_client
 from fnsysid.results.metrics import scored
@@ -431,9 +432,10 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     labels = dataset.clients if settings.files else None     # file data: the clients' ids
     if keep_clients:
         tables["clients"] = clients_table(hist, labels)
-    per, ci_note, se = None, None, None
+    per, ci_note, se, kind = None, None, None, None
     if diverged is None and failure is None:
         se, ci_note, dof = server_intervals(strategy, data, model)
+        kind = None if se is None else "oneshot" if isinstance(strategy, OneShot) else "pooled"
         level = settings.output.ci_level
         tables["estimates"] = estimates_table(model, strategy.estimate(), data, theta0,
                                               keep_clients, labels, se,
@@ -457,7 +459,7 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     summary = make_summary(settings, model, diverged, tables["errors"], theory, runtime=runtime,
                            settings=dataset.settings, choices=choices,
                            fleet=getattr(hist, "fleet", None))
-    summary.update(personal_summary(settings, tables["errors"], ci_note, per))
+    summary.update(personal_summary(settings, tables["errors"], ci_note, per, kind))
     differ_said = None
     if se is not None and getattr(getattr(strategy, "sparsity", None), "support", None) is None:
         differ = clients_differ(model, data)       # the intervals treat them as one system
@@ -712,7 +714,7 @@ def estimate_from_own_fits(settings, strategy) -> str:
     if it is not): ``oneshot`` averages them; local steps whitened by each client's own
     Gram matrix (``optimizer.scale_features=whiten``, the generic system's default) reach
     their mean."""
-    from fnsysid.learning.strategies import Cyclic, Federated, Local, OneShot
+    from fnsysid.learning.strategies import Cyclic, Federated, Local
 
     if isinstance(strategy, OneShot):
         return "the estimate (strategy=oneshot averages them)"

@@ -25,15 +25,37 @@ from fnsysid.results.history import DIVERGENCE_FACTOR, GROWTH_FACTOR
 from fnsysid.results.metrics import ParameterErrors
 from fnsysid.results.tables import Table
 
-#: how the intervals are made (written to summary.json)
-CI_METHOD = ("estimates: Student's t on the pooled residual variance's degrees of freedom "
-             "(oneshot: Welch-Satterthwaite's); personalize=auto: normal quantile; "
-             "client_estimates local_lo, local_hi: Student's t on n n_k - p_k degrees of "
-             "freedom; least squares: se = "
-             "sqrt(s_k^2 diag(H^-1)), one residual variance per target (per group of targets a "
-             "parameter enters together) s_k^2 = RSS_k / (n n_k - p_k), on the kept terms of a "
-             "sparse model; personalize=auto: error covariance of the shrinkage estimate under "
-             "the unrestricted REML heterogeneity, one residual variance per target")
+#: how each kind of interval is made (summary.json's ``ci.method`` lists the ones a run has,
+#: :func:`ci_method`)
+CI_METHODS = {
+    "pooled": "estimates: Student's t on the pooled residual variance's degrees of freedom",
+    "oneshot": "estimates: Student's t on Welch-Satterthwaite's degrees of freedom of the "
+               "clients' residual variances",
+    "local": "client_estimates local_lo, local_hi: Student's t on n n_k - p_k degrees of "
+             "freedom",
+    "least squares": "least squares: se = sqrt(s_k^2 diag(H^-1)), one residual variance per "
+                     "target (per group of targets a parameter enters together) s_k^2 = RSS_k "
+                     "/ (n n_k - p_k), on the kept terms of a sparse model",
+    "auto": "personalize=auto: normal quantile on the error covariance of the shrinkage "
+            "estimate under the unrestricted REML heterogeneity, one residual variance per "
+            "target",
+}
+
+
+def ci_method(estimates: str | None, per: "Personal | None") -> str:
+    """summary.json's ``ci.method``: how the run's intervals were made, only those it has
+    (:data:`CI_METHODS`; ``estimates`` "pooled", "oneshot" or None where ``estimates.csv``
+    has no intervals, ``ci.estimates`` saying why)."""
+    kinds = [estimates] if estimates else []
+    if per is not None and np.isfinite(per.local_se).any():
+        kinds.append("local")
+    if kinds:
+        kinds.append("least squares")
+    if per is not None and per.option == "auto" and np.isfinite(per.se).any():
+        kinds.append("auto")
+    if not kinds:
+        return "no intervals in this run (ci.estimates says why)"
+    return "; ".join(CI_METHODS[k] for k in kinds)
 
 
 @dataclass
@@ -89,13 +111,19 @@ def reml_summary(fl) -> dict | None:
 
 def reml_line(reml: dict | None) -> str | None:
     """The run's log line of ``auto``'s choice (None without a report): in how many repeats
-    the homogeneity test found heterogeneity, and the rank chosen in each."""
+    the homogeneity test found heterogeneity (of those it could test: :func:`untested`), and
+    the rank chosen in each."""
     if not reml or "rejected" not in reml:
         return None
     k, S = sum(reml["rejected"]), len(reml["rejected"])
     gone = untested(reml)
-    tested = f"; not testable in {len(gone)}, see the warning" if gone else ""
-    return (f"personalize=auto: heterogeneity found in {k} of {S} repeat(s) ({reml['test']} "
+    if len(gone) == S:
+        return (f"personalize=auto: the clients' differences were not testable in any of the "
+                f"{S} repeat(s) (see the warning); every client's model is the fleet's pooled "
+                "model")
+    tested = f"; not testable in {len(gone)} more, see the warning" if gone else ""
+    of = f"{S - len(gone)} tested" if gone else f"{S}"
+    return (f"personalize=auto: heterogeneity found in {k} of {of} repeat(s) ({reml['test']} "
             f"at level {reml['level']:g}{tested}; rank of Sigma per repeat: "
             f"{', '.join(map(str, reml['rank']))}); where it is not, every client's model is "
             "the fleet's pooled model")
@@ -640,10 +668,12 @@ def add_personal_errors(errors: Table, per: Personal | None) -> Table:
     return Table({**errors.columns, "e_pers_max": e_max, "e_pers_mean": e_mean})
 
 
-def personal_summary(settings, errors, ci_note: str | None, per: Personal | None = None) -> dict:
+def personal_summary(settings, errors, ci_note: str | None, per: Personal | None = None,
+                     estimates: str | None = None) -> dict:
     """The summary's fields of this module: ``personalize`` (the option), the final
     ``e_pers`` values (mean and std over repeats of the last round's max and mean over
-    clients; null without them) and ``ci`` (level, method, for ``estimates.csv`` what the
+    clients; null without them) and ``ci`` (level, method: :func:`ci_method` of
+    ``estimates``, the kind of ``estimates.csv``'s intervals; for ``estimates.csv`` what the
     intervals are or why they are empty, and ``client_estimates`` when the personalized
     intervals are not right: :func:`target_variances`, or ``auto``'s REML did not converge:
     :func:`reml_warning`); for ``auto``, ``personalize_reml`` (:func:`reml_summary`), for
@@ -667,7 +697,7 @@ def personal_summary(settings, errors, ci_note: str | None, per: Personal | None
         with np.errstate(invalid="ignore"):
             out[f"final_{col}_mean"] = None if v is None else float(v.mean())
             out[f"final_{col}_std"] = None if v is None else float(v.std())
-    out["ci"] = {"level": settings.output.ci_level, "method": CI_METHOD,
+    out["ci"] = {"level": settings.output.ci_level, "method": ci_method(estimates, per),
                  "estimates": ci_note}
     if per is not None and per.warning:
         out["ci"]["client_estimates"] = per.warning
