@@ -113,6 +113,12 @@ def test_sparse_estimates_csv_has_intervals_on_the_kept_terms_only(tmp_path):
     # x1+ = x1 + dt x2 holds exactly: its intervals are at the rounding level
     assert (est.loc[["x1+:x1", "x1+:x2"], "se"] < 1e-8).all()
     assert "kept terms" in res.summary["ci"]["estimates"]
+    # the four clients' alpha, beta differ by up to 20 %: their own fits on the kept terms
+    # differ beyond their noise, which the intervals do not describe (the test used to be
+    # skipped under sparsity)
+    differ = res.summary["ci"]["clients_differ"]
+    assert differ["support"] == "the kept terms" and differ["rejected"] == [True]
+    assert differ["pvalue"][0] < 1e-10
     assert res.summary["ci"]["method"].startswith("estimates: Student's t on the pooled")
     assert "Welch" not in res.summary["ci"]["method"]
 
@@ -210,6 +216,9 @@ def test_sparse_intervals_cover_the_kept_terms_95_percent(tmp_path):
     x2 = kept & est["parameter"].str.startswith("x2+")
     inside = _inside(est["ci_lo"], est["ci_hi"], est["true_mean"])[x2]
     assert len(inside) == 800 and 0.93 <= inside.mean() <= 0.97
+    # identical clients: Cochran's Q on the kept terms flags no repeat
+    differ = res.summary["ci"]["clients_differ"]
+    assert len(differ["pvalue"]) == 200 and not any(differ["rejected"])
 
 
 def _generic_data(noise_x1: float):

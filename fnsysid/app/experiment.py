@@ -461,8 +461,9 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
                            fleet=getattr(hist, "fleet", None))
     summary.update(personal_summary(settings, tables["errors"], ci_note, per, kind))
     differ_said = None
-    if se is not None and getattr(getattr(strategy, "sparsity", None), "support", None) is None:
-        differ = clients_differ(model, data)       # the intervals treat them as one system
+    if se is not None:                             # the intervals treat them as one system
+        differ = clients_differ(model, data,
+                                getattr(getattr(strategy, "sparsity", None), "support", None))
         summary["ci"]["clients_differ"] = differ
         differ_said = differ_line(differ, ci_note)     # logged once conditioning is known
     if per is not None and getattr(per, "warning", None):

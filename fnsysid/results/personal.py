@@ -528,22 +528,39 @@ def judgment_line(kind: str, option: str, j: dict) -> str | None:
     return f"{what} {j['status']}: {why}, not a result (status: {j['status']}){advice}"
 
 
-def clients_differ(model, data) -> dict:
+def clients_differ(model, data, support=None) -> dict:
     """Whether the clients' own fits differ by more than their noise: Cochran's Q over the
     clients with their own fit (:func:`fnsysid.learning.personalize.homogeneity`, as
     ``personalize=auto`` tests it), per repeat: ``{test, level, pvalue, rejected}``, rejected
     at the family-wise ``level`` over the S repeats (Bonferroni: p < level / S), so that a
     run of many homogeneous repeats is not flagged for the test's own 5 % per repeat. The
     server's intervals (:func:`server_intervals`) treat the clients as one system; where the
-    test rejects they cover the pooled value, not the clients' mean truth."""
+    test rejects they cover the pooled value, not the clients' mean truth. With a sparse
+    model's ``support`` (S, p), the own fits and the test are on its kept terms, as the
+    intervals are (``support`` in the summary)."""
     yy, blocks = target_stats(model, data)
-    msg = pers.client_message(data.H, data.b, yy, data.n, blocks, own_sse(model, data))
-    _, pv = pers.homogeneity_from(msg, blocks, own_fits(data.H, data.b).theta)
-    pv = np.asarray(pv, float)
+    if support is None:
+        msg = pers.client_message(data.H, data.b, yy, data.n, blocks, own_sse(model, data))
+        pv = np.asarray(pers.homogeneity_from(msg, blocks, own_fits(data.H, data.b).theta)[1],
+                        float)
+    else:
+        support = np.asarray(support, bool)
+        sse = own_sse(model, data, support[:, None, :])
+        pv = np.full(support.shape[0], np.nan)
+        for rows, kept in support_groups(support):
+            if kept.size:
+                sub = _sub_blocks(blocks, kept)
+                H, b = data.H[rows][..., kept[:, None], kept], data.b[rows][..., kept]
+                msg = pers.client_message(H, b, yy[rows], data.n[rows], sub,
+                                          None if sse is None else sse[rows])
+                pv[rows] = pers.homogeneity_from(msg, sub, own_fits(H, b).theta)[1]
     level = pers.HOMOGENEITY_LEVEL
-    return {"test": "Cochran's Q", "level": level, "family": "Bonferroni over the repeats",
-            "pvalue": [float(v) if np.isfinite(v) else None for v in pv],
-            "rejected": [bool(v < level / len(pv)) for v in pv]}
+    out = {"test": "Cochran's Q", "level": level, "family": "Bonferroni over the repeats",
+           "pvalue": [float(v) if np.isfinite(v) else None for v in pv],
+           "rejected": [bool(v < level / len(pv)) for v in pv]}
+    if support is not None:
+        out["support"] = "the kept terms"
+    return out
 
 
 def differ_line(differ: dict | None, note: str) -> str | None:
@@ -561,9 +578,12 @@ def differ_line(differ: dict | None, note: str) -> str | None:
                if note.startswith("average of the clients'") else
                "the pooled value, the clients' truths weighted by their data (their Gram "
                "matrices), which is neither their plain mean nor any one client's")
+    kept = ("; terms that no client's model has may have been kept to stand for that "
+            "spread, which a fleet of identical clients would prune"
+            if differ.get("support") else "")
     return (f"the intervals of estimates.csv ({note}) treat the clients as one system, but "
             f"their own fits differ by more than their noise (Cochran's Q, p = {low:.2g}"
-            f"{where}): the intervals cover {covered} (personalize=auto models the spread "
+            f"{where}): the intervals cover {covered}{kept} (personalize=auto models the spread "
             "and gives each client an interval)")
 
 
