@@ -574,6 +574,31 @@ def test_a_mean_of_own_fits_spoilt_by_one_imprecise_client_says_so(tmp_path, cap
     assert "own_precision" not in quiet["conditioning"]
 
 
+@pytest.mark.slow
+def test_an_added_error_below_the_level_but_above_the_noise_is_said(tmp_path, caplog):
+    """One tank of ten holds its input with a spread of 3e-4, noise 1e-3: the mean of the own
+    fits adds an expected one-step NRMSE of about 0.03, under the level of 0.1 but ten times
+    the noise's own (about 0.003): FedAvg's held-out one-step NRMSE is 0.022 against the
+    pooled least squares' 0.004, which a fixed level let pass in silence (a short Duffing
+    client turned a cubic's sign so). The warning gives both numbers."""
+    from fnsysid.results.metrics import MEAN_ERROR_FLOOR, MEAN_ERROR_LEVEL
+    from tests.conftest import engine
+
+    caplog.set_level("WARNING", logger="fnsysid")
+    base = ("system=generic", "data=files", "data.states=[x1]", "data.inputs=[u]",
+            "feature_map=affine", "output.plot=false", "progress=false")
+    file = tanks_with_a_held_input(tmp_path, 1, held_sd=3e-4, noise=1e-3)
+    fedavg = engine(*base, f"data.path={file}").summary
+    exact = engine(*base, f"data.path={file}", "strategy=centralized_exact").summary
+    p = fedavg["conditioning"]["own_precision"]
+    assert MEAN_ERROR_FLOOR < p["nrmse_added"] < MEAN_ERROR_LEVEL
+    assert 5 * p["noise"] < p["nrmse_added"] and p["clients"] == ["c00"]
+    assert fedavg["final_nrmse_1step_mean"] > 4 * exact["final_nrmse_1step_mean"]
+    said = [m.getMessage() for m in caplog.records if "own fits alone adds" in m.getMessage()]
+    assert len(said) == 1 and f"(the noise's own: {p['noise']:.3g})" in said[0]
+    assert "own_precision" not in exact["conditioning"]
+
+
 def test_an_error_spread_over_every_client_names_none(caplog):
     """One trajectory of 10 samples per client (synthetic, ``oneshot``): every own fit is
     imprecise and no client adds a tenth of what the mean's estimation error adds (the

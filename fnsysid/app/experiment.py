@@ -740,24 +740,27 @@ def own_precision(summary: dict, data, support, clients, model, how: str,
                   weights=None) -> None:
     """Where the run's estimate is a mean of the clients' own fits (``how``,
     :func:`estimate_from_own_fits`; ``weights`` the strategy's, None: uniform), whether the
-    estimation error of that mean alone adds a one-step NRMSE of
-    :data:`~fnsysid.results.metrics.MEAN_ERROR_LEVEL` or more on some target
-    (:func:`fnsysid.results.metrics.own_mean_error`): a fit its data hardly determine weighs
-    on the mean as much as any other (a tank whose input is held at 5 with a spread of 1e-6
-    made FedAvg's one-step NRMSE 66 where the pooled least squares gives 0.04).
+    estimation error of that mean alone adds a one-step NRMSE that matters on some target
+    (:func:`fnsysid.results.metrics.mean_error_flagged`: 0.1 or more, or 0.01 or more and
+    above the noise's own; :func:`fnsysid.results.metrics.own_mean_error`): a fit its data
+    hardly determine weighs on the mean as much as any other (a tank whose input is held at 5
+    with a spread of 1e-6 made FedAvg's one-step NRMSE 66 where the pooled least squares gives
+    0.04).
     ``summary["conditioning"]["own_precision"]`` names the clients that stand out
     (:func:`standing_out`; none where the error is spread over them, e.g. every client has
     few samples), the largest share and its client's least precise coefficient, with a
     warning; the status stays (it is about the rounds, as for a poor free run)."""
-    from fnsysid.results.metrics import MEAN_ERROR_LEVEL, own_mean_error
+    from fnsysid.results.metrics import mean_error_flagged, own_mean_error
 
     err = own_mean_error(model, data, support, weights)
     if err is None:
         return
-    worst = np.nan_to_num(err["nrmse"], nan=0.0)                      # (S, n_y)
-    if not (worst >= MEAN_ERROR_LEVEL).any():
+    flagged = mean_error_flagged(err)                                 # (S, n_y)
+    if not flagged.any():
         return
+    worst = np.where(flagged, np.nan_to_num(err["nrmse"], nan=0.0), 0.0)
     s, j = np.unravel_index(int(np.argmax(worst)), worst.shape)
+    noise = float(err["noise"][s, j])
     share = err["share"][s, j]
     top = int(np.argmax(share))
     fits = int(err["fits"][s, j])
@@ -767,15 +770,17 @@ def own_precision(summary: dict, data, support, clients, model, how: str,
     summary.setdefault("conditioning", {})["own_precision"] = {
         "clients": names[:NAMED], "named": len(names), "coefficient": coefficient,
         "nrmse_added": float(worst[s, j]), "share": float(share[top]),
-        "largest": str(clients[top]),
-        "repeats": [int(r) for r in np.flatnonzero((worst >= MEAN_ERROR_LEVEL).any(axis=1))]}
+        "largest": str(clients[top]), "noise": noise,
+        "repeats": [int(r) for r in np.flatnonzero(flagged.any(axis=1))]}
+    of = f" (the noise's own: {noise:.3g})" if np.isfinite(noise) else ""
     head = ("the estimation error of the clients' own fits alone adds a one-step NRMSE of "
-            f"{float(worst[s, j]):.3g} to {how}, a mean of those fits that weighs them alike")
+            f"{float(worst[s, j]):.3g}{of} to {how}, a mean of those fits that weighs them "
+            "alike")
     if fits == 1:
         log.warning("the estimation error of the one client's own fit (client %s's) adds a "
-                    "one-step NRMSE of %.3g to %s: its data determine it poorly there (few "
+                    "one-step NRMSE of %.3g%s to %s: its data determine it poorly there (few "
                     "samples for its coefficients); give it more samples", clients[top],
-                    float(worst[s, j]), how)
+                    float(worst[s, j]), of, how)
         return
     if not names:
         log.warning("%s; it is spread over the fits, no client stands out (the largest share, "
