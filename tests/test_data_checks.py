@@ -225,7 +225,7 @@ def assert_swapped_stamps_refused(df, folder, start: int) -> None:
         load_trajectories(folder / "swapped.csv", ["x1", "x2"], ["u"])
 
 
-def test_integer_stamps_stay_exact_beside_another_client_s_fractional_times(tmp_path):
+def test_integer_stamps_stay_exact_beside_another_client_s_fractional_times(tmp_path, caplog):
     df, _ = linear_fleet(n_clients=2, n_traj=1, length=6)
     start = 1_700_000_000_000_000_000                       # float spacing 256: 100 ns equal
     k = df.groupby("client").cumcount()
@@ -233,8 +233,22 @@ def test_integer_stamps_stay_exact_beside_another_client_s_fractional_times(tmp_
     seconds = [f"{0.5 + i}" for i in k[df["client"] == "robot1"]]
     df["t"] = stamps + seconds
     df.to_csv(tmp_path / "all.csv", index=False)
+    caplog.set_level("WARNING", logger="fnsysid")
     got = load_trajectories(tmp_path / "all.csv", ["x1", "x2"], ["u"])
     assert got["t"].tolist() == [start + 100 * i for i in range(6)] + [0.5 + i for i in range(6)]
+    # 100 ns is no step of 1 s in any unit: the rates were not compared, which is said
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and said[0].startswith(
+        "time column 't': client(s) 'robot0' have integer times and the other 1 client(s) "
+        "fractional: the integer times step by 100, the fractional by 1; read as "
+        "milliseconds, microseconds or nanoseconds the integer step is 0.1, 0.0001, 1e-07 s, "
+        "none of them 1, so the two sample rates were not compared")
+    caplog.clear()
+    same = df.assign(t=[str(start + 10 ** 9 * i) for i in k[df["client"] == "robot0"]]
+                     + seconds)
+    same.to_csv(tmp_path / "same.csv", index=False)
+    load_trajectories(tmp_path / "same.csv", ["x1", "x2"], ["u"])
+    assert not caplog.records                              # 1 s in nanoseconds: one rate
     # a folder: one client's file of stamps, the other's of seconds
     folder = write_per_client(df, tmp_path / "logs")
     assert load_trajectories(folder, ["x1", "x2"], ["u"])["t"].tolist()[:2] == [start,

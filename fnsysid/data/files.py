@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import difflib
 import errno
+import logging
 import os
 import stat
 from dataclasses import dataclass, replace
@@ -31,6 +32,8 @@ import numpy as np
 import pandas as pd
 
 from fnsysid.config.checks import DataError
+
+log = logging.getLogger("fnsysid")
 
 SUFFIXES = (".csv", ".parquet")
 OPTIONAL = ("repeat", "trajectory", "t", "split")
@@ -784,6 +787,41 @@ def _check_spacing(t: np.ndarray, same_next: np.ndarray, starts: np.ndarray,
                 f"step), the fleet every {fleet:.4g}; allowed: one sample rate, each client's "
                 f"within {RATE_TOLERANCE:.0%} of the fleet's (and its timing jitter): "
                 f"resample it, {escape}")
+    _two_units(rate_c, n_c, has, kind, at, idx, owner, time)
+
+
+#: the units integer time stamps are read in beside times in seconds
+STAMP_UNITS = {"milliseconds": 1e3, "microseconds": 1e6, "nanoseconds": 1e9}
+
+
+def _two_units(rate_c, n_c, has, kind, at, idx, owner, time: str) -> None:
+    """Warn where some clients' times are integers (stamps) and others' fractional
+    (seconds), which :func:`_check_spacing` compares only among themselves, unless the
+    stamps' step is the seconds' in milliseconds, microseconds or nanoseconds
+    (:data:`STAMP_UNITS`, within the fleet's rate bound): then they are one rate in two
+    units; else (a client at 50 Hz in milliseconds beside others at 100 Hz in seconds, or
+    sample numbers beside seconds) the rates could not be compared, which the line says with
+    what the stamps' step would be in each unit."""
+    whole, frac = has[kind[has]], has[~kind[has]]
+    if not (whole.size and frac.size):
+        return
+    stamps, seconds = float(np.median(rate_c[whole])), float(np.median(rate_c[frac]))
+    bound = RATE_TOLERANCE + STEP_TOLERANCE / float(n_c[has].min())
+    if any(abs(stamps / f - seconds) <= bound * seconds for f in STAMP_UNITS.values()):
+        return
+    few, many = (whole, frac) if whole.size <= frac.size else (frac, whole)
+    names = [str(at(int(idx[np.flatnonzero(owner == c)[0]]))[1]) for c in few[:5]]
+    more = f" and {few.size - 5} more" if few.size > 5 else ""
+    read = ", ".join(f"{stamps / f:.4g}" for f in STAMP_UNITS.values())
+    log.warning("time column '%s': client(s) %s%s have %s times and the other %d client(s) %s: "
+                "the integer times step by %.4g, the fractional by %.4g; read as milliseconds, "
+                "microseconds or nanoseconds the integer step is %s s, none of them %.4g, so "
+                "the two sample rates were not compared; give every client's %s in one unit "
+                "(a client at another rate gives a model right for no client)", time,
+                ", ".join(f"'{n}'" for n in names), more,
+                "integer" if few is whole else "fractional", many.size,
+                "fractional" if few is whole else "integer", stamps, seconds, read, seconds,
+                time)
 
 
 def _largest(rows: pd.DataFrame, states: list[str], inputs: list[str]) -> tuple[int, str]:
