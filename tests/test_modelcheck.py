@@ -362,6 +362,19 @@ def test_the_verdict_line_of_a_free_run_that_blew_up_names_it_without_numbers():
              "nrmse_sim_noisy_median": [None, 0.5], "white": True}
     line = verdict(check)
     assert "3 of 4 clients in repeat 0" in line and "median free-run NRMSE n/a against n/a" in line
+    # a sparse fit whose pooled Gram is singular (a constant input repeats pos as pos*force):
+    # its kept terms came from undetermined coefficients, so the line does not send the user
+    # to a richer library (which held the truth) but to the repeated terms
+    sparse = {**check, "support": "sparsity"}
+    assert verdict(sparse).endswith("try a smaller sparsity.threshold (the check fits the kept "
+                                    "terms) or a richer library (feature_map.degree, another "
+                                    "feature_map or one of your own)")
+    line = verdict(sparse, repeated={"repeat": 0, "relation": "pos*force - 0.5 pos = 0"})
+    assert line.endswith("try first leaving out one of the terms that repeat each other "
+                         "(pos*force - 0.5 pos = 0 in repeat 0, conditioning.repeated): the kept "
+                         "terms were chosen from coefficients the data do not determine, and a "
+                         "term the dynamics need may have been pruned")
+    assert verdict(check, repeated={"repeat": 0, "relation": "x"}) == verdict(check)   # dense
 
 
 def _own_and_whole(tmp_path):

@@ -154,6 +154,20 @@ def test_a_free_run_that_blew_up_is_shown_and_ranked_last(tmp_path):
                {"status": "diverged", "rounds_completed": 0, "final_nrmse_1step_mean": 3.5})
     assert [ln for ln in show_text(tmp_path / "gone") if ln.startswith("scores")] == [
         "scores (of round 0, the last kept: not a finished model's): nrmse_1step_mean 3.5"]
+    # an ill-conditioned estimate: no correct digit, whatever its rounds (a closed-form
+    # strategy has none to speak of)
+    (tmp_path / "singular").mkdir()
+    write_json(tmp_path / "singular" / "summary.json",
+               {"status": "ill_conditioned", "rounds_completed": 50,
+                "final_nrmse_1step_mean": 0.02})
+    assert [ln for ln in show_text(tmp_path / "singular") if ln.startswith("scores")] == [
+        "scores (of an estimate without a correct digit): nrmse_1step_mean 0.02"]
+    from fnsysid.results.equations import not_final
+
+    assert not_final({"status": "ill_conditioned", "rounds_completed": 50}) == (
+        "the estimate keeps no correct digit (conditioning)")
+    assert not_final({"status": "growing", "rounds_completed": 7}) == (
+        "after round 7: not a converged model")
 
 
 def test_show_and_load_refuse_a_folder_that_is_not_a_run_in_one_line(tmp_path, capsys):

@@ -573,7 +573,8 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
                     "(conditioning.roundoff): their residuals are not read"))
             summary["model_check"] = check
             for line in (noise_note(check), extrapolation_note(check), pooling_note(check),
-                         verdict(check, settings.personalize.name == "finetune")):
+                         verdict(check, settings.personalize.name == "finetune",
+                                 (summary.get("conditioning") or {}).get("repeated"))):
                 if line:
                     log.warning(line)
     # the model check finds some own fits at their solve's rounding and not small beside

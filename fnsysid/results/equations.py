@@ -285,12 +285,23 @@ def _conditioning_line(cond: dict | None) -> str | None:
             f"to {r['worst_ratio']:.3g} times their targets' spread ({why}){tail}")
 
 
+def not_final(summary: dict) -> str:
+    """Why a run's model is not a result, by its status: an ill-conditioned estimate keeps no
+    correct digit whatever its rounds; a growing or interrupted one is the last round's."""
+    if summary.get("status") == "ill_conditioned":
+        return "the estimate keeps no correct digit (conditioning)"
+    return f"after round {summary.get('rounds_completed')}: not a converged model"
+
+
 def _run_lines(folder: Path, summary: dict, full: bool) -> list[str]:
     head = (f"status {summary.get('status')}, {summary.get('rounds_completed')} rounds; "
             f"system={summary.get('system')}, feature_map={summary.get('feature_map')}, "
             f"strategy={summary.get('strategy')}, M={summary.get('M')}")
-    kept = "" if summary.get("status") == "ok" else \
-        f" (of round {summary.get('rounds_completed')}, the last kept: not a finished model's)"
+    kept = ("" if summary.get("status") == "ok" else
+            " (of an estimate without a correct digit)"
+            if summary.get("status") == "ill_conditioned" else
+            f" (of round {summary.get('rounds_completed')}, the last kept: not a finished "
+            "model's)")
     lines = [head, f"scores{kept}: {_scores(summary)}"]
     from fnsysid.results.atomic import restored
     from fnsysid.results.modelcheck import CONSTANT

@@ -65,7 +65,7 @@ def model_lines(result) -> list[str] | None:
     :func:`~fnsysid.results.equations.model_text`); None after a divergence (no model to
     trust; ``estimates.csv`` is not written either). An interrupted run's model is that of
     its last round, said in a first comment line."""
-    from fnsysid.results.equations import model_text
+    from fnsysid.results.equations import model_text, not_final
 
     if "estimates" not in list(result.tables) or result.diverged is not None:   # no pandas
         return None
@@ -73,8 +73,7 @@ def model_lines(result) -> list[str] | None:
     lines = model_text(result.model, result.estimate, ds.clients, ds.repeats or None)
     status = result.summary.get("status")
     if status != "ok":
-        lines.insert(0, f"# status {status} after round {result.summary.get('rounds_completed')}"
-                        ": not a converged model")
+        lines.insert(0, f"# status {status}: {not_final(result.summary)}")
     return lines
 
 

@@ -1111,10 +1111,13 @@ def pooling_note(check: dict | None) -> str | None:
             "data per client, or fewer terms, lets them in)")
 
 
-def verdict(check: dict | None, personalized: bool = False) -> str | None:
+def verdict(check: dict | None, personalized: bool = False,
+            repeated: dict | None = None) -> str | None:
     """The log line when the check finds something (None when it does not); its advice
     leaves out ``sparsity=stlsq`` where the run has ``finetune`` models (``personalized``),
-    with which sparsity is refused."""
+    with which sparsity is refused, and where the kept terms were chosen from a singular fit
+    (``repeated``: ``conditioning.repeated``) it advises mending that first, not a richer
+    library."""
     if not check or check.get("verdict") in (None, "ok"):
         return None
     sparse = check.get("support") == "sparsity"
@@ -1166,6 +1169,11 @@ def verdict(check: dict | None, personalized: bool = False) -> str | None:
     richer = "a richer library (feature_map.degree, another feature_map or one of your own)"
     advice = (f"a smaller sparsity.threshold (the check fits the kept terms) or {richer}"
               if sparse else richer)
+    if sparse and repeated:          # the support was chosen from undetermined coefficients
+        advice = (f"first leaving out one of the terms that repeat each other "
+                  f"({repeated.get('relation')} in repeat {repeated.get('repeat')}, "
+                  "conditioning.repeated): the kept terms were chosen from coefficients the "
+                  "data do not determine, and a term the dynamics need may have been pruned")
     head = ("the model class looks wrong" if check["verdict"] == "free run fails"
             else "the model class looks wrong: terms look missing")
     return f"model check: {head}: " + "; ".join(why) + f"; try {advice}"
