@@ -282,6 +282,25 @@ def test_dp_fedavg_accounting_over_sampled_rounds(dpa):
     assert col[-1] == pytest.approx(rdp.get_epsilon(1e-5), rel=1e-9) and col[-1] >= eps
 
 
+@pytest.mark.slow
+def test_local_privacy_counts_every_round_whatever_the_participation(dpa):
+    """privacy=local with fraction 0.25: the server sees who sends, so sampling amplifies
+    nothing: the epsilon is PLD's of 30 unsampled Gaussian releases (it was that of 30
+    Poisson-sampled ones, about 4 times too small where a client is sampled at 0.1)."""
+    res = run("strategy=fedavg", *ROUNDS, "strategy.fraction=0.25", "privacy=local",
+              "privacy.epsilon=8", "privacy.clip=0.5")
+    s = res.summary["privacy"]
+    assert (s["rounds"], s["sampling_rate"], s["participation"]) == (30, 1.0, 0.25)
+    pld = dpa.pld.PLDAccountant(value_discretization_interval=1e-3)
+    pld.compose(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(s["noise_multiplier"]), 30))
+    assert s["epsilon"] == pytest.approx(pld.get_epsilon(1e-5), rel=1e-9)
+    assert s["epsilon"] == pytest.approx(8.0, rel=0.01)
+    sampled = dpa.pld.PLDAccountant(value_discretization_interval=1e-3)
+    sampled.compose(dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(
+        0.25, dpa.GaussianDpEvent(s["noise_multiplier"])), 30))
+    assert sampled.get_epsilon(1e-5) < 0.5 * s["epsilon"]       # what was reported before
+
+
 def test_private_change_clips_samples_and_adds_the_predicted_noise():
     rng = np.random.default_rng(6)
     change = rng.standard_normal((300, 10, 3))

@@ -270,7 +270,7 @@ class Privacy:
         self.target_epsilon = None if epsilon is None else float(epsilon)
         self.noise_multiplier = None if noise_multiplier is None else float(noise_multiplier)
         self.accountant = accountant
-        self.rounds, self.sampling_rate = 1, 1.0
+        self.rounds, self.sampling_rate, self.participation = 1, 1.0, 1.0
         self.clients: int | None = None
         self.epsilon: float | None = None
         self.mechanism = ""
@@ -291,9 +291,18 @@ class Privacy:
              clients: int | None = None) -> None:
         """Fix the noise multiplier for ``rounds`` releases at ``sampling_rate`` (solved for
         the target epsilon, or the given one's epsilon computed); refused in one line when
-        the target cannot be met. Call before the run."""
+        the target cannot be met. Call before the run. ``local``: every round is accounted
+        as a release of every client (``sampling_rate`` 1; the clients' rate is kept as
+        ``participation``), since the server sees which clients send: amplification by
+        subsampling assumes that whether a client took part is hidden."""
         dp_accounting()
         self.clients = clients
+        self.participation = float(sampling_rate)
+        if self.mode == "local":
+            # each client's message is its own release, and the server sees who sends: not
+            # taking part hides nothing about a client that did, so sampling amplifies
+            # nothing; every round is counted (an upper bound: a client may take part in each)
+            sampling_rate = 1.0
         self.rounds, self.sampling_rate, self.mechanism = int(rounds), float(sampling_rate), \
             mechanism
         if self.noise_multiplier == 0.0:           # no noise: no privacy, said so
@@ -470,6 +479,7 @@ class Privacy:
                                f"{PLD_INTERVAL:g})" if self.accountant == "pld"
                                else "dp_accounting RDP"),
                 "rounds": self.rounds, "sampling_rate": self.sampling_rate,
+                "participation": self.participation,
                 "noise_share": self.noise_share, "noise_share_of": self.of,
                 "round_noise_sd": self.round_noise_sd, "moved": self.moved,
                 "moved_by": self.moved_by, "clip_moved": self.clip_moved,
