@@ -678,3 +678,52 @@ def test_show_reads_a_singular_gram_whose_condition_number_is_null():
         assert rep["relation"] == relation
     assert line.endswith("the terms x1copy, x1 of x1+ repeat each other in repeat 0's data "
                          "(x1copy - 1 x1 = 0 to round-off over the pooled samples)")
+
+
+def test_zero_regressors_are_those_of_a_zero_pooled_diagonal():
+    from fnsysid.results.metrics import zero_regressors
+
+    H = np.zeros((2, 3, 4, 4))
+    H[:, :, 0, 0] = 1.0
+    H[0, 2, 1, 1] = 1e-300                  # one client's tiny regressor determines it
+    H[1, :, 2, 2] = 2.0
+    got = zero_regressors(H)
+    assert got.tolist() == [[False, False, True, True], [False, True, False, True]]
+    keep = np.array([[True, True, True, False], [True, True, True, True]])
+    assert zero_regressors(H, keep).tolist() == [[False, False, True, False],
+                                                 [False, True, False, True]]
+
+
+@pytest.mark.slow
+def test_coefficients_no_data_determine_are_said_and_have_no_interval(tmp_path, caplog):
+    """Inputs held at 0 (``system.inputs.scale=0``): no data determine the six input
+    coefficients, which the pooled least squares leaves at 0 (truths 0.5 to 1). The run said
+    status ok, condition number 1.4 (taken without them), no interval for any coefficient and
+    a homogeneity test of null p-values beside "rejected: false". Now a warning and
+    ``conditioning.undetermined`` name them, ``equations.txt`` says so in its first line, the
+    determined coefficients keep their intervals and the test runs on them."""
+    from fnsysid.app.experiment import run_experiment
+    from tests.conftest import compose_cfg
+
+    caplog.set_level("WARNING", logger="fnsysid")
+    out = tmp_path / "run"
+    summary = run_experiment(compose_cfg("system=linear", "system.inputs.scale=0",
+                                         "strategy=centralized_exact", "M=5", "repeats=2",
+                                         "output.plot=false", "progress=false"), out)
+    inputs = [f"x{i}+:u{j}" for i in range(3) for j in range(2)]
+    assert summary["status"] == "ok"
+    assert summary["conditioning"]["undetermined"] == {"terms": inputs, "repeats": [0, 1]}
+    said = [r.getMessage() for r in caplog.records if "do not determine" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("the data do not determine 6 coefficient(s) "
+                                                 "(x0+:u0, x0+:u1, x1+:u0, x1+:u1, x2+:u0, "
+                                                 "x2+:u1, repeat 0 and 1 more repeat(s))")
+    assert (out / "equations.txt").read_text().splitlines()[0].endswith(
+        "printed at their start: " + ", ".join(inputs))
+    est = pd.read_csv(out / "estimates.csv")
+    zero = est["parameter"].isin(inputs)
+    assert (est.loc[zero, "estimate"] == 0).all() and est.loc[zero, "se"].isna().all()
+    assert (est.loc[~zero, "se"] > 0).all()
+    assert summary["ci"]["estimates"].endswith("none for the coefficients the data do not "
+                                               "determine (conditioning.undetermined)")
+    differ = summary["ci"]["clients_differ"]
+    assert differ["support"] == "the determined terms" and None not in differ["pvalue"]

@@ -675,11 +675,14 @@ def conditioning(summary: dict, data, support, clients=None, enters=None,
         repeated_words,
         roundoff_facts,
         roundoff_loss,
+        zero_regressors,
     )
 
     cond = gram_condition(data.H, support)
     bad = [s for s, c in enumerate(cond) if not c < COND_LIMIT and not np.isnan(c)]
     summary["conditioning"] = {"cond": [float(c) for c in cond], "limit": COND_LIMIT}
+    if model is not None:
+        undetermined(summary, zero_regressors(data.H, support), model.param_names)
     if bad:
         summary["conditioning"]["repeats"] = bad
         worst = float(np.nanmax(cond))
@@ -709,6 +712,26 @@ def conditioning(summary: dict, data, support, clients=None, enters=None,
         return
     if summary["status"] == "ok":
         summary["status"] = "ill_conditioned"
+
+
+def undetermined(summary: dict, zero: np.ndarray, names) -> None:
+    """``conditioning.undetermined`` and a warning where some coefficients' regressor is 0 in
+    every client's data (``zero`` (S, p), :func:`fnsysid.results.metrics.zero_regressors`):
+    their printed value 0 is no estimate. The status stays (the other coefficients are
+    determined; the condition number is taken without them); ``equations.txt`` and
+    ``estimates.csv``'s intervals say the same."""
+    if not zero.any():
+        return
+    reps = [int(s) for s in np.flatnonzero(zero.any(axis=1))]
+    terms = [str(names[k]) for k in np.flatnonzero(zero[reps[0]])]
+    summary["conditioning"]["undetermined"] = {"terms": terms, "repeats": reps}
+    shown = ", ".join(terms[:6]) + (f" and {len(terms) - 6} more" if len(terms) > 6 else "")
+    log.warning("the data do not determine %d coefficient(s) (%s, repeat %d%s): their regressor "
+                "is 0 in every client's training data (an input held at 0, a state that stays "
+                "at 0), so their printed value is where the rounds started (0 for the closed "
+                "forms), no estimate (conditioning.undetermined); give data in which those "
+                "terms move, or leave them out of the library", len(terms), shown, reps[0],
+                f" and {len(reps) - 1} more repeat(s)" if len(reps) > 1 else "")
 
 
 def estimate_from_own_fits(settings, strategy) -> str:

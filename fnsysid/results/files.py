@@ -64,7 +64,8 @@ def model_lines(result) -> list[str] | None:
     """The lines of ``equations.txt``: the final model of each repeat (or of each client,
     :func:`~fnsysid.results.equations.model_text`); None after a divergence (no model to
     trust; ``estimates.csv`` is not written either). An interrupted run's model is that of
-    its last round, said in a first comment line."""
+    its last round, said in a first comment line; coefficients the data do not determine
+    (``conditioning.undetermined``) are named in another."""
     from fnsysid.results.equations import model_text, not_final
 
     if "estimates" not in list(result.tables) or result.diverged is not None:   # no pandas
@@ -72,6 +73,11 @@ def model_lines(result) -> list[str] | None:
     ds = result.dataset
     lines = model_text(result.model, result.estimate, ds.clients, ds.repeats or None)
     status = result.summary.get("status")
+    zero = (result.summary.get("conditioning") or {}).get("undetermined")
+    if zero:
+        lines.insert(0, f"# not determined by the data (their regressor is 0 in every client's "
+                        f"training data; repeat(s) {', '.join(map(str, zero['repeats']))}), "
+                        f"printed at their start: {', '.join(zero['terms'])}")
     if status != "ok":
         lines.insert(0, f"# status {status}: {not_final(result.summary)}")
     return lines

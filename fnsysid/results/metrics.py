@@ -851,6 +851,15 @@ def gram_condition(H: np.ndarray, support: np.ndarray | None = None) -> np.ndarr
     return out
 
 
+def zero_regressors(H: np.ndarray, support: np.ndarray | None = None) -> np.ndarray:
+    """The coefficients (S, p) of ``support`` (all by default) whose regressor is 0 in every
+    client's data (the pooled Gram's diagonal of ``H`` (S, M, p, p) is 0): no data determine
+    them, and a least-squares solve (pseudo-inverse) or gradient steps from 0 leave them at
+    0 (an input held at 0, a state that never moves from 0)."""
+    _, keep, d = _pooled_gram(H, support)
+    return keep & (d == 0)
+
+
 def _pooled_gram(H, support):
     """The pooled Gram matrices ``G`` (S, p, p) of ``H`` (S, M, p, p), the coefficients kept
     ``keep`` (S, p) (all where ``support`` is None) and ``G``'s diagonal ``d`` (S, p)."""

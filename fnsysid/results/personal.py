@@ -22,7 +22,7 @@ from fnsysid.learning.ownfit import own_fits
 from fnsysid.learning.ownfit_stats import own_residual_sums
 from fnsysid.learning.strategies import Centralized, OneShot
 from fnsysid.results.history import DIVERGENCE_FACTOR, GROWTH_FACTOR
-from fnsysid.results.metrics import ParameterErrors
+from fnsysid.results.metrics import ParameterErrors, zero_regressors
 from fnsysid.results.tables import Table
 
 #: how each kind of interval is made (summary.json's ``ci.method`` lists the ones a run has,
@@ -537,8 +537,14 @@ def clients_differ(model, data, support=None) -> dict:
     server's intervals (:func:`server_intervals`) treat the clients as one system; where the
     test rejects they cover the pooled value, not the clients' mean truth. With a sparse
     model's ``support`` (S, p), the own fits and the test are on its kept terms, as the
-    intervals are (``support`` in the summary)."""
+    intervals are, and on the terms the data determine (:func:`zero_regressors`; ``support``
+    in the summary names which)."""
     yy, blocks = target_stats(model, data)
+    label = None if support is None else "the kept terms"
+    zero = zero_regressors(data.H, support)     # coefficients no data determine: left out
+    if zero.any():
+        support = ~zero if support is None else np.asarray(support, bool) & ~zero
+        label = label or "the determined terms"
     if support is None:
         msg = pers.client_message(data.H, data.b, yy, data.n, blocks, own_sse(model, data))
         pv = np.asarray(pers.homogeneity_from(msg, blocks, own_fits(data.H, data.b).theta)[1],
@@ -558,8 +564,8 @@ def clients_differ(model, data, support=None) -> dict:
     out = {"test": "Cochran's Q", "level": level, "family": "Bonferroni over the repeats",
            "pvalue": [float(v) if np.isfinite(v) else None for v in pv],
            "rejected": [bool(v < level / len(pv)) for v in pv]}
-    if support is not None:
-        out["support"] = "the kept terms"
+    if label:
+        out["support"] = label
     return out
 
 
@@ -580,7 +586,7 @@ def differ_line(differ: dict | None, note: str) -> str | None:
                "matrices), which is neither their plain mean nor any one client's")
     kept = ("; terms that no client's model has may have been kept to stand for that "
             "spread, which a fleet of identical clients would prune"
-            if differ.get("support") else "")
+            if differ.get("support") == "the kept terms" else "")
     return (f"the intervals of estimates.csv ({note}) treat the clients as one system, but "
             f"their own fits differ by more than their noise (Cochran's Q, p = {low:.2g}"
             f"{where}): the intervals cover {covered}{kept} (personalize=auto models the spread "
@@ -610,10 +616,15 @@ def server_intervals(strategy, data, model) -> tuple[np.ndarray | None, str, np.
                       "amount no noise covariance describes (sparsity.alpha=0 has intervals)"), None
     if isinstance(strategy, Centralized) and strategy.exact:
         pool = pooled(data)
-        _, se, _, dof = own_intervals(model, pool, None if support is None else support[:, None])
-        note = "pooled least squares"
-        return (se, note if support is None else note + " refitted on the kept terms",
-                per_parameter_dof(model, pool, dof))
+        zero = zero_regressors(data.H, support)      # no data determine them: no interval
+        kept = None if support is None and not zero.any() else \
+            ~zero if support is None else support & ~zero
+        _, se, _, dof = own_intervals(model, pool, None if kept is None else kept[:, None])
+        note = "pooled least squares" + ("" if support is None else " refitted on the kept terms")
+        if zero.any():
+            note += ("; none for the coefficients the data do not determine "
+                     "(conditioning.undetermined)")
+        return se, note, per_parameter_dof(model, pool, dof)
     if isinstance(strategy, OneShot):
         sup = None if support is None else support[:, None]
         # the statistics OneShot was set up on (restricted to the support with sparsity; the
