@@ -66,9 +66,17 @@ def test_an_error_still_rising_at_a_steady_rate_above_its_start_is_growing():
     dip = list(np.linspace(1.0, 0.01, 20)) + list(0.01 * 1.08 ** np.arange(1, 61))
     assert growth(_errors(dip))["rule"] == "rising"
     assert growth(_errors(list(np.linspace(1.0, 0.01, 20)) + [0.011, 0.012, 0.013])) is None
-    # the repeat that rose most is named; the limit rule still comes first
+    # the repeat that rose most is named, every one that rose listed; the limit rule still
+    # comes first
     g = growth(_errors([list(np.full(41, 2.0)), up], repeats=2))
-    assert g["repeat"] == 1 and g["rule"] == "rising"
+    assert g["repeat"] == 1 and g["rule"] == "rising" and g["repeats"] == [1]
+    g = growth(_errors([[1.0] + [1.0] * 39 + [14.0], up], repeats=2))
+    assert (g["rule"], g["repeat"], g["repeats"]) == ("limit", 0, [0, 1])
+    # 1.1 times a round whose rounds zigzag (later half 0.87 of the earlier's per round:
+    # a run at lr 0.026 went 0.52 -> 3.96 in 25 rounds beside "not growing")
+    zig = np.exp(np.cumsum([0.1] * 19 + [0.12, 0.10, 0.10, 0.09, 0.095, 0.095]))
+    g = growth(_errors(list(0.52 * np.concatenate([[1.0], zig]))))
+    assert g["rule"] == "rising" and g["rounds"] == 6
     assert growth(_errors([1.0, 0.5, 10.01]))["rule"] == "limit"
 
 
@@ -99,6 +107,15 @@ def test_a_run_that_ends_above_its_start_without_growing_is_warned_of():
     assert "still coming down" in above_start_line(down, 40)
     up = above_start(_errors(list(3.6 - 3.0 * 0.98 ** np.arange(301))))
     assert not up["falling"] and "more of them do not mend" in above_start_line(up, 300)
+    # two rounds that rose 8 times (lr 0.03): too few rounds for the steady rule, and rising,
+    # which more rounds would take further (it said "which more of them do not mend")
+    short = above_start(_errors([0.52, 1.18, 4.35]))
+    line = above_start_line(short, 2)
+    assert ("in too few rounds (2) to tell a steady growth, and rising (0.52 2 rounds "
+            "before): more rounds would take it further; a smaller lr") in line
+    assert "do not mend" not in line and "privacy" not in line
+    assert "else privacy's noise (privacy.moved), then the data" in above_start_line(
+        short, 2, privacy=True)
 
 
 @pytest.mark.slow
@@ -145,7 +162,8 @@ def test_run_at_the_edge_of_stability_is_growing_exit_3(tmp_path):
     assert final > GROWTH_FACTOR * errors["e_max"].iloc[0]
     assert summary["growth"] == {"metric": "e_max", "start": 1.0, "final": final,
                                  "repeat": 0, "ratio": final, "factor": GROWTH_FACTOR,
-                                 "rule": "limit"}
+                                 "rule": "limit", "repeats": [0]}
+    assert summary["repeat_status"] == ["growing"]
     out = res.stdout + res.stderr
     warning = [ln for ln in out.splitlines() if "run growing" in ln]
     assert len(warning) == 1 and "[WARNING]" in warning[0] and f"{final:.4g}" in warning[0]

@@ -476,7 +476,9 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
                 log.error(line)
     at = getattr(hist, "diverged_at", None)
     if at is not None:          # in process: the repeats run on after one diverged
-        summary["repeat_status"] = ["ok" if d is None else "diverged" for d in at]
+        grew = (summary.get("growth") or {}).get("repeats", [])
+        summary["repeat_status"] = ["diverged" if d is not None else
+                                    "growing" if s in grew else "ok" for s, d in enumerate(at)]
         summary["repeat_diverged_round"] = list(at)
     tables["errors"] = communication(summary, settings, model, strategy, tables["errors"],
                                      len(dataset.clients), getattr(hist, "traffic", None),
@@ -604,7 +606,8 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
         late = above_start(tables["errors"], getattr(hist, "fleet", None))
         if late is not None:
             summary["above_start"] = late
-            log.warning(above_start_line(late, summary["rounds_completed"]))
+            log.warning(above_start_line(late, summary["rounds_completed"],
+                                         getattr(strategy, "privacy", None) is not None))
     said = free_run_warning(summary)       # after every status (it names it: ok)
     if said:
         (log.warning if said[1] else log.info)(said[0])

@@ -19,6 +19,10 @@ GROWTH_FACTOR = 10.0
 #: by RISING_FACTOR or more in all, and not more slowly in the later half of them than in the
 #: earlier: an error on its way up at a steady rate, not one settling at a level
 RISING_SHARE, RISING_MIN, RISING_FACTOR = 0.2, 6, 1.2
+#: :func:`rising`: the later half of the rounds read rises per round at least this share of
+#: the earlier half's (0.9 let a steady 1.1 a round whose rounds zigzag by +-15 % pass as
+#: not growing; rises that shrink by a tenth a round or faster stay below it over three)
+RISING_SLOWDOWN = 0.75
 #: columns of errors.csv after repeat and round
 COLUMNS = ("e_max", "e_mean", "nrmse_1step_max", "nrmse_1step_mean", "nrmse_sim_max",
            "nrmse_sim_mean")
@@ -67,8 +71,9 @@ def rising(e: np.ndarray) -> float | None:
     """The steady growth factor per round of the errors ``e`` of one repeat's rounds (in
     order; NaN rounds left out) over their last rounds (:data:`RISING_SHARE`, at least
     :data:`RISING_MIN`), or None when they do not rise at every one of them, by
-    :data:`RISING_FACTOR` in all, with their later half's rise per round at least 0.9 times
-    their earlier half's (an error settling at a level rises ever more slowly).
+    :data:`RISING_FACTOR` in all, with their later half's rise per round at least
+    :data:`RISING_SLOWDOWN` times their earlier half's (an error settling at a level rises
+    ever more slowly).
 
     >>> round(rising(1.05 ** np.arange(40)), 3)
     1.05
@@ -83,7 +88,7 @@ def rising(e: np.ndarray) -> float | None:
     d = np.diff(np.log(e[-w - 1:]))                       # w rises
     half = w // 2
     if (not (d > 0).all() or e[-1] < RISING_FACTOR * e[-w - 1]
-            or d[-half:].mean() < 0.9 * d[:half].mean()):
+            or d[-half:].mean() < RISING_SLOWDOWN * d[:half].mean()):
         return None
     return float(np.exp(d.mean()))
 
@@ -98,8 +103,9 @@ def growth(errors, fleet: dict | None = None) -> dict | None:
     The error is ``e_max`` when the run has a ground truth, else the held-out one-step NRMSE
     ``nrmse_1step_max`` (the metric the divergence rule reads). Returns None when no repeat
     grew (or the run has neither), else ``{"metric", "start", "final", "repeat", "ratio",
-    "factor", "rule"}`` of the repeat that grew most: ``rule`` ``limit`` (above the factor)
-    or ``rising`` (with ``rate``, its growth per round, and ``rounds``, the rounds read).
+    "factor", "rule", "repeats"}`` of the repeat that grew most: ``rule`` ``limit`` (above
+    the factor) or ``rising`` (with ``rate``, its growth per round, and ``rounds``, the rounds
+    read); ``repeats``: every repeat that either rule flags on that metric.
 
     ``fleet``: ``{"start": (S,), "final": (S,)}``, the parameter errors of round 0 and of the
     last round on the scale of the fleet's largest truth (:func:`fleet_errors`, a
@@ -115,14 +121,20 @@ def growth(errors, fleet: dict | None = None) -> dict | None:
         start = float(np.nanmax(first))
         worst = int(np.nanargmax(last))
         limit = max(1.0, start)
-        if last[worst] > GROWTH_FACTOR * limit and (
-                metric != "e_max" or fleet is None or np.nanmax(f_last) > GROWTH_FACTOR
-                * max(1.0, float(np.nanmax(f_first)))):
+        over = last > GROWTH_FACTOR * limit
+        if metric == "e_max" and fleet is not None:
+            over &= f_last > GROWTH_FACTOR * max(1.0, float(np.nanmax(f_first)))
+        ids = repeats[rounds == rounds.max()]
+        risen = _still_rising(metric, e, rounds, repeats, start, fleet)
+        both = sorted({int(r) for r in ids[over]} | set((risen or {}).get("repeats", [])))
+        if over.any():
+            worst = int(np.nanargmax(np.where(over, last, np.nan)))
             return {"metric": metric, "start": start, "final": float(last[worst]),
-                    "repeat": int(repeats[rounds == rounds.max()][worst]),
-                    "ratio": float(last[worst] / limit), "factor": GROWTH_FACTOR,
-                    "rule": "limit"}
-        return _still_rising(metric, e, rounds, repeats, start, fleet)
+                    "repeat": int(ids[worst]), "ratio": float(last[worst] / limit),
+                    "factor": GROWTH_FACTOR, "rule": "limit", "repeats": both}
+        if risen is not None:
+            risen["repeats"] = both
+        return risen
     return None
 
 
@@ -179,20 +191,31 @@ def above_start(errors, fleet: dict | None = None) -> dict | None:
     return found[0] if found else None
 
 
-def above_start_line(a: dict, rounds: int) -> str:
+def above_start_line(a: dict, rounds: int, privacy: bool = False) -> str:
     """The warning of :func:`above_start`'s ``a`` after ``rounds`` rounds: an error still
-    coming down (more rounds, or a smaller lr where it oscillates), or one that is not
-    (rounds that head to a poor model, which more of them do not mend)."""
+    coming down (more rounds, or a smaller lr where it oscillates), one still rising though
+    not steadily or long enough for :func:`rising` (a smaller lr), or one that is neither
+    (rounds that head to a poor model, which more of them do not mend). ``privacy``: the
+    run's noise is named first among the causes."""
+    few = rounds < RISING_MIN
     head = (f"the run ends with {a['metric']} {a['final']:.4g} at round {rounds} (repeat "
             f"{a['repeat']}), above max(1, its start {a['start']:.4g}): a model worse than "
-            "where it began and than the zero model, though not growing")
+            "where it began and than the zero model, "
+            + (f"in too few rounds ({rounds}) to tell a steady growth" if few
+               else "though not growing steadily"))
     was = f"{a['before']:.4g} {a['rounds']} rounds before"
+    causes = ("privacy's noise (privacy.moved), then the data, the library (the model check) "
+              "or the strategy" if privacy else
+              "the data, the library (the model check) or the strategy")
     if a.get("falling"):
         return (f"{head}: still coming down ({was}): more rounds (R), or a smaller lr where it "
                 "oscillates (near the largest stable lr)")
+    if a["final"] > RISING_FACTOR * a["before"]:
+        return (f"{head}, and rising ({was}): more rounds would take it further; a smaller lr "
+                f"(rounds that overshoot), else {causes}")
     return (f"{head}, and not coming down ({was}): the rounds head to a poor model, which "
-            "more of them do not mend (with strategy=local, each client's own data; else the "
-            "data, the library (the model check) or the strategy)")
+            f"more of them do not mend (with strategy=local, each client's own data; else "
+            f"{causes})")
 
 
 def growth_line(g: dict, rounds: int, advice: str) -> str:
@@ -216,7 +239,7 @@ def _still_rising(metric, e, rounds, repeats, start, fleet) -> dict | None:
     if scaled:
         f_final = np.asarray(fleet["final"], float)
         f_limit = max(1.0, float(np.nanmax(np.asarray(fleet["start"], float))))
-    found = None
+    found, every = None, []
     for s in np.unique(repeats):
         rows = repeats == s
         order = np.argsort(rounds[rows])
@@ -230,11 +253,15 @@ def _still_rising(metric, e, rounds, repeats, start, fleet) -> dict | None:
         # start and turned back up at a steady rate is on its way out too
         above = above or final >= GROWTH_FACTOR * np.nanmin(es)
         rate = rising(es) if above else None
+        if rate is not None:
+            every.append(int(s))
         if rate is not None and (found is None or final / limit > found["ratio"]):
             found = {"metric": metric, "start": start, "final": float(final),
                      "repeat": int(s), "ratio": float(final / limit),
                      "factor": GROWTH_FACTOR, "rule": "rising", "rate": rate,
                      "rounds": rising_window(len(es))}
+    if found is not None:
+        found["repeats"] = every
     return found
 
 
