@@ -574,6 +574,13 @@ def test_a_model_whose_free_run_is_worse_than_the_mean_is_said_to_be_poor():
                          "(it needs 20 held-out transitions a client) a right model's noise "
                          "can put its free run there, so this does not say the model is "
                          "poor: hold out longer trajectories (T, data.val_N) to judge it")
+    # far above what a right model's noise gives on runs that short (at most 2.3 for any of
+    # 600 clients of fits near the truth): a warning, pointing at no model check
+    far = {**short, "final_nrmse_sim_mean": 4.79, "final_nrmse_sim_max": 7.49}
+    line, warn = free_run_warning(far)
+    assert warn and "it does not describe the dynamics" in line and "see the model check" \
+        not in line and "too short for the model check to judge the library" in line
+    assert free_run_warning({**short, "final_nrmse_sim_mean": 3.0})[1] is False
     # a check that finds the class right and whose noisy runs of the own fits score as much
     # (a free run the noise leads): information; a check that finds it wrong: warned
     led = {**poor, "model_check": {"verdict": "ok", "nrmse_sim_noisy_mean": [1.9, 1.8]}}
