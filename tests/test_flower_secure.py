@@ -14,6 +14,7 @@ import pytest
 
 from fnsysid.app.experiment import run_experiment
 from fnsysid.config.checks import ConfigError, check_run
+from fnsysid.learning.privacy import FINAL_MODEL
 from fnsysid.runtimes import check as runtime
 from tests.conftest import compose_cfg, needs_flower
 
@@ -130,7 +131,7 @@ def test_flower_dp_with_noise_reports_the_in_process_epsilon(tmp_path):
     # the noise the model takes every round, and its share of the final model, as in process
     assert pb["round_noise_sd"] == pytest.approx(pa["round_noise_sd"]) == pytest.approx(1e-3 / 3)
     assert pb["noise_share"] == pytest.approx(pa["noise_share"], rel=0.1)
-    assert pb["noise_share_of"] == "the final model"
+    assert pb["noise_share_of"] == FINAL_MODEL
     # noise of std z C / M = 3.3e-4 per entry and round was added to the server model
     moved = np.abs(_estimates(tmp_path / "b") - _estimates(tmp_path / "zero")).max()
     assert 1e-5 < moved < 0.05

@@ -367,7 +367,7 @@ def test_the_noise_share_of_a_release_is_its_noise_energy_over_the_released_one(
     rounds.model_share(np.array([[[3.0, 4.0]]]))
     assert rounds.noise_share == pytest.approx(0.25 * 2 / 25)
     assert rounds.moved == pytest.approx(0.5 * np.sqrt(2) / 5) and rounds.moved_by == "round_noise"
-    assert rounds.summary()["noise_share_of"] == "the final model"
+    assert rounds.summary()["noise_share_of"] == pv.FINAL_MODEL
     rng = np.random.default_rng(0)
     pure = pv.Privacy("central", clip=1.0, delta=1e-5, noise_multiplier=1.0)
     pure.released(3.0 * rng.standard_normal((1, 4000)), np.array([3.0]), 4000)

@@ -50,6 +50,11 @@ MAX_NOISE_MULTIPLIER = 1.0e4
 MIN_NOISE_MULTIPLIER = 0.5
 #: share of clipped contributions above which a run warns (most contributions clipped)
 MOST_CLIPPED = 0.5
+#: ``noise_share_of`` under DP-FedAvg: one round's noise against the final model, a lower
+#: bound of the rounds' (which add up: to at most R times its energy where the rounds do not
+#: contract it)
+FINAL_MODEL = "the final model (one round's noise; the R rounds' add up to more)"
+
 #: a release whose noise makes up this share of it or more (:meth:`Privacy.released`) makes
 #: the estimate mostly noise
 NOISE_SHARE_LEVEL = 0.5
@@ -426,7 +431,7 @@ class Privacy:
         model = np.asarray(model, float)
         if self.round_noise_sd is None or not np.isfinite(model).all():
             return
-        self.of = "the final model"
+        self.of = FINAL_MODEL
         self.released(model, np.full(len(model), self.round_noise_sd), model.shape[-1])
         with np.errstate(divide="ignore", invalid="ignore"):      # one round's noise, relative
             ratio = float(np.nan_to_num(self.round_noise_sd * np.sqrt(model.shape[-1])
