@@ -473,7 +473,7 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
         for kind, j in summary["client_models"].items():
             line = judgment_line(kind, settings.personalize.name, j)
             if line:
-                log.error(line)
+                (log.warning if kind == "local" else log.error)(line)
     at = getattr(hist, "diverged_at", None)
     if at is not None:          # in process: the repeats run on after one diverged
         grew = (summary.get("growth") or {}).get("repeats", [])

@@ -496,15 +496,19 @@ def judge_models(per: Personal, errors) -> dict:
     """The status of every kind of client model the run reports (``personalized``: the
     ``personalize`` option's; ``local``: each client's own least squares), by the rules the
     server's model is judged by (:mod:`fnsysid.results.history`): each a dict with
-    ``status`` (``ok``, ``growing``, ``diverged``), the worst ``final`` error (None where not
+    ``status`` (``ok``, ``growing``, ``diverged``; ``local``: ``ok`` or ``poor``, the
+    clients' own least squares being a closed form and a diagnostic beside the run's models,
+    which does not make the run's exit code), the worst ``final`` error (None where not
     finite), its ``repeat`` and ``client``, and ``start`` (the largest error at round 0)."""
     rounds = np.asarray(errors["round"])
     first = np.asarray(errors["e_max"], float)[rounds == 0]
     start = float(np.nanmax(first)) if np.isfinite(first).any() else 0.0
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         local_e = ParameterErrors(per.truth)(per.local)
-    return {"personalized": _judged(per.models, per.errors, start, False),
-            "local": _judged(per.local, local_e, start, True)}
+    local = _judged(per.local, local_e, start, True)
+    if local["status"] != "ok":     # a closed form: nothing ran away; a diagnostic, not a result
+        local["status"] = "poor"
+    return {"personalized": _judged(per.models, per.errors, start, False), "local": local}
 
 
 def judgment_line(kind: str, option: str, j: dict) -> str | None:
@@ -523,8 +527,9 @@ def judgment_line(kind: str, option: str, j: dict) -> str | None:
               option == "finetune" else "")
     if kind == "local":         # a closed form: nothing ran away; its data hardly determine it
         return (f"{what} are not a result: {why}, where a fit's data hardly determine it (as "
-                "many samples as coefficients or barely more, or regressors that barely move; "
-                f"status: {j['status']}, by the rules of the server's model)")
+                "many samples as coefficients or barely more, or regressors that barely move); "
+                "they are a diagnostic in client_estimates.csv (local), not the run's models, "
+                "whose status this does not change")
     return f"{what} {j['status']}: {why}, not a result (status: {j['status']}){advice}"
 
 
