@@ -233,3 +233,19 @@ def test_a_sweep_without_ground_truth_draws_the_held_out_nrmse(two_key_sweep, tm
     assert plot_main([str(sweep), "--metric", "nrmse_sim_mean"]) == 0
     assert pd.read_csv(sweep / "sweep_nrmse_sim_mean.csv")[
         "final_nrmse_sim_mean_mean"].notna().all()
+
+
+def test_a_job_whose_every_repeat_diverged_keeps_its_rows_in_the_table():
+    """Every repeat diverged (repeat 0 at round 2, repeat 1 at round 3): its rows up to each
+    one's divergence stay, its blank rows after go (the job disappeared from results.csv)."""
+    from fnsysid.results.sweep import kept_errors
+
+    nan = np.nan
+    err = pd.DataFrame({"repeat": [0, 0, 0, 0, 1, 1, 1, 1], "round": [0, 1, 2, 3] * 2,
+                        "e_max": [0.5, 9.0, nan, nan, 0.5, 1.0, 4.0, nan],
+                        "bytes_per_client": [0.0, 240.0, nan, nan, 0.0, 240.0, 240.0, nan]})
+    job = {"summary": {"repeat_status": ["diverged", "diverged"]}, "errors": err}
+    kept = kept_errors(job)
+    assert kept[["repeat", "round"]].values.tolist() == [[0, 0], [0, 1], [1, 0], [1, 1], [1, 2]]
+    one = {"summary": {"repeat_status": ["diverged", "ok"]}, "errors": err}
+    assert kept_errors(one)["repeat"].unique().tolist() == [1]     # the diverged left out

@@ -82,10 +82,16 @@ def diverged_repeats(job: dict) -> list[int]:
 
 
 def kept_errors(job: dict):
-    """A job's ``errors.csv`` without the rows of the repeats that diverged."""
+    """A job's ``errors.csv`` without the rows of the repeats that diverged; where every
+    repeat diverged, all its rows (each repeat's up to the round before its divergence), so
+    that the job keeps its place in the sweep's table with its ``status``."""
     gone = diverged_repeats(job)
     err = job["errors"]
-    return err[~err["repeat"].isin(gone)] if gone else err
+    kept = err[~err["repeat"].isin(gone)] if gone else err
+    if len(kept):
+        return kept
+    values = [c for c in err.columns if c not in ("repeat", "round")]
+    return err.dropna(subset=values, how="all")          # a repeat's blank rows after its end
 
 
 def server_estimates(job: dict) -> np.ndarray | None:
