@@ -248,3 +248,17 @@ def test_settings_that_do_nothing_are_named(extra, unused, words, caplog):
     other = fnsysid.run({**SMALL, "R": 3, "repeats": 1, **plain})
     same = np.array_equal(other.estimates["estimate"], res.estimates["estimate"])
     assert same == (unused is not None)
+
+
+def test_an_experiment_that_sweeps_is_refused_unless_each_swept_setting_is_given():
+    """experiment=synthetic_gd_M sweeps M over 1, 2, 5, 25, 100: fnsysid.run ran one job at
+    M = 20, a value outside the sweep, without a word. It is refused naming M; given M, the
+    experiment's other settings compose into one job."""
+    from fnsysid.app.api import compose
+    from fnsysid.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^M: the settings sweep it \(hydra.sweeper.params: "
+                                          r"M=1,2,5,25,100, an experiment's sweep\)"):
+        compose({"experiment": "synthetic_gd_M", "R": 2})
+    cfg, _ = compose({"experiment": "synthetic_gd_M", "R": 2, "M": 5})
+    assert (cfg.M, cfg.R, cfg.N, cfg.lr) == (5, 2, 10, 1e-4)

@@ -459,6 +459,23 @@ def test_a_fitted_estimator_pickles(fitted):
 
 
 @pytest.mark.slow
+def test_an_estimator_of_libraries_side_by_side_pickles():
+    """The README's ``combined`` and ``fourier`` (a Concat) nest a checked model of their
+    own, which pickle could not find either (PicklingError: not the same object as
+    fnsysid.config.schema.Combined)."""
+    import pickle
+
+    for fm, system in (("combined", "linear"), ("fourier", "synthetic")):
+        est = FederatedSysID(system=system, feature_map=fm, R=2, M=2, repeats=1,
+                             progress=False).fit()
+        back = pickle.loads(pickle.dumps(est))
+        assert type(back.result_.settings.feature_map).__name__ == (
+            "CheckedCombined" if fm == "combined" else "CheckedConcat")
+        np.testing.assert_array_equal(back.coefficients()["value"],
+                                      est.coefficients()["value"])
+
+
+@pytest.mark.slow
 def test_a_fitted_estimator_loads_and_predicts_the_same_in_a_new_process(fitted, tmp_path):
     """Saved, loaded in a fresh interpreter (where the checked model is built when pickle
     asks for it by name), it predicts what it predicted."""
@@ -476,3 +493,18 @@ def test_a_fitted_estimator_loads_and_predicts_the_same_in_a_new_process(fitted,
     subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "val.pkl"),
                     str(tmp_path / "pred.pkl")], check=True, capture_output=True)
     pd.testing.assert_frame_equal(pd.read_pickle(tmp_path / "pred.pkl"), m.predict(val))
+
+
+def test_a_setting_given_to_the_constructor_and_in_config_is_refused():
+    """config={"R": 2} beside R=50 ran R = 2 while get_params said 50, so GridSearchCV over R
+    fitted the same model at every value: refused in one line, naming the setting."""
+    from fnsysid.config.errors import ConfigError
+
+    for est in (fnsysid.FederatedSysID(R=50, config={"R": 2}),
+                fnsysid.FederatedSysID(R=50, config=["R=2"])):
+        with pytest.raises(ConfigError, match=r"^R: given to the constructor and in config; "
+                                              r"allowed: each setting once"):
+            est.fit()
+    with pytest.raises(ConfigError, match=r"^feature_map: given to the constructor"):
+        fnsysid.FederatedSysID(feature_map="combined",
+                               config={"feature_map": "polynomial"}).fit()

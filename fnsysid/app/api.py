@@ -144,6 +144,15 @@ def compose(overrides, config_dir=None, data_in_memory: bool = False):
         _, cfg = preflight(args + extra, folders=False)  # output_dir is checked by the caller
     finally:
         DATA_IN_MEMORY.reset(token)
+    given = {o.key_or_group for o in parsed}
+    swept = [k for k in (cfg.hydra.get("sweeper", {}).get("params") or {}) if k not in given]
+    if swept:                # an experiment's sweep: one job at a value outside it, unsaid
+        raise ConfigError(
+            f"{swept[0]}: the settings sweep it (hydra.sweeper.params: "
+            f"{swept[0]}={cfg.hydra.sweeper.params[swept[0]]}, an experiment's sweep) and "
+            f"fnsysid.run runs one job; allowed: a value for each swept setting "
+            f"({', '.join(swept)}), or the sweep from the command line (python run.py "
+            "experiment=... runs every job)")
     choices = {k: v for k, v in cfg.hydra.runtime.choices.items()
                if not k.startswith("hydra/")}
     run_config = OmegaConf.to_container(cfg, resolve=False)

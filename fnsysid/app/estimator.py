@@ -316,6 +316,11 @@ class FederatedSysID:
             msg = str(exc)
             raise ConfigError("config" + msg.removeprefix("overrides") if
                               msg.startswith("overrides") else msg) from None
+        both = sorted({override_key(o) for o in given} & {override_key(o) for o in extra})
+        if both:         # the later would win, unseen by get_params (and so by a grid search)
+            raise ConfigError(f"{both[0]}: given to the constructor and in config; allowed: "
+                              "each setting once (a constructor parameter, which get_params "
+                              "and GridSearchCV see, or config)")
         overrides = given + extra
         keys = {override_key(o) for o in overrides}
         if data is not None:

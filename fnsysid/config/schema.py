@@ -343,8 +343,9 @@ class Concat(FeatureMap):
     @classmethod
     def nesting(cls, any_map) -> type:
         """This model with the entries of ``libraries`` checked as ``any_map`` (a feature map
-        of any registered class)."""
-        return create_model(cls.__name__, __base__=cls, __module__=cls.__module__,
+        of any registered class), named ``Checked<name>`` in this module, whose
+        ``__getattr__`` finds it, so that a checked model of it pickles."""
+        return create_model(f"Checked{cls.__name__}", __base__=cls, __module__=__name__,
                             libraries=(Annotated[list[any_map], Field(min_length=1)], ...))
 
 
@@ -418,7 +419,7 @@ class Combined(Concat):
 
     @classmethod
     def nesting(cls, any_map) -> type:
-        return create_model(cls.__name__, __base__=cls, __module__=cls.__module__,
+        return create_model(f"Checked{cls.__name__}", __base__=cls, __module__=__name__,
                             libraries=(Annotated[list[library_entry(any_map)],
                                                  Field(min_length=1)], ...))
 
@@ -462,6 +463,10 @@ def __getattr__(name: str):
         return tables()[_TABLE_NAMES[name]]
     if name == "CheckedSettings":        # what pickle finds a checked model's class by
         return checked_model()
+    if name.startswith("Checked"):       # a nested feature map's (Concat.nesting)
+        checked_model()
+        if name in _CHECKED.get("nested", {}):
+            return _CHECKED["nested"][name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # --- data, runtime and the plain sections --------------------------------------------------------
@@ -741,6 +746,8 @@ def checked_model(plain: Mapping | None = None) -> type[Settings]:
                              FeatureMap)
         tabs = {**tabs, "feature_map": {t: m.nesting(any_map) if issubclass(m, Concat) else m
                                         for t, m in maps.items()}}
+        _CHECKED["nested"] = {m.__name__: m for t, m in tabs["feature_map"].items()
+                              if issubclass(maps[t], Concat)}
         fields = {name: (_group_union(name, tabs[name]), ...) for name in GROUP_MODELS}
         # named apart from Settings, and found by that name through the module's
         # __getattr__, so that a model of it pickles (a fitted FederatedSysID holds one)
