@@ -262,3 +262,20 @@ def test_an_experiment_that_sweeps_is_refused_unless_each_swept_setting_is_given
         compose({"experiment": "synthetic_gd_M", "R": 2})
     cfg, _ = compose({"experiment": "synthetic_gd_M", "R": 2, "M": 5})
     assert (cfg.M, cfg.R, cfg.N, cfg.lr) == (5, 2, 10, 1e-4)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["-m"], r"^'-m' is not a setting; allowed: key=value strings, e.g. 'M=20' \(fnsysid.run "
+             r"runs one job: -m and other flags are the command line's\)$"),
+    (["R 5"], r"^'R 5' is not a setting; allowed: key=value strings, e.g. 'M=20' \(no spaces"),
+    (["M=5", "hydra.run.dir=x"], r"^hydra.run.dir=x: fnsysid.run does not take Hydra's "
+                                 r"folders; allowed: fnsysid.run\(..., output_dir=...\)"),
+])
+def test_what_the_api_cannot_take_is_named_in_one_line(overrides, message):
+    """A flag or a malformed override gave Hydra's lexer error (LexerNoViableAltException
+    ... See https://hydra.cc/...); hydra.run.dir was ignored without a word."""
+    from fnsysid.app.api import compose
+    from fnsysid.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        compose(overrides)

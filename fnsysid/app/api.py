@@ -117,10 +117,25 @@ def compose(overrides, config_dir=None, data_in_memory: bool = False):
     from omegaconf import OmegaConf
 
     args = as_overrides(overrides)
+    parser = OverridesParser.create()
     try:
-        parsed = OverridesParser.create().parse_overrides(args)
+        parsed = parser.parse_overrides(args)
     except HydraException as exc:
+        for arg in args:                         # the first that is not key=value, named
+            try:
+                parser.parse_overrides([arg])
+            except HydraException:
+                flag = arg.startswith("-")
+                raise ConfigError(
+                    f"{arg!r} is not a setting; allowed: key=value strings, e.g. 'M=20' "
+                    + ("(fnsysid.run runs one job: -m and other flags are the command "
+                       "line's)" if flag else "(no spaces around the key or the =)")) from exc
         raise ConfigError(one_line(exc)) from exc
+    hydra_dirs = [o.input_line for o in parsed
+                  if o.key_or_group in ("hydra.run.dir", "hydra.sweep.dir")]
+    if hydra_dirs:           # fnsysid.run writes nothing unless given output_dir
+        raise ConfigError(f"{hydra_dirs[0]}: fnsysid.run does not take Hydra's folders; "
+                          "allowed: fnsysid.run(..., output_dir=...) to write the results")
     sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
     if sweeps:
         raise ConfigError(f"{sweeps[0]}: fnsysid.run runs one job; call it once per value "

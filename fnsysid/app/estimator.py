@@ -340,6 +340,17 @@ class FederatedSysID:
                            ("data.ignore", (columns or {}).get("ignore"))):
             if value is None:
                 continue
+            try:
+                names = [value] if isinstance(value, str) else list(value)
+            except TypeError:
+                names = None
+            if names is None or not all(isinstance(v, str) for v in names):
+                name = key.removeprefix("data.")
+                raise ConfigError(
+                    f"{name}: got a {type(value).__name__}, not column names; allowed: a str "
+                    f"or a list of str (fit(df, states=[...], inputs=[...]): the data are one "
+                    "table whose columns the states and inputs name, not scikit-learn's "
+                    "fit(X, y))")
             if key in keys:
                 raise ConfigError(f"{key}: given to fit() and in the settings; give it once")
             overrides += as_overrides({key: [value] if isinstance(value, str) else
