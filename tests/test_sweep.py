@@ -238,14 +238,15 @@ def test_a_sweep_without_ground_truth_draws_the_held_out_nrmse(two_key_sweep, tm
 def test_a_job_whose_every_repeat_diverged_keeps_its_rows_in_the_table():
     """Every repeat diverged (repeat 0 at round 2, repeat 1 at round 3): its rows up to each
     one's divergence stay, its blank rows after go (the job disappeared from results.csv)."""
-    from fnsysid.results.sweep import kept_errors
+    from fnsysid.results.sweep import kept_errors, table_errors
 
     nan = np.nan
     err = pd.DataFrame({"repeat": [0, 0, 0, 0, 1, 1, 1, 1], "round": [0, 1, 2, 3] * 2,
                         "e_max": [0.5, 9.0, nan, nan, 0.5, 1.0, 4.0, nan],
                         "bytes_per_client": [0.0, 240.0, nan, nan, 0.0, 240.0, 240.0, nan]})
     job = {"summary": {"repeat_status": ["diverged", "diverged"]}, "errors": err}
-    kept = kept_errors(job)
+    kept = table_errors(job)
     assert kept[["repeat", "round"]].values.tolist() == [[0, 0], [0, 1], [1, 0], [1, 1], [1, 2]]
+    assert kept_errors(job).empty                                  # the figures draw nothing
     one = {"summary": {"repeat_status": ["diverged", "ok"]}, "errors": err}
-    assert kept_errors(one)["repeat"].unique().tolist() == [1]     # the diverged left out
+    assert table_errors(one)["repeat"].unique().tolist() == [1]    # the diverged left out

@@ -82,16 +82,23 @@ def diverged_repeats(job: dict) -> list[int]:
 
 
 def kept_errors(job: dict):
-    """A job's ``errors.csv`` without the rows of the repeats that diverged; where every
-    repeat diverged, all its rows (each repeat's up to the round before its divergence), so
-    that the job keeps its place in the sweep's table with its ``status``."""
+    """A job's ``errors.csv`` without the rows of the repeats that diverged (empty where every
+    repeat diverged: the figures draw no curve of it)."""
     gone = diverged_repeats(job)
     err = job["errors"]
-    kept = err[~err["repeat"].isin(gone)] if gone else err
+    return err[~err["repeat"].isin(gone)] if gone else err
+
+
+def table_errors(job: dict):
+    """The rows of a job in ``results.csv``: :func:`kept_errors`, or where every repeat
+    diverged all its rows up to each repeat's divergence (its blank rows after left out), so
+    that the job keeps its place in the table with its ``status`` (it vanished)."""
+    kept = kept_errors(job)
     if len(kept):
         return kept
+    err = job["errors"]
     values = [c for c in err.columns if c not in ("repeat", "round")]
-    return err.dropna(subset=values, how="all")          # a repeat's blank rows after its end
+    return err.dropna(subset=values, how="all")
 
 
 def server_estimates(job: dict) -> np.ndarray | None:
@@ -196,7 +203,7 @@ def results_table(sweep_dir: Path) -> pd.DataFrame:
               **{k: typed(j["overrides"].get(k)) for k in keys},
               "status": j["summary"]["status"],
               "repeats_diverged": len(diverged_repeats(j))} for j in jobs]
-    jobs = [{**j, "errors": kept_errors(j)} for j in jobs]
+    jobs = [{**j, "errors": table_errors(j)} for j in jobs]
     table = _rows_at_once(jobs, heads)
     if table is None:
         frames = [pd.DataFrame({**head, **_job_rows(j["errors"]).to_dict("list")})
