@@ -240,15 +240,19 @@ def test_integer_stamps_stay_exact_beside_another_client_s_fractional_times(tmp_
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and said[0].startswith(
         "time column 't': client(s) 'robot0' have integer times and the other 1 client(s) "
-        "fractional: the integer times step by 100, the fractional by 1; read as "
-        "milliseconds, microseconds or nanoseconds the integer step is 0.1, 0.0001, 1e-07 s, "
-        "none of them 1, so the two sample rates were not compared")
+        "fractional: the integer times step by 100, the fractional by 1; read as seconds, "
+        "milliseconds, microseconds or nanoseconds the integer step is 100, 0.1, 0.0001, "
+        "1e-07 s, none of them 1, so the two sample rates were not compared")
     caplog.clear()
     same = df.assign(t=[str(start + 10 ** 9 * i) for i in k[df["client"] == "robot0"]]
                      + seconds)
     same.to_csv(tmp_path / "same.csv", index=False)
     load_trajectories(tmp_path / "same.csv", ["x1", "x2"], ["u"])
     assert not caplog.records                              # 1 s in nanoseconds: one rate
+    seconds_too = df.assign(t=[str(7 + i) for i in k[df["client"] == "robot0"]] + seconds)
+    seconds_too.to_csv(tmp_path / "unix.csv", index=False)
+    load_trajectories(tmp_path / "unix.csv", ["x1", "x2"], ["u"])
+    assert not caplog.records                              # integer seconds: one rate
     # a folder: one client's file of stamps, the other's of seconds
     folder = write_per_client(df, tmp_path / "logs")
     assert load_trajectories(folder, ["x1", "x2"], ["u"])["t"].tolist()[:2] == [start,

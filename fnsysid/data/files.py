@@ -791,13 +791,14 @@ def _check_spacing(t: np.ndarray, same_next: np.ndarray, starts: np.ndarray,
 
 
 #: the units integer time stamps are read in beside times in seconds
-STAMP_UNITS = {"milliseconds": 1e3, "microseconds": 1e6, "nanoseconds": 1e9}
+STAMP_UNITS = {"seconds": 1.0, "milliseconds": 1e3, "microseconds": 1e6, "nanoseconds": 1e9}
 
 
 def _two_units(rate_c, n_c, has, kind, at, idx, owner, time: str) -> None:
     """Warn where some clients' times are integers (stamps) and others' fractional
     (seconds), which :func:`_check_spacing` compares only among themselves, unless the
-    stamps' step is the seconds' in milliseconds, microseconds or nanoseconds
+    stamps' step is the seconds' in seconds (Unix seconds), milliseconds, microseconds or
+    nanoseconds
     (:data:`STAMP_UNITS`, within the fleet's rate bound): then they are one rate in two
     units; else (a client at 50 Hz in milliseconds beside others at 100 Hz in seconds, or
     sample numbers beside seconds) the rates could not be compared, which the line says with
@@ -814,9 +815,10 @@ def _two_units(rate_c, n_c, has, kind, at, idx, owner, time: str) -> None:
     more = f" and {few.size - 5} more" if few.size > 5 else ""
     read = ", ".join(f"{stamps / f:.4g}" for f in STAMP_UNITS.values())
     log.warning("time column '%s': client(s) %s%s have %s times and the other %d client(s) %s: "
-                "the integer times step by %.4g, the fractional by %.4g; read as milliseconds, "
-                "microseconds or nanoseconds the integer step is %s s, none of them %.4g, so "
-                "the two sample rates were not compared; give every client's %s in one unit "
+                "the integer times step by %.4g, the fractional by %.4g; read as seconds, "
+                "milliseconds, microseconds or nanoseconds the integer step is %s s, none of "
+                "them %.4g, so the two sample rates were not compared; give every client's %s "
+                "in one unit "
                 "(a client at another rate gives a model right for no client)", time,
                 ", ".join(f"'{n}'" for n in names), more,
                 "integer" if few is whole else "fractional", many.size,
