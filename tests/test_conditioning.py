@@ -718,7 +718,7 @@ def test_coefficients_no_data_determine_are_said_and_have_no_interval(tmp_path, 
                                                  "(x0+:u0, x0+:u1, x1+:u0, x1+:u1, x2+:u0, "
                                                  "x2+:u1, repeat 0 and 1 more repeat(s))")
     assert (out / "equations.txt").read_text().splitlines()[0].endswith(
-        "printed at their start: " + ", ".join(inputs))
+        "their printed values are no estimate: " + ", ".join(inputs))
     est = pd.read_csv(out / "estimates.csv")
     zero = est["parameter"].isin(inputs)
     assert (est.loc[zero, "estimate"] == 0).all() and est.loc[zero, "se"].isna().all()

@@ -731,9 +731,10 @@ def undetermined(summary: dict, zero: np.ndarray, names) -> None:
     shown = ", ".join(terms[:6]) + (f" and {len(terms) - 6} more" if len(terms) > 6 else "")
     log.warning("the data do not determine %d coefficient(s) (%s, repeat %d%s): their regressor "
                 "is 0 in every client's training data (an input held at 0, a state that stays "
-                "at 0), so their printed value is where the rounds started (0 for the closed "
-                "forms), no estimate (conditioning.undetermined); give data in which those "
-                "terms move, or leave them out of the library", len(terms), shown, reps[0],
+                "at 0), so their printed value is no estimate (where the rounds started, 0 for "
+                "the closed forms, moved only by privacy noise where there is any; "
+                "conditioning.undetermined); give data in which those terms move, or leave "
+                "them out of the library", len(terms), shown, reps[0],
                 f" and {len(reps) - 1} more repeat(s)" if len(reps) > 1 else "")
 
 

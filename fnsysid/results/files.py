@@ -77,7 +77,7 @@ def model_lines(result) -> list[str] | None:
     if zero:
         lines.insert(0, f"# not determined by the data (their regressor is 0 in every client's "
                         f"training data; repeat(s) {', '.join(map(str, zero['repeats']))}), "
-                        f"printed at their start: {', '.join(zero['terms'])}")
+                        f"their printed values are no estimate: {', '.join(zero['terms'])}")
     if status != "ok":
         lines.insert(0, f"# status {status}: {not_final(result.summary)}")
     return lines
