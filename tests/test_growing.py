@@ -228,3 +228,20 @@ def test_fnsysid_plot_of_a_sweep_without_an_ok_job_draws_nothing_and_exits_3(tmp
         f"fnsysid-plot: error: nothing to draw under {sweep}: no job ended ok: "
         "M=2,R=20,lr=1.9,repeats=1,system=pendulum (growing)\n")
     assert not list(sweep.glob("sweep.*"))
+
+
+@pytest.mark.slow
+def test_a_diverged_run_marks_its_repeats_that_grew(tmp_path):
+    """The pendulum at lr 1.9, R = 100: repeat 2 diverges, repeats 3 and 4 end at e_max 135
+    and 406 still rising every round; repeat_status said ok for them (growth is not judged
+    once the run is diverged)."""
+    from fnsysid.app.experiment import run_experiment
+    from tests.conftest import compose_cfg
+
+    summary = run_experiment(compose_cfg("system=pendulum", "lr=1.9", "R=100", "repeats=5",
+                                         "output.plot=false", "progress=false"), tmp_path)
+    assert summary["status"] == "diverged" and "growth" not in summary
+    assert summary["repeat_status"] == ["ok", "ok", "diverged", "growing", "growing"]
+    e = pd.read_csv(tmp_path / "errors.csv")
+    last = e[e["round"] == 100].set_index("repeat")["e_max"]
+    assert last[3] > 100 and last[4] > 100 and last[0] < 10 and last[1] < 10

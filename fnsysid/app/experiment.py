@@ -477,6 +477,12 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     at = getattr(hist, "diverged_at", None)
     if at is not None:          # in process: the repeats run on after one diverged
         grew = (summary.get("growth") or {}).get("repeats", [])
+        if diverged is not None and any(d is None for d in at):
+            # a diverged run is not judged for growth; its repeats that ran on are
+            from fnsysid.results.history import growth
+
+            grew = (growth(tables["errors"], getattr(hist, "fleet", None)) or {}).get(
+                "repeats", [])
         summary["repeat_status"] = ["diverged" if d is not None else
                                     "growing" if s in grew else "ok" for s, d in enumerate(at)]
         summary["repeat_diverged_round"] = list(at)
