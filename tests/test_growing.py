@@ -77,6 +77,14 @@ def test_an_error_still_rising_at_a_steady_rate_above_its_start_is_growing():
     zig = np.exp(np.cumsum([0.1] * 19 + [0.12, 0.10, 0.10, 0.09, 0.095, 0.095]))
     g = growth(_errors(list(0.52 * np.concatenate([[1.0], zig]))))
     assert g["rule"] == "rising" and g["rounds"] == 6
+    # strategy=local on compare_synthetic at R = 15 (repeat 0): 3 % a round, slowing down
+    # toward the clients' own fits' error (1.5-1.9 at R = 300): not growing (the rule on the
+    # slowdown alone called it growing and advised a smaller lr)
+    local = [0.641, 0.634, 0.755, 0.863, 0.954, 1.02, 1.066, 1.099, 1.13, 1.167, 1.199, 1.238,
+             1.289, 1.335, 1.376, 1.413]
+    assert growth(_errors(local)) is None
+    # slowing down too, but toward 20: on its way past the limit
+    assert growth(_errors(list(20 - 19.5 * 0.97 ** np.arange(16))))["rule"] == "rising"
     assert growth(_errors([1.0, 0.5, 10.01]))["rule"] == "limit"
 
 

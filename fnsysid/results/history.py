@@ -16,13 +16,10 @@ DIVERGENCE_FACTOR = 1e3
 GROWTH_FACTOR = 10.0
 #: a finished run is growing, too, when some repeat's error above max(1, its start) has
 #: risen at every one of its last rounds (a share RISING_SHARE of them, at least RISING_MIN)
-#: by RISING_FACTOR or more in all, and not more slowly in the later half of them than in the
-#: earlier: an error on its way up at a steady rate, not one settling at a level
+#: by RISING_FACTOR or more in all, and does not slow down so as to settle below
+#: GROWTH_FACTOR times max(1, its start) (:func:`rising`): an error on its way up, not one
+#: settling at a level
 RISING_SHARE, RISING_MIN, RISING_FACTOR = 0.2, 6, 1.2
-#: :func:`rising`: the later half of the rounds read rises per round at least this share of
-#: the earlier half's (0.9 let a steady 1.1 a round whose rounds zigzag by +-15 % pass as
-#: not growing; rises that shrink by a tenth a round or faster stay below it over three)
-RISING_SLOWDOWN = 0.75
 #: columns of errors.csv after repeat and round
 COLUMNS = ("e_max", "e_mean", "nrmse_1step_max", "nrmse_1step_mean", "nrmse_sim_max",
            "nrmse_sim_mean")
@@ -67,13 +64,20 @@ def rising_window(rounds: int) -> int:
     return max(RISING_MIN, int(np.ceil(RISING_SHARE * rounds)))
 
 
-def rising(e: np.ndarray) -> float | None:
+def rising(e: np.ndarray, ceiling: float = np.inf) -> float | None:
     """The steady growth factor per round of the errors ``e`` of one repeat's rounds (in
     order; NaN rounds left out) over their last rounds (:data:`RISING_SHARE`, at least
     :data:`RISING_MIN`), or None when they do not rise at every one of them, by
-    :data:`RISING_FACTOR` in all, with their later half's rise per round at least
-    :data:`RISING_SLOWDOWN` times their earlier half's (an error settling at a level rises
-    ever more slowly).
+    :data:`RISING_FACTOR` in all, or when their rises slow down so that they settle below
+    ``ceiling``: the rises per round (of ``log e``) of the later half against the earlier
+    give a geometric slowdown ``rho`` per round, and what they add from the last round on,
+    ``d rho / (1 - rho)`` (``d`` the later half's mean rise), must carry the error past
+    ``ceiling``. A rise that does not slow down carries it past any. (A rule on the slowdown
+    alone, the later half at least 0.9 times the earlier, passed a steady 1.1 a round whose
+    rounds zigzag as not growing and called errors that level off at 1.4 growing; over 429000
+    round prefixes of the stored experiments this rule flags none that it did not, drops
+    five that settle, and flags pendulum repeats at lr 1.9-2.1 that grow to 100-400 or
+    diverge.)
 
     >>> round(rising(1.05 ** np.arange(40)), 3)
     1.05
@@ -87,9 +91,14 @@ def rising(e: np.ndarray) -> float | None:
         return None
     d = np.diff(np.log(e[-w - 1:]))                       # w rises
     half = w // 2
-    if (not (d > 0).all() or e[-1] < RISING_FACTOR * e[-w - 1]
-            or d[-half:].mean() < RISING_SLOWDOWN * d[:half].mean()):
+    if not (d > 0).all() or e[-1] < RISING_FACTOR * e[-w - 1]:
         return None
+    late = d[-half:].mean()
+    ratio = late / d[:half].mean()
+    if ratio < 1:                              # slowing down: where does it settle?
+        rho = ratio ** (1.0 / (w - half))
+        if np.log(e[-1]) + late * rho / (1 - rho) < np.log(ceiling):
+            return None
     return float(np.exp(d.mean()))
 
 
@@ -252,7 +261,7 @@ def _still_rising(metric, e, rounds, repeats, start, fleet) -> dict | None:
         # or risen GROWTH_FACTOR times from its best round: an error that fell far below its
         # start and turned back up at a steady rate is on its way out too
         above = above or final >= GROWTH_FACTOR * np.nanmin(es)
-        rate = rising(es) if above else None
+        rate = rising(es, GROWTH_FACTOR * limit) if above else None
         if rate is not None:
             every.append(int(s))
         if rate is not None and (found is None or final / limit > found["ratio"]):
