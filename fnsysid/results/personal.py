@@ -593,8 +593,9 @@ def differ_line(differ: dict | None, note: str) -> str | None:
                if note.startswith("average of the clients'") else
                "the pooled value, the clients' truths weighted by their data (their Gram "
                "matrices), which is neither their plain mean nor any one client's")
-    kept = ("; terms that no client's model has may have been kept to stand for that "
-            "spread, which a fleet of identical clients would prune"
+    kept = ("; under sparsity a support that is not the clients' also sets their fits apart: "
+            "terms may have been kept to stand for the spread, or needed ones pruned (the "
+            "model check judges the kept terms)"
             if differ.get("support") == "the kept terms" else "")
     return (f"the intervals of estimates.csv ({note}) treat the clients as one system, but "
             f"their own fits differ by more than their noise (Cochran's Q, p = {low:.2g}"
