@@ -146,7 +146,7 @@ def test_a_memory_limit_that_is_not_a_positive_finite_number_is_refused(monkeypa
 @pytest.mark.parametrize("overrides, message", [
     (["M=0"], "M=0 is not allowed"),
     ({"system": "foo"}, "system=foo is not an option; allowed: generic,"),
-    (["M=1,2"], "fnsysid.run runs one job"),
+    (["M=1,2"], "the Python API (fnsysid.run, FederatedSysID) runs one job"),
     ({"system": "generic"}, "system=generic"),
 ])
 def test_bad_settings_raise_the_one_line_message(tmp_path, overrides, message):
@@ -265,11 +265,12 @@ def test_an_experiment_that_sweeps_is_refused_unless_each_swept_setting_is_given
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    (["-m"], r"^'-m' is not a setting; allowed: key=value strings, e.g. 'M=20' \(fnsysid.run "
-             r"runs one job: -m and other flags are the command line's\)$"),
-    (["R 5"], r"^'R 5' is not a setting; allowed: key=value strings, e.g. 'M=20' \(no spaces"),
-    (["M=5", "hydra.run.dir=x"], r"^hydra.run.dir=x: fnsysid.run does not take Hydra's "
-                                 r"folders; allowed: fnsysid.run\(..., output_dir=...\)"),
+    (["-m"], r"^'-m' is not a setting \(the Python API runs one job: -m and other flags are "
+             r"the command line's\); allowed: key=value strings, e.g. 'M=20'$"),
+    (["R 5"], r"^'R 5' is not a setting \(no spaces around the key or the =\)"),
+    (["M=[1,2"], r"^'M=\[1,2' is not a setting \(no viable alternative at input '\[1,2'\)"),
+    (["M=5", "hydra.run.dir=x"], r"^hydra.run.dir=x: the Python API does not take Hydra's "
+                                 r"folders; allowed: output_dir \(fnsysid.run, FederatedSysID\)"),
 ])
 def test_what_the_api_cannot_take_is_named_in_one_line(overrides, message):
     """A flag or a malformed override gave Hydra's lexer error (LexerNoViableAltException

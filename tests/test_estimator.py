@@ -508,3 +508,19 @@ def test_a_setting_given_to_the_constructor_and_in_config_is_refused():
     with pytest.raises(ConfigError, match=r"^feature_map: given to the constructor"):
         fnsysid.FederatedSysID(feature_map="combined",
                                config={"feature_map": "polynomial"}).fit()
+
+
+def test_states_and_inputs_take_any_sequence_of_names_and_refuse_data():
+    """fit(df, y) put an array into ``states`` (a 20000-character line); a generator was
+    read twice (the second time empty); a DataFrame of targets gave its column names."""
+    from fnsysid.app.estimator import FederatedSysID as F
+    from fnsysid.config.errors import ConfigError
+
+    m = F()
+    got = m._overrides(None, (c for c in ["x1", "x2"]), iter(["u"]))
+    assert "data.states=['x1','x2']" in got and "data.inputs=['u']" in got
+    assert "data.states=['x1','x2']" in m._overrides(None, pd.Index(["x1", "x2"]), None)
+    for bad in (np.zeros(5), pd.DataFrame({"x1": [0.0]})):
+        with pytest.raises(ConfigError, match=r"^states: got a (ndarray|DataFrame), not column "
+                                              r"names; allowed: a str or a list of str"):
+            m._overrides(None, bad, None)

@@ -124,22 +124,25 @@ def compose(overrides, config_dir=None, data_in_memory: bool = False):
         for arg in args:                         # the first that is not key=value, named
             try:
                 parser.parse_overrides([arg])
-            except HydraException:
-                flag = arg.startswith("-")
-                raise ConfigError(
-                    f"{arg!r} is not a setting; allowed: key=value strings, e.g. 'M=20' "
-                    + ("(fnsysid.run runs one job: -m and other flags are the command "
-                       "line's)" if flag else "(no spaces around the key or the =)")) from exc
+            except HydraException as bad:
+                why = ("the Python API runs one job: -m and other flags are the command "
+                       "line's" if arg.startswith("-") else
+                       "no spaces around the key or the =" if " " in arg.split("=")[0]
+                       else one_line(bad).split(";")[0])
+                raise ConfigError(f"{arg!r} is not a setting ({why}); allowed: key=value "
+                                  "strings, e.g. 'M=20'") from exc
         raise ConfigError(one_line(exc)) from exc
     hydra_dirs = [o.input_line for o in parsed
                   if o.key_or_group in ("hydra.run.dir", "hydra.sweep.dir")]
     if hydra_dirs:           # fnsysid.run writes nothing unless given output_dir
-        raise ConfigError(f"{hydra_dirs[0]}: fnsysid.run does not take Hydra's folders; "
-                          "allowed: fnsysid.run(..., output_dir=...) to write the results")
+        raise ConfigError(f"{hydra_dirs[0]}: the Python API does not take Hydra's folders; "
+                          "allowed: output_dir (fnsysid.run, FederatedSysID) to write the "
+                          "results")
     sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
     if sweeps:
-        raise ConfigError(f"{sweeps[0]}: fnsysid.run runs one job; call it once per value "
-                          "(sweeps are for the command line's -m)")
+        raise ConfigError(f"{sweeps[0]}: the Python API (fnsysid.run, FederatedSysID) runs "
+                          "one job; call it once per value (sweeps are for the command "
+                          "line's -m)")
     extra = []
     if config_dir is not None:
         try:
@@ -165,7 +168,8 @@ def compose(overrides, config_dir=None, data_in_memory: bool = False):
         raise ConfigError(
             f"{swept[0]}: the settings sweep it (hydra.sweeper.params: "
             f"{swept[0]}={cfg.hydra.sweeper.params[swept[0]]}, an experiment's sweep) and "
-            f"fnsysid.run runs one job; allowed: a value for each swept setting "
+            f"the Python API (fnsysid.run, FederatedSysID) runs one job; allowed: a value for "
+            f"each swept setting "
             f"({', '.join(swept)}), or the sweep from the command line (python run.py "
             "experiment=... runs every job)")
     choices = {k: v for k, v in cfg.hydra.runtime.choices.items()

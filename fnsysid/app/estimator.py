@@ -340,8 +340,9 @@ class FederatedSysID:
                            ("data.ignore", (columns or {}).get("ignore"))):
             if value is None:
                 continue
-            try:
-                names = [value] if isinstance(value, str) else list(value)
+            try:          # once: an iterator gives its names one time
+                names = ([value] if isinstance(value, str) else
+                         None if hasattr(value, "columns") else list(value))   # a table
             except TypeError:
                 names = None
             if names is None or not all(isinstance(v, str) for v in names):
@@ -353,8 +354,7 @@ class FederatedSysID:
                     "fit(X, y))")
             if key in keys:
                 raise ConfigError(f"{key}: given to fit() and in the settings; give it once")
-            overrides += as_overrides({key: [value] if isinstance(value, str) else
-                                       list(value)})
+            overrides += as_overrides({key: names})
         for name in ("trajectory", "time", "missing"):
             value = (columns or {}).get(name)
             if value is None:
