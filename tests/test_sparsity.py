@@ -207,7 +207,11 @@ def test_model_check_passes_the_cubic_library_and_flags_the_linear_one(fleet, ca
     # x2+ tested (x1+ = x1 + dt x2 exact in all 8 clients): phi_ee at lags 1..10, and
     # phi_ze, phi_z2e, phi_z2e2 at lags 0..10 and phi_e(ez) at lags 1..11 of z = x1, x2, u
     assert good["tests"] == 10 + 3 * 4 * 11 and good["exact"] == 8
-    assert good["overfit"] == [] and lines(caplog) == []
+    # the clients' alpha and beta differ by up to 20 %: said of the intervals alone
+    said = lines(caplog)
+    assert good["overfit"] == [] and len(said) == 1 and said[0].startswith(
+        "the intervals of estimates.csv (pooled least squares refitted on the kept terms) "
+        "treat the clients as one system")
     # all 40 terms from 360 samples a client: their estimation error is expected to add 2-22 %
     # to the held-out error, so c4's held-out error of 1.64 times its training noise (1.10
     # expected) is not "too many terms"; c3's held-out transitions that go beyond twice its
