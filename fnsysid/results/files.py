@@ -44,8 +44,7 @@ def write_outputs(out, cfg, result) -> None:
         g = result.summary["growth"]
         title += (f"\nstatus: growing (final {g['metric']} = {g['ratio']:.3g} x max(1, start)"
                   + (f", rising {g['rate']:.3g} x a round)" if g.get("rule") == "rising"
-                     else f", peak {g['peak']:.3g} at round {g['peak_round']})"
-                     if g.get("rule") == "peak" else ")"))
+                     else ")"))
     with together():
         write_run(out, cfg.resolved, result.tables, None, title)
         if cfg.output.trajectories:

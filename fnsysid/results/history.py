@@ -122,9 +122,8 @@ def growth(errors, fleet: dict | None = None) -> dict | None:
     ``nrmse_1step_max`` (the metric the divergence rule reads). Returns None when no repeat
     grew (or the run has neither), else ``{"metric", "start", "final", "repeat", "ratio",
     "factor", "rule", "repeats"}`` of the repeat that grew most: ``rule`` ``limit`` (above
-    the factor), ``rising`` (with ``rate``, its growth per round, and ``rounds``, the rounds
-    read) or ``peak`` (:func:`_peaks`: with ``peak``, ``peak_round`` and ``rounds``);
-    ``repeats``: every repeat that a rule flags on that metric.
+    the factor) or ``rising`` (with ``rate``, its growth per round, and ``rounds``, the rounds
+    read); ``repeats``: every repeat that either rule flags on that metric.
 
     ``fleet``: ``{"start": (S,), "final": (S,)}``, the parameter errors of round 0 and of the
     last round on the scale of the fleet's largest truth (:func:`fleet_errors`, a
@@ -145,12 +144,7 @@ def growth(errors, fleet: dict | None = None) -> dict | None:
             over &= f_last > GROWTH_FACTOR * max(1.0, float(np.nanmax(f_first)))
         ids = repeats[rounds == rounds.max()]
         risen = _still_rising(metric, e, rounds, repeats, start, fleet)
-        above = last > limit
-        if metric == "e_max" and fleet is not None:      # a tiny truth's client aside
-            above &= f_last > max(1.0, float(np.nanmax(f_first)))
-        peaks = _peaks(e, rounds, repeats, limit, {int(r) for r in ids[above]})
-        both = sorted({int(r) for r in ids[over]} | set((risen or {}).get("repeats", []))
-                      | {p["repeat"] for p in peaks})
+        both = sorted({int(r) for r in ids[over]} | set((risen or {}).get("repeats", [])))
         if over.any():
             worst = int(np.nanargmax(np.where(over, last, np.nan)))
             return {"metric": metric, "start": start, "final": float(last[worst]),
@@ -158,38 +152,8 @@ def growth(errors, fleet: dict | None = None) -> dict | None:
                     "factor": GROWTH_FACTOR, "rule": "limit", "repeats": both}
         if risen is not None:
             risen["repeats"] = both
-            return risen
-        if peaks:
-            top = max(peaks, key=lambda p: p["peak"])
-            return {"metric": metric, "start": start, "final": top["final"],
-                    "repeat": top["repeat"], "ratio": top["final"] / limit,
-                    "factor": GROWTH_FACTOR, "rule": "peak", "peak": top["peak"],
-                    "peak_round": top["round"], "rounds": top["rounds"], "repeats": both}
-        return None
+        return risen
     return None
-
-
-def _peaks(e, rounds, repeats, limit: float, candidates: set) -> list[dict]:
-    """:func:`growth`'s third rule: the repeats of ``candidates`` (their last error above
-    ``max(1, start)``) whose error within their last rounds (:func:`rising_window`) passed
-    ``GROWTH_FACTOR * limit`` though the last is below it: an oscillation whose peaks grow
-    (SCAFFOLD on the pendulum at lr 0.1, K = 20: peaks 1.3 to 15.3 over 50 rounds, the last
-    5.58, diverging at round 115). Over 446000 round prefixes of the stored experiments and
-    lr sweeps it fires only on such runs. Each ``{repeat, peak, round, final, rounds}``."""
-    out = []
-    for s in sorted(candidates):
-        rows = repeats == s
-        order = np.argsort(rounds[rows])
-        es, rs = e[rows][order], rounds[rows][order]
-        w = rising_window(int(rs.max()))
-        tail, at = es[-w:], rs[-w:]
-        if not np.isfinite(es[-1]) or not np.isfinite(tail).any():
-            continue
-        k = int(np.nanargmax(tail))
-        if tail[k] > GROWTH_FACTOR * limit >= es[-1]:
-            out.append({"repeat": int(s), "peak": float(tail[k]), "round": int(at[k]),
-                        "final": float(es[-1]), "rounds": int(w)})
-    return out
 
 
 def _metrics(errors):
@@ -277,12 +241,8 @@ def growth_line(g: dict, rounds: int, advice: str) -> str:
     (:func:`fnsysid.app.cli.lr_advice`)."""
     head = (f"run growing: {g['metric']} {g['final']:.4g} at round {rounds} (repeat "
             f"{g['repeat']}) is {g['ratio']:.3g} times max(1, its start {g['start']:.4g})")
-    rule = g.get("rule", "limit")
-    why = (f", above the limit of {g['factor']:g} times" if rule == "limit" else
-           f", and reached {g['peak']:.4g} at round {g['peak_round']}, within its last "
-           f"{g['rounds']} rounds: an oscillation whose peaks pass the limit of "
-           f"{g['factor']:g} times" if rule == "peak" else
-           f", and has risen at every one of the last {g['rounds']} rounds, "
+    why = (f", above the limit of {g['factor']:g} times" if g.get("rule", "limit") == "limit"
+           else f", and has risen at every one of the last {g['rounds']} rounds, "
            f"{g['rate']:.3g} times a round")
     return f"{head}{why}: not a converged result (status: growing); {advice}"
 
