@@ -432,10 +432,11 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     labels = dataset.clients if settings.files else None     # file data: the clients' ids
     if keep_clients:
         tables["clients"] = clients_table(hist, labels)
-    per, ci_note, se, kind = None, None, None, None
+    per, ci_note, se, interval_kind = None, None, None, None
     if diverged is None and failure is None:
         se, ci_note, dof = server_intervals(strategy, data, model)
-        kind = None if se is None else "oneshot" if isinstance(strategy, OneShot) else "pooled"
+        interval_kind = (None if se is None else
+                         "oneshot" if isinstance(strategy, OneShot) else "pooled")
         level = settings.output.ci_level
         tables["estimates"] = estimates_table(model, strategy.estimate(), data, theta0,
                                               keep_clients, labels, se,
@@ -459,7 +460,7 @@ def make_result(settings: Settings, model, strategy, dataset, hist, diverged, th
     summary = make_summary(settings, model, diverged, tables["errors"], theory, runtime=runtime,
                            settings=dataset.settings, choices=choices,
                            fleet=getattr(hist, "fleet", None))
-    summary.update(personal_summary(settings, tables["errors"], ci_note, per, kind))
+    summary.update(personal_summary(settings, tables["errors"], ci_note, per, interval_kind))
     differ_said = None
     if se is not None:                             # the intervals treat them as one system
         differ = clients_differ(model, data,
@@ -726,7 +727,7 @@ def conditioning(summary: dict, data, support, clients=None, enters=None,
 def undetermined(summary: dict, zero: np.ndarray, names) -> None:
     """``conditioning.undetermined`` and a warning where some coefficients' regressor is 0 in
     every client's data (``zero`` (S, p), :func:`fnsysid.results.metrics.zero_regressors`):
-    their printed value 0 is no estimate. The status stays (the other coefficients are
+    their printed value is no estimate. The status stays (the other coefficients are
     determined; the condition number is taken without them); ``equations.txt`` and
     ``estimates.csv``'s intervals say the same."""
     if not zero.any():

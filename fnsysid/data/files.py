@@ -798,9 +798,8 @@ def _two_units(rate_c, n_c, has, kind, at, idx, owner, time: str) -> None:
     """Warn where some clients' times are integers (stamps) and others' fractional
     (seconds), which :func:`_check_spacing` compares only among themselves, unless the
     stamps' step is the seconds' in seconds (Unix seconds), milliseconds, microseconds or
-    nanoseconds
-    (:data:`STAMP_UNITS`, within the fleet's rate bound): then they are one rate in two
-    units; else (a client at 50 Hz in milliseconds beside others at 100 Hz in seconds, or
+    nanoseconds (:data:`STAMP_UNITS`, within the fleet's rate bound): then they are one rate
+    in two units; else (a client at 50 Hz in milliseconds beside others at 100 Hz in seconds, or
     sample numbers beside seconds) the rates could not be compared, which the line says with
     what the stamps' step would be in each unit."""
     whole, frac = has[kind[has]], has[~kind[has]]
@@ -818,8 +817,7 @@ def _two_units(rate_c, n_c, has, kind, at, idx, owner, time: str) -> None:
                 "the integer times step by %.4g, the fractional by %.4g; read as seconds, "
                 "milliseconds, microseconds or nanoseconds the integer step is %s s, none of "
                 "them %.4g, so the two sample rates were not compared; give every client's %s "
-                "in one unit "
-                "(a client at another rate gives a model right for no client)", time,
+                "in one unit (a client at another rate gives a model right for no client)", time,
                 ", ".join(f"'{n}'" for n in names), more,
                 "integer" if few is whole else "fractional", many.size,
                 "fractional" if few is whole else "integer", stamps, seconds, read, seconds,
