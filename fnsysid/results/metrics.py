@@ -856,8 +856,8 @@ def zero_regressors(H: np.ndarray, support: np.ndarray | None = None) -> np.ndar
     client's data (the pooled Gram's diagonal of ``H`` (S, M, p, p) is 0): no data determine
     them, and a least-squares solve (pseudo-inverse) or gradient steps from 0 leave them at
     0 (an input held at 0, a state that never moves from 0)."""
-    _, keep, d = _pooled_gram(H, support)
-    return keep & (d == 0)
+    d = np.diagonal(np.asarray(H, float), axis1=-2, axis2=-1).sum(axis=1)   # (S, p) only
+    return (d == 0) if support is None else np.asarray(support, bool) & (d == 0)
 
 
 def _pooled_gram(H, support):

@@ -558,17 +558,14 @@ def clients_differ(model, data, support=None) -> dict:
         msg = pers.client_message(data.H, data.b, yy, data.n, blocks, own_sse(model, data))
         pv = np.asarray(pers.homogeneity_from(msg, blocks, own_fits(data.H, data.b).theta)[1],
                         float)
-    else:
-        support = np.asarray(support, bool)
-        sse = own_sse(model, data, support[:, None, :])
-        pv = np.full(support.shape[0], np.nan)
+    else:                    # the messages of auto on a support, tested group by group
+        msg = support_message(model, data, support)
+        pv = np.full(len(msg.b), np.nan)
         for rows, kept in support_groups(support):
             if kept.size:
-                sub = _sub_blocks(blocks, kept)
-                H, b = data.H[rows][..., kept[:, None], kept], data.b[rows][..., kept]
-                msg = pers.client_message(H, b, yy[rows], data.n[rows], sub,
-                                          None if sse is None else sse[rows])
-                pv[rows] = pers.homogeneity_from(msg, sub, own_fits(H, b).theta)[1]
+                sub = _kept(msg, rows, kept)
+                pv[rows] = pers.homogeneity_from(sub, _sub_blocks(blocks, kept),
+                                                 own_fits(sub.H, sub.b).theta)[1]
     level = pers.HOMOGENEITY_LEVEL
     out = {"test": "Cochran's Q", "level": level, "family": "Bonferroni over the repeats",
            "pvalue": [float(v) if np.isfinite(v) else None for v in pv],
